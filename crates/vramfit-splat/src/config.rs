@@ -1,0 +1,176 @@
+//! Fit settings: defaults, TOML files (unknown keys are errors that name
+//! the key), and validation against the image.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::SplatError;
+use crate::cpu::render::MAX_TOP_K;
+
+/// Every setting of a fit. Field names are the keys of the TOML file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FitConfig {
+    /// Image to fit: a path, or `builtin:astronaut` for the built-in sample.
+    pub image: String,
+    /// Final number of Gaussians N.
+    pub gaussians: usize,
+    /// Most optimiser steps (the stall schedule may stop earlier).
+    pub steps: u64,
+    /// Seed of every random choice (placement, addition).
+    pub seed: u64,
+    /// Gaussians blended per pixel.
+    pub top_k: usize,
+    /// Weight of `1 − SSIM` in the loss.
+    pub ssim_weight: f64,
+    /// Adam learning rate of the centres.
+    pub lr_xy: f64,
+    /// Adam learning rate of the inverse scales.
+    pub lr_inv_scale: f64,
+    /// Adam learning rate of the rotations.
+    pub lr_theta: f64,
+    /// Adam learning rate of the colours.
+    pub lr_color: f64,
+    /// Start with ⌈N/2⌉ and add the rest guided by the error; false starts with all N.
+    pub progressive: bool,
+    /// Steps between additions.
+    pub add_every: u64,
+    /// Number of additions, each of ⌈N/8⌉ (the last trimmed to reach N).
+    pub add_rounds: u64,
+    /// Steps between quality checks of the stall schedule.
+    pub check_every: u64,
+    /// Stalled steps that trigger the learning-rate decay, then the stop.
+    pub stall_limit: u64,
+    /// Steps between lines of `metrics.jsonl`.
+    pub log_every: u64,
+    /// Steps between progress frames in `frames/` (0: none).
+    pub frame_every: u64,
+    /// Steps between checkpoints (0: none).
+    pub checkpoint_every: u64,
+}
+
+impl Default for FitConfig {
+    fn default() -> Self {
+        Self {
+            image: BUILTIN_SAMPLE.into(),
+            gaussians: 10_000,
+            steps: 10_000,
+            seed: 0,
+            top_k: 10,
+            ssim_weight: 0.1,
+            lr_xy: 5e-4,
+            lr_inv_scale: 2e-3,
+            lr_theta: 2e-3,
+            lr_color: 5e-3,
+            progressive: true,
+            add_every: 500,
+            add_rounds: 4,
+            check_every: 100,
+            stall_limit: 1000,
+            log_every: 10,
+            frame_every: 500,
+            checkpoint_every: 500,
+        }
+    }
+}
+
+/// Name of the built-in sample in `image`.
+pub const BUILTIN_SAMPLE: &str = "builtin:astronaut";
+
+impl FitConfig {
+    /// Parses TOML text; `path` names the source in errors.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Self, SplatError> {
+        toml::from_str(text).map_err(|e| SplatError::Config { path: path.into(), why: e.message().to_string() })
+    }
+
+    /// Reads a TOML file.
+    pub fn load(path: &Path) -> Result<Self, SplatError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| SplatError::Config { path: path.into(), why: format!("cannot read it: {e}") })?;
+        Self::from_toml(&text, path)
+    }
+
+    /// The resolved config as TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("config is plain data")
+    }
+
+    /// Checks every setting; `pixels` is the image's pixel count.
+    pub fn validate(&self, pixels: usize) -> Result<(), SplatError> {
+        let bad = |name: &'static str, why: String| Err(SplatError::InvalidSetting { name, why });
+        if self.gaussians == 0 {
+            return bad("gaussians", "must be at least 1".into());
+        }
+        if self.gaussians > pixels {
+            return bad(
+                "gaussians",
+                format!("{} Gaussians for {pixels} pixels: use at most one per pixel (--gaussians {pixels} or fewer)", self.gaussians),
+            );
+        }
+        if self.steps == 0 {
+            return bad("steps", "must be at least 1".into());
+        }
+        if !(1..=MAX_TOP_K).contains(&self.top_k) {
+            return bad("top_k", format!("{} is outside 1..={MAX_TOP_K}", self.top_k));
+        }
+        for (name, v) in [
+            ("lr_xy", self.lr_xy),
+            ("lr_inv_scale", self.lr_inv_scale),
+            ("lr_theta", self.lr_theta),
+            ("lr_color", self.lr_color),
+            ("ssim_weight", self.ssim_weight),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(name, format!("{v} is not a finite non-negative number"));
+            }
+        }
+        for (name, v) in [("add_every", self.add_every), ("check_every", self.check_every), ("log_every", self.log_every)] {
+            if v == 0 {
+                return bad(name, "must be at least 1".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Gaussians present at the start.
+    pub fn initial_count(&self) -> usize {
+        if self.progressive && self.add_rounds > 0 { self.gaussians.div_ceil(2) } else { self.gaussians }
+    }
+
+    /// Gaussians added by addition round `round` (0-based) given `present`.
+    pub fn added_in_round(&self, present: usize) -> usize {
+        self.gaussians.div_ceil(8).min(self.gaussians - present)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = FitConfig::from_toml("gaussians = 5\ngausians = 7\n", Path::new("x.toml")).unwrap_err().to_string();
+        assert!(err.contains("gausians") && err.contains("x.toml"), "{err}");
+    }
+
+    #[test]
+    fn partial_files_keep_defaults_and_round_trip() {
+        let c = FitConfig::from_toml("steps = 42", Path::new("x.toml")).unwrap();
+        assert_eq!(c.steps, 42);
+        assert_eq!(c.top_k, FitConfig::default().top_k);
+        assert_eq!(FitConfig::from_toml(&c.to_toml(), Path::new("y")).unwrap(), c);
+    }
+
+    #[test]
+    fn progressive_counts_reach_exactly_n() {
+        for n in [1usize, 7, 10, 13, 10_000] {
+            let c = FitConfig { gaussians: n, ..Default::default() };
+            let mut present = c.initial_count();
+            for _ in 0..c.add_rounds {
+                present += c.added_in_round(present);
+            }
+            assert_eq!(present, n);
+        }
+    }
+}

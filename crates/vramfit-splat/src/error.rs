@@ -1,0 +1,83 @@
+//! Errors of the splat workload: each names the problem and what to do.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong fitting or rendering Gaussians.
+#[derive(Debug, thiserror::Error)]
+pub enum SplatError {
+    /// The image file does not exist.
+    #[error("image '{0}' does not exist; check the path")]
+    ImageMissing(PathBuf),
+    /// The image file exists but could not be read.
+    #[error("cannot read image '{path}': {source}")]
+    ImageUnreadable {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The format is not one vramfit decodes.
+    #[error("image '{path}' is in an unsupported format ({detail}); convert it to PNG or JPEG")]
+    ImageUnsupported {
+        /// The file.
+        path: PathBuf,
+        /// What the decoder said.
+        detail: String,
+    },
+    /// The file claims a supported format but does not decode.
+    #[error("image '{path}' is corrupt or truncated ({detail}); re-export or re-download it")]
+    ImageCorrupt {
+        /// The file.
+        path: PathBuf,
+        /// What the decoder said.
+        detail: String,
+    },
+    /// Too small to fit.
+    #[error("image is {width}×{height}; fitting needs at least {min}×{min} pixels")]
+    ImageTooSmall {
+        /// Width.
+        width: usize,
+        /// Height.
+        height: usize,
+        /// Minimum side.
+        min: usize,
+    },
+    /// A setting has a value that cannot work.
+    #[error("invalid setting `{name}`: {why}")]
+    InvalidSetting {
+        /// The setting's name as in config files and flags.
+        name: &'static str,
+        /// Why, and what to use instead.
+        why: String,
+    },
+    /// A config file could not be parsed (unknown key, wrong type).
+    #[error("config file '{path}': {why}")]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message, which names the key.
+        why: String,
+    },
+    /// Training diverged.
+    #[error("the loss became {value} at step {step}; lower the learning rates (e.g. `lr_xy`) and run again")]
+    NonFinite {
+        /// Step at which it happened.
+        step: u64,
+        /// The value seen.
+        value: f32,
+    },
+    /// A Gaussians or checkpoint file is unreadable.
+    #[error(transparent)]
+    File(#[from] vramfit::run::ArrayFileError),
+    /// The run directory could not be used.
+    #[error(transparent)]
+    RunDir(#[from] vramfit::run::RunDirError),
+    /// Writing an output failed.
+    #[error("cannot write '{path}': {why}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+}

@@ -1,0 +1,337 @@
+//! The fit loop, generic over the backend: render → L1 + w·(1 − SSIM) →
+//! backward → Adam per parameter group → error-guided addition → stall
+//! schedule. All state lives in [`Fit`] and round-trips through a
+//! checkpoint, so a resumed fit continues exactly where it stopped.
+
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde_json::json;
+use vramfit::optim::{Adam, AdamConfig, AdamMoments};
+use vramfit::run::ArrayFile;
+
+use crate::config::FitConfig;
+use crate::cpu::project::Frame;
+use crate::gaussians::Gaussians;
+use crate::init::{self, NewGaussians};
+use crate::op::{self, RenderSpec, SplatBackend, SplatTensors};
+use crate::picture::{CHANNELS, Picture, psnr};
+use crate::SplatError;
+
+/// PSNR gain (dB) that counts as progress for the stall schedule.
+const PSNR_PROGRESS: f64 = 0.1;
+/// SSIM gain that counts as progress for the stall schedule.
+const SSIM_PROGRESS: f64 = 1e-3;
+/// Learning-rate factor after the stall decay.
+const DECAY: f64 = 0.1;
+const PARAMS: [&str; 4] = ["xy", "inv_scale", "theta", "color"];
+
+/// What one step did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepReport {
+    /// Step number just completed (1-based).
+    pub step: u64,
+    /// Loss of the parameters entering the step.
+    pub loss: f32,
+    /// PSNR (dB) of the clamped render entering the step, when measured.
+    pub psnr_db: Option<f64>,
+    /// SSIM of the clamped render entering the step, when measured.
+    pub ssim: Option<f64>,
+    /// Gaussians after the step.
+    pub gaussians: usize,
+    /// Gaussians added by this step.
+    pub added: usize,
+    /// True when the stall schedule decayed the learning rates at this step.
+    pub decayed: bool,
+    /// The render entering the step, `[H, W, C]` on the host, when asked for.
+    pub frame: Option<Vec<f32>>,
+}
+
+/// Schedule state that must survive a restart.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+struct Schedule {
+    additions_done: u64,
+    lr_scale: f64,
+    decayed: bool,
+    stall: u64,
+    best_psnr: f64,
+    best_ssim: f64,
+    stopped: bool,
+}
+
+/// A fit in progress on backend `B`.
+pub struct Fit<B: AutodiffBackend + SplatBackend>
+where
+    B::InnerBackend: SplatBackend,
+{
+    config: FitConfig,
+    spec: RenderSpec,
+    target: Tensor<B::InnerBackend, 3>,
+    blurred_target: Vec<f32>,
+    params: SplatTensors<B::InnerBackend>,
+    moments: [AdamMoments<B::InnerBackend, 2>; 4],
+    adam: Adam,
+    step: u64,
+    schedule: Schedule,
+    device: B::Device,
+}
+
+fn tensor2<B: Backend>(v: Vec<f32>, cols: usize, device: &B::Device) -> Tensor<B, 2> {
+    let rows = v.len() / cols;
+    Tensor::from_data(TensorData::new(v, [rows, cols]), device)
+}
+
+fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+    t.into_data().convert::<f32>().into_vec::<f32>().expect("converted to f32 just above")
+}
+
+impl<B: AutodiffBackend + SplatBackend> Fit<B>
+where
+    B::InnerBackend: SplatBackend,
+{
+    /// Starts a fit: validates the settings and places the initial Gaussians.
+    pub fn new(picture: &Picture, config: &FitConfig, device: &B::Device) -> Result<Self, SplatError> {
+        picture.check_fittable()?;
+        config.validate(picture.pixels())?;
+        let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
+        let g = init::initial(picture, config.initial_count(), &mut rng);
+        let params = SplatTensors {
+            xy: tensor2(g.xy, 2, device),
+            inv_scale: tensor2(g.inv_scale, 2, device),
+            theta: tensor2(g.theta, 1, device),
+            color: tensor2(g.color, CHANNELS, device),
+        };
+        let moments = params.to_array().map(|p| AdamMoments::zeros_like(&p));
+        Ok(Self {
+            config: config.clone(),
+            spec: RenderSpec { frame: Frame::new(picture.width, picture.height), top_k: config.top_k, channels: CHANNELS },
+            target: Tensor::from_data(TensorData::new(picture.data.clone(), [picture.height, picture.width, CHANNELS]), device),
+            blurred_target: init::blur(picture, init::blur_size(picture.width, picture.height)),
+            params,
+            moments,
+            adam: Adam::new(AdamConfig::default()),
+            step: 0,
+            schedule: Schedule { lr_scale: 1.0, best_psnr: f64::NEG_INFINITY, best_ssim: f64::NEG_INFINITY, ..Default::default() },
+            device: device.clone(),
+        })
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &FitConfig {
+        &self.config
+    }
+
+    /// Steps completed.
+    pub fn step_count(&self) -> u64 {
+        self.step
+    }
+
+    /// Gaussians present.
+    pub fn len(&self) -> usize {
+        self.params.theta.dims()[0]
+    }
+
+    /// True when no Gaussian is present (never, after a valid start).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// True when the step budget is spent or the stall schedule stopped the fit.
+    pub fn finished(&self) -> bool {
+        self.schedule.stopped || self.step >= self.config.steps
+    }
+
+    /// True when the stall schedule stopped the fit early.
+    pub fn stopped_early(&self) -> bool {
+        self.schedule.stopped
+    }
+
+    fn all_present(&self) -> bool {
+        self.len() >= self.config.gaussians
+    }
+
+    /// One optimiser step. `want_frame` also returns the render.
+    pub fn step(&mut self, want_frame: bool) -> Result<StepReport, SplatError> {
+        let c = &self.config;
+        let params = SplatTensors::<B>::from_array(self.params.to_array().map(|p| Tensor::from_inner(p).require_grad()));
+        let target = Tensor::<B, 3>::from_inner(self.target.clone());
+        let render = op::render(&params, &self.spec);
+        let l1 = render.clone().sub(target.clone()).abs().mean();
+        let s = op::ssim(render.clone(), target);
+        let loss = l1.add(s.neg().add_scalar(1.0).mul_scalar(c.ssim_weight));
+        let loss_value = loss.clone().inner().into_scalar().elem::<f32>();
+        if !loss_value.is_finite() {
+            return Err(SplatError::NonFinite { step: self.step + 1, value: loss_value });
+        }
+        let grads = loss.backward();
+        let lrs = [c.lr_xy, c.lr_inv_scale, c.lr_theta, c.lr_color].map(|lr| lr * self.schedule.lr_scale);
+        self.adam.begin_step();
+        let tracked = params.to_array();
+        let mut updated = Vec::with_capacity(4);
+        for (i, (p, m)) in tracked.into_iter().zip(self.moments.iter_mut()).enumerate() {
+            let grad = p.grad(&grads).expect("every parameter takes part in the loss");
+            updated.push(self.adam.update(p.inner(), grad, m, lrs[i]));
+        }
+        self.params = SplatTensors::from_array(updated.try_into().expect("four parameter tensors"));
+        self.step += 1;
+
+        let step = self.step;
+        let render = render.inner();
+        let measure = step % c.log_every == 0 || step % c.check_every == 0 || step == c.steps;
+        let (mut psnr_db, mut ssim) = (None, None);
+        let mut frame = None;
+        if measure || want_frame {
+            let clamped = render.clone().clamp(0.0, 1.0);
+            let mse = clamped.clone().sub(self.target.clone()).powi_scalar(2).mean().into_scalar().elem::<f64>();
+            psnr_db = Some(if mse > 0.0 { -10.0 * mse.log10() } else { f64::INFINITY });
+            ssim = Some(op::ssim(clamped, self.target.clone()).into_scalar().elem::<f64>());
+        }
+        if want_frame {
+            frame = Some(host(render.clone()));
+        }
+        let mut added = 0;
+        if self.config.progressive && step % self.config.add_every == 0 && self.schedule.additions_done < self.config.add_rounds {
+            added = self.add_gaussians(render);
+        }
+        let mut decayed = false;
+        if step % self.config.check_every == 0 && self.all_present() && added == 0 {
+            decayed = self.update_schedule(psnr_db.unwrap_or(f64::NEG_INFINITY), ssim.unwrap_or(f64::NEG_INFINITY));
+        }
+        Ok(StepReport { step, loss: loss_value, psnr_db, ssim, gaussians: self.len(), added, decayed, frame })
+    }
+
+    /// Error-guided addition from the render entering this step.
+    fn add_gaussians(&mut self, render: Tensor<B::InnerBackend, 3>) -> usize {
+        let round = self.schedule.additions_done;
+        self.schedule.additions_done += 1;
+        let m = self.config.added_in_round(self.len());
+        if m == 0 {
+            return 0;
+        }
+        // One stream per round, so a resumed fit draws the same Gaussians.
+        let mut rng = ChaCha8Rng::seed_from_u64(self.config.seed ^ (0x5eed_0000 + round));
+        let frame = &self.spec.frame;
+        let new: NewGaussians = init::error_guided(&self.blurred_target, &host(render), frame.width, frame.height, m, &mut rng);
+        let d = &self.device;
+        let add = [tensor2(new.xy, 2, d), tensor2(new.inv_scale, 2, d), tensor2(new.theta, 1, d), tensor2(new.color, CHANNELS, d)];
+        let grown: Vec<_> = self.params.to_array().into_iter().zip(add).map(|(p, a)| Tensor::cat(vec![p, a], 0)).collect();
+        self.params = SplatTensors::from_array(grown.try_into().expect("four parameter tensors"));
+        for mo in self.moments.iter_mut() {
+            mo.append_zero_rows(m);
+        }
+        m
+    }
+
+    /// Stall schedule; returns true when it decayed the learning rates.
+    fn update_schedule(&mut self, psnr_db: f64, ssim: f64) -> bool {
+        let s = &mut self.schedule;
+        if psnr_db > s.best_psnr + PSNR_PROGRESS || ssim > s.best_ssim + SSIM_PROGRESS {
+            s.best_psnr = s.best_psnr.max(psnr_db);
+            s.best_ssim = s.best_ssim.max(ssim);
+            s.stall = 0;
+            return false;
+        }
+        s.stall += self.config.check_every;
+        if s.stall < self.config.stall_limit {
+            return false;
+        }
+        s.stall = 0;
+        if s.decayed {
+            s.stopped = true;
+            false
+        } else {
+            s.decayed = true;
+            s.lr_scale *= DECAY;
+            true
+        }
+    }
+
+    /// The current Gaussians on the host.
+    pub fn gaussians(&self) -> Gaussians {
+        let f = &self.spec.frame;
+        Gaussians {
+            width: f.width,
+            height: f.height,
+            channels: CHANNELS,
+            xy: host(self.params.xy.clone()),
+            inv_scale: host(self.params.inv_scale.clone()),
+            theta: host(self.params.theta.clone()),
+            color: host(self.params.color.clone()),
+        }
+    }
+
+    /// Renders the current Gaussians and measures PSNR and SSIM of the
+    /// clamped render: `(render [H, W, C], psnr_db, ssim)`.
+    pub fn evaluate(&self) -> (Vec<f32>, f64, f64) {
+        let render = op::render(&self.params, &self.spec).clamp(0.0, 1.0);
+        let ssim = op::ssim(render.clone(), self.target.clone()).into_scalar().elem::<f64>();
+        let render = host(render);
+        let p = psnr(&render, &host(self.target.clone()));
+        (render, p, ssim)
+    }
+
+    /// Every piece of state, as a checkpoint.
+    pub fn checkpoint(&self) -> ArrayFile {
+        let s = &self.schedule;
+        let mut f = ArrayFile::new(
+            "checkpoint",
+            json!({
+                "step": self.step, "adam_step": self.adam.step, "additions_done": s.additions_done,
+                "lr_scale": s.lr_scale, "decayed": s.decayed, "stall": s.stall,
+                "best_psnr": finite_or_null(s.best_psnr), "best_ssim": finite_or_null(s.best_ssim), "stopped": s.stopped,
+                "width": self.spec.frame.width, "height": self.spec.frame.height,
+            }),
+        );
+        for (i, p) in self.params.to_array().into_iter().enumerate() {
+            let dims = p.dims();
+            f.insert(PARAMS[i], dims.to_vec(), host(p));
+            f.insert(&format!("adam_m_{}", PARAMS[i]), dims.to_vec(), host(self.moments[i].m.clone()));
+            f.insert(&format!("adam_v_{}", PARAMS[i]), dims.to_vec(), host(self.moments[i].v.clone()));
+        }
+        f
+    }
+
+    /// Restores a fit from a checkpoint written by [`Fit::checkpoint`] for
+    /// the same image and settings.
+    pub fn resume(picture: &Picture, config: &FitConfig, ckpt: &ArrayFile, device: &B::Device) -> Result<Self, SplatError> {
+        let mut fit = Self::new(picture, config, device)?;
+        let invalid = |why: String| SplatError::File(vramfit::run::ArrayFileError::Invalid { path: "checkpoint".into(), why });
+        if ckpt.kind != "checkpoint" {
+            return Err(invalid(format!("holds '{}', not a checkpoint", ckpt.kind)));
+        }
+        let m = &ckpt.meta;
+        let u = |k: &str| m.get(k).and_then(|v| v.as_u64()).ok_or_else(|| invalid(format!("metadata lacks '{k}'")));
+        let fl = |k: &str| m.get(k).and_then(|v| v.as_f64());
+        let b = |k: &str| m.get(k).and_then(|v| v.as_bool()).unwrap_or(false);
+        if (u("width")? as usize, u("height")? as usize) != (picture.width, picture.height) {
+            return Err(invalid("it was written for an image of another size".into()));
+        }
+        fit.step = u("step")?;
+        fit.adam.step = u("adam_step")?;
+        fit.schedule = Schedule {
+            additions_done: u("additions_done")?,
+            lr_scale: fl("lr_scale").unwrap_or(1.0),
+            decayed: b("decayed"),
+            stall: u("stall")?,
+            best_psnr: fl("best_psnr").unwrap_or(f64::NEG_INFINITY),
+            best_ssim: fl("best_ssim").unwrap_or(f64::NEG_INFINITY),
+            stopped: b("stopped"),
+        };
+        let cols = [2, 2, 1, CHANNELS];
+        let mut params = Vec::new();
+        for (i, name) in PARAMS.iter().enumerate() {
+            let get = |n: &str| {
+                ckpt.get(n).map(|v| tensor2::<B::InnerBackend>(v.to_vec(), cols[i], device)).ok_or_else(|| invalid(format!("array '{n}' is missing")))
+            };
+            params.push(get(name)?);
+            fit.moments[i] = AdamMoments { m: get(&format!("adam_m_{name}"))?, v: get(&format!("adam_v_{name}"))? };
+        }
+        fit.params = SplatTensors::from_array(params.try_into().expect("four parameter tensors"));
+        Ok(fit)
+    }
+}
+
+fn finite_or_null(v: f64) -> serde_json::Value {
+    if v.is_finite() { json!(v) } else { serde_json::Value::Null }
+}

@@ -1,0 +1,137 @@
+//! Fitted Gaussians on the host and their file format.
+//!
+//! A `.vfg` file is a vramfit array file (see `vramfit::run::ArrayFile`:
+//! magic `VRAMFIT\0`, format version, JSON header, little-endian f32
+//! arrays, FNV-1a checksum) of kind `"gaussians"` with metadata
+//! `{"version": 1, "width", "height", "channels", "count"}` and arrays
+//! `xy [N, 2]` (centres in `[0, 1]²`), `inv_scale [N, 2]` (inverse
+//! pixel-space standard deviations at `width × height`), `theta [N]`
+//! (radians) and `color [N, C]` (unclamped, display range `[0, 1]`).
+
+use std::path::Path;
+
+use serde_json::json;
+use vramfit::run::{ArrayFile, ArrayFileError};
+
+use crate::SplatError;
+use crate::cpu::project::Frame;
+use crate::cpu::render::{Splats, render};
+
+/// Version of the Gaussians metadata layout.
+pub const GAUSSIANS_VERSION: u64 = 1;
+
+/// A set of Gaussians fitted to a `width × height` image.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gaussians {
+    /// Width of the fitted image.
+    pub width: usize,
+    /// Height of the fitted image.
+    pub height: usize,
+    /// Channels C.
+    pub channels: usize,
+    /// `[N, 2]`
+    pub xy: Vec<f32>,
+    /// `[N, 2]`
+    pub inv_scale: Vec<f32>,
+    /// `[N]`
+    pub theta: Vec<f32>,
+    /// `[N, C]`
+    pub color: Vec<f32>,
+}
+
+impl Gaussians {
+    /// Number of Gaussians.
+    pub fn len(&self) -> usize {
+        self.theta.len()
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.theta.is_empty()
+    }
+
+    /// Stored f32 values per Gaussian.
+    pub fn values_per_gaussian(&self) -> usize {
+        5 + self.channels
+    }
+
+    /// Bits per pixel of the fitted image at f32 storage.
+    pub fn bits_per_pixel(&self) -> f64 {
+        (self.values_per_gaussian() * 32 * self.len()) as f64 / (self.width * self.height) as f64
+    }
+
+    /// Borrowed parameters for the CPU kernels.
+    pub fn splats(&self) -> Splats<'_, f32> {
+        Splats { xy: &self.xy, inv_scale: &self.inv_scale, theta: &self.theta, color: &self.color, channels: self.channels }
+    }
+
+    /// Renders at any resolution on the host, `[H, W, C]`; standard
+    /// deviations scale with the resolution ratio per axis.
+    pub fn render(&self, width: usize, height: usize, top_k: usize) -> Vec<f32> {
+        let frame = Frame {
+            width,
+            height,
+            zoom_x: width as f64 / self.width as f64,
+            zoom_y: height as f64 / self.height as f64,
+        };
+        render(&self.splats(), &frame, top_k)
+    }
+
+    /// As an array file.
+    pub fn to_file(&self) -> ArrayFile {
+        let n = self.len();
+        let mut f = ArrayFile::new(
+            "gaussians",
+            json!({ "version": GAUSSIANS_VERSION, "width": self.width, "height": self.height,
+                    "channels": self.channels, "count": n }),
+        );
+        f.insert("xy", vec![n, 2], self.xy.clone());
+        f.insert("inv_scale", vec![n, 2], self.inv_scale.clone());
+        f.insert("theta", vec![n], self.theta.clone());
+        f.insert("color", vec![n, self.channels], self.color.clone());
+        f
+    }
+
+    /// From an array file, checking kind, version and shapes.
+    pub fn from_file(f: &ArrayFile, path: &str) -> Result<Self, ArrayFileError> {
+        let bad = |why: String| ArrayFileError::Invalid { path: path.into(), why };
+        if f.kind != "gaussians" {
+            return Err(bad(format!("holds '{}', not Gaussians", f.kind)));
+        }
+        let field = |k: &str| f.meta.get(k).and_then(|v| v.as_u64()).ok_or_else(|| bad(format!("metadata lacks '{k}'")));
+        let version = field("version")?;
+        if version != GAUSSIANS_VERSION {
+            return Err(bad(format!("Gaussians version {version}; this build reads {GAUSSIANS_VERSION}")));
+        }
+        let (width, height, channels, n) =
+            (field("width")? as usize, field("height")? as usize, field("channels")? as usize, field("count")? as usize);
+        let get = |name: &str, shape: Vec<usize>| -> Result<Vec<f32>, ArrayFileError> {
+            match f.arrays.get(name) {
+                Some((s, v)) if *s == shape => Ok(v.clone()),
+                Some((s, _)) => Err(bad(format!("array '{name}' has shape {s:?}, expected {shape:?}"))),
+                None => Err(bad(format!("array '{name}' is missing"))),
+            }
+        };
+        Ok(Self {
+            width,
+            height,
+            channels,
+            xy: get("xy", vec![n, 2])?,
+            inv_scale: get("inv_scale", vec![n, 2])?,
+            theta: get("theta", vec![n])?,
+            color: get("color", vec![n, channels])?,
+        })
+    }
+
+    /// Writes atomically.
+    pub fn save(&self, path: &Path) -> Result<(), SplatError> {
+        vramfit::run::atomic_write(path, &self.to_file().to_bytes())
+            .map_err(|e| SplatError::Write { path: path.into(), why: e.to_string() })
+    }
+
+    /// Reads a file.
+    pub fn load(path: &Path) -> Result<Self, SplatError> {
+        let f = ArrayFile::read(path)?;
+        Ok(Self::from_file(&f, &path.display().to_string())?)
+    }
+}

@@ -1,0 +1,31 @@
+//! Content-adaptive 2D Gaussian image fitting (Image-GS) on Burn.
+//!
+//! The renderer and SSIM are Burn operations ([`op`]) with plain-Rust CPU
+//! twins ([`cpu`]); the fit loop ([`fit`]) is generic over the backend;
+//! [`job`] runs a whole fit into a run directory.
+//!
+//! ```
+//! use burn::backend::{Autodiff, Flex};
+//! use vramfit_splat::{config::FitConfig, fit::Fit, sample, picture::Picture};
+//!
+//! let picture = Picture::from_rgb8(&sample::procedural(48, 32));
+//! let config = FitConfig { gaussians: 64, steps: 20, ..Default::default() };
+//! let mut fit = Fit::<Autodiff<Flex>>::new(&picture, &config, &Default::default()).unwrap();
+//! while !fit.finished() {
+//!     fit.step(false).unwrap();
+//! }
+//! let (_, psnr_db, _) = fit.evaluate();
+//! assert!(psnr_db > 10.0);
+//! ```
+
+pub mod config;
+pub mod cpu;
+mod error;
+pub mod fit;
+pub mod gaussians;
+pub mod init;
+pub mod op;
+pub mod picture;
+pub mod sample;
+
+pub use error::SplatError;

@@ -1,0 +1,200 @@
+//! The renderer and SSIM as Burn operations: a backend extension
+//! ([`SplatBackend`]) whose default methods run the CPU twins on host
+//! copies, plus an autodiff implementation that wires their backward into
+//! Burn's graph. A GPU backend overrides the methods with its kernels; the
+//! fit loop, generic over the backend, does not change.
+
+use burn::backend::Autodiff;
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::prelude::*;
+use burn::tensor::TensorPrimitive;
+use burn::tensor::ops::FloatTensor;
+
+use crate::cpu;
+use crate::cpu::project::Frame;
+use crate::cpu::render::Splats;
+
+/// What to render: frame, top-K and channel count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RenderSpec {
+    /// Output size and zoom.
+    pub frame: Frame,
+    /// Gaussians blended per pixel.
+    pub top_k: usize,
+    /// Colour channels C.
+    pub channels: usize,
+}
+
+/// Reads a float tensor of rank `D` back to the host as f32.
+pub fn to_host<B: Backend, const D: usize>(t: FloatTensor<B>) -> Vec<f32> {
+    Tensor::<B, D>::from_primitive(TensorPrimitive::Float(t))
+        .into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .expect("converted to f32 just above")
+}
+
+fn from_host<B: Backend, const D: usize>(v: Vec<f32>, dims: [usize; D], device: &B::Device) -> FloatTensor<B> {
+    Tensor::<B, D>::from_data(TensorData::new(v, dims), device).into_primitive().tensor()
+}
+
+fn device_of<B: Backend>(t: &FloatTensor<B>) -> B::Device {
+    B::float_device(t)
+}
+
+/// The four parameter tensors as primitives: xy `[N, 2]`, inv_scale
+/// `[N, 2]`, theta `[N, 1]`, color `[N, C]`.
+pub type SplatPrimitives<B> = [FloatTensor<B>; 4];
+
+/// Backend extension with the splat operations.
+pub trait SplatBackend: Backend {
+    /// Renders `[H, W, C]`.
+    fn splat_render(params: SplatPrimitives<Self>, spec: &RenderSpec) -> FloatTensor<Self> {
+        let device = device_of::<Self>(&params[0]);
+        let [xy, inv_scale, theta, color] = params;
+        let (xy, inv_scale, theta, color) =
+            (to_host::<Self, 2>(xy), to_host::<Self, 2>(inv_scale), to_host::<Self, 2>(theta), to_host::<Self, 2>(color));
+        let splats = Splats { xy: &xy, inv_scale: &inv_scale, theta: &theta, color: &color, channels: spec.channels };
+        let out = cpu::render::render(&splats, &spec.frame, spec.top_k);
+        from_host::<Self, 3>(out, [spec.frame.height, spec.frame.width, spec.channels], &device)
+    }
+
+    /// Gradients of `Σ d_out · render` for the four parameter tensors.
+    fn splat_render_backward(params: SplatPrimitives<Self>, d_out: FloatTensor<Self>, spec: &RenderSpec) -> SplatPrimitives<Self> {
+        let device = device_of::<Self>(&params[0]);
+        let [xy, inv_scale, theta, color] = params;
+        let (xy, inv_scale, theta, color) =
+            (to_host::<Self, 2>(xy), to_host::<Self, 2>(inv_scale), to_host::<Self, 2>(theta), to_host::<Self, 2>(color));
+        let n = theta.len();
+        let d_out = to_host::<Self, 3>(d_out);
+        let splats = Splats { xy: &xy, inv_scale: &inv_scale, theta: &theta, color: &color, channels: spec.channels };
+        let g = cpu::render::render_backward(&splats, &spec.frame, spec.top_k, &d_out);
+        [
+            from_host::<Self, 2>(g.d_xy, [n, 2], &device),
+            from_host::<Self, 2>(g.d_inv_scale, [n, 2], &device),
+            from_host::<Self, 2>(g.d_theta, [n, 1], &device),
+            from_host::<Self, 2>(g.d_color, [n, spec.channels], &device),
+        ]
+    }
+
+    /// Mean SSIM of `x` against `y` (both `[H, W, C]`), as a `[1]` tensor.
+    fn splat_ssim(x: FloatTensor<Self>, y: FloatTensor<Self>, dims: [usize; 3]) -> FloatTensor<Self> {
+        let device = device_of::<Self>(&x);
+        let (x, y) = (to_host::<Self, 3>(x), to_host::<Self, 3>(y));
+        let [h, w, c] = dims;
+        from_host::<Self, 1>(vec![cpu::ssim::ssim(&x, &y, h, w, c)], [1], &device)
+    }
+
+    /// Gradient of `d_ssim · ssim(x, y)` with respect to `x`.
+    fn splat_ssim_backward(x: FloatTensor<Self>, y: FloatTensor<Self>, d_ssim: FloatTensor<Self>, dims: [usize; 3]) -> FloatTensor<Self> {
+        let device = device_of::<Self>(&x);
+        let d = to_host::<Self, 1>(d_ssim)[0];
+        let (x, y) = (to_host::<Self, 3>(x), to_host::<Self, 3>(y));
+        let [h, w, c] = dims;
+        from_host::<Self, 3>(cpu::ssim::ssim_backward(&x, &y, h, w, c, d), dims, &device)
+    }
+}
+
+impl SplatBackend for burn::backend::Flex {}
+
+#[cfg(feature = "cuda")]
+impl SplatBackend for burn::backend::Cuda {}
+
+impl<B: SplatBackend, C: CheckpointStrategy> SplatBackend for Autodiff<B, C> {
+    fn splat_render(params: SplatPrimitives<Self>, spec: &RenderSpec) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct RenderBackward;
+
+        impl<B: SplatBackend> Backward<B, 4> for RenderBackward {
+            type State = (SplatPrimitives<B>, RenderSpec);
+
+            fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
+                let d_out = grads.consume::<B>(&ops.node);
+                let (params, spec) = ops.state;
+                let d_params = B::splat_render_backward(params, d_out, &spec);
+                for (parent, d) in ops.parents.into_iter().zip(d_params) {
+                    if let Some(node) = parent {
+                        grads.register::<B>(node.id, d);
+                    }
+                }
+            }
+        }
+
+        let nodes = params.each_ref().map(|p| p.node.clone());
+        let inner = params.map(|p| p.primitive);
+        match RenderBackward.prepare::<C>(nodes).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let out = B::splat_render(inner.clone(), spec);
+                prep.finish((inner, *spec), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::splat_render(inner, spec)),
+        }
+    }
+
+    fn splat_ssim(x: FloatTensor<Self>, y: FloatTensor<Self>, dims: [usize; 3]) -> FloatTensor<Self> {
+        #[derive(Debug)]
+        struct SsimBackward;
+
+        impl<B: SplatBackend> Backward<B, 2> for SsimBackward {
+            type State = (FloatTensor<B>, FloatTensor<B>, [usize; 3]);
+
+            fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+                let d = grads.consume::<B>(&ops.node);
+                let (x, y, dims) = ops.state;
+                // Only the rendered image is differentiated; the target is data.
+                if let Some(node) = &ops.parents[0] {
+                    grads.register::<B>(node.id, B::splat_ssim_backward(x, y, d, dims));
+                }
+            }
+        }
+
+        match SsimBackward.prepare::<C>([x.node.clone(), y.node.clone()]).compute_bound().stateful() {
+            OpsKind::Tracked(prep) => {
+                let out = B::splat_ssim(x.primitive.clone(), y.primitive.clone(), dims);
+                prep.finish((x.primitive, y.primitive, dims), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::splat_ssim(x.primitive, y.primitive, dims)),
+        }
+    }
+}
+
+/// Parameter tensors of a set of Gaussians on backend `B`.
+#[derive(Debug, Clone)]
+pub struct SplatTensors<B: Backend> {
+    /// `[N, 2]`
+    pub xy: Tensor<B, 2>,
+    /// `[N, 2]`
+    pub inv_scale: Tensor<B, 2>,
+    /// `[N, 1]`
+    pub theta: Tensor<B, 2>,
+    /// `[N, C]`
+    pub color: Tensor<B, 2>,
+}
+
+impl<B: Backend> SplatTensors<B> {
+    /// The tensors as an array, in parameter order.
+    pub fn to_array(&self) -> [Tensor<B, 2>; 4] {
+        [self.xy.clone(), self.inv_scale.clone(), self.theta.clone(), self.color.clone()]
+    }
+
+    /// Builds from an array in parameter order.
+    pub fn from_array([xy, inv_scale, theta, color]: [Tensor<B, 2>; 4]) -> Self {
+        Self { xy, inv_scale, theta, color }
+    }
+}
+
+/// Renders `[H, W, C]` (differentiable on an autodiff backend).
+pub fn render<B: SplatBackend>(params: &SplatTensors<B>, spec: &RenderSpec) -> Tensor<B, 3> {
+    let prims = params.to_array().map(|t| t.into_primitive().tensor());
+    Tensor::from_primitive(TensorPrimitive::Float(B::splat_render(prims, spec)))
+}
+
+/// Mean SSIM of `x` against `y`, `[1]` (differentiable in `x`).
+pub fn ssim<B: SplatBackend>(x: Tensor<B, 3>, y: Tensor<B, 3>) -> Tensor<B, 1> {
+    let dims = x.dims();
+    let out = B::splat_ssim(x.into_primitive().tensor(), y.into_primitive().tensor(), dims);
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}

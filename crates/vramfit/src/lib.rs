@@ -1,0 +1,19 @@
+//! vramfit: make GPU training jobs fit in the memory you have, and show
+//! where the memory goes.
+//!
+//! This crate holds what every workload shares: the run directory with its
+//! atomic checkpoints and metrics stream ([`run`]), the optimiser on plain
+//! tensors ([`optim`]) and memory readings ([`memory`]).
+//!
+//! ```
+//! use vramfit::run::atomic_write;
+//! let dir = std::env::temp_dir().join(format!("vramfit-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir).unwrap();
+//! atomic_write(&dir.join("hello.txt"), b"written whole or not at all").unwrap();
+//! assert_eq!(std::fs::read(dir.join("hello.txt")).unwrap(), b"written whole or not at all");
+//! # std::fs::remove_dir_all(&dir).unwrap();
+//! ```
+
+pub mod memory;
+pub mod optim;
+pub mod run;

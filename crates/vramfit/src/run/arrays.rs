@@ -1,0 +1,175 @@
+//! A small versioned container of named f32 arrays plus JSON metadata; the
+//! on-disk form of checkpoints and of fitted Gaussians.
+//!
+//! Layout (all integers little endian):
+//! `b"VRAMFIT\0"`, `u32` format version (1), `u32` header length `L`,
+//! `L` bytes of UTF-8 JSON `{"kind", "meta", "arrays": [{"name", "shape"}]}`,
+//! each array's f32 values in header order, then a `u64` FNV-1a checksum of
+//! every byte before it.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+const MAGIC: &[u8; 8] = b"VRAMFIT\0";
+const VERSION: u32 = 1;
+
+/// Errors reading an array file.
+#[derive(Debug, thiserror::Error)]
+pub enum ArrayFileError {
+    /// The file could not be read.
+    #[error("cannot read '{path}': {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The bytes are not a valid file of this format.
+    #[error("'{path}' is not a valid vramfit file: {why}")]
+    Invalid {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+#[derive(Serialize, Deserialize)]
+struct Header {
+    kind: String,
+    meta: serde_json::Value,
+    arrays: Vec<Entry>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Entry {
+    name: String,
+    shape: Vec<usize>,
+}
+
+/// Named arrays with a kind tag and free-form metadata.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArrayFile {
+    /// What the file holds, e.g. `"gaussians"` or `"checkpoint"`.
+    pub kind: String,
+    /// Metadata (sizes, step, settings).
+    pub meta: serde_json::Value,
+    /// `name → (shape, values)`, kept in insertion order by name.
+    pub arrays: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+impl ArrayFile {
+    /// An empty file of the given kind.
+    pub fn new(kind: &str, meta: serde_json::Value) -> Self {
+        Self { kind: kind.into(), meta, arrays: BTreeMap::new() }
+    }
+
+    /// Adds an array; panics if `values` does not fill `shape` (a caller bug).
+    pub fn insert(&mut self, name: &str, shape: Vec<usize>, values: Vec<f32>) {
+        assert_eq!(shape.iter().product::<usize>(), values.len(), "array '{name}' does not match its shape");
+        self.arrays.insert(name.into(), (shape, values));
+    }
+
+    /// The values of an array, if present.
+    pub fn get(&self, name: &str) -> Option<&[f32]> {
+        self.arrays.get(name).map(|(_, v)| v.as_slice())
+    }
+
+    /// Serialises to bytes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let header = Header {
+            kind: self.kind.clone(),
+            meta: self.meta.clone(),
+            arrays: self.arrays.iter().map(|(n, (s, _))| Entry { name: n.clone(), shape: s.clone() }).collect(),
+        };
+        let json = serde_json::to_vec(&header).expect("header is plain data");
+        let mut out = Vec::with_capacity(24 + json.len() + self.arrays.values().map(|(_, v)| v.len() * 4).sum::<usize>());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+        out.extend_from_slice(&json);
+        for (_, values) in self.arrays.values() {
+            for v in values {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        let sum = fnv1a(&out);
+        out.extend_from_slice(&sum.to_le_bytes());
+        out
+    }
+
+    /// Parses bytes; `path` only names the source in errors.
+    pub fn from_bytes(bytes: &[u8], path: &str) -> Result<Self, ArrayFileError> {
+        let bad = |why: &str| ArrayFileError::Invalid { path: path.into(), why: why.into() };
+        if bytes.len() < 24 || &bytes[..8] != MAGIC {
+            return Err(bad("wrong magic bytes (not written by vramfit)"));
+        }
+        let (body, sum) = bytes.split_at(bytes.len() - 8);
+        if fnv1a(body) != u64::from_le_bytes(sum.try_into().expect("8 bytes")) {
+            return Err(bad("checksum mismatch (truncated or corrupted)"));
+        }
+        let version = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
+        if version != VERSION {
+            return Err(bad(&format!("format version {version}; this build reads version {VERSION}")));
+        }
+        let len = u32::from_le_bytes(body[12..16].try_into().expect("4 bytes")) as usize;
+        let json = body.get(16..16 + len).ok_or_else(|| bad("header runs past the end"))?;
+        let header: Header = serde_json::from_slice(json).map_err(|e| bad(&format!("header: {e}")))?;
+        let mut at = 16 + len;
+        let mut arrays = BTreeMap::new();
+        for e in header.arrays {
+            let n: usize = e.shape.iter().product();
+            let raw = body.get(at..at + 4 * n).ok_or_else(|| bad(&format!("array '{}' runs past the end", e.name)))?;
+            let values = raw.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
+            at += 4 * n;
+            arrays.insert(e.name, (e.shape, values));
+        }
+        if at != body.len() {
+            return Err(bad("trailing bytes after the last array"));
+        }
+        Ok(Self { kind: header.kind, meta: header.meta, arrays })
+    }
+
+    /// Reads a file.
+    pub fn read(path: &Path) -> Result<Self, ArrayFileError> {
+        let shown = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|source| ArrayFileError::Io { path: shown.clone(), source })?;
+        Self::from_bytes(&bytes, &shown)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> ArrayFile {
+        let mut f = ArrayFile::new("test", serde_json::json!({ "step": 3 }));
+        f.insert("a", vec![2, 2], vec![1.0, -2.0, f32::MAX, 0.5]);
+        f.insert("b", vec![0], vec![]);
+        f
+    }
+
+    #[test]
+    fn round_trips() {
+        let f = sample();
+        assert_eq!(ArrayFile::from_bytes(&f.to_bytes(), "mem").unwrap(), f);
+    }
+
+    #[test]
+    fn truncation_and_corruption_are_detected() {
+        let bytes = sample().to_bytes();
+        for cut in [0, 10, bytes.len() / 2, bytes.len() - 1] {
+            assert!(ArrayFile::from_bytes(&bytes[..cut], "mem").is_err(), "cut at {cut} accepted");
+        }
+        let mut flipped = bytes.clone();
+        flipped[30] ^= 1;
+        let err = ArrayFile::from_bytes(&flipped, "mem").unwrap_err().to_string();
+        assert!(err.contains("checksum"), "{err}");
+    }
+}

@@ -1,0 +1,8 @@
+//! Run directories: one per run, never overwritten silently; files inside
+//! are written atomically, metrics are streamed as JSON lines.
+
+mod arrays;
+mod dir;
+
+pub use arrays::{ArrayFile, ArrayFileError};
+pub use dir::{RunDir, RunDirError, atomic_write, next_free_run_dir};
