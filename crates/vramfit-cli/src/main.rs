@@ -1,1 +1,201 @@
-fn main(){}
+//! `vramfit`: the command-line tool. Thin by design: it parses flags,
+//! resolves settings, calls the libraries and prints.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
+use vramfit_splat::gaussians::Gaussians;
+use vramfit_splat::job::{Event, Job, Summary};
+use vramfit_splat::picture::{save_png, to_rgb8};
+
+mod bench;
+mod device;
+
+#[derive(Parser)]
+#[command(name = "vramfit", version, about = "Fit training jobs in the memory you have; Gaussian image fitting included.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Fit an image with 2D Gaussians (no IMAGE: the built-in sample).
+    Fit(FitArgs),
+    /// Render a Gaussians file at any resolution.
+    Render {
+        /// A `gaussians.vfg` file from a fit's run directory.
+        gaussians: PathBuf,
+        /// Output size, WIDTHxHEIGHT (default: the fitted size).
+        #[arg(long, value_parser = parse_size)]
+        size: Option<(u32, u32)>,
+        /// Gaussians blended per pixel.
+        #[arg(long, default_value_t = 10)]
+        top_k: usize,
+        /// Output PNG.
+        out: PathBuf,
+    },
+    /// Write the deterministic procedural test image.
+    Sample {
+        /// Size, WIDTHxHEIGHT (up to 16K and beyond).
+        #[arg(long, value_parser = parse_size, default_value = "1024x1024")]
+        size: (u32, u32),
+        /// Output PNG.
+        out: PathBuf,
+    },
+    /// Benchmarks that print figures and write JSON.
+    Bench {
+        #[command(subcommand)]
+        which: bench::Which,
+    },
+}
+
+#[derive(clap::Args)]
+struct FitArgs {
+    /// PNG or JPEG to fit.
+    image: Option<PathBuf>,
+    /// Final number of Gaussians.
+    #[arg(long)]
+    gaussians: Option<usize>,
+    /// Most optimiser steps.
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Seed of every random choice.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Run directory (default: the next free runs/fit-NNN).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// TOML file of settings (keys as in a run's config.toml); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Continue the run in RUN_DIR from its last checkpoint.
+    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["image", "gaussians", "steps", "seed", "out", "config"])]
+    resume: Option<PathBuf>,
+    /// Device: cpu, or cuda when built with `--features cuda`.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+}
+
+fn parse_size(s: &str) -> Result<(u32, u32), String> {
+    let (w, h) = s.split_once(['x', 'X']).ok_or_else(|| format!("'{s}' is not WIDTHxHEIGHT (e.g. 1920x1080)"))?;
+    let parse = |v: &str| v.trim().parse::<u32>().ok().filter(|v| *v > 0);
+    match (parse(w), parse(h)) {
+        (Some(w), Some(h)) => Ok((w, h)),
+        _ => Err(format!("'{s}' is not WIDTHxHEIGHT with positive integers")),
+    }
+}
+
+fn main() {
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Fit(args) => fit(args),
+        Command::Render { gaussians, size, top_k, out } => render(&gaussians, size, top_k, &out),
+        Command::Sample { size, out } => {
+            save_png(&out, &vramfit_splat::sample::procedural(size.0, size.1))?;
+            println!("wrote {} ({}x{})", out.display(), size.0, size.1);
+            Ok(())
+        }
+        Command::Bench { which } => bench::run(which),
+    }
+}
+
+/// Resolves defaults ← config file ← flags.
+fn resolve(args: &FitArgs) -> Result<FitConfig> {
+    let mut c = match &args.config {
+        Some(path) => FitConfig::load(path)?,
+        None => FitConfig::default(),
+    };
+    if let Some(image) = &args.image {
+        c.image = image.display().to_string();
+    }
+    c.gaussians = args.gaussians.unwrap_or(c.gaussians);
+    c.steps = args.steps.unwrap_or(c.steps);
+    c.seed = args.seed.unwrap_or(c.seed);
+    Ok(c)
+}
+
+fn fit(args: FitArgs) -> Result<()> {
+    let (config, out, resume) = match &args.resume {
+        Some(dir) => (FitConfig::default(), dir.clone(), true),
+        None => {
+            let out = args.out.clone().unwrap_or_else(|| vramfit::run::next_free_run_dir(Path::new("runs"), "fit"));
+            (resolve(&args)?, out, false)
+        }
+    };
+    let job = Job { config, out, resume, device_name: String::new() };
+    let summary = device::fit(&args.device, job, progress_observer())?;
+    let Some(s) = summary else { bail!("the fit stopped before its end") };
+    print_summary(&s, &args, resume);
+    Ok(())
+}
+
+fn progress_observer() -> impl FnMut(Event) -> ControlFlow<()> {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} steps · {msg} · {per_sec} · ETA {eta}")
+            .expect("valid template"),
+    );
+    move |event| {
+        match event {
+            Event::Start { done, total } => {
+                bar.set_length(total);
+                bar.set_position(done);
+                bar.reset_eta();
+            }
+            Event::Step(r) => {
+                bar.set_position(r.step);
+                if let Some(p) = r.psnr_db {
+                    bar.set_message(format!("loss {:.4} · PSNR {p:.2} dB · {} Gaussians", r.loss, r.gaussians));
+                }
+                if r.decayed {
+                    bar.println(format!("step {}: quality stalled, learning rates divided by 10", r.step));
+                }
+            }
+            Event::Checkpoint(_) => {}
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+fn print_summary(s: &Summary, args: &FitArgs, resumed: bool) {
+    let dir = args.resume.clone().or(args.out.clone());
+    let mib = s.peak_memory_bytes as f64 / (1u64 << 20) as f64;
+    let image = if s.image == BUILTIN_SAMPLE { "built-in sample (astronaut)".to_string() } else { s.image.clone() };
+    println!("fitted {image}, {}x{}, on {}{}", s.width, s.height, s.device, if resumed { " (resumed)" } else { "" });
+    println!("  PSNR {:.2} dB · SSIM {:.4} · {:.2} bits per pixel", s.psnr_db, s.ssim, s.bits_per_pixel);
+    println!(
+        "  {} Gaussians · {} steps{} · {:.1} s · {:.1} ms per step (median)",
+        s.gaussians,
+        s.steps,
+        if s.stopped_early { " (stopped early: quality stalled)" } else { "" },
+        s.wall_seconds,
+        s.median_step_ms
+    );
+    println!("  memory: peak {mib:.0} MiB ({})", s.peak_memory_source);
+    if let Some(dir) = dir {
+        println!("  run directory: {}", dir.display());
+    }
+}
+
+fn render(path: &Path, size: Option<(u32, u32)>, top_k: usize, out: &Path) -> Result<()> {
+    let g = Gaussians::load(path)?;
+    if !(1..=vramfit_splat::cpu::render::MAX_TOP_K).contains(&top_k) {
+        bail!("--top-k {top_k} is outside 1..={}", vramfit_splat::cpu::render::MAX_TOP_K);
+    }
+    let (w, h) = size.unwrap_or((g.width as u32, g.height as u32));
+    let img = g.render(w as usize, h as usize, top_k);
+    save_png(out, &to_rgb8(w as usize, h as usize, &img)).with_context(|| format!("rendering {}", path.display()))?;
+    println!("wrote {} ({w}x{h}) from {} Gaussians", out.display(), g.len());
+    Ok(())
+}

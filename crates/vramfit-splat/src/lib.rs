@@ -18,12 +18,14 @@
 //! assert!(psnr_db > 10.0);
 //! ```
 
+pub mod baseline;
 pub mod config;
 pub mod cpu;
 mod error;
 pub mod fit;
 pub mod gaussians;
 pub mod init;
+pub mod job;
 pub mod op;
 pub mod picture;
 pub mod sample;

@@ -53,7 +53,7 @@ fn selections(case: &Case, frame: &Frame, top_k: usize) -> Vec<Vec<u32>> {
     (0..frame.height)
         .flat_map(|y| (0..frame.width).map(move |x| (x, y)))
         .map(|(x, y)| {
-            select_top_k(&binned, frame, top_k, x, y).as_slice().iter().filter(|t| t.0 > 1e-14).map(|t| t.1).collect()
+            select_top_k(&binned, frame, top_k, x, y).into_iter().filter(|t| (-t.0).exp() > 1e-14).map(|t| t.1).collect()
         })
         .collect()
 }
@@ -213,13 +213,13 @@ fn top_k_selection_and_binning_match_brute_force() {
                             let g = &binned.projected[id as usize];
                             let (dx, dy) = (g.cx - px, g.cy - py);
                             let s = 0.5 * g.a * dx * dx + 0.5 * g.c * dy * dy + g.b * dx * dy;
-                            (s >= 0.0 && s.is_finite()).then(|| ((-s).exp(), id))
+                            (s >= 0.0 && s.is_finite()).then_some((s, id))
                         })
                         .collect();
-                    all.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                    // Largest w = exp(−σ) first, i.e. smallest σ; ties: lower id.
+                    all.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
                     all.truncate(k);
-                    let got: Vec<(f32, u32)> =
-                        select_top_k(&binned, &frame, k, x, y).as_slice().iter().map(|t| (t.0, t.1)).collect();
+                    let got = select_top_k(&binned, &frame, k, x, y);
                     assert_eq!(got, all, "round {round}, k {k}, pixel ({x}, {y})");
                 }
             }

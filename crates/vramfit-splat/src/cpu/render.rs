@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 
 use super::Real;
-use super::project::{Binned, Frame, Projected, TILE, project_and_bin, project_one_backward};
+use super::project::{Binned, Frame, TILE, project_and_bin, project_one_backward};
 
 /// Largest supported top-K (the selection lives on the stack).
 pub const MAX_TOP_K: usize = 32;
@@ -54,77 +54,166 @@ pub struct SplatGrads<F> {
     pub d_color: Vec<F>,
 }
 
-/// The K largest weights at one pixel, in descending order (ties: the
-/// Gaussian met first, i.e. the lower index, wins).
+/// The candidates of one tile gathered into contiguous arrays, so that the
+/// per-pixel loop streams through memory instead of chasing indices.
+#[derive(Debug, Default)]
+pub struct TileCandidates<F> {
+    ids: Vec<u32>,
+    cx: Vec<F>,
+    cy: Vec<F>,
+    a: Vec<F>,
+    b: Vec<F>,
+    c: Vec<F>,
+}
+
+impl<F: Real> TileCandidates<F> {
+    /// Gathers tile `tile`'s Gaussians (reusing the buffers).
+    pub fn gather(&mut self, binned: &Binned<F>, tile: usize) {
+        let ids = binned.tile(tile);
+        self.ids.clear();
+        self.ids.extend_from_slice(ids);
+        let pick = |dst: &mut Vec<F>, f: &dyn Fn(usize) -> F| {
+            dst.clear();
+            dst.extend(ids.iter().map(|&i| f(i as usize)));
+        };
+        let p = &binned.projected;
+        pick(&mut self.cx, &|i| p[i].cx);
+        pick(&mut self.cy, &|i| p[i].cy);
+        pick(&mut self.a, &|i| p[i].a);
+        pick(&mut self.b, &|i| p[i].b);
+        pick(&mut self.c, &|i| p[i].c);
+    }
+
+    /// Offset `d = centre − p` of candidate `slot` from pixel centre `(px, py)`.
+    #[inline]
+    fn offset(&self, slot: usize, px: F, py: F) -> (F, F) {
+        (self.cx[slot] - px, self.cy[slot] - py)
+    }
+
+    /// Top-K for the pixel `(x, y)` (which must lie in the gathered tile).
+    #[inline]
+    pub fn select(&self, top_k: usize, x: usize, y: usize) -> TopK<F> {
+        let (px, py) = (F::c(x as f64 + 0.5), F::c(y as f64 + 0.5));
+        let half = F::c(0.5);
+        let mut top = TopK::new();
+        let mut bound = F::infinity();
+        for slot in 0..self.ids.len() {
+            let dx = self.cx[slot] - px;
+            let dy = self.cy[slot] - py;
+            let sigma = half * self.a[slot] * dx * dx + half * self.c[slot] * dy * dy + self.b[slot] * dx * dy;
+            // `sigma < bound` is false for NaN; infinite σ has zero weight.
+            if sigma >= F::zero() && sigma < bound && sigma.is_finite() {
+                top.offer(top_k, sigma, slot as u32);
+                bound = top.bound(top_k);
+            }
+        }
+        top
+    }
+}
+
+/// The K largest weights at one pixel, kept as the K smallest exponents
+/// σ (w = exp(−σ) is decreasing, so this is the same set without an exp
+/// per candidate), in ascending σ; ties: the candidate met first, i.e. the
+/// lower Gaussian index, wins.
 #[derive(Debug, Clone, Copy)]
 pub struct TopK<F> {
-    /// Selected `(weight, gaussian id, dx, dy)`.
-    pub items: [(F, u32, F, F); MAX_TOP_K],
-    /// Number selected.
-    pub len: usize,
+    sigma: [F; MAX_TOP_K],
+    slot: [u32; MAX_TOP_K],
+    len: usize,
 }
 
 impl<F: Real> TopK<F> {
     fn new() -> Self {
-        Self { items: [(F::zero(), 0, F::zero(), F::zero()); MAX_TOP_K], len: 0 }
+        Self { sigma: [F::zero(); MAX_TOP_K], slot: [0; MAX_TOP_K], len: 0 }
     }
 
-    fn offer(&mut self, k: usize, item: (F, u32, F, F)) {
+    /// Largest σ that can still enter (infinite while not full).
+    #[inline]
+    fn bound(&self, k: usize) -> F {
+        if self.len == k { self.sigma[k - 1] } else { F::infinity() }
+    }
+
+    #[inline]
+    fn offer(&mut self, k: usize, sigma: F, slot: u32) {
         if self.len == k {
-            if !(item.0 > self.items[k - 1].0) {
-                return;
-            }
             self.len -= 1;
         }
-        // Insert after every element with a weight >= the new one (stable).
+        // Insert after every element with σ <= the new one (stable).
         let mut pos = self.len;
-        while pos > 0 && self.items[pos - 1].0 < item.0 {
-            self.items[pos] = self.items[pos - 1];
+        while pos > 0 && self.sigma[pos - 1] > sigma {
+            self.sigma[pos] = self.sigma[pos - 1];
+            self.slot[pos] = self.slot[pos - 1];
             pos -= 1;
         }
-        self.items[pos] = item;
+        self.sigma[pos] = sigma;
+        self.slot[pos] = slot;
         self.len += 1;
     }
 
-    /// The selected entries.
-    pub fn as_slice(&self) -> &[(F, u32, F, F)] {
-        &self.items[..self.len]
+    /// Number selected.
+    pub fn len(&self) -> usize {
+        self.len
     }
-}
 
-/// Weight of a projected Gaussian at pixel centre `(px, py)`, with the
-/// offset `d = centre − p`; `None` when σ < 0 or not finite.
-fn weight<F: Real>(g: &Projected<F>, px: F, py: F) -> Option<(F, F, F)> {
-    let dx = g.cx - px;
-    let dy = g.cy - py;
-    let half = F::c(0.5);
-    let sigma = half * g.a * dx * dx + half * g.c * dy * dy + g.b * dx * dy;
-    if !(sigma >= F::zero()) || !sigma.is_finite() {
-        return None;
+    /// True when no Gaussian covers the pixel.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
-    Some(((-sigma).exp(), dx, dy))
-}
 
-/// Top-K selection for pixel `(x, y)` among the Gaussians binned to its tile.
-pub fn select_top_k<F: Real>(binned: &Binned<F>, frame: &Frame, top_k: usize, x: usize, y: usize) -> TopK<F> {
-    let tile = (y / TILE) * frame.tiles_x() + x / TILE;
-    let (px, py) = (F::c(x as f64 + 0.5), F::c(y as f64 + 0.5));
-    let mut top = TopK::new();
-    for &id in binned.tile(tile) {
-        if let Some((w, dx, dy)) = weight(&binned.projected[id as usize], px, py) {
-            top.offer(top_k, (w, id, dx, dy));
+    /// `(σ, gaussian id)` of the selected entries, in ascending σ.
+    pub fn entries<'a>(&'a self, tile: &'a TileCandidates<F>) -> impl Iterator<Item = (F, u32)> + 'a {
+        (0..self.len).map(move |k| (self.sigma[k], tile.ids[self.slot[k] as usize]))
+    }
+
+    /// Weights `exp(−σ)` of the selected entries.
+    fn weights(&self) -> [F; MAX_TOP_K] {
+        let mut w = [F::zero(); MAX_TOP_K];
+        for k in 0..self.len {
+            w[k] = (-self.sigma[k]).exp();
         }
+        w
     }
-    top
+}
+
+/// Top-K selection for pixel `(x, y)`: `(σ, gaussian id)` in ascending σ.
+pub fn select_top_k<F: Real>(binned: &Binned<F>, frame: &Frame, top_k: usize, x: usize, y: usize) -> Vec<(F, u32)> {
+    let mut tile = TileCandidates::default();
+    tile.gather(binned, (y / TILE) * frame.tiles_x() + x / TILE);
+    tile.select(top_k, x, y).entries(&tile).collect()
 }
 
 fn check_top_k(top_k: usize) {
     assert!((1..=MAX_TOP_K).contains(&top_k), "top_k must be in 1..={MAX_TOP_K}, got {top_k}");
 }
 
-/// Rows of pixels per band, a multiple of the tile size.
-fn band_rows(frame: &Frame) -> usize {
-    frame.tiles_y().div_ceil(MAX_BANDS).max(1) * TILE
+/// Tile rows per band.
+fn band_tiles(frame: &Frame) -> usize {
+    frame.tiles_y().div_ceil(MAX_BANDS).max(1)
+}
+
+/// Calls `f(tile, x, y)` for every pixel of band `band`, tile by tile.
+fn for_each_pixel_in_band<F: Real>(
+    binned: &Binned<F>,
+    frame: &Frame,
+    band: usize,
+    mut f: impl FnMut(&TileCandidates<F>, usize, usize),
+) {
+    let per = band_tiles(frame);
+    let mut tile = TileCandidates::default();
+    for ty in band * per..((band + 1) * per).min(frame.tiles_y()) {
+        for tx in 0..frame.tiles_x() {
+            let index = ty * frame.tiles_x() + tx;
+            if binned.tile(index).is_empty() {
+                continue;
+            }
+            tile.gather(binned, index);
+            for y in ty * TILE..((ty + 1) * TILE).min(frame.height) {
+                for x in tx * TILE..((tx + 1) * TILE).min(frame.width) {
+                    f(&tile, x, y);
+                }
+            }
+        }
+    }
 }
 
 /// Renders `[H, W, C]` (row major).
@@ -136,28 +225,27 @@ pub fn render<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize) -> Vec<F
     if out.is_empty() {
         return out;
     }
-    let rows = band_rows(frame);
+    let rows = band_tiles(frame) * TILE;
     out.par_chunks_mut(rows * frame.width * c).enumerate().for_each(|(band, chunk)| {
         let y0 = band * rows;
-        for (row, line) in chunk.chunks_mut(frame.width * c).enumerate() {
-            for x in 0..frame.width {
-                let top = select_top_k(&binned, frame, top_k, x, y0 + row);
-                if top.len == 0 {
-                    continue;
-                }
-                let denom = F::c(EPSILON) + top.as_slice().iter().map(|t| t.0).sum::<F>();
-                let px = &mut line[x * c..(x + 1) * c];
-                for &(w, id, _, _) in top.as_slice() {
-                    let col = &splats.color[id as usize * c..(id as usize + 1) * c];
-                    for ch in 0..c {
-                        px[ch] = px[ch] + w * col[ch];
-                    }
-                }
-                for v in px.iter_mut() {
-                    *v = *v / denom;
+        for_each_pixel_in_band(&binned, frame, band, |tile, x, y| {
+            let top = tile.select(top_k, x, y);
+            if top.is_empty() {
+                return;
+            }
+            let w = top.weights();
+            let denom = F::c(EPSILON) + w[..top.len].iter().copied().sum::<F>();
+            let px = &mut chunk[((y - y0) * frame.width + x) * c..((y - y0) * frame.width + x + 1) * c];
+            for (k, (_, id)) in top.entries(tile).enumerate() {
+                let col = &splats.color[id as usize * c..(id as usize + 1) * c];
+                for ch in 0..c {
+                    px[ch] = px[ch] + w[k] * col[ch];
                 }
             }
-        }
+            for v in px.iter_mut() {
+                *v = *v / denom;
+            }
+        });
     });
     out
 }
@@ -170,45 +258,48 @@ pub fn render_backward<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize,
     let binned = project_and_bin(splats.xy, splats.inv_scale, splats.theta, frame);
     // Per-Gaussian accumulator: [d_cx, d_cy, d_a, d_b, d_c, d_color..].
     let stride = 5 + c;
-    let rows = band_rows(frame);
-    let bands = frame.height.div_ceil(rows);
+    let bands = frame.tiles_y().div_ceil(band_tiles(frame));
     let partials: Vec<Vec<F>> = (0..bands)
         .into_par_iter()
         .map(|band| {
             let mut acc = vec![F::zero(); n * stride];
             let mut u = [F::zero(); MAX_TOP_K];
-            for y in band * rows..((band + 1) * rows).min(frame.height) {
-                for x in 0..frame.width {
-                    let top = select_top_k(&binned, frame, top_k, x, y);
-                    if top.len == 0 {
-                        continue;
-                    }
-                    let g = &d_out[(y * frame.width + x) * c..(y * frame.width + x + 1) * c];
-                    let denom = F::c(EPSILON) + top.as_slice().iter().map(|t| t.0).sum::<F>();
-                    let mut weighted = F::zero();
-                    for (k, &(w, id, _, _)) in top.as_slice().iter().enumerate() {
-                        let col = &splats.color[id as usize * c..(id as usize + 1) * c];
-                        u[k] = (0..c).map(|ch| col[ch] * g[ch]).sum();
-                        weighted = weighted + w * u[k];
-                    }
-                    for (k, &(w, id, dx, dy)) in top.as_slice().iter().enumerate() {
-                        let p = &binned.projected[id as usize];
-                        let d_w = u[k] / denom - weighted / (denom * denom);
-                        let d_sigma = -w * d_w;
-                        let a = &mut acc[id as usize * stride..(id as usize + 1) * stride];
-                        let half = F::c(0.5);
-                        a[0] = a[0] + d_sigma * (p.a * dx + p.b * dy);
-                        a[1] = a[1] + d_sigma * (p.b * dx + p.c * dy);
-                        a[2] = a[2] + d_sigma * half * dx * dx;
-                        a[3] = a[3] + d_sigma * dx * dy;
-                        a[4] = a[4] + d_sigma * half * dy * dy;
-                        let share = w / denom;
-                        for ch in 0..c {
-                            a[5 + ch] = a[5 + ch] + share * g[ch];
-                        }
+            let half = F::c(0.5);
+            for_each_pixel_in_band(&binned, frame, band, |tile, x, y| {
+                let top = tile.select(top_k, x, y);
+                if top.is_empty() {
+                    return;
+                }
+                let g = &d_out[(y * frame.width + x) * c..(y * frame.width + x + 1) * c];
+                let ws = top.weights();
+                let denom = F::c(EPSILON) + ws[..top.len].iter().copied().sum::<F>();
+                let mut weighted = F::zero();
+                for (k, (_, id)) in top.entries(tile).enumerate() {
+                    let col = &splats.color[id as usize * c..(id as usize + 1) * c];
+                    u[k] = (0..c).map(|ch| col[ch] * g[ch]).sum();
+                    weighted = weighted + ws[k] * u[k];
+                }
+                let (px, py) = (F::c(x as f64 + 0.5), F::c(y as f64 + 0.5));
+                for k in 0..top.len {
+                    let slot = top.slot[k] as usize;
+                    let id = tile.ids[slot] as usize;
+                    let (dx, dy) = tile.offset(slot, px, py);
+                    let (a, b, cc) = (tile.a[slot], tile.b[slot], tile.c[slot]);
+                    let w = ws[k];
+                    let d_w = u[k] / denom - weighted / (denom * denom);
+                    let d_sigma = -w * d_w;
+                    let acc = &mut acc[id * stride..(id + 1) * stride];
+                    acc[0] = acc[0] + d_sigma * (a * dx + b * dy);
+                    acc[1] = acc[1] + d_sigma * (b * dx + cc * dy);
+                    acc[2] = acc[2] + d_sigma * half * dx * dx;
+                    acc[3] = acc[3] + d_sigma * dx * dy;
+                    acc[4] = acc[4] + d_sigma * half * dy * dy;
+                    let share = w / denom;
+                    for ch in 0..c {
+                        acc[5 + ch] = acc[5 + ch] + share * g[ch];
                     }
                 }
-            }
+            });
             acc
         })
         .collect();

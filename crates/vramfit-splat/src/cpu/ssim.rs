@@ -24,69 +24,51 @@ fn window<F: Real>() -> [F; TAPS] {
 }
 
 /// Zero-padded "same" Gaussian blur of one `[H, W]` plane. The window is
-/// symmetric, so this operator is its own transpose (used by the backward).
+/// symmetric, so this operator is its own transpose (the backward uses it
+/// that way). Both passes are axpy loops over whole rows, which vectorise.
 fn blur<F: Real>(plane: &[F], h: usize, w: usize) -> Vec<F> {
     let k = window::<F>();
     let r = TAPS / 2;
     let mut tmp = vec![F::zero(); h * w];
     tmp.par_chunks_mut(w).enumerate().for_each(|(y, row)| {
-        let src = &plane[y * w..(y + 1) * w];
-        for (x, out) in row.iter_mut().enumerate() {
-            let lo = x.saturating_sub(r);
-            let hi = (x + r + 1).min(w);
-            *out = (lo..hi).map(|j| k[j + r - x] * src[j]).sum();
+        let mut padded = vec![F::zero(); w + 2 * r];
+        padded[r..r + w].copy_from_slice(&plane[y * w..(y + 1) * w]);
+        for (j, kv) in k.iter().enumerate() {
+            for (o, v) in row.iter_mut().zip(&padded[j..j + w]) {
+                *o = *o + *kv * *v;
+            }
         }
     });
     let mut out = vec![F::zero(); h * w];
     out.par_chunks_mut(w).enumerate().for_each(|(y, row)| {
-        let lo = y.saturating_sub(r);
-        let hi = (y + r + 1).min(h);
-        for i in lo..hi {
+        for i in y.saturating_sub(r)..(y + r + 1).min(h) {
             let kv = k[i + r - y];
-            let src = &tmp[i * w..(i + 1) * w];
-            for (o, s) in row.iter_mut().zip(src) {
-                *o = *o + kv * *s;
+            for (o, v) in row.iter_mut().zip(&tmp[i * w..(i + 1) * w]) {
+                *o = *o + kv * *v;
             }
         }
     });
     out
 }
 
-/// Local statistics of one channel: means and second moments.
-struct Stats<F> {
-    mx: Vec<F>,
-    my: Vec<F>,
-    exx: Vec<F>,
-    eyy: Vec<F>,
-    exy: Vec<F>,
+/// Local statistics of one channel: `[μx, μy, E[x²], E[y²], E[xy]]` planes.
+fn stats<F: Real>(x: &[F], y: &[F], h: usize, w: usize, c: usize, ch: usize) -> [Vec<F>; 5] {
+    let px: Vec<F> = x.iter().skip(ch).step_by(c).copied().collect();
+    let py: Vec<F> = y.iter().skip(ch).step_by(c).copied().collect();
+    let prod = |a: &[F], b: &[F]| -> Vec<F> { a.iter().zip(b).map(|(p, q)| *p * *q).collect() };
+    let (xx, yy, xy) = (prod(&px, &px), prod(&py, &py), prod(&px, &py));
+    [blur(&px, h, w), blur(&py, h, w), blur(&xx, h, w), blur(&yy, h, w), blur(&xy, h, w)]
 }
 
-fn plane<F: Real>(img: &[F], c: usize, ch: usize, f: impl Fn(F) -> F + Sync) -> Vec<F> {
-    img.par_iter().skip(ch).step_by(c).map(|&v| f(v)).collect()
-}
-
-fn stats<F: Real>(x: &[F], y: &[F], h: usize, w: usize, c: usize, ch: usize) -> (Vec<F>, Vec<F>, Stats<F>) {
-    let px = plane(x, c, ch, |v| v);
-    let py = plane(y, c, ch, |v| v);
-    let sq = |a: &[F], b: &[F]| -> Vec<F> { a.par_iter().zip(b).map(|(p, q)| *p * *q).collect() };
-    let s = Stats {
-        mx: blur(&px, h, w),
-        my: blur(&py, h, w),
-        exx: blur(&sq(&px, &px), h, w),
-        eyy: blur(&sq(&py, &py), h, w),
-        exy: blur(&sq(&px, &py), h, w),
-    };
-    (px, py, s)
-}
-
-/// Per-pixel SSIM terms `(A1, A2, B1, B2)`.
-fn terms<F: Real>(s: &Stats<F>, i: usize) -> (F, F, F, F) {
-    let (mx, my) = (s.mx[i], s.my[i]);
+/// SSIM terms `(A1, A2, B1, B2)` at pixel `i`: S = A1·A2 / (B1·B2).
+#[inline]
+fn terms<F: Real>(s: &[Vec<F>; 5], i: usize) -> (F, F, F, F) {
+    let (mx, my, exx, eyy, exy) = (s[0][i], s[1][i], s[2][i], s[3][i], s[4][i]);
     let two = F::c(2.0);
     let a1 = two * mx * my + F::c(C1);
-    let a2 = two * (s.exy[i] - mx * my) + F::c(C2);
+    let a2 = two * (exy - mx * my) + F::c(C2);
     let b1 = mx * mx + my * my + F::c(C1);
-    let b2 = (s.exx[i] - mx * mx) + (s.eyy[i] - my * my) + F::c(C2);
+    let b2 = (exx - mx * mx) + (eyy - my * my) + F::c(C2);
     (a1, a2, b1, b2)
 }
 
@@ -100,7 +82,7 @@ pub fn ssim<F: Real>(x: &[F], y: &[F], h: usize, w: usize, c: usize) -> F {
     check(x, y, h, w, c);
     let mut total = 0.0f64;
     for ch in 0..c {
-        let (_, _, s) = stats(x, y, h, w, c, ch);
+        let s = stats(x, y, h, w, c, ch);
         total += (0..h * w)
             .into_par_iter()
             .map(|i| {
@@ -118,27 +100,24 @@ pub fn ssim_backward<F: Real>(x: &[F], y: &[F], h: usize, w: usize, c: usize, d_
     let scale = d_ssim / F::c((h * w * c) as f64);
     let mut d_x = vec![F::zero(); h * w * c];
     for ch in 0..c {
-        let (px, py, s) = stats(x, y, h, w, c, ch);
-        // ∂S/∂μx, ∂S/∂E[x²], ∂S/∂E[xy] per pixel (S = A1·A2 / (B1·B2)).
-        let coeffs: Vec<(F, F, F)> = (0..h * w)
+        let s = stats(x, y, h, w, c, ch);
+        // ∂S/∂μx, ∂S/∂E[x²], ∂S/∂E[xy] per pixel, scaled by the upstream gradient.
+        let coeffs: Vec<[F; 3]> = (0..h * w)
             .into_par_iter()
             .map(|i| {
                 let (a1, a2, b1, b2) = terms(&s, i);
-                let (mx, my) = (s.mx[i], s.my[i]);
+                let (mx, my) = (s[0][i], s[1][i]);
                 let two = F::c(2.0);
                 let den = b1 * b2;
                 let sv = a1 * a2 / den;
                 let d_mx = two * my * a2 / den - two * my * a1 / den - two * mx * sv / b1 + two * mx * sv / b2;
-                let d_exx = -sv / b2;
-                let d_exy = two * a1 / den;
-                (scale * d_mx, scale * d_exx, scale * d_exy)
+                [scale * d_mx, scale * (-sv / b2), scale * (two * a1 / den)]
             })
             .collect();
-        let g_m = blur(&coeffs.iter().map(|t| t.0).collect::<Vec<_>>(), h, w);
-        let g_xx = blur(&coeffs.iter().map(|t| t.1).collect::<Vec<_>>(), h, w);
-        let g_xy = blur(&coeffs.iter().map(|t| t.2).collect::<Vec<_>>(), h, w);
+        let g: Vec<Vec<F>> = (0..3).map(|q| blur(&coeffs.iter().map(|t| t[q]).collect::<Vec<F>>(), h, w)).collect();
         for i in 0..h * w {
-            d_x[i * c + ch] = g_m[i] + F::c(2.0) * px[i] * g_xx[i] + py[i] * g_xy[i];
+            let (xv, yv) = (x[i * c + ch], y[i * c + ch]);
+            d_x[i * c + ch] = g[0][i] + F::c(2.0) * xv * g[1][i] + yv * g[2][i];
         }
     }
     d_x

@@ -1,0 +1,243 @@
+//! A whole fit into a run directory: resolved `config.toml`, streamed
+//! `metrics.jsonl` and `frames/`, atomic checkpoints, and at the end
+//! `gaussians.vfg`, `render.png` and `summary.json` (written last: a run
+//! directory without it is unfinished). Everything is validated before the
+//! directory is created, so bad input leaves nothing behind; a failure
+//! after that is recorded in `error.json`.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::tensor::backend::AutodiffBackend;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use vramfit::run::{ArrayFile, RunDir, RunDirError};
+
+use crate::SplatError;
+use crate::config::{BUILTIN_SAMPLE, FitConfig};
+use crate::fit::{Fit, StepReport};
+use crate::op::SplatBackend;
+use crate::picture::{Picture, save_png, to_rgb8};
+
+/// The built-in sample photograph (see `assets/README.md`).
+pub const ASTRONAUT_PNG: &[u8] = include_bytes!("../assets/astronaut.png");
+/// Checkpoints kept on disk (the newest ones).
+const KEEP_CHECKPOINTS: usize = 2;
+
+/// Loads the image a config names (`builtin:astronaut` or a path).
+pub fn load_image(name: &str) -> Result<Picture, SplatError> {
+    if name == BUILTIN_SAMPLE {
+        return Picture::decode(ASTRONAUT_PNG, Path::new(BUILTIN_SAMPLE));
+    }
+    Picture::load(Path::new(name))
+}
+
+/// The outcome of a finished fit (`summary.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// Image fitted.
+    pub image: String,
+    /// Image width.
+    pub width: usize,
+    /// Image height.
+    pub height: usize,
+    /// PSNR of the clamped final render, dB.
+    pub psnr_db: f64,
+    /// SSIM of the clamped final render.
+    pub ssim: f64,
+    /// Bits per pixel of the Gaussians stored as f32.
+    pub bits_per_pixel: f64,
+    /// Gaussians at the end.
+    pub gaussians: usize,
+    /// Steps taken.
+    pub steps: u64,
+    /// True when the stall schedule ended the fit before `steps`.
+    pub stopped_early: bool,
+    /// Wall-clock seconds over every session of the run.
+    pub wall_seconds: f64,
+    /// Median milliseconds per step in the last session.
+    pub median_step_ms: f64,
+    /// Peak memory in bytes; see `peak_memory_source`.
+    pub peak_memory_bytes: u64,
+    /// What `peak_memory_bytes` measures.
+    pub peak_memory_source: String,
+    /// Device the fit ran on.
+    pub device: String,
+}
+
+/// What the driver reports while it runs.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// The loop starts at `done` of `total` steps.
+    Start {
+        /// Steps already done (resume).
+        done: u64,
+        /// Step budget.
+        total: u64,
+    },
+    /// A step completed.
+    Step(&'a StepReport),
+    /// A checkpoint was written.
+    Checkpoint(&'a Path),
+}
+
+/// Runs a new fit into `out`, or resumes the one in `out`.
+pub struct Job {
+    /// Settings (ignored on resume: the run directory's own are used).
+    pub config: FitConfig,
+    /// Run directory.
+    pub out: PathBuf,
+    /// Continue the run in `out` from its last checkpoint.
+    pub resume: bool,
+    /// Describes the device for the summary.
+    pub device_name: String,
+}
+
+fn checkpoint_name(step: u64) -> String {
+    format!("step-{step:08}.ckpt")
+}
+
+/// Checkpoints in `dir`, newest first.
+fn checkpoints(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "ckpt"))
+        .collect();
+    found.sort();
+    found.reverse();
+    found
+}
+
+impl Job {
+    /// Runs to the end. `observe` sees every event and may stop the run
+    /// (as a kill would: nothing more is written).
+    pub fn run<B>(&self, device: &B::Device, mut observe: impl FnMut(Event) -> ControlFlow<()>) -> Result<Option<Summary>, SplatError>
+    where
+        B: AutodiffBackend + SplatBackend,
+        B::InnerBackend: SplatBackend,
+    {
+        let (dir, config, picture, mut fit, mut wall_before) = if self.resume {
+            self.open_for_resume::<B>(device)?
+        } else {
+            // Validate everything before the directory exists.
+            let picture = load_image(&self.config.image)?;
+            let fit = Fit::<B>::new(&picture, &self.config, device)?;
+            let dir = RunDir::create(&self.out)?;
+            dir.write("config.toml", self.config.to_toml().as_bytes())?;
+            (dir, self.config.clone(), picture, fit, 0.0)
+        };
+        let result = self.drive(&dir, &config, &picture, &mut fit, &mut wall_before, &mut observe);
+        if let Err(e) = &result {
+            let _ = dir.write("error.json", json!({ "error": e.to_string(), "step": fit.step_count() }).to_string().as_bytes());
+        }
+        result
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn open_for_resume<B>(&self, device: &B::Device) -> Result<(RunDir, FitConfig, Picture, Fit<B>, f64), SplatError>
+    where
+        B: AutodiffBackend + SplatBackend,
+        B::InnerBackend: SplatBackend,
+    {
+        let dir = RunDir::open(&self.out)?;
+        let not_resumable = |why: &str| RunDirError::NotResumable { path: self.out.clone(), why: why.into() };
+        if dir.path("summary.json").exists() {
+            return Err(not_resumable("the run already finished (summary.json exists)").into());
+        }
+        let config = FitConfig::load(&dir.path("config.toml"))?;
+        let picture = load_image(&config.image)?;
+        let _ = std::fs::remove_file(dir.path("error.json"));
+        // The newest checkpoint that reads back whole; none: start over.
+        for path in checkpoints(&dir.checkpoints()) {
+            if let Ok(ckpt) = ArrayFile::read(&path) {
+                let wall = ckpt.meta.get("wall_seconds").and_then(|v| v.as_f64()).unwrap_or(0.0);
+                return Ok((dir, config.clone(), picture.clone(), Fit::resume(&picture, &config, &ckpt, device)?, wall));
+            }
+        }
+        let fit = Fit::new(&picture, &config, device)?;
+        Ok((dir, config, picture, fit, 0.0))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn drive<B>(
+        &self,
+        dir: &RunDir,
+        config: &FitConfig,
+        picture: &Picture,
+        fit: &mut Fit<B>,
+        wall_before: &mut f64,
+        observe: &mut impl FnMut(Event) -> ControlFlow<()>,
+    ) -> Result<Option<Summary>, SplatError>
+    where
+        B: AutodiffBackend + SplatBackend,
+        B::InnerBackend: SplatBackend,
+    {
+        let mut metrics = dir.metrics(Some(fit.step_count()))?;
+        let started = Instant::now();
+        let mut step_ms = Vec::new();
+        if observe(Event::Start { done: fit.step_count(), total: config.steps }).is_break() {
+            return Ok(None);
+        }
+        while !fit.finished() {
+            let next = fit.step_count() + 1;
+            let want_frame = config.frame_every > 0 && next % config.frame_every == 0;
+            let t0 = Instant::now();
+            let report = fit.step(want_frame)?;
+            step_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+            let step = report.step;
+            if step % config.log_every == 0 || report.added > 0 || report.decayed || fit.finished() {
+                metrics.append(&json!({
+                    "step": step, "loss": report.loss, "psnr_db": report.psnr_db, "ssim": report.ssim,
+                    "gaussians": report.gaussians, "added": report.added, "lr_decayed": report.decayed,
+                    "wall_seconds": *wall_before + started.elapsed().as_secs_f64(),
+                }))?;
+            }
+            if let Some(frame) = &report.frame {
+                save_png(&dir.path(&format!("frames/step-{step:08}.png")), &to_rgb8(picture.width, picture.height, frame))?;
+            }
+            if observe(Event::Step(&report)).is_break() {
+                return Ok(None);
+            }
+            if config.checkpoint_every > 0 && step % config.checkpoint_every == 0 && !fit.finished() {
+                let mut ckpt = fit.checkpoint();
+                ckpt.meta["wall_seconds"] = json!(*wall_before + started.elapsed().as_secs_f64());
+                let path = dir.checkpoints().join(checkpoint_name(step));
+                vramfit::run::atomic_write(&path, &ckpt.to_bytes())
+                    .map_err(|e| SplatError::Write { path: path.clone(), why: e.to_string() })?;
+                for old in checkpoints(&dir.checkpoints()).into_iter().skip(KEEP_CHECKPOINTS) {
+                    let _ = std::fs::remove_file(old);
+                }
+                if observe(Event::Checkpoint(&path)).is_break() {
+                    return Ok(None);
+                }
+            }
+        }
+        let gaussians = fit.gaussians();
+        gaussians.save(&dir.path("gaussians.vfg"))?;
+        let (render, psnr_db, ssim) = fit.evaluate();
+        save_png(&dir.path("render.png"), &to_rgb8(picture.width, picture.height, &render))?;
+        step_ms.sort_by(f64::total_cmp);
+        let summary = Summary {
+            image: config.image.clone(),
+            width: picture.width,
+            height: picture.height,
+            psnr_db,
+            ssim,
+            bits_per_pixel: gaussians.bits_per_pixel(),
+            gaussians: gaussians.len(),
+            steps: fit.step_count(),
+            stopped_early: fit.stopped_early(),
+            wall_seconds: *wall_before + started.elapsed().as_secs_f64(),
+            median_step_ms: step_ms.get(step_ms.len() / 2).copied().unwrap_or(0.0),
+            peak_memory_bytes: vramfit::memory::host_peak_bytes().unwrap_or(0),
+            peak_memory_source: "host process peak resident set (VmHWM); not device memory".into(),
+            device: self.device_name.clone(),
+        };
+        dir.write("summary.json", serde_json::to_string_pretty(&summary).expect("plain data").as_bytes())?;
+        Ok(Some(summary))
+    }
+}
