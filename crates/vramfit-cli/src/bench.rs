@@ -1,11 +1,115 @@
-//! `vramfit bench …`: benchmarks that print a table and write JSON.
+//! `vramfit bench …`: benchmarks that print a Markdown table and write
+//! JSON (device, command, figures) plus the same table beside it.
 
-use anyhow::Result;
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
 use clap::Subcommand;
+use serde_json::json;
+use vramfit_splat::baseline::bicubic_at_equal_storage;
+use vramfit_splat::config::FitConfig;
+use vramfit_splat::job::{Job, load_image};
 
 #[derive(Subcommand)]
-pub enum Which {}
+pub enum Which {
+    /// Fit an image at the default schedule: time per step, quality, and
+    /// the bicubic baseline at equal storage.
+    Splat {
+        /// Image (default: the built-in sample).
+        #[arg(long)]
+        image: Option<String>,
+        /// Final number of Gaussians.
+        #[arg(long)]
+        gaussians: Option<usize>,
+        /// Most optimiser steps.
+        #[arg(long)]
+        steps: Option<u64>,
+        /// Override one setting, KEY=VALUE with a key of config.toml (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// Device: cpu, or cuda when built with `--features cuda`.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        /// JSON output (a .md table is written beside it).
+        #[arg(long, default_value = "bench-results/splat.json")]
+        out: PathBuf,
+    },
+}
 
 pub fn run(which: Which) -> Result<()> {
-    match which {}
+    match which {
+        Which::Splat { image, gaussians, steps, set, device, out } => splat(image, gaussians, steps, &set, &device, out),
+    }
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn splat(image: Option<String>, gaussians: Option<usize>, steps: Option<u64>, set: &[String], device: &str, out: PathBuf) -> Result<()> {
+    let mut config = FitConfig::default();
+    if let Some(i) = image {
+        config.image = i;
+    }
+    config.gaussians = gaussians.unwrap_or(config.gaussians);
+    config.steps = steps.unwrap_or(config.steps);
+    let mut config = crate::apply_sets(config, set)?;
+    config.frame_every = 0;
+    config.checkpoint_every = 0;
+    let scratch = std::env::temp_dir().join(format!("vramfit-bench-{}", std::process::id()));
+    let job = Job { config: config.clone(), out: scratch.clone(), resume: false, device_name: String::new() };
+    eprintln!("bench splat: fitting {} with {} Gaussians, at most {} steps…", config.image, config.gaussians, config.steps);
+    let result = crate::device::fit(device, job, |_| ControlFlow::Continue(()));
+    let _ = std::fs::remove_dir_all(&scratch);
+    let Some(s) = result? else { bail!("the fit stopped before its end") };
+
+    let picture = load_image(&config.image)?;
+    let values_per_gaussian = 5 + vramfit_splat::picture::CHANNELS;
+    let bicubic = bicubic_at_equal_storage(&picture, s.gaussians * values_per_gaussian);
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let table = format!(
+        "| image | size | Gaussians | steps | ms/step (median) | wall s | PSNR dB | SSIM | bpp | bicubic at equal storage | bicubic PSNR dB | peak host MiB |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n\
+         | {} | {}×{} | {} | {} | {:.1} | {:.1} | {:.2} | {:.4} | {:.2} | {}×{} | {:.2} | {:.0} |\n",
+        s.image,
+        s.width,
+        s.height,
+        s.gaussians,
+        s.steps,
+        s.median_step_ms,
+        s.wall_seconds,
+        s.psnr_db,
+        s.ssim,
+        s.bits_per_pixel,
+        bicubic.width,
+        bicubic.height,
+        bicubic.psnr_db,
+        s.peak_memory_bytes as f64 / (1u64 << 20) as f64,
+    );
+    let verdict = if s.psnr_db > bicubic.psnr_db { "beats" } else { "does NOT beat" };
+    println!("{table}\nThe fit {verdict} bicubic at equal storage by {:+.2} dB.", s.psnr_db - bicubic.psnr_db);
+    let record = json!({
+        "bench": "splat",
+        "command": command,
+        "device": s.device,
+        "cpu": cpu_model(),
+        "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        "summary": s,
+        "bicubic": bicubic,
+        "beats_bicubic": s.psnr_db > bicubic.psnr_db,
+    });
+    if let Some(dir) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    vramfit::run::atomic_write(&out, serde_json::to_string_pretty(&record)?.as_bytes())
+        .with_context(|| format!("writing {}", out.display()))?;
+    let md = out.with_extension("md");
+    vramfit::run::atomic_write(&md, format!("Command: `{command}`\n\n{table}").as_bytes())
+        .with_context(|| format!("writing {}", md.display()))?;
+    println!("wrote {} and {}", out.display(), md.display());
+    Ok(())
 }

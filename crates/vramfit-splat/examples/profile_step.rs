@@ -2,6 +2,9 @@
 //! the Burn step), to see where a step's time goes.
 use std::time::Instant;
 
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use burn::backend::{Autodiff, Flex};
 use rand::SeedableRng;
 use vramfit_splat::config::FitConfig;

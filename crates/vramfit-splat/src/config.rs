@@ -138,7 +138,8 @@ impl FitConfig {
         if self.progressive && self.add_rounds > 0 { self.gaussians.div_ceil(2) } else { self.gaussians }
     }
 
-    /// Gaussians added by addition round `round` (0-based) given `present`.
+    /// Gaussians the next addition adds when `present` are there: ⌈N/8⌉,
+    /// trimmed so that the total never exceeds N.
     pub fn added_in_round(&self, present: usize) -> usize {
         self.gaussians.div_ceil(8).min(self.gaussians - present)
     }

@@ -191,7 +191,9 @@ where
             frame = Some(host(render.clone()));
         }
         let mut added = 0;
-        if self.config.progressive && step % self.config.add_every == 0 && self.schedule.additions_done < self.config.add_rounds {
+        // No addition on the last step: nothing would be left to fit them.
+        let adding = self.config.progressive && step % self.config.add_every == 0 && step < self.config.steps;
+        if adding && self.schedule.additions_done < self.config.add_rounds {
             added = self.add_gaussians(render);
         }
         let mut decayed = false;

@@ -161,8 +161,15 @@ pub fn blur(p: &Picture, k: usize) -> Vec<f32> {
 }
 
 /// `m` Gaussians placed where the error is largest: pixels drawn with
-/// probability ∝ `(mean_c |blurred − render|)²`, without replacement;
-/// colour = the residual `blurred − render` there.
+/// probability ∝ `(mean_c |blurred − render|)²`, without replacement.
+///
+/// Colour: the blurred target there, not the residual `blurred − render`
+/// that the reference uses. Blending is normalised and a new Gaussian has
+/// weight 1 at its centre, so its colour is averaged in, not added: the
+/// target makes the new pixel a convex mix of render and target, while a
+/// residual (≈ 0) pulls it toward black. Measured on the built-in sample
+/// (5000 Gaussians): each residual-coloured addition dropped PSNR by about
+/// 8 dB and took about 100 steps to recover.
 pub fn error_guided<R: Rng>(blurred: &[f32], render: &[f32], width: usize, height: usize, m: usize, rng: &mut R) -> NewGaussians {
     let residual: Vec<f32> = blurred.iter().zip(render).map(|(t, r)| t - r.clamp(0.0, 1.0)).collect();
     let err: Vec<f32> = residual
@@ -176,7 +183,7 @@ pub fn error_guided<R: Rng>(blurred: &[f32], render: &[f32], width: usize, heigh
     }
     let mut out = NewGaussians::default();
     for px in picks {
-        out.push(px, width, height, &residual[px * CHANNELS..(px + 1) * CHANNELS]);
+        out.push(px, width, height, &blurred[px * CHANNELS..(px + 1) * CHANNELS]);
     }
     out
 }

@@ -91,18 +91,25 @@ impl<F: Real> TileCandidates<F> {
     }
 
     /// Top-K for the pixel `(x, y)` (which must lie in the gathered tile).
+    /// `scratch` holds the candidates' σ: computing them all first is a
+    /// loop the compiler vectorises; the selection scan then rarely branches.
     #[inline]
-    pub fn select(&self, top_k: usize, x: usize, y: usize) -> TopK<F> {
+    pub fn select(&self, top_k: usize, x: usize, y: usize, scratch: &mut Vec<F>) -> TopK<F> {
         let (px, py) = (F::c(x as f64 + 0.5), F::c(y as f64 + 0.5));
         let half = F::c(0.5);
+        scratch.clear();
+        scratch.extend(
+            self.cx.iter().zip(&self.cy).zip(self.a.iter().zip(&self.b).zip(&self.c)).map(|((cx, cy), ((a, b), c))| {
+                let dx = *cx - px;
+                let dy = *cy - py;
+                half * *a * dx * dx + half * *c * dy * dy + *b * dx * dy
+            }),
+        );
         let mut top = TopK::new();
         let mut bound = F::infinity();
-        for slot in 0..self.ids.len() {
-            let dx = self.cx[slot] - px;
-            let dy = self.cy[slot] - py;
-            let sigma = half * self.a[slot] * dx * dx + half * self.c[slot] * dy * dy + self.b[slot] * dx * dy;
+        for (slot, &sigma) in scratch.iter().enumerate() {
             // `sigma < bound` is false for NaN; infinite σ has zero weight.
-            if sigma >= F::zero() && sigma < bound && sigma.is_finite() {
+            if sigma < bound && sigma >= F::zero() && sigma.is_finite() {
                 top.offer(top_k, sigma, slot as u32);
                 bound = top.bound(top_k);
             }
@@ -179,7 +186,7 @@ impl<F: Real> TopK<F> {
 pub fn select_top_k<F: Real>(binned: &Binned<F>, frame: &Frame, top_k: usize, x: usize, y: usize) -> Vec<(F, u32)> {
     let mut tile = TileCandidates::default();
     tile.gather(binned, (y / TILE) * frame.tiles_x() + x / TILE);
-    tile.select(top_k, x, y).entries(&tile).collect()
+    tile.select(top_k, x, y, &mut Vec::new()).entries(&tile).collect()
 }
 
 fn check_top_k(top_k: usize) {
@@ -191,15 +198,16 @@ fn band_tiles(frame: &Frame) -> usize {
     frame.tiles_y().div_ceil(MAX_BANDS).max(1)
 }
 
-/// Calls `f(tile, x, y)` for every pixel of band `band`, tile by tile.
+/// Calls `f(tile, scratch, x, y)` for every pixel of band `band`, tile by tile.
 fn for_each_pixel_in_band<F: Real>(
     binned: &Binned<F>,
     frame: &Frame,
     band: usize,
-    mut f: impl FnMut(&TileCandidates<F>, usize, usize),
+    mut f: impl FnMut(&TileCandidates<F>, &mut Vec<F>, usize, usize),
 ) {
     let per = band_tiles(frame);
     let mut tile = TileCandidates::default();
+    let mut scratch = Vec::new();
     for ty in band * per..((band + 1) * per).min(frame.tiles_y()) {
         for tx in 0..frame.tiles_x() {
             let index = ty * frame.tiles_x() + tx;
@@ -209,7 +217,7 @@ fn for_each_pixel_in_band<F: Real>(
             tile.gather(binned, index);
             for y in ty * TILE..((ty + 1) * TILE).min(frame.height) {
                 for x in tx * TILE..((tx + 1) * TILE).min(frame.width) {
-                    f(&tile, x, y);
+                    f(&tile, &mut scratch, x, y);
                 }
             }
         }
@@ -228,8 +236,8 @@ pub fn render<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize) -> Vec<F
     let rows = band_tiles(frame) * TILE;
     out.par_chunks_mut(rows * frame.width * c).enumerate().for_each(|(band, chunk)| {
         let y0 = band * rows;
-        for_each_pixel_in_band(&binned, frame, band, |tile, x, y| {
-            let top = tile.select(top_k, x, y);
+        for_each_pixel_in_band(&binned, frame, band, |tile, scratch, x, y| {
+            let top = tile.select(top_k, x, y, scratch);
             if top.is_empty() {
                 return;
             }
@@ -265,8 +273,8 @@ pub fn render_backward<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize,
             let mut acc = vec![F::zero(); n * stride];
             let mut u = [F::zero(); MAX_TOP_K];
             let half = F::c(0.5);
-            for_each_pixel_in_band(&binned, frame, band, |tile, x, y| {
-                let top = tile.select(top_k, x, y);
+            for_each_pixel_in_band(&binned, frame, band, |tile, scratch, x, y| {
+                let top = tile.select(top_k, x, y, scratch);
                 if top.is_empty() {
                     return;
                 }

@@ -29,22 +29,30 @@ fn window<F: Real>() -> [F; TAPS] {
 fn blur<F: Real>(plane: &[F], h: usize, w: usize) -> Vec<F> {
     let k = window::<F>();
     let r = TAPS / 2;
+    // Blocks of rows per task: single rows are too small for a task each.
+    let rows = (1 << 16) / w.max(1) + 1;
     let mut tmp = vec![F::zero(); h * w];
-    tmp.par_chunks_mut(w).enumerate().for_each(|(y, row)| {
+    tmp.par_chunks_mut(rows * w).enumerate().for_each(|(block, out)| {
         let mut padded = vec![F::zero(); w + 2 * r];
-        padded[r..r + w].copy_from_slice(&plane[y * w..(y + 1) * w]);
-        for (j, kv) in k.iter().enumerate() {
-            for (o, v) in row.iter_mut().zip(&padded[j..j + w]) {
-                *o = *o + *kv * *v;
+        for (i, row) in out.chunks_mut(w).enumerate() {
+            let y = block * rows + i;
+            padded[r..r + w].copy_from_slice(&plane[y * w..(y + 1) * w]);
+            for (j, kv) in k.iter().enumerate() {
+                for (o, v) in row.iter_mut().zip(&padded[j..j + w]) {
+                    *o = *o + *kv * *v;
+                }
             }
         }
     });
     let mut out = vec![F::zero(); h * w];
-    out.par_chunks_mut(w).enumerate().for_each(|(y, row)| {
-        for i in y.saturating_sub(r)..(y + r + 1).min(h) {
-            let kv = k[i + r - y];
-            for (o, v) in row.iter_mut().zip(&tmp[i * w..(i + 1) * w]) {
-                *o = *o + kv * *v;
+    out.par_chunks_mut(rows * w).enumerate().for_each(|(block, out)| {
+        for (i, row) in out.chunks_mut(w).enumerate() {
+            let y = block * rows + i;
+            for src in y.saturating_sub(r)..(y + r + 1).min(h) {
+                let kv = k[src + r - y];
+                for (o, v) in row.iter_mut().zip(&tmp[src * w..(src + 1) * w]) {
+                    *o = *o + kv * *v;
+                }
             }
         }
     });

@@ -1,0 +1,187 @@
+//! The `vramfit` binary end to end: bad input is refused with a message
+//! that names the problem and leaves no run directory behind; a killed fit
+//! resumes to the same result; render and sample produce what they say.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn vramfit() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_vramfit"))
+}
+
+fn run(args: &[&str], cwd: &Path) -> Output {
+    vramfit().args(args).current_dir(cwd).output().expect("the binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A small procedural PNG and a config that fits it in a few seconds.
+fn setup(dir: &Path) -> (PathBuf, PathBuf) {
+    let img = dir.join("in.png");
+    let o = run(&["sample", "--size", "64x48", img.to_str().unwrap()], dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let cfg = dir.join("small.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "image = {:?}\ngaussians = 120\nsteps = 160\nadd_every = 30\ncheck_every = 20\nlog_every = 10\nframe_every = 80\ncheckpoint_every = 20\n",
+            img.display().to_string()
+        ),
+    )
+    .unwrap();
+    (img, cfg)
+}
+
+/// Runs `fit` expecting failure: the message must contain `needle` and the
+/// run directory must not exist afterwards.
+fn refused(dir: &Path, args: &[&str], needle: &str) {
+    let out = dir.join("run");
+    let mut full = vec!["fit"];
+    full.extend_from_slice(args);
+    full.extend_from_slice(&["--out", out.to_str().unwrap()]);
+    let o = run(&full, dir);
+    assert!(!o.status.success(), "accepted {args:?}");
+    let msg = stderr(&o);
+    assert!(msg.contains(needle), "{args:?}: expected '{needle}' in: {msg}");
+    assert!(!out.exists(), "{args:?} left a run directory behind");
+}
+
+#[test]
+fn bad_input_is_refused_clearly_and_leaves_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (img, _) = setup(d);
+    let img = img.to_str().unwrap();
+
+    refused(d, &["missing.png"], "does not exist");
+
+    let good = std::fs::read(img).unwrap();
+    std::fs::write(d.join("truncated.png"), &good[..good.len() / 2]).unwrap();
+    refused(d, &["truncated.png"], "corrupt or truncated");
+    let mut garbled = good.clone();
+    for b in garbled.iter_mut().skip(60).take(200) {
+        *b ^= 0x5a;
+    }
+    std::fs::write(d.join("garbled.png"), &garbled).unwrap();
+    refused(d, &["garbled.png"], "corrupt or truncated");
+
+    std::fs::write(d.join("notes.png"), b"just some text, not an image").unwrap();
+    refused(d, &["notes.png"], "unsupported format");
+    // A GIF header: recognised, but not a format vramfit fits.
+    std::fs::write(d.join("anim.gif"), b"GIF89a\x01\x00\x01\x00\x00\x00\x00;").unwrap();
+    refused(d, &["anim.gif"], "unsupported format");
+
+    image::RgbImage::new(1, 1).save(d.join("one.png")).unwrap();
+    refused(d, &["one.png"], "1×1");
+
+    refused(d, &[img, "--gaussians", "0"], "`gaussians`: must be at least 1");
+    refused(d, &[img, "--gaussians", "5000"], "5000 Gaussians for 3072 pixels");
+
+    std::fs::write(d.join("typo.toml"), "gaussians = 10\nlearning_rate = 0.1\n").unwrap();
+    refused(d, &[img, "--config", "typo.toml"], "learning_rate");
+    refused(d, &[img, "--set", "lr_colour=0.1"], "lr_colour");
+    refused(d, &[img, "--set", "steps=many"], "steps");
+
+    // An output path below a regular file cannot be created (even as root).
+    std::fs::write(d.join("afile"), b"x").unwrap();
+    refused(d, &[img, "--steps", "1", "--out", "afile/run"], "afile/run");
+}
+
+#[test]
+fn an_existing_run_directory_is_not_overwritten() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (img, _) = setup(d);
+    std::fs::create_dir(d.join("taken")).unwrap();
+    std::fs::write(d.join("taken/keep.txt"), b"precious").unwrap();
+    let o = run(&["fit", img.to_str().unwrap(), "--steps", "2", "--out", "taken"], d);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("already exists") && stderr(&o).contains("--resume"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(d.join("taken/keep.txt")).unwrap(), b"precious");
+    assert_eq!(std::fs::read_dir(d.join("taken")).unwrap().count(), 1);
+}
+
+#[test]
+fn resume_refuses_other_settings() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = run(&["fit", "--resume", "somewhere", "--steps", "5"], tmp.path());
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--resume") && stderr(&o).contains("--steps"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_killed_fit_resumes_to_the_same_gaussians() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (_, cfg) = setup(d);
+    let cfg = cfg.to_str().unwrap();
+
+    let o = run(&["fit", "--config", cfg, "--out", "whole"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let whole = std::fs::read(d.join("whole/gaussians.vfg")).unwrap();
+
+    // Start the same fit and kill it (SIGKILL) once a checkpoint exists.
+    let mut child = vramfit().args(["fit", "--config", cfg, "--out", "killed"]).current_dir(d).spawn().unwrap();
+    let started = Instant::now();
+    let ckpts = d.join("killed/checkpoints");
+    loop {
+        let n = std::fs::read_dir(&ckpts).map(|r| r.count()).unwrap_or(0);
+        if n > 0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "no checkpoint appeared");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!d.join("killed/summary.json").exists(), "the fit finished before it was killed: the test proved nothing");
+
+    let o = run(&["fit", "--resume", "killed"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("resumed"));
+    let resumed = std::fs::read(d.join("killed/gaussians.vfg")).unwrap();
+    assert!(resumed == whole, "resumed Gaussians differ from the uninterrupted run's");
+
+    // metrics.jsonl holds each logged step once, in order.
+    let steps: Vec<u64> = std::fs::read_to_string(d.join("killed/metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+        .collect();
+    assert!(steps.windows(2).all(|w| w[0] < w[1]), "{steps:?}");
+
+    // A finished run is not resumed again.
+    let o = run(&["fit", "--resume", "killed"], d);
+    assert!(!o.status.success() && stderr(&o).contains("already finished"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_fit_writes_its_run_directory_and_renders_at_any_size() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (_, cfg) = setup(d);
+    let o = run(&["fit", "--config", cfg.to_str().unwrap(), "--out", "r"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("PSNR") && stdout.contains("run directory: r"), "{stdout}");
+    for f in ["config.toml", "metrics.jsonl", "render.png", "gaussians.vfg", "summary.json", "frames/step-00000080.png"] {
+        assert!(d.join("r").join(f).is_file(), "missing {f}");
+    }
+    let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("r/summary.json")).unwrap()).unwrap();
+    for key in ["psnr_db", "ssim", "bits_per_pixel", "gaussians", "steps", "wall_seconds", "peak_memory_bytes", "device"] {
+        assert!(!summary[key].is_null(), "summary lacks {key}");
+    }
+    assert_eq!(summary["gaussians"], 120);
+    assert!(summary["peak_memory_bytes"].as_u64().unwrap() > 1 << 20);
+
+    let o = run(&["render", "r/gaussians.vfg", "--size", "128x96", "big.png"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let big = image::open(d.join("big.png")).unwrap();
+    assert_eq!((big.width(), big.height()), (128, 96));
+
+    let o = run(&["render", "config.toml", "x.png"], &d.join("r"));
+    assert!(!o.status.success() && stderr(&o).contains("not a valid vramfit file"), "{}", stderr(&o));
+}
