@@ -39,18 +39,36 @@ pub enum Which {
 
 pub fn run(which: Which) -> Result<()> {
     match which {
-        Which::Splat { image, gaussians, steps, set, device, out } => splat(image, gaussians, steps, &set, &device, out),
+        Which::Splat {
+            image,
+            gaussians,
+            steps,
+            set,
+            device,
+            out,
+        } => splat(image, gaussians, steps, &set, &device, out),
     }
 }
 
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_else(|| "unknown".into())
 }
 
-fn splat(image: Option<String>, gaussians: Option<usize>, steps: Option<u64>, set: &[String], device: &str, out: PathBuf) -> Result<()> {
+fn splat(
+    image: Option<String>,
+    gaussians: Option<usize>,
+    steps: Option<u64>,
+    set: &[String],
+    device: &str,
+    out: PathBuf,
+) -> Result<()> {
     let mut config = FitConfig::default();
     if let Some(i) = image {
         config.image = i;
@@ -61,11 +79,21 @@ fn splat(image: Option<String>, gaussians: Option<usize>, steps: Option<u64>, se
     config.frame_every = 0;
     config.checkpoint_every = 0;
     let scratch = std::env::temp_dir().join(format!("vramfit-bench-{}", std::process::id()));
-    let job = Job { config: config.clone(), out: scratch.clone(), resume: false, device_name: String::new() };
-    eprintln!("bench splat: fitting {} with {} Gaussians, at most {} steps…", config.image, config.gaussians, config.steps);
+    let job = Job {
+        config: config.clone(),
+        out: scratch.clone(),
+        resume: false,
+        device_name: String::new(),
+    };
+    eprintln!(
+        "bench splat: fitting {} with {} Gaussians, at most {} steps…",
+        config.image, config.gaussians, config.steps
+    );
     let result = crate::device::fit(device, job, |_| ControlFlow::Continue(()));
     let _ = std::fs::remove_dir_all(&scratch);
-    let Some(s) = result? else { bail!("the fit stopped before its end") };
+    let Some(s) = result? else {
+        bail!("the fit stopped before its end")
+    };
 
     let picture = load_image(&config.image)?;
     let values_per_gaussian = 5 + vramfit_splat::picture::CHANNELS;
@@ -90,8 +118,15 @@ fn splat(image: Option<String>, gaussians: Option<usize>, steps: Option<u64>, se
         bicubic.psnr_db,
         s.peak_memory_bytes as f64 / (1u64 << 20) as f64,
     );
-    let verdict = if s.psnr_db > bicubic.psnr_db { "beats" } else { "does NOT beat" };
-    println!("{table}\nThe fit {verdict} bicubic at equal storage by {:+.2} dB.", s.psnr_db - bicubic.psnr_db);
+    let verdict = if s.psnr_db > bicubic.psnr_db {
+        "beats"
+    } else {
+        "does NOT beat"
+    };
+    println!(
+        "{table}\nThe fit {verdict} bicubic at equal storage by {:+.2} dB.",
+        s.psnr_db - bicubic.psnr_db
+    );
     let record = json!({
         "bench": "splat",
         "command": command,

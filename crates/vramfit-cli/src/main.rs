@@ -23,7 +23,11 @@ mod device;
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Parser)]
-#[command(name = "vramfit", version, about = "Fit training jobs in the memory you have; Gaussian image fitting included.")]
+#[command(
+    name = "vramfit",
+    version,
+    about = "Fit training jobs in the memory you have; Gaussian image fitting included."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -92,7 +96,9 @@ struct FitArgs {
 }
 
 fn parse_size(s: &str) -> Result<(u32, u32), String> {
-    let (w, h) = s.split_once(['x', 'X']).ok_or_else(|| format!("'{s}' is not WIDTHxHEIGHT (e.g. 1920x1080)"))?;
+    let (w, h) = s
+        .split_once(['x', 'X'])
+        .ok_or_else(|| format!("'{s}' is not WIDTHxHEIGHT (e.g. 1920x1080)"))?;
     let parse = |v: &str| v.trim().parse::<u32>().ok().filter(|v| *v > 0);
     match (parse(w), parse(h)) {
         (Some(w), Some(h)) => Ok((w, h)),
@@ -110,7 +116,12 @@ fn main() {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Fit(args) => fit(args),
-        Command::Render { gaussians, size, top_k, out } => render(&gaussians, size, top_k, &out),
+        Command::Render {
+            gaussians,
+            size,
+            top_k,
+            out,
+        } => render(&gaussians, size, top_k, &out),
         Command::Sample { size, out } => {
             save_png(&out, &vramfit_splat::sample::procedural(size.0, size.1))?;
             println!("wrote {} ({}x{})", out.display(), size.0, size.1);
@@ -143,7 +154,9 @@ pub(crate) fn apply_sets(c: FitConfig, sets: &[String]) -> Result<FitConfig> {
     }
     let mut table: toml::Table = toml::from_str(&c.to_toml()).context("re-reading the resolved settings")?;
     for kv in sets {
-        let Some((key, value)) = kv.split_once('=') else { bail!("--set {kv}: expected KEY=VALUE, e.g. --set add_every=250") };
+        let Some((key, value)) = kv.split_once('=') else {
+            bail!("--set {kv}: expected KEY=VALUE, e.g. --set add_every=250")
+        };
         // A TOML value (number, boolean, quoted string); anything else is taken as a string.
         let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
             .ok()
@@ -158,13 +171,23 @@ fn fit(args: FitArgs) -> Result<()> {
     let (config, out, resume) = match &args.resume {
         Some(dir) => (FitConfig::default(), dir.clone(), true),
         None => {
-            let out = args.out.clone().unwrap_or_else(|| vramfit::run::next_free_run_dir(Path::new("runs"), "fit"));
+            let out = args
+                .out
+                .clone()
+                .unwrap_or_else(|| vramfit::run::next_free_run_dir(Path::new("runs"), "fit"));
             (resolve(&args)?, out, false)
         }
     };
-    let job = Job { config, out: out.clone(), resume, device_name: String::new() };
+    let job = Job {
+        config,
+        out: out.clone(),
+        resume,
+        device_name: String::new(),
+    };
     let summary = device::fit(&args.device, job, progress_observer())?;
-    let Some(s) = summary else { bail!("the fit stopped before its end") };
+    let Some(s) = summary else {
+        bail!("the fit stopped before its end")
+    };
     print_summary(&s, &out, resume);
     Ok(())
 }
@@ -185,10 +208,16 @@ fn progress_observer() -> impl FnMut(Event) -> ControlFlow<()> {
             Event::Step(r) => {
                 bar.set_position(r.step);
                 if let Some(p) = r.psnr_db {
-                    bar.set_message(format!("loss {:.4} · PSNR {p:.2} dB · {} Gaussians", r.loss, r.gaussians));
+                    bar.set_message(format!(
+                        "loss {:.4} · PSNR {p:.2} dB · {} Gaussians",
+                        r.loss, r.gaussians
+                    ));
                 }
                 if r.decayed {
-                    bar.println(format!("step {}: quality stalled, learning rates divided by 10", r.step));
+                    bar.println(format!(
+                        "step {}: quality stalled, learning rates divided by 10",
+                        r.step
+                    ));
                 }
             }
             Event::Checkpoint(_) => {}
@@ -199,14 +228,31 @@ fn progress_observer() -> impl FnMut(Event) -> ControlFlow<()> {
 
 fn print_summary(s: &Summary, dir: &Path, resumed: bool) {
     let mib = s.peak_memory_bytes as f64 / (1u64 << 20) as f64;
-    let image = if s.image == BUILTIN_SAMPLE { "built-in sample (astronaut)".to_string() } else { s.image.clone() };
-    println!("fitted {image}, {}x{}, on {}{}", s.width, s.height, s.device, if resumed { " (resumed)" } else { "" });
-    println!("  PSNR {:.2} dB · SSIM {:.4} · {:.2} bits per pixel", s.psnr_db, s.ssim, s.bits_per_pixel);
+    let image = if s.image == BUILTIN_SAMPLE {
+        "built-in sample (astronaut)".to_string()
+    } else {
+        s.image.clone()
+    };
+    println!(
+        "fitted {image}, {}x{}, on {}{}",
+        s.width,
+        s.height,
+        s.device,
+        if resumed { " (resumed)" } else { "" }
+    );
+    println!(
+        "  PSNR {:.2} dB · SSIM {:.4} · {:.2} bits per pixel",
+        s.psnr_db, s.ssim, s.bits_per_pixel
+    );
     println!(
         "  {} Gaussians · {} steps{} · {:.1} s · {:.1} ms per step (median)",
         s.gaussians,
         s.steps,
-        if s.stopped_early { " (stopped early: quality stalled)" } else { "" },
+        if s.stopped_early {
+            " (stopped early: quality stalled)"
+        } else {
+            ""
+        },
         s.wall_seconds,
         s.median_step_ms
     );
@@ -217,7 +263,10 @@ fn print_summary(s: &Summary, dir: &Path, resumed: bool) {
 fn render(path: &Path, size: Option<(u32, u32)>, top_k: usize, out: &Path) -> Result<()> {
     let g = Gaussians::load(path)?;
     if !(1..=vramfit_splat::cpu::render::MAX_TOP_K).contains(&top_k) {
-        bail!("--top-k {top_k} is outside 1..={}", vramfit_splat::cpu::render::MAX_TOP_K);
+        bail!(
+            "--top-k {top_k} is outside 1..={}",
+            vramfit_splat::cpu::render::MAX_TOP_K
+        );
     }
     let (w, h) = size.unwrap_or((g.width as u32, g.height as u32));
     let img = g.render(w as usize, h as usize, top_k);

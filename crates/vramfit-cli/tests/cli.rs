@@ -99,7 +99,11 @@ fn an_existing_run_directory_is_not_overwritten() {
     std::fs::write(d.join("taken/keep.txt"), b"precious").unwrap();
     let o = run(&["fit", img.to_str().unwrap(), "--steps", "2", "--out", "taken"], d);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("already exists") && stderr(&o).contains("--resume"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("already exists") && stderr(&o).contains("--resume"),
+        "{}",
+        stderr(&o)
+    );
     assert_eq!(std::fs::read(d.join("taken/keep.txt")).unwrap(), b"precious");
     assert_eq!(std::fs::read_dir(d.join("taken")).unwrap().count(), 1);
 }
@@ -109,7 +113,11 @@ fn resume_refuses_other_settings() {
     let tmp = tempfile::tempdir().unwrap();
     let o = run(&["fit", "--resume", "somewhere", "--steps", "5"], tmp.path());
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("--resume") && stderr(&o).contains("--steps"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--resume") && stderr(&o).contains("--steps"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -124,7 +132,11 @@ fn a_killed_fit_resumes_to_the_same_gaussians() {
     let whole = std::fs::read(d.join("whole/gaussians.vfg")).unwrap();
 
     // Start the same fit and kill it (SIGKILL) once a checkpoint exists.
-    let mut child = vramfit().args(["fit", "--config", cfg, "--out", "killed"]).current_dir(d).spawn().unwrap();
+    let mut child = vramfit()
+        .args(["fit", "--config", cfg, "--out", "killed"])
+        .current_dir(d)
+        .spawn()
+        .unwrap();
     let started = Instant::now();
     let ckpts = d.join("killed/checkpoints");
     loop {
@@ -137,25 +149,39 @@ fn a_killed_fit_resumes_to_the_same_gaussians() {
     }
     child.kill().unwrap();
     child.wait().unwrap();
-    assert!(!d.join("killed/summary.json").exists(), "the fit finished before it was killed: the test proved nothing");
+    assert!(
+        !d.join("killed/summary.json").exists(),
+        "the fit finished before it was killed: the test proved nothing"
+    );
 
     let o = run(&["fit", "--resume", "killed"], d);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("resumed"));
     let resumed = std::fs::read(d.join("killed/gaussians.vfg")).unwrap();
-    assert!(resumed == whole, "resumed Gaussians differ from the uninterrupted run's");
+    assert!(
+        resumed == whole,
+        "resumed Gaussians differ from the uninterrupted run's"
+    );
 
     // metrics.jsonl holds each logged step once, in order.
     let steps: Vec<u64> = std::fs::read_to_string(d.join("killed/metrics.jsonl"))
         .unwrap()
         .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap())
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
         .collect();
     assert!(steps.windows(2).all(|w| w[0] < w[1]), "{steps:?}");
 
     // A finished run is not resumed again.
     let o = run(&["fit", "--resume", "killed"], d);
-    assert!(!o.status.success() && stderr(&o).contains("already finished"), "{}", stderr(&o));
+    assert!(
+        !o.status.success() && stderr(&o).contains("already finished"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -166,12 +192,31 @@ fn a_fit_writes_its_run_directory_and_renders_at_any_size() {
     let o = run(&["fit", "--config", cfg.to_str().unwrap(), "--out", "r"], d);
     assert!(o.status.success(), "{}", stderr(&o));
     let stdout = String::from_utf8_lossy(&o.stdout);
-    assert!(stdout.contains("PSNR") && stdout.contains("run directory: r"), "{stdout}");
-    for f in ["config.toml", "metrics.jsonl", "render.png", "gaussians.vfg", "summary.json", "frames/step-00000080.png"] {
+    assert!(
+        stdout.contains("PSNR") && stdout.contains("run directory: r"),
+        "{stdout}"
+    );
+    for f in [
+        "config.toml",
+        "metrics.jsonl",
+        "render.png",
+        "gaussians.vfg",
+        "summary.json",
+        "frames/step-00000080.png",
+    ] {
         assert!(d.join("r").join(f).is_file(), "missing {f}");
     }
     let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("r/summary.json")).unwrap()).unwrap();
-    for key in ["psnr_db", "ssim", "bits_per_pixel", "gaussians", "steps", "wall_seconds", "peak_memory_bytes", "device"] {
+    for key in [
+        "psnr_db",
+        "ssim",
+        "bits_per_pixel",
+        "gaussians",
+        "steps",
+        "wall_seconds",
+        "peak_memory_bytes",
+        "device",
+    ] {
         assert!(!summary[key].is_null(), "summary lacks {key}");
     }
     assert_eq!(summary["gaussians"], 120);
@@ -183,5 +228,9 @@ fn a_fit_writes_its_run_directory_and_renders_at_any_size() {
     assert_eq!((big.width(), big.height()), (128, 96));
 
     let o = run(&["render", "config.toml", "x.png"], &d.join("r"));
-    assert!(!o.status.success() && stderr(&o).contains("not a valid vramfit file"), "{}", stderr(&o));
+    assert!(
+        !o.status.success() && stderr(&o).contains("not a valid vramfit file"),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -27,17 +27,33 @@ fn main() {
     let n: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(5000);
     let p = job::load_image("builtin:astronaut").unwrap();
     let g = init::initial(&p, n, &mut rand_chacha::ChaCha8Rng::seed_from_u64(0));
-    let s = Splats { xy: &g.xy, inv_scale: &g.inv_scale, theta: &g.theta, color: &g.color, channels: 3 };
+    let s = Splats {
+        xy: &g.xy,
+        inv_scale: &g.inv_scale,
+        theta: &g.theta,
+        color: &g.color,
+        channels: 3,
+    };
     let frame = Frame::new(p.width, p.height);
     let out = render(&s, &frame, 10);
     let binned = vramfit_splat::cpu::project::project_and_bin(&g.xy, &g.inv_scale, &g.theta, &frame);
-    println!("pairs {} over {} tiles: {:.1} per tile", binned.ids.len(), frame.tiles_x() * frame.tiles_y(),
-        binned.ids.len() as f64 / (frame.tiles_x() * frame.tiles_y()) as f64);
+    println!(
+        "pairs {} over {} tiles: {:.1} per tile",
+        binned.ids.len(),
+        frame.tiles_x() * frame.tiles_y(),
+        binned.ids.len() as f64 / (frame.tiles_x() * frame.tiles_y()) as f64
+    );
     time("render", 5, || render(&s, &frame, 10));
     time("render_backward", 5, || render_backward(&s, &frame, 10, &out));
     time("ssim", 5, || ssim(&out, &p.data, p.height, p.width, 3));
-    time("ssim_backward", 5, || ssim_backward(&out, &p.data, p.height, p.width, 3, 1.0));
-    let config = FitConfig { gaussians: n, progressive: false, ..Default::default() };
+    time("ssim_backward", 5, || {
+        ssim_backward(&out, &p.data, p.height, p.width, 3, 1.0)
+    });
+    let config = FitConfig {
+        gaussians: n,
+        progressive: false,
+        ..Default::default()
+    };
     let mut fit = Fit::<Autodiff<Flex>>::new(&p, &config, &Default::default()).unwrap();
     time("fit step", 5, || fit.step(false).unwrap());
 }

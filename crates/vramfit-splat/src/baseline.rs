@@ -29,5 +29,10 @@ pub fn bicubic_at_equal_storage(p: &Picture, values: usize) -> Bicubic {
     let small = resize(&original, w, h, FilterType::CatmullRom);
     let back = resize(&small, p.width as u32, p.height as u32, FilterType::CatmullRom);
     let up: Vec<f32> = back.as_raw().iter().map(|&v| v as f32 / 255.0).collect();
-    Bicubic { width: w, height: h, stored_values: (w * h) as usize * CHANNELS, psnr_db: psnr(&up, &p.data) }
+    Bicubic {
+        width: w,
+        height: h,
+        stored_values: (w * h) as usize * CHANNELS,
+        psnr_db: psnr(&up, &p.data),
+    }
 }

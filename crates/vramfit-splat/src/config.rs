@@ -81,13 +81,18 @@ pub const BUILTIN_SAMPLE: &str = "builtin:astronaut";
 impl FitConfig {
     /// Parses TOML text; `path` names the source in errors.
     pub fn from_toml(text: &str, path: &Path) -> Result<Self, SplatError> {
-        toml::from_str(text).map_err(|e| SplatError::Config { path: path.into(), why: e.message().to_string() })
+        toml::from_str(text).map_err(|e| SplatError::Config {
+            path: path.into(),
+            why: e.message().to_string(),
+        })
     }
 
     /// Reads a TOML file.
     pub fn load(path: &Path) -> Result<Self, SplatError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| SplatError::Config { path: path.into(), why: format!("cannot read it: {e}") })?;
+        let text = std::fs::read_to_string(path).map_err(|e| SplatError::Config {
+            path: path.into(),
+            why: format!("cannot read it: {e}"),
+        })?;
         Self::from_toml(&text, path)
     }
 
@@ -105,7 +110,10 @@ impl FitConfig {
         if self.gaussians > pixels {
             return bad(
                 "gaussians",
-                format!("{} Gaussians for {pixels} pixels: use at most one per pixel (--gaussians {pixels} or fewer)", self.gaussians),
+                format!(
+                    "{} Gaussians for {pixels} pixels: use at most one per pixel (--gaussians {pixels} or fewer)",
+                    self.gaussians
+                ),
             );
         }
         if self.steps == 0 {
@@ -125,7 +133,11 @@ impl FitConfig {
                 return bad(name, format!("{v} is not a finite non-negative number"));
             }
         }
-        for (name, v) in [("add_every", self.add_every), ("check_every", self.check_every), ("log_every", self.log_every)] {
+        for (name, v) in [
+            ("add_every", self.add_every),
+            ("check_every", self.check_every),
+            ("log_every", self.log_every),
+        ] {
             if v == 0 {
                 return bad(name, "must be at least 1".into());
             }
@@ -135,7 +147,11 @@ impl FitConfig {
 
     /// Gaussians present at the start.
     pub fn initial_count(&self) -> usize {
-        if self.progressive && self.add_rounds > 0 { self.gaussians.div_ceil(2) } else { self.gaussians }
+        if self.progressive && self.add_rounds > 0 {
+            self.gaussians.div_ceil(2)
+        } else {
+            self.gaussians
+        }
     }
 
     /// Gaussians the next addition adds when `present` are there: ⌈N/8⌉,
@@ -151,7 +167,9 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_named() {
-        let err = FitConfig::from_toml("gaussians = 5\ngausians = 7\n", Path::new("x.toml")).unwrap_err().to_string();
+        let err = FitConfig::from_toml("gaussians = 5\ngausians = 7\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("gausians") && err.contains("x.toml"), "{err}");
     }
 
@@ -166,7 +184,10 @@ mod tests {
     #[test]
     fn progressive_counts_reach_exactly_n() {
         for n in [1usize, 7, 10, 13, 10_000] {
-            let c = FitConfig { gaussians: n, ..Default::default() };
+            let c = FitConfig {
+                gaussians: n,
+                ..Default::default()
+            };
             let mut present = c.initial_count();
             for _ in 0..c.add_rounds {
                 present += c.added_in_round(present);

@@ -11,13 +11,13 @@ use serde_json::json;
 use vramfit::optim::{Adam, AdamConfig, AdamMoments};
 use vramfit::run::ArrayFile;
 
+use crate::SplatError;
 use crate::config::FitConfig;
 use crate::cpu::project::Frame;
 use crate::gaussians::Gaussians;
 use crate::init::{self, NewGaussians};
 use crate::op::{self, RenderSpec, SplatBackend, SplatTensors};
 use crate::picture::{CHANNELS, Picture, psnr};
-use crate::SplatError;
 
 /// PSNR gain (dB) that counts as progress for the stall schedule.
 const PSNR_PROGRESS: f64 = 0.1;
@@ -83,7 +83,10 @@ fn tensor2<B: Backend>(v: Vec<f32>, cols: usize, device: &B::Device) -> Tensor<B
 }
 
 fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-    t.into_data().convert::<f32>().into_vec::<f32>().expect("converted to f32 just above")
+    t.into_data()
+        .convert::<f32>()
+        .into_vec::<f32>()
+        .expect("converted to f32 just above")
 }
 
 impl<B: AutodiffBackend + SplatBackend> Fit<B>
@@ -105,14 +108,26 @@ where
         let moments = params.to_array().map(|p| AdamMoments::zeros_like(&p));
         Ok(Self {
             config: config.clone(),
-            spec: RenderSpec { frame: Frame::new(picture.width, picture.height), top_k: config.top_k, channels: CHANNELS },
-            target: Tensor::from_data(TensorData::new(picture.data.clone(), [picture.height, picture.width, CHANNELS]), device),
+            spec: RenderSpec {
+                frame: Frame::new(picture.width, picture.height),
+                top_k: config.top_k,
+                channels: CHANNELS,
+            },
+            target: Tensor::from_data(
+                TensorData::new(picture.data.clone(), [picture.height, picture.width, CHANNELS]),
+                device,
+            ),
             blurred_target: init::blur(picture, init::blur_size(picture.width, picture.height)),
             params,
             moments,
             adam: Adam::new(AdamConfig::default()),
             step: 0,
-            schedule: Schedule { lr_scale: 1.0, best_psnr: f64::NEG_INFINITY, best_ssim: f64::NEG_INFINITY, ..Default::default() },
+            schedule: Schedule {
+                lr_scale: 1.0,
+                best_psnr: f64::NEG_INFINITY,
+                best_ssim: f64::NEG_INFINITY,
+                ..Default::default()
+            },
             device: device.clone(),
         })
     }
@@ -154,7 +169,8 @@ where
     /// One optimiser step. `want_frame` also returns the render.
     pub fn step(&mut self, want_frame: bool) -> Result<StepReport, SplatError> {
         let c = &self.config;
-        let params = SplatTensors::<B>::from_array(self.params.to_array().map(|p| Tensor::from_inner(p).require_grad()));
+        let params =
+            SplatTensors::<B>::from_array(self.params.to_array().map(|p| Tensor::from_inner(p).require_grad()));
         let target = Tensor::<B, 3>::from_inner(self.target.clone());
         let render = op::render(&params, &self.spec);
         let l1 = render.clone().sub(target.clone()).abs().mean();
@@ -162,7 +178,10 @@ where
         let loss = l1.add(s.neg().add_scalar(1.0).mul_scalar(c.ssim_weight));
         let loss_value = loss.clone().inner().into_scalar().elem::<f32>();
         if !loss_value.is_finite() {
-            return Err(SplatError::NonFinite { step: self.step + 1, value: loss_value });
+            return Err(SplatError::NonFinite {
+                step: self.step + 1,
+                value: loss_value,
+            });
         }
         let grads = loss.backward();
         let lrs = [c.lr_xy, c.lr_inv_scale, c.lr_theta, c.lr_color].map(|lr| lr * self.schedule.lr_scale);
@@ -178,12 +197,18 @@ where
 
         let step = self.step;
         let render = render.inner();
-        let measure = step % c.log_every == 0 || step % c.check_every == 0 || step == c.steps;
+        let measure = step.is_multiple_of(c.log_every) || step.is_multiple_of(c.check_every) || step == c.steps;
         let (mut psnr_db, mut ssim) = (None, None);
         let mut frame = None;
         if measure || want_frame {
             let clamped = render.clone().clamp(0.0, 1.0);
-            let mse = clamped.clone().sub(self.target.clone()).powi_scalar(2).mean().into_scalar().elem::<f64>();
+            let mse = clamped
+                .clone()
+                .sub(self.target.clone())
+                .powi_scalar(2)
+                .mean()
+                .into_scalar()
+                .elem::<f64>();
             psnr_db = Some(if mse > 0.0 { -10.0 * mse.log10() } else { f64::INFINITY });
             ssim = Some(op::ssim(clamped, self.target.clone()).into_scalar().elem::<f64>());
         }
@@ -192,15 +217,24 @@ where
         }
         let mut added = 0;
         // No addition on the last step: nothing would be left to fit them.
-        let adding = self.config.progressive && step % self.config.add_every == 0 && step < self.config.steps;
+        let adding = self.config.progressive && step.is_multiple_of(self.config.add_every) && step < self.config.steps;
         if adding && self.schedule.additions_done < self.config.add_rounds {
             added = self.add_gaussians(render);
         }
         let mut decayed = false;
-        if step % self.config.check_every == 0 && self.all_present() && added == 0 {
+        if step.is_multiple_of(self.config.check_every) && self.all_present() && added == 0 {
             decayed = self.update_schedule(psnr_db.unwrap_or(f64::NEG_INFINITY), ssim.unwrap_or(f64::NEG_INFINITY));
         }
-        Ok(StepReport { step, loss: loss_value, psnr_db, ssim, gaussians: self.len(), added, decayed, frame })
+        Ok(StepReport {
+            step,
+            loss: loss_value,
+            psnr_db,
+            ssim,
+            gaussians: self.len(),
+            added,
+            decayed,
+            frame,
+        })
     }
 
     /// Error-guided addition from the render entering this step.
@@ -214,10 +248,28 @@ where
         // One stream per round, so a resumed fit draws the same Gaussians.
         let mut rng = ChaCha8Rng::seed_from_u64(self.config.seed ^ (0x5eed_0000 + round));
         let frame = &self.spec.frame;
-        let new: NewGaussians = init::error_guided(&self.blurred_target, &host(render), frame.width, frame.height, m, &mut rng);
+        let new: NewGaussians = init::error_guided(
+            &self.blurred_target,
+            &host(render),
+            frame.width,
+            frame.height,
+            m,
+            &mut rng,
+        );
         let d = &self.device;
-        let add = [tensor2(new.xy, 2, d), tensor2(new.inv_scale, 2, d), tensor2(new.theta, 1, d), tensor2(new.color, CHANNELS, d)];
-        let grown: Vec<_> = self.params.to_array().into_iter().zip(add).map(|(p, a)| Tensor::cat(vec![p, a], 0)).collect();
+        let add = [
+            tensor2(new.xy, 2, d),
+            tensor2(new.inv_scale, 2, d),
+            tensor2(new.theta, 1, d),
+            tensor2(new.color, CHANNELS, d),
+        ];
+        let grown: Vec<_> = self
+            .params
+            .to_array()
+            .into_iter()
+            .zip(add)
+            .map(|(p, a)| Tensor::cat(vec![p, a], 0))
+            .collect();
         self.params = SplatTensors::from_array(grown.try_into().expect("four parameter tensors"));
         for mo in self.moments.iter_mut() {
             mo.append_zero_rows(m);
@@ -267,7 +319,9 @@ where
     /// clamped render: `(render [H, W, C], psnr_db, ssim)`.
     pub fn evaluate(&self) -> (Vec<f32>, f64, f64) {
         let render = op::render(&self.params, &self.spec).clamp(0.0, 1.0);
-        let ssim = op::ssim(render.clone(), self.target.clone()).into_scalar().elem::<f64>();
+        let ssim = op::ssim(render.clone(), self.target.clone())
+            .into_scalar()
+            .elem::<f64>();
         let render = host(render);
         let p = psnr(&render, &host(self.target.clone()));
         (render, p, ssim)
@@ -288,22 +342,44 @@ where
         for (i, p) in self.params.to_array().into_iter().enumerate() {
             let dims = p.dims();
             f.insert(PARAMS[i], dims.to_vec(), host(p));
-            f.insert(&format!("adam_m_{}", PARAMS[i]), dims.to_vec(), host(self.moments[i].m.clone()));
-            f.insert(&format!("adam_v_{}", PARAMS[i]), dims.to_vec(), host(self.moments[i].v.clone()));
+            f.insert(
+                &format!("adam_m_{}", PARAMS[i]),
+                dims.to_vec(),
+                host(self.moments[i].m.clone()),
+            );
+            f.insert(
+                &format!("adam_v_{}", PARAMS[i]),
+                dims.to_vec(),
+                host(self.moments[i].v.clone()),
+            );
         }
         f
     }
 
     /// Restores a fit from a checkpoint written by [`Fit::checkpoint`] for
     /// the same image and settings.
-    pub fn resume(picture: &Picture, config: &FitConfig, ckpt: &ArrayFile, device: &B::Device) -> Result<Self, SplatError> {
+    pub fn resume(
+        picture: &Picture,
+        config: &FitConfig,
+        ckpt: &ArrayFile,
+        device: &B::Device,
+    ) -> Result<Self, SplatError> {
         let mut fit = Self::new(picture, config, device)?;
-        let invalid = |why: String| SplatError::File(vramfit::run::ArrayFileError::Invalid { path: "checkpoint".into(), why });
+        let invalid = |why: String| {
+            SplatError::File(vramfit::run::ArrayFileError::Invalid {
+                path: "checkpoint".into(),
+                why,
+            })
+        };
         if ckpt.kind != "checkpoint" {
             return Err(invalid(format!("holds '{}', not a checkpoint", ckpt.kind)));
         }
         let m = &ckpt.meta;
-        let u = |k: &str| m.get(k).and_then(|v| v.as_u64()).ok_or_else(|| invalid(format!("metadata lacks '{k}'")));
+        let u = |k: &str| {
+            m.get(k)
+                .and_then(|v| v.as_u64())
+                .ok_or_else(|| invalid(format!("metadata lacks '{k}'")))
+        };
         let fl = |k: &str| m.get(k).and_then(|v| v.as_f64());
         let b = |k: &str| m.get(k).and_then(|v| v.as_bool()).unwrap_or(false);
         if (u("width")? as usize, u("height")? as usize) != (picture.width, picture.height) {
@@ -324,10 +400,15 @@ where
         let mut params = Vec::new();
         for (i, name) in PARAMS.iter().enumerate() {
             let get = |n: &str| {
-                ckpt.get(n).map(|v| tensor2::<B::InnerBackend>(v.to_vec(), cols[i], device)).ok_or_else(|| invalid(format!("array '{n}' is missing")))
+                ckpt.get(n)
+                    .map(|v| tensor2::<B::InnerBackend>(v.to_vec(), cols[i], device))
+                    .ok_or_else(|| invalid(format!("array '{n}' is missing")))
             };
             params.push(get(name)?);
-            fit.moments[i] = AdamMoments { m: get(&format!("adam_m_{name}"))?, v: get(&format!("adam_v_{name}"))? };
+            fit.moments[i] = AdamMoments {
+                m: get(&format!("adam_m_{name}"))?,
+                v: get(&format!("adam_v_{name}"))?,
+            };
         }
         fit.params = SplatTensors::from_array(params.try_into().expect("four parameter tensors"));
         Ok(fit)
@@ -335,5 +416,9 @@ where
 }
 
 fn finite_or_null(v: f64) -> serde_json::Value {
-    if v.is_finite() { json!(v) } else { serde_json::Value::Null }
+    if v.is_finite() {
+        json!(v)
+    } else {
+        serde_json::Value::Null
+    }
 }

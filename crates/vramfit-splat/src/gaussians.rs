@@ -62,7 +62,13 @@ impl Gaussians {
 
     /// Borrowed parameters for the CPU kernels.
     pub fn splats(&self) -> Splats<'_, f32> {
-        Splats { xy: &self.xy, inv_scale: &self.inv_scale, theta: &self.theta, color: &self.color, channels: self.channels }
+        Splats {
+            xy: &self.xy,
+            inv_scale: &self.inv_scale,
+            theta: &self.theta,
+            color: &self.color,
+            channels: self.channels,
+        }
     }
 
     /// Renders at any resolution on the host, `[H, W, C]`; standard
@@ -98,13 +104,24 @@ impl Gaussians {
         if f.kind != "gaussians" {
             return Err(bad(format!("holds '{}', not Gaussians", f.kind)));
         }
-        let field = |k: &str| f.meta.get(k).and_then(|v| v.as_u64()).ok_or_else(|| bad(format!("metadata lacks '{k}'")));
+        let field = |k: &str| {
+            f.meta
+                .get(k)
+                .and_then(|v| v.as_u64())
+                .ok_or_else(|| bad(format!("metadata lacks '{k}'")))
+        };
         let version = field("version")?;
         if version != GAUSSIANS_VERSION {
-            return Err(bad(format!("Gaussians version {version}; this build reads {GAUSSIANS_VERSION}")));
+            return Err(bad(format!(
+                "Gaussians version {version}; this build reads {GAUSSIANS_VERSION}"
+            )));
         }
-        let (width, height, channels, n) =
-            (field("width")? as usize, field("height")? as usize, field("channels")? as usize, field("count")? as usize);
+        let (width, height, channels, n) = (
+            field("width")? as usize,
+            field("height")? as usize,
+            field("channels")? as usize,
+            field("count")? as usize,
+        );
         let get = |name: &str, shape: Vec<usize>| -> Result<Vec<f32>, ArrayFileError> {
             match f.arrays.get(name) {
                 Some((s, v)) if *s == shape => Ok(v.clone()),
@@ -125,8 +142,10 @@ impl Gaussians {
 
     /// Writes atomically.
     pub fn save(&self, path: &Path) -> Result<(), SplatError> {
-        vramfit::run::atomic_write(path, &self.to_file().to_bytes())
-            .map_err(|e| SplatError::Write { path: path.into(), why: e.to_string() })
+        vramfit::run::atomic_write(path, &self.to_file().to_bytes()).map_err(|e| SplatError::Write {
+            path: path.into(),
+            why: e.to_string(),
+        })
     }
 
     /// Reads a file.

@@ -113,7 +113,11 @@ pub fn initial<R: Rng>(p: &Picture, n: usize, rng: &mut R) -> NewGaussians {
     let mut by_gradient = sample_weighted(&g2, n - n_uniform, rng);
     // A flat image has too few edge pixels: top up uniformly.
     if by_gradient.len() < n - n_uniform {
-        by_gradient.extend(sample_weighted(&vec![1.0; p.pixels()], n - n_uniform - by_gradient.len(), rng));
+        by_gradient.extend(sample_weighted(
+            &vec![1.0; p.pixels()],
+            n - n_uniform - by_gradient.len(),
+            rng,
+        ));
     }
     pixels.extend(by_gradient);
     let mut out = NewGaussians::default();
@@ -128,7 +132,7 @@ pub fn initial<R: Rng>(p: &Picture, n: usize, rng: &mut R) -> NewGaussians {
 pub fn blur_size(width: usize, height: usize) -> usize {
     let k = (((width * height) as f64).sqrt() / 400.0).floor() as usize;
     let k = k.max(3);
-    if k % 2 == 0 { k + 1 } else { k }
+    if k.is_multiple_of(2) { k + 1 } else { k }
 }
 
 /// Separable Gaussian blur of an `[H, W, 3]` image with kernel size `k`
@@ -136,7 +140,9 @@ pub fn blur_size(width: usize, height: usize) -> usize {
 pub fn blur(p: &Picture, k: usize) -> Vec<f32> {
     let sigma = 0.3 * ((k as f64 - 1.0) * 0.5 - 1.0) + 0.8;
     let r = (k / 2) as isize;
-    let mut kern: Vec<f32> = (-r..=r).map(|d| (-(d * d) as f64 / (2.0 * sigma * sigma)).exp() as f32).collect();
+    let mut kern: Vec<f32> = (-r..=r)
+        .map(|d| (-(d * d) as f64 / (2.0 * sigma * sigma)).exp() as f32)
+        .collect();
     let total: f32 = kern.iter().sum();
     kern.iter_mut().for_each(|v| *v /= total);
     let (w, h) = (p.width as isize, p.height as isize);
@@ -150,7 +156,11 @@ pub fn blur(p: &Picture, k: usize) -> Vec<f32> {
                     .enumerate()
                     .map(|(j, kv)| {
                         let d = j as isize - r;
-                        let (sx, sy) = if horizontal { ((x + d).clamp(0, w - 1), y) } else { (x, (y + d).clamp(0, h - 1)) };
+                        let (sx, sy) = if horizontal {
+                            ((x + d).clamp(0, w - 1), y)
+                        } else {
+                            (x, (y + d).clamp(0, h - 1))
+                        };
                         kv * src[((sy * w + sx) as usize) * CHANNELS + c]
                     })
                     .sum()
@@ -170,7 +180,14 @@ pub fn blur(p: &Picture, k: usize) -> Vec<f32> {
 /// residual (≈ 0) pulls it toward black. Measured on the built-in sample
 /// (5000 Gaussians): each residual-coloured addition dropped PSNR by about
 /// 8 dB and took about 100 steps to recover.
-pub fn error_guided<R: Rng>(blurred: &[f32], render: &[f32], width: usize, height: usize, m: usize, rng: &mut R) -> NewGaussians {
+pub fn error_guided<R: Rng>(
+    blurred: &[f32],
+    render: &[f32],
+    width: usize,
+    height: usize,
+    m: usize,
+    rng: &mut R,
+) -> NewGaussians {
     let residual: Vec<f32> = blurred.iter().zip(render).map(|(t, r)| t - r.clamp(0.0, 1.0)).collect();
     let err: Vec<f32> = residual
         .chunks_exact(CHANNELS)
@@ -216,8 +233,14 @@ mod tests {
     fn initial_placement_prefers_edges() {
         // Left half black, right half white: the edge is at x = 15.5.
         let (w, h) = (32, 32);
-        let data = (0..w * h).flat_map(|i| [if i % w >= 16 { 1.0 } else { 0.0 }; 3]).collect();
-        let p = Picture { width: w, height: h, data };
+        let data = (0..w * h)
+            .flat_map(|i| [if i % w >= 16 { 1.0 } else { 0.0 }; 3])
+            .collect();
+        let p = Picture {
+            width: w,
+            height: h,
+            data,
+        };
         let g = initial(&p, 100, &mut ChaCha8Rng::seed_from_u64(3));
         assert_eq!(g.len(), 100);
         let near_edge = g.xy.chunks(2).filter(|c| (c[0] * w as f32 - 16.0).abs() < 2.0).count();

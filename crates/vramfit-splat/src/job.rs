@@ -115,7 +115,11 @@ fn checkpoints(dir: &Path) -> Vec<PathBuf> {
 impl Job {
     /// Runs to the end. `observe` sees every event and may stop the run
     /// (as a kill would: nothing more is written).
-    pub fn run<B>(&self, device: &B::Device, mut observe: impl FnMut(Event) -> ControlFlow<()>) -> Result<Option<Summary>, SplatError>
+    pub fn run<B>(
+        &self,
+        device: &B::Device,
+        mut observe: impl FnMut(Event) -> ControlFlow<()>,
+    ) -> Result<Option<Summary>, SplatError>
     where
         B: AutodiffBackend + SplatBackend,
         B::InnerBackend: SplatBackend,
@@ -132,7 +136,12 @@ impl Job {
         };
         let result = self.drive(&dir, &config, &picture, &mut fit, &mut wall_before, &mut observe);
         if let Err(e) = &result {
-            let _ = dir.write("error.json", json!({ "error": e.to_string(), "step": fit.step_count() }).to_string().as_bytes());
+            let _ = dir.write(
+                "error.json",
+                json!({ "error": e.to_string(), "step": fit.step_count() })
+                    .to_string()
+                    .as_bytes(),
+            );
         }
         result
     }
@@ -144,7 +153,10 @@ impl Job {
         B::InnerBackend: SplatBackend,
     {
         let dir = RunDir::open(&self.out)?;
-        let not_resumable = |why: &str| RunDirError::NotResumable { path: self.out.clone(), why: why.into() };
+        let not_resumable = |why: &str| RunDirError::NotResumable {
+            path: self.out.clone(),
+            why: why.into(),
+        };
         if dir.path("summary.json").exists() {
             return Err(not_resumable("the run already finished (summary.json exists)").into());
         }
@@ -155,7 +167,13 @@ impl Job {
         for path in checkpoints(&dir.checkpoints()) {
             if let Ok(ckpt) = ArrayFile::read(&path) {
                 let wall = ckpt.meta.get("wall_seconds").and_then(|v| v.as_f64()).unwrap_or(0.0);
-                return Ok((dir, config.clone(), picture.clone(), Fit::resume(&picture, &config, &ckpt, device)?, wall));
+                return Ok((
+                    dir,
+                    config.clone(),
+                    picture.clone(),
+                    Fit::resume(&picture, &config, &ckpt, device)?,
+                    wall,
+                ));
             }
         }
         let fit = Fit::new(&picture, &config, device)?;
@@ -179,12 +197,17 @@ impl Job {
         let mut metrics = dir.metrics(Some(fit.step_count()))?;
         let started = Instant::now();
         let mut step_ms = Vec::new();
-        if observe(Event::Start { done: fit.step_count(), total: config.steps }).is_break() {
+        if observe(Event::Start {
+            done: fit.step_count(),
+            total: config.steps,
+        })
+        .is_break()
+        {
             return Ok(None);
         }
         while !fit.finished() {
             let next = fit.step_count() + 1;
-            let want_frame = config.frame_every > 0 && next % config.frame_every == 0;
+            let want_frame = config.frame_every > 0 && next.is_multiple_of(config.frame_every);
             let t0 = Instant::now();
             let report = fit.step(want_frame)?;
             step_ms.push(t0.elapsed().as_secs_f64() * 1e3);
@@ -197,7 +220,10 @@ impl Job {
                 }))?;
             }
             if let Some(frame) = &report.frame {
-                save_png(&dir.path(&format!("frames/step-{step:08}.png")), &to_rgb8(picture.width, picture.height, frame))?;
+                save_png(
+                    &dir.path(&format!("frames/step-{step:08}.png")),
+                    &to_rgb8(picture.width, picture.height, frame),
+                )?;
             }
             if observe(Event::Step(&report)).is_break() {
                 return Ok(None);
@@ -206,8 +232,10 @@ impl Job {
                 let mut ckpt = fit.checkpoint();
                 ckpt.meta["wall_seconds"] = json!(*wall_before + started.elapsed().as_secs_f64());
                 let path = dir.checkpoints().join(checkpoint_name(step));
-                vramfit::run::atomic_write(&path, &ckpt.to_bytes())
-                    .map_err(|e| SplatError::Write { path: path.clone(), why: e.to_string() })?;
+                vramfit::run::atomic_write(&path, &ckpt.to_bytes()).map_err(|e| SplatError::Write {
+                    path: path.clone(),
+                    why: e.to_string(),
+                })?;
                 for old in checkpoints(&dir.checkpoints()).into_iter().skip(KEEP_CHECKPOINTS) {
                     let _ = std::fs::remove_file(old);
                 }
@@ -219,7 +247,10 @@ impl Job {
         let gaussians = fit.gaussians();
         gaussians.save(&dir.path("gaussians.vfg"))?;
         let (render, psnr_db, ssim) = fit.evaluate();
-        save_png(&dir.path("render.png"), &to_rgb8(picture.width, picture.height, &render))?;
+        save_png(
+            &dir.path("render.png"),
+            &to_rgb8(picture.width, picture.height, &render),
+        )?;
         step_ms.sort_by(f64::total_cmp);
         let summary = Summary {
             image: config.image.clone(),
@@ -237,7 +268,10 @@ impl Job {
             peak_memory_source: "host process peak resident set (VmHWM); not device memory".into(),
             device: self.device_name.clone(),
         };
-        dir.write("summary.json", serde_json::to_string_pretty(&summary).expect("plain data").as_bytes())?;
+        dir.write(
+            "summary.json",
+            serde_json::to_string_pretty(&summary).expect("plain data").as_bytes(),
+        )?;
         Ok(Some(summary))
     }
 }

@@ -38,11 +38,33 @@ pub fn to_host<B: Backend, const D: usize>(t: FloatTensor<B>) -> Vec<f32> {
 }
 
 fn from_host<B: Backend, const D: usize>(v: Vec<f32>, dims: [usize; D], device: &B::Device) -> FloatTensor<B> {
-    Tensor::<B, D>::from_data(TensorData::new(v, dims), device).into_primitive().tensor()
+    Tensor::<B, D>::from_data(TensorData::new(v, dims), device)
+        .into_primitive()
+        .tensor()
 }
 
 fn device_of<B: Backend>(t: &FloatTensor<B>) -> B::Device {
     B::float_device(t)
+}
+
+/// Host copies of the four parameter tensors, in parameter order.
+struct HostParams([Vec<f32>; 4]);
+
+impl HostParams {
+    fn read<B: Backend>(params: SplatPrimitives<B>) -> Self {
+        Self(params.map(to_host::<B, 2>))
+    }
+
+    fn splats(&self, channels: usize) -> Splats<'_, f32> {
+        let [xy, inv_scale, theta, color] = &self.0;
+        Splats {
+            xy,
+            inv_scale,
+            theta,
+            color,
+            channels,
+        }
+    }
 }
 
 /// The four parameter tensors as primitives: xy `[N, 2]`, inv_scale
@@ -54,23 +76,23 @@ pub trait SplatBackend: Backend {
     /// Renders `[H, W, C]`.
     fn splat_render(params: SplatPrimitives<Self>, spec: &RenderSpec) -> FloatTensor<Self> {
         let device = device_of::<Self>(&params[0]);
-        let [xy, inv_scale, theta, color] = params;
-        let (xy, inv_scale, theta, color) =
-            (to_host::<Self, 2>(xy), to_host::<Self, 2>(inv_scale), to_host::<Self, 2>(theta), to_host::<Self, 2>(color));
-        let splats = Splats { xy: &xy, inv_scale: &inv_scale, theta: &theta, color: &color, channels: spec.channels };
+        let host = HostParams::read::<Self>(params);
+        let splats = host.splats(spec.channels);
         let out = cpu::render::render(&splats, &spec.frame, spec.top_k);
         from_host::<Self, 3>(out, [spec.frame.height, spec.frame.width, spec.channels], &device)
     }
 
     /// Gradients of `Σ d_out · render` for the four parameter tensors.
-    fn splat_render_backward(params: SplatPrimitives<Self>, d_out: FloatTensor<Self>, spec: &RenderSpec) -> SplatPrimitives<Self> {
+    fn splat_render_backward(
+        params: SplatPrimitives<Self>,
+        d_out: FloatTensor<Self>,
+        spec: &RenderSpec,
+    ) -> SplatPrimitives<Self> {
         let device = device_of::<Self>(&params[0]);
-        let [xy, inv_scale, theta, color] = params;
-        let (xy, inv_scale, theta, color) =
-            (to_host::<Self, 2>(xy), to_host::<Self, 2>(inv_scale), to_host::<Self, 2>(theta), to_host::<Self, 2>(color));
-        let n = theta.len();
+        let host = HostParams::read::<Self>(params);
+        let n = host.0[2].len();
         let d_out = to_host::<Self, 3>(d_out);
-        let splats = Splats { xy: &xy, inv_scale: &inv_scale, theta: &theta, color: &color, channels: spec.channels };
+        let splats = host.splats(spec.channels);
         let g = cpu::render::render_backward(&splats, &spec.frame, spec.top_k, &d_out);
         [
             from_host::<Self, 2>(g.d_xy, [n, 2], &device),
@@ -89,7 +111,12 @@ pub trait SplatBackend: Backend {
     }
 
     /// Gradient of `d_ssim · ssim(x, y)` with respect to `x`.
-    fn splat_ssim_backward(x: FloatTensor<Self>, y: FloatTensor<Self>, d_ssim: FloatTensor<Self>, dims: [usize; 3]) -> FloatTensor<Self> {
+    fn splat_ssim_backward(
+        x: FloatTensor<Self>,
+        y: FloatTensor<Self>,
+        d_ssim: FloatTensor<Self>,
+        dims: [usize; 3],
+    ) -> FloatTensor<Self> {
         let device = device_of::<Self>(&x);
         let d = to_host::<Self, 1>(d_ssim)[0];
         let (x, y) = (to_host::<Self, 3>(x), to_host::<Self, 3>(y));
@@ -151,7 +178,11 @@ impl<B: SplatBackend, C: CheckpointStrategy> SplatBackend for Autodiff<B, C> {
             }
         }
 
-        match SsimBackward.prepare::<C>([x.node.clone(), y.node.clone()]).compute_bound().stateful() {
+        match SsimBackward
+            .prepare::<C>([x.node.clone(), y.node.clone()])
+            .compute_bound()
+            .stateful()
+        {
             OpsKind::Tracked(prep) => {
                 let out = B::splat_ssim(x.primitive.clone(), y.primitive.clone(), dims);
                 prep.finish((x.primitive, y.primitive, dims), out)
@@ -177,12 +208,22 @@ pub struct SplatTensors<B: Backend> {
 impl<B: Backend> SplatTensors<B> {
     /// The tensors as an array, in parameter order.
     pub fn to_array(&self) -> [Tensor<B, 2>; 4] {
-        [self.xy.clone(), self.inv_scale.clone(), self.theta.clone(), self.color.clone()]
+        [
+            self.xy.clone(),
+            self.inv_scale.clone(),
+            self.theta.clone(),
+            self.color.clone(),
+        ]
     }
 
     /// Builds from an array in parameter order.
     pub fn from_array([xy, inv_scale, theta, color]: [Tensor<B, 2>; 4]) -> Self {
-        Self { xy, inv_scale, theta, color }
+        Self {
+            xy,
+            inv_scale,
+            theta,
+            color,
+        }
     }
 }
 

@@ -29,16 +29,31 @@ impl Picture {
     pub fn decode(bytes: &[u8], path: &Path) -> Result<Self, SplatError> {
         let reader = ImageReader::new(std::io::Cursor::new(bytes))
             .with_guessed_format()
-            .map_err(|e| SplatError::ImageUnreadable { path: path.into(), source: e })?;
+            .map_err(|e| SplatError::ImageUnreadable {
+                path: path.into(),
+                source: e,
+            })?;
         let Some(format) = reader.format() else {
-            return Err(SplatError::ImageUnsupported { path: path.into(), detail: "not a recognised image format".into() });
+            return Err(SplatError::ImageUnsupported {
+                path: path.into(),
+                detail: "not a recognised image format".into(),
+            });
         };
         if !matches!(format, ImageFormat::Png | ImageFormat::Jpeg) {
-            return Err(SplatError::ImageUnsupported { path: path.into(), detail: format!("{format:?}") });
+            return Err(SplatError::ImageUnsupported {
+                path: path.into(),
+                detail: format!("{format:?}"),
+            });
         }
         let img = reader.decode().map_err(|e| match e {
-            ImageError::Unsupported(u) => SplatError::ImageUnsupported { path: path.into(), detail: u.to_string() },
-            other => SplatError::ImageCorrupt { path: path.into(), detail: other.to_string() },
+            ImageError::Unsupported(u) => SplatError::ImageUnsupported {
+                path: path.into(),
+                detail: u.to_string(),
+            },
+            other => SplatError::ImageCorrupt {
+                path: path.into(),
+                detail: other.to_string(),
+            },
         })?;
         Ok(Self::from_rgb8(&img.to_rgb8()))
     }
@@ -47,7 +62,10 @@ impl Picture {
     pub fn load(path: &Path) -> Result<Self, SplatError> {
         let bytes = std::fs::read(path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => SplatError::ImageMissing(path.into()),
-            _ => SplatError::ImageUnreadable { path: path.into(), source: e },
+            _ => SplatError::ImageUnreadable {
+                path: path.into(),
+                source: e,
+            },
         })?;
         Self::decode(&bytes, path)
     }
@@ -64,7 +82,11 @@ impl Picture {
     /// Errors unless both sides are at least [`MIN_SIDE`].
     pub fn check_fittable(&self) -> Result<(), SplatError> {
         if self.width < MIN_SIDE || self.height < MIN_SIDE {
-            return Err(SplatError::ImageTooSmall { width: self.width, height: self.height, min: MIN_SIDE });
+            return Err(SplatError::ImageTooSmall {
+                width: self.width,
+                height: self.height,
+                min: MIN_SIDE,
+            });
         }
         Ok(())
     }
@@ -85,12 +107,18 @@ pub fn to_rgb8(width: usize, height: usize, data: &[f32]) -> RgbImage {
 pub fn save_png(path: &Path, img: &RgbImage) -> Result<(), SplatError> {
     let write_err = |why: String| SplatError::Write { path: path.into(), why };
     let mut bytes = Vec::new();
-    img.write_to(&mut std::io::Cursor::new(&mut bytes), ImageFormat::Png).map_err(|e| write_err(e.to_string()))?;
+    img.write_to(&mut std::io::Cursor::new(&mut bytes), ImageFormat::Png)
+        .map_err(|e| write_err(e.to_string()))?;
     vramfit::run::atomic_write(path, &bytes).map_err(|e| write_err(e.to_string()))
 }
 
 /// Peak signal-to-noise ratio in dB of `x` (clamped to `[0, 1]`) against `y`.
 pub fn psnr(x: &[f32], y: &[f32]) -> f64 {
-    let mse = x.iter().zip(y).map(|(a, b)| (a.clamp(0.0, 1.0) as f64 - *b as f64).powi(2)).sum::<f64>() / x.len() as f64;
+    let mse = x
+        .iter()
+        .zip(y)
+        .map(|(a, b)| (a.clamp(0.0, 1.0) as f64 - *b as f64).powi(2))
+        .sum::<f64>()
+        / x.len() as f64;
     if mse == 0.0 { f64::INFINITY } else { -10.0 * mse.log10() }
 }

@@ -67,7 +67,11 @@ pub fn procedural(width: u32, height: u32) -> RgbImage {
             ];
             for s in &shapes {
                 let (du, dv) = ((u - s.c[0]) / s.r[0], (v - s.c[1]) / s.r[1]);
-                let inside = if s.disk { du * du + dv * dv <= 1.0 } else { du.abs() <= 1.0 && dv.abs() <= 1.0 };
+                let inside = if s.disk {
+                    du * du + dv * dv <= 1.0
+                } else {
+                    du.abs() <= 1.0 && dv.abs() <= 1.0
+                };
                 if inside {
                     c = s.color;
                 }
@@ -90,7 +94,12 @@ pub fn procedural(width: u32, height: u32) -> RgbImage {
                     let bits = glyph >> (k * 8);
                     let node = |n: u64| [0.2 + 0.3 * (n % 3) as f32, 0.15 + 0.35 * ((n / 3) % 3) as f32];
                     let (a, b) = (node(bits & 0xf), node((bits >> 4) & 0xf));
-                    if seg_dist([p[0] * cell_w, p[1] * cell_h], [a[0] * cell_w, a[1] * cell_h], [b[0] * cell_w, b[1] * cell_h]) <= stroke {
+                    if seg_dist(
+                        [p[0] * cell_w, p[1] * cell_h],
+                        [a[0] * cell_w, a[1] * cell_h],
+                        [b[0] * cell_w, b[1] * cell_h],
+                    ) <= stroke
+                    {
                         c = [0.08, 0.08, 0.12];
                     }
                 }
@@ -101,4 +110,33 @@ pub fn procedural(width: u32, height: u32) -> RgbImage {
         }
     });
     RgbImage::from_raw(width, height, buf).expect("buffer is [H, W, 3]")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn is_deterministic_at_any_size() {
+        for (w, h) in [(64, 48), (37, 101)] {
+            let a = procedural(w, h);
+            assert_eq!((a.width(), a.height()), (w, h));
+            assert_eq!(a, procedural(w, h));
+        }
+    }
+
+    #[test]
+    fn has_flat_regions_hard_edges_and_texture() {
+        let img = procedural(256, 256);
+        let luma = |x: u32, y: u32| img.get_pixel(x, y).0.iter().map(|&v| v as i32).sum::<i32>();
+        // Horizontal neighbour differences over the whole image.
+        let diffs: Vec<i32> = (0..256)
+            .flat_map(|y| (1..256).map(move |x| (x, y)))
+            .map(|(x, y)| (luma(x, y) - luma(x - 1, y)).abs())
+            .collect();
+        let flat = diffs.iter().filter(|d| **d <= 3).count();
+        let edges = diffs.iter().filter(|d| **d >= 150).count();
+        assert!(flat > diffs.len() / 3, "too few smooth pixels: {flat}");
+        assert!(edges > diffs.len() / 50, "too few hard edges: {edges}");
+    }
 }

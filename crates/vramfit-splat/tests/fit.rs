@@ -29,9 +29,20 @@ fn autodiff_gradients_are_the_cpu_twins() {
     let color: Vec<f32> = (0..3 * n).map(|_| rng.random_range(0.0..1.0)).collect();
     let target: Vec<f32> = (0..w * h * 3).map(|_| rng.random_range(0.0..1.0)).collect();
     let d = Default::default();
-    let t2 = |v: &Vec<f32>, cols: usize| Tensor::<Ad, 2>::from_data(TensorData::new(v.clone(), [v.len() / cols, cols]), &d).require_grad();
-    let params = SplatTensors { xy: t2(&xy, 2), inv_scale: t2(&inv_scale, 2), theta: t2(&theta, 1), color: t2(&color, 3) };
-    let spec = RenderSpec { frame: Frame::new(w, h), top_k: 10, channels: 3 };
+    let t2 = |v: &Vec<f32>, cols: usize| {
+        Tensor::<Ad, 2>::from_data(TensorData::new(v.clone(), [v.len() / cols, cols]), &d).require_grad()
+    };
+    let params = SplatTensors {
+        xy: t2(&xy, 2),
+        inv_scale: t2(&inv_scale, 2),
+        theta: t2(&theta, 1),
+        color: t2(&color, 3),
+    };
+    let spec = RenderSpec {
+        frame: Frame::new(w, h),
+        top_k: 10,
+        channels: 3,
+    };
     let target_t = Tensor::<Ad, 3>::from_data(TensorData::new(target.clone(), [h, w, 3]), &d);
 
     // Loss = ssim(render, target): the op's gradients must be the twins'.
@@ -40,7 +51,13 @@ fn autodiff_gradients_are_the_cpu_twins() {
     let loss = op::ssim(render, target_t);
     let grads = loss.backward();
     let d_render = ssim_backward(&render_host, &target, h, w, 3, 1.0f32);
-    let splats = Splats { xy: &xy, inv_scale: &inv_scale, theta: &theta, color: &color, channels: 3 };
+    let splats = Splats {
+        xy: &xy,
+        inv_scale: &inv_scale,
+        theta: &theta,
+        color: &color,
+        channels: 3,
+    };
     let expected = render_backward(&splats, &spec.frame, 10, &d_render);
     let got = params.to_array().map(|p| host(p.grad(&grads).unwrap()));
     for (name, g, e) in [
@@ -57,7 +74,13 @@ fn autodiff_gradients_are_the_cpu_twins() {
 #[test]
 fn a_short_fit_raises_psnr_clearly() {
     let picture = Picture::from_rgb8(&sample::procedural(96, 64));
-    let config = FitConfig { gaussians: 300, steps: 300, add_every: 50, check_every: 50, ..Default::default() };
+    let config = FitConfig {
+        gaussians: 300,
+        steps: 300,
+        add_every: 50,
+        check_every: 50,
+        ..Default::default()
+    };
     let mut fit = Fit::<Ad>::new(&picture, &config, &Default::default()).unwrap();
     let (_, before, ssim_before) = fit.evaluate();
     while !fit.finished() {
@@ -74,7 +97,14 @@ fn a_short_fit_raises_psnr_clearly() {
 #[test]
 fn a_checkpoint_round_trip_continues_identically() {
     let picture = Picture::from_rgb8(&sample::procedural(48, 40));
-    let config = FitConfig { gaussians: 80, steps: 90, add_every: 20, check_every: 10, stall_limit: 30, ..Default::default() };
+    let config = FitConfig {
+        gaussians: 80,
+        steps: 90,
+        add_every: 20,
+        check_every: 10,
+        stall_limit: 30,
+        ..Default::default()
+    };
     let d = Default::default();
     let mut whole = Fit::<Ad>::new(&picture, &config, &d).unwrap();
     let mut first = Fit::<Ad>::new(&picture, &config, &d).unwrap();

@@ -28,11 +28,23 @@ impl Case {
         }
         let theta = (0..n).map(|_| rng.random_range(-3.0..3.0)).collect();
         let color = (0..n * channels).map(|_| rng.random_range(-0.5..1.5)).collect();
-        Self { xy, inv_scale, theta, color, channels }
+        Self {
+            xy,
+            inv_scale,
+            theta,
+            color,
+            channels,
+        }
     }
 
     fn splats(&self) -> Splats<'_, f64> {
-        Splats { xy: &self.xy, inv_scale: &self.inv_scale, theta: &self.theta, color: &self.color, channels: self.channels }
+        Splats {
+            xy: &self.xy,
+            inv_scale: &self.inv_scale,
+            theta: &self.theta,
+            color: &self.color,
+            channels: self.channels,
+        }
     }
 
     fn field(&mut self, which: usize) -> &mut Vec<f64> {
@@ -53,7 +65,11 @@ fn selections(case: &Case, frame: &Frame, top_k: usize) -> Vec<Vec<u32>> {
     (0..frame.height)
         .flat_map(|y| (0..frame.width).map(move |x| (x, y)))
         .map(|(x, y)| {
-            select_top_k(&binned, frame, top_k, x, y).into_iter().filter(|t| (-t.0).exp() > 1e-14).map(|t| t.1).collect()
+            select_top_k(&binned, frame, top_k, x, y)
+                .into_iter()
+                .filter(|t| (-t.0).exp() > 1e-14)
+                .map(|t| t.1)
+                .collect()
         })
         .collect()
 }
@@ -65,12 +81,21 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
 /// Checks every parameter's analytic gradient of `Σ d_out · render`
 /// against a central difference; returns (coordinates checked, skipped
 /// because they sit on a selection tie).
+// The index loop perturbs `case` in place between renders: no iterator fits.
+#[allow(clippy::needless_range_loop)]
 fn check_render_gradients(frame: Frame, n: usize, channels: usize, top_k: usize, seed: u64) -> (usize, usize) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut case = Case::random(&mut rng, n, channels);
-    let d_out: Vec<f64> = (0..frame.width * frame.height * channels).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let d_out: Vec<f64> = (0..frame.width * frame.height * channels)
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
     let g = render_backward(&case.splats(), &frame, top_k, &d_out);
-    let analytic = [g.d_xy.clone(), g.d_inv_scale.clone(), g.d_theta.clone(), g.d_color.clone()];
+    let analytic = [
+        g.d_xy.clone(),
+        g.d_inv_scale.clone(),
+        g.d_theta.clone(),
+        g.d_color.clone(),
+    ];
     let h = 1e-6;
     let (mut checked, mut skipped) = (0, 0);
     for (which, name) in ["xy", "inv_scale", "theta", "color"].iter().enumerate() {
@@ -100,7 +125,10 @@ fn check_render_gradients(frame: Frame, n: usize, channels: usize, top_k: usize,
             );
         }
     }
-    assert!(analytic.iter().flatten().any(|v| v.abs() > 1e-3), "gradients are all ~0: the case tests nothing");
+    assert!(
+        analytic.iter().flatten().any(|v| v.abs() > 1e-3),
+        "gradients are all ~0: the case tests nothing"
+    );
     (checked, skipped)
 }
 
@@ -123,12 +151,21 @@ fn render_gradients_match_finite_differences_with_top_k_cut() {
         skipped += s;
     }
     // Seed 13 puts Gaussians 7 and 8 on a near-tie at one pixel: 7 of 252.
-    assert!(skipped * 10 <= checked + skipped, "{skipped} of {} coordinates sit on a selection tie", checked + skipped);
+    assert!(
+        skipped * 10 <= checked + skipped,
+        "{skipped} of {} coordinates sit on a selection tie",
+        checked + skipped
+    );
 }
 
 #[test]
 fn render_gradients_match_finite_differences_when_zoomed() {
-    let frame = Frame { width: 40, height: 26, zoom_x: 1.25, zoom_y: 0.8 };
+    let frame = Frame {
+        width: 40,
+        height: 26,
+        zoom_x: 1.25,
+        zoom_y: 0.8,
+    };
     check_render_gradients(frame, 6, 3, 4, 21);
 }
 
@@ -192,13 +229,22 @@ fn top_k_selection_and_binning_match_brute_force() {
             for tx in 0..frame.tiles_x() {
                 let expected: Vec<u32> = (0..n)
                     .filter(|&i| {
-                        let p = project_one([xy[2 * i], xy[2 * i + 1]], [inv_scale[2 * i], inv_scale[2 * i + 1]], theta[i], &frame);
+                        let p = project_one(
+                            [xy[2 * i], xy[2 * i + 1]],
+                            [inv_scale[2 * i], inv_scale[2 * i + 1]],
+                            theta[i],
+                            &frame,
+                        );
                         let [x0, x1, y0, y1] = p.tiles;
                         (x0 as usize..x1 as usize).contains(&tx) && (y0 as usize..y1 as usize).contains(&ty)
                     })
                     .map(|i| i as u32)
                     .collect();
-                assert_eq!(binned.tile(ty * frame.tiles_x() + tx), expected.as_slice(), "tile ({tx}, {ty})");
+                assert_eq!(
+                    binned.tile(ty * frame.tiles_x() + tx),
+                    expected.as_slice(),
+                    "tile ({tx}, {ty})"
+                );
             }
         }
         for k in [1usize, 3, 10] {

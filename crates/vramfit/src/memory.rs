@@ -35,7 +35,10 @@ mod tests {
         let big = vec![1u8; 64 << 20];
         let peak_after = super::host_peak_bytes().unwrap();
         assert!(now > 0 && peak >= now, "peak {peak} < current {now}");
-        assert!(peak_after >= now + (60 << 20), "peak {peak_after} missed a 64 MiB allocation (rss before {now})");
+        assert!(
+            peak_after >= now + (60 << 20),
+            "peak {peak_after} missed a 64 MiB allocation (rss before {now})"
+        );
         drop(big);
     }
 }

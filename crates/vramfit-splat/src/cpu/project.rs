@@ -22,7 +22,12 @@ pub struct Frame {
 impl Frame {
     /// A frame rendered at the fitted resolution.
     pub fn new(width: usize, height: usize) -> Self {
-        Self { width, height, zoom_x: 1.0, zoom_y: 1.0 }
+        Self {
+            width,
+            height,
+            zoom_x: 1.0,
+            zoom_y: 1.0,
+        }
     }
 
     /// Tiles along x.
@@ -65,11 +70,20 @@ pub fn project_one<F: Real>(xy: [F; 2], inv_scale: [F; 2], theta: F, frame: &Fra
     let a = (p1 * co * co + p2 * s * s) / (zx * zx);
     let c = (p1 * s * s + p2 * co * co) / (zy * zy);
     let b = (p1 - p2) * s * co / (zx * zy);
-    let mut out = Projected { cx, cy, a, b, c, tiles: [0; 4] };
+    let mut out = Projected {
+        cx,
+        cy,
+        a,
+        b,
+        c,
+        tiles: [0; 4],
+    };
     let det_x = a * c - b * b;
     let det_sigma = F::one() / det_x;
-    // Culled: degenerate or non-finite covariance (det Σ ≈ 0 or ∞).
-    if !(det_x > F::zero()) || !det_sigma.is_finite() || !(det_sigma > F::c(1e-12)) || !cx.is_finite() || !cy.is_finite() {
+    // Kept only with a finite, non-degenerate covariance (NaN fails every test).
+    let valid =
+        det_x > F::zero() && det_sigma.is_finite() && det_sigma > F::c(1e-12) && cx.is_finite() && cy.is_finite();
+    if !valid {
         return out;
     }
     let (s11, s22) = (c * det_sigma, a * det_sigma);
@@ -104,7 +118,10 @@ pub fn project_one_backward<F: Real>(
     d_conic: [F; 3],
 ) -> ([F; 2], [F; 2], F) {
     let (zx, zy) = (F::c(frame.zoom_x), F::c(frame.zoom_y));
-    let d_xy = [d_centre[0] * F::c(frame.width as f64), d_centre[1] * F::c(frame.height as f64)];
+    let d_xy = [
+        d_centre[0] * F::c(frame.width as f64),
+        d_centre[1] * F::c(frame.height as f64),
+    ];
     // Gradient w.r.t. the unzoomed conic.
     let da = d_conic[0] / (zx * zx);
     let db = d_conic[1] / (zx * zy);
@@ -145,7 +162,14 @@ impl<F> Binned<F> {
 pub fn project_and_bin<F: Real>(xy: &[F], inv_scale: &[F], theta: &[F], frame: &Frame) -> Binned<F> {
     let n = theta.len();
     let projected: Vec<Projected<F>> = (0..n)
-        .map(|i| project_one([xy[2 * i], xy[2 * i + 1]], [inv_scale[2 * i], inv_scale[2 * i + 1]], theta[i], frame))
+        .map(|i| {
+            project_one(
+                [xy[2 * i], xy[2 * i + 1]],
+                [inv_scale[2 * i], inv_scale[2 * i + 1]],
+                theta[i],
+                frame,
+            )
+        })
         .collect();
     let tiles_x = frame.tiles_x();
     let n_tiles = tiles_x * frame.tiles_y();
@@ -174,5 +198,9 @@ pub fn project_and_bin<F: Real>(xy: &[F], inv_scale: &[F], theta: &[F], frame: &
             }
         }
     }
-    Binned { projected, offsets, ids }
+    Binned {
+        projected,
+        offsets,
+        ids,
+    }
 }

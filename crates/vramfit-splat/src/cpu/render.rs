@@ -99,11 +99,15 @@ impl<F: Real> TileCandidates<F> {
         let half = F::c(0.5);
         scratch.clear();
         scratch.extend(
-            self.cx.iter().zip(&self.cy).zip(self.a.iter().zip(&self.b).zip(&self.c)).map(|((cx, cy), ((a, b), c))| {
-                let dx = *cx - px;
-                let dy = *cy - py;
-                half * *a * dx * dx + half * *c * dy * dy + *b * dx * dy
-            }),
+            self.cx
+                .iter()
+                .zip(&self.cy)
+                .zip(self.a.iter().zip(&self.b).zip(&self.c))
+                .map(|((cx, cy), ((a, b), c))| {
+                    let dx = *cx - px;
+                    let dy = *cy - py;
+                    half * *a * dx * dx + half * *c * dy * dy + *b * dx * dy
+                }),
         );
         let mut top = TopK::new();
         let mut bound = F::infinity();
@@ -131,13 +135,21 @@ pub struct TopK<F> {
 
 impl<F: Real> TopK<F> {
     fn new() -> Self {
-        Self { sigma: [F::zero(); MAX_TOP_K], slot: [0; MAX_TOP_K], len: 0 }
+        Self {
+            sigma: [F::zero(); MAX_TOP_K],
+            slot: [0; MAX_TOP_K],
+            len: 0,
+        }
     }
 
     /// Largest σ that can still enter (infinite while not full).
     #[inline]
     fn bound(&self, k: usize) -> F {
-        if self.len == k { self.sigma[k - 1] } else { F::infinity() }
+        if self.len == k {
+            self.sigma[k - 1]
+        } else {
+            F::infinity()
+        }
     }
 
     #[inline]
@@ -175,8 +187,8 @@ impl<F: Real> TopK<F> {
     /// Weights `exp(−σ)` of the selected entries.
     fn weights(&self) -> [F; MAX_TOP_K] {
         let mut w = [F::zero(); MAX_TOP_K];
-        for k in 0..self.len {
-            w[k] = (-self.sigma[k]).exp();
+        for (wk, sigma) in w.iter_mut().zip(&self.sigma[..self.len]) {
+            *wk = (-*sigma).exp();
         }
         w
     }
@@ -190,7 +202,10 @@ pub fn select_top_k<F: Real>(binned: &Binned<F>, frame: &Frame, top_k: usize, x:
 }
 
 fn check_top_k(top_k: usize) {
-    assert!((1..=MAX_TOP_K).contains(&top_k), "top_k must be in 1..={MAX_TOP_K}, got {top_k}");
+    assert!(
+        (1..=MAX_TOP_K).contains(&top_k),
+        "top_k must be in 1..={MAX_TOP_K}, got {top_k}"
+    );
 }
 
 /// Tile rows per band.
@@ -234,27 +249,29 @@ pub fn render<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize) -> Vec<F
         return out;
     }
     let rows = band_tiles(frame) * TILE;
-    out.par_chunks_mut(rows * frame.width * c).enumerate().for_each(|(band, chunk)| {
-        let y0 = band * rows;
-        for_each_pixel_in_band(&binned, frame, band, |tile, scratch, x, y| {
-            let top = tile.select(top_k, x, y, scratch);
-            if top.is_empty() {
-                return;
-            }
-            let w = top.weights();
-            let denom = F::c(EPSILON) + w[..top.len].iter().copied().sum::<F>();
-            let px = &mut chunk[((y - y0) * frame.width + x) * c..((y - y0) * frame.width + x + 1) * c];
-            for (k, (_, id)) in top.entries(tile).enumerate() {
-                let col = &splats.color[id as usize * c..(id as usize + 1) * c];
-                for ch in 0..c {
-                    px[ch] = px[ch] + w[k] * col[ch];
+    out.par_chunks_mut(rows * frame.width * c)
+        .enumerate()
+        .for_each(|(band, chunk)| {
+            let y0 = band * rows;
+            for_each_pixel_in_band(&binned, frame, band, |tile, scratch, x, y| {
+                let top = tile.select(top_k, x, y, scratch);
+                if top.is_empty() {
+                    return;
                 }
-            }
-            for v in px.iter_mut() {
-                *v = *v / denom;
-            }
+                let w = top.weights();
+                let denom = F::c(EPSILON) + w[..top.len].iter().copied().sum::<F>();
+                let px = &mut chunk[((y - y0) * frame.width + x) * c..((y - y0) * frame.width + x + 1) * c];
+                for (k, (_, id)) in top.entries(tile).enumerate() {
+                    let col = &splats.color[id as usize * c..(id as usize + 1) * c];
+                    for ch in 0..c {
+                        px[ch] = px[ch] + w[k] * col[ch];
+                    }
+                }
+                for v in px.iter_mut() {
+                    *v = *v / denom;
+                }
+            });
         });
-    });
     out
 }
 

@@ -65,7 +65,13 @@ fn stats<F: Real>(x: &[F], y: &[F], h: usize, w: usize, c: usize, ch: usize) -> 
     let py: Vec<F> = y.iter().skip(ch).step_by(c).copied().collect();
     let prod = |a: &[F], b: &[F]| -> Vec<F> { a.iter().zip(b).map(|(p, q)| *p * *q).collect() };
     let (xx, yy, xy) = (prod(&px, &px), prod(&py, &py), prod(&px, &py));
-    [blur(&px, h, w), blur(&py, h, w), blur(&xx, h, w), blur(&yy, h, w), blur(&xy, h, w)]
+    [
+        blur(&px, h, w),
+        blur(&py, h, w),
+        blur(&xx, h, w),
+        blur(&yy, h, w),
+        blur(&xy, h, w),
+    ]
 }
 
 /// SSIM terms `(A1, A2, B1, B2)` at pixel `i`: S = A1·A2 / (B1·B2).
@@ -122,7 +128,9 @@ pub fn ssim_backward<F: Real>(x: &[F], y: &[F], h: usize, w: usize, c: usize, d_
                 [scale * d_mx, scale * (-sv / b2), scale * (two * a1 / den)]
             })
             .collect();
-        let g: Vec<Vec<F>> = (0..3).map(|q| blur(&coeffs.iter().map(|t| t[q]).collect::<Vec<F>>(), h, w)).collect();
+        let g: Vec<Vec<F>> = (0..3)
+            .map(|q| blur(&coeffs.iter().map(|t| t[q]).collect::<Vec<F>>(), h, w))
+            .collect();
         for i in 0..h * w {
             let (xv, yv) = (x[i * c + ch], y[i * c + ch]);
             d_x[i * c + ch] = g[0][i] + F::c(2.0) * xv * g[1][i] + yv * g[2][i];

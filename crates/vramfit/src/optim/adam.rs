@@ -13,7 +13,11 @@ pub struct AdamConfig {
 
 impl Default for AdamConfig {
     fn default() -> Self {
-        Self { beta1: 0.9, beta2: 0.999, epsilon: 1e-8 }
+        Self {
+            beta1: 0.9,
+            beta2: 0.999,
+            epsilon: 1e-8,
+        }
     }
 }
 
@@ -29,7 +33,10 @@ pub struct AdamMoments<B: Backend, const D: usize> {
 impl<B: Backend, const D: usize> AdamMoments<B, D> {
     /// Zero moments shaped like `param`.
     pub fn zeros_like(param: &Tensor<B, D>) -> Self {
-        Self { m: param.zeros_like(), v: param.zeros_like() }
+        Self {
+            m: param.zeros_like(),
+            v: param.zeros_like(),
+        }
     }
 
     /// Appends `rows` zero rows along dimension 0: state for parameters
@@ -75,10 +82,23 @@ impl Adam {
     ) -> Tensor<B, D> {
         let AdamConfig { beta1, beta2, epsilon } = self.config;
         let t = self.step.max(1) as i32;
-        moments.m = moments.m.clone().mul_scalar(beta1).add(grad.clone().mul_scalar(1.0 - beta1));
-        moments.v = moments.v.clone().mul_scalar(beta2).add(grad.clone().mul(grad).mul_scalar(1.0 - beta2));
+        moments.m = moments
+            .m
+            .clone()
+            .mul_scalar(beta1)
+            .add(grad.clone().mul_scalar(1.0 - beta1));
+        moments.v = moments
+            .v
+            .clone()
+            .mul_scalar(beta2)
+            .add(grad.clone().mul(grad).mul_scalar(1.0 - beta2));
         let step_size = lr / (1.0 - beta1.powi(t));
-        let denom = moments.v.clone().sqrt().div_scalar((1.0 - beta2.powi(t)).sqrt()).add_scalar(epsilon);
+        let denom = moments
+            .v
+            .clone()
+            .sqrt()
+            .div_scalar((1.0 - beta2.powi(t)).sqrt())
+            .add_scalar(epsilon);
         param.sub(moments.m.clone().div(denom).mul_scalar(step_size))
     }
 }
@@ -109,6 +129,9 @@ mod tests {
         m.m = m.m.add_scalar(1.0);
         m.append_zero_rows(2);
         assert_eq!(m.m.dims(), [4, 3]);
-        assert_eq!(m.m.into_data().to_vec::<f32>().unwrap(), [vec![1.0; 6], vec![0.0; 6]].concat());
+        assert_eq!(
+            m.m.into_data().to_vec::<f32>().unwrap(),
+            [vec![1.0; 6], vec![0.0; 6]].concat()
+        );
     }
 }

@@ -61,18 +61,28 @@ pub struct ArrayFile {
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 impl ArrayFile {
     /// An empty file of the given kind.
     pub fn new(kind: &str, meta: serde_json::Value) -> Self {
-        Self { kind: kind.into(), meta, arrays: BTreeMap::new() }
+        Self {
+            kind: kind.into(),
+            meta,
+            arrays: BTreeMap::new(),
+        }
     }
 
     /// Adds an array; panics if `values` does not fill `shape` (a caller bug).
     pub fn insert(&mut self, name: &str, shape: Vec<usize>, values: Vec<f32>) {
-        assert_eq!(shape.iter().product::<usize>(), values.len(), "array '{name}' does not match its shape");
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            values.len(),
+            "array '{name}' does not match its shape"
+        );
         self.arrays.insert(name.into(), (shape, values));
     }
 
@@ -86,10 +96,18 @@ impl ArrayFile {
         let header = Header {
             kind: self.kind.clone(),
             meta: self.meta.clone(),
-            arrays: self.arrays.iter().map(|(n, (s, _))| Entry { name: n.clone(), shape: s.clone() }).collect(),
+            arrays: self
+                .arrays
+                .iter()
+                .map(|(n, (s, _))| Entry {
+                    name: n.clone(),
+                    shape: s.clone(),
+                })
+                .collect(),
         };
         let json = serde_json::to_vec(&header).expect("header is plain data");
-        let mut out = Vec::with_capacity(24 + json.len() + self.arrays.values().map(|(_, v)| v.len() * 4).sum::<usize>());
+        let mut out =
+            Vec::with_capacity(24 + json.len() + self.arrays.values().map(|(_, v)| v.len() * 4).sum::<usize>());
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&VERSION.to_le_bytes());
         out.extend_from_slice(&(json.len() as u32).to_le_bytes());
@@ -106,7 +124,10 @@ impl ArrayFile {
 
     /// Parses bytes; `path` only names the source in errors.
     pub fn from_bytes(bytes: &[u8], path: &str) -> Result<Self, ArrayFileError> {
-        let bad = |why: &str| ArrayFileError::Invalid { path: path.into(), why: why.into() };
+        let bad = |why: &str| ArrayFileError::Invalid {
+            path: path.into(),
+            why: why.into(),
+        };
         if bytes.len() < 24 || &bytes[..8] != MAGIC {
             return Err(bad("wrong magic bytes (not written by vramfit)"));
         }
@@ -116,7 +137,9 @@ impl ArrayFile {
         }
         let version = u32::from_le_bytes(body[8..12].try_into().expect("4 bytes"));
         if version != VERSION {
-            return Err(bad(&format!("format version {version}; this build reads version {VERSION}")));
+            return Err(bad(&format!(
+                "format version {version}; this build reads version {VERSION}"
+            )));
         }
         let len = u32::from_le_bytes(body[12..16].try_into().expect("4 bytes")) as usize;
         let json = body.get(16..16 + len).ok_or_else(|| bad("header runs past the end"))?;
@@ -125,21 +148,33 @@ impl ArrayFile {
         let mut arrays = BTreeMap::new();
         for e in header.arrays {
             let n: usize = e.shape.iter().product();
-            let raw = body.get(at..at + 4 * n).ok_or_else(|| bad(&format!("array '{}' runs past the end", e.name)))?;
-            let values = raw.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect();
+            let raw = body
+                .get(at..at + 4 * n)
+                .ok_or_else(|| bad(&format!("array '{}' runs past the end", e.name)))?;
+            let values = raw
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect();
             at += 4 * n;
             arrays.insert(e.name, (e.shape, values));
         }
         if at != body.len() {
             return Err(bad("trailing bytes after the last array"));
         }
-        Ok(Self { kind: header.kind, meta: header.meta, arrays })
+        Ok(Self {
+            kind: header.kind,
+            meta: header.meta,
+            arrays,
+        })
     }
 
     /// Reads a file.
     pub fn read(path: &Path) -> Result<Self, ArrayFileError> {
         let shown = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|source| ArrayFileError::Io { path: shown.clone(), source })?;
+        let bytes = std::fs::read(path).map_err(|source| ArrayFileError::Io {
+            path: shown.clone(),
+            source,
+        })?;
         Self::from_bytes(&bytes, &shown)
     }
 }
@@ -165,7 +200,10 @@ mod tests {
     fn truncation_and_corruption_are_detected() {
         let bytes = sample().to_bytes();
         for cut in [0, 10, bytes.len() / 2, bytes.len() - 1] {
-            assert!(ArrayFile::from_bytes(&bytes[..cut], "mem").is_err(), "cut at {cut} accepted");
+            assert!(
+                ArrayFile::from_bytes(&bytes[..cut], "mem").is_err(),
+                "cut at {cut} accepted"
+            );
         }
         let mut flipped = bytes.clone();
         flipped[30] ^= 1;

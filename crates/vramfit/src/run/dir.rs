@@ -27,15 +27,23 @@ pub enum RunDirError {
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RunDirError + '_ {
-    move |source| RunDirError::Io { path: path.to_path_buf(), source }
+    move |source| RunDirError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same
 /// directory, flushed and synced, then renamed over the target. A crash
 /// leaves either the old file or the new one, never a torn one.
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let name = path.file_name().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
     let tmp = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
     {
         let mut f = File::create(&tmp)?;
@@ -74,7 +82,9 @@ impl RunDir {
             fs::create_dir_all(parent).map_err(io_err(parent))?;
         }
         fs::create_dir(root).map_err(io_err(root))?;
-        let dir = Self { root: root.to_path_buf() };
+        let dir = Self {
+            root: root.to_path_buf(),
+        };
         fs::create_dir(dir.checkpoints()).map_err(io_err(root))?;
         fs::create_dir(dir.path("frames")).map_err(io_err(root))?;
         Ok(dir)
@@ -83,9 +93,14 @@ impl RunDir {
     /// Opens an existing run directory to resume it.
     pub fn open(root: &Path) -> Result<Self, RunDirError> {
         if !root.is_dir() {
-            return Err(RunDirError::NotResumable { path: root.to_path_buf(), why: "no such directory".into() });
+            return Err(RunDirError::NotResumable {
+                path: root.to_path_buf(),
+                why: "no such directory".into(),
+            });
         }
-        Ok(Self { root: root.to_path_buf() })
+        Ok(Self {
+            root: root.to_path_buf(),
+        })
     }
 
     /// The directory itself.
@@ -127,8 +142,15 @@ impl RunDir {
                 .collect();
             atomic_write(&p, kept.as_bytes()).map_err(io_err(&p))?;
         }
-        let f = OpenOptions::new().create(true).append(true).open(&p).map_err(io_err(&p))?;
-        Ok(JsonLines { path: p, out: BufWriter::new(f) })
+        let f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&p)
+            .map_err(io_err(&p))?;
+        Ok(JsonLines {
+            path: p,
+            out: BufWriter::new(f),
+        })
     }
 }
 
@@ -143,8 +165,13 @@ pub struct JsonLines {
 impl JsonLines {
     /// Appends one record.
     pub fn append<T: serde::Serialize>(&mut self, record: &T) -> Result<(), RunDirError> {
-        let line = serde_json::to_string(record).map_err(|e| RunDirError::Io { path: self.path.clone(), source: e.into() })?;
-        writeln!(self.out, "{line}").and_then(|_| self.out.flush()).map_err(io_err(&self.path))
+        let line = serde_json::to_string(record).map_err(|e| RunDirError::Io {
+            path: self.path.clone(),
+            source: e.into(),
+        })?;
+        writeln!(self.out, "{line}")
+            .and_then(|_| self.out.flush())
+            .map_err(io_err(&self.path))
     }
 }
 
@@ -163,7 +190,10 @@ mod tests {
         let p = scratch("reuse");
         RunDir::create(&p).unwrap();
         let err = RunDir::create(&p).unwrap_err();
-        assert!(err.to_string().contains("already exists") && err.to_string().contains("--resume"), "{err}");
+        assert!(
+            err.to_string().contains("already exists") && err.to_string().contains("--resume"),
+            "{err}"
+        );
         fs::remove_dir_all(&p).unwrap();
     }
 
