@@ -27,7 +27,7 @@ fn setup(dir: &Path) -> (PathBuf, PathBuf) {
     std::fs::write(
         &cfg,
         format!(
-            "image = {:?}\ngaussians = 120\nsteps = 160\nadd_every = 30\ncheck_every = 20\nlog_every = 10\nframe_every = 80\ncheckpoint_every = 20\n",
+            "image = {:?}\ngaussians = 120\nsteps = 400\nadd_every = 30\ncheck_every = 20\nlog_every = 10\nframe_every = 80\ncheckpoint_every = 20\n",
             img.display().to_string()
         ),
     )
@@ -87,7 +87,15 @@ fn bad_input_is_refused_clearly_and_leaves_nothing() {
 
     // An output path below a regular file cannot be created (even as root).
     std::fs::write(d.join("afile"), b"x").unwrap();
-    refused(d, &[img, "--steps", "1", "--out", "afile/run"], "afile/run");
+    let o = run(
+        &["fit", img, "--gaussians", "50", "--steps", "1", "--out", "afile/run"],
+        d,
+    );
+    assert!(
+        !o.status.success() && stderr(&o).contains("afile/run"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -97,7 +105,19 @@ fn an_existing_run_directory_is_not_overwritten() {
     let (img, _) = setup(d);
     std::fs::create_dir(d.join("taken")).unwrap();
     std::fs::write(d.join("taken/keep.txt"), b"precious").unwrap();
-    let o = run(&["fit", img.to_str().unwrap(), "--steps", "2", "--out", "taken"], d);
+    let o = run(
+        &[
+            "fit",
+            img.to_str().unwrap(),
+            "--gaussians",
+            "50",
+            "--steps",
+            "2",
+            "--out",
+            "taken",
+        ],
+        d,
+    );
     assert!(!o.status.success());
     assert!(
         stderr(&o).contains("already exists") && stderr(&o).contains("--resume"),
@@ -140,7 +160,14 @@ fn a_killed_fit_resumes_to_the_same_gaussians() {
     let started = Instant::now();
     let ckpts = d.join("killed/checkpoints");
     loop {
-        let n = std::fs::read_dir(&ckpts).map(|r| r.count()).unwrap_or(0);
+        // Only finished checkpoints: the atomic write's temporary file lives here too.
+        let n = std::fs::read_dir(&ckpts)
+            .map(|r| {
+                r.flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "ckpt"))
+                    .count()
+            })
+            .unwrap_or(0);
         if n > 0 {
             break;
         }
@@ -202,7 +229,7 @@ fn a_fit_writes_its_run_directory_and_renders_at_any_size() {
         "render.png",
         "gaussians.vfg",
         "summary.json",
-        "frames/step-00000080.png",
+        "frames/step-00000400.png",
     ] {
         assert!(d.join("r").join(f).is_file(), "missing {f}");
     }

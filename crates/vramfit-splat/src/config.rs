@@ -81,9 +81,21 @@ pub const BUILTIN_SAMPLE: &str = "builtin:astronaut";
 impl FitConfig {
     /// Parses TOML text; `path` names the source in errors.
     pub fn from_toml(text: &str, path: &Path) -> Result<Self, SplatError> {
-        toml::from_str(text).map_err(|e| SplatError::Config {
-            path: path.into(),
-            why: e.message().to_string(),
+        toml::from_str(text).map_err(|e| {
+            // Name the offending line, so that a wrong type points at its key too.
+            let line = e.span().map(|span| {
+                let start = text[..span.start].rfind('\n').map_or(0, |i| i + 1);
+                let end = text[span.start..].find('\n').map_or(text.len(), |i| span.start + i);
+                format!(
+                    "line {}: `{}`: ",
+                    text[..start].matches('\n').count() + 1,
+                    text[start..end].trim()
+                )
+            });
+            SplatError::Config {
+                path: path.into(),
+                why: format!("{}{}", line.unwrap_or_default(), e.message()),
+            }
         })
     }
 
@@ -171,6 +183,14 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("gausians") && err.contains("x.toml"), "{err}");
+    }
+
+    #[test]
+    fn wrong_types_name_their_line() {
+        let err = FitConfig::from_toml("seed = 1\nsteps = \"many\"\n", Path::new("x.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 2") && err.contains("steps = \"many\""), "{err}");
     }
 
     #[test]

@@ -9,12 +9,12 @@ pub enum SplatError {
     #[error("image '{0}' does not exist; check the path")]
     ImageMissing(PathBuf),
     /// The image file exists but could not be read.
-    #[error("cannot read image '{path}': {source}")]
+    #[error("cannot read image '{path}': {cause}")]
     ImageUnreadable {
         /// The file.
         path: PathBuf,
         /// The OS error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The format is not one vramfit decodes.
     #[error("image '{path}' is in an unsupported format ({detail}); convert it to PNG or JPEG")]

@@ -31,7 +31,7 @@ impl Picture {
             .with_guessed_format()
             .map_err(|e| SplatError::ImageUnreadable {
                 path: path.into(),
-                source: e,
+                cause: e,
             })?;
         let Some(format) = reader.format() else {
             return Err(SplatError::ImageUnsupported {
@@ -64,7 +64,7 @@ impl Picture {
             std::io::ErrorKind::NotFound => SplatError::ImageMissing(path.into()),
             _ => SplatError::ImageUnreadable {
                 path: path.into(),
-                source: e,
+                cause: e,
             },
         })?;
         Self::decode(&bytes, path)

@@ -19,12 +19,12 @@ const VERSION: u32 = 1;
 #[derive(Debug, thiserror::Error)]
 pub enum ArrayFileError {
     /// The file could not be read.
-    #[error("cannot read '{path}': {source}")]
+    #[error("cannot read '{path}': {cause}")]
     Io {
         /// The file.
         path: String,
         /// The OS error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The bytes are not a valid file of this format.
     #[error("'{path}' is not a valid vramfit file: {why}")]
@@ -171,9 +171,9 @@ impl ArrayFile {
     /// Reads a file.
     pub fn read(path: &Path) -> Result<Self, ArrayFileError> {
         let shown = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|source| ArrayFileError::Io {
+        let bytes = std::fs::read(path).map_err(|cause| ArrayFileError::Io {
             path: shown.clone(),
-            source,
+            cause,
         })?;
         Self::from_bytes(&bytes, &shown)
     }

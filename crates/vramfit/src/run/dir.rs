@@ -17,19 +17,19 @@ pub enum RunDirError {
         why: String,
     },
     /// Any I/O failure, with the path it concerned.
-    #[error("cannot write '{path}': {source}")]
+    #[error("cannot write '{path}': {cause}")]
     Io {
         /// The file or directory.
         path: PathBuf,
         /// The OS error.
-        source: io::Error,
+        cause: io::Error,
     },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RunDirError + '_ {
-    move |source| RunDirError::Io {
+    move |cause| RunDirError::Io {
         path: path.to_path_buf(),
-        source,
+        cause,
     }
 }
 
@@ -78,8 +78,9 @@ impl RunDir {
         if root.exists() {
             return Err(RunDirError::Exists(root.to_path_buf()));
         }
+        // Errors name the run directory, whichever ancestor failed.
         if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
-            fs::create_dir_all(parent).map_err(io_err(parent))?;
+            fs::create_dir_all(parent).map_err(io_err(root))?;
         }
         fs::create_dir(root).map_err(io_err(root))?;
         let dir = Self {
@@ -167,7 +168,7 @@ impl JsonLines {
     pub fn append<T: serde::Serialize>(&mut self, record: &T) -> Result<(), RunDirError> {
         let line = serde_json::to_string(record).map_err(|e| RunDirError::Io {
             path: self.path.clone(),
-            source: e.into(),
+            cause: e.into(),
         })?;
         writeln!(self.out, "{line}")
             .and_then(|_| self.out.flush())
