@@ -24,12 +24,11 @@ fn setup(dir: &Path) -> (PathBuf, PathBuf) {
     let o = run(&["sample", "--size", "64x48", img.to_str().unwrap()], dir);
     assert!(o.status.success(), "{}", stderr(&o));
     let cfg = dir.join("small.toml");
+    // A relative image path: the run must still resume from another directory.
     std::fs::write(
         &cfg,
-        format!(
-            "image = {:?}\ngaussians = 120\nsteps = 400\nadd_every = 30\ncheck_every = 20\nlog_every = 10\nframe_every = 80\ncheckpoint_every = 20\n",
-            img.display().to_string()
-        ),
+        "image = \"in.png\"\ngaussians = 120\nsteps = 400\nadd_every = 30\ncheck_every = 20\n\
+         log_every = 10\nframe_every = 80\ncheckpoint_every = 20\n",
     )
     .unwrap();
     (img, cfg)
@@ -181,7 +180,9 @@ fn a_killed_fit_resumes_to_the_same_gaussians() {
         "the fit finished before it was killed: the test proved nothing"
     );
 
-    let o = run(&["fit", "--resume", "killed"], d);
+    // Resumed from another working directory: the image path in config.toml is absolute.
+    std::fs::create_dir(d.join("elsewhere")).unwrap();
+    let o = run(&["fit", "--resume", "../killed"], &d.join("elsewhere"));
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("resumed"));
     let resumed = std::fs::read(d.join("killed/gaussians.vfg")).unwrap();

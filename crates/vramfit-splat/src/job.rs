@@ -131,8 +131,13 @@ impl Job {
             let picture = load_image(&self.config.image)?;
             let fit = Fit::<B>::new(&picture, &self.config, device)?;
             let dir = RunDir::create(&self.out)?;
-            dir.write("config.toml", self.config.to_toml().as_bytes())?;
-            (dir, self.config.clone(), picture, fit, 0.0)
+            // An absolute image path, so that `--resume` works from any directory.
+            let mut config = self.config.clone();
+            if let Ok(abs) = std::fs::canonicalize(&config.image) {
+                config.image = abs.display().to_string();
+            }
+            dir.write("config.toml", config.to_toml().as_bytes())?;
+            (dir, config, picture, fit, 0.0)
         };
         let result = self.drive(&dir, &config, &picture, &mut fit, &mut wall_before, &mut observe);
         if let Err(e) = &result {
