@@ -16,4 +16,5 @@
 
 pub mod memory;
 pub mod optim;
+pub mod profile;
 pub mod run;

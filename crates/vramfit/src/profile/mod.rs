@@ -1,0 +1,20 @@
+//! Memory accounting over the phases of a training step: where the bytes
+//! go (`parameters`, `gradients`, `optimizer_state`, `activations`,
+//! `temporaries`, `fragmentation`), the peak, a timeline over steps with a
+//! leak check, and the `memory.json` report.
+//!
+//! What is measured and what is derived is kept apart and written into the
+//! report: the workload walks its own tensors (parameters, gradients,
+//! optimiser state: exact bytes), a [`MemorySource`] gives the allocator's
+//! `allocated` / `reserved` where the backend has one, and the rest follows
+//! by difference. On a backend without allocator figures (the CPU) no
+//! device figure is invented: only the walked categories are reported, with
+//! the host process's resident memory beside them.
+//!
+//! This module must not allocate on the device or synchronise it by itself.
+
+mod record;
+mod source;
+
+pub use record::{Accounted, Category, LeakWarning, MemoryReport, PhaseRecord, Profiler, REPORT_VERSION};
+pub use source::{MemoryReading, MemorySource, NoAllocator};

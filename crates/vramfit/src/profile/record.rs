@@ -1,0 +1,452 @@
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::source::{MemoryReading, MemorySource};
+use crate::memory::host_current_bytes;
+
+/// Version of the `memory.json` schema written by [`MemoryReport`].
+pub const REPORT_VERSION: u32 = 1;
+
+/// Where device memory goes, in the words PyTorch users know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    /// Trainable and frozen parameter tensors (walked).
+    Parameters,
+    /// Gradient tensors alive at the phase (walked).
+    Gradients,
+    /// Optimiser moments and buffers (walked).
+    OptimizerState,
+    /// Tensors saved for backward (walked when the workload knows them,
+    /// else allocated after forward − allocated at step start).
+    Activations,
+    /// Everything else allocated (derived: allocated − the above).
+    Temporaries,
+    /// Held but unused by the allocator (derived: reserved − allocated).
+    Fragmentation,
+}
+
+/// Bytes a workload knows it holds at a phase, from walking its tensors.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Accounted {
+    /// Parameter bytes.
+    pub parameters: u64,
+    /// Gradient bytes alive now.
+    pub gradients: u64,
+    /// Optimiser state bytes.
+    pub optimizer_state: u64,
+    /// Bytes saved for backward, when the workload can name them.
+    pub activations: Option<u64>,
+}
+
+/// Memory at one phase of one step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PhaseRecord {
+    /// Step number.
+    pub step: u64,
+    /// Phase name (`start`, `forward`, `backward`, `optimizer`, or a workload's own).
+    pub phase: String,
+    /// Allocator figures (measured), absent on backends without them.
+    pub device: Option<MemoryReading>,
+    /// Bytes per category; a category is absent when it cannot be known here.
+    pub categories: BTreeMap<Category, u64>,
+    /// Host process resident set (measured), beside, never instead of, device figures.
+    pub host_rss: Option<u64>,
+}
+
+impl PhaseRecord {
+    /// Allocated bytes: the allocator's figure, else the sum of the accounted categories.
+    pub fn allocated(&self) -> u64 {
+        match self.device {
+            Some(d) => d.allocated,
+            None => self.categories.values().sum(),
+        }
+    }
+}
+
+/// A category that grew step after step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeakWarning {
+    /// Phase whose allocated bytes grew at every step of the window.
+    pub phase: String,
+    /// Steps in the window.
+    pub steps: u64,
+    /// Growth of allocated bytes over the window.
+    pub growth_bytes: u64,
+    /// The category that grew most over the window.
+    pub category: Category,
+}
+
+/// Records phases over steps and keeps the peak.
+pub struct Profiler {
+    source: Box<dyn MemorySource>,
+    records: Vec<PhaseRecord>,
+    step_start_allocated: Option<u64>,
+    keep_steps: u64,
+}
+
+impl std::fmt::Debug for Profiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Profiler")
+            .field("source", &self.source.name())
+            .field("records", &self.records.len())
+            .finish()
+    }
+}
+
+impl Profiler {
+    /// A profiler reading `source`; the timeline keeps every phase of the
+    /// last `keep_steps` steps recorded (older ones are dropped, the peak is kept).
+    pub fn new(source: Box<dyn MemorySource>, keep_steps: u64) -> Self {
+        Self {
+            source,
+            records: Vec::new(),
+            step_start_allocated: None,
+            keep_steps: keep_steps.max(2),
+        }
+    }
+
+    /// Records phase `phase` of step `step`. The first phase of a step
+    /// must be `start`.
+    pub fn record(&mut self, step: u64, phase: &str, acc: Accounted) -> &PhaseRecord {
+        let device = self.source.read();
+        let mut categories = BTreeMap::from([
+            (Category::Parameters, acc.parameters),
+            (Category::Gradients, acc.gradients),
+            (Category::OptimizerState, acc.optimizer_state),
+        ]);
+        let walked = acc.parameters + acc.gradients + acc.optimizer_state;
+        if phase == "start" {
+            self.step_start_allocated = device.map(|d| d.allocated);
+        }
+        let activations = acc
+            .activations
+            .or_else(|| match (phase, device, self.step_start_allocated) {
+                ("forward", Some(d), Some(start)) => Some(d.allocated.saturating_sub(start)),
+                _ => None,
+            });
+        if let Some(a) = activations {
+            categories.insert(Category::Activations, a);
+        }
+        if let Some(d) = device {
+            let known = walked + activations.unwrap_or(0);
+            categories.insert(Category::Temporaries, d.allocated.saturating_sub(known));
+            categories.insert(Category::Fragmentation, d.reserved.saturating_sub(d.allocated));
+        }
+        self.records.push(PhaseRecord {
+            step,
+            phase: phase.into(),
+            device,
+            categories,
+            host_rss: host_current_bytes(),
+        });
+        self.trim();
+        self.records.last().expect("just pushed")
+    }
+
+    fn trim(&mut self) {
+        let Some(last) = self.records.last().map(|r| r.step) else {
+            return;
+        };
+        let oldest = last.saturating_sub(self.keep_steps - 1);
+        if self.records.first().is_some_and(|r| r.step < oldest) {
+            self.records.retain(|r| r.step >= oldest);
+        }
+    }
+
+    /// The recorded timeline (the last `keep_steps` steps).
+    pub fn records(&self) -> &[PhaseRecord] {
+        &self.records
+    }
+
+    /// Flags a leak: the allocated bytes of one phase grew at each of the
+    /// last `window` steps (at least `min_growth` bytes in all).
+    pub fn leak(&self, window: usize, min_growth: u64) -> Option<LeakWarning> {
+        let mut phases: Vec<&str> = self.records.iter().map(|r| r.phase.as_str()).collect();
+        phases.dedup();
+        phases.sort();
+        phases.dedup();
+        phases.into_iter().find_map(|phase| {
+            let series: Vec<&PhaseRecord> = self.records.iter().filter(|r| r.phase == phase).collect();
+            if series.len() < window + 1 {
+                return None;
+            }
+            let tail = &series[series.len() - window - 1..];
+            let grew = tail.windows(2).all(|w| w[1].allocated() > w[0].allocated());
+            let (first, last) = (tail[0], tail[window]);
+            let growth = last.allocated() - first.allocated().min(last.allocated());
+            if !grew || growth < min_growth {
+                return None;
+            }
+            let category = last
+                .categories
+                .iter()
+                .map(|(c, b)| (*c, b.saturating_sub(first.categories.get(c).copied().unwrap_or(0))))
+                .max_by_key(|(_, g)| *g)
+                .map(|(c, _)| c)
+                .unwrap_or(Category::Temporaries);
+            Some(LeakWarning {
+                phase: phase.into(),
+                steps: window as u64,
+                growth_bytes: growth,
+                category,
+            })
+        })
+    }
+
+    /// The report for `memory.json`.
+    pub fn report(&self, device: &str, peak: Option<u64>, peak_source: &str) -> MemoryReport {
+        let measured_device = self.records.iter().any(|r| r.device.is_some());
+        let mut measured = vec!["parameters, gradients, optimizer_state: walked tensor bytes".to_string()];
+        let mut derived = Vec::new();
+        if measured_device {
+            measured.push(format!("device allocated and reserved: {}", self.source.name()));
+            derived.push("activations: allocated after forward − allocated at step start, where not walked".into());
+            derived.push("temporaries: allocated − the categories above".into());
+            derived.push("fragmentation: reserved − allocated".into());
+        } else {
+            measured.push("host resident set (host_rss): /proc/self/status".into());
+            derived.push("no device figures: this backend has no allocator view".into());
+        }
+        let top = self.records.iter().max_by_key(|r| r.allocated());
+        MemoryReport {
+            schema: "vramfit.memory".into(),
+            version: REPORT_VERSION,
+            device: device.into(),
+            source: self.source.name(),
+            measured,
+            derived,
+            peak_bytes: peak,
+            peak_source: peak_source.into(),
+            largest_phase: top.map(|r| (r.step, r.phase.clone(), r.allocated())),
+            records: self.records.clone(),
+            leak: self.leak(10, 1 << 20),
+        }
+    }
+}
+
+/// The content of `memory.json` (schema `vramfit.memory`, version 1).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryReport {
+    /// Always `"vramfit.memory"`.
+    pub schema: String,
+    /// [`REPORT_VERSION`].
+    pub version: u32,
+    /// Device the run used.
+    pub device: String,
+    /// Where allocator figures came from.
+    pub source: String,
+    /// What is measured.
+    pub measured: Vec<String>,
+    /// What is derived, and how.
+    pub derived: Vec<String>,
+    /// Peak bytes over the run, from `peak_source`.
+    pub peak_bytes: Option<u64>,
+    /// What measured the peak.
+    pub peak_source: String,
+    /// `(step, phase, allocated)` of the largest recorded phase.
+    pub largest_phase: Option<(u64, String, u64)>,
+    /// The timeline (the last steps kept).
+    pub records: Vec<PhaseRecord>,
+    /// A leak, if one was seen.
+    pub leak: Option<LeakWarning>,
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1}", b as f64 / (1u64 << 20) as f64)
+}
+
+impl MemoryReport {
+    /// A compact table (MiB) of the last recorded step's phases.
+    pub fn table(&self) -> String {
+        let Some(last) = self.records.last().map(|r| r.step) else {
+            return "no memory records\n".into();
+        };
+        let cats = [
+            Category::Parameters,
+            Category::Gradients,
+            Category::OptimizerState,
+            Category::Activations,
+            Category::Temporaries,
+            Category::Fragmentation,
+        ];
+        let mut out = String::from(
+            "phase       allocated  parameters  gradients  optimizer  activations  temporaries  fragmentation  (MiB)\n",
+        );
+        for r in self.records.iter().filter(|r| r.step == last) {
+            let cell = |c: &Category| r.categories.get(c).map(|b| mib(*b)).unwrap_or_else(|| "-".into());
+            let cells: Vec<String> = cats.iter().map(cell).collect();
+            out.push_str(&format!(
+                "{:<10} {:>10} {:>11} {:>10} {:>10} {:>12} {:>12} {:>14}\n",
+                r.phase,
+                mib(r.allocated()),
+                cells[0],
+                cells[1],
+                cells[2],
+                cells[3],
+                cells[4],
+                cells[5]
+            ));
+        }
+        if self.records.iter().all(|r| r.device.is_none()) {
+            out.push_str("(CPU backend: walked tensor bytes; '-' = not measurable without an allocator)\n");
+        }
+        if let Some(l) = &self.leak {
+            out.push_str(&format!(
+                "warning: allocated memory at phase '{}' grew at each of the last {} steps (+{} MiB); {} grew most\n",
+                l.phase,
+                l.steps,
+                mib(l.growth_bytes),
+                serde_json::to_value(l.category)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default()
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{MemoryReading, NoAllocator};
+    use std::sync::{Arc, Mutex};
+
+    /// A scripted allocator: the test sets what it reads.
+    #[derive(Clone, Default)]
+    struct Scripted(Arc<Mutex<MemoryReading>>);
+
+    impl Scripted {
+        fn set(&self, allocated: u64, reserved: u64) {
+            *self.0.lock().unwrap() = MemoryReading { allocated, reserved };
+        }
+    }
+
+    impl MemorySource for Scripted {
+        fn name(&self) -> String {
+            "scripted".into()
+        }
+        fn read(&self) -> Option<MemoryReading> {
+            Some(*self.0.lock().unwrap())
+        }
+    }
+
+    // A synthetic model: 1,000 f32 parameters, Adam (2 moments), 600 f32
+    // activations saved by forward, 200 f32 of temporaries in backward.
+    const P: u64 = 4000;
+
+    #[test]
+    fn categories_equal_the_known_sizes() {
+        let alloc = Scripted::default();
+        let mut prof = Profiler::new(Box::new(alloc.clone()), 8);
+        let walked = |grads: u64| Accounted {
+            parameters: P,
+            gradients: grads,
+            optimizer_state: 2 * P,
+            activations: None,
+        };
+        alloc.set(3 * P, 3 * P + 512);
+        let start = prof.record(0, "start", walked(0)).clone();
+        alloc.set(3 * P + 2400, 3 * P + 4096);
+        let fwd = prof.record(0, "forward", walked(0)).clone();
+        alloc.set(3 * P + P + 800, 5 * P + 4096);
+        let bwd = prof.record(0, "backward", walked(P)).clone();
+        assert_eq!(start.categories[&Category::Temporaries], 0);
+        assert_eq!(start.categories[&Category::Fragmentation], 512);
+        assert_eq!(fwd.categories[&Category::Activations], 2400);
+        assert_eq!(fwd.categories[&Category::Temporaries], 0);
+        assert_eq!(fwd.categories[&Category::Fragmentation], 4096 - 2400);
+        assert_eq!(bwd.categories[&Category::Gradients], P);
+        assert_eq!(bwd.categories[&Category::Temporaries], 800);
+        assert_eq!(bwd.categories[&Category::Fragmentation], 5 * P + 4096 - (4 * P + 800));
+        // Categories add up to reserved.
+        let total: u64 = bwd.categories.values().sum();
+        assert_eq!(total, bwd.device.unwrap().reserved);
+    }
+
+    #[test]
+    fn without_an_allocator_only_walked_bytes_are_reported() {
+        let mut prof = Profiler::new(Box::new(NoAllocator), 8);
+        let r = prof
+            .record(
+                3,
+                "forward",
+                Accounted {
+                    parameters: P,
+                    gradients: 0,
+                    optimizer_state: 2 * P,
+                    activations: Some(96),
+                },
+            )
+            .clone();
+        assert_eq!(r.device, None);
+        assert_eq!(r.allocated(), 3 * P + 96);
+        assert!(!r.categories.contains_key(&Category::Temporaries));
+        assert!(!r.categories.contains_key(&Category::Fragmentation));
+    }
+
+    fn run(leak_per_step: u64) -> Option<LeakWarning> {
+        let alloc = Scripted::default();
+        let mut prof = Profiler::new(Box::new(alloc.clone()), 64);
+        for step in 0..30 {
+            let base = 10 << 20;
+            alloc.set(base + step * leak_per_step, base + step * leak_per_step + (1 << 20));
+            prof.record(
+                step,
+                "start",
+                Accounted {
+                    parameters: base,
+                    ..Default::default()
+                },
+            );
+            alloc.set(base + (3 << 20) + step * leak_per_step, 16 << 20);
+            prof.record(
+                step,
+                "forward",
+                Accounted {
+                    parameters: base,
+                    ..Default::default()
+                },
+            );
+        }
+        prof.leak(10, 1 << 20)
+    }
+
+    #[test]
+    fn a_leaking_loop_is_flagged_and_a_steady_one_is_not() {
+        assert_eq!(run(0), None);
+        let w = run(512 << 10).expect("0.5 MiB per step is a leak");
+        assert_eq!(w.steps, 10);
+        assert_eq!(w.growth_bytes, 5 << 20);
+        assert_eq!(w.category, Category::Temporaries);
+    }
+
+    #[test]
+    fn the_report_round_trips_through_json_and_keeps_its_schema() {
+        let alloc = Scripted::default();
+        let mut prof = Profiler::new(Box::new(alloc.clone()), 4);
+        for step in 0..6 {
+            alloc.set(100, 200);
+            prof.record(
+                step,
+                "start",
+                Accounted {
+                    parameters: 40,
+                    ..Default::default()
+                },
+            );
+        }
+        assert_eq!(prof.records().len(), 4, "keeps the last 4 steps");
+        let report = prof.report("test device", Some(300), "scripted");
+        let json = serde_json::to_string(&report).unwrap();
+        let back: MemoryReport = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, report);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["schema"], "vramfit.memory");
+        assert_eq!(v["version"], REPORT_VERSION);
+        assert_eq!(v["records"][0]["categories"]["optimizer_state"], 0);
+        assert!(report.table().contains("start"));
+    }
+}
