@@ -257,6 +257,12 @@ fn print_summary(s: &Summary, dir: &Path, resumed: bool) {
         s.median_step_ms
     );
     println!("  memory: peak {mib:.0} MiB ({})", s.peak_memory_source);
+    let report = std::fs::read(dir.join("memory.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<vramfit::profile::MemoryReport>(&b).ok());
+    if let Some(report) = report {
+        print!("{}", report.table());
+    }
     println!("  run directory: {}", dir.display());
 }
 

@@ -248,6 +248,22 @@ fn a_fit_writes_its_run_directory_and_renders_at_any_size() {
         assert!(!summary[key].is_null(), "summary lacks {key}");
     }
     assert_eq!(summary["gaussians"], 120);
+
+    // memory.json: schema, and the walked categories equal the known sizes
+    // (120 Gaussians × 8 f32 parameters; Adam keeps two moments).
+    let memory: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("r/memory.json")).unwrap()).unwrap();
+    assert_eq!(memory["schema"], "vramfit.memory");
+    assert_eq!(memory["version"], 1);
+    let records = memory["records"].as_array().unwrap();
+    let last = records.iter().rev().find(|r| r["phase"] == "backward").unwrap();
+    assert_eq!(last["categories"]["parameters"], 120 * 8 * 4);
+    assert_eq!(last["categories"]["gradients"], 120 * 8 * 4);
+    assert_eq!(last["categories"]["optimizer_state"], 2 * 120 * 8 * 4);
+    assert!(last["device"].is_null(), "the CPU has no device figures to report");
+    assert!(
+        stdout.contains("backward") && stdout.contains("parameters"),
+        "memory table missing: {stdout}"
+    );
     assert!(summary["peak_memory_bytes"].as_u64().unwrap() > 1 << 20);
 
     let o = run(&["render", "r/gaussians.vfg", "--size", "128x96", "big.png"], d);

@@ -48,6 +48,8 @@ pub struct FitConfig {
     pub frame_every: u64,
     /// Steps between checkpoints (0: none).
     pub checkpoint_every: u64,
+    /// Steps between memory records of every phase (0: none).
+    pub profile_every: u64,
 }
 
 impl Default for FitConfig {
@@ -71,6 +73,7 @@ impl Default for FitConfig {
             log_every: 10,
             frame_every: 500,
             checkpoint_every: 500,
+            profile_every: 10,
         }
     }
 }

@@ -9,6 +9,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 use vramfit::optim::{Adam, AdamConfig, AdamMoments};
+use vramfit::profile::{Accounted, DeviceMemory, Profiler};
 use vramfit::run::ArrayFile;
 
 use crate::SplatError;
@@ -26,6 +27,8 @@ const SSIM_PROGRESS: f64 = 1e-3;
 /// Learning-rate factor after the stall decay.
 const DECAY: f64 = 0.1;
 const PARAMS: [&str; 4] = ["xy", "inv_scale", "theta", "color"];
+/// Profiled steps kept in the memory timeline.
+const PROFILE_KEEP_STEPS: u64 = 200;
 
 /// What one step did.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,6 +77,7 @@ where
     adam: Adam,
     step: u64,
     schedule: Schedule,
+    profiler: Profiler,
     device: B::Device,
 }
 
@@ -122,6 +126,10 @@ where
             moments,
             adam: Adam::new(AdamConfig::default()),
             step: 0,
+            profiler: Profiler::new(
+                <B::InnerBackend as DeviceMemory>::memory_source(device),
+                PROFILE_KEEP_STEPS,
+            ),
             schedule: Schedule {
                 lr_scale: 1.0,
                 best_psnr: f64::NEG_INFINITY,
@@ -169,6 +177,19 @@ where
     /// One optimiser step. `want_frame` also returns the render.
     pub fn step(&mut self, want_frame: bool) -> Result<StepReport, SplatError> {
         let c = &self.config;
+        let next = self.step + 1;
+        let profiling = c.profile_every > 0 && next.is_multiple_of(c.profile_every);
+        // Walked bytes: four f32 parameter tensors, two Adam moments each.
+        let param_bytes = (self.len() * (5 + CHANNELS) * 4) as u64;
+        let walked = |gradients: u64| Accounted {
+            parameters: param_bytes,
+            gradients,
+            optimizer_state: 2 * param_bytes,
+            activations: None,
+        };
+        if profiling {
+            self.profiler.record(next, "start", walked(0));
+        }
         let params =
             SplatTensors::<B>::from_array(self.params.to_array().map(|p| Tensor::from_inner(p).require_grad()));
         let target = Tensor::<B, 3>::from_inner(self.target.clone());
@@ -183,7 +204,13 @@ where
                 value: loss_value,
             });
         }
+        if profiling {
+            self.profiler.record(next, "forward", walked(0));
+        }
         let grads = loss.backward();
+        if profiling {
+            self.profiler.record(next, "backward", walked(param_bytes));
+        }
         let lrs = [c.lr_xy, c.lr_inv_scale, c.lr_theta, c.lr_color].map(|lr| lr * self.schedule.lr_scale);
         self.adam.begin_step();
         let tracked = params.to_array();
@@ -192,7 +219,11 @@ where
             let grad = p.grad(&grads).expect("every parameter takes part in the loss");
             updated.push(self.adam.update(p.inner(), grad, m, lrs[i]));
         }
+        drop(grads);
         self.params = SplatTensors::from_array(updated.try_into().expect("four parameter tensors"));
+        if profiling {
+            self.profiler.record(next, "optimizer", walked(0));
+        }
         self.step += 1;
 
         let step = self.step;
@@ -299,6 +330,11 @@ where
             s.lr_scale *= DECAY;
             true
         }
+    }
+
+    /// The memory profiler (its timeline covers the profiled steps).
+    pub fn profiler(&self) -> &Profiler {
+        &self.profiler
     }
 
     /// The current Gaussians on the host.

@@ -140,6 +140,8 @@ impl Job {
             (dir, config, picture, fit, 0.0)
         };
         let result = self.drive(&dir, &config, &picture, &mut fit, &mut wall_before, &mut observe);
+        // The memory report is written however the run ended.
+        let _ = self.write_memory_report(&dir, &fit);
         if let Err(e) = &result {
             let _ = dir.write(
                 "error.json",
@@ -183,6 +185,30 @@ impl Job {
         }
         let fit = Fit::new(&picture, &config, device)?;
         Ok((dir, config, picture, fit, 0.0))
+    }
+
+    /// Writes `memory.json`: the profiler's timeline, and the peak from the
+    /// allocator's readings where the backend has them, else the host peak.
+    fn write_memory_report<B>(&self, dir: &RunDir, fit: &Fit<B>) -> Result<(), SplatError>
+    where
+        B: AutodiffBackend + SplatBackend,
+        B::InnerBackend: SplatBackend,
+    {
+        let records = fit.profiler().records();
+        let device_peak = records.iter().filter_map(|r| r.device.map(|d| d.allocated)).max();
+        let (peak, source) = match device_peak {
+            Some(p) => (Some(p), "device allocator, largest reading at the recorded phases"),
+            None => (
+                vramfit::memory::host_peak_bytes(),
+                "host process peak resident set (VmHWM); not device memory",
+            ),
+        };
+        let report = fit.profiler().report(&self.device_name, peak, source);
+        dir.write(
+            "memory.json",
+            serde_json::to_string_pretty(&report).expect("plain data").as_bytes(),
+        )?;
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]

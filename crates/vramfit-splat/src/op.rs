@@ -71,8 +71,9 @@ impl HostParams {
 /// `[N, 2]`, theta `[N, 1]`, color `[N, C]`.
 pub type SplatPrimitives<B> = [FloatTensor<B>; 4];
 
-/// Backend extension with the splat operations.
-pub trait SplatBackend: Backend {
+/// Backend extension with the splat operations (and, for the profiler,
+/// the backend's memory figures).
+pub trait SplatBackend: vramfit::profile::DeviceMemory {
     /// Renders `[H, W, C]`.
     fn splat_render(params: SplatPrimitives<Self>, spec: &RenderSpec) -> FloatTensor<Self> {
         let device = device_of::<Self>(&params[0]);

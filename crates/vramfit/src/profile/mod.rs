@@ -16,5 +16,7 @@
 mod record;
 mod source;
 
-pub use record::{Accounted, Category, LeakWarning, MemoryReport, PhaseRecord, Profiler, REPORT_VERSION};
-pub use source::{MemoryReading, MemorySource, NoAllocator};
+pub use record::{Accounted, Category, LeakWarning, MemoryReport, PhaseRecord, Profiler, REPORT_VERSION, human_bytes};
+#[cfg(feature = "cuda")]
+pub use source::CudaAllocator;
+pub use source::{DeviceMemory, MemoryReading, MemorySource, NoAllocator};

@@ -253,8 +253,20 @@ pub struct MemoryReport {
     pub leak: Option<LeakWarning>,
 }
 
-fn mib(b: u64) -> String {
-    format!("{:.1}", b as f64 / (1u64 << 20) as f64)
+/// Bytes in the largest binary unit that keeps the figure at or above 1.
+pub fn human_bytes(b: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < units.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", units[u])
+    }
 }
 
 impl MemoryReport {
@@ -272,15 +284,20 @@ impl MemoryReport {
             Category::Fragmentation,
         ];
         let mut out = String::from(
-            "phase       allocated  parameters  gradients  optimizer  activations  temporaries  fragmentation  (MiB)\n",
+            "phase        allocated   parameters    gradients    optimizer  activations  temporaries  fragmentation\n",
         );
         for r in self.records.iter().filter(|r| r.step == last) {
-            let cell = |c: &Category| r.categories.get(c).map(|b| mib(*b)).unwrap_or_else(|| "-".into());
+            let cell = |c: &Category| {
+                r.categories
+                    .get(c)
+                    .map(|b| human_bytes(*b))
+                    .unwrap_or_else(|| "-".into())
+            };
             let cells: Vec<String> = cats.iter().map(cell).collect();
             out.push_str(&format!(
-                "{:<10} {:>10} {:>11} {:>10} {:>10} {:>12} {:>12} {:>14}\n",
+                "{:<10} {:>11} {:>12} {:>12} {:>12} {:>12} {:>12} {:>14}\n",
                 r.phase,
-                mib(r.allocated()),
+                human_bytes(r.allocated()),
                 cells[0],
                 cells[1],
                 cells[2],
@@ -290,14 +307,16 @@ impl MemoryReport {
             ));
         }
         if self.records.iter().all(|r| r.device.is_none()) {
-            out.push_str("(CPU backend: walked tensor bytes; '-' = not measurable without an allocator)\n");
+            out.push_str(
+                "(no allocator on this backend: 'allocated' sums the walked tensors; '-' cannot be measured)\n",
+            );
         }
         if let Some(l) = &self.leak {
             out.push_str(&format!(
-                "warning: allocated memory at phase '{}' grew at each of the last {} steps (+{} MiB); {} grew most\n",
+                "warning: allocated memory at phase '{}' grew at each of the last {} recorded steps (+{}); {} grew most\n",
                 l.phase,
                 l.steps,
-                mib(l.growth_bytes),
+                human_bytes(l.growth_bytes),
                 serde_json::to_value(l.category)
                     .ok()
                     .and_then(|v| v.as_str().map(String::from))
@@ -448,5 +467,7 @@ mod tests {
         assert_eq!(v["version"], REPORT_VERSION);
         assert_eq!(v["records"][0]["categories"]["optimizer_state"], 0);
         assert!(report.table().contains("start"));
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(3 << 20), "3.0 MiB");
     }
 }

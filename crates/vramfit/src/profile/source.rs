@@ -28,3 +28,49 @@ impl MemorySource for NoAllocator {
         None
     }
 }
+
+/// Backends that can say where their device memory figures come from.
+pub trait DeviceMemory: burn::tensor::backend::Backend {
+    /// The allocator view of `device` (none by default).
+    fn memory_source(_device: &Self::Device) -> Box<dyn MemorySource> {
+        Box::new(NoAllocator)
+    }
+}
+
+impl DeviceMemory for burn::backend::Flex {}
+
+impl<B: DeviceMemory, C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> DeviceMemory
+    for burn::backend::Autodiff<B, C>
+{
+    fn memory_source(device: &Self::Device) -> Box<dyn MemorySource> {
+        B::memory_source(device)
+    }
+}
+
+/// The CUDA allocator's own figures (`memory_usage()` of cubecl's client):
+/// `allocated` = bytes in use, `reserved` = bytes reserved from the device.
+#[cfg(feature = "cuda")]
+pub struct CudaAllocator(cubecl::client::ComputeClient<cubecl::cuda::CudaRuntime>);
+
+#[cfg(feature = "cuda")]
+impl MemorySource for CudaAllocator {
+    fn name(&self) -> String {
+        "cubecl memory_usage() (CUDA allocator)".into()
+    }
+
+    fn read(&self) -> Option<MemoryReading> {
+        let u = self.0.memory_usage().ok()?;
+        Some(MemoryReading {
+            allocated: u.bytes_in_use,
+            reserved: u.bytes_reserved,
+        })
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl DeviceMemory for burn::backend::Cuda {
+    fn memory_source(device: &Self::Device) -> Box<dyn MemorySource> {
+        use cubecl::Runtime;
+        Box::new(CudaAllocator(cubecl::cuda::CudaRuntime::client(device)))
+    }
+}
