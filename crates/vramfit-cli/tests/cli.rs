@@ -260,6 +260,16 @@ fn a_fit_writes_its_run_directory_and_renders_at_any_size() {
     assert_eq!(last["categories"]["gradients"], 120 * 8 * 4);
     assert_eq!(last["categories"]["optimizer_state"], 2 * 120 * 8 * 4);
     assert!(last["device"].is_null(), "the CPU has no device figures to report");
+    let events = std::fs::read_dir(d.join("r"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("events.out.tfevents."))
+        .map(|e| std::fs::metadata(e.path()).unwrap().len())
+        .collect::<Vec<_>>();
+    assert!(
+        events.len() == 1 && events[0] > 1000,
+        "TensorBoard event file: {events:?}"
+    );
     assert!(
         stdout.contains("backward") && stdout.contains("parameters"),
         "memory table missing: {stdout}"

@@ -12,7 +12,7 @@ use std::time::Instant;
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use vramfit::run::{ArrayFile, RunDir, RunDirError};
+use vramfit::run::{ArrayFile, EventWriter, RunDir, RunDirError};
 
 use crate::SplatError;
 use crate::config::{BUILTIN_SAMPLE, FitConfig};
@@ -226,6 +226,11 @@ impl Job {
         B::InnerBackend: SplatBackend,
     {
         let mut metrics = dir.metrics(Some(fit.step_count()))?;
+        let tb_err = |e: std::io::Error| SplatError::Write {
+            path: dir.root().into(),
+            why: format!("TensorBoard events: {e}"),
+        };
+        let mut events = EventWriter::create(dir.root()).map_err(tb_err)?;
         let started = Instant::now();
         let mut step_ms = Vec::new();
         if observe(Event::Start {
@@ -249,6 +254,30 @@ impl Job {
                     "gaussians": report.gaussians, "added": report.added, "lr_decayed": report.decayed,
                     "wall_seconds": *wall_before + started.elapsed().as_secs_f64(),
                 }))?;
+                let mut scalars = vec![("loss", report.loss as f64), ("gaussians", report.gaussians as f64)];
+                scalars.extend(report.psnr_db.map(|v| ("psnr_db", v)));
+                scalars.extend(report.ssim.map(|v| ("ssim", v)));
+                events.scalars(step, &scalars).map_err(tb_err)?;
+            }
+            let memory: Vec<(String, f64)> = fit
+                .profiler()
+                .records()
+                .iter()
+                .filter(|r| r.step == step)
+                .flat_map(|r| {
+                    let cats = r.categories.iter().map(move |(c, b)| {
+                        let name = serde_json::to_value(c).ok().and_then(|v| v.as_str().map(String::from));
+                        (format!("memory/{}/{}", r.phase, name.unwrap_or_default()), *b as f64)
+                    });
+                    cats.chain(std::iter::once((
+                        format!("memory/{}/allocated", r.phase),
+                        r.allocated() as f64,
+                    )))
+                })
+                .collect();
+            if !memory.is_empty() {
+                let tags: Vec<(&str, f64)> = memory.iter().map(|(t, v)| (t.as_str(), *v)).collect();
+                events.scalars(step, &tags).map_err(tb_err)?;
             }
             if let Some(frame) = &report.frame {
                 save_png(

@@ -3,6 +3,8 @@
 
 mod arrays;
 mod dir;
+mod tensorboard;
 
 pub use arrays::{ArrayFile, ArrayFileError};
 pub use dir::{RunDir, RunDirError, atomic_write, next_free_run_dir};
+pub use tensorboard::{EventWriter, crc32c};
