@@ -50,6 +50,11 @@ enum Command {
         /// Output PNG.
         out: PathBuf,
     },
+    /// Print a run's memory breakdown and write RUN_DIR/memory.html.
+    Report {
+        /// A run directory (with memory.json).
+        run_dir: PathBuf,
+    },
     /// Write the deterministic procedural test image.
     Sample {
         /// Size, WIDTHxHEIGHT (up to 16K and beyond).
@@ -128,6 +133,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Bench { which } => bench::run(which),
+        Command::Report { run_dir } => report(&run_dir),
     }
 }
 
@@ -264,6 +270,29 @@ fn print_summary(s: &Summary, dir: &Path, resumed: bool) {
         print!("{}", report.table());
     }
     println!("  run directory: {}", dir.display());
+}
+
+fn report(dir: &Path) -> Result<()> {
+    let path = dir.join("memory.json");
+    let bytes = std::fs::read(&path).with_context(|| {
+        format!(
+            "cannot read {}: is {} a vramfit run directory?",
+            path.display(),
+            dir.display()
+        )
+    })?;
+    let report: vramfit::profile::MemoryReport =
+        serde_json::from_slice(&bytes).with_context(|| format!("{} is not a vramfit memory report", path.display()))?;
+    print!("{}", report.table());
+    let html = dir.join("memory.html");
+    let title = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    vramfit::run::atomic_write(&html, report.to_html(&title).as_bytes())
+        .with_context(|| format!("writing {}", html.display()))?;
+    println!("wrote {}", html.display());
+    Ok(())
 }
 
 fn render(path: &Path, size: Option<(u32, u32)>, top_k: usize, out: &Path) -> Result<()> {

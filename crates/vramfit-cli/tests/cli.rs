@@ -288,3 +288,96 @@ fn a_fit_writes_its_run_directory_and_renders_at_any_size() {
         stderr(&o)
     );
 }
+
+fn find_chromium() -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .flat_map(|dir| ["chromium", "chromium-browser"].map(|n| Path::new(dir).join(n)))
+        .find(|p| p.is_file())
+}
+
+#[test]
+fn the_memory_report_page_is_self_contained_and_renders_in_chromium() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (_, cfg) = setup(d);
+    let o = run(
+        &[
+            "fit",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--set",
+            "profile_every=20",
+            "--out",
+            "r",
+        ],
+        d,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&["report", "r"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("parameters"));
+    let html = std::fs::read_to_string(d.join("r/memory.html")).unwrap();
+    assert!(html.contains("<svg") && html.contains("peak:"), "no chart");
+    for external in ["http:", "https:", "src=", "<link", "@import"] {
+        assert!(
+            !html.contains(external),
+            "the page loads something from outside: {external}"
+        );
+    }
+    let o = run(&["report", "nowhere"], d);
+    assert!(
+        !o.status.success() && stderr(&o).contains("run directory"),
+        "{}",
+        stderr(&o)
+    );
+
+    let Some(chromium) = find_chromium() else {
+        // .ci/run installs Chromium and sets this, so CI cannot skip the check.
+        assert!(
+            std::env::var_os("VRAMFIT_REQUIRE_CHROMIUM").is_none(),
+            "Chromium is required but not found"
+        );
+        eprintln!("skipping the screenshot check: no chromium on PATH");
+        return;
+    };
+    let shot = d.join("shot.png");
+    let o = Command::new(chromium)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--window-size=1100,700",
+        ])
+        .arg(format!("--user-data-dir={}", d.join("chromium-profile").display()))
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(format!("file://{}", d.join("r/memory.html").display()))
+        .output()
+        .unwrap();
+    assert!(shot.is_file(), "no screenshot: {}", String::from_utf8_lossy(&o.stderr));
+    let img = image::open(&shot).unwrap().to_rgb8();
+    let count = |hex: &str| {
+        let v = u32::from_str_radix(&hex[1..], 16).unwrap();
+        let rgb = [(v >> 16) as u8, (v >> 8) as u8, v as u8];
+        img.pixels().filter(|p| p.0 == rgb).count()
+    };
+    // The chart draws parameters, gradients and optimizer state, and the peak marker.
+    for (category, colour) in [
+        ("parameters", "#4e79a7"),
+        ("gradients", "#f28e2b"),
+        ("optimizer_state", "#e15759"),
+    ] {
+        assert!(
+            count(colour) > 200,
+            "{category} ({colour}) hardly visible: {} pixels",
+            count(colour)
+        );
+    }
+    assert!(count(vramfit::profile::PEAK_COLOUR) > 20, "peak marker missing");
+}

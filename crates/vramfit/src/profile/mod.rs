@@ -13,9 +13,11 @@
 //!
 //! This module must not allocate on the device or synchronise it by itself.
 
+mod html;
 mod record;
 mod source;
 
+pub use html::{CATEGORY_COLOURS, PEAK_COLOUR};
 pub use record::{Accounted, Category, LeakWarning, MemoryReport, PhaseRecord, Profiler, REPORT_VERSION, human_bytes};
 #[cfg(feature = "cuda")]
 pub use source::CudaAllocator;
