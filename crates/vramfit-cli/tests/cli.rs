@@ -381,3 +381,48 @@ fn the_memory_report_page_is_self_contained_and_renders_in_chromium() {
     }
     assert!(count(vramfit::profile::PEAK_COLOUR) > 20, "peak marker missing");
 }
+
+#[test]
+fn a_device_out_of_memory_writes_oom_json_and_keeps_what_was_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (_, cfg) = setup(d);
+    // Simulated: step 45 fails at its sync as a device OOM would.
+    let o = vramfit()
+        .args([
+            "fit",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--set",
+            "profile_every=10",
+            "--out",
+            "r",
+        ])
+        .env("VRAMFIT_SIMULATE_OOM_AT_STEP", "45")
+        .current_dir(d)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let msg = stderr(&o);
+    assert!(
+        msg.contains("out of device memory at step 45") && msg.contains("oom.json"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("parameters") && msg.contains("target image"),
+        "names no categories or tensors: {msg}"
+    );
+    let oom: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("r/oom.json")).unwrap()).unwrap();
+    assert_eq!(oom["step"], 45);
+    assert_eq!(oom["last_recorded_phases"][0]["step"], 40);
+    assert!(oom["largest_tensors"].as_array().unwrap().len() >= 5);
+    // Nothing already written is lost, and the run is not mistaken for a finished one.
+    let lines = std::fs::read_to_string(d.join("r/metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .count();
+    assert_eq!(lines, 4, "metrics of steps 10..40");
+    assert!(d.join("r/checkpoints/step-00000040.ckpt").is_file());
+    assert!(d.join("r/memory.json").is_file() && d.join("r/error.json").is_file());
+    assert!(!d.join("r/summary.json").exists());
+}

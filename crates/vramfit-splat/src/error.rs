@@ -66,6 +66,31 @@ pub enum SplatError {
         /// The value seen.
         value: f32,
     },
+    /// The device failed while running a step (Burn's `ExecutionError`).
+    #[error("device error at step {step} (surfaced after {phase}): {message}")]
+    Device {
+        /// Step that failed.
+        step: u64,
+        /// Phase after which the error surfaced (errors appear at the next sync).
+        phase: &'static str,
+        /// What the backend said.
+        message: String,
+    },
+    /// The device ran out of memory; `oom.json` holds the breakdown.
+    #[error(
+        "out of device memory at step {step} (surfaced after {phase}); largest: {largest}. The breakdown is in {report}. \
+         Fit fewer Gaussians or a smaller image"
+    )]
+    OutOfMemory {
+        /// Step that failed.
+        step: u64,
+        /// Phase after which the error surfaced.
+        phase: &'static str,
+        /// The largest categories and tensors, in words.
+        largest: String,
+        /// The `oom.json` written.
+        report: PathBuf,
+    },
     /// A Gaussians or checkpoint file is unreadable.
     #[error(transparent)]
     File(#[from] vramfit::run::ArrayFileError),
@@ -80,4 +105,20 @@ pub enum SplatError {
         /// Why.
         why: String,
     },
+}
+
+impl SplatError {
+    /// True for a device error whose message says memory ran out.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            SplatError::Device { message, .. } => {
+                let m = message.to_lowercase();
+                ["out of memory", "outofmemory", "out_of_memory", "oom"]
+                    .iter()
+                    .any(|k| m.contains(k))
+            }
+            SplatError::OutOfMemory { .. } => true,
+            _ => false,
+        }
+    }
 }

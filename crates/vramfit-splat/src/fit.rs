@@ -197,7 +197,7 @@ where
         let l1 = render.clone().sub(target.clone()).abs().mean();
         let s = op::ssim(render.clone(), target);
         let loss = l1.add(s.neg().add_scalar(1.0).mul_scalar(c.ssim_weight));
-        let loss_value = loss.clone().inner().into_scalar().elem::<f32>();
+        let loss_value = read_scalar(loss.clone().inner(), next, "forward")?;
         if !loss_value.is_finite() {
             return Err(SplatError::NonFinite {
                 step: self.step + 1,
@@ -332,6 +332,25 @@ where
         }
     }
 
+    /// Bytes of every tensor the fit keeps between steps, plus the image-sized
+    /// ones a step makes, largest first.
+    pub fn tensor_sizes(&self) -> Vec<(String, u64)> {
+        let f = &self.spec.frame;
+        let image = (f.width * f.height * CHANNELS * 4) as u64;
+        let mut out = vec![
+            ("target image".to_string(), image),
+            ("render image (per step)".to_string(), image),
+        ];
+        for (i, p) in self.params.to_array().iter().enumerate() {
+            let bytes = (p.dims().iter().product::<usize>() * 4) as u64;
+            out.push((PARAMS[i].to_string(), bytes));
+            out.push((format!("adam_m_{}", PARAMS[i]), bytes));
+            out.push((format!("adam_v_{}", PARAMS[i]), bytes));
+        }
+        out.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        out
+    }
+
     /// The memory profiler (its timeline covers the profiled steps).
     pub fn profiler(&self) -> &Profiler {
         &self.profiler
@@ -449,6 +468,37 @@ where
         fit.params = SplatTensors::from_array(params.try_into().expect("four parameter tensors"));
         Ok(fit)
     }
+}
+
+/// Testing hook: `VRAMFIT_SIMULATE_OOM_AT_STEP=N` makes step N fail as a
+/// device out-of-memory would (read once; unset in normal runs).
+fn simulated_oom(step: u64) -> bool {
+    static AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    *AT.get_or_init(|| {
+        std::env::var("VRAMFIT_SIMULATE_OOM_AT_STEP")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    }) == Some(step)
+}
+
+/// Reads a one-element tensor, turning a device failure into an error
+/// instead of a panic (Burn reports asynchronous failures at this sync).
+fn read_scalar<B: Backend>(t: Tensor<B, 1>, step: u64, phase: &'static str) -> Result<f32, SplatError> {
+    if simulated_oom(step) {
+        let message = "simulated: out of memory allocating 512 MiB (VRAMFIT_SIMULATE_OOM_AT_STEP)".into();
+        return Err(SplatError::Device { step, phase, message });
+    }
+    let data = t.try_into_data().map_err(|e| SplatError::Device {
+        step,
+        phase,
+        message: e.to_string(),
+    })?;
+    Ok(data
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .ok()
+        .and_then(|v| v.first().copied())
+        .unwrap_or(f32::NAN))
 }
 
 fn finite_or_null(v: f64) -> serde_json::Value {

@@ -12,6 +12,7 @@ use std::time::Instant;
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use vramfit::profile::human_bytes;
 use vramfit::run::{ArrayFile, EventWriter, RunDir, RunDirError};
 
 use crate::SplatError;
@@ -139,9 +140,15 @@ impl Job {
             dir.write("config.toml", config.to_toml().as_bytes())?;
             (dir, config, picture, fit, 0.0)
         };
-        let result = self.drive(&dir, &config, &picture, &mut fit, &mut wall_before, &mut observe);
+        let mut result = self.drive(&dir, &config, &picture, &mut fit, &mut wall_before, &mut observe);
         // The memory report is written however the run ended.
         let _ = self.write_memory_report(&dir, &fit);
+        if let Err(e) = &result
+            && e.is_out_of_memory()
+            && let SplatError::Device { step, phase, .. } = e
+        {
+            result = Err(self.write_oom_report(&dir, &fit, e, *step, phase));
+        }
         if let Err(e) = &result {
             let _ = dir.write(
                 "error.json",
@@ -185,6 +192,70 @@ impl Job {
         }
         let fit = Fit::new(&picture, &config, device)?;
         Ok((dir, config, picture, fit, 0.0))
+    }
+
+    /// Writes `oom.json` (the error, the last recorded breakdown, the
+    /// largest tensors) and returns the error to show the user.
+    fn write_oom_report<B>(
+        &self,
+        dir: &RunDir,
+        fit: &Fit<B>,
+        e: &SplatError,
+        step: u64,
+        phase: &'static str,
+    ) -> SplatError
+    where
+        B: AutodiffBackend + SplatBackend,
+        B::InnerBackend: SplatBackend,
+    {
+        let records = fit.profiler().records();
+        let last_step = records.last().map(|r| r.step);
+        let last: Vec<_> = records.iter().filter(|r| Some(r.step) == last_step).collect();
+        let tensors = fit.tensor_sizes();
+        // Top categories of the largest recorded phase of that step.
+        let top = last.iter().max_by_key(|r| r.allocated()).map(|r| {
+            let mut cats: Vec<_> = r.categories.iter().collect();
+            cats.sort_by(|a, b| b.1.cmp(a.1));
+            cats.iter()
+                .take(3)
+                .map(|(c, b)| {
+                    format!(
+                        "{} {}",
+                        serde_json::to_value(c).unwrap_or_default().as_str().unwrap_or(""),
+                        human_bytes(**b)
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        });
+        let biggest = tensors
+            .iter()
+            .take(3)
+            .map(|(n, b)| format!("{n} {}", human_bytes(*b)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let path = dir.path("oom.json");
+        let body = json!({
+            "error": e.to_string(), "step": step, "surfaced_after_phase": phase,
+            "gaussians": fit.len(), "last_recorded_phases": last,
+            "largest_tensors": tensors.iter().take(10).map(|(n, b)| json!({ "name": n, "bytes": b })).collect::<Vec<_>>(),
+        });
+        if let Err(write) = dir.write(
+            "oom.json",
+            serde_json::to_string_pretty(&body).expect("plain data").as_bytes(),
+        ) {
+            return write.into();
+        }
+        let largest = match top {
+            Some(t) => format!("{t}; tensors: {biggest}"),
+            None => format!("tensors: {biggest}"),
+        };
+        SplatError::OutOfMemory {
+            step,
+            phase,
+            largest,
+            report: path,
+        }
     }
 
     /// Writes `memory.json`: the profiler's timeline, and the peak from the
