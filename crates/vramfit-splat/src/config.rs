@@ -50,6 +50,9 @@ pub struct FitConfig {
     pub checkpoint_every: u64,
     /// Steps between memory records of every phase (0: none).
     pub profile_every: u64,
+    /// Milliseconds between background samples of the device allocator, for
+    /// the peak inside a step (0: off; backends without an allocator never sample).
+    pub profile_sample_ms: u64,
 }
 
 impl Default for FitConfig {
@@ -74,6 +77,7 @@ impl Default for FitConfig {
             frame_every: 500,
             checkpoint_every: 500,
             profile_every: 10,
+            profile_sample_ms: 2,
         }
     }
 }

@@ -126,10 +126,16 @@ where
             moments,
             adam: Adam::new(AdamConfig::default()),
             step: 0,
-            profiler: Profiler::new(
-                <B::InnerBackend as DeviceMemory>::memory_source(device),
-                PROFILE_KEEP_STEPS,
-            ),
+            profiler: {
+                let p = Profiler::new(
+                    <B::InnerBackend as DeviceMemory>::memory_source(device),
+                    PROFILE_KEEP_STEPS,
+                );
+                match config.profile_sample_ms {
+                    0 => p,
+                    ms => p.with_sampling(std::time::Duration::from_millis(ms)),
+                }
+            },
             schedule: Schedule {
                 lr_scale: 1.0,
                 best_psnr: f64::NEG_INFINITY,

@@ -95,6 +95,25 @@ pub struct Job {
     pub device_name: String,
 }
 
+/// The run's peak memory and what measured it: the device allocator where
+/// the backend has one (sampled during steps), else the host process.
+fn peak_memory<B>(fit: &Fit<B>) -> (Option<u64>, &'static str)
+where
+    B: AutodiffBackend + SplatBackend,
+    B::InnerBackend: SplatBackend,
+{
+    match fit.profiler().peak() {
+        Some((bytes, ..)) => (
+            Some(bytes),
+            "device allocator (bytes in use), largest reading sampled during the profiled steps",
+        ),
+        None => (
+            vramfit::memory::host_peak_bytes(),
+            "host process peak resident set (VmHWM); not device memory",
+        ),
+    }
+}
+
 fn checkpoint_name(step: u64) -> String {
     format!("step-{step:08}.ckpt")
 }
@@ -265,15 +284,7 @@ impl Job {
         B: AutodiffBackend + SplatBackend,
         B::InnerBackend: SplatBackend,
     {
-        let records = fit.profiler().records();
-        let device_peak = records.iter().filter_map(|r| r.device.map(|d| d.allocated)).max();
-        let (peak, source) = match device_peak {
-            Some(p) => (Some(p), "device allocator, largest reading at the recorded phases"),
-            None => (
-                vramfit::memory::host_peak_bytes(),
-                "host process peak resident set (VmHWM); not device memory",
-            ),
-        };
+        let (peak, source) = peak_memory(fit);
         let report = fit.profiler().report(&self.device_name, peak, source);
         dir.write(
             "memory.json",
@@ -383,6 +394,7 @@ impl Job {
             &to_rgb8(picture.width, picture.height, &render),
         )?;
         step_ms.sort_by(f64::total_cmp);
+        let (peak, peak_source) = peak_memory(fit);
         let summary = Summary {
             image: config.image.clone(),
             width: picture.width,
@@ -395,8 +407,8 @@ impl Job {
             stopped_early: fit.stopped_early(),
             wall_seconds: *wall_before + started.elapsed().as_secs_f64(),
             median_step_ms: step_ms.get(step_ms.len() / 2).copied().unwrap_or(0.0),
-            peak_memory_bytes: vramfit::memory::host_peak_bytes().unwrap_or(0),
-            peak_memory_source: "host process peak resident set (VmHWM); not device memory".into(),
+            peak_memory_bytes: peak.unwrap_or(0),
+            peak_memory_source: peak_source.into(),
             device: self.device_name.clone(),
         };
         dir.write(

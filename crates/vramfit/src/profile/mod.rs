@@ -15,10 +15,12 @@
 
 mod html;
 mod record;
+mod sampler;
 mod source;
 
 pub use html::{CATEGORY_COLOURS, PEAK_COLOUR};
 pub use record::{Accounted, Category, LeakWarning, MemoryReport, PhaseRecord, Profiler, REPORT_VERSION, human_bytes};
+pub use sampler::PeakSampler;
 #[cfg(feature = "cuda")]
 pub use source::CudaAllocator;
 pub use source::{DeviceMemory, MemoryReading, MemorySource, NoAllocator};

@@ -2,6 +2,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::sampler::PeakSampler;
 use super::source::{MemoryReading, MemorySource};
 use crate::memory::host_current_bytes;
 
@@ -53,6 +57,10 @@ pub struct PhaseRecord {
     pub categories: BTreeMap<Category, u64>,
     /// Host process resident set (measured), beside, never instead of, device figures.
     pub host_rss: Option<u64>,
+    /// Largest allocated figure the background sampler saw since the
+    /// previous record (the peak inside the phase), where sampling runs.
+    #[serde(default)]
+    pub sampled_peak: Option<u64>,
 }
 
 impl PhaseRecord {
@@ -80,7 +88,9 @@ pub struct LeakWarning {
 
 /// Records phases over steps and keeps the peak.
 pub struct Profiler {
-    source: Box<dyn MemorySource>,
+    source: Arc<dyn MemorySource>,
+    sampler: Option<PeakSampler>,
+    peak: Option<(u64, u64, String)>,
     records: Vec<PhaseRecord>,
     step_start_allocated: Option<u64>,
     keep_steps: u64,
@@ -100,11 +110,26 @@ impl Profiler {
     /// last `keep_steps` steps recorded (older ones are dropped, the peak is kept).
     pub fn new(source: Box<dyn MemorySource>, keep_steps: u64) -> Self {
         Self {
-            source,
+            source: Arc::from(source),
+            sampler: None,
+            peak: None,
             records: Vec::new(),
             step_start_allocated: None,
             keep_steps: keep_steps.max(2),
         }
+    }
+
+    /// Also samples the allocator every `interval` from a background
+    /// thread (no-op on a source without readings).
+    pub fn with_sampling(mut self, interval: Duration) -> Self {
+        self.sampler = PeakSampler::start(self.source.clone(), interval);
+        self
+    }
+
+    /// The largest allocated bytes seen over the whole run, with the step
+    /// and phase in which it was seen (sampled where sampling runs).
+    pub fn peak(&self) -> Option<(u64, u64, &str)> {
+        self.peak.as_ref().map(|(b, s, p)| (*b, *s, p.as_str()))
     }
 
     /// Records phase `phase` of step `step`. The first phase of a step
@@ -134,13 +159,23 @@ impl Profiler {
             categories.insert(Category::Temporaries, d.allocated.saturating_sub(known));
             categories.insert(Category::Fragmentation, d.reserved.saturating_sub(d.allocated));
         }
-        self.records.push(PhaseRecord {
+        let sampled_peak = match (&self.sampler, device) {
+            (Some(s), Some(d)) => Some(s.take(d.allocated)),
+            _ => None,
+        };
+        let record = PhaseRecord {
             step,
             phase: phase.into(),
             device,
             categories,
             host_rss: host_current_bytes(),
-        });
+            sampled_peak,
+        };
+        let seen = record.sampled_peak.unwrap_or(record.allocated());
+        if device.is_some() && self.peak.as_ref().is_none_or(|p| seen > p.0) {
+            self.peak = Some((seen, step, phase.into()));
+        }
+        self.records.push(record);
         self.trim();
         self.records.last().expect("just pushed")
     }
@@ -383,6 +418,24 @@ mod tests {
         // Categories add up to reserved.
         let total: u64 = bwd.categories.values().sum();
         assert_eq!(total, bwd.device.unwrap().reserved);
+    }
+
+    #[test]
+    fn the_sampler_sees_a_peak_inside_a_phase() {
+        let alloc = Scripted::default();
+        alloc.set(1000, 2000);
+        let mut prof = Profiler::new(Box::new(alloc.clone()), 8).with_sampling(Duration::from_millis(1));
+        prof.record(1, "start", Accounted::default());
+        // A transient spike between two records, gone before the next one.
+        alloc.set(50_000, 60_000);
+        std::thread::sleep(Duration::from_millis(60));
+        alloc.set(1200, 2000);
+        let r = prof.record(1, "forward", Accounted::default()).clone();
+        assert_eq!(r.device.unwrap().allocated, 1200);
+        assert_eq!(r.sampled_peak, Some(50_000));
+        assert_eq!(prof.peak(), Some((50_000, 1, "forward")));
+        let next = prof.record(1, "backward", Accounted::default()).clone();
+        assert_eq!(next.sampled_peak, Some(1200), "a new window starts after each record");
     }
 
     #[test]
