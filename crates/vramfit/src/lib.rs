@@ -1,9 +1,10 @@
 //! vramfit: make GPU training jobs fit in the memory you have, and show
 //! where the memory goes.
 //!
-//! This crate holds what every workload shares: the run directory with its
-//! atomic checkpoints and metrics stream ([`run`]), the optimiser on plain
-//! tensors ([`optim`]) and memory readings ([`memory`]).
+//! This crate holds what every workload shares: the memory profiler
+//! ([`profile`]), the run directory with its atomic checkpoints, metrics
+//! stream and TensorBoard events ([`run`]), the optimiser on plain tensors
+//! ([`optim`]) and host memory readings ([`memory`]).
 //!
 //! ```
 //! use vramfit::run::atomic_write;
