@@ -239,15 +239,17 @@ where
         let mut frame = None;
         if measure || want_frame {
             let clamped = render.clone().clamp(0.0, 1.0);
-            let mse = clamped
-                .clone()
-                .sub(self.target.clone())
-                .powi_scalar(2)
-                .mean()
-                .into_scalar()
-                .elem::<f64>();
-            psnr_db = Some(if mse > 0.0 { -10.0 * mse.log10() } else { f64::INFINITY });
-            ssim = Some(op::ssim(clamped, self.target.clone()).into_scalar().elem::<f64>());
+            let mse = read_scalar(
+                clamped.clone().sub(self.target.clone()).powi_scalar(2).mean(),
+                step,
+                "metrics",
+            )?;
+            psnr_db = Some(if mse > 0.0 {
+                -10.0 * (mse as f64).log10()
+            } else {
+                f64::INFINITY
+            });
+            ssim = Some(read_scalar(op::ssim(clamped, self.target.clone()), step, "metrics")? as f64);
         }
         if want_frame {
             frame = Some(host(render.clone()));
