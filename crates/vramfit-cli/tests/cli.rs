@@ -260,6 +260,8 @@ fn a_fit_writes_its_run_directory_and_renders_at_any_size() {
     assert_eq!(last["categories"]["gradients"], 120 * 8 * 4);
     assert_eq!(last["categories"]["optimizer_state"], 2 * 120 * 8 * 4);
     assert!(last["device"].is_null(), "the CPU has no device figures to report");
+    // Largest tensors by name: the 64×48 RGB f32 target comes first (tie with the render).
+    assert_eq!(memory["largest_tensors"][0][1], 64 * 48 * 3 * 4);
     let events = std::fs::read_dir(d.join("r"))
         .unwrap()
         .flatten()

@@ -285,7 +285,8 @@ impl Job {
         B::InnerBackend: SplatBackend,
     {
         let (peak, source) = peak_memory(fit);
-        let report = fit.profiler().report(&self.device_name, peak, source);
+        let mut report = fit.profiler().report(&self.device_name, peak, source);
+        report.largest_tensors = fit.tensor_sizes().into_iter().take(10).collect();
         dir.write(
             "memory.json",
             serde_json::to_string_pretty(&report).expect("plain data").as_bytes(),

@@ -257,6 +257,7 @@ impl Profiler {
             largest_phase: top.map(|r| (r.step, r.phase.clone(), r.allocated())),
             records: self.records.clone(),
             leak: self.leak(10, 1 << 20),
+            largest_tensors: Vec::new(),
         }
     }
 }
@@ -286,6 +287,9 @@ pub struct MemoryReport {
     pub records: Vec<PhaseRecord>,
     /// A leak, if one was seen.
     pub leak: Option<LeakWarning>,
+    /// The workload's largest tensors, `(name, bytes)`, largest first.
+    #[serde(default)]
+    pub largest_tensors: Vec<(String, u64)>,
 }
 
 /// Bytes in the largest binary unit that keeps the figure at or above 1.
@@ -345,6 +349,15 @@ impl MemoryReport {
             out.push_str(
                 "(no allocator on this backend: 'allocated' sums the walked tensors; '-' cannot be measured)\n",
             );
+        }
+        if !self.largest_tensors.is_empty() {
+            let names: Vec<String> = self
+                .largest_tensors
+                .iter()
+                .take(5)
+                .map(|(n, b)| format!("{n} {}", human_bytes(*b)))
+                .collect();
+            out.push_str(&format!("largest tensors: {}\n", names.join(", ")));
         }
         if let Some(l) = &self.leak {
             out.push_str(&format!(
@@ -511,7 +524,8 @@ mod tests {
             );
         }
         assert_eq!(prof.records().len(), 4, "keeps the last 4 steps");
-        let report = prof.report("test device", Some(300), "scripted");
+        let mut report = prof.report("test device", Some(300), "scripted");
+        report.largest_tensors = vec![("weights".into(), 40)];
         let json = serde_json::to_string(&report).unwrap();
         let back: MemoryReport = serde_json::from_str(&json).unwrap();
         assert_eq!(back, report);
