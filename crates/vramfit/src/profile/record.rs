@@ -199,7 +199,6 @@ impl Profiler {
     /// last `window` steps (at least `min_growth` bytes in all).
     pub fn leak(&self, window: usize, min_growth: u64) -> Option<LeakWarning> {
         let mut phases: Vec<&str> = self.records.iter().map(|r| r.phase.as_str()).collect();
-        phases.dedup();
         phases.sort();
         phases.dedup();
         phases.into_iter().find_map(|phase| {
@@ -381,9 +380,9 @@ mod tests {
     use crate::profile::{MemoryReading, NoAllocator};
     use std::sync::{Arc, Mutex};
 
-    /// A scripted allocator: the test sets what it reads.
+    /// A scripted allocator: the test sets what it reads, and counts reads.
     #[derive(Clone, Default)]
-    struct Scripted(Arc<Mutex<MemoryReading>>);
+    struct Scripted(Arc<Mutex<MemoryReading>>, Arc<std::sync::atomic::AtomicUsize>);
 
     impl Scripted {
         fn set(&self, allocated: u64, reserved: u64) {
@@ -396,6 +395,7 @@ mod tests {
             "scripted".into()
         }
         fn read(&self) -> Option<MemoryReading> {
+            self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Some(*self.0.lock().unwrap())
         }
     }
@@ -439,9 +439,15 @@ mod tests {
         alloc.set(1000, 2000);
         let mut prof = Profiler::new(Box::new(alloc.clone()), 8).with_sampling(Duration::from_millis(1));
         prof.record(1, "start", Accounted::default());
-        // A transient spike between two records, gone before the next one.
+        // A transient spike between two records, gone before the next one;
+        // held until the sampler has read twice, however loaded the machine.
         alloc.set(50_000, 60_000);
-        std::thread::sleep(Duration::from_millis(60));
+        let reads = alloc.1.load(std::sync::atomic::Ordering::SeqCst);
+        let t0 = std::time::Instant::now();
+        while alloc.1.load(std::sync::atomic::Ordering::SeqCst) < reads + 2 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "the sampler thread never ran");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         alloc.set(1200, 2000);
         let r = prof.record(1, "forward", Accounted::default()).clone();
         assert_eq!(r.device.unwrap().allocated, 1200);
