@@ -4,7 +4,11 @@
 //! This crate holds what every workload shares: the memory profiler
 //! ([`profile`]), the run directory with its atomic checkpoints, metrics
 //! stream and TensorBoard events ([`run`]), the optimiser on plain tensors
-//! ([`optim`]) and host memory readings ([`memory`]).
+//! ([`optim`]) and host memory readings ([`memory`]), and the training
+//! techniques: mixed precision and loss scaling ([`precision`]), block
+//! activation checkpointing ([`checkpoint`]), micro-batching with gradient
+//! accumulation ([`batch`]), reduced-precision storage ([`storage`]) and
+//! the allocator policy ([`allocator`]).
 //!
 //! ```
 //! use vramfit::run::atomic_write;
@@ -15,7 +19,14 @@
 //! # std::fs::remove_dir_all(&dir).unwrap();
 //! ```
 
+pub mod allocator;
+pub mod batch;
+pub mod checkpoint;
+pub mod grads;
 pub mod memory;
 pub mod optim;
+pub mod params;
+pub mod precision;
 pub mod profile;
 pub mod run;
+pub mod storage;

@@ -1,7 +1,13 @@
 //! Optimisers on plain tensors, for workloads whose parameters are a few
 //! tensors with their own learning rates and whose parameter count changes
-//! during training (state rows can be appended).
+//! during training (state rows can be appended) ([`Adam`]), and Adam(W)
+//! over a Burn module with f32 arithmetic on any stored types
+//! ([`ModuleAdam`]).
 
 mod adam;
 
 pub use adam::{Adam, AdamConfig, AdamMoments};
+
+mod module_adam;
+
+pub use module_adam::{AdamSnapshot, ModuleAdam};

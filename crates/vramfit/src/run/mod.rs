@@ -8,3 +8,6 @@ mod tensorboard;
 pub use arrays::{ArrayFile, ArrayFileError};
 pub use dir::{RunDir, RunDirError, atomic_write, next_free_run_dir};
 pub use tensorboard::{EventWriter, crc32c};
+mod step;
+
+pub use step::{StepError, StepOutcome, Stepper, Trainable};

@@ -1,0 +1,171 @@
+//! The training step that composes the techniques: micro-batches →
+//! forward under the precision policy (blocks checkpointed as planned) →
+//! loss × scale / k → backward → accumulate → unscale once and check for
+//! inf/NaN → optimiser step on the f32 masters (or skip) → allocator policy.
+
+use std::ops::Range;
+
+use burn::module::AutodiffModule;
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::allocator::Cleanup;
+use crate::batch::{Accumulator, MicroBatching};
+use crate::optim::ModuleAdam;
+use crate::precision::{Autocast, LossScaler};
+
+/// A model the composed step can train.
+pub trait Trainable<B: AutodiffBackend>: AutodiffModule<B> {
+    /// One batch of inputs and targets.
+    type Batch;
+
+    /// Samples `range` of `batch`.
+    fn micro_batch(batch: &Self::Batch, range: Range<usize>) -> Self::Batch;
+
+    /// Number of blocks that can be checkpointed.
+    fn num_blocks(&self) -> usize;
+
+    /// Mean loss over the batch (f32, differentiable), as a plain graph.
+    fn loss(&self, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, 1>;
+
+    /// Backward of `loss × factor` with the marked blocks checkpointed;
+    /// returns the value `loss × factor` (detached) and the gradients.
+    fn loss_backward_checkpointed(
+        &self,
+        batch: &Self::Batch,
+        autocast: &Autocast,
+        checkpointed: &[bool],
+        factor: f64,
+    ) -> (Tensor<B::InnerBackend, 1>, GradientsParams);
+}
+
+/// What one optimiser step did.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepOutcome {
+    /// Mean loss over the batch (unscaled), read from the device.
+    pub loss: f64,
+    /// Whether the optimiser stepped (false: inf/NaN gradients, step skipped).
+    pub stepped: bool,
+    /// Loss scale used this step (1 without a scaler).
+    pub scale: f64,
+    /// Seconds spent in the allocator cleanup, if it ran.
+    pub cleanup_seconds: Option<f64>,
+}
+
+/// A step that cannot continue.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StepError {
+    /// Inf/NaN with nothing to back off.
+    #[error(
+        "the loss or gradients became {what} at step {step} (loss {loss}); nothing was updated. \
+         Lower the learning rate, or use f32 or bf16 precision, then resume from the last checkpoint"
+    )]
+    NonFinite {
+        /// Optimiser step (1-based).
+        step: u64,
+        /// Loss read.
+        loss: f64,
+        /// `NaN` or `inf`.
+        what: &'static str,
+    },
+    /// The loss scaler kept backing off: every step overflows.
+    #[error(
+        "the f16 loss scale fell to {scale:e} after {skipped} skipped steps: the gradients are inf/NaN at any scale. \
+         Check the data and learning rate, or train in bf16 or f32"
+    )]
+    ScaleCollapsed {
+        /// Current scale.
+        scale: f64,
+        /// Steps skipped so far.
+        skipped: u64,
+    },
+}
+
+/// Below this the f16 loss scale cannot rescue anything (f16's smallest subnormal is 2⁻²⁴).
+const MIN_SCALE: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// The composed training step.
+pub struct Stepper<B: AutodiffBackend> {
+    /// Precision policy.
+    pub autocast: Autocast,
+    /// Checkpoint marks, one per block.
+    pub checkpointed: Vec<bool>,
+    /// Batch split.
+    pub batching: MicroBatching,
+    /// Loss scaler (f16), if any.
+    pub scaler: Option<LossScaler>,
+    /// Optimiser.
+    pub optimizer: ModuleAdam<B>,
+    /// Allocator policy.
+    pub cleanup: Cleanup,
+    /// Optimiser steps attempted (taken or skipped).
+    pub attempts: u64,
+}
+
+impl<B: AutodiffBackend> Stepper<B> {
+    /// One optimiser step on `batch` (which holds `batching.micro_batch × batching.accumulate` samples).
+    pub fn step<M: Trainable<B>>(
+        &mut self,
+        model: M,
+        batch: &M::Batch,
+        lr: f64,
+        device: &B::Device,
+    ) -> Result<(M, StepOutcome), StepError> {
+        self.attempts += 1;
+        let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
+        let factor = scale * self.batching.loss_factor();
+        let checkpointing = self.checkpointed.iter().any(|&c| c);
+        let mut acc = Accumulator::new();
+        let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
+        for range in self.batching.ranges() {
+            let micro = M::micro_batch(batch, range);
+            let (value, grads) = if checkpointing {
+                model.loss_backward_checkpointed(&micro, &self.autocast, &self.checkpointed, factor)
+            } else {
+                let scaled = model.loss(&micro, &self.autocast).mul_scalar(factor);
+                let value = scaled.clone().inner();
+                (value, GradientsParams::from_grads(scaled.backward(), &model))
+            };
+            acc.add(&model, grads);
+            loss_sum = Some(match loss_sum {
+                Some(s) => s + value,
+                None => value,
+            });
+        }
+        let mut grads = acc.finish();
+        let loss = loss_sum.map_or(f64::NAN, |l| l.into_scalar().elem::<f64>() / scale);
+        let found_inf = crate::grads::scale_and_check(&model, &mut grads, 1.0 / scale) || !loss.is_finite();
+        let stepped = match self.scaler.as_mut() {
+            Some(s) => {
+                let stepped = s.update(found_inf);
+                if s.scale() < MIN_SCALE {
+                    return Err(StepError::ScaleCollapsed {
+                        scale: s.scale(),
+                        skipped: s.state().skipped_steps,
+                    });
+                }
+                stepped
+            }
+            None if found_inf => {
+                return Err(StepError::NonFinite {
+                    step: self.attempts,
+                    loss,
+                    what: if loss.is_nan() { "NaN" } else { "inf" },
+                });
+            }
+            None => true,
+        };
+        let model = if stepped { self.optimizer.step(lr, model, grads) } else { model };
+        let cleanup_seconds = self.cleanup.after_step::<B>(self.attempts, device).map(|d| d.as_secs_f64());
+        Ok((
+            model,
+            StepOutcome {
+                loss,
+                stepped,
+                scale,
+                cleanup_seconds,
+            },
+        ))
+    }
+}
