@@ -153,8 +153,8 @@ pub fn restore<B: Backend, M: Module<B>>(module: M, snapshot: &Snapshot) -> Resu
                     let trainable = tensor.is_require_grad();
                     let dtype = tensor.dtype();
                     let data = TensorData::new(values.clone(), shape.clone());
-                    let t = Tensor::<B, D>::from_data(data, &tensor.device()).cast(FloatDType::from(dtype));
-                    t.set_require_grad(trainable)
+                    // Created in its stored type: a fresh leaf, not a cast node.
+                    Tensor::<B, D>::from_data(data, (&tensor.device(), dtype)).set_require_grad(trainable)
                 }
             };
             Param::from_mapped_value(id, tensor, mapper)

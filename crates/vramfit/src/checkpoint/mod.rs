@@ -193,9 +193,7 @@ where
         d_x = pull(input, output, d_x).expect("a block uses its input");
     }
     // The prelude: its graph is still attached to `input`.
-    if input.is_require_grad() {
-        let _ = pull(input.clone(), input, d_x);
-    }
+    let _ = pull(input.clone(), input, d_x);
     (value, all)
 }
 

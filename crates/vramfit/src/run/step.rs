@@ -104,16 +104,14 @@ pub struct Stepper<B: AutodiffBackend> {
 }
 
 impl<B: AutodiffBackend> Stepper<B> {
-    /// One optimiser step on `batch` (which holds `batching.micro_batch × batching.accumulate` samples).
-    pub fn step<M: Trainable<B>>(
-        &mut self,
-        model: M,
+    /// The summed gradients of `batch`'s micro-batches, each micro-batch's
+    /// mean loss multiplied by `scale / k`, and the summed multiplied losses.
+    pub fn gradients<M: Trainable<B>>(
+        &self,
+        model: &M,
         batch: &M::Batch,
-        lr: f64,
-        device: &B::Device,
-    ) -> Result<(M, StepOutcome), StepError> {
-        self.attempts += 1;
-        let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
+        scale: f64,
+    ) -> (Tensor<B::InnerBackend, 1>, GradientsParams) {
         let factor = scale * self.batching.loss_factor();
         let checkpointing = self.checkpointed.iter().any(|&c| c);
         let mut acc = Accumulator::new();
@@ -125,16 +123,30 @@ impl<B: AutodiffBackend> Stepper<B> {
             } else {
                 let scaled = model.loss(&micro, &self.autocast).mul_scalar(factor);
                 let value = scaled.clone().inner();
-                (value, GradientsParams::from_grads(scaled.backward(), &model))
+                (value, GradientsParams::from_grads(scaled.backward(), model))
             };
-            acc.add(&model, grads);
+            acc.add(model, grads);
             loss_sum = Some(match loss_sum {
                 Some(s) => s + value,
                 None => value,
             });
         }
-        let mut grads = acc.finish();
-        let loss = loss_sum.map_or(f64::NAN, |l| l.into_scalar().elem::<f64>() / scale);
+        let loss_sum = loss_sum.expect("MicroBatching has at least one micro-batch");
+        (loss_sum, acc.finish())
+    }
+
+    /// One optimiser step on `batch` (which holds `batching.micro_batch × batching.accumulate` samples).
+    pub fn step<M: Trainable<B>>(
+        &mut self,
+        model: M,
+        batch: &M::Batch,
+        lr: f64,
+        device: &B::Device,
+    ) -> Result<(M, StepOutcome), StepError> {
+        self.attempts += 1;
+        let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
+        let (loss_sum, mut grads) = self.gradients(&model, batch, scale);
+        let loss = loss_sum.into_scalar().elem::<f64>() / scale;
         let found_inf = crate::grads::scale_and_check(&model, &mut grads, 1.0 / scale) || !loss.is_finite();
         let stepped = match self.scaler.as_mut() {
             Some(s) => {

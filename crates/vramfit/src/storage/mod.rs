@@ -105,8 +105,10 @@ impl StoragePolicy {
                 let tensor = match self.1.dtype_of(&self.0.path()) {
                     Some(dtype) if tensor.dtype() != dtype.into() => {
                         let trainable = tensor.is_require_grad();
-                        // Detached so the stored tensor is a leaf, not a cast node.
-                        tensor.detach().cast(dtype).set_require_grad(trainable)
+                        let device = tensor.device();
+                        // Rebuilt in the stored type so it is a leaf, not a cast node of autodiff.
+                        let data = tensor.into_data().convert_dtype(dtype.into());
+                        Tensor::from_data(data, (&device, dtype.into())).set_require_grad(trainable)
                     }
                     _ => tensor,
                 };

@@ -1,0 +1,124 @@
+//! Deterministic synthetic sequences with learnable structure.
+//!
+//! Each sample has a hidden topic `z` (one of `topics`). Its tokens follow
+//! the topic's successor table: after token `a` comes `next[z][a]` with
+//! probability `p_follow`, else a uniformly random token. Frames, when
+//! asked for, are noisy copies of the topic's code vector, so a model that
+//! reads them knows `z` from the first token on; without them it must infer
+//! `z` from the transitions it has seen. Batch `s` depends only on the seed
+//! and `s`, so a resumed run sees exactly the batches it would have seen.
+
+use burn::prelude::*;
+use burn::tensor::TensorData;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::gpt::TokenBatch;
+
+/// The task's shape.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TaskConfig {
+    /// Tokens per sample (inputs; targets are shifted by one).
+    pub tokens: usize,
+    /// Hidden topics.
+    pub topics: usize,
+    /// Probability of following the topic's successor table.
+    pub p_follow: f64,
+    /// Frames per sample (0: none). The model uses at most its `max_frames`.
+    pub frames: usize,
+    /// Seed of the tables and of every batch.
+    pub seed: u64,
+}
+
+impl Default for TaskConfig {
+    fn default() -> Self {
+        Self {
+            tokens: 32,
+            topics: 4,
+            p_follow: 0.8,
+            frames: 0,
+            seed: 7,
+        }
+    }
+}
+
+/// The generator.
+#[derive(Debug, Clone)]
+pub struct SyntheticTask {
+    config: TaskConfig,
+    vocab: usize,
+    frame_dim: usize,
+    next: Vec<Vec<u32>>,  // [topic][token]
+    codes: Vec<Vec<f32>>, // [topic][frame_dim]
+}
+
+impl SyntheticTask {
+    /// Tables for `vocab` tokens and frames of `frame_dim` features.
+    pub fn new(config: TaskConfig, vocab: usize, frame_dim: usize) -> Self {
+        let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
+        let next = (0..config.topics)
+            .map(|_| {
+                let mut perm: Vec<u32> = (0..vocab as u32).collect();
+                perm.shuffle(&mut rng);
+                perm
+            })
+            .collect();
+        let codes = (0..config.topics)
+            .map(|_| (0..frame_dim).map(|_| rng.random_range(-1.0f32..1.0)).collect())
+            .collect();
+        Self {
+            config,
+            vocab,
+            frame_dim,
+            next,
+            codes,
+        }
+    }
+
+    /// Cross-entropy (nats) of a predictor that knows the topic: the floor.
+    pub fn entropy_floor(&self) -> f64 {
+        let v = self.vocab as f64;
+        let p = self.config.p_follow;
+        let hit = p + (1.0 - p) / v;
+        let miss = (1.0 - p) / v;
+        -(hit * hit.ln() + (v - 1.0) * miss * miss.ln())
+    }
+
+    /// Batch number `step` of `size` samples.
+    pub fn batch<B: Backend>(&self, step: u64, size: usize, device: &B::Device) -> TokenBatch<B> {
+        let t = self.config.tokens;
+        let mut tokens = Vec::with_capacity(size * t);
+        let mut targets = Vec::with_capacity(size * t);
+        let mut frames = Vec::with_capacity(size * self.config.frames * self.frame_dim);
+        for i in 0..size {
+            let mut rng = ChaCha8Rng::seed_from_u64(self.config.seed ^ (step.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+            rng.set_stream(i as u64);
+            let z = rng.random_range(0..self.config.topics);
+            let mut seq = Vec::with_capacity(t + 1);
+            seq.push(rng.random_range(0..self.vocab as u32));
+            while seq.len() <= t {
+                let prev = seq[seq.len() - 1] as usize;
+                let next = if rng.random_bool(self.config.p_follow) {
+                    self.next[z][prev]
+                } else {
+                    rng.random_range(0..self.vocab as u32)
+                };
+                seq.push(next);
+            }
+            tokens.extend(seq[..t].iter().map(|&x| x as i64));
+            targets.extend(seq[1..].iter().map(|&x| x as i64));
+            for _ in 0..self.config.frames {
+                frames.extend(self.codes[z].iter().map(|&c| c + 0.5 * rng.random_range(-1.0f32..1.0)));
+            }
+        }
+        TokenBatch {
+            tokens: Tensor::from_data(TensorData::new(tokens, [size, t]), device),
+            targets: Tensor::from_data(TensorData::new(targets, [size, t]), device),
+            frames: (self.config.frames > 0 && self.frame_dim > 0).then(|| {
+                Tensor::from_data(TensorData::new(frames, [size, self.config.frames, self.frame_dim]), device)
+            }),
+        }
+    }
+}

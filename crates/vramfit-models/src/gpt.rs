@@ -1,0 +1,361 @@
+//! A GPT-style decoder: token and learned position embeddings, pre-norm
+//! blocks (causal multi-head attention, GELU MLP), a final norm and a head
+//! tied to the token embedding; optionally a prefix of "frame" embeddings
+//! per sample (projected feature vectors, capped at `max_frames`), the
+//! video-language case. Matrix work goes through [`Autocast`]; norms,
+//! softmax, the residual stream and the loss are f32. No dropout, so a
+//! checkpointed block recomputes exactly what it computed in forward.
+
+use burn::module::{Module, Param};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::TensorData;
+use burn::tensor::activation::{gelu, log_softmax, softmax};
+use burn::tensor::backend::AutodiffBackend;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use vramfit::checkpoint::{Block, forward_backward};
+use vramfit::precision::Autocast;
+use vramfit::run::Trainable;
+
+/// Model shape.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GptConfig {
+    /// Tokens in the vocabulary.
+    pub vocab: usize,
+    /// Embedding width.
+    pub width: usize,
+    /// Blocks.
+    pub depth: usize,
+    /// Attention heads (must divide `width`).
+    pub heads: usize,
+    /// Longest sequence (frames + tokens) the position table covers.
+    pub context: usize,
+    /// MLP hidden width = `mlp_ratio × width`.
+    pub mlp_ratio: usize,
+    /// Length of one frame's feature vector (0: no frame prefix).
+    pub frame_dim: usize,
+    /// At most this many frames per sample are used (evenly spaced).
+    pub max_frames: usize,
+}
+
+impl Default for GptConfig {
+    fn default() -> Self {
+        Self {
+            vocab: 64,
+            width: 64,
+            depth: 4,
+            heads: 4,
+            context: 64,
+            mlp_ratio: 4,
+            frame_dim: 0,
+            max_frames: 0,
+        }
+    }
+}
+
+/// A model shape that cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("model.{key}: {problem}")]
+pub struct GptConfigError {
+    /// The setting.
+    pub key: &'static str,
+    /// What is wrong and what to do.
+    pub problem: String,
+}
+
+impl GptConfig {
+    /// Checks the shape.
+    pub fn validate(&self) -> Result<(), GptConfigError> {
+        let err = |key, problem: String| Err(GptConfigError { key, problem });
+        for (key, v) in [
+            ("vocab", self.vocab),
+            ("width", self.width),
+            ("depth", self.depth),
+            ("heads", self.heads),
+            ("context", self.context),
+            ("mlp_ratio", self.mlp_ratio),
+        ] {
+            if v == 0 {
+                return err(key, "must be at least 1".into());
+            }
+        }
+        if self.width % self.heads != 0 {
+            return err(
+                "heads",
+                format!("{} heads do not divide width {}; pick heads dividing the width", self.heads, self.width),
+            );
+        }
+        if self.frame_dim > 0 && self.max_frames == 0 {
+            return err("max_frames", "is 0 while frame_dim is set: set max_frames ≥ 1 or frame_dim = 0".into());
+        }
+        if self.max_frames >= self.context {
+            return err(
+                "max_frames",
+                format!("{} leaves no room for tokens in context {}", self.max_frames, self.context),
+            );
+        }
+        Ok(())
+    }
+
+    /// Frames a sample with `available` frames contributes.
+    pub fn frames_used(&self, available: usize) -> usize {
+        if self.frame_dim == 0 { 0 } else { available.min(self.max_frames) }
+    }
+
+    /// Builds the model with weights drawn from `seed` (normal, σ 0.02;
+    /// residual projections σ 0.02/√(2·depth), as GPT-2).
+    pub fn init<B: Backend>(&self, seed: u64, device: &B::Device) -> Gpt<B> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let w = self.width;
+        let hidden = self.mlp_ratio * w;
+        let residual_std = 0.02 / (2.0 * self.depth as f64).sqrt();
+        let blocks = (0..self.depth)
+            .map(|_| GptBlock {
+                norm1: Norm::new(w, device),
+                qkv: Dense::new(&mut rng, w, 3 * w, 0.02, device),
+                proj: Dense::new(&mut rng, w, w, residual_std, device),
+                norm2: Norm::new(w, device),
+                mlp_in: Dense::new(&mut rng, w, hidden, 0.02, device),
+                mlp_out: Dense::new(&mut rng, hidden, w, residual_std, device),
+                heads: self.heads,
+            })
+            .collect();
+        Gpt {
+            token_embedding: normal(&mut rng, [self.vocab, w], 0.02, device),
+            position_embedding: normal(&mut rng, [self.context, w], 0.02, device),
+            frame_projection: (self.frame_dim > 0).then(|| Dense::new(&mut rng, self.frame_dim, w, 0.02, device)),
+            blocks,
+            final_norm: Norm::new(w, device),
+            max_frames: self.max_frames,
+        }
+    }
+}
+
+fn normal<B: Backend, const D: usize>(
+    rng: &mut ChaCha8Rng,
+    shape: [usize; D],
+    std: f64,
+    device: &B::Device,
+) -> Param<Tensor<B, D>> {
+    let n: usize = shape.iter().product();
+    // Box–Muller from the seeded stream: the same weights on every backend.
+    let values: Vec<f32> = (0..n)
+        .map(|_| {
+            let u1: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
+            let u2: f64 = rng.random();
+            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos() * std) as f32
+        })
+        .collect();
+    Param::from_tensor(Tensor::from_data(TensorData::new(values, shape), device))
+}
+
+fn constant<B: Backend>(n: usize, value: f32, device: &B::Device) -> Param<Tensor<B, 1>> {
+    Param::from_tensor(Tensor::from_data(TensorData::new(vec![value; n], [n]), device))
+}
+
+/// `x · W + b`.
+#[derive(Module, Debug)]
+pub struct Dense<B: Backend> {
+    /// `[in, out]`.
+    pub weight: Param<Tensor<B, 2>>,
+    /// `[out]`.
+    pub bias: Param<Tensor<B, 1>>,
+}
+
+impl<B: Backend> Dense<B> {
+    fn new(rng: &mut ChaCha8Rng, inputs: usize, outputs: usize, std: f64, device: &B::Device) -> Self {
+        Self {
+            weight: normal(rng, [inputs, outputs], std, device),
+            bias: constant(outputs, 0.0, device),
+        }
+    }
+
+    /// Output in the low type.
+    pub fn forward(&self, x: Tensor<B, 3>, ac: &Autocast) -> Tensor<B, 3> {
+        ac.linear(x, self.weight.val(), Some(self.bias.val()))
+    }
+}
+
+/// Layer normalisation, in f32.
+#[derive(Module, Debug)]
+pub struct Norm<B: Backend> {
+    /// Scale `[width]`.
+    pub gamma: Param<Tensor<B, 1>>,
+    /// Shift `[width]`.
+    pub beta: Param<Tensor<B, 1>>,
+}
+
+impl<B: Backend> Norm<B> {
+    fn new(width: usize, device: &B::Device) -> Self {
+        Self {
+            gamma: constant(width, 1.0, device),
+            beta: constant(width, 0.0, device),
+        }
+    }
+
+    /// Normalises the last axis; input of any type, output f32.
+    pub fn forward(&self, x: Tensor<B, 3>, ac: &Autocast) -> Tensor<B, 3> {
+        let x = ac.full(x);
+        let centred = x.clone() - x.mean_dim(2);
+        let var = centred.clone().powi_scalar(2).mean_dim(2);
+        let y = centred / var.add_scalar(1e-5).sqrt();
+        y * ac.full(self.gamma.val()).unsqueeze() + ac.full(self.beta.val()).unsqueeze()
+    }
+}
+
+/// One pre-norm block: `x + attn(norm(x))`, then `x + mlp(norm(x))`.
+#[derive(Module, Debug)]
+pub struct GptBlock<B: Backend> {
+    /// Before attention.
+    pub norm1: Norm<B>,
+    /// Query, key and value projections, fused `[w, 3w]`.
+    pub qkv: Dense<B>,
+    /// Attention output projection.
+    pub proj: Dense<B>,
+    /// Before the MLP.
+    pub norm2: Norm<B>,
+    /// MLP up.
+    pub mlp_in: Dense<B>,
+    /// MLP down.
+    pub mlp_out: Dense<B>,
+    heads: usize,
+}
+
+impl<B: Backend> Block<B, 3> for GptBlock<B> {
+    fn forward(&self, x: Tensor<B, 3>, ac: &Autocast) -> Tensor<B, 3> {
+        let [b, t, w] = x.dims();
+        let (h, dh) = (self.heads, w / self.heads);
+        let qkv = self.qkv.forward(self.norm1.forward(x.clone(), ac), ac); // [b, t, 3w] low
+        let heads = |i: usize| qkv.clone().narrow(2, i * w, w).reshape([b, t, h, dh]).swap_dims(1, 2); // [b, h, t, dh]
+        let (q, k, v) = (heads(0), heads(1), heads(2));
+        let scores = ac.full(ac.matmul(q, k.swap_dims(2, 3))).mul_scalar(1.0 / (dh as f64).sqrt()); // [b, h, t, t]
+        let device = x.device();
+        let rows = Tensor::<B, 1, Int>::arange(0..t as i64, &device).reshape([t, 1]);
+        let cols = Tensor::<B, 1, Int>::arange(0..t as i64, &device).reshape([1, t]);
+        let future = cols.greater(rows).unsqueeze::<4>(); // [1, 1, t, t]
+        let attn = softmax(scores.mask_fill(future, f32::NEG_INFINITY), 3);
+        let mixed = ac.matmul(attn, v).swap_dims(1, 2).reshape([b, t, w]); // [b, t, w] low
+        let x = x + ac.full(self.proj.forward(mixed, ac));
+        let hidden = gelu(self.mlp_in.forward(self.norm2.forward(x.clone(), ac), ac));
+        x + ac.full(self.mlp_out.forward(hidden, ac))
+    }
+}
+
+/// The decoder.
+#[derive(Module, Debug)]
+pub struct Gpt<B: Backend> {
+    /// `[vocab, width]`, also the output head (tied).
+    pub token_embedding: Param<Tensor<B, 2>>,
+    /// `[context, width]`.
+    pub position_embedding: Param<Tensor<B, 2>>,
+    /// Frame features → width, when the model takes frames.
+    pub frame_projection: Option<Dense<B>>,
+    /// The blocks.
+    pub blocks: Vec<GptBlock<B>>,
+    /// Before the head.
+    pub final_norm: Norm<B>,
+    max_frames: usize,
+}
+
+/// Inputs and next-token targets.
+#[derive(Debug, Clone)]
+pub struct TokenBatch<B: Backend> {
+    /// `[batch, tokens]`.
+    pub tokens: Tensor<B, 2, Int>,
+    /// `[batch, tokens]`: the token after each input token.
+    pub targets: Tensor<B, 2, Int>,
+    /// `[batch, frames, frame_dim]`, when the task has frames.
+    pub frames: Option<Tensor<B, 3>>,
+}
+
+impl<B: Backend> TokenBatch<B> {
+    /// Samples `range`.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Self {
+        Self {
+            tokens: self.tokens.clone().slice([range.clone()]),
+            targets: self.targets.clone().slice([range.clone()]),
+            frames: self.frames.clone().map(|f| f.slice([range])),
+        }
+    }
+}
+
+impl<B: Backend> Gpt<B> {
+    /// Frames used: all if within the cap, else `max_frames` evenly spaced.
+    fn capped_frames(&self, frames: Tensor<B, 3>) -> Tensor<B, 3> {
+        let n = frames.dims()[1];
+        if n <= self.max_frames {
+            return frames;
+        }
+        let keep: Vec<i64> = (0..self.max_frames).map(|i| (i * n / self.max_frames) as i64).collect();
+        let keep = Tensor::<B, 1, Int>::from_data(TensorData::new(keep, [self.max_frames]), &frames.device());
+        frames.select(1, keep)
+    }
+
+    /// Embeddings (frames then tokens) plus positions: `[b, frames + tokens, w]`, f32.
+    pub fn embed(&self, batch: &TokenBatch<B>, ac: &Autocast) -> Tensor<B, 3> {
+        let [b, t] = batch.tokens.dims();
+        let table = self.token_embedding.val();
+        let w = table.dims()[1];
+        let tokens = ac.full(table.select(0, batch.tokens.clone().reshape([b * t])).reshape([b, t, w]));
+        let x = match (&self.frame_projection, &batch.frames) {
+            (Some(p), Some(frames)) => {
+                let f = ac.full(p.forward(self.capped_frames(frames.clone()), ac));
+                Tensor::cat(vec![f, tokens], 1)
+            }
+            _ => tokens,
+        };
+        let len = x.dims()[1];
+        x + ac.full(self.position_embedding.val().narrow(0, 0, len)).unsqueeze::<3>()
+    }
+
+    /// Mean next-token cross-entropy (f32) from the last block's output.
+    pub fn head_loss(&self, x: Tensor<B, 3>, batch: &TokenBatch<B>, ac: &Autocast) -> Tensor<B, 1> {
+        let [b, t] = batch.tokens.dims();
+        let len = x.dims()[1];
+        let x = self.final_norm.forward(x, ac).narrow(1, len - t, t); // token positions only
+        let w = x.dims()[2];
+        let logits = ac.full(ac.matmul(x.reshape([b * t, w]), self.token_embedding.val().transpose())); // [b·t, vocab]
+        let picked = log_softmax(logits, 1).gather(1, batch.targets.clone().reshape([b * t, 1]));
+        picked.mean().neg()
+    }
+
+    /// The whole forward to the loss, as one graph.
+    pub fn loss(&self, batch: &TokenBatch<B>, ac: &Autocast) -> Tensor<B, 1> {
+        let mut x = self.embed(batch, ac);
+        for block in &self.blocks {
+            x = block.forward(x, ac);
+        }
+        self.head_loss(x, batch, ac)
+    }
+}
+
+impl<B: AutodiffBackend> Trainable<B> for Gpt<B> {
+    type Batch = TokenBatch<B>;
+
+    fn micro_batch(batch: &Self::Batch, range: std::ops::Range<usize>) -> Self::Batch {
+        batch.slice(range)
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    fn loss(&self, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, 1> {
+        Gpt::loss(self, batch, autocast)
+    }
+
+    fn loss_backward_checkpointed(
+        &self,
+        batch: &Self::Batch,
+        autocast: &Autocast,
+        checkpointed: &[bool],
+        factor: f64,
+    ) -> (Tensor<B::InnerBackend, 1>, GradientsParams) {
+        let input = self.embed(batch, autocast);
+        forward_backward(self, &self.blocks, checkpointed, autocast, input, |x| {
+            self.head_loss(x, batch, autocast).mul_scalar(factor)
+        })
+    }
+}

@@ -1,0 +1,21 @@
+//! Workloads that show vramfit's techniques: a GPT-style decoder
+//! ([`gpt`]) with deterministic synthetic data ([`data`]), trained by the
+//! composed step of [`vramfit::run::Stepper`].
+//!
+//! ```
+//! use burn::backend::{Autodiff, Flex};
+//! use vramfit::precision::{Autocast, Precision};
+//! use vramfit_models::{data::{SyntheticTask, TaskConfig}, gpt::GptConfig};
+//!
+//! type B = Autodiff<Flex>;
+//! let device = Default::default();
+//! let config = GptConfig { width: 16, depth: 1, heads: 2, vocab: 8, context: 8, ..Default::default() };
+//! let model = config.init::<B>(1, &device);
+//! let task = SyntheticTask::new(TaskConfig { tokens: 8, ..Default::default() }, 8, 0);
+//! let loss = model.loss(&task.batch(0, 2, &device), &Autocast::new(Precision::Bf16));
+//! let nats: f32 = loss.into_scalar();
+//! assert!((nats - (8f32).ln()).abs() < 0.2, "an untrained model is near ln(vocab): {nats}");
+//! ```
+
+pub mod data;
+pub mod gpt;
