@@ -14,6 +14,7 @@ use vramfit_splat::picture::{save_png, to_rgb8};
 
 mod bench;
 mod device;
+mod train;
 
 // The fit allocates and frees image-sized buffers every step; glibc's
 // malloc returns them to the kernel each time, and the page faults and TLB
@@ -62,6 +63,11 @@ enum Command {
         size: (u32, u32),
         /// Output PNG.
         out: PathBuf,
+    },
+    /// Train a workload with the memory techniques (see `vramfit train transformer --help`).
+    Train {
+        #[command(subcommand)]
+        which: train::Which,
     },
     /// Benchmarks that print figures and write JSON.
     Bench {
@@ -133,6 +139,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Bench { which } => bench::run(which),
+        Command::Train { which } => train::run(which),
         Command::Report { run_dir } => report(&run_dir),
     }
 }
@@ -155,10 +162,20 @@ fn resolve(args: &FitArgs) -> Result<FitConfig> {
 /// Applies `--set KEY=VALUE` overrides through the config parser, so an
 /// unknown key or a wrong type is named the same way as in a file.
 pub(crate) fn apply_sets(c: FitConfig, sets: &[String]) -> Result<FitConfig> {
+    apply_sets_with(&c.to_toml(), sets, |text| Ok(FitConfig::from_toml(text, Path::new("--set"))?)).map(|o| o.unwrap_or(c))
+}
+
+/// `--set` on any settings type: `KEY` may be dotted (`model.width`) to
+/// reach a table. Returns `None` when there is nothing to set.
+pub(crate) fn apply_sets_with<T>(
+    resolved_toml: &str,
+    sets: &[String],
+    parse: impl Fn(&str) -> Result<T>,
+) -> Result<Option<T>> {
     if sets.is_empty() {
-        return Ok(c);
+        return Ok(None);
     }
-    let mut table: toml::Table = toml::from_str(&c.to_toml()).context("re-reading the resolved settings")?;
+    let mut table: toml::Table = toml::from_str(resolved_toml).context("re-reading the resolved settings")?;
     for kv in sets {
         let Some((key, value)) = kv.split_once('=') else {
             bail!("--set {kv}: expected KEY=VALUE, e.g. --set add_every=250")
@@ -168,9 +185,18 @@ pub(crate) fn apply_sets(c: FitConfig, sets: &[String]) -> Result<FitConfig> {
             .ok()
             .and_then(|mut t| t.remove("v"))
             .unwrap_or_else(|| toml::Value::String(value.to_string()));
-        table.insert(key.trim().to_string(), value);
+        let mut path: Vec<&str> = key.trim().split('.').collect();
+        let last = path.pop().unwrap_or_default();
+        let mut at = &mut table;
+        for part in path {
+            at = match at.entry(part).or_insert_with(|| toml::Value::Table(Default::default())) {
+                toml::Value::Table(t) => t,
+                _ => bail!("--set {kv}: `{part}` is a value, not a table of settings"),
+            };
+        }
+        at.insert(last.to_string(), value);
     }
-    Ok(FitConfig::from_toml(&toml::to_string(&table)?, Path::new("--set"))?)
+    parse(&toml::to_string(&table)?).map(Some)
 }
 
 fn fit(args: FitArgs) -> Result<()> {

@@ -2,6 +2,9 @@
 //! ([`gpt`]) with deterministic synthetic data ([`data`]), trained by the
 //! composed step of [`vramfit::run::Stepper`].
 //!
+//! [`job::TrainJob`] runs a whole training run into a run directory
+//! (`vramfit train transformer`), with settings from [`config`].
+//!
 //! ```
 //! use burn::backend::{Autodiff, Flex};
 //! use vramfit::precision::{Autocast, Precision};
@@ -17,5 +20,7 @@
 //! assert!((nats - (8f32).ln()).abs() < 0.2, "an untrained model is near ln(vocab): {nats}");
 //! ```
 
+pub mod config;
 pub mod data;
 pub mod gpt;
+pub mod job;

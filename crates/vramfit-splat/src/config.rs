@@ -88,22 +88,7 @@ pub const BUILTIN_SAMPLE: &str = "builtin:astronaut";
 impl FitConfig {
     /// Parses TOML text; `path` names the source in errors.
     pub fn from_toml(text: &str, path: &Path) -> Result<Self, SplatError> {
-        toml::from_str(text).map_err(|e| {
-            // Name the offending line, so that a wrong type points at its key too.
-            let line = e.span().map(|span| {
-                let start = text[..span.start].rfind('\n').map_or(0, |i| i + 1);
-                let end = text[span.start..].find('\n').map_or(text.len(), |i| span.start + i);
-                format!(
-                    "line {}: `{}`: ",
-                    text[..start].matches('\n').count() + 1,
-                    text[start..end].trim()
-                )
-            });
-            SplatError::Config {
-                path: path.into(),
-                why: format!("{}{}", line.unwrap_or_default(), e.message()),
-            }
-        })
+        vramfit::settings::from_toml(text).map_err(|why| SplatError::Config { path: path.into(), why })
     }
 
     /// Reads a TOML file.

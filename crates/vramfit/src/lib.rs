@@ -29,4 +29,5 @@ pub mod params;
 pub mod precision;
 pub mod profile;
 pub mod run;
+pub mod settings;
 pub mod storage;

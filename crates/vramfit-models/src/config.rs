@@ -1,0 +1,304 @@
+//! Settings of `vramfit train transformer`: defaults, TOML files (unknown
+//! keys are errors naming their line) and validation of every combination
+//! before anything is created.
+
+use std::path::{Path, PathBuf};
+
+use burn::tensor::DType;
+use burn::tensor::backend::Backend;
+use serde::{Deserialize, Serialize};
+use vramfit::allocator::CleanupPolicy;
+use vramfit::batch::MicroBatching;
+use vramfit::checkpoint::CheckpointPolicy;
+use vramfit::precision::Precision;
+use vramfit::storage::StoragePolicy;
+
+use crate::data::TaskConfig;
+use crate::gpt::GptConfig;
+
+/// Every setting of a training run. Field names are the TOML keys.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainConfig {
+    /// Optimiser steps.
+    pub steps: u64,
+    /// Samples per optimiser step.
+    pub batch_size: usize,
+    /// Samples per forward/backward (0: the whole batch).
+    pub micro_batch: usize,
+    /// Micro-batches per optimiser step.
+    pub accumulate: usize,
+    /// Peak learning rate (after warm-up; cosine decay to 10 % at the end).
+    pub lr: f64,
+    /// Linear warm-up steps.
+    pub warmup_steps: u64,
+    /// Decoupled (AdamW) weight decay.
+    pub weight_decay: f64,
+    /// Matrix-work precision: f32, bf16 or f16.
+    pub precision: String,
+    /// Loss scaling: `dynamic` (PyTorch GradScaler) or `none`. Used with f16.
+    pub loss_scale: String,
+    /// Block checkpointing: none, all, every:K, auto, list:I,J.
+    pub checkpoint: String,
+    /// Parameter groups stored in low precision, `PREFIX:TYPE` (e.g. `token_embedding:bf16`, `*:bf16`).
+    pub storage: Vec<String>,
+    /// Adam moments' stored type: f32 or bf16.
+    pub moments: String,
+    /// Allocator cleanup: never, step, every:N.
+    pub allocator_cleanup: String,
+    /// Seed of the weights.
+    pub seed: u64,
+    /// Steps between lines of `metrics.jsonl`.
+    pub log_every: u64,
+    /// Steps between checkpoints (0: none).
+    pub checkpoint_every: u64,
+    /// Steps between memory records (0: none).
+    pub profile_every: u64,
+    /// The model.
+    pub model: GptConfig,
+    /// The synthetic data.
+    pub task: TaskConfig,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            steps: 300,
+            batch_size: 16,
+            micro_batch: 0,
+            accumulate: 1,
+            lr: 3e-3,
+            warmup_steps: 20,
+            weight_decay: 0.0,
+            precision: "f32".into(),
+            loss_scale: "dynamic".into(),
+            checkpoint: "none".into(),
+            storage: Vec::new(),
+            moments: "f32".into(),
+            allocator_cleanup: "never".into(),
+            seed: 0,
+            log_every: 10,
+            checkpoint_every: 100,
+            profile_every: 10,
+            model: GptConfig::default(),
+            task: TaskConfig::default(),
+        }
+    }
+}
+
+/// A setting that cannot be used; names the setting and what to do.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConfigError {
+    /// The file cannot be read or parsed.
+    #[error("{path}: {why}")]
+    File {
+        /// Source (a path, or `--set`).
+        path: PathBuf,
+        /// What is wrong, with the line.
+        why: String,
+    },
+    /// One setting (or combination) is invalid.
+    #[error("setting `{name}`: {why}")]
+    Invalid {
+        /// The setting.
+        name: &'static str,
+        /// What is wrong and what to do.
+        why: String,
+    },
+}
+
+/// The validated, parsed form of the string settings.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// Precision.
+    pub precision: Precision,
+    /// Whether a dynamic loss scaler runs.
+    pub loss_scaling: bool,
+    /// Checkpoint marks per block.
+    pub checkpointed: Vec<bool>,
+    /// Batch split.
+    pub batching: MicroBatching,
+    /// Storage groups.
+    pub storage: StoragePolicy,
+    /// Moments' type.
+    pub moments: burn::tensor::FloatDType,
+    /// Allocator policy.
+    pub cleanup: CleanupPolicy,
+}
+
+fn invalid(name: &'static str, why: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { name, why: why.into() }
+}
+
+impl TrainConfig {
+    /// Parses TOML; `path` names the source in errors.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        vramfit::settings::from_toml(text).map_err(|why| ConfigError::File { path: path.into(), why })
+    }
+
+    /// Reads a TOML file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+            path: path.into(),
+            why: format!("cannot read it: {e}"),
+        })?;
+        Self::from_toml(&text, path)
+    }
+
+    /// The resolved settings as TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("config is plain data")
+    }
+
+    /// Learning rate at optimiser step `step` (1-based): linear warm-up,
+    /// then cosine from `lr` to `lr / 10`.
+    pub fn lr_at(&self, step: u64) -> f64 {
+        if step <= self.warmup_steps {
+            return self.lr * step as f64 / self.warmup_steps.max(1) as f64;
+        }
+        let span = self.steps.saturating_sub(self.warmup_steps).max(1) as f64;
+        let t = ((step - self.warmup_steps) as f64 / span).min(1.0);
+        self.lr * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * t).cos()))
+    }
+
+    /// Checks every setting and combination against backend `B` on `device`.
+    pub fn resolve<B: Backend>(&self, device: &B::Device) -> Result<Resolved, ConfigError> {
+        self.model.validate().map_err(|e| invalid("model", e.to_string()))?;
+        if self.steps == 0 {
+            return Err(invalid("steps", "must be at least 1"));
+        }
+        if self.log_every == 0 {
+            return Err(invalid("log_every", "must be at least 1"));
+        }
+        if self.batch_size == 0 {
+            return Err(invalid("batch_size", "must be at least 1"));
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(invalid("lr", format!("{} is not a finite positive number", self.lr)));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return Err(invalid("weight_decay", format!("{} is not finite and ≥ 0", self.weight_decay)));
+        }
+        if self.task.tokens < 1 || self.task.topics < 1 || !(0.0..=1.0).contains(&self.task.p_follow) {
+            return Err(invalid("task", "tokens and topics must be ≥ 1 and p_follow in [0, 1]"));
+        }
+        if self.task.frames > 0 && self.model.frame_dim == 0 {
+            return Err(invalid("task.frames", "the task has frames but model.frame_dim is 0: set model.frame_dim and model.max_frames"));
+        }
+        let length = self.model.frames_used(self.task.frames) + self.task.tokens;
+        if length > self.model.context {
+            return Err(invalid(
+                "model.context",
+                format!(
+                    "{} frames + {} tokens = {length} positions do not fit a context of {}: raise model.context or lower task.tokens / model.max_frames",
+                    self.model.frames_used(self.task.frames),
+                    self.task.tokens,
+                    self.model.context
+                ),
+            ));
+        }
+        let precision = Precision::parse(&self.precision)
+            .ok_or_else(|| invalid("precision", format!("`{}` is not one of f32, bf16, f16", self.precision)))?;
+        let loss_scaling = match self.loss_scale.as_str() {
+            "dynamic" => precision.needs_loss_scaling(),
+            "none" if precision.needs_loss_scaling() => {
+                return Err(invalid(
+                    "loss_scale",
+                    "f16 gradients underflow without loss scaling: use loss_scale = \"dynamic\", or precision bf16",
+                ));
+            }
+            "none" => false,
+            other => return Err(invalid("loss_scale", format!("`{other}` is not one of dynamic, none"))),
+        };
+        let supported = |dtype: burn::tensor::FloatDType| B::supports_dtype(device, DType::from(dtype));
+        if !supported(precision.dtype()) {
+            return Err(invalid(
+                "precision",
+                format!("{} is not supported by this device ({}); use f32", self.precision, B::name(device)),
+            ));
+        }
+        let checkpointed = CheckpointPolicy::parse(&self.checkpoint)
+            .and_then(|p| p.plan(self.model.depth))
+            .map_err(|e| invalid("checkpoint", e.to_string()))?;
+        let batching = MicroBatching {
+            micro_batch: if self.micro_batch == 0 { self.batch_size } else { self.micro_batch },
+            accumulate: self.accumulate,
+        };
+        batching.validate(self.batch_size).map_err(|e| invalid("micro_batch", e.to_string()))?;
+        let storage = StoragePolicy::parse(&self.storage).map_err(|e| invalid("storage", e.to_string()))?;
+        for entry in &self.storage {
+            let dtype = entry.rsplit_once(':').map(|(_, d)| d).unwrap_or("");
+            let dtype = Precision::parse(dtype).map(|p| p.dtype());
+            if let Some(d) = dtype
+                && !supported(d)
+            {
+                return Err(invalid("storage", format!("`{entry}`: the device does not support that type")));
+            }
+        }
+        let moments = match self.moments.as_str() {
+            "f32" => burn::tensor::FloatDType::F32,
+            "bf16" => burn::tensor::FloatDType::BF16,
+            other => return Err(invalid("moments", format!("`{other}` is not one of f32, bf16"))),
+        };
+        if !supported(moments) {
+            return Err(invalid("moments", "bf16 is not supported by this device; use f32"));
+        }
+        let cleanup =
+            CleanupPolicy::parse(&self.allocator_cleanup).map_err(|e| invalid("allocator_cleanup", e.to_string()))?;
+        Ok(Resolved {
+            precision,
+            loss_scaling,
+            checkpointed,
+            batching,
+            storage,
+            moments,
+            cleanup,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+
+    fn check(c: TrainConfig) -> String {
+        c.resolve::<Flex>(&Default::default()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn invalid_combinations_name_the_setting() {
+        let e = check(TrainConfig { precision: "f16".into(), loss_scale: "none".into(), ..Default::default() });
+        assert!(e.contains("loss_scale") && e.contains("dynamic"), "{e}");
+        let e = check(TrainConfig { batch_size: 16, micro_batch: 5, accumulate: 3, ..Default::default() });
+        assert!(e.contains("micro_batch") && e.contains("batch_size"), "{e}");
+        let e = check(TrainConfig { precision: "fp8".into(), ..Default::default() });
+        assert!(e.contains("precision") && e.contains("fp8"), "{e}");
+        let e = check(TrainConfig { checkpoint: "every:0".into(), ..Default::default() });
+        assert!(e.contains("checkpoint"), "{e}");
+        let e = check(TrainConfig { task: TaskConfig { tokens: 100, ..Default::default() }, ..Default::default() });
+        assert!(e.contains("model.context"), "{e}");
+        let mut c = TrainConfig::default();
+        c.model.heads = 5;
+        assert!(check(c).contains("heads"));
+        assert!(TrainConfig::default().resolve::<Flex>(&Default::default()).is_ok());
+    }
+
+    #[test]
+    fn unknown_keys_are_named_with_their_line() {
+        let e = TrainConfig::from_toml("steps = 3\n[model]\nwidht = 8\n", Path::new("t.toml")).unwrap_err().to_string();
+        assert!(e.contains("widht") && e.contains("t.toml"), "{e}");
+        let c = TrainConfig::from_toml("steps = 3\n[model]\nwidth = 8\nheads = 2\n", Path::new("t.toml")).unwrap();
+        assert_eq!((c.steps, c.model.width, c.model.depth), (3, 8, GptConfig::default().depth));
+        assert_eq!(TrainConfig::from_toml(&c.to_toml(), Path::new("x")).unwrap(), c);
+    }
+
+    #[test]
+    fn schedule_warms_up_then_decays_to_a_tenth() {
+        let c = TrainConfig { steps: 100, warmup_steps: 10, lr: 1.0, ..Default::default() };
+        assert_eq!(c.lr_at(5), 0.5);
+        assert!((c.lr_at(10) - 1.0).abs() < 1e-12);
+        assert!((c.lr_at(100) - 0.1).abs() < 1e-12);
+        assert!(c.lr_at(50) < c.lr_at(20));
+    }
+}
