@@ -136,6 +136,8 @@ struct State<B: AutodiffBackend> {
     model: Gpt<B>,
     stepper: Stepper<B>,
     wall_before: f64,
+    /// Losses of the last (up to) 10 steps, for `final_loss` (kept across resumes).
+    recent: Vec<f64>,
 }
 
 fn checkpoint_name(step: u64) -> String {
@@ -173,7 +175,7 @@ fn to_array_file<B: AutodiffBackend>(state: &State<B>, wall_seconds: f64) -> Arr
     let mut file = ArrayFile::new(
         CHECKPOINT_KIND,
         json!({ "step": state.stepper.attempts, "optimizer_steps": adam.step, "scaler": scaler,
-                "wall_seconds": wall_seconds, "stored_types": dtypes }),
+                "wall_seconds": wall_seconds, "recent_losses": state.recent, "stored_types": dtypes }),
     );
     for (path, (shape, _, values)) in params {
         file.insert(&format!("param/{path}"), shape, values);
@@ -215,7 +217,11 @@ impl TrainJob {
                 "host process peak resident set (VmHWM); not device memory",
             ),
         };
-        let report = profiler.report(&self.device_name, peak, source);
+        let mut report = profiler.report(&self.device_name, peak, source);
+        let mut tensors: Vec<(String, u64)> =
+            vramfit::params::describe(&state.model).into_iter().map(|p| (p.bytes(), p)).map(|(b, p)| (p.path, b)).collect();
+        tensors.sort_by(|a, b| b.1.cmp(&a.1));
+        report.largest_tensors = tensors.into_iter().take(10).collect();
         let _ = dir.write("memory.json", serde_json::to_string_pretty(&report).expect("plain data").as_bytes());
         match result {
             Ok(Some(mut summary)) => {
@@ -253,6 +259,7 @@ impl TrainJob {
             model,
             stepper,
             wall_before: 0.0,
+            recent: Vec::new(),
         })
     }
 
@@ -300,6 +307,7 @@ impl TrainJob {
             *s = LossScaler::resume(ScalerConfig::default(), saved);
         }
         state.wall_before = meta("wall_seconds").as_f64().unwrap_or(0.0);
+        state.recent = serde_json::from_value(meta("recent_losses")).unwrap_or_default();
         Ok((dir, config, state))
     }
 
@@ -320,7 +328,6 @@ impl TrainJob {
         let mut events = EventWriter::create(dir.root()).map_err(write_error(dir.root()))?;
         let started = Instant::now();
         let mut step_ms = Vec::new();
-        let mut recent = Vec::new();
         if observe(Event::Start {
             done: state.stepper.attempts,
             total: config.steps,
@@ -351,9 +358,9 @@ impl TrainJob {
             if profiled {
                 profiler.record(step, "optimizer", accounted(state));
             }
-            recent.push(out.loss);
-            if recent.len() > 10 {
-                recent.remove(0);
+            state.recent.push(out.loss);
+            if state.recent.len() > 10 {
+                state.recent.remove(0);
             }
             if step % config.log_every == 0 || !out.stepped || step == config.steps {
                 let wall = state.wall_before + started.elapsed().as_secs_f64();
@@ -399,7 +406,7 @@ impl TrainJob {
         let median = step_ms.get(step_ms.len() / 2).copied().unwrap_or(0.0);
         let s = &state.stepper;
         Ok(Some(TrainSummary {
-            final_loss: recent.iter().sum::<f64>() / recent.len().max(1) as f64,
+            final_loss: state.recent.iter().sum::<f64>() / state.recent.len().max(1) as f64,
             entropy_floor: task.entropy_floor(),
             steps: s.attempts,
             skipped_steps: s.scaler.as_ref().map_or(0, |x| x.state().skipped_steps),
