@@ -162,7 +162,10 @@ fn resolve(args: &FitArgs) -> Result<FitConfig> {
 /// Applies `--set KEY=VALUE` overrides through the config parser, so an
 /// unknown key or a wrong type is named the same way as in a file.
 pub(crate) fn apply_sets(c: FitConfig, sets: &[String]) -> Result<FitConfig> {
-    apply_sets_with(&c.to_toml(), sets, |text| Ok(FitConfig::from_toml(text, Path::new("--set"))?)).map(|o| o.unwrap_or(c))
+    apply_sets_with(&c.to_toml(), sets, |text| {
+        Ok(FitConfig::from_toml(text, Path::new("--set"))?)
+    })
+    .map(|o| o.unwrap_or(c))
 }
 
 /// `--set` on any settings type: `KEY` may be dotted (`model.width`) to

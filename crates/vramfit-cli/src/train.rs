@@ -172,7 +172,10 @@ fn print_summary(s: &TrainSummary, dir: &Path) {
         s.peak_memory_source
     );
     if s.cleanup_calls > 0 {
-        println!("  allocator cleanups: {} in {:.3} s", s.cleanup_calls, s.cleanup_seconds);
+        println!(
+            "  allocator cleanups: {} in {:.3} s",
+            s.cleanup_calls, s.cleanup_seconds
+        );
     }
     println!("  run directory: {}", dir.display());
 }

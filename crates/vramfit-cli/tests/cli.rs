@@ -428,3 +428,83 @@ fn a_device_out_of_memory_writes_oom_json_and_keeps_what_was_written() {
     assert!(d.join("r/memory.json").is_file() && d.join("r/error.json").is_file());
     assert!(!d.join("r/summary.json").exists());
 }
+
+#[test]
+fn train_transformer_runs_resumes_and_refuses_bad_combinations() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let small = [
+        "--set",
+        "model.width=16",
+        "--set",
+        "model.heads=2",
+        "--set",
+        "model.depth=2",
+        "--set",
+        "model.vocab=16",
+        "--set",
+        "model.context=16",
+        "--set",
+        "task.tokens=8",
+        "--set",
+        "checkpoint_every=4",
+    ];
+    let train = |extra: &[&str], out: &str| {
+        let mut args = vec![
+            "train",
+            "transformer",
+            "--steps",
+            "8",
+            "--batch-size",
+            "4",
+            "--out",
+            out,
+        ];
+        args.extend_from_slice(&small);
+        args.extend_from_slice(extra);
+        run(&args, dir)
+    };
+    let bad: [(&[&str], &str); 5] = [
+        (&["--precision", "f16", "--set", "loss_scale=\"none\""], "loss_scale"),
+        (&["--micro-batch", "3", "--accumulate", "2"], "micro_batch"),
+        (&["--checkpoint", "sometimes"], "checkpoint"),
+        (&["--storage", "embeddings:bf16"], "token_embedding"),
+        (&["--set", "model.widht=3"], "widht"),
+    ];
+    for (extra, needle) in bad {
+        let o = train(extra, "bad");
+        assert!(!o.status.success(), "{extra:?} must fail");
+        assert!(stderr(&o).contains(needle), "{extra:?}: {}", stderr(&o));
+        assert!(!dir.join("bad").exists(), "{extra:?}: no run directory");
+    }
+    let o = train(
+        &[
+            "--precision",
+            "bf16",
+            "--checkpoint",
+            "auto",
+            "--micro-batch",
+            "2",
+            "--accumulate",
+            "2",
+            "--moments",
+            "bf16",
+        ],
+        "ok",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("final loss") && text.contains("bf16"), "{text}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("ok/summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 8);
+    assert_eq!(summary["techniques"]["accumulate"], 2);
+    let o = run(&["train", "transformer", "--resume", "ok"], dir);
+    assert!(
+        !o.status.success() && stderr(&o).contains("already finished"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["train", "transformer", "--resume", "ok", "--steps", "3"], dir);
+    assert!(!o.status.success(), "--resume takes no other settings");
+}

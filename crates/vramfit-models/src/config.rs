@@ -177,13 +177,19 @@ impl TrainConfig {
             return Err(invalid("lr", format!("{} is not a finite positive number", self.lr)));
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
-            return Err(invalid("weight_decay", format!("{} is not finite and ≥ 0", self.weight_decay)));
+            return Err(invalid(
+                "weight_decay",
+                format!("{} is not finite and ≥ 0", self.weight_decay),
+            ));
         }
         if self.task.tokens < 1 || self.task.topics < 1 || !(0.0..=1.0).contains(&self.task.p_follow) {
             return Err(invalid("task", "tokens and topics must be ≥ 1 and p_follow in [0, 1]"));
         }
         if self.task.frames > 0 && self.model.frame_dim == 0 {
-            return Err(invalid("task.frames", "the task has frames but model.frame_dim is 0: set model.frame_dim and model.max_frames"));
+            return Err(invalid(
+                "task.frames",
+                "the task has frames but model.frame_dim is 0: set model.frame_dim and model.max_frames",
+            ));
         }
         let length = self.model.frames_used(self.task.frames) + self.task.tokens;
         if length > self.model.context {
@@ -197,8 +203,12 @@ impl TrainConfig {
                 ),
             ));
         }
-        let precision = Precision::parse(&self.precision)
-            .ok_or_else(|| invalid("precision", format!("`{}` is not one of f32, bf16, f16", self.precision)))?;
+        let precision = Precision::parse(&self.precision).ok_or_else(|| {
+            invalid(
+                "precision",
+                format!("`{}` is not one of f32, bf16, f16", self.precision),
+            )
+        })?;
         let loss_scaling = match self.loss_scale.as_str() {
             "dynamic" => precision.needs_loss_scaling(),
             "none" if precision.needs_loss_scaling() => {
@@ -214,17 +224,27 @@ impl TrainConfig {
         if !supported(precision.dtype()) {
             return Err(invalid(
                 "precision",
-                format!("{} is not supported by this device ({}); use f32", self.precision, B::name(device)),
+                format!(
+                    "{} is not supported by this device ({}); use f32",
+                    self.precision,
+                    B::name(device)
+                ),
             ));
         }
         let checkpointed = CheckpointPolicy::parse(&self.checkpoint)
             .and_then(|p| p.plan(self.model.depth))
             .map_err(|e| invalid("checkpoint", e.to_string()))?;
         let batching = MicroBatching {
-            micro_batch: if self.micro_batch == 0 { self.batch_size } else { self.micro_batch },
+            micro_batch: if self.micro_batch == 0 {
+                self.batch_size
+            } else {
+                self.micro_batch
+            },
             accumulate: self.accumulate,
         };
-        batching.validate(self.batch_size).map_err(|e| invalid("micro_batch", e.to_string()))?;
+        batching
+            .validate(self.batch_size)
+            .map_err(|e| invalid("micro_batch", e.to_string()))?;
         let storage = StoragePolicy::parse(&self.storage).map_err(|e| invalid("storage", e.to_string()))?;
         for entry in &self.storage {
             let dtype = entry.rsplit_once(':').map(|(_, d)| d).unwrap_or("");
@@ -232,7 +252,10 @@ impl TrainConfig {
             if let Some(d) = dtype
                 && !supported(d)
             {
-                return Err(invalid("storage", format!("`{entry}`: the device does not support that type")));
+                return Err(invalid(
+                    "storage",
+                    format!("`{entry}`: the device does not support that type"),
+                ));
             }
         }
         let moments = match self.moments.as_str() {
@@ -268,15 +291,36 @@ mod tests {
 
     #[test]
     fn invalid_combinations_name_the_setting() {
-        let e = check(TrainConfig { precision: "f16".into(), loss_scale: "none".into(), ..Default::default() });
+        let e = check(TrainConfig {
+            precision: "f16".into(),
+            loss_scale: "none".into(),
+            ..Default::default()
+        });
         assert!(e.contains("loss_scale") && e.contains("dynamic"), "{e}");
-        let e = check(TrainConfig { batch_size: 16, micro_batch: 5, accumulate: 3, ..Default::default() });
+        let e = check(TrainConfig {
+            batch_size: 16,
+            micro_batch: 5,
+            accumulate: 3,
+            ..Default::default()
+        });
         assert!(e.contains("micro_batch") && e.contains("batch_size"), "{e}");
-        let e = check(TrainConfig { precision: "fp8".into(), ..Default::default() });
+        let e = check(TrainConfig {
+            precision: "fp8".into(),
+            ..Default::default()
+        });
         assert!(e.contains("precision") && e.contains("fp8"), "{e}");
-        let e = check(TrainConfig { checkpoint: "every:0".into(), ..Default::default() });
+        let e = check(TrainConfig {
+            checkpoint: "every:0".into(),
+            ..Default::default()
+        });
         assert!(e.contains("checkpoint"), "{e}");
-        let e = check(TrainConfig { task: TaskConfig { tokens: 100, ..Default::default() }, ..Default::default() });
+        let e = check(TrainConfig {
+            task: TaskConfig {
+                tokens: 100,
+                ..Default::default()
+            },
+            ..Default::default()
+        });
         assert!(e.contains("model.context"), "{e}");
         let mut c = TrainConfig::default();
         c.model.heads = 5;
@@ -286,16 +330,26 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_named_with_their_line() {
-        let e = TrainConfig::from_toml("steps = 3\n[model]\nwidht = 8\n", Path::new("t.toml")).unwrap_err().to_string();
+        let e = TrainConfig::from_toml("steps = 3\n[model]\nwidht = 8\n", Path::new("t.toml"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("widht") && e.contains("t.toml"), "{e}");
         let c = TrainConfig::from_toml("steps = 3\n[model]\nwidth = 8\nheads = 2\n", Path::new("t.toml")).unwrap();
-        assert_eq!((c.steps, c.model.width, c.model.depth), (3, 8, GptConfig::default().depth));
+        assert_eq!(
+            (c.steps, c.model.width, c.model.depth),
+            (3, 8, GptConfig::default().depth)
+        );
         assert_eq!(TrainConfig::from_toml(&c.to_toml(), Path::new("x")).unwrap(), c);
     }
 
     #[test]
     fn schedule_warms_up_then_decays_to_a_tenth() {
-        let c = TrainConfig { steps: 100, warmup_steps: 10, lr: 1.0, ..Default::default() };
+        let c = TrainConfig {
+            steps: 100,
+            warmup_steps: 10,
+            lr: 1.0,
+            ..Default::default()
+        };
         assert_eq!(c.lr_at(5), 0.5);
         assert!((c.lr_at(10) - 1.0).abs() < 1e-12);
         assert!((c.lr_at(100) - 0.1).abs() < 1e-12);

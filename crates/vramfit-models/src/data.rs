@@ -117,7 +117,10 @@ impl SyntheticTask {
             tokens: Tensor::from_data(TensorData::new(tokens, [size, t]), device),
             targets: Tensor::from_data(TensorData::new(targets, [size, t]), device),
             frames: (self.config.frames > 0 && self.frame_dim > 0).then(|| {
-                Tensor::from_data(TensorData::new(frames, [size, self.config.frames, self.frame_dim]), device)
+                Tensor::from_data(
+                    TensorData::new(frames, [size, self.config.frames, self.frame_dim]),
+                    device,
+                )
             }),
         }
     }

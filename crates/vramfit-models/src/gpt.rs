@@ -81,19 +81,28 @@ impl GptConfig {
                 return err(key, "must be at least 1".into());
             }
         }
-        if self.width % self.heads != 0 {
+        if !self.width.is_multiple_of(self.heads) {
             return err(
                 "heads",
-                format!("{} heads do not divide width {}; pick heads dividing the width", self.heads, self.width),
+                format!(
+                    "{} heads do not divide width {}; pick heads dividing the width",
+                    self.heads, self.width
+                ),
             );
         }
         if self.frame_dim > 0 && self.max_frames == 0 {
-            return err("max_frames", "is 0 while frame_dim is set: set max_frames ≥ 1 or frame_dim = 0".into());
+            return err(
+                "max_frames",
+                "is 0 while frame_dim is set: set max_frames ≥ 1 or frame_dim = 0".into(),
+            );
         }
         if self.max_frames >= self.context {
             return err(
                 "max_frames",
-                format!("{} leaves no room for tokens in context {}", self.max_frames, self.context),
+                format!(
+                    "{} leaves no room for tokens in context {}",
+                    self.max_frames, self.context
+                ),
             );
         }
         Ok(())
@@ -101,7 +110,11 @@ impl GptConfig {
 
     /// Frames a sample with `available` frames contributes.
     pub fn frames_used(&self, available: usize) -> usize {
-        if self.frame_dim == 0 { 0 } else { available.min(self.max_frames) }
+        if self.frame_dim == 0 {
+            0
+        } else {
+            available.min(self.max_frames)
+        }
     }
 
     /// Builds the model with weights drawn from `seed` (normal, σ 0.02;
@@ -230,7 +243,9 @@ impl<B: Backend> Block<B, 3> for GptBlock<B> {
         let qkv = self.qkv.forward(self.norm1.forward(x.clone(), ac), ac); // [b, t, 3w] low
         let heads = |i: usize| qkv.clone().narrow(2, i * w, w).reshape([b, t, h, dh]).swap_dims(1, 2); // [b, h, t, dh]
         let (q, k, v) = (heads(0), heads(1), heads(2));
-        let scores = ac.full(ac.matmul(q, k.swap_dims(2, 3))).mul_scalar(1.0 / (dh as f64).sqrt()); // [b, h, t, t]
+        let scores = ac
+            .full(ac.matmul(q, k.swap_dims(2, 3)))
+            .mul_scalar(1.0 / (dh as f64).sqrt()); // [b, h, t, t]
         let device = x.device();
         let rows = Tensor::<B, 1, Int>::arange(0..t as i64, &device).reshape([t, 1]);
         let cols = Tensor::<B, 1, Int>::arange(0..t as i64, &device).reshape([1, t]);
@@ -298,7 +313,11 @@ impl<B: Backend> Gpt<B> {
         let [b, t] = batch.tokens.dims();
         let table = self.token_embedding.val();
         let w = table.dims()[1];
-        let tokens = ac.full(table.select(0, batch.tokens.clone().reshape([b * t])).reshape([b, t, w]));
+        let tokens = ac.full(
+            table
+                .select(0, batch.tokens.clone().reshape([b * t]))
+                .reshape([b, t, w]),
+        );
         let x = match (&self.frame_projection, &batch.frames) {
             (Some(p), Some(frames)) => {
                 let f = ac.full(p.forward(self.capped_frames(frames.clone()), ac));
@@ -307,7 +326,9 @@ impl<B: Backend> Gpt<B> {
             _ => tokens,
         };
         let len = x.dims()[1];
-        x + ac.full(self.position_embedding.val().narrow(0, 0, len)).unsqueeze::<3>()
+        x + ac
+            .full(self.position_embedding.val().narrow(0, 0, len))
+            .unsqueeze::<3>()
     }
 
     /// Mean next-token cross-entropy (f32) from the last block's output.

@@ -170,8 +170,10 @@ fn to_array_file<B: AutodiffBackend>(state: &State<B>, wall_seconds: f64) -> Arr
     let scaler = state.stepper.scaler.as_ref().map(|s| s.state());
     let adam = state.stepper.optimizer.snapshot();
     let params = snapshot(&state.model);
-    let dtypes: serde_json::Map<String, serde_json::Value> =
-        params.iter().map(|(k, (_, d, _))| (k.clone(), json!(format!("{d:?}")))).collect();
+    let dtypes: serde_json::Map<String, serde_json::Value> = params
+        .iter()
+        .map(|(k, (_, d, _))| (k.clone(), json!(format!("{d:?}"))))
+        .collect();
     let mut file = ArrayFile::new(
         CHECKPOINT_KIND,
         json!({ "step": state.stepper.attempts, "optimizer_steps": adam.step, "scaler": scaler,
@@ -211,23 +213,35 @@ impl TrainJob {
             .with_sampling(std::time::Duration::from_millis(2));
         let result = self.drive(&dir, &config, &mut state, &mut profiler, device, &mut observe);
         let (peak, source) = match profiler.peak() {
-            Some((bytes, ..)) => (Some(bytes), "device allocator (bytes in use), sampled during the profiled steps"),
+            Some((bytes, ..)) => (
+                Some(bytes),
+                "device allocator (bytes in use), sampled during the profiled steps",
+            ),
             None => (
                 vramfit::memory::host_peak_bytes(),
                 "host process peak resident set (VmHWM); not device memory",
             ),
         };
         let mut report = profiler.report(&self.device_name, peak, source);
-        let mut tensors: Vec<(String, u64)> =
-            vramfit::params::describe(&state.model).into_iter().map(|p| (p.bytes(), p)).map(|(b, p)| (p.path, b)).collect();
-        tensors.sort_by(|a, b| b.1.cmp(&a.1));
+        let mut tensors: Vec<(String, u64)> = vramfit::params::describe(&state.model)
+            .into_iter()
+            .map(|p| (p.bytes(), p))
+            .map(|(b, p)| (p.path, b))
+            .collect();
+        tensors.sort_by_key(|t| std::cmp::Reverse(t.1));
         report.largest_tensors = tensors.into_iter().take(10).collect();
-        let _ = dir.write("memory.json", serde_json::to_string_pretty(&report).expect("plain data").as_bytes());
+        let _ = dir.write(
+            "memory.json",
+            serde_json::to_string_pretty(&report).expect("plain data").as_bytes(),
+        );
         match result {
             Ok(Some(mut summary)) => {
                 summary.peak_memory_bytes = peak.unwrap_or(0);
                 summary.peak_memory_source = source.into();
-                dir.write("summary.json", serde_json::to_string_pretty(&summary).expect("plain data").as_bytes())?;
+                dir.write(
+                    "summary.json",
+                    serde_json::to_string_pretty(&summary).expect("plain data").as_bytes(),
+                )?;
                 Ok(Some(summary))
             }
             Ok(None) => Ok(None),
@@ -242,10 +256,10 @@ impl TrainJob {
     fn fresh<B: AutodiffBackend>(config: &TrainConfig, device: &B::Device) -> Result<State<B>, TrainError> {
         let r = config.resolve::<B>(device)?;
         let model = config.model.init::<B>(config.seed, device);
-        let model = r
-            .storage
-            .apply(model)
-            .map_err(|e| ConfigError::Invalid { name: "storage", why: e.to_string() })?;
+        let model = r.storage.apply(model).map_err(|e| ConfigError::Invalid {
+            name: "storage",
+            why: e.to_string(),
+        })?;
         let stepper = Stepper {
             autocast: Autocast::new(r.precision),
             checkpointed: r.checkpointed,
@@ -279,13 +293,18 @@ impl TrainJob {
         let mut state = Self::fresh::<B>(&config, device)?;
         let _ = std::fs::remove_file(dir.path("error.json"));
         // The newest checkpoint that reads back whole; none: start over.
-        let Some((path, file)) = checkpoints(&dir.checkpoints())
-            .into_iter()
-            .find_map(|p| ArrayFile::read(&p).ok().filter(|f| f.kind == CHECKPOINT_KIND).map(|f| (p, f)))
-        else {
+        let Some((path, file)) = checkpoints(&dir.checkpoints()).into_iter().find_map(|p| {
+            ArrayFile::read(&p)
+                .ok()
+                .filter(|f| f.kind == CHECKPOINT_KIND)
+                .map(|f| (p, f))
+        }) else {
             return Ok((dir, config, state));
         };
-        let bad = |why: String| TrainError::Checkpoint { path: path.clone(), why };
+        let bad = |why: String| TrainError::Checkpoint {
+            path: path.clone(),
+            why,
+        };
         let mut params = Snapshot::new();
         let mut adam = AdamSnapshot::default();
         for (name, (shape, values)) in &file.arrays {
@@ -340,7 +359,7 @@ impl TrainJob {
             let step = state.stepper.attempts + 1;
             let batch = task.batch::<B>(step, config.batch_size, device);
             let lr = config.lr_at(step);
-            let profiled = config.profile_every > 0 && step % config.profile_every == 0;
+            let profiled = config.profile_every > 0 && step.is_multiple_of(config.profile_every);
             let accounted = |s: &State<B>| Accounted {
                 parameters: parameter_bytes(&s.model),
                 gradients: 0,
@@ -362,7 +381,7 @@ impl TrainJob {
             if state.recent.len() > 10 {
                 state.recent.remove(0);
             }
-            if step % config.log_every == 0 || !out.stepped || step == config.steps {
+            if step.is_multiple_of(config.log_every) || !out.stepped || step == config.steps {
                 let wall = state.wall_before + started.elapsed().as_secs_f64();
                 metrics.append(&json!({
                     "step": step, "loss": out.loss, "lr": lr, "loss_scale": out.scale, "stepped": out.stepped,
@@ -372,7 +391,12 @@ impl TrainJob {
                 events
                     .scalars(
                         step,
-                        &[("loss", out.loss), ("lr", lr), ("loss_scale", out.scale), ("skipped_steps", skipped as f64)],
+                        &[
+                            ("loss", out.loss),
+                            ("lr", lr),
+                            ("loss_scale", out.scale),
+                            ("skipped_steps", skipped as f64),
+                        ],
                     )
                     .map_err(write_error(dir.root()))?;
             }
@@ -386,7 +410,7 @@ impl TrainJob {
             {
                 return Ok(None);
             }
-            if config.checkpoint_every > 0 && step % config.checkpoint_every == 0 && step < config.steps {
+            if config.checkpoint_every > 0 && step.is_multiple_of(config.checkpoint_every) && step < config.steps {
                 let file = to_array_file(state, state.wall_before + started.elapsed().as_secs_f64());
                 let path = dir.checkpoints().join(checkpoint_name(step));
                 atomic_write(&path, &file.to_bytes()).map_err(write_error(&path))?;

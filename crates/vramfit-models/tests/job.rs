@@ -57,7 +57,13 @@ fn interrupted_run_resumes_to_identical_weights() {
         .unwrap();
     assert_eq!(summary.steps, 12);
     assert!(summary.final_loss.is_finite());
-    for name in ["config.toml", "metrics.jsonl", "memory.json", "summary.json", "weights.bin"] {
+    for name in [
+        "config.toml",
+        "metrics.jsonl",
+        "memory.json",
+        "summary.json",
+        "weights.bin",
+    ] {
         assert!(straight.join(name).is_file(), "{name} missing");
     }
     let events = std::fs::read_dir(&straight)
@@ -67,7 +73,8 @@ fn interrupted_run_resumes_to_identical_weights() {
     assert!(events, "TensorBoard event file");
     let lines = std::fs::read_to_string(straight.join("metrics.jsonl")).unwrap();
     assert_eq!(lines.lines().count(), 6, "a line every 2 steps");
-    let memory: serde_json::Value = serde_json::from_slice(&std::fs::read(straight.join("memory.json")).unwrap()).unwrap();
+    let memory: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(straight.join("memory.json")).unwrap()).unwrap();
     assert_eq!(memory["schema"], "vramfit.memory");
     assert!(memory["records"].as_array().is_some_and(|p| !p.is_empty()), "{memory}");
     assert_eq!(summary.cleanup_calls, 2, "every:5 over 12 steps");
@@ -104,7 +111,10 @@ fn interrupted_run_resumes_to_identical_weights() {
     let b = vramfit::run::ArrayFile::read(&straight.join("weights.bin")).unwrap();
     assert_eq!(a.arrays.len(), b.arrays.len());
     // Bit-identical parameters and Adam moments (wall time in the metadata differs).
-    assert!(a.arrays == b.arrays, "the resumed run ends with identical weights and optimiser state");
+    assert!(
+        a.arrays == b.arrays,
+        "the resumed run ends with identical weights and optimiser state"
+    );
     assert_eq!(a.meta["scaler"], b.meta["scaler"]);
     let again = job(TrainConfig::default(), &broken, true).run::<B>(&Default::default(), |_| ControlFlow::Continue(()));
     assert!(again.err().unwrap().to_string().contains("already finished"));
@@ -114,19 +124,55 @@ fn interrupted_run_resumes_to_identical_weights() {
 fn bad_settings_leave_no_run_directory() {
     let tmp = tempfile::tempdir().unwrap();
     let cases: Vec<(TrainConfig, &str)> = vec![
-        (TrainConfig { precision: "f16".into(), loss_scale: "none".into(), ..small() }, "loss_scale"),
-        (TrainConfig { micro_batch: 3, ..small() }, "micro_batch"),
-        (TrainConfig { storage: vec!["embedding:bf16".into()], ..small() }, "token_embedding"),
-        (TrainConfig { checkpoint: "list:9".into(), ..small() }, "block 9"),
-        (TrainConfig { moments: "f8".into(), ..small() }, "moments"),
-        (TrainConfig { allocator_cleanup: "often".into(), ..small() }, "allocator_cleanup"),
+        (
+            TrainConfig {
+                precision: "f16".into(),
+                loss_scale: "none".into(),
+                ..small()
+            },
+            "loss_scale",
+        ),
+        (
+            TrainConfig {
+                micro_batch: 3,
+                ..small()
+            },
+            "micro_batch",
+        ),
+        (
+            TrainConfig {
+                storage: vec!["embedding:bf16".into()],
+                ..small()
+            },
+            "token_embedding",
+        ),
+        (
+            TrainConfig {
+                checkpoint: "list:9".into(),
+                ..small()
+            },
+            "block 9",
+        ),
+        (
+            TrainConfig {
+                moments: "f8".into(),
+                ..small()
+            },
+            "moments",
+        ),
+        (
+            TrainConfig {
+                allocator_cleanup: "often".into(),
+                ..small()
+            },
+            "allocator_cleanup",
+        ),
     ];
     for (i, (config, needle)) in cases.into_iter().enumerate() {
         let out = tmp.path().join(format!("run{i}"));
         let err = job(config, &out, false)
             .run::<B>(&Default::default(), |_| ControlFlow::Continue(()))
-            .err()
-            .expect("must fail");
+            .expect_err("must fail");
         assert!(err.to_string().contains(needle), "{needle}: {err}");
         assert!(!out.exists(), "{needle}: no directory is created");
     }

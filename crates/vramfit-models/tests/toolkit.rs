@@ -74,7 +74,11 @@ fn by_path<M: Module<B>>(model: &M, grads: &GradientsParams) -> BTreeMap<String,
 
 /// Largest |a − b| over all entries, relative to the largest |a|.
 fn relative_gap(a: &BTreeMap<String, Vec<f32>>, b: &BTreeMap<String, Vec<f32>>) -> f32 {
-    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "same parameters have gradients");
+    assert_eq!(
+        a.keys().collect::<Vec<_>>(),
+        b.keys().collect::<Vec<_>>(),
+        "same parameters have gradients"
+    );
     let scale = a.values().flatten().fold(0f32, |m, x| m.max(x.abs()));
     let gap = a
         .iter()
@@ -88,7 +92,9 @@ fn stepper(precision: Precision, checkpoint: &CheckpointPolicy, batching: MicroB
         autocast: Autocast::new(precision),
         checkpointed: checkpoint.plan(depth).unwrap(),
         batching,
-        scaler: precision.needs_loss_scaling().then(|| LossScaler::new(ScalerConfig::default())),
+        scaler: precision
+            .needs_loss_scaling()
+            .then(|| LossScaler::new(ScalerConfig::default())),
         optimizer: ModuleAdam::new(AdamConfig::default(), 0.0, FloatDType::F32),
         cleanup: Cleanup::new(CleanupPolicy::Never),
         attempts: 0,
@@ -131,11 +137,19 @@ fn accumulated_micro_batches_equal_the_whole_batch() {
     let task = task(&config);
     let batch = task.batch(0, 8, &device);
     let model = config.init::<B>(5, &device);
-    let whole = stepper(Precision::F32, &CheckpointPolicy::None, MicroBatching::whole(8), config.depth);
+    let whole = stepper(
+        Precision::F32,
+        &CheckpointPolicy::None,
+        MicroBatching::whole(8),
+        config.depth,
+    );
     let split = stepper(
         Precision::F32,
         &CheckpointPolicy::None,
-        MicroBatching { micro_batch: 2, accumulate: 4 },
+        MicroBatching {
+            micro_batch: 2,
+            accumulate: 4,
+        },
         config.depth,
     );
     let (l1, g1) = whole.gradients(&model, &batch, 1.0);
@@ -170,7 +184,12 @@ fn loss_scaler_skips_and_backs_off_on_an_injected_inf_then_grows() {
     let device = Default::default();
     let config = tiny();
     let task = task(&config);
-    let mut s = stepper(Precision::F16, &CheckpointPolicy::None, MicroBatching::whole(4), config.depth);
+    let mut s = stepper(
+        Precision::F16,
+        &CheckpointPolicy::None,
+        MicroBatching::whole(4),
+        config.depth,
+    );
     // A scale of 2^40 overflows f16 (max 65504) in the backward: the injected inf.
     s.scaler = Some(LossScaler::new(ScalerConfig {
         initial_scale: 2f64.powi(40),
@@ -185,25 +204,39 @@ fn loss_scaler_skips_and_backs_off_on_an_injected_inf_then_grows() {
         let (m, out) = s.step(model, &task.batch(step, 4, &device), 1e-3, &device).unwrap();
         model = m;
         if !out.stepped {
-            assert_eq!(snapshot(&model), before, "a skipped step leaves every parameter untouched");
+            assert_eq!(
+                snapshot(&model),
+                before,
+                "a skipped step leaves every parameter untouched"
+            );
         }
         scales.push(out.scale);
         stepped.push(out.stepped);
     }
-    let first_clean = stepped.iter().position(|&x| x).expect("the scale comes down until steps are clean");
+    let first_clean = stepped
+        .iter()
+        .position(|&x| x)
+        .expect("the scale comes down until steps are clean");
     assert!(first_clean > 0, "2^40 must overflow f16");
     for i in 1..=first_clean {
         assert_eq!(scales[i], scales[i - 1] / 2.0, "×0.5 after each overflow");
     }
     let state = s.scaler.as_ref().unwrap().state();
     assert_eq!(state.skipped_steps as usize, stepped.iter().filter(|&&x| !x).count());
-    assert_eq!(s.optimizer.steps() as usize, stepped.iter().filter(|&&x| x).count(), "skipped steps do not count");
+    assert_eq!(
+        s.optimizer.steps() as usize,
+        stepped.iter().filter(|&&x| x).count(),
+        "skipped steps do not count"
+    );
     // After three clean steps in a row the scale doubles (unless it overflowed again).
     let c = first_clean;
     if stepped[c..c + 4].iter().all(|&x| x) {
         assert_eq!(scales[c + 3], scales[c] * 2.0, "×2 after growth_interval clean steps");
     }
-    assert!(scales.iter().any(|&x| x > scales[first_clean]), "the scale grows again: {scales:?}");
+    assert!(
+        scales.iter().any(|&x| x > scales[first_clean]),
+        "the scale grows again: {scales:?}"
+    );
 }
 
 #[test]
@@ -212,9 +245,16 @@ fn non_finite_loss_without_a_scaler_is_a_clear_error() {
     let config = tiny();
     let mut batch = task(&config).batch(0, 4, &device);
     batch.frames = batch.frames.map(|f| f.mul_scalar(f32::NAN));
-    let mut s = stepper(Precision::Bf16, &CheckpointPolicy::None, MicroBatching::whole(4), config.depth);
+    let mut s = stepper(
+        Precision::Bf16,
+        &CheckpointPolicy::None,
+        MicroBatching::whole(4),
+        config.depth,
+    );
     let model = config.init::<B>(1, &device);
-    let err = s.step(model, &batch, 1e-3, &device).err().expect("NaN must stop the step");
+    let err = s
+        .step(model, &batch, 1e-3, &device)
+        .expect_err("NaN must stop the step");
     assert!(matches!(err, StepError::NonFinite { .. }));
     let text = err.to_string();
     assert!(text.contains("NaN") && text.contains("resume"), "{text}");
@@ -234,12 +274,19 @@ fn train(
     let task = task(&config);
     let model = config.init::<B>(11, &device);
     let mut model = StoragePolicy::parse(storage).unwrap().apply(model).unwrap();
-    let mut s = stepper(precision, &CheckpointPolicy::parse(checkpoint).unwrap(), batching, config.depth);
+    let mut s = stepper(
+        precision,
+        &CheckpointPolicy::parse(checkpoint).unwrap(),
+        batching,
+        config.depth,
+    );
     s.optimizer = ModuleAdam::new(AdamConfig::default(), 0.0, moments);
     let batch_size = batching.micro_batch * batching.accumulate;
     let mut losses = Vec::new();
     for step in 0..steps {
-        let (m, out) = s.step(model, &task.batch(step, batch_size, &device), 3e-3, &device).unwrap();
+        let (m, out) = s
+            .step(model, &task.batch(step, batch_size, &device), 3e-3, &device)
+            .unwrap();
         model = m;
         losses.push(out.loss);
     }
@@ -253,7 +300,10 @@ fn mean(xs: &[f64]) -> f64 {
 
 /// Largest gap between the two curves' 25-step means.
 fn curve_gap(a: &[f64], b: &[f64]) -> f64 {
-    a.chunks(25).zip(b.chunks(25)).map(|(x, y)| (mean(x) - mean(y)).abs()).fold(0.0, f64::max)
+    a.chunks(25)
+        .zip(b.chunks(25))
+        .map(|(x, y)| (mean(x) - mean(y)).abs())
+        .fold(0.0, f64::max)
 }
 
 #[test]
@@ -280,40 +330,68 @@ fn reduced_precision_storage_halves_bytes_and_still_trains() {
     let model = config.init::<B>(11, &device);
     let full = parameter_bytes(&model);
     let table = (config.vocab * config.width * 4) as u64;
-    let half_table = StoragePolicy::parse(&["token_embedding:bf16"]).unwrap().apply(model.clone()).unwrap();
+    let half_table = StoragePolicy::parse(&["token_embedding:bf16"])
+        .unwrap()
+        .apply(model.clone())
+        .unwrap();
     assert_eq!(parameter_bytes(&half_table), full - table / 2);
     let all_half = StoragePolicy::parse(&["*:bf16"]).unwrap().apply(model.clone()).unwrap();
     assert_eq!(parameter_bytes(&all_half), full / 2);
-    let err = StoragePolicy::parse(&["embeddings:bf16"]).unwrap().apply(model).unwrap_err();
+    let err = StoragePolicy::parse(&["embeddings:bf16"])
+        .unwrap()
+        .apply(model)
+        .unwrap_err();
     assert!(err.to_string().contains("token_embedding"), "{err}");
 
     let whole = MicroBatching::whole(8);
     let (reference, _, f32_state) = train(Precision::F32, "none", whole, &[], FloatDType::F32, 200);
     let (curve, trained, bf16_state) = train(Precision::Bf16, "none", whole, &["*:bf16"], FloatDType::BF16, 200);
     assert_eq!(bf16_state * 2, f32_state, "bf16 moments take half the bytes");
-    assert_eq!(parameter_bytes(&trained), full / 2, "parameters stay bf16 through training");
+    assert_eq!(
+        parameter_bytes(&trained),
+        full / 2,
+        "parameters stay bf16 through training"
+    );
     let (start, end) = (mean(&curve[..25]), mean(&curve[175..]));
     let reference_end = mean(&reference[175..]);
     eprintln!("bf16 storage+moments: {start:.3} -> {end:.3}, f32 ends {reference_end:.3}");
     assert!(start - end > 0.6, "trains: {start:.3} → {end:.3}");
     // bf16 parameters lose updates below their last place; measured: ends 1.374 vs f32 1.370.
-    assert!(end - reference_end < 0.05, "bf16 storage ends at {end:.3}, f32 at {reference_end:.3}");
+    assert!(
+        end - reference_end < 0.05,
+        "bf16 storage ends at {end:.3}, f32 at {reference_end:.3}"
+    );
 }
 
 #[test]
 fn all_techniques_together_match_their_reference() {
     let steps = 200;
-    let reference = train(Precision::F32, "none", MicroBatching::whole(8), &[], FloatDType::F32, steps);
-    // The exact ones together: checkpointing and accumulation change no arithmetic but sum order.
-    let exact = train(
+    let reference = train(
         Precision::F32,
-        "every:2",
-        MicroBatching { micro_batch: 4, accumulate: 2 },
+        "none",
+        MicroBatching::whole(8),
         &[],
         FloatDType::F32,
         steps,
     );
-    let gap = reference.0.iter().zip(&exact.0).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+    // The exact ones together: checkpointing and accumulation change no arithmetic but sum order.
+    let exact = train(
+        Precision::F32,
+        "every:2",
+        MicroBatching {
+            micro_batch: 4,
+            accumulate: 2,
+        },
+        &[],
+        FloatDType::F32,
+        steps,
+    );
+    let gap = reference
+        .0
+        .iter()
+        .zip(&exact.0)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
     eprintln!("checkpoint+accumulation vs reference: max loss gap {gap:e}");
     // Measured 7.7e-6 over 200 steps (sum-order differences compounded by Adam).
     assert!(gap < 1e-3, "checkpoint + accumulation: loss gap {gap}");
@@ -321,7 +399,10 @@ fn all_techniques_together_match_their_reference() {
     let all = train(
         Precision::Bf16,
         "auto",
-        MicroBatching { micro_batch: 4, accumulate: 2 },
+        MicroBatching {
+            micro_batch: 4,
+            accumulate: 2,
+        },
         &["token_embedding:bf16"],
         FloatDType::BF16,
         steps,

@@ -48,7 +48,7 @@ impl CleanupPolicy {
 
     /// Whether to clean after optimiser step `step` (1-based).
     pub fn due(&self, step: u64) -> bool {
-        matches!(self, Self::Every(n) if step % n == 0)
+        matches!(self, Self::Every(n) if step.is_multiple_of(*n))
     }
 }
 
@@ -107,7 +107,12 @@ mod tests {
         assert_eq!((1..=9).filter(|&s| p.due(s)).collect::<Vec<_>>(), [3, 6, 9]);
         assert!(!(1..100).any(|s| CleanupPolicy::Never.due(s)));
         assert!(CleanupPolicy::parse("every:0").is_err());
-        assert!(CleanupPolicy::parse("sometimes").unwrap_err().to_string().contains("every:N"));
+        assert!(
+            CleanupPolicy::parse("sometimes")
+                .unwrap_err()
+                .to_string()
+                .contains("every:N")
+        );
         for t in ["never", "step", "every:4"] {
             assert_eq!(CleanupPolicy::parse(t).unwrap().name(), t);
         }

@@ -10,7 +10,11 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 
 /// Adds every gradient in `from` into `into` (a missing entry is inserted).
-pub fn add_into<B: AutodiffBackend, M: AutodiffModule<B>>(module: &M, into: &mut GradientsParams, mut from: GradientsParams) {
+pub fn add_into<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    into: &mut GradientsParams,
+    mut from: GradientsParams,
+) {
     struct Add<'a, B: AutodiffBackend> {
         into: &'a mut GradientsParams,
         from: &'a mut GradientsParams,
@@ -50,7 +54,11 @@ pub fn scale_and_check<B: AutodiffBackend, M: AutodiffModule<B>>(
     impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_, B> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
-                let g = if self.factor == 1.0 { g } else { g.mul_scalar(self.factor) };
+                let g = if self.factor == 1.0 {
+                    g
+                } else {
+                    g.mul_scalar(self.factor)
+                };
                 let bad = (g.clone().is_nan().any().float()) + (g.clone().is_inf().any().float());
                 self.bad = Some(match self.bad.take() {
                     Some(b) => b + bad,

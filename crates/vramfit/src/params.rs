@@ -90,7 +90,12 @@ pub fn snapshot<B: Backend, M: Module<B>>(module: &M) -> Snapshot {
             let t = param.val();
             let dtype = t.dtype();
             let shape = t.shape().dims::<D>().to_vec();
-            let values = t.cast(FloatDType::F32).into_data().convert::<f32>().to_vec::<f32>().unwrap_or_default();
+            let values = t
+                .cast(FloatDType::F32)
+                .into_data()
+                .convert::<f32>()
+                .to_vec::<f32>()
+                .unwrap_or_default();
             self.1.insert(self.0.path(), (shape, dtype, values));
         }
     }

@@ -71,7 +71,7 @@ impl MicroBatching {
         }
         let product = self.micro_batch * self.accumulate;
         if product != batch {
-            let suggest = if batch % self.accumulate == 0 {
+            let suggest = if batch.is_multiple_of(self.accumulate) {
                 (batch / self.accumulate).to_string()
             } else {
                 format!("none: {batch} is not divisible by {}", self.accumulate)
@@ -138,13 +138,42 @@ mod tests {
 
     #[test]
     fn validates_the_split() {
-        assert!(MicroBatching { micro_batch: 4, accumulate: 2 }.validate(8).is_ok());
-        let e = MicroBatching { micro_batch: 3, accumulate: 2 }.validate(8).unwrap_err();
+        assert!(
+            MicroBatching {
+                micro_batch: 4,
+                accumulate: 2
+            }
+            .validate(8)
+            .is_ok()
+        );
+        let e = MicroBatching {
+            micro_batch: 3,
+            accumulate: 2,
+        }
+        .validate(8)
+        .unwrap_err();
         assert!(e.to_string().contains("micro_batch = 4"), "{e}");
-        let e = MicroBatching { micro_batch: 3, accumulate: 3 }.validate(8).unwrap_err();
+        let e = MicroBatching {
+            micro_batch: 3,
+            accumulate: 3,
+        }
+        .validate(8)
+        .unwrap_err();
         assert!(e.to_string().contains("not divisible by 3"), "{e}");
-        assert!(MicroBatching { micro_batch: 0, accumulate: 2 }.validate(8).is_err());
-        let r: Vec<_> = MicroBatching { micro_batch: 3, accumulate: 2 }.ranges().collect();
+        assert!(
+            MicroBatching {
+                micro_batch: 0,
+                accumulate: 2
+            }
+            .validate(8)
+            .is_err()
+        );
+        let r: Vec<_> = MicroBatching {
+            micro_batch: 3,
+            accumulate: 2,
+        }
+        .ranges()
+        .collect();
         assert_eq!(r, [0..3, 3..6]);
     }
 }

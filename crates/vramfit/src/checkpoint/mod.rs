@@ -103,7 +103,9 @@ impl CheckpointPolicy {
             }
             Self::List(list) => {
                 for &index in list {
-                    *marks.get_mut(index).ok_or(CheckpointError::NoSuchBlock { index, blocks })? = true;
+                    *marks
+                        .get_mut(index)
+                        .ok_or(CheckpointError::NoSuchBlock { index, blocks })? = true;
                 }
             }
         }
@@ -142,7 +144,10 @@ where
         /// Plain blocks `range`: the leaf they started from and their output, graph kept.
         Kept { input: Tensor<B, D>, output: Tensor<B, D> },
         /// One checkpointed block: only its input.
-        Recompute { block: usize, input: Tensor<B::InnerBackend, D> },
+        Recompute {
+            block: usize,
+            input: Tensor<B::InnerBackend, D>,
+        },
     }
     let mut segments = Vec::new();
     let mut x = input.clone().inner();
@@ -203,13 +208,28 @@ mod tests {
 
     #[test]
     fn parses_and_plans() {
-        assert_eq!(CheckpointPolicy::parse("every:2").unwrap().plan(5).unwrap(), [true, false, true, false, true]);
+        assert_eq!(
+            CheckpointPolicy::parse("every:2").unwrap().plan(5).unwrap(),
+            [true, false, true, false, true]
+        );
         assert_eq!(CheckpointPolicy::parse("all").unwrap().plan(2).unwrap(), [true, true]);
-        assert_eq!(CheckpointPolicy::parse("none").unwrap().plan(2).unwrap(), [false, false]);
-        assert_eq!(CheckpointPolicy::parse("list:1,3").unwrap().plan(4).unwrap(), [false, true, false, true]);
+        assert_eq!(
+            CheckpointPolicy::parse("none").unwrap().plan(2).unwrap(),
+            [false, false]
+        );
+        assert_eq!(
+            CheckpointPolicy::parse("list:1,3").unwrap().plan(4).unwrap(),
+            [false, true, false, true]
+        );
         // √9 = 3 evenly spaced marks, √16 = 4.
-        assert_eq!(CheckpointPolicy::Auto.plan(9).unwrap().iter().filter(|&&m| m).count(), 3);
-        assert_eq!(CheckpointPolicy::Auto.plan(16).unwrap(), (0..16).map(|i| i % 4 == 0).collect::<Vec<_>>());
+        assert_eq!(
+            CheckpointPolicy::Auto.plan(9).unwrap().iter().filter(|&&m| m).count(),
+            3
+        );
+        assert_eq!(
+            CheckpointPolicy::Auto.plan(16).unwrap(),
+            (0..16).map(|i| i % 4 == 0).collect::<Vec<_>>()
+        );
         for bad in ["every:0", "every:x", "some", "list:a"] {
             assert!(CheckpointPolicy::parse(bad).is_err(), "{bad}");
         }

@@ -155,7 +155,11 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
         };
         AdamSnapshot {
             step: self.step,
-            moments: self.state.iter().map(|(k, s)| (k.clone(), (host(&s.m), host(&s.v)))).collect(),
+            moments: self
+                .state
+                .iter()
+                .map(|(k, s)| (k.clone(), (host(&s.m), host(&s.v))))
+                .collect(),
         }
     }
 

@@ -131,6 +131,9 @@ mod tests {
     #[test]
     fn pytorch_defaults() {
         let c = ScalerConfig::default();
-        assert_eq!((c.initial_scale, c.growth_factor, c.backoff_factor, c.growth_interval), (65536.0, 2.0, 0.5, 2000));
+        assert_eq!(
+            (c.initial_scale, c.growth_factor, c.backoff_factor, c.growth_interval),
+            (65536.0, 2.0, 0.5, 2000)
+        );
     }
 }

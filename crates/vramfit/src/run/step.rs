@@ -168,8 +168,15 @@ impl<B: AutodiffBackend> Stepper<B> {
             }
             None => true,
         };
-        let model = if stepped { self.optimizer.step(lr, model, grads) } else { model };
-        let cleanup_seconds = self.cleanup.after_step::<B>(self.attempts, device).map(|d| d.as_secs_f64());
+        let model = if stepped {
+            self.optimizer.step(lr, model, grads)
+        } else {
+            model
+        };
+        let cleanup_seconds = self
+            .cleanup
+            .after_step::<B>(self.attempts, device)
+            .map(|d| d.as_secs_f64());
         Ok((
             model,
             StepOutcome {

@@ -26,7 +26,9 @@ pub struct StoragePolicy {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StorageError {
     /// Not `PREFIX:TYPE`.
-    #[error("storage entry `{0}` is not PREFIX:TYPE with TYPE one of f32, bf16, f16 (for example token_embedding:bf16)")]
+    #[error(
+        "storage entry `{0}` is not PREFIX:TYPE with TYPE one of f32, bf16, f16 (for example token_embedding:bf16)"
+    )]
     Syntax(String),
     /// A prefix that names no parameter.
     #[error("storage group `{prefix}` matches no parameter; parameters start with: {known}")]
@@ -74,7 +76,11 @@ impl StoragePolicy {
 
     /// The stored type of the parameter at `path`, if the policy names it.
     pub fn dtype_of(&self, path: &str) -> Option<FloatDType> {
-        self.groups.iter().rev().find(|(p, _)| matches(p, path)).map(|(_, d)| *d)
+        self.groups
+            .iter()
+            .rev()
+            .find(|(p, _)| matches(p, path))
+            .map(|(_, d)| *d)
     }
 
     /// Casts the named groups of `module` to their stored types, keeping
@@ -135,7 +141,10 @@ mod tests {
         assert_eq!(p.dtype_of("blocks.1.w"), Some(FloatDType::F16));
         assert_eq!(p.dtype_of("blocks_extra.w"), None, "a prefix matches whole names only");
         assert_eq!(p.dtype_of("head"), None);
-        assert_eq!(StoragePolicy::parse(&["*:bf16"]).unwrap().dtype_of("x.y"), Some(FloatDType::BF16));
+        assert_eq!(
+            StoragePolicy::parse(&["*:bf16"]).unwrap().dtype_of("x.y"),
+            Some(FloatDType::BF16)
+        );
         for bad in ["blocks", "blocks:f8", ":bf16"] {
             assert!(StoragePolicy::parse(&[bad]).is_err(), "{bad}");
         }
