@@ -140,24 +140,6 @@ struct State<B: AutodiffBackend> {
     recent: Vec<f64>,
 }
 
-fn checkpoint_name(step: u64) -> String {
-    format!("step-{step:08}.ckpt")
-}
-
-/// Checkpoints in `dir`, newest first.
-fn checkpoints(dir: &Path) -> Vec<PathBuf> {
-    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "ckpt"))
-        .collect();
-    found.sort();
-    found.reverse();
-    found
-}
-
 fn write_error(path: &Path) -> impl Fn(std::io::Error) -> TrainError + '_ {
     move |e| TrainError::Write {
         path: path.into(),
@@ -293,12 +275,15 @@ impl TrainJob {
         let mut state = Self::fresh::<B>(&config, device)?;
         let _ = std::fs::remove_file(dir.path("error.json"));
         // The newest checkpoint that reads back whole; none: start over.
-        let Some((path, file)) = checkpoints(&dir.checkpoints()).into_iter().find_map(|p| {
-            ArrayFile::read(&p)
-                .ok()
-                .filter(|f| f.kind == CHECKPOINT_KIND)
-                .map(|f| (p, f))
-        }) else {
+        let Some((path, file)) = vramfit::run::checkpoints_newest_first(&dir.checkpoints())
+            .into_iter()
+            .find_map(|p| {
+                ArrayFile::read(&p)
+                    .ok()
+                    .filter(|f| f.kind == CHECKPOINT_KIND)
+                    .map(|f| (p, f))
+            })
+        else {
             return Ok((dir, config, state));
         };
         let bad = |why: String| TrainError::Checkpoint {
@@ -412,9 +397,12 @@ impl TrainJob {
             }
             if config.checkpoint_every > 0 && step.is_multiple_of(config.checkpoint_every) && step < config.steps {
                 let file = to_array_file(state, state.wall_before + started.elapsed().as_secs_f64());
-                let path = dir.checkpoints().join(checkpoint_name(step));
+                let path = dir.checkpoints().join(vramfit::run::checkpoint_name(step));
                 atomic_write(&path, &file.to_bytes()).map_err(write_error(&path))?;
-                for old in checkpoints(&dir.checkpoints()).into_iter().skip(KEEP_CHECKPOINTS) {
+                for old in vramfit::run::checkpoints_newest_first(&dir.checkpoints())
+                    .into_iter()
+                    .skip(KEEP_CHECKPOINTS)
+                {
                     let _ = std::fs::remove_file(old);
                 }
                 if observe(Event::Checkpoint(&path)).is_break() {

@@ -114,24 +114,6 @@ where
     }
 }
 
-fn checkpoint_name(step: u64) -> String {
-    format!("step-{step:08}.ckpt")
-}
-
-/// Checkpoints in `dir`, newest first.
-fn checkpoints(dir: &Path) -> Vec<PathBuf> {
-    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "ckpt"))
-        .collect();
-    found.sort();
-    found.reverse();
-    found
-}
-
 impl Job {
     /// Runs to the end. `observe` sees every event and may stop the run
     /// (as a kill would: nothing more is written).
@@ -197,7 +179,7 @@ impl Job {
         let picture = load_image(&config.image)?;
         let _ = std::fs::remove_file(dir.path("error.json"));
         // The newest checkpoint that reads back whole; none: start over.
-        for path in checkpoints(&dir.checkpoints()) {
+        for path in vramfit::run::checkpoints_newest_first(&dir.checkpoints()) {
             if let Ok(ckpt) = ArrayFile::read(&path) {
                 let wall = ckpt.meta.get("wall_seconds").and_then(|v| v.as_f64()).unwrap_or(0.0);
                 return Ok((
@@ -374,12 +356,15 @@ impl Job {
             if config.checkpoint_every > 0 && step % config.checkpoint_every == 0 && !fit.finished() {
                 let mut ckpt = fit.checkpoint();
                 ckpt.meta["wall_seconds"] = json!(*wall_before + started.elapsed().as_secs_f64());
-                let path = dir.checkpoints().join(checkpoint_name(step));
+                let path = dir.checkpoints().join(vramfit::run::checkpoint_name(step));
                 vramfit::run::atomic_write(&path, &ckpt.to_bytes()).map_err(|e| SplatError::Write {
                     path: path.clone(),
                     why: e.to_string(),
                 })?;
-                for old in checkpoints(&dir.checkpoints()).into_iter().skip(KEEP_CHECKPOINTS) {
+                for old in vramfit::run::checkpoints_newest_first(&dir.checkpoints())
+                    .into_iter()
+                    .skip(KEEP_CHECKPOINTS)
+                {
                     let _ = std::fs::remove_file(old);
                 }
                 if observe(Event::Checkpoint(&path)).is_break() {
