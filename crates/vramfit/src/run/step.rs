@@ -69,6 +69,14 @@ pub enum StepError {
         /// `NaN` or `inf`.
         what: &'static str,
     },
+    /// The device failed (for example out of memory) while the step ran.
+    #[error("the device failed during step {step}: {reason}")]
+    Device {
+        /// Optimiser step (1-based).
+        step: u64,
+        /// What the backend reported.
+        reason: String,
+    },
     /// The loss scaler kept backing off: every step overflows.
     #[error(
         "the f16 loss scale fell to {scale:e} after {skipped} skipped steps: the gradients are inf/NaN at any scale. \
@@ -146,7 +154,14 @@ impl<B: AutodiffBackend> Stepper<B> {
         self.attempts += 1;
         let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
         let (loss_sum, mut grads) = self.gradients(&model, batch, scale);
-        let loss = loss_sum.into_scalar().elem::<f64>() / scale;
+        let loss = loss_sum
+            .try_into_scalar()
+            .map_err(|e| StepError::Device {
+                step: self.attempts,
+                reason: e.to_string(),
+            })?
+            .elem::<f64>()
+            / scale;
         let found_inf = crate::grads::scale_and_check(&model, &mut grads, 1.0 / scale) || !loss.is_finite();
         let stepped = match self.scaler.as_mut() {
             Some(s) => {
