@@ -194,16 +194,7 @@ impl TrainJob {
         let mut profiler = Profiler::new(<B::InnerBackend as DeviceMemory>::memory_source(device), 64)
             .with_sampling(std::time::Duration::from_millis(2));
         let result = self.drive(&dir, &config, &mut state, &mut profiler, device, &mut observe);
-        let (peak, source) = match profiler.peak() {
-            Some((bytes, ..)) => (
-                Some(bytes),
-                "device allocator (bytes in use), sampled during the profiled steps",
-            ),
-            None => (
-                vramfit::memory::host_peak_bytes(),
-                "host process peak resident set (VmHWM); not device memory",
-            ),
-        };
+        let (peak, source) = profiler.peak_or_host();
         let mut report = profiler.report(&self.device_name, peak, source);
         let mut tensors: Vec<(String, u64)> = vramfit::params::describe(&state.model)
             .into_iter()

@@ -102,16 +102,7 @@ where
     B: AutodiffBackend + SplatBackend,
     B::InnerBackend: SplatBackend,
 {
-    match fit.profiler().peak() {
-        Some((bytes, ..)) => (
-            Some(bytes),
-            "device allocator (bytes in use), largest reading sampled during the profiled steps",
-        ),
-        None => (
-            vramfit::memory::host_peak_bytes(),
-            "host process peak resident set (VmHWM); not device memory",
-        ),
-    }
+    fit.profiler().peak_or_host()
 }
 
 impl Job {

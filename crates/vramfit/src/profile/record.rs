@@ -132,6 +132,22 @@ impl Profiler {
         self.peak.as_ref().map(|(b, s, p)| (*b, *s, p.as_str()))
     }
 
+    /// The run's peak and what measured it: the allocator's largest reading
+    /// (sampled during the profiled steps) where the backend has one, else
+    /// the host process's peak resident set, labelled as not device memory.
+    pub fn peak_or_host(&self) -> (Option<u64>, &'static str) {
+        match self.peak() {
+            Some((bytes, ..)) => (
+                Some(bytes),
+                "device allocator (bytes in use), largest reading sampled during the profiled steps",
+            ),
+            None => (
+                crate::memory::host_peak_bytes(),
+                "host process peak resident set (VmHWM); not device memory",
+            ),
+        }
+    }
+
     /// Records phase `phase` of step `step`. The first phase of a step
     /// must be `start`.
     pub fn record(&mut self, step: u64, phase: &str, acc: Accounted) -> &PhaseRecord {
