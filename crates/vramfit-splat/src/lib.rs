@@ -24,6 +24,8 @@ pub mod cpu;
 mod error;
 pub mod fit;
 pub mod gaussians;
+#[cfg(feature = "gpu")]
+pub mod gpu;
 pub mod init;
 pub mod job;
 pub mod op;

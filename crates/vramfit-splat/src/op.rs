@@ -15,7 +15,8 @@ use burn::tensor::ops::FloatTensor;
 
 use crate::cpu;
 use crate::cpu::project::Frame;
-use crate::cpu::render::Splats;
+use crate::cpu::render::{SplatGrads, Splats};
+use crate::picture::{CHANNELS, Picture};
 
 /// What to render: frame, top-K and channel count.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -130,6 +131,179 @@ impl SplatBackend for burn::backend::Flex {}
 
 #[cfg(feature = "cuda")]
 impl SplatBackend for burn::backend::Cuda {}
+
+/// Means over all pixels and channels of one render against the target.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct LossParts {
+    /// Mean |render − target|.
+    pub l1: f64,
+    /// Mean SSIM.
+    pub ssim: f64,
+    /// Mean squared error.
+    pub mse: f64,
+}
+
+impl LossParts {
+    /// The fit's loss `L1 + w·(1 − SSIM)`.
+    pub fn loss(&self, ssim_weight: f64) -> f64 {
+        self.l1 + ssim_weight * (1.0 - self.ssim)
+    }
+
+    /// PSNR in dB for values in `[0, 1]`.
+    pub fn psnr_db(&self) -> f64 {
+        if self.mse > 0.0 {
+            -10.0 * self.mse.log10()
+        } else {
+            f64::INFINITY
+        }
+    }
+}
+
+/// The fit's step as one fused operation: loss and parameter gradients
+/// without an autodiff graph, so that nothing image-sized has to outlive
+/// the call. The host version composes the CPU twins; the GPU version
+/// ([`crate::gpu`]) runs band by band on a u8 target.
+pub trait FusedLoss: SplatBackend {
+    /// The fitted image, held the way this backend reads it.
+    type Target: Send;
+
+    /// Places the target (`band_rows` 0: automatic; the host ignores it).
+    fn fused_target(picture: &Picture, top_k: usize, band_rows: usize, device: &Self::Device) -> Self::Target;
+
+    /// Bytes the target takes on the device.
+    fn fused_target_bytes(target: &Self::Target) -> u64;
+
+    /// Loss parts of the unclamped render and the gradients of
+    /// `L1 + ssim_weight·(1 − SSIM)` for the four parameter tensors.
+    fn fused_loss_and_grads(
+        params: SplatPrimitives<Self>,
+        target: &Self::Target,
+        ssim_weight: f64,
+    ) -> Result<(LossParts, SplatPrimitives<Self>), String>;
+
+    /// Loss parts of the clamped render (the reported quality).
+    fn fused_metrics(params: SplatPrimitives<Self>, target: &Self::Target) -> Result<LossParts, String>;
+
+    /// The render of `frame` on the host, `[H, W, C]`, unclamped.
+    fn fused_render_host(
+        params: SplatPrimitives<Self>,
+        target: &Self::Target,
+        frame: &Frame,
+    ) -> Result<Vec<f32>, String>;
+}
+
+/// The target on the host, as f32 in `[0, 1]`.
+#[derive(Debug, Clone)]
+pub struct HostTarget {
+    data: Vec<f32>,
+    width: usize,
+    height: usize,
+    top_k: usize,
+}
+
+impl HostTarget {
+    /// A target of `[H, W, C]` values in `[0, 1]`, rendered with `top_k`.
+    pub fn new(data: Vec<f32>, width: usize, height: usize, top_k: usize) -> Self {
+        assert_eq!(data.len(), width * height * CHANNELS, "target must be [H, W, C]");
+        Self {
+            data,
+            width,
+            height,
+            top_k,
+        }
+    }
+
+    /// Loss parts of the unclamped render and the gradients of
+    /// `L1 + ssim_weight·(1 − SSIM)`, with the CPU twins.
+    pub fn loss_and_grads(&self, splats: &Splats<f32>, ssim_weight: f64) -> (LossParts, SplatGrads<f32>) {
+        let (w, h) = (self.width, self.height);
+        let frame = Frame::new(w, h);
+        let x = cpu::render::render(splats, &frame, self.top_k);
+        let parts = self.parts(&x);
+        let mut d = cpu::ssim::ssim_backward(&x, &self.data, h, w, CHANNELS, -(ssim_weight as f32));
+        // d|x − y|/dx = sign(x − y), 0 at equality; the mean divides by the count.
+        let l1_scale = 1.0 / x.len() as f32;
+        for ((di, a), b) in d.iter_mut().zip(&x).zip(&self.data) {
+            let diff = *a - *b;
+            if diff != 0.0 {
+                *di += l1_scale * diff.signum();
+            }
+        }
+        (parts, cpu::render::render_backward(splats, &frame, self.top_k, &d))
+    }
+
+    fn render(&self, params: &HostParams, frame: &Frame) -> Vec<f32> {
+        cpu::render::render(&params.splats(CHANNELS), frame, self.top_k)
+    }
+
+    /// Loss parts of render `x` (clamp it first for the reported quality).
+    pub fn parts(&self, x: &[f32]) -> LossParts {
+        let (mut l1, mut se) = (0.0f64, 0.0f64);
+        for (a, b) in x.iter().zip(&self.data) {
+            let d = (*a - *b) as f64;
+            l1 += d.abs();
+            se += d * d;
+        }
+        let values = x.len() as f64;
+        LossParts {
+            l1: l1 / values,
+            ssim: cpu::ssim::ssim(x, &self.data, self.height, self.width, CHANNELS) as f64,
+            mse: se / values,
+        }
+    }
+}
+
+impl FusedLoss for burn::backend::Flex {
+    type Target = HostTarget;
+
+    fn fused_target(picture: &Picture, top_k: usize, _band_rows: usize, _device: &Self::Device) -> HostTarget {
+        HostTarget {
+            data: picture.data.clone(),
+            width: picture.width,
+            height: picture.height,
+            top_k,
+        }
+    }
+
+    fn fused_target_bytes(target: &HostTarget) -> u64 {
+        (target.data.len() * 4) as u64
+    }
+
+    fn fused_loss_and_grads(
+        params: SplatPrimitives<Self>,
+        target: &HostTarget,
+        ssim_weight: f64,
+    ) -> Result<(LossParts, SplatPrimitives<Self>), String> {
+        let device = device_of::<Self>(&params[0]);
+        let host = HostParams::read::<Self>(params);
+        let n = host.0[2].len();
+        let (parts, g) = target.loss_and_grads(&host.splats(CHANNELS), ssim_weight);
+        let grads = [
+            from_host::<Self, 2>(g.d_xy, [n, 2], &device),
+            from_host::<Self, 2>(g.d_inv_scale, [n, 2], &device),
+            from_host::<Self, 2>(g.d_theta, [n, 1], &device),
+            from_host::<Self, 2>(g.d_color, [n, CHANNELS], &device),
+        ];
+        Ok((parts, grads))
+    }
+
+    fn fused_metrics(params: SplatPrimitives<Self>, target: &HostTarget) -> Result<LossParts, String> {
+        let host = HostParams::read::<Self>(params);
+        let mut x = target.render(&host, &Frame::new(target.width, target.height));
+        for v in x.iter_mut() {
+            *v = v.clamp(0.0, 1.0);
+        }
+        Ok(target.parts(&x))
+    }
+
+    fn fused_render_host(
+        params: SplatPrimitives<Self>,
+        target: &HostTarget,
+        frame: &Frame,
+    ) -> Result<Vec<f32>, String> {
+        Ok(target.render(&HostParams::read::<Self>(params), frame))
+    }
+}
 
 impl<B: SplatBackend, C: CheckpointStrategy> SplatBackend for Autodiff<B, C> {
     fn splat_render(params: SplatPrimitives<Self>, spec: &RenderSpec) -> FloatTensor<Self> {

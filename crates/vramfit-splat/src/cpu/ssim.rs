@@ -23,6 +23,11 @@ fn window<F: Real>() -> [F; TAPS] {
     k.map(|v| F::c(v / total))
 }
 
+/// The window in f32, for the GPU kernels.
+pub fn window_f32() -> [f32; TAPS] {
+    window::<f32>()
+}
+
 /// Zero-padded "same" Gaussian blur of one `[H, W]` plane. The window is
 /// symmetric, so this operator is its own transpose (the backward uses it
 /// that way). Both passes are axpy loops over whole rows, which vectorise.

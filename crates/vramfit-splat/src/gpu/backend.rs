@@ -1,0 +1,125 @@
+//! Burn glue: the fused loss of [`crate::op::FusedLoss`] on a CubeCL
+//! backend runs [`Lean`] directly on the tensors' device buffers.
+
+use burn::tensor::{DType, Shape};
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::Runtime;
+
+use super::engine::{Lean, ParamBuffers};
+#[cfg(feature = "cuda")]
+use crate::cpu::project::Frame;
+use crate::op::LossParts;
+#[cfg(feature = "cuda")]
+use crate::op::{FusedLoss, SplatPrimitives};
+use crate::picture::{CHANNELS, Picture};
+
+/// Device buffers of the four parameter tensors (made contiguous if needed).
+fn buffers<R: CubeRuntime>(params: [CubeTensor<R>; 4]) -> (ParamBuffers, CubeTensor<R>) {
+    let [xy, inv_scale, theta, color] = params.map(|t| {
+        if t.is_contiguous_buffer() {
+            t
+        } else {
+            into_contiguous(t)
+        }
+    });
+    let n = theta.meta.shape()[0];
+    let buffers = ParamBuffers {
+        xy: xy.handle.clone(),
+        inv_scale: inv_scale.handle.clone(),
+        theta: theta.handle.clone(),
+        color: color.handle.clone(),
+        n,
+    };
+    (buffers, theta)
+}
+
+fn tensor<R: CubeRuntime>(
+    like: &CubeTensor<R>,
+    handle: cubecl::server::Handle,
+    rows: usize,
+    cols: usize,
+) -> CubeTensor<R> {
+    CubeTensor::new_contiguous(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::new([rows, cols]),
+        handle,
+        DType::F32,
+    )
+}
+
+/// The fused loss on CubeCL tensors; the backends' impls delegate here
+/// (one concrete impl per backend keeps Burn's associated types resolved).
+pub struct CubeFused<R: CubeRuntime>(std::marker::PhantomData<R>);
+
+impl<R: CubeRuntime> CubeFused<R> {
+    /// See [`FusedLoss::fused_target`].
+    pub fn target(picture: &Picture, top_k: usize, band_rows: usize, device: &<R as Runtime>::Device) -> Lean<R> {
+        // Pictures come from 8-bit images, so this is exact.
+        let bytes: Vec<u8> = picture.data.iter().map(|v| (v * 255.0).round() as u8).collect();
+        Lean::new(
+            R::client(device),
+            &bytes,
+            picture.width,
+            picture.height,
+            CHANNELS,
+            top_k,
+            band_rows,
+        )
+    }
+
+    /// See [`FusedLoss::fused_loss_and_grads`].
+    pub fn loss_and_grads(
+        params: [CubeTensor<R>; 4],
+        target: &Lean<R>,
+        ssim_weight: f64,
+    ) -> Result<(LossParts, [CubeTensor<R>; 4]), String> {
+        let (p, like) = buffers(params);
+        let (parts, g) = target.loss_and_grads(&p, ssim_weight as f32)?;
+        let n = p.n;
+        Ok((
+            parts,
+            [
+                tensor(&like, g.xy, n, 2),
+                tensor(&like, g.inv_scale, n, 2),
+                tensor(&like, g.theta, n, 1),
+                tensor(&like, g.color, n, CHANNELS),
+            ],
+        ))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl FusedLoss for burn::backend::Cuda {
+    type Target = Lean<cubecl::cuda::CudaRuntime>;
+
+    fn fused_target(picture: &Picture, top_k: usize, band_rows: usize, device: &Self::Device) -> Self::Target {
+        CubeFused::target(picture, top_k, band_rows, device)
+    }
+
+    fn fused_target_bytes(target: &Self::Target) -> u64 {
+        target.target_bytes()
+    }
+
+    fn fused_loss_and_grads(
+        params: SplatPrimitives<Self>,
+        target: &Self::Target,
+        ssim_weight: f64,
+    ) -> Result<(LossParts, SplatPrimitives<Self>), String> {
+        CubeFused::loss_and_grads(params, target, ssim_weight)
+    }
+
+    fn fused_metrics(params: SplatPrimitives<Self>, target: &Self::Target) -> Result<LossParts, String> {
+        target.metrics(&buffers(params).0)
+    }
+
+    fn fused_render_host(
+        params: SplatPrimitives<Self>,
+        target: &Self::Target,
+        frame: &Frame,
+    ) -> Result<Vec<f32>, String> {
+        target.render_host(&buffers(params).0, frame)
+    }
+}

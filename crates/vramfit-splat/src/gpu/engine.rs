@@ -1,0 +1,496 @@
+//! The lean fit on a CubeCL runtime: the target lives on the device as u8,
+//! and render, loss and backward run band by band (tile rows plus a halo for
+//! the SSIM window), so that scratch memory scales with the band, not the
+//! image. Nothing image-sized in f32 is ever allocated.
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+use super::kernels::{self, GEOMETRY_GRADS, TAPS, TILE, UNITS};
+use crate::cpu::project::Frame;
+use crate::op::LossParts;
+
+/// Rows of SSIM halo on each side of a band: the window's radius.
+const R: usize = (TAPS / 2) as usize;
+/// Scratch planes per band row (render, five statistics, three
+/// coefficients, their three blurs, the render gradient).
+const PLANES: usize = 13;
+/// Largest cube count along one axis that every runtime accepts.
+const MAX_CUBES_X: usize = 65_535;
+/// Default scratch budget per band.
+pub const DEFAULT_BAND_BYTES: usize = 192 << 20;
+
+/// Parameter buffers on the device, f32, row major: xy `[N, 2]`, inv_scale
+/// `[N, 2]`, theta `[N]`, color `[N, C]`.
+#[derive(Debug, Clone)]
+pub struct ParamBuffers {
+    /// Centres.
+    pub xy: Handle,
+    /// Inverse scales.
+    pub inv_scale: Handle,
+    /// Rotations.
+    pub theta: Handle,
+    /// Colours.
+    pub color: Handle,
+    /// Gaussians N.
+    pub n: usize,
+}
+
+/// A device failure (out of memory, lost device), as the runtime said it.
+pub type DeviceError = String;
+
+/// The fitted image on the device and the band layout.
+#[derive(Clone)]
+pub struct Lean<R: Runtime> {
+    client: ComputeClient<R>,
+    width: usize,
+    height: usize,
+    channels: usize,
+    top_k: usize,
+    band_rows: usize,
+    target: Handle,
+    window: Handle,
+}
+
+fn as_u32_bytes(v: &[u32]) -> &[u8] {
+    u32::as_bytes(v)
+}
+
+/// Launch grid for `elems` units of [`UNITS`] per cube.
+fn grid(elems: usize) -> CubeCount {
+    let cubes = elems.div_ceil(UNITS as usize).max(1);
+    if cubes <= MAX_CUBES_X {
+        CubeCount::Static(cubes as u32, 1, 1)
+    } else {
+        CubeCount::Static(MAX_CUBES_X as u32, cubes.div_ceil(MAX_CUBES_X) as u32, 1)
+    }
+}
+
+fn cubes_of(count: &CubeCount) -> usize {
+    match count {
+        CubeCount::Static(x, y, z) => (*x as usize) * (*y as usize) * (*z as usize),
+        CubeCount::Dynamic(_) => unreachable!("grids here are static"),
+    }
+}
+
+fn dim() -> CubeDim {
+    CubeDim::new_1d(UNITS)
+}
+
+/// Band height in rows: the given one rounded up to whole tiles, or the
+/// largest that keeps the scratch planes within [`DEFAULT_BAND_BYTES`].
+pub fn band_rows(width: usize, height: usize, channels: usize, requested: usize) -> usize {
+    let tile = TILE as usize;
+    let rows = if requested > 0 {
+        requested
+    } else {
+        let per_row = PLANES * width * channels * 4;
+        (DEFAULT_BAND_BYTES / per_row.max(1)).saturating_sub(4 * R)
+    };
+    rows.div_ceil(tile).max(1).min(height.div_ceil(tile).max(1)) * tile
+}
+
+/// The tile lists of one band: `offsets` (per tile, plus the total) and `ids`.
+struct Binning {
+    offsets: Handle,
+    ids: Handle,
+    tiles: usize,
+    pairs: usize,
+    row0: usize,
+}
+
+impl<R: Runtime> Lean<R> {
+    /// Uploads the target (`[H, W, C]` bytes) and sets the band height
+    /// (`band_rows` 0: automatic).
+    pub fn new(
+        client: ComputeClient<R>,
+        target: &[u8],
+        width: usize,
+        height: usize,
+        channels: usize,
+        top_k: usize,
+        band_rows_requested: usize,
+    ) -> Self {
+        assert_eq!(target.len(), width * height * channels, "target must be [H, W, C]");
+        let mut packed = vec![0u32; target.len().div_ceil(4)];
+        for (i, &b) in target.iter().enumerate() {
+            packed[i / 4] |= (b as u32) << ((i % 4) * 8);
+        }
+        let target = client.create_from_slice(as_u32_bytes(&packed));
+        let window = client.create_from_slice(f32::as_bytes(&crate::cpu::ssim::window_f32()));
+        Self {
+            client,
+            width,
+            height,
+            channels,
+            top_k,
+            band_rows: band_rows(width, height, channels, band_rows_requested),
+            target,
+            window,
+        }
+    }
+
+    /// The compute client.
+    pub fn client(&self) -> &ComputeClient<R> {
+        &self.client
+    }
+
+    /// Rows per band.
+    pub fn band_rows(&self) -> usize {
+        self.band_rows
+    }
+
+    /// Device bytes the target takes.
+    pub fn target_bytes(&self) -> u64 {
+        (self.width * self.height * self.channels).div_ceil(4) as u64 * 4
+    }
+
+    fn f32_buffer(&self, len: usize) -> Handle {
+        self.client.empty(len.max(1) * 4)
+    }
+
+    fn array(h: &Handle, len: usize) -> ArrayArg<R> {
+        // SAFETY: every buffer here is allocated with at least `len` elements
+        // of the kernel's element type (f32 or u32), and the launches are checked.
+        unsafe { ArrayArg::from_raw_parts(h.clone(), len.max(1)) }
+    }
+
+    fn fill_u32(&self, h: &Handle, len: usize, value: u32) {
+        kernels::fill_u32::launch::<R>(&self.client, grid(len), dim(), Self::array(h, len), value, len as u32);
+    }
+
+    fn fill_f32(&self, h: &Handle, len: usize, value: f32) {
+        kernels::fill_f32::launch::<R>(&self.client, grid(len), dim(), Self::array(h, len), value, len as u32);
+    }
+
+    /// Projects every Gaussian to `frame`: `(conic [N·5], rect [N·4])`.
+    fn project(&self, p: &ParamBuffers, frame: &Frame) -> (Handle, Handle) {
+        let n = p.n;
+        let conic = self.f32_buffer(5 * n);
+        let rect = self.client.empty((4 * n).max(1) * 4);
+        kernels::project::launch::<R>(
+            &self.client,
+            grid(n),
+            dim(),
+            Self::array(&p.xy, 2 * n),
+            Self::array(&p.inv_scale, 2 * n),
+            Self::array(&p.theta, n),
+            Self::array(&conic, 5 * n),
+            Self::array(&rect, 4 * n),
+            n as u32,
+            frame.width as f32,
+            frame.height as f32,
+            frame.zoom_x as f32,
+            frame.zoom_y as f32,
+            frame.tiles_x() as u32,
+            frame.tiles_y() as u32,
+        );
+        (conic, rect)
+    }
+
+    /// Bins the (Gaussian, tile) pairs of tile rows `[row0, row1)`.
+    fn bin(&self, rect: &Handle, n: usize, tiles_x: usize, row0: usize, row1: usize) -> Result<Binning, DeviceError> {
+        let tiles = (row1 - row0) * tiles_x;
+        let counts = self.client.empty(tiles.max(1) * 4);
+        self.fill_u32(&counts, tiles, 0);
+        kernels::count_pairs::launch::<R>(
+            &self.client,
+            grid(n),
+            dim(),
+            Self::array(rect, 4 * n),
+            Self::array(&counts, tiles),
+            n as u32,
+            tiles_x as u32,
+            row0 as u32,
+            row1 as u32,
+        );
+        let offsets = self.client.empty((tiles + 1) * 4);
+        kernels::exclusive_scan::launch::<R>(
+            &self.client,
+            CubeCount::Static(1, 1, 1),
+            dim(),
+            Self::array(&counts, tiles),
+            Self::array(&offsets, tiles + 1),
+            tiles as u32,
+        );
+        let read = self.client.read_one(offsets.clone()).map_err(|e| e.to_string())?;
+        let pairs = u32::from_bytes(&read)[tiles] as usize;
+        let ids = self.client.empty(pairs.max(1) * 4);
+        self.fill_u32(&counts, tiles, 0);
+        kernels::scatter_pairs::launch::<R>(
+            &self.client,
+            grid(n),
+            dim(),
+            Self::array(rect, 4 * n),
+            Self::array(&offsets, tiles + 1),
+            Self::array(&counts, tiles),
+            Self::array(&ids, pairs),
+            n as u32,
+            tiles_x as u32,
+            row0 as u32,
+            row1 as u32,
+        );
+        Ok(Binning {
+            offsets,
+            ids,
+            tiles,
+            pairs,
+            row0,
+        })
+    }
+
+    /// Renders rows `[ry0, ry1)` of `frame` into a new `[ry1 − ry0, W, C]` buffer.
+    #[allow(clippy::too_many_arguments)]
+    fn render_rows(
+        &self,
+        p: &ParamBuffers,
+        conic: &Handle,
+        bins: &Binning,
+        frame: &Frame,
+        ry0: usize,
+        ry1: usize,
+    ) -> Handle {
+        let (w, c) = (frame.width, self.channels);
+        let len = (ry1 - ry0) * w * c;
+        let out = self.f32_buffer(len);
+        let tile = TILE as usize;
+        let (t0, t1) = (ry0 / tile, ry1.div_ceil(tile));
+        kernels::render_tiles::launch::<R>(
+            &self.client,
+            CubeCount::Static(frame.tiles_x() as u32, (t1 - t0) as u32, 1),
+            dim(),
+            Self::array(&bins.offsets, bins.tiles + 1),
+            Self::array(&bins.ids, bins.pairs),
+            Self::array(conic, 5 * p.n),
+            Self::array(&p.color, c * p.n),
+            Self::array(&out, len),
+            w as u32,
+            frame.tiles_x() as u32,
+            bins.row0 as u32,
+            t0 as u32,
+            ry0 as u32,
+            ry1 as u32,
+            self.top_k,
+            c,
+        );
+        out
+    }
+
+    /// Renders `frame` to the host, band by band (`[H, W, C]`, unclamped).
+    pub fn render_host(&self, p: &ParamBuffers, frame: &Frame) -> Result<Vec<f32>, DeviceError> {
+        let (w, h, c) = (frame.width, frame.height, self.channels);
+        let mut out = vec![0.0f32; w * h * c];
+        if p.n == 0 || out.is_empty() {
+            return Ok(out);
+        }
+        let rows = band_rows(w, h, c, 0);
+        let (conic, rect) = self.project(p, frame);
+        let tile = TILE as usize;
+        for y0 in (0..h).step_by(rows) {
+            let y1 = (y0 + rows).min(h);
+            let bins = self.bin(&rect, p.n, frame.tiles_x(), y0 / tile, y1.div_ceil(tile))?;
+            let band = self.render_rows(p, &conic, &bins, frame, y0, y1);
+            let bytes = self.client.read_one(band).map_err(|e| e.to_string())?;
+            out[y0 * w * c..y1 * w * c].copy_from_slice(f32::from_bytes(&bytes));
+        }
+        Ok(out)
+    }
+
+    /// Metrics of the clamped render against the target (forward only).
+    pub fn metrics(&self, p: &ParamBuffers) -> Result<LossParts, DeviceError> {
+        self.pass(p, None).map(|(parts, _)| parts)
+    }
+
+    /// The loss `L1 + ssim_weight·(1 − SSIM)` of the unclamped render, its
+    /// parts, and the gradients with respect to the four parameter buffers.
+    pub fn loss_and_grads(&self, p: &ParamBuffers, ssim_weight: f32) -> Result<(LossParts, ParamBuffers), DeviceError> {
+        self.pass(p, Some(ssim_weight))
+            .map(|(parts, grads)| (parts, grads.expect("gradients were asked for")))
+    }
+
+    /// One banded pass. `ssim_weight` given: loss and gradients of the raw
+    /// render; `None`: metrics of the clamped render.
+    fn pass(
+        &self,
+        p: &ParamBuffers,
+        ssim_weight: Option<f32>,
+    ) -> Result<(LossParts, Option<ParamBuffers>), DeviceError> {
+        let (w, h, c, n) = (self.width, self.height, self.channels, p.n);
+        let frame = Frame::new(w, h);
+        let tile = TILE as usize;
+        let values = (w * h * c) as f64;
+        let (conic, rect) = self.project(p, &frame);
+        let stride = GEOMETRY_GRADS as usize + c;
+        let acc = self.f32_buffer(n * stride);
+        self.fill_f32(&acc, n * stride, 0.0);
+        let grads = ssim_weight.is_some();
+        let clamp = !grads;
+        let mut sums = [0.0f64; 3];
+        for y0 in (0..h).step_by(self.band_rows) {
+            let y1 = (y0 + self.band_rows).min(h);
+            // Render rows reach 2R past the band: statistics R past it need them.
+            let (ry0, ry1) = (y0.saturating_sub(2 * R), (y1 + 2 * R).min(h));
+            let (cy0, cy1) = (y0.saturating_sub(R), (y1 + R).min(h));
+            let bins = self.bin(&rect, n, frame.tiles_x(), ry0 / tile, ry1.div_ceil(tile))?;
+            let render = self.render_rows(p, &conic, &bins, &frame, ry0, ry1);
+            let r_len = (ry1 - ry0) * w * c;
+            let h5 = self.f32_buffer(5 * r_len);
+            kernels::hblur_stats::launch::<R>(
+                &self.client,
+                grid(r_len),
+                dim(),
+                Self::array(&render, r_len),
+                Self::array(&self.target, (w * h * c).div_ceil(4)),
+                Self::array(&self.window, TAPS as usize),
+                Self::array(&h5, 5 * r_len),
+                w as u32,
+                (ry1 - ry0) as u32,
+                ry0 as u32,
+                c,
+                clamp,
+            );
+            let c_len = (cy1 - cy0) * w * c;
+            let coef3 = self.f32_buffer(if grads { 3 * c_len } else { 1 });
+            let count = grid(c_len);
+            let partials = self.f32_buffer(3 * cubes_of(&count));
+            let scale = ssim_weight.map_or(0.0, |sw| -(sw as f64) / values) as f32;
+            kernels::ssim_terms::launch::<R>(
+                &self.client,
+                count.clone(),
+                dim(),
+                Self::array(&h5, 5 * r_len),
+                Self::array(&render, r_len),
+                Self::array(&self.target, (w * h * c).div_ceil(4)),
+                Self::array(&self.window, TAPS as usize),
+                Self::array(&coef3, if grads { 3 * c_len } else { 1 }),
+                Self::array(&partials, 3 * cubes_of(&count)),
+                w as u32,
+                h as u32,
+                (ry1 - ry0) as u32,
+                ry0 as u32,
+                cy0 as u32,
+                (cy1 - cy0) as u32,
+                y0 as u32,
+                y1 as u32,
+                scale,
+                c,
+                clamp,
+                grads,
+            );
+            drop(h5);
+            let part = self.client.read_one(partials).map_err(|e| e.to_string())?;
+            for (q, v) in f32::from_bytes(&part).iter().enumerate() {
+                sums[q % 3] += *v as f64;
+            }
+            if !grads {
+                continue;
+            }
+            let hc3 = self.f32_buffer(3 * c_len);
+            kernels::hblur_coeffs::launch::<R>(
+                &self.client,
+                grid(c_len),
+                dim(),
+                Self::array(&coef3, 3 * c_len),
+                Self::array(&self.window, TAPS as usize),
+                Self::array(&hc3, 3 * c_len),
+                w as u32,
+                (cy1 - cy0) as u32,
+                c,
+            );
+            drop(coef3);
+            let o_len = (y1 - y0) * w * c;
+            let d_render = self.f32_buffer(o_len);
+            kernels::render_grad::launch::<R>(
+                &self.client,
+                grid(o_len),
+                dim(),
+                Self::array(&hc3, 3 * c_len),
+                Self::array(&render, r_len),
+                Self::array(&self.target, (w * h * c).div_ceil(4)),
+                Self::array(&self.window, TAPS as usize),
+                Self::array(&d_render, o_len),
+                w as u32,
+                h as u32,
+                (cy1 - cy0) as u32,
+                cy0 as u32,
+                ry0 as u32,
+                y0 as u32,
+                (y1 - y0) as u32,
+                (1.0 / values) as f32,
+                c,
+            );
+            drop(hc3);
+            kernels::render_backward_tiles::launch::<R>(
+                &self.client,
+                CubeCount::Static(frame.tiles_x() as u32, (y1.div_ceil(tile) - y0 / tile) as u32, 1),
+                dim(),
+                Self::array(&bins.offsets, bins.tiles + 1),
+                Self::array(&bins.ids, bins.pairs),
+                Self::array(&conic, 5 * n),
+                Self::array(&p.color, c * n),
+                Self::array(&d_render, o_len),
+                Self::array(&acc, n * stride),
+                w as u32,
+                frame.tiles_x() as u32,
+                bins.row0 as u32,
+                (y0 / tile) as u32,
+                y0 as u32,
+                y1 as u32,
+                self.top_k,
+                c,
+            );
+        }
+        let parts = LossParts {
+            ssim: sums[0] / values,
+            l1: sums[1] / values,
+            mse: sums[2] / values,
+        };
+        if !grads {
+            return Ok((parts, None));
+        }
+        let out = ParamBuffers {
+            xy: self.f32_buffer(2 * n),
+            inv_scale: self.f32_buffer(2 * n),
+            theta: self.f32_buffer(n),
+            color: self.f32_buffer(c * n),
+            n,
+        };
+        kernels::project_backward::launch::<R>(
+            &self.client,
+            grid(n),
+            dim(),
+            Self::array(&p.inv_scale, 2 * n),
+            Self::array(&p.theta, n),
+            Self::array(&acc, n * stride),
+            Self::array(&out.xy, 2 * n),
+            Self::array(&out.inv_scale, 2 * n),
+            Self::array(&out.theta, n),
+            Self::array(&out.color, c * n),
+            n as u32,
+            w as f32,
+            h as f32,
+            1.0,
+            1.0,
+            c,
+        );
+        Ok((parts, Some(out)))
+    }
+
+    /// Uploads host parameters (tests and the kernel check use this).
+    pub fn upload(&self, xy: &[f32], inv_scale: &[f32], theta: &[f32], color: &[f32]) -> ParamBuffers {
+        let up = |v: &[f32]| self.client.create_from_slice(f32::as_bytes(v));
+        ParamBuffers {
+            xy: up(xy),
+            inv_scale: up(inv_scale),
+            theta: up(theta),
+            color: up(color),
+            n: theta.len(),
+        }
+    }
+
+    /// Reads a buffer of f32 back to the host.
+    pub fn download(&self, h: &Handle) -> Result<Vec<f32>, DeviceError> {
+        let bytes = self.client.read_one(h.clone()).map_err(|e| e.to_string())?;
+        Ok(f32::from_bytes(&bytes).to_vec())
+    }
+}
