@@ -53,6 +53,10 @@ pub struct FitConfig {
     /// Milliseconds between background samples of the device allocator, for
     /// the peak inside a step (0: off; backends without an allocator never sample).
     pub profile_sample_ms: u64,
+    /// Image rows per band of the GPU's banded render, loss and backward
+    /// (rounded up to whole 16-row tiles; 0: automatic, about 192 MiB of
+    /// scratch per band). The CPU path ignores it.
+    pub band_rows: usize,
 }
 
 impl Default for FitConfig {
@@ -78,6 +82,7 @@ impl Default for FitConfig {
             checkpoint_every: 500,
             profile_every: 10,
             profile_sample_ms: 2,
+            band_rows: 0,
         }
     }
 }

@@ -4,6 +4,7 @@
 //! checkpoint, so a resumed fit continues exactly where it stopped.
 
 use burn::prelude::*;
+use burn::tensor::TensorPrimitive;
 use burn::tensor::backend::AutodiffBackend;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -17,8 +18,8 @@ use crate::config::FitConfig;
 use crate::cpu::project::Frame;
 use crate::gaussians::Gaussians;
 use crate::init::{self, NewGaussians};
-use crate::op::{self, RenderSpec, SplatBackend, SplatTensors};
-use crate::picture::{CHANNELS, Picture, psnr};
+use crate::op::{FusedLoss, LossParts, RenderSpec, SplatBackend, SplatPrimitives, SplatTensors};
+use crate::picture::{CHANNELS, Picture};
 
 /// PSNR gain (dB) that counts as progress for the stall schedule.
 const PSNR_PROGRESS: f64 = 0.1;
@@ -66,11 +67,11 @@ struct Schedule {
 /// A fit in progress on backend `B`.
 pub struct Fit<B: AutodiffBackend + SplatBackend>
 where
-    B::InnerBackend: SplatBackend,
+    B::InnerBackend: FusedLoss,
 {
     config: FitConfig,
     spec: RenderSpec,
-    target: Tensor<B::InnerBackend, 3>,
+    target: <B::InnerBackend as FusedLoss>::Target,
     blurred_target: Vec<f32>,
     params: SplatTensors<B::InnerBackend>,
     moments: [AdamMoments<B::InnerBackend, 2>; 4],
@@ -95,7 +96,7 @@ fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
 
 impl<B: AutodiffBackend + SplatBackend> Fit<B>
 where
-    B::InnerBackend: SplatBackend,
+    B::InnerBackend: FusedLoss,
 {
     /// Starts a fit: validates the settings and places the initial Gaussians.
     pub fn new(picture: &Picture, config: &FitConfig, device: &B::Device) -> Result<Self, SplatError> {
@@ -117,10 +118,7 @@ where
                 top_k: config.top_k,
                 channels: CHANNELS,
             },
-            target: Tensor::from_data(
-                TensorData::new(picture.data.clone(), [picture.height, picture.width, CHANNELS]),
-                device,
-            ),
+            target: <B::InnerBackend as FusedLoss>::fused_target(picture, config.top_k, config.band_rows, device),
             blurred_target: init::blur(picture, init::blur_size(picture.width, picture.height)),
             params,
             moments,
@@ -196,14 +194,25 @@ where
         if profiling {
             self.profiler.record(next, "start", walked(0));
         }
-        let params =
-            SplatTensors::<B>::from_array(self.params.to_array().map(|p| Tensor::from_inner(p).require_grad()));
-        let target = Tensor::<B, 3>::from_inner(self.target.clone());
-        let render = op::render(&params, &self.spec);
-        let l1 = render.clone().sub(target.clone()).abs().mean();
-        let s = op::ssim(render.clone(), target);
-        let loss = l1.add(s.neg().add_scalar(1.0).mul_scalar(c.ssim_weight));
-        let loss_value = read_scalar(loss.clone().inner(), next, "forward")?;
+        let entering = self.primitives();
+        if simulated_oom(next) {
+            let message = "simulated: out of memory allocating 512 MiB (VRAMFIT_SIMULATE_OOM_AT_STEP)".into();
+            return Err(SplatError::Device {
+                step: next,
+                phase: "forward",
+                message,
+            });
+        }
+        // Render, loss and backward as one fused call: no autodiff graph keeps
+        // image-sized tensors alive (on the GPU it runs band by band).
+        let (parts, grads) =
+            <B::InnerBackend as FusedLoss>::fused_loss_and_grads(entering.clone(), &self.target, c.ssim_weight)
+                .map_err(|message| SplatError::Device {
+                    step: next,
+                    phase: "forward and backward",
+                    message,
+                })?;
+        let loss_value = parts.loss(c.ssim_weight) as f32;
         if !loss_value.is_finite() {
             return Err(SplatError::NonFinite {
                 step: self.step + 1,
@@ -211,54 +220,47 @@ where
             });
         }
         if profiling {
-            self.profiler.record(next, "forward", walked(0));
-        }
-        let grads = loss.backward();
-        if profiling {
             self.profiler.record(next, "backward", walked(param_bytes));
         }
         let lrs = [c.lr_xy, c.lr_inv_scale, c.lr_theta, c.lr_color].map(|lr| lr * self.schedule.lr_scale);
         self.adam.begin_step();
-        let tracked = params.to_array();
         let mut updated = Vec::with_capacity(4);
-        for (i, (p, m)) in tracked.into_iter().zip(self.moments.iter_mut()).enumerate() {
-            let grad = p.grad(&grads).expect("every parameter takes part in the loss");
-            updated.push(self.adam.update(p.inner(), grad, m, lrs[i]));
+        for (i, (grad, m)) in grads.into_iter().zip(self.moments.iter_mut()).enumerate() {
+            let grad = Tensor::from_primitive(TensorPrimitive::Float(grad));
+            updated.push(self.adam.update(self.params.to_array()[i].clone(), grad, m, lrs[i]));
         }
-        drop(grads);
-        self.params = SplatTensors::from_array(updated.try_into().expect("four parameter tensors"));
+        let before = std::mem::replace(
+            &mut self.params,
+            SplatTensors::from_array(updated.try_into().expect("four parameter tensors")),
+        );
         if profiling {
             self.profiler.record(next, "optimizer", walked(0));
         }
         self.step += 1;
 
         let step = self.step;
-        let render = render.inner();
         let measure = step.is_multiple_of(c.log_every) || step.is_multiple_of(c.check_every) || step == c.steps;
         let (mut psnr_db, mut ssim) = (None, None);
-        let mut frame = None;
-        if measure || want_frame {
-            let clamped = render.clone().clamp(0.0, 1.0);
-            let mse = read_scalar(
-                clamped.clone().sub(self.target.clone()).powi_scalar(2).mean(),
-                step,
-                "metrics",
-            )?;
-            psnr_db = Some(if mse > 0.0 {
-                -10.0 * (mse as f64).log10()
-            } else {
-                f64::INFINITY
-            });
-            ssim = Some(read_scalar(op::ssim(clamped, self.target.clone()), step, "metrics")? as f64);
+        if measure {
+            let m = self.metrics_of(Self::primitives_of(&before), step)?;
+            psnr_db = Some(m.psnr_db());
+            ssim = Some(m.ssim);
         }
-        if want_frame {
-            frame = Some(host(render.clone()));
-        }
+        // The render entering the step, when a frame or an addition needs it.
+        let adding = self.config.progressive
+            && step.is_multiple_of(self.config.add_every)
+            && step < self.config.steps
+            && self.schedule.additions_done < self.config.add_rounds;
+        let render = if want_frame || adding {
+            Some(self.render_host_of(Self::primitives_of(&before), &self.spec.frame.clone(), step)?)
+        } else {
+            None
+        };
+        drop(before);
         let mut added = 0;
-        // No addition on the last step: nothing would be left to fit them.
-        let adding = self.config.progressive && step.is_multiple_of(self.config.add_every) && step < self.config.steps;
-        if adding && self.schedule.additions_done < self.config.add_rounds {
-            added = self.add_gaussians(render);
+        // No addition on the last step (see `adding`): nothing would be left to fit them.
+        if adding {
+            added = self.add_gaussians(render.as_deref().expect("rendered for the addition"));
         }
         let mut decayed = false;
         if step.is_multiple_of(self.config.check_every) && self.all_present() && added == 0 {
@@ -272,12 +274,38 @@ where
             gaussians: self.len(),
             added,
             decayed,
-            frame,
+            frame: if want_frame { render } else { None },
         })
     }
 
+    fn primitives_of(params: &SplatTensors<B::InnerBackend>) -> SplatPrimitives<B::InnerBackend> {
+        params.to_array().map(|t| t.into_primitive().tensor())
+    }
+
+    fn primitives(&self) -> SplatPrimitives<B::InnerBackend> {
+        Self::primitives_of(&self.params)
+    }
+
+    fn device_error(step: u64, phase: &'static str) -> impl FnOnce(String) -> SplatError {
+        move |message| SplatError::Device { step, phase, message }
+    }
+
+    fn metrics_of(&self, params: SplatPrimitives<B::InnerBackend>, step: u64) -> Result<LossParts, SplatError> {
+        <B::InnerBackend as FusedLoss>::fused_metrics(params, &self.target).map_err(Self::device_error(step, "metrics"))
+    }
+
+    fn render_host_of(
+        &self,
+        params: SplatPrimitives<B::InnerBackend>,
+        frame: &Frame,
+        step: u64,
+    ) -> Result<Vec<f32>, SplatError> {
+        <B::InnerBackend as FusedLoss>::fused_render_host(params, &self.target, frame)
+            .map_err(Self::device_error(step, "render"))
+    }
+
     /// Error-guided addition from the render entering this step.
-    fn add_gaussians(&mut self, render: Tensor<B::InnerBackend, 3>) -> usize {
+    fn add_gaussians(&mut self, render: &[f32]) -> usize {
         let round = self.schedule.additions_done;
         self.schedule.additions_done += 1;
         let m = self.config.added_in_round(self.len());
@@ -287,14 +315,8 @@ where
         // One stream per round, so a resumed fit draws the same Gaussians.
         let mut rng = ChaCha8Rng::seed_from_u64(self.config.seed ^ (0x5eed_0000 + round));
         let frame = &self.spec.frame;
-        let new: NewGaussians = init::error_guided(
-            &self.blurred_target,
-            &host(render),
-            frame.width,
-            frame.height,
-            m,
-            &mut rng,
-        );
+        let new: NewGaussians =
+            init::error_guided(&self.blurred_target, render, frame.width, frame.height, m, &mut rng);
         let d = &self.device;
         let add = [
             tensor2(new.xy, 2, d),
@@ -343,12 +365,8 @@ where
     /// Bytes of every tensor the fit keeps between steps, plus the image-sized
     /// ones a step makes, largest first.
     pub fn tensor_sizes(&self) -> Vec<(String, u64)> {
-        let f = &self.spec.frame;
-        let image = (f.width * f.height * CHANNELS * 4) as u64;
-        let mut out = vec![
-            ("target image".to_string(), image),
-            ("render image (per step)".to_string(), image),
-        ];
+        let target = <B::InnerBackend as FusedLoss>::fused_target_bytes(&self.target);
+        let mut out = vec![("target image".to_string(), target)];
         for (i, p) in self.params.to_array().iter().enumerate() {
             let bytes = (p.dims().iter().product::<usize>() * 4) as u64;
             out.push((PARAMS[i].to_string(), bytes));
@@ -380,14 +398,11 @@ where
 
     /// Renders the current Gaussians and measures PSNR and SSIM of the
     /// clamped render: `(render [H, W, C], psnr_db, ssim)`.
-    pub fn evaluate(&self) -> (Vec<f32>, f64, f64) {
-        let render = op::render(&self.params, &self.spec).clamp(0.0, 1.0);
-        let ssim = op::ssim(render.clone(), self.target.clone())
-            .into_scalar()
-            .elem::<f64>();
-        let render = host(render);
-        let p = psnr(&render, &host(self.target.clone()));
-        (render, p, ssim)
+    pub fn evaluate(&self) -> Result<(Vec<f32>, f64, f64), SplatError> {
+        let mut render = self.render_host_of(self.primitives(), &self.spec.frame, self.step)?;
+        render.iter_mut().for_each(|v| *v = v.clamp(0.0, 1.0));
+        let m = self.metrics_of(self.primitives(), self.step)?;
+        Ok((render, m.psnr_db(), m.ssim))
     }
 
     /// Every piece of state, as a checkpoint.
@@ -487,26 +502,6 @@ fn simulated_oom(step: u64) -> bool {
             .ok()
             .and_then(|v| v.parse().ok())
     }) == Some(step)
-}
-
-/// Reads a one-element tensor, turning a device failure into an error
-/// instead of a panic (Burn reports asynchronous failures at this sync).
-fn read_scalar<B: Backend>(t: Tensor<B, 1>, step: u64, phase: &'static str) -> Result<f32, SplatError> {
-    if simulated_oom(step) {
-        let message = "simulated: out of memory allocating 512 MiB (VRAMFIT_SIMULATE_OOM_AT_STEP)".into();
-        return Err(SplatError::Device { step, phase, message });
-    }
-    let data = t.try_into_data().map_err(|e| SplatError::Device {
-        step,
-        phase,
-        message: e.to_string(),
-    })?;
-    Ok(data
-        .convert::<f32>()
-        .to_vec::<f32>()
-        .ok()
-        .and_then(|v| v.first().copied())
-        .unwrap_or(f32::NAN))
 }
 
 fn finite_or_null(v: f64) -> serde_json::Value {

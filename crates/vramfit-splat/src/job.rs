@@ -100,7 +100,7 @@ pub struct Job {
 fn peak_memory<B>(fit: &Fit<B>) -> (Option<u64>, &'static str)
 where
     B: AutodiffBackend + SplatBackend,
-    B::InnerBackend: SplatBackend,
+    B::InnerBackend: crate::op::FusedLoss,
 {
     fit.profiler().peak_or_host()
 }
@@ -115,7 +115,7 @@ impl Job {
     ) -> Result<Option<Summary>, SplatError>
     where
         B: AutodiffBackend + SplatBackend,
-        B::InnerBackend: SplatBackend,
+        B::InnerBackend: crate::op::FusedLoss,
     {
         let (dir, config, picture, mut fit, mut wall_before) = if self.resume {
             self.open_for_resume::<B>(device)?
@@ -156,7 +156,7 @@ impl Job {
     fn open_for_resume<B>(&self, device: &B::Device) -> Result<(RunDir, FitConfig, Picture, Fit<B>, f64), SplatError>
     where
         B: AutodiffBackend + SplatBackend,
-        B::InnerBackend: SplatBackend,
+        B::InnerBackend: crate::op::FusedLoss,
     {
         let dir = RunDir::open(&self.out)?;
         let not_resumable = |why: &str| RunDirError::NotResumable {
@@ -198,7 +198,7 @@ impl Job {
     ) -> SplatError
     where
         B: AutodiffBackend + SplatBackend,
-        B::InnerBackend: SplatBackend,
+        B::InnerBackend: crate::op::FusedLoss,
     {
         let records = fit.profiler().records();
         let last_step = records.last().map(|r| r.step);
@@ -255,7 +255,7 @@ impl Job {
     fn write_memory_report<B>(&self, dir: &RunDir, fit: &Fit<B>) -> Result<(), SplatError>
     where
         B: AutodiffBackend + SplatBackend,
-        B::InnerBackend: SplatBackend,
+        B::InnerBackend: crate::op::FusedLoss,
     {
         let (peak, source) = peak_memory(fit);
         let mut report = fit.profiler().report(&self.device_name, peak, source);
@@ -279,7 +279,7 @@ impl Job {
     ) -> Result<Option<Summary>, SplatError>
     where
         B: AutodiffBackend + SplatBackend,
-        B::InnerBackend: SplatBackend,
+        B::InnerBackend: crate::op::FusedLoss,
     {
         let mut metrics = dir.metrics(Some(fit.step_count()))?;
         let tb_err = |e: std::io::Error| SplatError::Write {
@@ -365,7 +365,7 @@ impl Job {
         }
         let gaussians = fit.gaussians();
         gaussians.save(&dir.path("gaussians.vfg"))?;
-        let (render, psnr_db, ssim) = fit.evaluate();
+        let (render, psnr_db, ssim) = fit.evaluate()?;
         save_png(
             &dir.path("render.png"),
             &to_rgb8(picture.width, picture.height, &render),

@@ -14,7 +14,7 @@
 //! while !fit.finished() {
 //!     fit.step(false).unwrap();
 //! }
-//! let (_, psnr_db, _) = fit.evaluate();
+//! let (_, psnr_db, _) = fit.evaluate().unwrap();
 //! assert!(psnr_db > 10.0);
 //! ```
 

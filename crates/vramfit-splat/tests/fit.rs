@@ -82,11 +82,11 @@ fn a_short_fit_raises_psnr_clearly() {
         ..Default::default()
     };
     let mut fit = Fit::<Ad>::new(&picture, &config, &Default::default()).unwrap();
-    let (_, before, ssim_before) = fit.evaluate();
+    let (_, before, ssim_before) = fit.evaluate().unwrap();
     while !fit.finished() {
         fit.step(false).unwrap();
     }
-    let (_, after, ssim_after) = fit.evaluate();
+    let (_, after, ssim_after) = fit.evaluate().unwrap();
     assert_eq!(fit.len(), 300, "progressive addition reaches N");
     // Measured: 12.4 dB → 16.4 dB on this image (σ = 5 px starts blurry at
     // this size); a 3 dB gain cannot come from noise.
