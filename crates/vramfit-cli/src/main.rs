@@ -69,6 +69,18 @@ enum Command {
         #[command(subcommand)]
         which: train::Which,
     },
+    /// Check the GPU kernels against their CPU twins on random cases.
+    CheckKernels {
+        /// Device (cuda).
+        #[arg(long, default_value = "cuda")]
+        device: String,
+        /// Also run image-sized cases (up to 2048×2048 with 10,000 Gaussians).
+        #[arg(long)]
+        large: bool,
+        /// Write the reports as JSON here.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
     /// Benchmarks that print figures and write JSON.
     Bench {
         #[command(subcommand)]
@@ -139,6 +151,7 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Bench { which } => bench::run(which),
+        Command::CheckKernels { device, large, out } => device::check_kernels(&device, large, out),
         Command::Train { which } => train::run(which),
         Command::Report { run_dir } => report(&run_dir),
     }

@@ -7,6 +7,10 @@
 //! smallest `(σ, gaussian id)`. Candidates reach a tile in any order (the
 //! scatter uses atomics), so the id breaks ties explicitly.
 
+// Kernel code is expanded by `#[cube]`, which supports comparisons but not
+// `Range::contains`.
+#![allow(clippy::manual_range_contains)]
+
 use cubecl::prelude::*;
 
 /// Side of a screen tile (must equal [`crate::cpu::project::TILE`]).
