@@ -8,10 +8,12 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::Runtime;
 
 use super::engine::{Lean, ParamBuffers};
-#[cfg(feature = "cuda")]
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
 use crate::cpu::project::Frame;
 use crate::op::LossParts;
-#[cfg(feature = "cuda")]
+#[cfg(feature = "wgpu")]
+use crate::op::SplatBackend;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
 use crate::op::{FusedLoss, SplatPrimitives};
 use crate::picture::{CHANNELS, Picture};
 
@@ -91,35 +93,52 @@ impl<R: CubeRuntime> CubeFused<R> {
     }
 }
 
-#[cfg(feature = "cuda")]
-impl FusedLoss for burn::backend::Cuda {
-    type Target = Lean<cubecl::cuda::CudaRuntime>;
+/// Implements [`FusedLoss`] for a concrete CubeCL backend on runtime `$runtime`.
+macro_rules! cube_fused_loss {
+    ($backend:ty, $runtime:ty) => {
+        impl FusedLoss for $backend {
+            type Target = Lean<$runtime>;
 
-    fn fused_target(picture: &Picture, top_k: usize, band_rows: usize, device: &Self::Device) -> Self::Target {
-        CubeFused::target(picture, top_k, band_rows, device)
-    }
+            fn fused_target(picture: &Picture, top_k: usize, band_rows: usize, device: &Self::Device) -> Self::Target {
+                CubeFused::target(picture, top_k, band_rows, device)
+            }
 
-    fn fused_target_bytes(target: &Self::Target) -> u64 {
-        target.target_bytes()
-    }
+            fn fused_target_bytes(target: &Self::Target) -> u64 {
+                target.target_bytes()
+            }
 
-    fn fused_loss_and_grads(
-        params: SplatPrimitives<Self>,
-        target: &Self::Target,
-        ssim_weight: f64,
-    ) -> Result<(LossParts, SplatPrimitives<Self>), String> {
-        CubeFused::loss_and_grads(params, target, ssim_weight)
-    }
+            fn fused_loss_and_grads(
+                params: SplatPrimitives<Self>,
+                target: &Self::Target,
+                ssim_weight: f64,
+            ) -> Result<(LossParts, SplatPrimitives<Self>), String> {
+                CubeFused::loss_and_grads(params, target, ssim_weight)
+            }
 
-    fn fused_metrics(params: SplatPrimitives<Self>, target: &Self::Target) -> Result<LossParts, String> {
-        target.metrics(&buffers(params).0)
-    }
+            fn fused_metrics(params: SplatPrimitives<Self>, target: &Self::Target) -> Result<LossParts, String> {
+                target.metrics(&buffers(params).0)
+            }
 
-    fn fused_render_host(
-        params: SplatPrimitives<Self>,
-        target: &Self::Target,
-        frame: &Frame,
-    ) -> Result<Vec<f32>, String> {
-        target.render_host(&buffers(params).0, frame)
-    }
+            fn fused_render_host(
+                params: SplatPrimitives<Self>,
+                target: &Self::Target,
+                frame: &Frame,
+            ) -> Result<Vec<f32>, String> {
+                target.render_host(&buffers(params).0, frame)
+            }
+        }
+    };
 }
+
+#[cfg(feature = "cuda")]
+cube_fused_loss!(burn::backend::Cuda, cubecl::cuda::CudaRuntime);
+
+/// The Burn backend the wgpu twin check fits on.
+#[cfg(feature = "wgpu")]
+pub type WgpuBackend = burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u8>;
+
+#[cfg(feature = "wgpu")]
+impl SplatBackend for WgpuBackend {}
+
+#[cfg(feature = "wgpu")]
+cube_fused_loss!(WgpuBackend, cubecl::wgpu::WgpuRuntime);
