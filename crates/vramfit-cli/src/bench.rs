@@ -28,7 +28,7 @@ pub enum Which {
         /// Override one setting, KEY=VALUE with a key of config.toml (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
-        /// Device: cpu, or cuda when built with `--features cuda`.
+        /// Device: cpu; cuda or wgpu in a build with that feature (`--features cuda`, `--features wgpu`).
         #[arg(long, default_value = "cpu")]
         device: String,
         /// JSON output (a .md table is written beside it).
@@ -100,9 +100,10 @@ fn splat(
     let bicubic = bicubic_at_equal_storage(&picture, s.gaussians * values_per_gaussian);
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let table = format!(
-        "| image | size | Gaussians | steps | ms/step (median) | wall s | PSNR dB | SSIM | bpp | bicubic at equal storage | bicubic PSNR dB | peak host MiB |\n\
+        "| image | size | Gaussians | steps | ms/step (median) | wall s | PSNR dB | SSIM | bpp | bicubic at equal storage | bicubic PSNR dB | peak MiB |\n\
          |---|---|---|---|---|---|---|---|---|---|---|---|\n\
-         | {} | {}×{} | {} | {} | {:.1} | {:.1} | {:.2} | {:.4} | {:.2} | {}×{} | {:.2} | {:.0} |\n",
+         | {} | {}×{} | {} | {} | {:.1} | {:.1} | {:.2} | {:.4} | {:.2} | {}×{} | {:.2} | {:.1} |\n\n\
+         Peak memory: {}{}{}.\n",
         s.image,
         s.width,
         s.height,
@@ -116,7 +117,14 @@ fn splat(
         bicubic.width,
         bicubic.height,
         bicubic.psnr_db,
-        s.peak_memory_bytes as f64 / (1u64 << 20) as f64,
+        mib(s.peak_memory_bytes),
+        s.peak_memory_source,
+        s.reserved_peak_bytes
+            .map(|b| format!("; allocator reserved {:.1} MiB", mib(b)))
+            .unwrap_or_default(),
+        s.driver_peak_bytes
+            .map(|b| format!("; driver (NVML, this process, CUDA context included) {:.1} MiB", mib(b)))
+            .unwrap_or_default(),
     );
     let verdict = if s.psnr_db > bicubic.psnr_db {
         "beats"
@@ -147,4 +155,8 @@ fn splat(
         .with_context(|| format!("writing {}", md.display()))?;
     println!("wrote {} and {}", out.display(), md.display());
     Ok(())
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 20) as f64
 }

@@ -6,6 +6,27 @@ use anyhow::{Result, bail};
 use burn::backend::{Autodiff, Flex};
 use vramfit_splat::job::{Event, Job, Summary};
 
+/// The devices this build can run on, for messages.
+const BUILT: &str = if cfg!(all(feature = "cuda", feature = "wgpu")) {
+    "cpu, cuda or wgpu"
+} else if cfg!(feature = "cuda") {
+    "cpu or cuda"
+} else if cfg!(feature = "wgpu") {
+    "cpu or wgpu"
+} else {
+    "cpu"
+};
+
+/// The error for a device this build lacks or does not know.
+fn unavailable(device: &str) -> anyhow::Error {
+    match device {
+        "cuda" | "wgpu" => anyhow::anyhow!(
+            "this vramfit was built without {device}; rebuild with `cargo build --release -p vramfit-cli --features {device}` (this build runs on {BUILT})"
+        ),
+        other => anyhow::anyhow!("unknown --device '{other}'; this build runs on {BUILT}"),
+    }
+}
+
 /// Runs `job` on the named device.
 pub fn fit(device: &str, mut job: Job, observe: impl FnMut(Event) -> ControlFlow<()>) -> Result<Option<Summary>> {
     match device {
@@ -18,9 +39,12 @@ pub fn fit(device: &str, mut job: Job, observe: impl FnMut(Event) -> ControlFlow
             job.device_name = "cuda:0 (burn Cuda; CubeCL splat kernels, banded)".into();
             Ok(job.run::<Autodiff<burn::backend::Cuda>>(&Default::default(), observe)?)
         }
-        #[cfg(not(feature = "cuda"))]
-        "cuda" => bail!("this vramfit was built without CUDA; rebuild with `cargo build --release --features cuda`"),
-        other => bail!("unknown --device '{other}'; use cpu or cuda"),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => {
+            job.device_name = "wgpu, default adapter (burn CubeBackend<Wgpu>; CubeCL splat kernels, banded)".into();
+            Ok(job.run::<Autodiff<vramfit_splat::gpu::backend::WgpuBackend>>(&Default::default(), observe)?)
+        }
+        other => Err(unavailable(other)),
     }
 }
 
@@ -44,9 +68,12 @@ pub fn train(
             job.device_name = "cuda:0 (burn Cuda)".into();
             Ok(job.run::<Autodiff<burn::backend::Cuda>>(&Default::default(), observe)?)
         }
-        #[cfg(not(feature = "cuda"))]
-        "cuda" => bail!("this vramfit was built without CUDA; rebuild with `cargo build --release --features cuda`"),
-        other => bail!("unknown --device '{other}'; use cpu or cuda"),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => {
+            job.device_name = "wgpu, default adapter (burn CubeBackend<Wgpu>)".into();
+            Ok(job.run::<Autodiff<vramfit_splat::gpu::backend::WgpuBackend>>(&Default::default(), observe)?)
+        }
+        other => Err(unavailable(other)),
     }
 }
 
@@ -56,26 +83,25 @@ pub fn train(
 pub fn check_kernels(device: &str, large: bool, out: Option<std::path::PathBuf>) -> Result<()> {
     match device {
         #[cfg(feature = "cuda")]
-        "cuda" => cuda_check::run(large, out),
-        #[cfg(not(feature = "cuda"))]
-        "cuda" => {
+        "cuda" => kernel_check::run::<cubecl::cuda::CudaRuntime>(large, out),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => kernel_check::run::<cubecl::wgpu::WgpuRuntime>(large, out),
+        "cpu" => bail!("check-kernels compares GPU kernels with their CPU twins; give --device cuda or wgpu"),
+        other => {
             let _ = (large, out);
-            bail!("this vramfit was built without CUDA; rebuild with `cargo build --release --features cuda`")
+            Err(unavailable(other))
         }
-        other => bail!(
-            "check-kernels runs on cuda (got --device '{other}'); without a GPU, `cargo test -p vramfit-splat --features wgpu --test gpu_twin` runs the same check on a software Vulkan device"
-        ),
     }
 }
 
-#[cfg(feature = "cuda")]
-mod cuda_check {
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+mod kernel_check {
     use anyhow::{Result, anyhow, bail};
     use cubecl::Runtime;
     use vramfit_splat::gpu::check::{Case, run_case, standard_cases};
 
-    pub fn run(large: bool, out: Option<std::path::PathBuf>) -> Result<()> {
-        let client = cubecl::cuda::CudaRuntime::client(&Default::default());
+    pub fn run<R: Runtime>(large: bool, out: Option<std::path::PathBuf>) -> Result<()> {
+        let client = R::client(&Default::default());
         let mut cases = standard_cases();
         if large {
             let case = |width, height, gaussians, band_rows, seed| Case {

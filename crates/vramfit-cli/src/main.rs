@@ -71,7 +71,7 @@ enum Command {
     },
     /// Check the GPU kernels against their CPU twins on random cases.
     CheckKernels {
-        /// Device (cuda).
+        /// Device: cuda or wgpu (a build with that feature).
         #[arg(long, default_value = "cuda")]
         device: String,
         /// Also run image-sized cases (up to 2048×2048 with 10,000 Gaussians).
@@ -113,7 +113,7 @@ struct FitArgs {
     /// Continue the run in RUN_DIR from its last checkpoint.
     #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["image", "gaussians", "steps", "seed", "out", "config", "set"])]
     resume: Option<PathBuf>,
-    /// Device: cpu, or cuda when built with `--features cuda`.
+    /// Device: cpu; cuda or wgpu in a build with that feature (`--features cuda`, `--features wgpu`).
     #[arg(long, default_value = "cpu")]
     device: String,
 }
@@ -275,7 +275,6 @@ fn progress_observer() -> impl FnMut(Event) -> ControlFlow<()> {
 }
 
 fn print_summary(s: &Summary, dir: &Path, resumed: bool) {
-    let mib = s.peak_memory_bytes as f64 / (1u64 << 20) as f64;
     let image = if s.image == BUILTIN_SAMPLE {
         "built-in sample (astronaut)".to_string()
     } else {
@@ -304,7 +303,21 @@ fn print_summary(s: &Summary, dir: &Path, resumed: bool) {
         s.wall_seconds,
         s.median_step_ms
     );
-    println!("  memory: peak {mib:.0} MiB ({})", s.peak_memory_source);
+    let bytes = vramfit::profile::human_bytes;
+    println!(
+        "  memory: peak {} ({})",
+        bytes(s.peak_memory_bytes),
+        s.peak_memory_source
+    );
+    if let Some(r) = s.reserved_peak_bytes {
+        println!("  allocator reserved at most {}", bytes(r));
+    }
+    if let Some(d) = s.driver_peak_bytes {
+        println!(
+            "  driver (NVML) saw at most {} for this process, CUDA context included",
+            bytes(d)
+        );
+    }
     let report = std::fs::read(dir.join("memory.json"))
         .ok()
         .and_then(|b| serde_json::from_slice::<vramfit::profile::MemoryReport>(&b).ok());

@@ -61,7 +61,7 @@ pub struct TransformerArgs {
         "config", "precision", "checkpoint", "micro_batch", "accumulate", "batch_size", "steps",
         "storage", "moments", "allocator_cleanup", "seed", "out", "set"])]
     resume: Option<PathBuf>,
-    /// Device: cpu, or cuda when built with `--features cuda`.
+    /// Device: cpu; cuda or wgpu in a build with that feature (`--features cuda`, `--features wgpu`).
     #[arg(long, default_value = "cpu")]
     device: String,
 }

@@ -63,6 +63,15 @@ pub struct Summary {
     pub peak_memory_bytes: u64,
     /// What `peak_memory_bytes` measures.
     pub peak_memory_source: String,
+    /// Largest bytes the device allocator held from the device (reserved),
+    /// where it has figures.
+    #[serde(default)]
+    pub reserved_peak_bytes: Option<u64>,
+    /// Largest device memory the driver (NVML) attributed to this process,
+    /// an independent reading that includes the CUDA context; see
+    /// `memory.json` for its source.
+    #[serde(default)]
+    pub driver_peak_bytes: Option<u64>,
     /// Device the fit ran on.
     pub device: String,
 }
@@ -386,6 +395,8 @@ impl Job {
             median_step_ms: step_ms.get(step_ms.len() / 2).copied().unwrap_or(0.0),
             peak_memory_bytes: peak.unwrap_or(0),
             peak_memory_source: peak_source.into(),
+            reserved_peak_bytes: fit.profiler().peak().map(|_| fit.profiler().other_peaks().reserved),
+            driver_peak_bytes: fit.profiler().other_peaks().driver,
             device: self.device_name.clone(),
         };
         dir.write(

@@ -13,14 +13,18 @@
 //!
 //! This module must not allocate on the device or synchronise it by itself.
 
+mod driver;
 mod html;
 mod record;
 mod sampler;
 mod source;
 
+#[cfg(feature = "nvml")]
+pub use driver::Nvml;
+pub use driver::{DriverReading, process_figure};
 pub use html::{CATEGORY_COLOURS, PEAK_COLOUR};
 pub use record::{Accounted, Category, LeakWarning, MemoryReport, PhaseRecord, Profiler, REPORT_VERSION, human_bytes};
-pub use sampler::PeakSampler;
-#[cfg(feature = "cuda")]
-pub use source::CudaAllocator;
+pub use sampler::{PeakSampler, Peaks};
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub use source::CubeAllocator;
 pub use source::{DeviceMemory, MemoryReading, MemorySource, NoAllocator};

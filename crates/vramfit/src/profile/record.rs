@@ -5,12 +5,13 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::sampler::PeakSampler;
+use super::sampler::{PeakSampler, Peaks};
 use super::source::{MemoryReading, MemorySource};
 use crate::memory::host_current_bytes;
 
 /// Version of the `memory.json` schema written by [`MemoryReport`].
-pub const REPORT_VERSION: u32 = 1;
+/// 2 added the reserved and driver peaks; version 1 files still read.
+pub const REPORT_VERSION: u32 = 2;
 
 /// Where device memory goes, in the words PyTorch users know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -61,6 +62,9 @@ pub struct PhaseRecord {
     /// previous record (the peak inside the phase), where sampling runs.
     #[serde(default)]
     pub sampled_peak: Option<u64>,
+    /// Largest driver figure (NVML) the sampler saw in the same window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled_driver_peak: Option<u64>,
 }
 
 impl PhaseRecord {
@@ -91,6 +95,8 @@ pub struct Profiler {
     source: Arc<dyn MemorySource>,
     sampler: Option<PeakSampler>,
     peak: Option<(u64, u64, String)>,
+    /// Largest reserved and driver figures over the run.
+    peak_other: Peaks,
     records: Vec<PhaseRecord>,
     step_start_allocated: Option<u64>,
     keep_steps: u64,
@@ -113,6 +119,7 @@ impl Profiler {
             source: Arc::from(source),
             sampler: None,
             peak: None,
+            peak_other: Peaks::default(),
             records: Vec::new(),
             step_start_allocated: None,
             keep_steps: keep_steps.max(2),
@@ -175,17 +182,27 @@ impl Profiler {
             categories.insert(Category::Temporaries, d.allocated.saturating_sub(known));
             categories.insert(Category::Fragmentation, d.reserved.saturating_sub(d.allocated));
         }
-        let sampled_peak = match (&self.sampler, device) {
-            (Some(s), Some(d)) => Some(s.take(d.allocated)),
+        let sampled = match (&self.sampler, device) {
+            (Some(s), Some(d)) => Some(s.take(&d)),
             _ => None,
         };
+        if let Some(d) = device {
+            let p = sampled.unwrap_or(Peaks {
+                allocated: d.allocated,
+                reserved: d.reserved,
+                driver: d.driver,
+            });
+            self.peak_other.reserved = self.peak_other.reserved.max(p.reserved);
+            self.peak_other.driver = self.peak_other.driver.max(p.driver);
+        }
         let record = PhaseRecord {
             step,
             phase: phase.into(),
             device,
             categories,
             host_rss: host_current_bytes(),
-            sampled_peak,
+            sampled_peak: sampled.map(|p| p.allocated),
+            sampled_driver_peak: sampled.and_then(|p| p.driver),
         };
         let seen = record.sampled_peak.unwrap_or(record.allocated());
         if device.is_some() && self.peak.as_ref().is_none_or(|p| seen > p.0) {
@@ -255,6 +272,11 @@ impl Profiler {
             derived.push("activations: allocated after forward − allocated at step start, where not walked".into());
             derived.push("temporaries: allocated − the categories above".into());
             derived.push("fragmentation: reserved − allocated".into());
+            if let Some(d) = self.source.driver_name() {
+                measured.push(format!(
+                    "driver figure (independent of the allocator; includes the CUDA context): {d}"
+                ));
+            }
         } else {
             measured.push("host resident set (host_rss): /proc/self/status".into());
             derived.push("no device figures: this backend has no allocator view".into());
@@ -273,11 +295,20 @@ impl Profiler {
             records: self.records.clone(),
             leak: self.leak(10, 1 << 20),
             largest_tensors: Vec::new(),
+            reserved_peak_bytes: measured_device.then_some(self.peak_other.reserved),
+            driver_peak_bytes: self.peak_other.driver,
+            driver_source: self.source.driver_name(),
         }
+    }
+
+    /// The largest reserved and driver figures over the run (sampled where
+    /// sampling runs); zeros and `None` on a backend without device figures.
+    pub fn other_peaks(&self) -> Peaks {
+        self.peak_other
     }
 }
 
-/// The content of `memory.json` (schema `vramfit.memory`, version 1).
+/// The content of `memory.json` (schema `vramfit.memory`, [`REPORT_VERSION`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MemoryReport {
     /// Always `"vramfit.memory"`.
@@ -305,6 +336,16 @@ pub struct MemoryReport {
     /// The workload's largest tensors, `(name, bytes)`, largest first.
     #[serde(default)]
     pub largest_tensors: Vec<(String, u64)>,
+    /// Largest reserved bytes over the run (allocator), where measured.
+    #[serde(default)]
+    pub reserved_peak_bytes: Option<u64>,
+    /// Largest driver figure for this process over the run (NVML), where
+    /// there is one: reserved plus the CUDA context and libraries.
+    #[serde(default)]
+    pub driver_peak_bytes: Option<u64>,
+    /// The driver reading's source, or why there is none.
+    #[serde(default)]
+    pub driver_source: Option<String>,
 }
 
 /// Bytes in the largest binary unit that keeps the figure at or above 1.
@@ -402,7 +443,15 @@ mod tests {
 
     impl Scripted {
         fn set(&self, allocated: u64, reserved: u64) {
-            *self.0.lock().unwrap() = MemoryReading { allocated, reserved };
+            self.set_with_driver(allocated, reserved, None);
+        }
+
+        fn set_with_driver(&self, allocated: u64, reserved: u64, driver: Option<u64>) {
+            *self.0.lock().unwrap() = MemoryReading {
+                allocated,
+                reserved,
+                driver,
+            };
         }
     }
 
@@ -413,6 +462,9 @@ mod tests {
         fn read(&self) -> Option<MemoryReading> {
             self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Some(*self.0.lock().unwrap())
+        }
+        fn driver_name(&self) -> Option<String> {
+            Some("scripted driver".into())
         }
     }
 
@@ -452,25 +504,34 @@ mod tests {
     #[test]
     fn the_sampler_sees_a_peak_inside_a_phase() {
         let alloc = Scripted::default();
-        alloc.set(1000, 2000);
+        alloc.set_with_driver(1000, 2000, Some(9000));
         let mut prof = Profiler::new(Box::new(alloc.clone()), 8).with_sampling(Duration::from_millis(1));
         prof.record(1, "start", Accounted::default());
         // A transient spike between two records, gone before the next one;
         // held until the sampler has read twice, however loaded the machine.
-        alloc.set(50_000, 60_000);
+        alloc.set_with_driver(50_000, 60_000, Some(70_000));
         let reads = alloc.1.load(std::sync::atomic::Ordering::SeqCst);
         let t0 = std::time::Instant::now();
         while alloc.1.load(std::sync::atomic::Ordering::SeqCst) < reads + 2 {
             assert!(t0.elapsed() < Duration::from_secs(10), "the sampler thread never ran");
             std::thread::sleep(Duration::from_millis(1));
         }
-        alloc.set(1200, 2000);
+        alloc.set_with_driver(1200, 2000, Some(9000));
         let r = prof.record(1, "forward", Accounted::default()).clone();
         assert_eq!(r.device.unwrap().allocated, 1200);
         assert_eq!(r.sampled_peak, Some(50_000));
+        assert_eq!(r.sampled_driver_peak, Some(70_000));
         assert_eq!(prof.peak(), Some((50_000, 1, "forward")));
         let next = prof.record(1, "backward", Accounted::default()).clone();
         assert_eq!(next.sampled_peak, Some(1200), "a new window starts after each record");
+        assert_eq!(next.sampled_driver_peak, Some(9000));
+        // The run's reserved and driver peaks survive the new windows, and
+        // the report names the driver source.
+        let report = prof.report("scripted", None, "");
+        assert_eq!(report.reserved_peak_bytes, Some(60_000));
+        assert_eq!(report.driver_peak_bytes, Some(70_000));
+        assert_eq!(report.driver_source.as_deref(), Some("scripted driver"));
+        assert!(report.measured.iter().any(|m| m.contains("scripted driver")));
     }
 
     #[test]
@@ -556,6 +617,15 @@ mod tests {
         assert_eq!(v["version"], REPORT_VERSION);
         assert_eq!(v["records"][0]["categories"]["optimizer_state"], 0);
         assert!(report.table().contains("start"));
+        // A version-1 file (no reserved or driver peaks) still reads.
+        let mut v1 = v.clone();
+        let fields = v1.as_object_mut().unwrap();
+        for key in ["reserved_peak_bytes", "driver_peak_bytes", "driver_source"] {
+            fields.remove(key);
+        }
+        fields.insert("version".into(), 1.into());
+        let old: MemoryReport = serde_json::from_value(v1).unwrap();
+        assert_eq!((old.version, old.driver_peak_bytes, old.records.len()), (1, None, 4));
         assert_eq!(human_bytes(512), "512 B");
         assert_eq!(human_bytes(3 << 20), "3.0 MiB");
     }

@@ -6,11 +6,53 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::source::MemorySource;
+use super::source::{MemoryReading, MemorySource};
+
+/// The largest figures seen in a window, each on its own (they need not
+/// come from the same reading).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Peaks {
+    /// Largest allocated bytes.
+    pub allocated: u64,
+    /// Largest reserved bytes.
+    pub reserved: u64,
+    /// Largest driver figure, where the source has one.
+    pub driver: Option<u64>,
+}
+
+#[derive(Default)]
+struct AtomicPeaks {
+    allocated: AtomicU64,
+    reserved: AtomicU64,
+    /// 0 = no driver figure seen.
+    driver: AtomicU64,
+}
+
+impl AtomicPeaks {
+    fn see(&self, r: &MemoryReading) {
+        self.allocated.fetch_max(r.allocated, Ordering::Relaxed);
+        self.reserved.fetch_max(r.reserved, Ordering::Relaxed);
+        if let Some(d) = r.driver {
+            self.driver.fetch_max(d, Ordering::Relaxed);
+        }
+    }
+
+    fn reset_to(&self, r: &MemoryReading) -> Peaks {
+        let driver = self
+            .driver
+            .swap(r.driver.unwrap_or(0), Ordering::Relaxed)
+            .max(r.driver.unwrap_or(0));
+        Peaks {
+            allocated: self.allocated.swap(r.allocated, Ordering::Relaxed).max(r.allocated),
+            reserved: self.reserved.swap(r.reserved, Ordering::Relaxed).max(r.reserved),
+            driver: (driver > 0).then_some(driver),
+        }
+    }
+}
 
 /// A running sampler; stops when dropped.
 pub struct PeakSampler {
-    peak: Arc<AtomicU64>,
+    peak: Arc<AtomicPeaks>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -20,7 +62,8 @@ impl PeakSampler {
     /// has no readings (nothing to sample).
     pub fn start(source: Arc<dyn MemorySource>, interval: Duration) -> Option<Self> {
         let first = source.read()?;
-        let peak = Arc::new(AtomicU64::new(first.allocated));
+        let peak = Arc::new(AtomicPeaks::default());
+        peak.see(&first);
         let stop = Arc::new(AtomicBool::new(false));
         let (p, s) = (peak.clone(), stop.clone());
         let thread = std::thread::Builder::new()
@@ -28,7 +71,7 @@ impl PeakSampler {
             .spawn(move || {
                 while !s.load(Ordering::Relaxed) {
                     if let Some(r) = source.read() {
-                        p.fetch_max(r.allocated, Ordering::Relaxed);
+                        p.see(&r);
                     }
                     std::thread::sleep(interval);
                 }
@@ -41,10 +84,10 @@ impl PeakSampler {
         })
     }
 
-    /// The largest allocated figure since the last call, then starts a new
-    /// window at `current`.
-    pub fn take(&self, current: u64) -> u64 {
-        self.peak.swap(current, Ordering::Relaxed).max(current)
+    /// The largest figures since the last call (`current` included), then
+    /// starts a new window at `current`.
+    pub fn take(&self, current: &MemoryReading) -> Peaks {
+        self.peak.reset_to(current)
     }
 }
 

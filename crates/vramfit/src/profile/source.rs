@@ -1,3 +1,6 @@
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+use super::driver::DriverReading;
+
 /// The allocator's own figures at one instant.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MemoryReading {
@@ -5,6 +8,11 @@ pub struct MemoryReading {
     pub allocated: u64,
     /// Bytes the allocator holds from the device.
     pub reserved: u64,
+    /// The driver's figure for the whole process at the same moment
+    /// (independent of the allocator; includes the CUDA context), where
+    /// the source has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver: Option<u64>,
 }
 
 /// Where allocator figures come from (one per backend).
@@ -13,6 +21,11 @@ pub trait MemorySource: Send + Sync {
     fn name(&self) -> String;
     /// The current figures, or `None` where the backend has no allocator view.
     fn read(&self) -> Option<MemoryReading>;
+    /// Names the independent (driver) reading in `MemoryReading::driver`,
+    /// or says why there is none.
+    fn driver_name(&self) -> Option<String> {
+        None
+    }
 }
 
 /// A backend without allocator figures (the CPU backends): reports nothing.
@@ -47,22 +60,48 @@ impl<B: DeviceMemory, C: burn::backend::autodiff::checkpoint::strategy::Checkpoi
     }
 }
 
-/// The CUDA allocator's own figures (`memory_usage()` of cubecl's client):
-/// `allocated` = bytes in use, `reserved` = bytes reserved from the device.
-#[cfg(feature = "cuda")]
-pub struct CudaAllocator(cubecl::client::ComputeClient<cubecl::cuda::CudaRuntime>);
+/// A CubeCL runtime's allocator figures (`memory_usage()` of its client):
+/// `allocated` = bytes in use, `reserved` = bytes reserved from the device;
+/// on CUDA with NVML, the driver's per-process figure beside them.
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub struct CubeAllocator<R: cubecl::Runtime> {
+    client: cubecl::client::ComputeClient<R>,
+    label: &'static str,
+    driver: Result<Box<dyn DriverReading>, String>,
+}
 
-#[cfg(feature = "cuda")]
-impl MemorySource for CudaAllocator {
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+impl<R: cubecl::Runtime> CubeAllocator<R> {
+    /// The allocator of `device`, named `label` in reports, with `driver`
+    /// (or the reason there is none) as the independent reading.
+    pub fn new(device: &R::Device, label: &'static str, driver: Result<Box<dyn DriverReading>, String>) -> Self {
+        Self {
+            client: R::client(device),
+            label,
+            driver,
+        }
+    }
+}
+
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+impl<R: cubecl::Runtime> MemorySource for CubeAllocator<R> {
     fn name(&self) -> String {
-        "cubecl memory_usage() (CUDA allocator)".into()
+        format!("cubecl memory_usage() ({} allocator)", self.label)
     }
 
     fn read(&self) -> Option<MemoryReading> {
-        let u = self.0.memory_usage().ok()?;
+        let u = self.client.memory_usage().ok()?;
         Some(MemoryReading {
             allocated: u.bytes_in_use,
             reserved: u.bytes_reserved,
+            driver: self.driver.as_ref().ok().and_then(|d| d.read()),
+        })
+    }
+
+    fn driver_name(&self) -> Option<String> {
+        Some(match &self.driver {
+            Ok(d) => d.name(),
+            Err(why) => format!("none: {why}"),
         })
     }
 }
@@ -70,12 +109,20 @@ impl MemorySource for CudaAllocator {
 #[cfg(feature = "cuda")]
 impl DeviceMemory for burn::backend::Cuda {
     fn memory_source(device: &Self::Device) -> Box<dyn MemorySource> {
-        use cubecl::Runtime;
-        Box::new(CudaAllocator(cubecl::cuda::CudaRuntime::client(device)))
+        #[cfg(feature = "nvml")]
+        let driver = super::driver::Nvml::open(device.index as u32).map(|n| Box::new(n) as Box<dyn DriverReading>);
+        #[cfg(not(feature = "nvml"))]
+        let driver = Err("built without the nvml feature".to_string());
+        Box::new(CubeAllocator::<cubecl::cuda::CudaRuntime>::new(device, "CUDA", driver))
     }
 }
 
-/// The splat crate's wgpu twin check runs Burn on this backend; its memory
-/// figures come from the host (the software device lives in host memory).
+/// Burn on wgpu (Vulkan, Metal, DX12; Mesa's software Vulkan in CI): the
+/// allocator's figures, no driver cross-check.
 #[cfg(feature = "wgpu")]
-impl DeviceMemory for burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u8> {}
+impl DeviceMemory for burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u8> {
+    fn memory_source(device: &Self::Device) -> Box<dyn MemorySource> {
+        let driver = Err("no driver reading on wgpu".to_string());
+        Box::new(CubeAllocator::<cubecl::wgpu::WgpuRuntime>::new(device, "wgpu", driver))
+    }
+}
