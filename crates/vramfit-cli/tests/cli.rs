@@ -407,7 +407,9 @@ fn a_device_out_of_memory_writes_oom_json_and_keeps_what_was_written() {
     assert!(!o.status.success());
     let msg = stderr(&o);
     assert!(
-        msg.contains("out of device memory at step 45") && msg.contains("oom.json"),
+        msg.contains("out of device memory at step 45")
+            && msg.contains("allocating 512.0 MiB")
+            && msg.contains("oom.json"),
         "{msg}"
     );
     assert!(
@@ -416,6 +418,7 @@ fn a_device_out_of_memory_writes_oom_json_and_keeps_what_was_written() {
     );
     let oom: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("r/oom.json")).unwrap()).unwrap();
     assert_eq!(oom["step"], 45);
+    assert_eq!(oom["requested_bytes"], 512 << 20);
     assert_eq!(oom["last_recorded_phases"][0]["step"], 40);
     assert!(oom["largest_tensors"].as_array().unwrap().len() >= 5);
     // Nothing already written is lost, and the run is not mistaken for a finished one.

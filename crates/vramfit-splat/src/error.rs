@@ -78,14 +78,17 @@ pub enum SplatError {
     },
     /// The device ran out of memory; `oom.json` holds the breakdown.
     #[error(
-        "out of device memory at step {step} (surfaced after {phase}); largest: {largest}. The breakdown is in {report}. \
-         Fit fewer Gaussians or a smaller image"
+        "out of device memory at step {step} (surfaced after {phase}){requested}; largest: {largest}. The breakdown is in {report}. \
+         Fit fewer Gaussians or a smaller image, or on a GPU lower band_rows (--set band_rows=64)"
     )]
     OutOfMemory {
         /// Step that failed.
         step: u64,
         /// Phase after which the error surfaced.
         phase: &'static str,
+        /// What the failed allocation asked for, in words (empty when the
+        /// message does not say).
+        requested: String,
         /// The largest categories and tensors, in words.
         largest: String,
         /// The `oom.json` written.
@@ -111,12 +114,7 @@ impl SplatError {
     /// True for a device error whose message says memory ran out.
     pub fn is_out_of_memory(&self) -> bool {
         match self {
-            SplatError::Device { message, .. } => {
-                let m = message.to_lowercase();
-                ["out of memory", "outofmemory", "out_of_memory", "oom"]
-                    .iter()
-                    .any(|k| m.contains(k))
-            }
+            SplatError::Device { message, .. } => vramfit::profile::out_of_memory(message).is_some(),
             SplatError::OutOfMemory { .. } => true,
             _ => false,
         }

@@ -196,7 +196,11 @@ where
         }
         let entering = self.primitives();
         if simulated_oom(next) {
-            let message = "simulated: out of memory allocating 512 MiB (VRAMFIT_SIMULATE_OOM_AT_STEP)".into();
+            // cubecl's own wording for a failed allocation, so the real parser runs.
+            let message =
+                "simulated (VRAMFIT_SIMULATE_OOM_AT_STEP): An io error happened during launch\nCaused by:\n  \
+                 can't allocate buffer of size: 536870912"
+                    .into();
             return Err(SplatError::Device {
                 step: next,
                 phase: "forward",

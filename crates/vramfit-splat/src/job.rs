@@ -235,9 +235,16 @@ impl Job {
             .map(|(n, b)| format!("{n} {}", human_bytes(*b)))
             .collect::<Vec<_>>()
             .join(", ");
+        let requested = match e {
+            SplatError::Device { message, .. } => {
+                vramfit::profile::out_of_memory(message).and_then(|o| o.requested_bytes)
+            }
+            _ => None,
+        };
         let path = dir.path("oom.json");
         let body = json!({
             "error": e.to_string(), "step": step, "surfaced_after_phase": phase,
+            "requested_bytes": requested,
             "gaussians": fit.len(), "last_recorded_phases": last,
             "largest_tensors": tensors.iter().take(10).map(|(n, b)| json!({ "name": n, "bytes": b })).collect::<Vec<_>>(),
         });
@@ -254,6 +261,9 @@ impl Job {
         SplatError::OutOfMemory {
             step,
             phase,
+            requested: requested
+                .map(|b| format!(" allocating {}", human_bytes(b)))
+                .unwrap_or_default(),
             largest,
             report: path,
         }

@@ -15,6 +15,7 @@
 
 mod driver;
 mod html;
+mod oom;
 mod record;
 mod sampler;
 mod source;
@@ -23,6 +24,7 @@ mod source;
 pub use driver::Nvml;
 pub use driver::{DriverReading, process_figure};
 pub use html::{CATEGORY_COLOURS, PEAK_COLOUR};
+pub use oom::{OutOfMemory, out_of_memory};
 pub use record::{Accounted, Category, LeakWarning, MemoryReport, PhaseRecord, Profiler, REPORT_VERSION, human_bytes};
 pub use sampler::{PeakSampler, Peaks};
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
