@@ -14,6 +14,7 @@ bin=${VRAMFIT:-target/release/vramfit}
 sizes=${SIZES:-"2048x2048 3840x2160 7680x4320 15360x8640"}
 counts=${COUNTS:-"10000 30000"}
 steps=${STEPS:-200}
+limit=${RUN_TIMEOUT:-600}   # seconds per run, so one slow case cannot eat the lease
 mkdir -p "$out"
 work=$(mktemp -d)
 for size in $sizes; do
@@ -21,14 +22,16 @@ for size in $sizes; do
   for n in $counts; do
     name="splat-$size-$n"
     smi="$work/$name.smi"
-    "$bin" bench splat --device cuda --image "$work/$size.png" --gaussians "$n" --steps "$steps" \
+    timeout "$limit" "$bin" bench splat --device cuda --image "$work/$size.png" --gaussians "$n" --steps "$steps" \
       --set progressive=false --set log_every=50 --set check_every=50 \
       --out "$out/$name.json" > "$work/$name.log" 2>&1 &
     pid=$!
     : > "$smi"
+    # Every compute process on the card, summed: the bench is the only one
+    # (and runs under `timeout`, so its PID is not $pid).
     while kill -0 "$pid" 2>/dev/null; do
       nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null \
-        | awk -F', ' -v p="$pid" '$1 == p { print $2 }' >> "$smi" || true
+        | awk -F', ' '{ s += $2 } END { if (NR) print s }' >> "$smi" || true
       sleep 0.02
     done
     if wait "$pid"; then status=ok; else status=failed; fi
@@ -68,7 +71,7 @@ print("\n".join(lines))
 PY
 
 # Quality: the same fit (image, seed, schedule) on the CPU and on CUDA.
-for dev in cpu cuda; do
+for dev in ${QUALITY_DEVICES:-cpu cuda}; do
   "$bin" bench splat --device "$dev" --gaussians 4000 --steps 1200 --set add_every=200 \
     --out "$out/quality-$dev.json" > "$out/quality-$dev.log" 2>&1 || echo "quality run on $dev failed"
 done

@@ -123,7 +123,13 @@ fn splat(
             .map(|b| format!("; allocator reserved {:.1} MiB", mib(b)))
             .unwrap_or_default(),
         s.driver_peak_bytes
-            .map(|b| format!("; driver (NVML, this process, CUDA context included) {:.1} MiB", mib(b)))
+            .map(|b| format!(
+                "; driver (NVML, this process) {:.1} MiB, of which {} MiB CUDA context",
+                mib(b),
+                s.driver_context_bytes
+                    .map(|c| format!("{:.1}", mib(c)))
+                    .unwrap_or_else(|| "?".into())
+            ))
             .unwrap_or_default(),
     );
     let verdict = if s.psnr_db > bicubic.psnr_db {

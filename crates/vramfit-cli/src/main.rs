@@ -317,6 +317,15 @@ fn print_summary(s: &Summary, dir: &Path, resumed: bool) {
             "  driver (NVML) saw at most {} for this process, CUDA context included",
             bytes(d)
         );
+        if let (Some(c), Some(r)) = (s.driver_context_bytes, s.reserved_peak_bytes) {
+            let beyond = d.saturating_sub(c);
+            println!(
+                "  driver minus the context ({}) = {}; the allocator's reserved peak is {:+.1} % of it",
+                bytes(c),
+                bytes(beyond),
+                (r as f64 / beyond.max(1) as f64 - 1.0) * 100.0
+            );
+        }
     }
     let report = std::fs::read(dir.join("memory.json"))
         .ok()

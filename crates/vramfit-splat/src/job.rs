@@ -72,6 +72,11 @@ pub struct Summary {
     /// `memory.json` for its source.
     #[serde(default)]
     pub driver_peak_bytes: Option<u64>,
+    /// What the driver counted beyond the allocator when profiling began
+    /// (the CUDA context): `driver_peak_bytes` minus this compares with
+    /// `reserved_peak_bytes`.
+    #[serde(default)]
+    pub driver_context_bytes: Option<u64>,
     /// Device the fit ran on.
     pub device: String,
 }
@@ -407,6 +412,7 @@ impl Job {
             peak_memory_source: peak_source.into(),
             reserved_peak_bytes: fit.profiler().peak().map(|_| fit.profiler().other_peaks().reserved),
             driver_peak_bytes: fit.profiler().other_peaks().driver,
+            driver_context_bytes: fit.profiler().driver_context(),
             device: self.device_name.clone(),
         };
         dir.write(

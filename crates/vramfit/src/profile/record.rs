@@ -10,8 +10,9 @@ use super::source::{MemoryReading, MemorySource};
 use crate::memory::host_current_bytes;
 
 /// Version of the `memory.json` schema written by [`MemoryReport`].
-/// 2 added the reserved and driver peaks; version 1 files still read.
-pub const REPORT_VERSION: u32 = 2;
+/// 2 added the reserved and driver peaks, 3 the driver's context share;
+/// older files still read.
+pub const REPORT_VERSION: u32 = 3;
 
 /// Where device memory goes, in the words PyTorch users know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -298,6 +299,7 @@ impl Profiler {
             reserved_peak_bytes: measured_device.then_some(self.peak_other.reserved),
             driver_peak_bytes: self.peak_other.driver,
             driver_source: self.source.driver_name(),
+            driver_context_bytes: self.source.driver_context(),
         }
     }
 
@@ -305,6 +307,12 @@ impl Profiler {
     /// sampling runs); zeros and `None` on a backend without device figures.
     pub fn other_peaks(&self) -> Peaks {
         self.peak_other
+    }
+
+    /// The driver's share outside the allocator when profiling began (the
+    /// CUDA context), where the source has a driver reading.
+    pub fn driver_context(&self) -> Option<u64> {
+        self.source.driver_context()
     }
 }
 
@@ -346,6 +354,10 @@ pub struct MemoryReport {
     /// The driver reading's source, or why there is none.
     #[serde(default)]
     pub driver_source: Option<String>,
+    /// The driver's figure beyond the allocator's reserved bytes when the
+    /// profiler opened (CUDA context, modules), where there is a driver reading.
+    #[serde(default)]
+    pub driver_context_bytes: Option<u64>,
 }
 
 /// Bytes in the largest binary unit that keeps the figure at or above 1.
@@ -466,6 +478,9 @@ mod tests {
         fn driver_name(&self) -> Option<String> {
             Some("scripted driver".into())
         }
+        fn driver_context(&self) -> Option<u64> {
+            Some(5000)
+        }
     }
 
     // A synthetic model: 1,000 f32 parameters, Adam (2 moments), 600 f32
@@ -531,6 +546,7 @@ mod tests {
         assert_eq!(report.reserved_peak_bytes, Some(60_000));
         assert_eq!(report.driver_peak_bytes, Some(70_000));
         assert_eq!(report.driver_source.as_deref(), Some("scripted driver"));
+        assert_eq!(report.driver_context_bytes, Some(5000));
         assert!(report.measured.iter().any(|m| m.contains("scripted driver")));
     }
 
@@ -620,7 +636,12 @@ mod tests {
         // A version-1 file (no reserved or driver peaks) still reads.
         let mut v1 = v.clone();
         let fields = v1.as_object_mut().unwrap();
-        for key in ["reserved_peak_bytes", "driver_peak_bytes", "driver_source"] {
+        for key in [
+            "reserved_peak_bytes",
+            "driver_peak_bytes",
+            "driver_source",
+            "driver_context_bytes",
+        ] {
             fields.remove(key);
         }
         fields.insert("version".into(), 1.into());

@@ -26,6 +26,12 @@ pub trait MemorySource: Send + Sync {
     fn driver_name(&self) -> Option<String> {
         None
     }
+    /// What the driver counted beyond the allocator's reserved bytes when
+    /// the source was opened: the CUDA context and loaded modules. The
+    /// driver's peak minus this is the figure comparable with `reserved`.
+    fn driver_context(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A backend without allocator figures (the CPU backends): reports nothing.
@@ -68,17 +74,27 @@ pub struct CubeAllocator<R: cubecl::Runtime> {
     client: cubecl::client::ComputeClient<R>,
     label: &'static str,
     driver: Result<Box<dyn DriverReading>, String>,
+    context: Option<u64>,
 }
 
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 impl<R: cubecl::Runtime> CubeAllocator<R> {
     /// The allocator of `device`, named `label` in reports, with `driver`
     /// (or the reason there is none) as the independent reading.
+    /// Opening the client creates the device context, so the driver's
+    /// figure minus `reserved` right after it is the context's share.
     pub fn new(device: &R::Device, label: &'static str, driver: Result<Box<dyn DriverReading>, String>) -> Self {
+        let client = R::client(device);
+        let reserved = client.memory_usage().ok().map(|u| u.bytes_reserved);
+        let context = match (&driver, reserved) {
+            (Ok(d), Some(r)) => d.read().map(|bytes| bytes.saturating_sub(r)),
+            _ => None,
+        };
         Self {
-            client: R::client(device),
+            client,
             label,
             driver,
+            context,
         }
     }
 }
@@ -103,6 +119,10 @@ impl<R: cubecl::Runtime> MemorySource for CubeAllocator<R> {
             Ok(d) => d.name(),
             Err(why) => format!("none: {why}"),
         })
+    }
+
+    fn driver_context(&self) -> Option<u64> {
+        self.context
     }
 }
 
