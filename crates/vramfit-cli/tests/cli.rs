@@ -511,3 +511,64 @@ fn train_transformer_runs_resumes_and_refuses_bad_combinations() {
     let o = run(&["train", "transformer", "--resume", "ok", "--steps", "3"], dir);
     assert!(!o.status.success(), "--resume takes no other settings");
 }
+
+#[test]
+fn a_transformer_out_of_memory_writes_oom_json_and_keeps_its_checkpoints() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // Simulated: step 6 fails as a device allocation would.
+    let o = vramfit()
+        .args([
+            "train",
+            "transformer",
+            "--steps",
+            "8",
+            "--batch-size",
+            "4",
+            "--out",
+            "r",
+            "--set",
+            "model.width=16",
+            "--set",
+            "model.heads=2",
+            "--set",
+            "model.depth=2",
+            "--set",
+            "model.vocab=16",
+            "--set",
+            "model.context=16",
+            "--set",
+            "task.tokens=8",
+            "--set",
+            "checkpoint_every=4",
+            "--set",
+            "profile_every=2",
+        ])
+        .env("VRAMFIT_SIMULATE_OOM_AT_STEP", "6")
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let msg = stderr(&o);
+    assert!(
+        msg.contains("out of device memory at step 6")
+            && msg.contains("allocating 512.0 MiB")
+            && msg.contains("oom.json")
+            && msg.contains("--micro-batch"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("parameters") && msg.contains("tensors: "),
+        "names no categories or tensors: {msg}"
+    );
+    let oom: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("r/oom.json")).unwrap()).unwrap();
+    assert_eq!(oom["step"], 6);
+    assert_eq!(oom["requested_bytes"], 512 << 20);
+    // The failing step's own start was recorded (profile_every=2) before it failed.
+    assert_eq!(oom["last_recorded_phases"][0]["step"], 6);
+    assert_eq!(oom["last_recorded_phases"][0]["phase"], "start");
+    assert!(!oom["largest_tensors"].as_array().unwrap().is_empty());
+    assert!(dir.join("r/checkpoints/step-00000004.ckpt").is_file());
+    assert!(dir.join("r/memory.json").is_file() && dir.join("r/error.json").is_file());
+    assert!(!dir.join("r/summary.json").exists());
+}

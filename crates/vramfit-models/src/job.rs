@@ -48,6 +48,23 @@ pub enum TrainError {
         /// The cause.
         why: String,
     },
+    /// The device ran out of memory; `oom.json` holds the breakdown.
+    #[error(
+        "out of device memory at step {step}{requested}; largest: {largest}. The breakdown is in {report}. \
+         Use less: halve --micro-batch and double --accumulate (same batch), --checkpoint all, \
+         --precision bf16, or --storage '*:bf16' and --moments bf16"
+    )]
+    OutOfMemory {
+        /// Step that failed.
+        step: u64,
+        /// What the failed allocation asked for, in words (empty when the
+        /// message does not say).
+        requested: String,
+        /// The largest categories and tensors, in words.
+        largest: String,
+        /// The `oom.json` written.
+        report: PathBuf,
+    },
     /// A checkpoint does not fit this run's model.
     #[error("checkpoint {path} does not match the run's model: {why}")]
     Checkpoint {
@@ -202,7 +219,7 @@ impl TrainJob {
             .map(|(b, p)| (p.path, b))
             .collect();
         tensors.sort_by_key(|t| std::cmp::Reverse(t.1));
-        report.largest_tensors = tensors.into_iter().take(10).collect();
+        report.largest_tensors = tensors.iter().take(10).cloned().collect();
         let _ = dir.write(
             "memory.json",
             serde_json::to_string_pretty(&report).expect("plain data").as_bytes(),
@@ -219,6 +236,33 @@ impl TrainJob {
             }
             Ok(None) => Ok(None),
             Err(e) => {
+                let e = match &e {
+                    TrainError::Step(StepError::Device { step, reason })
+                        if vramfit::profile::out_of_memory(reason).is_some() =>
+                    {
+                        let oom = vramfit::profile::oom_report(
+                            &e.to_string(),
+                            reason,
+                            *step,
+                            "the step",
+                            profiler.records(),
+                            &tensors,
+                        );
+                        match dir.write(
+                            "oom.json",
+                            serde_json::to_string_pretty(&oom.json).expect("plain data").as_bytes(),
+                        ) {
+                            Ok(()) => TrainError::OutOfMemory {
+                                step: *step,
+                                requested: oom.requested,
+                                largest: oom.largest,
+                                report: dir.path("oom.json"),
+                            },
+                            Err(write) => write.into(),
+                        }
+                    }
+                    _ => e,
+                };
                 let body = json!({ "error": e.to_string(), "step": state.stepper.attempts });
                 let _ = dir.write("error.json", body.to_string().as_bytes());
                 Err(e)
@@ -344,6 +388,9 @@ impl TrainJob {
             };
             if profiled {
                 profiler.record(step, "start", accounted(state));
+            }
+            if let Some(reason) = vramfit::profile::simulated_oom(step) {
+                return Err(StepError::Device { step, reason }.into());
             }
             let t0 = Instant::now();
             let model = state.model.clone();

@@ -195,12 +195,7 @@ where
             self.profiler.record(next, "start", walked(0));
         }
         let entering = self.primitives();
-        if simulated_oom(next) {
-            // cubecl's own wording for a failed allocation, so the real parser runs.
-            let message =
-                "simulated (VRAMFIT_SIMULATE_OOM_AT_STEP): An io error happened during launch\nCaused by:\n  \
-                 can't allocate buffer of size: 536870912"
-                    .into();
+        if let Some(message) = vramfit::profile::simulated_oom(next) {
             return Err(SplatError::Device {
                 step: next,
                 phase: "forward",
@@ -495,17 +490,6 @@ where
         fit.params = SplatTensors::from_array(params.try_into().expect("four parameter tensors"));
         Ok(fit)
     }
-}
-
-/// Testing hook: `VRAMFIT_SIMULATE_OOM_AT_STEP=N` makes step N fail as a
-/// device out-of-memory would (read once; unset in normal runs).
-fn simulated_oom(step: u64) -> bool {
-    static AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    *AT.get_or_init(|| {
-        std::env::var("VRAMFIT_SIMULATE_OOM_AT_STEP")
-            .ok()
-            .and_then(|v| v.parse().ok())
-    }) == Some(step)
 }
 
 fn finite_or_null(v: f64) -> serde_json::Value {

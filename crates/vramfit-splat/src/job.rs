@@ -214,62 +214,26 @@ impl Job {
         B: AutodiffBackend + SplatBackend,
         B::InnerBackend: crate::op::FusedLoss,
     {
-        let records = fit.profiler().records();
-        let last_step = records.last().map(|r| r.step);
-        let last: Vec<_> = records.iter().filter(|r| Some(r.step) == last_step).collect();
-        let tensors = fit.tensor_sizes();
-        // Top categories of the largest recorded phase of that step.
-        let top = last.iter().max_by_key(|r| r.allocated()).map(|r| {
-            let mut cats: Vec<_> = r.categories.iter().collect();
-            cats.sort_by(|a, b| b.1.cmp(a.1));
-            cats.iter()
-                .take(3)
-                .map(|(c, b)| {
-                    format!(
-                        "{} {}",
-                        serde_json::to_value(c).unwrap_or_default().as_str().unwrap_or(""),
-                        human_bytes(**b)
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join(", ")
-        });
-        let biggest = tensors
-            .iter()
-            .take(3)
-            .map(|(n, b)| format!("{n} {}", human_bytes(*b)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let requested = match e {
-            SplatError::Device { message, .. } => {
-                vramfit::profile::out_of_memory(message).and_then(|o| o.requested_bytes)
-            }
-            _ => None,
+        let message = match e {
+            SplatError::Device { message, .. } => message.as_str(),
+            _ => "",
         };
+        let tensors = fit.tensor_sizes();
+        let mut oom =
+            vramfit::profile::oom_report(&e.to_string(), message, step, phase, fit.profiler().records(), &tensors);
+        oom.json["gaussians"] = json!(fit.len());
         let path = dir.path("oom.json");
-        let body = json!({
-            "error": e.to_string(), "step": step, "surfaced_after_phase": phase,
-            "requested_bytes": requested,
-            "gaussians": fit.len(), "last_recorded_phases": last,
-            "largest_tensors": tensors.iter().take(10).map(|(n, b)| json!({ "name": n, "bytes": b })).collect::<Vec<_>>(),
-        });
         if let Err(write) = dir.write(
             "oom.json",
-            serde_json::to_string_pretty(&body).expect("plain data").as_bytes(),
+            serde_json::to_string_pretty(&oom.json).expect("plain data").as_bytes(),
         ) {
             return write.into();
         }
-        let largest = match top {
-            Some(t) => format!("{t}; tensors: {biggest}"),
-            None => format!("tensors: {biggest}"),
-        };
         SplatError::OutOfMemory {
             step,
             phase,
-            requested: requested
-                .map(|b| format!(" allocating {}", human_bytes(b)))
-                .unwrap_or_default(),
-            largest,
+            requested: oom.requested,
+            largest: oom.largest,
             report: path,
         }
     }
@@ -345,10 +309,10 @@ impl Job {
                 .iter()
                 .filter(|r| r.step == step)
                 .flat_map(|r| {
-                    let cats = r.categories.iter().map(move |(c, b)| {
-                        let name = serde_json::to_value(c).ok().and_then(|v| v.as_str().map(String::from));
-                        (format!("memory/{}/{}", r.phase, name.unwrap_or_default()), *b as f64)
-                    });
+                    let cats = r
+                        .categories
+                        .iter()
+                        .map(move |(c, b)| (format!("memory/{}/{}", r.phase, c.name()), *b as f64));
                     cats.chain(std::iter::once((
                         format!("memory/{}/allocated", r.phase),
                         r.allocated() as f64,

@@ -24,13 +24,6 @@ fn escape(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-fn name(c: Category) -> String {
-    serde_json::to_value(c)
-        .ok()
-        .and_then(|v| v.as_str().map(String::from))
-        .unwrap_or_default()
-}
-
 impl MemoryReport {
     /// Renders the page; `title` names the run.
     pub fn to_html(&self, title: &str) -> String {
@@ -74,7 +67,7 @@ impl MemoryReport {
                     (y0 - y1).max(0.0),
                     r.step,
                     escape(&r.phase),
-                    name(c),
+                    c.name(),
                     human_bytes(b)
                 );
                 acc += b as f64;
@@ -109,7 +102,7 @@ impl MemoryReport {
         );
         let legend: String = CATEGORY_COLOURS
             .iter()
-            .map(|(c, colour)| format!(r#"<span><i style="background:{colour}"></i>{}</span>"#, name(*c)))
+            .map(|(c, colour)| format!(r#"<span><i style="background:{colour}"></i>{}</span>"#, c.name()))
             .collect();
         let list = |items: &[String]| {
             items
@@ -127,7 +120,7 @@ impl MemoryReport {
                 escape(&l.phase),
                 l.steps,
                 human_bytes(l.growth_bytes),
-                name(l.category)
+                l.category.name()
             ),
             None => String::new(),
         };

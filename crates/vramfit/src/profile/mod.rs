@@ -24,7 +24,7 @@ mod source;
 pub use driver::Nvml;
 pub use driver::{DriverReading, process_figure};
 pub use html::{CATEGORY_COLOURS, PEAK_COLOUR};
-pub use oom::{OutOfMemory, out_of_memory};
+pub use oom::{OomReport, OutOfMemory, oom_report, out_of_memory, simulated_oom};
 pub use record::{Accounted, Category, LeakWarning, MemoryReport, PhaseRecord, Profiler, REPORT_VERSION, human_bytes};
 pub use sampler::{PeakSampler, Peaks};
 #[cfg(any(feature = "cuda", feature = "wgpu"))]

@@ -2,6 +2,8 @@
 //! surfaces device failures as strings (an `ExecutionError` from `sync` or
 //! a tensor read), so the words are all there is to go on.
 
+use super::record::{PhaseRecord, human_bytes};
+
 /// What an out-of-memory message says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OutOfMemory {
@@ -33,6 +35,87 @@ pub fn out_of_memory(message: &str) -> Option<OutOfMemory> {
     let word = m.split(|c: char| !c.is_ascii_alphanumeric()).any(|w| w == "oom");
     (requested_bytes.is_some() || m.contains(BUFFER_TOO_BIG) || phrased || word)
         .then_some(OutOfMemory { requested_bytes })
+}
+
+/// Testing hook: `VRAMFIT_SIMULATE_OOM_AT_STEP=N` makes step N fail as a
+/// device out-of-memory would (read once; unset in normal runs). The
+/// message is cubecl's own wording, so the real parser runs on it.
+pub fn simulated_oom(step: u64) -> Option<String> {
+    static AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let at = *AT.get_or_init(|| {
+        std::env::var("VRAMFIT_SIMULATE_OOM_AT_STEP")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    });
+    (at == Some(step)).then(|| {
+        "simulated (VRAMFIT_SIMULATE_OOM_AT_STEP): An io error happened during launch\nCaused by:\n  \
+         can't allocate buffer of size: 536870912"
+            .into()
+    })
+}
+
+/// What a job writes to `oom.json` and tells the user after a device
+/// out-of-memory: the last recorded breakdown and the largest tensors.
+#[derive(Debug, Clone)]
+pub struct OomReport {
+    /// The body of `oom.json`; a job may add its own fields.
+    pub json: serde_json::Value,
+    /// `" allocating 512.0 MiB"`, or empty when the message does not say.
+    pub requested: String,
+    /// The top categories of the largest phase of the last recorded step,
+    /// then the largest tensors, in words.
+    pub largest: String,
+}
+
+/// Builds the report for an out-of-memory `message` at `step` (surfaced
+/// after `phase`), from the profiler's `records` and the job's `tensors`
+/// (largest first).
+pub fn oom_report(
+    error: &str,
+    message: &str,
+    step: u64,
+    phase: &str,
+    records: &[PhaseRecord],
+    tensors: &[(String, u64)],
+) -> OomReport {
+    let requested_bytes = out_of_memory(message).and_then(|o| o.requested_bytes);
+    let last_step = records.last().map(|r| r.step);
+    let last: Vec<&PhaseRecord> = records.iter().filter(|r| Some(r.step) == last_step).collect();
+    let top = last.iter().max_by_key(|r| r.allocated()).map(|r| {
+        let mut cats: Vec<_> = r.categories.iter().collect();
+        cats.sort_by(|a, b| b.1.cmp(a.1));
+        let words: Vec<String> = cats
+            .iter()
+            .filter(|(_, b)| **b > 0)
+            .take(3)
+            .map(|(c, b)| format!("{} {}", c.name(), human_bytes(**b)))
+            .collect();
+        words.join(", ")
+    });
+    let biggest: Vec<String> = tensors
+        .iter()
+        .take(3)
+        .map(|(n, b)| format!("{n} {}", human_bytes(*b)))
+        .collect();
+    let biggest = biggest.join(", ");
+    let json = serde_json::json!({
+        "error": error, "step": step, "surfaced_after_phase": phase,
+        "requested_bytes": requested_bytes, "last_recorded_phases": last,
+        "largest_tensors": tensors.iter().take(10)
+            .map(|(n, b)| serde_json::json!({ "name": n, "bytes": b })).collect::<Vec<_>>(),
+    });
+    OomReport {
+        json,
+        requested: requested_bytes
+            .map(|b| format!(" allocating {}", human_bytes(b)))
+            .unwrap_or_default(),
+        largest: match (top, biggest.is_empty()) {
+            (Some(t), false) => format!("{t}; tensors: {biggest}"),
+            (Some(t), true) => t,
+            (None, false) => format!("tensors: {biggest}"),
+            (None, true) => "nothing recorded yet".into(),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -77,5 +160,47 @@ mod tests {
         ] {
             assert_eq!(out_of_memory(text), None, "{text}");
         }
+    }
+
+    #[test]
+    fn the_report_names_the_request_the_top_categories_and_tensors() {
+        use crate::profile::{Accounted, NoAllocator, Profiler};
+        let mut prof = Profiler::new(Box::new(NoAllocator), 8);
+        let acc = |gradients| Accounted {
+            parameters: 4 << 20,
+            gradients,
+            optimizer_state: 8 << 20,
+            activations: Some(1 << 20),
+        };
+        prof.record(10, "start", acc(0));
+        prof.record(20, "start", acc(0));
+        prof.record(20, "backward", acc(4 << 20));
+        let tensors = vec![("weights".to_string(), 4 << 20), ("bias".to_string(), 1024)];
+        let r = oom_report(
+            "out of memory at step 21",
+            "can't allocate buffer of size: 1073741824",
+            21,
+            "forward",
+            prof.records(),
+            &tensors,
+        );
+        assert_eq!(r.requested, " allocating 1.0 GiB");
+        // The largest phase of the last recorded step (20, backward), largest category first.
+        assert!(
+            r.largest.starts_with("optimizer_state 8.0 MiB, ")
+                && r.largest.ends_with("tensors: weights 4.0 MiB, bias 1.0 KiB"),
+            "{}",
+            r.largest
+        );
+        assert_eq!(r.json["requested_bytes"], 1u64 << 30);
+        assert_eq!(r.json["step"], 21);
+        assert_eq!(r.json["surfaced_after_phase"], "forward");
+        let phases = r.json["last_recorded_phases"].as_array().unwrap();
+        assert_eq!(phases.len(), 2, "only step 20's phases");
+        assert_eq!(r.json["largest_tensors"][0]["name"], "weights");
+        // A message without a size: no request in words or JSON.
+        let r = oom_report("e", "CUDA_ERROR_OUT_OF_MEMORY", 1, "forward", &[], &[]);
+        assert_eq!((r.requested.as_str(), r.json["requested_bytes"].is_null()), ("", true));
+        assert_eq!(r.largest, "nothing recorded yet");
     }
 }

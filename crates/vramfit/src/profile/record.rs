@@ -33,6 +33,20 @@ pub enum Category {
     Fragmentation,
 }
 
+impl Category {
+    /// The name in `memory.json`, TensorBoard tags and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Category::Parameters => "parameters",
+            Category::Gradients => "gradients",
+            Category::OptimizerState => "optimizer_state",
+            Category::Activations => "activations",
+            Category::Temporaries => "temporaries",
+            Category::Fragmentation => "fragmentation",
+        }
+    }
+}
+
 /// Bytes a workload knows it holds at a phase, from walking its tensors.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Accounted {
@@ -433,10 +447,7 @@ impl MemoryReport {
                 l.phase,
                 l.steps,
                 human_bytes(l.growth_bytes),
-                serde_json::to_value(l.category)
-                    .ok()
-                    .and_then(|v| v.as_str().map(String::from))
-                    .unwrap_or_default()
+                l.category.name()
             ));
         }
         out
