@@ -12,7 +12,6 @@ use std::time::Instant;
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use vramfit::profile::human_bytes;
 use vramfit::run::{ArrayFile, EventWriter, RunDir, RunDirError};
 
 use crate::SplatError;
