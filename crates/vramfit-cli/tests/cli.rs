@@ -253,7 +253,8 @@ fn a_fit_writes_its_run_directory_and_renders_at_any_size() {
     // (120 Gaussians × 8 f32 parameters; Adam keeps two moments).
     let memory: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("r/memory.json")).unwrap()).unwrap();
     assert_eq!(memory["schema"], "vramfit.memory");
-    assert_eq!(memory["version"], 2);
+    assert_eq!(memory["version"], vramfit::profile::REPORT_VERSION);
+    assert!(memory["driver_context_bytes"].is_null(), "no driver on the CPU");
     let records = memory["records"].as_array().unwrap();
     let last = records.iter().rev().find(|r| r["phase"] == "backward").unwrap();
     assert_eq!(last["categories"]["parameters"], 120 * 8 * 4);
