@@ -385,6 +385,32 @@ fn the_memory_report_page_is_self_contained_and_renders_in_chromium() {
     assert!(count(vramfit::profile::PEAK_COLOUR) > 20, "peak marker missing");
 }
 
+/// The checks every simulated out-of-memory run shares: a non-zero exit
+/// whose message names the step, the failed allocation's size, `oom.json`,
+/// a category and `also` (a tensor or advice); `oom.json` with that step
+/// and size; `memory.json` and `error.json` kept, no `summary.json`.
+/// Returns `oom.json` for the job's own checks.
+fn assert_simulated_oom(o: &Output, run: &Path, step: u64, also: &str) -> serde_json::Value {
+    assert!(!o.status.success());
+    let msg = stderr(o);
+    assert!(
+        msg.contains(&format!("out of device memory at step {step}"))
+            && msg.contains("allocating 512.0 MiB")
+            && msg.contains("oom.json"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("parameters") && msg.contains(also),
+        "lacks a category or '{also}': {msg}"
+    );
+    let oom: serde_json::Value = serde_json::from_slice(&std::fs::read(run.join("oom.json")).unwrap()).unwrap();
+    assert_eq!(oom["step"], step);
+    assert_eq!(oom["requested_bytes"], 512 << 20);
+    assert!(run.join("memory.json").is_file() && run.join("error.json").is_file());
+    assert!(!run.join("summary.json").exists(), "not mistaken for a finished run");
+    oom
+}
+
 #[test]
 fn a_device_out_of_memory_writes_oom_json_and_keeps_what_was_written() {
     let tmp = tempfile::tempdir().unwrap();
@@ -405,21 +431,7 @@ fn a_device_out_of_memory_writes_oom_json_and_keeps_what_was_written() {
         .current_dir(d)
         .output()
         .unwrap();
-    assert!(!o.status.success());
-    let msg = stderr(&o);
-    assert!(
-        msg.contains("out of device memory at step 45")
-            && msg.contains("allocating 512.0 MiB")
-            && msg.contains("oom.json"),
-        "{msg}"
-    );
-    assert!(
-        msg.contains("parameters") && msg.contains("target image"),
-        "names no categories or tensors: {msg}"
-    );
-    let oom: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("r/oom.json")).unwrap()).unwrap();
-    assert_eq!(oom["step"], 45);
-    assert_eq!(oom["requested_bytes"], 512 << 20);
+    let oom = assert_simulated_oom(&o, &d.join("r"), 45, "target image");
     assert_eq!(oom["last_recorded_phases"][0]["step"], 40);
     assert!(oom["largest_tensors"].as_array().unwrap().len() >= 5);
     // Nothing already written is lost, and the run is not mistaken for a finished one.
@@ -429,8 +441,6 @@ fn a_device_out_of_memory_writes_oom_json_and_keeps_what_was_written() {
         .count();
     assert_eq!(lines, 4, "metrics of steps 10..40");
     assert!(d.join("r/checkpoints/step-00000040.ckpt").is_file());
-    assert!(d.join("r/memory.json").is_file() && d.join("r/error.json").is_file());
-    assert!(!d.join("r/summary.json").exists());
 }
 
 #[test]
@@ -549,27 +559,11 @@ fn a_transformer_out_of_memory_writes_oom_json_and_keeps_its_checkpoints() {
         .current_dir(dir)
         .output()
         .unwrap();
-    assert!(!o.status.success());
-    let msg = stderr(&o);
-    assert!(
-        msg.contains("out of device memory at step 6")
-            && msg.contains("allocating 512.0 MiB")
-            && msg.contains("oom.json")
-            && msg.contains("--micro-batch"),
-        "{msg}"
-    );
-    assert!(
-        msg.contains("parameters") && msg.contains("tensors: "),
-        "names no categories or tensors: {msg}"
-    );
-    let oom: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("r/oom.json")).unwrap()).unwrap();
-    assert_eq!(oom["step"], 6);
-    assert_eq!(oom["requested_bytes"], 512 << 20);
+    let oom = assert_simulated_oom(&o, &dir.join("r"), 6, "--micro-batch");
+    assert!(stderr(&o).contains("tensors: "), "names no tensors: {}", stderr(&o));
     // The failing step's own start was recorded (profile_every=2) before it failed.
     assert_eq!(oom["last_recorded_phases"][0]["step"], 6);
     assert_eq!(oom["last_recorded_phases"][0]["phase"], "start");
     assert!(!oom["largest_tensors"].as_array().unwrap().is_empty());
     assert!(dir.join("r/checkpoints/step-00000004.ckpt").is_file());
-    assert!(dir.join("r/memory.json").is_file() && dir.join("r/error.json").is_file());
-    assert!(!dir.join("r/summary.json").exists());
 }
