@@ -443,38 +443,37 @@ fn a_device_out_of_memory_writes_oom_json_and_keeps_what_was_written() {
     assert!(d.join("r/checkpoints/step-00000040.ckpt").is_file());
 }
 
+/// A transformer small enough for a test: 8 steps, a checkpoint every 4.
+const SMALL_TRANSFORMER: [&str; 20] = [
+    "train",
+    "transformer",
+    "--steps",
+    "8",
+    "--batch-size",
+    "4",
+    "--set",
+    "model.width=16",
+    "--set",
+    "model.heads=2",
+    "--set",
+    "model.depth=2",
+    "--set",
+    "model.vocab=16",
+    "--set",
+    "model.context=16",
+    "--set",
+    "task.tokens=8",
+    "--set",
+    "checkpoint_every=4",
+];
+
 #[test]
 fn train_transformer_runs_resumes_and_refuses_bad_combinations() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let small = [
-        "--set",
-        "model.width=16",
-        "--set",
-        "model.heads=2",
-        "--set",
-        "model.depth=2",
-        "--set",
-        "model.vocab=16",
-        "--set",
-        "model.context=16",
-        "--set",
-        "task.tokens=8",
-        "--set",
-        "checkpoint_every=4",
-    ];
     let train = |extra: &[&str], out: &str| {
-        let mut args = vec![
-            "train",
-            "transformer",
-            "--steps",
-            "8",
-            "--batch-size",
-            "4",
-            "--out",
-            out,
-        ];
-        args.extend_from_slice(&small);
+        let mut args = SMALL_TRANSFORMER.to_vec();
+        args.extend_from_slice(&["--out", out]);
         args.extend_from_slice(extra);
         run(&args, dir)
     };
@@ -529,32 +528,8 @@ fn a_transformer_out_of_memory_writes_oom_json_and_keeps_its_checkpoints() {
     let dir = tmp.path();
     // Simulated: step 6 fails as a device allocation would.
     let o = vramfit()
-        .args([
-            "train",
-            "transformer",
-            "--steps",
-            "8",
-            "--batch-size",
-            "4",
-            "--out",
-            "r",
-            "--set",
-            "model.width=16",
-            "--set",
-            "model.heads=2",
-            "--set",
-            "model.depth=2",
-            "--set",
-            "model.vocab=16",
-            "--set",
-            "model.context=16",
-            "--set",
-            "task.tokens=8",
-            "--set",
-            "checkpoint_every=4",
-            "--set",
-            "profile_every=2",
-        ])
+        .args(SMALL_TRANSFORMER)
+        .args(["--out", "r", "--set", "profile_every=2"])
         .env("VRAMFIT_SIMULATE_OOM_AT_STEP", "6")
         .current_dir(dir)
         .output()
