@@ -9,7 +9,7 @@ use clap::Subcommand;
 use serde_json::json;
 use vramfit_splat::baseline::bicubic_at_equal_storage;
 use vramfit_splat::config::FitConfig;
-use vramfit_splat::job::{Job, load_image};
+use vramfit_splat::job::load_image;
 
 #[derive(Subcommand)]
 pub enum Which {
@@ -79,21 +79,21 @@ fn splat(
     config.frame_every = 0;
     config.checkpoint_every = 0;
     let scratch = std::env::temp_dir().join(format!("vramfit-bench-{}", std::process::id()));
-    let job = Job {
-        config: config.clone(),
-        out: scratch.clone(),
-        resume: false,
-        device_name: String::new(),
-    };
     eprintln!(
         "bench splat: fitting {} with {} Gaussians, at most {} steps…",
         config.image, config.gaussians, config.steps
     );
-    let result = crate::device::fit(device, job, |_| ControlFlow::Continue(()));
+    let result = crate::runs::run_with(
+        device,
+        crate::runs::Launch::Fit(Some(config.clone())),
+        scratch.clone(),
+        |_| ControlFlow::Continue(()),
+    );
     let _ = std::fs::remove_dir_all(&scratch);
-    let Some(s) = result? else {
+    let Some(crate::runs::Done::Fit(run)) = result? else {
         bail!("the fit stopped before its end")
     };
+    let s = &run.workload;
 
     let picture = load_image(&config.image)?;
     let values_per_gaussian = 5 + vramfit_splat::picture::CHANNELS;
@@ -108,25 +108,25 @@ fn splat(
         s.width,
         s.height,
         s.gaussians,
-        s.steps,
-        s.median_step_ms,
-        s.wall_seconds,
+        run.steps,
+        run.median_step_ms,
+        run.wall_seconds,
         s.psnr_db,
         s.ssim,
         s.bits_per_pixel,
         bicubic.width,
         bicubic.height,
         bicubic.psnr_db,
-        mib(s.peak_memory_bytes),
-        s.peak_memory_source,
-        s.reserved_peak_bytes
+        mib(run.peak_memory_bytes.unwrap_or(0)),
+        run.peak_memory_source,
+        run.reserved_peak_bytes
             .map(|b| format!("; allocator reserved {:.1} MiB", mib(b)))
             .unwrap_or_default(),
-        s.driver_peak_bytes
+        run.driver_peak_bytes
             .map(|b| format!(
                 "; driver (NVML, this process) {:.1} MiB, of which {} MiB CUDA context",
                 mib(b),
-                s.driver_context_bytes
+                run.driver_context_bytes
                     .map(|c| format!("{:.1}", mib(c)))
                     .unwrap_or_else(|| "?".into())
             ))
@@ -144,10 +144,10 @@ fn splat(
     let record = json!({
         "bench": "splat",
         "command": command,
-        "device": s.device,
+        "device": run.device,
         "cpu": cpu_model(),
         "threads": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        "summary": s,
+        "summary": run,
         "bicubic": bicubic,
         "beats_bicubic": s.psnr_db > bicubic.psnr_db,
     });

@@ -1,10 +1,10 @@
-//! Picks the backend for `--device` and runs a job on it.
-
-use std::ops::ControlFlow;
+//! Picks the backend for `--device` and runs work on it.
 
 use anyhow::{Result, bail};
 use burn::backend::{Autodiff, Flex};
-use vramfit_splat::job::{Event, Job, Summary};
+use burn::tensor::backend::AutodiffBackend;
+use vramfit::profile::DeviceMemory;
+use vramfit_splat::op::{FusedLoss, SplatBackend};
 
 /// The devices this build can run on, for messages.
 const BUILT: &str = if cfg!(all(feature = "cuda", feature = "wgpu")) {
@@ -27,54 +27,37 @@ fn unavailable(device: &str) -> anyhow::Error {
     }
 }
 
-/// Runs `job` on the named device.
-pub fn fit(device: &str, mut job: Job, observe: impl FnMut(Event) -> ControlFlow<()>) -> Result<Option<Summary>> {
+/// Work to run on a backend chosen at run time (`--device`).
+pub trait OnBackend {
+    /// What it returns.
+    type Output;
+    /// Runs on backend `B`, device `device`, described as `name`.
+    fn run<B>(self, device: &B::Device, name: String) -> Result<Self::Output>
+    where
+        B: AutodiffBackend + SplatBackend,
+        B::InnerBackend: FusedLoss + DeviceMemory;
+}
+
+/// Runs `work` on the named device: the one place that maps `--device` to a backend.
+pub fn on_device<W: OnBackend>(device: &str, work: W) -> Result<W::Output> {
     match device {
-        "cpu" => {
-            job.device_name = format!("cpu (burn Flex, {} threads)", rayon_threads());
-            Ok(job.run::<Autodiff<Flex>>(&Default::default(), observe)?)
-        }
+        "cpu" => work.run::<Autodiff<Flex>>(
+            &Default::default(),
+            format!("cpu (burn Flex, {} threads)", rayon_threads()),
+        ),
         #[cfg(feature = "cuda")]
-        "cuda" => {
-            job.device_name = "cuda:0 (burn Cuda; CubeCL splat kernels, banded)".into();
-            Ok(job.run::<Autodiff<burn::backend::Cuda>>(&Default::default(), observe)?)
-        }
+        "cuda" => work.run::<Autodiff<burn::backend::Cuda>>(&Default::default(), "cuda:0 (burn Cuda; CubeCL)".into()),
         #[cfg(feature = "wgpu")]
-        "wgpu" => {
-            job.device_name = "wgpu, default adapter (burn CubeBackend<Wgpu>; CubeCL splat kernels, banded)".into();
-            Ok(job.run::<Autodiff<vramfit_splat::gpu::backend::WgpuBackend>>(&Default::default(), observe)?)
-        }
+        "wgpu" => work.run::<Autodiff<vramfit_splat::gpu::backend::WgpuBackend>>(
+            &Default::default(),
+            "wgpu, default adapter (burn CubeBackend<Wgpu>; CubeCL)".into(),
+        ),
         other => Err(unavailable(other)),
     }
 }
 
 fn rayon_threads() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
-}
-
-/// Runs a transformer training job on the named device.
-pub fn train(
-    device: &str,
-    mut job: vramfit_models::job::TrainJob,
-    observe: impl FnMut(vramfit_models::job::Event) -> ControlFlow<()>,
-) -> Result<Option<vramfit_models::job::TrainSummary>> {
-    match device {
-        "cpu" => {
-            job.device_name = format!("cpu (burn Flex, {} threads)", rayon_threads());
-            Ok(job.run::<Autodiff<Flex>>(&Default::default(), observe)?)
-        }
-        #[cfg(feature = "cuda")]
-        "cuda" => {
-            job.device_name = "cuda:0 (burn Cuda)".into();
-            Ok(job.run::<Autodiff<burn::backend::Cuda>>(&Default::default(), observe)?)
-        }
-        #[cfg(feature = "wgpu")]
-        "wgpu" => {
-            job.device_name = "wgpu, default adapter (burn CubeBackend<Wgpu>)".into();
-            Ok(job.run::<Autodiff<vramfit_splat::gpu::backend::WgpuBackend>>(&Default::default(), observe)?)
-        }
-        other => Err(unavailable(other)),
-    }
 }
 
 /// `vramfit check-kernels`: the GPU kernels against their CPU twins on

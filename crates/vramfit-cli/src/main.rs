@@ -1,27 +1,28 @@
 //! `vramfit`: the command-line tool. Thin by design: it parses flags,
 //! resolves settings, calls the libraries and prints.
 
-use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
-use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
+use vramfit_splat::config::FitConfig;
 use vramfit_splat::gaussians::Gaussians;
-use vramfit_splat::job::{Event, Job, Summary};
 use vramfit_splat::picture::{save_png, to_rgb8};
 
 mod bench;
 mod device;
+mod runs;
 mod train;
 
 // The fit allocates and frees image-sized buffers every step; glibc's
 // malloc returns them to the kernel each time, and the page faults and TLB
 // shootdowns that follow cost half of a CPU step (measured: 285 → 144 ms
-// per step on the built-in sample). mimalloc keeps them mapped.
+// per step on the built-in sample). mimalloc keeps them mapped. The
+// counting wrapper gives the profiler the exact heap bytes in use and
+// their high-water mark: on the CPU that is the figure that decides an
+// out-of-memory.
 #[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOC: vramfit::heap::Counting<mimalloc::MiMalloc> = vramfit::heap::Counting(mimalloc::MiMalloc);
 
 #[derive(Parser)]
 #[command(
@@ -216,124 +217,17 @@ pub(crate) fn apply_sets_with<T>(
 }
 
 fn fit(args: FitArgs) -> Result<()> {
-    let (config, out, resume) = match &args.resume {
-        Some(dir) => (FitConfig::default(), dir.clone(), true),
+    let (config, out) = match &args.resume {
+        Some(dir) => (None, dir.clone()),
         None => {
             let out = args
                 .out
                 .clone()
                 .unwrap_or_else(|| vramfit::run::next_free_run_dir(Path::new("runs"), "fit"));
-            (resolve(&args)?, out, false)
+            (Some(resolve(&args)?), out)
         }
     };
-    let job = Job {
-        config,
-        out: out.clone(),
-        resume,
-        device_name: String::new(),
-    };
-    let summary = device::fit(&args.device, job, progress_observer())?;
-    let Some(s) = summary else {
-        bail!("the fit stopped before its end")
-    };
-    print_summary(&s, &out, resume);
-    Ok(())
-}
-
-fn progress_observer() -> impl FnMut(Event) -> ControlFlow<()> {
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} steps · {msg} · {per_sec} · ETA {eta}")
-            .expect("valid template"),
-    );
-    move |event| {
-        match event {
-            Event::Start { done, total } => {
-                bar.set_length(total);
-                bar.set_position(done);
-                bar.reset_eta();
-            }
-            Event::Step(r) => {
-                bar.set_position(r.step);
-                if let Some(p) = r.psnr_db {
-                    bar.set_message(format!(
-                        "loss {:.4} · PSNR {p:.2} dB · {} Gaussians",
-                        r.loss, r.gaussians
-                    ));
-                }
-                if r.decayed {
-                    bar.println(format!(
-                        "step {}: quality stalled, learning rates divided by 10",
-                        r.step
-                    ));
-                }
-            }
-            Event::Checkpoint(_) => {}
-        }
-        ControlFlow::Continue(())
-    }
-}
-
-fn print_summary(s: &Summary, dir: &Path, resumed: bool) {
-    let image = if s.image == BUILTIN_SAMPLE {
-        "built-in sample (astronaut)".to_string()
-    } else {
-        s.image.clone()
-    };
-    println!(
-        "fitted {image}, {}x{}, on {}{}",
-        s.width,
-        s.height,
-        s.device,
-        if resumed { " (resumed)" } else { "" }
-    );
-    println!(
-        "  PSNR {:.2} dB · SSIM {:.4} · {:.2} bits per pixel",
-        s.psnr_db, s.ssim, s.bits_per_pixel
-    );
-    println!(
-        "  {} Gaussians · {} steps{} · {:.1} s · {:.1} ms per step (median)",
-        s.gaussians,
-        s.steps,
-        if s.stopped_early {
-            " (stopped early: quality stalled)"
-        } else {
-            ""
-        },
-        s.wall_seconds,
-        s.median_step_ms
-    );
-    let bytes = vramfit::profile::human_bytes;
-    println!(
-        "  memory: peak {} ({})",
-        bytes(s.peak_memory_bytes),
-        s.peak_memory_source
-    );
-    if let Some(r) = s.reserved_peak_bytes {
-        println!("  allocator reserved at most {}", bytes(r));
-    }
-    if let Some(d) = s.driver_peak_bytes {
-        println!(
-            "  driver (NVML) saw at most {} for this process, CUDA context included",
-            bytes(d)
-        );
-        if let (Some(c), Some(r)) = (s.driver_context_bytes, s.reserved_peak_bytes) {
-            let beyond = d.saturating_sub(c);
-            println!(
-                "  driver minus the context ({}) = {}; the allocator's reserved peak is {:+.1} % of it",
-                bytes(c),
-                bytes(beyond),
-                (r as f64 / beyond.max(1) as f64 - 1.0) * 100.0
-            );
-        }
-    }
-    let report = std::fs::read(dir.join("memory.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<vramfit::profile::MemoryReport>(&b).ok());
-    if let Some(report) = report {
-        print!("{}", report.table());
-    }
-    println!("  run directory: {}", dir.display());
+    runs::run(&args.device, runs::Launch::Fit(config), out)
 }
 
 fn report(dir: &Path) -> Result<()> {

@@ -1,13 +1,9 @@
-//! `vramfit train transformer`: flags → settings → the models crate's job,
-//! with a progress bar and a printed summary.
+//! `vramfit train transformer`: flags → settings → the run driver.
 
-use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Result, bail};
-use indicatif::{ProgressBar, ProgressStyle};
+use anyhow::Result;
 use vramfit_models::config::TrainConfig;
-use vramfit_models::job::{Event, TrainJob, TrainSummary};
 
 #[derive(clap::Subcommand)]
 pub enum Which {
@@ -97,85 +93,15 @@ fn resolve(a: &TransformerArgs) -> Result<TrainConfig> {
 
 pub fn run(which: Which) -> Result<()> {
     let Which::Transformer(args) = which;
-    let (config, out, resume) = match &args.resume {
-        Some(dir) => (TrainConfig::default(), dir.clone(), true),
+    let (config, out) = match &args.resume {
+        Some(dir) => (None, dir.clone()),
         None => {
             let out = args
                 .out
                 .clone()
                 .unwrap_or_else(|| vramfit::run::next_free_run_dir(Path::new("runs"), "transformer"));
-            (resolve(&args)?, out, false)
+            (Some(resolve(&args)?), out)
         }
     };
-    let job = TrainJob {
-        config,
-        out: out.clone(),
-        resume,
-        device_name: String::new(),
-    };
-    let Some(s) = crate::device::train(&args.device, job, observer())? else {
-        bail!("the run stopped before its end")
-    };
-    print_summary(&s, &out);
-    Ok(())
-}
-
-fn observer() -> impl FnMut(Event) -> ControlFlow<()> {
-    let bar = ProgressBar::new(0);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} steps · {msg} · {per_sec} · ETA {eta}")
-            .expect("valid template"),
-    );
-    move |event| {
-        match event {
-            Event::Start { done, total } => {
-                bar.set_length(total);
-                bar.set_position(done);
-                bar.reset_eta();
-            }
-            Event::Step {
-                step,
-                loss,
-                scale,
-                stepped,
-            } => {
-                bar.set_position(step);
-                bar.set_message(format!("loss {loss:.4}"));
-                if !stepped {
-                    bar.println(format!(
-                        "step {step}: inf/NaN gradients at loss scale {scale}: step skipped, scale halved"
-                    ));
-                }
-            }
-            Event::Checkpoint(_) => {}
-        }
-        ControlFlow::Continue(())
-    }
-}
-
-fn print_summary(s: &TrainSummary, dir: &Path) {
-    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    println!("trained transformer on {}: {}", s.device, s.techniques);
-    println!(
-        "  final loss {:.4} nats/token (task floor {:.4}) · {} steps ({} skipped, loss scale {})",
-        s.final_loss, s.entropy_floor, s.steps, s.skipped_steps, s.loss_scale
-    );
-    println!(
-        "  {:.1} s · {:.1} ms per step (median) · {:.0} tokens/s",
-        s.wall_seconds, s.median_step_ms, s.tokens_per_second
-    );
-    println!(
-        "  parameters {:.2} MiB · optimizer state {:.2} MiB · peak {:.0} MiB ({})",
-        mib(s.parameter_bytes),
-        mib(s.optimizer_state_bytes),
-        mib(s.peak_memory_bytes),
-        s.peak_memory_source
-    );
-    if s.cleanup_calls > 0 {
-        println!(
-            "  allocator cleanups: {} in {:.3} s",
-            s.cleanup_calls, s.cleanup_seconds
-        );
-    }
-    println!("  run directory: {}", dir.display());
+    crate::runs::run(&args.device, crate::runs::Launch::Transformer(config), out)
 }

@@ -7,16 +7,15 @@
 //! checkpointed block recomputes exactly what it computed in forward.
 
 use burn::module::{Module, Param};
-use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::TensorData;
 use burn::tensor::activation::{gelu, log_softmax, softmax};
 use burn::tensor::backend::AutodiffBackend;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use vramfit::checkpoint::{Block, forward_backward};
+use vramfit::checkpoint::Block;
 use vramfit::precision::Autocast;
-use vramfit::run::Trainable;
+use vramfit::step::Trainable;
 
 /// Model shape.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -286,6 +285,14 @@ pub struct TokenBatch<B: Backend> {
 }
 
 impl<B: Backend> TokenBatch<B> {
+    /// Device bytes of the batch's tensors.
+    pub fn bytes(&self) -> u64 {
+        let of = |shape: burn::tensor::Shape, dtype: burn::tensor::DType| (shape.num_elements() * dtype.size()) as u64;
+        of(self.tokens.shape(), self.tokens.dtype())
+            + of(self.targets.shape(), self.targets.dtype())
+            + self.frames.as_ref().map_or(0, |f| of(f.shape(), f.dtype()))
+    }
+
     /// Samples `range`.
     pub fn slice(&self, range: std::ops::Range<usize>) -> Self {
         Self {
@@ -352,31 +359,27 @@ impl<B: Backend> Gpt<B> {
     }
 }
 
-impl<B: AutodiffBackend> Trainable<B> for Gpt<B> {
+impl<B: AutodiffBackend> Trainable<B, 3> for Gpt<B> {
     type Batch = TokenBatch<B>;
+    type Block = GptBlock<B>;
 
     fn micro_batch(batch: &Self::Batch, range: std::ops::Range<usize>) -> Self::Batch {
         batch.slice(range)
     }
 
-    fn num_blocks(&self) -> usize {
-        self.blocks.len()
+    fn batch_bytes(batch: &Self::Batch) -> u64 {
+        batch.bytes()
     }
 
-    fn loss(&self, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, 1> {
-        Gpt::loss(self, batch, autocast)
+    fn prelude(&self, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, 3> {
+        self.embed(batch, autocast)
     }
 
-    fn loss_backward_checkpointed(
-        &self,
-        batch: &Self::Batch,
-        autocast: &Autocast,
-        checkpointed: &[bool],
-        factor: f64,
-    ) -> (Tensor<B::InnerBackend, 1>, GradientsParams) {
-        let input = self.embed(batch, autocast);
-        forward_backward(self, &self.blocks, checkpointed, autocast, input, |x| {
-            self.head_loss(x, batch, autocast).mul_scalar(factor)
-        })
+    fn blocks(&self) -> &[GptBlock<B>] {
+        &self.blocks
+    }
+
+    fn head(&self, x: Tensor<B, 3>, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, 1> {
+        self.head_loss(x, batch, autocast)
     }
 }

@@ -1,14 +1,22 @@
-//! `TrainJob`: run directory contents, exact resume after an interruption,
-//! and bad settings rejected before anything is created.
+//! The transformer through the run driver: run directory contents, exact
+//! resume after an interruption, and bad settings rejected before anything
+//! is created.
 
 use std::ops::ControlFlow;
 use std::path::Path;
 
 use burn::backend::{Autodiff, Flex};
+use vramfit::run::{Event, RunSummary};
 use vramfit_models::config::TrainConfig;
-use vramfit_models::job::{Event, TrainJob};
+use vramfit_models::job::{TrainError, TrainSummary, launch};
 
 type B = Autodiff<Flex>;
+
+// The heap counted, as in the binary: the CPU's figure that decides an
+// out-of-memory. (Tests in this file run in parallel, so heap figures here
+// are asserted only to exist, never to equal a size.)
+#[global_allocator]
+static HEAP: vramfit::heap::Counting<std::alloc::System> = vramfit::heap::Counting(std::alloc::System);
 
 fn small() -> TrainConfig {
     let mut c = TrainConfig {
@@ -38,25 +46,25 @@ fn small() -> TrainConfig {
     c
 }
 
-fn job(config: TrainConfig, out: &Path, resume: bool) -> TrainJob {
-    TrainJob {
-        config,
-        out: out.into(),
-        resume,
-        device_name: "cpu".into(),
-    }
+/// A new run (`config`) or a resume (`None`) of `out`, driven to its end or until `observe` stops it.
+fn run(
+    config: Option<TrainConfig>,
+    out: &Path,
+    observe: impl FnMut(Event) -> ControlFlow<()>,
+) -> Result<Option<RunSummary<TrainSummary>>, TrainError> {
+    let (run, workload) = launch::<B>(config, out.into(), &Default::default(), "cpu")?;
+    Ok(run.drive(workload, observe)?)
 }
 
 #[test]
 fn interrupted_run_resumes_to_identical_weights() {
     let tmp = tempfile::tempdir().unwrap();
     let straight = tmp.path().join("straight");
-    let summary = job(small(), &straight, false)
-        .run::<B>(&Default::default(), |_| ControlFlow::Continue(()))
+    let summary = run(Some(small()), &straight, |_| ControlFlow::Continue(()))
         .unwrap()
         .unwrap();
     assert_eq!(summary.steps, 12);
-    assert!(summary.final_loss.is_finite());
+    assert!(summary.workload.final_loss.is_finite());
     for name in [
         "config.toml",
         "metrics.jsonl",
@@ -77,46 +85,43 @@ fn interrupted_run_resumes_to_identical_weights() {
         serde_json::from_slice(&std::fs::read(straight.join("memory.json")).unwrap()).unwrap();
     assert_eq!(memory["schema"], "vramfit.memory");
     assert!(memory["records"].as_array().is_some_and(|p| !p.is_empty()), "{memory}");
-    assert_eq!(summary.cleanup_calls, 2, "every:5 over 12 steps");
+    assert_eq!(summary.workload.cleanup_calls, 2, "every:5 over 12 steps");
 
     // Stop right after the second checkpoint (step 8), as a kill would, then resume.
     let broken = tmp.path().join("broken");
     let mut seen = 0;
-    let stopped = job(small(), &broken, false)
-        .run::<B>(&Default::default(), |e| {
-            if let Event::Checkpoint(_) = e {
-                seen += 1;
-                if seen == 2 {
-                    return ControlFlow::Break(());
-                }
+    let stopped = run(Some(small()), &broken, |e| {
+        if let Event::Checkpoint(_) = e {
+            seen += 1;
+            if seen == 2 {
+                return ControlFlow::Break(());
             }
-            ControlFlow::Continue(())
-        })
-        .unwrap();
+        }
+        ControlFlow::Continue(())
+    })
+    .unwrap();
     assert!(stopped.is_none());
     assert!(!broken.join("summary.json").exists());
     let mut first_step = None;
-    let resumed = job(TrainConfig::default(), &broken, true)
-        .run::<B>(&Default::default(), |e| {
-            if let Event::Start { done, .. } = e {
-                first_step = Some(done);
-            }
-            ControlFlow::Continue(())
-        })
-        .unwrap()
-        .unwrap();
+    let resumed = run(None, &broken, |e| {
+        if let Event::Start { done, .. } = e {
+            first_step = Some(done);
+        }
+        ControlFlow::Continue(())
+    })
+    .unwrap()
+    .unwrap();
     assert_eq!(first_step, Some(8), "resumes from the newest checkpoint");
-    assert_eq!(resumed.final_loss, summary.final_loss);
-    let a = vramfit::run::ArrayFile::read(&broken.join("weights.bin")).unwrap();
-    let b = vramfit::run::ArrayFile::read(&straight.join("weights.bin")).unwrap();
-    assert_eq!(a.arrays.len(), b.arrays.len());
-    // Bit-identical parameters and Adam moments (wall time in the metadata differs).
+    assert_eq!(resumed.workload.final_loss, summary.workload.final_loss);
+    // Bit-identical parameters, Adam moments and scaler state, and so the
+    // same file: weights.bin holds no wall time.
+    let a = std::fs::read(broken.join("weights.bin")).unwrap();
+    let b = std::fs::read(straight.join("weights.bin")).unwrap();
     assert!(
-        a.arrays == b.arrays,
-        "the resumed run ends with identical weights and optimiser state"
+        a == b,
+        "the resumed run ends with byte-identical weights.bin (parameters, optimiser and scaler state)"
     );
-    assert_eq!(a.meta["scaler"], b.meta["scaler"]);
-    let again = job(TrainConfig::default(), &broken, true).run::<B>(&Default::default(), |_| ControlFlow::Continue(()));
+    let again = run(None, &broken, |_| ControlFlow::Continue(()));
     assert!(again.err().unwrap().to_string().contains("already finished"));
 }
 
@@ -170,10 +175,78 @@ fn bad_settings_leave_no_run_directory() {
     ];
     for (i, (config, needle)) in cases.into_iter().enumerate() {
         let out = tmp.path().join(format!("run{i}"));
-        let err = job(config, &out, false)
-            .run::<B>(&Default::default(), |_| ControlFlow::Continue(()))
-            .expect_err("must fail");
+        let err = run(Some(config), &out, |_| ControlFlow::Continue(())).expect_err("must fail");
         assert!(err.to_string().contains(needle), "{needle}: {err}");
         assert!(!out.exists(), "{needle}: no directory is created");
     }
+}
+
+/// cubecl's words for a failed allocation, as a device out-of-memory reaches the step.
+const OOM: &str = "An io error happened during launch\nCaused by:\n  can't allocate buffer of size: 536870912";
+
+#[test]
+fn a_device_out_of_memory_writes_oom_json_keeps_the_checkpoints_and_resumes() {
+    use vramfit::run::FailAt;
+    use vramfit::step::StepError;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("r");
+    let config = TrainConfig {
+        profile_every: 2,
+        ..small()
+    };
+    let (run_dir, workload) = launch::<B>(Some(config), out.clone(), &Default::default(), "cpu").unwrap();
+    // Step 6 fails as a device allocation would (the seam, not the real step).
+    let failing = FailAt {
+        inner: workload,
+        step: 6,
+        fail: |step| {
+            TrainError::Step(StepError::Device {
+                step,
+                reason: OOM.into(),
+            })
+        },
+    };
+    let err = run_dir
+        .drive(failing, |_| ControlFlow::Continue(()))
+        .expect_err("step 6 fails");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("out of device memory at step 6")
+            && msg.contains("allocating 512.0 MiB")
+            && msg.contains("oom.json"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("parameters") && msg.contains("tensors: ") && msg.contains("To use less: "),
+        "names the categories, the tensors and what to turn: {msg}"
+    );
+    let oom: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("oom.json")).unwrap()).unwrap();
+    assert_eq!(oom["step"], 6);
+    assert_eq!(oom["requested_bytes"], 512 << 20);
+    // The failing step's start was recorded (profile_every = 2) before it failed.
+    assert_eq!(oom["last_recorded_phases"][0]["step"], 6);
+    assert_eq!(oom["last_recorded_phases"][0]["phase"], "start");
+    assert!(!oom["largest_tensors"].as_array().unwrap().is_empty());
+    assert!(oom["headline"]["bytes"].as_u64().is_some_and(|b| b > 0), "{oom}");
+    assert!(out.join("memory.json").is_file() && out.join("error.json").is_file());
+    assert!(!out.join("summary.json").exists(), "not mistaken for a finished run");
+    assert!(out.join("checkpoints/step-00000004.ckpt").is_file());
+    // Nothing is lost: the run resumes from step 4 and ends as a straight run does.
+    let resumed = run(None, &out, |_| ControlFlow::Continue(())).unwrap().unwrap();
+    let straight = run(
+        Some(TrainConfig {
+            profile_every: 2,
+            ..small()
+        }),
+        &tmp.path().join("straight"),
+        |_| ControlFlow::Continue(()),
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(resumed.steps, 12);
+    assert_eq!(
+        std::fs::read(out.join("weights.bin")).unwrap(),
+        std::fs::read(tmp.path().join("straight/weights.bin")).unwrap()
+    );
+    assert_eq!(resumed.workload.final_loss, straight.workload.final_loss);
 }

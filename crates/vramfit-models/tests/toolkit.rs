@@ -18,7 +18,7 @@ use vramfit::checkpoint::CheckpointPolicy;
 use vramfit::optim::{AdamConfig, ModuleAdam};
 use vramfit::params::{PathTracker, snapshot};
 use vramfit::precision::{Autocast, LossScaler, Precision, ScalerConfig};
-use vramfit::run::{StepError, Stepper, Trainable};
+use vramfit::step::{StepError, Stepper, Trainable as _};
 use vramfit::storage::{StoragePolicy, parameter_bytes};
 use vramfit_models::data::{SyntheticTask, TaskConfig};
 use vramfit_models::gpt::{Gpt, GptConfig, TokenBatch};
@@ -117,7 +117,14 @@ fn checkpointed_gradients_equal_plain_gradients() {
         assert_eq!(plain.len(), 2 + 2 + 4 * 12 + 2, "every parameter has a gradient");
         for policy in ["all", "every:2", "auto", "list:1,2"] {
             let marks = CheckpointPolicy::parse(policy).unwrap().plan(config.depth).unwrap();
-            let (loss, grads) = model.loss_backward_checkpointed(&batch, &ac, &marks, 1.0);
+            let mut s = stepper(
+                precision,
+                &CheckpointPolicy::parse(policy).unwrap(),
+                MicroBatching::whole(4),
+                config.depth,
+            );
+            s.checkpointed = marks;
+            let (loss, grads) = s.gradients(&model, &batch, 1.0, &mut ());
             let gap = relative_gap(&plain, &by_path(&model, &grads));
             eprintln!("checkpoint {precision:?} {policy}: relative gradient gap {gap:e}");
             // Measured: bf16 0 (bit-identical), f32 1.9e-7 to 2.5e-7: the recomputation
@@ -152,8 +159,8 @@ fn accumulated_micro_batches_equal_the_whole_batch() {
         },
         config.depth,
     );
-    let (l1, g1) = whole.gradients(&model, &batch, 1.0);
-    let (l2, g2) = split.gradients(&model, &batch, 1.0);
+    let (l1, g1) = whole.gradients(&model, &batch, 1.0, &mut ());
+    let (l2, g2) = split.gradients(&model, &batch, 1.0, &mut ());
     let gap = relative_gap(&by_path(&model, &g1), &by_path(&model, &g2));
     eprintln!("accumulation 4x2 vs 8: relative gradient gap {gap:e}");
     // Measured 2.5e-7: only the order of float sums differs.
@@ -166,8 +173,8 @@ fn accumulated_micro_batches_equal_the_whole_batch() {
     let (mut sa, mut sb) = (whole, split);
     for step in 0..5 {
         let batch = task.batch(step, 8, &device);
-        a = sa.step(a, &batch, 1e-3, &device).unwrap().0;
-        b = sb.step(b, &batch, 1e-3, &device).unwrap().0;
+        a = sa.step(a, &batch, 1e-3, &device, &mut ()).unwrap().0;
+        b = sb.step(b, &batch, 1e-3, &device, &mut ()).unwrap().0;
     }
     let (pa, pb) = (snapshot(&a), snapshot(&b));
     let gap = pa
@@ -201,7 +208,9 @@ fn loss_scaler_skips_and_backs_off_on_an_injected_inf_then_grows() {
     let mut stepped = Vec::new();
     for step in 0..40 {
         let before = snapshot(&model);
-        let (m, out) = s.step(model, &task.batch(step, 4, &device), 1e-3, &device).unwrap();
+        let (m, out) = s
+            .step(model, &task.batch(step, 4, &device), 1e-3, &device, &mut ())
+            .unwrap();
         model = m;
         if !out.stepped {
             assert_eq!(
@@ -253,7 +262,7 @@ fn non_finite_loss_without_a_scaler_is_a_clear_error() {
     );
     let model = config.init::<B>(1, &device);
     let err = s
-        .step(model, &batch, 1e-3, &device)
+        .step(model, &batch, 1e-3, &device, &mut ())
         .expect_err("NaN must stop the step");
     assert!(matches!(err, StepError::NonFinite { .. }));
     let text = err.to_string();
@@ -285,7 +294,7 @@ fn train(
     let mut losses = Vec::new();
     for step in 0..steps {
         let (m, out) = s
-            .step(model, &task.batch(step, batch_size, &device), 3e-3, &device)
+            .step(model, &task.batch(step, batch_size, &device), 3e-3, &device, &mut ())
             .unwrap();
         model = m;
         losses.push(out.loss);

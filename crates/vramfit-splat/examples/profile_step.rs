@@ -55,8 +55,5 @@ fn main() {
         ..Default::default()
     };
     let mut fit = Fit::<Autodiff<Flex>>::new(&p, &config, &Default::default()).unwrap();
-    time("fit step", 5, || fit.step(false).unwrap());
+    time("fit step", 5, || fit.step(false, &mut ()).unwrap());
 }
-
-#[allow(dead_code)]
-fn candidates() {}

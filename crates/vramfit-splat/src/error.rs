@@ -76,30 +76,15 @@ pub enum SplatError {
         /// What the backend said.
         message: String,
     },
-    /// The device ran out of memory; `oom.json` holds the breakdown.
-    #[error(
-        "out of device memory at step {step} (surfaced after {phase}){requested}; largest: {largest}. The breakdown is in {report}. \
-         Fit fewer Gaussians or a smaller image, or on a GPU lower band_rows (--set band_rows=64)"
-    )]
-    OutOfMemory {
-        /// Step that failed.
-        step: u64,
-        /// Phase after which the error surfaced.
-        phase: &'static str,
-        /// What the failed allocation asked for, in words (empty when the
-        /// message does not say).
-        requested: String,
-        /// The largest categories and tensors, in words.
-        largest: String,
-        /// The `oom.json` written.
-        report: PathBuf,
-    },
     /// A Gaussians or checkpoint file is unreadable.
     #[error(transparent)]
     File(#[from] vramfit::run::ArrayFileError),
     /// The run directory could not be used.
     #[error(transparent)]
     RunDir(#[from] vramfit::run::RunDirError),
+    /// The run driver (directory, files, out-of-memory).
+    #[error(transparent)]
+    Run(#[from] vramfit::run::RunError),
     /// Writing an output failed.
     #[error("cannot write '{path}': {why}")]
     Write {
@@ -108,15 +93,4 @@ pub enum SplatError {
         /// Why.
         why: String,
     },
-}
-
-impl SplatError {
-    /// True for a device error whose message says memory ran out.
-    pub fn is_out_of_memory(&self) -> bool {
-        match self {
-            SplatError::Device { message, .. } => vramfit::profile::out_of_memory(message).is_some(),
-            SplatError::OutOfMemory { .. } => true,
-            _ => false,
-        }
-    }
 }

@@ -10,8 +10,9 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde_json::json;
 use vramfit::optim::{Adam, AdamConfig, AdamMoments};
-use vramfit::profile::{Accounted, DeviceMemory, Profiler};
+use vramfit::profile::{Accounted, Category, NamedTensor};
 use vramfit::run::ArrayFile;
+use vramfit::step::StepObserver;
 
 use crate::SplatError;
 use crate::config::FitConfig;
@@ -28,8 +29,6 @@ const SSIM_PROGRESS: f64 = 1e-3;
 /// Learning-rate factor after the stall decay.
 const DECAY: f64 = 0.1;
 const PARAMS: [&str; 4] = ["xy", "inv_scale", "theta", "color"];
-/// Profiled steps kept in the memory timeline.
-const PROFILE_KEEP_STEPS: u64 = 200;
 
 /// What one step did.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,7 +77,6 @@ where
     adam: Adam,
     step: u64,
     schedule: Schedule,
-    profiler: Profiler,
     device: B::Device,
 }
 
@@ -124,16 +122,6 @@ where
             moments,
             adam: Adam::new(AdamConfig::default()),
             step: 0,
-            profiler: {
-                let p = Profiler::new(
-                    <B::InnerBackend as DeviceMemory>::memory_source(device),
-                    PROFILE_KEEP_STEPS,
-                );
-                match config.profile_sample_ms {
-                    0 => p,
-                    ms => p.with_sampling(std::time::Duration::from_millis(ms)),
-                }
-            },
             schedule: Schedule {
                 lr_scale: 1.0,
                 best_psnr: f64::NEG_INFINITY,
@@ -144,9 +132,9 @@ where
         })
     }
 
-    /// The settings.
-    pub fn config(&self) -> &FitConfig {
-        &self.config
+    /// The target as this backend holds it.
+    pub fn target(&self) -> &<B::InnerBackend as FusedLoss>::Target {
+        &self.target
     }
 
     /// Steps completed.
@@ -178,37 +166,32 @@ where
         self.len() >= self.config.gaussians
     }
 
-    /// One optimiser step. `want_frame` also returns the render.
-    pub fn step(&mut self, want_frame: bool) -> Result<StepReport, SplatError> {
+    /// What the fit holds between steps: parameters, Adam moments (two per
+    /// parameter) and the target; its workspace (the GPU engine's scratch).
+    pub fn accounted(&self) -> Accounted {
+        let parameters = (self.len() * (5 + CHANNELS) * 4) as u64;
+        Accounted {
+            parameters,
+            optimizer_state: 2 * parameters,
+            inputs: <B::InnerBackend as FusedLoss>::fused_target_bytes(&self.target),
+            workspace: <B::InnerBackend as FusedLoss>::fused_workspace_bytes(&self.target),
+            ..Default::default()
+        }
+    }
+
+    /// One optimiser step, reporting its phases to `observer`. `want_frame`
+    /// also returns the render.
+    pub fn step(&mut self, want_frame: bool, observer: &mut dyn StepObserver) -> Result<StepReport, SplatError> {
         let c = &self.config;
         let next = self.step + 1;
-        let profiling = c.profile_every > 0 && next.is_multiple_of(c.profile_every);
-        // Walked bytes: four f32 parameter tensors, two Adam moments each.
-        let param_bytes = (self.len() * (5 + CHANNELS) * 4) as u64;
-        let walked = |gradients: u64| Accounted {
-            parameters: param_bytes,
-            gradients,
-            optimizer_state: 2 * param_bytes,
-            activations: None,
-        };
-        if profiling {
-            self.profiler.record(next, "start", walked(0));
-        }
         let entering = self.primitives();
-        if let Some(message) = vramfit::profile::simulated_oom(next) {
-            return Err(SplatError::Device {
-                step: next,
-                phase: "forward",
-                message,
-            });
-        }
         // Render, loss and backward as one fused call: no autodiff graph keeps
         // image-sized tensors alive (on the GPU it runs band by band).
         let (parts, grads) =
             <B::InnerBackend as FusedLoss>::fused_loss_and_grads(entering.clone(), &self.target, c.ssim_weight)
                 .map_err(|message| SplatError::Device {
                     step: next,
-                    phase: "forward and backward",
+                    phase: "forward_backward",
                     message,
                 })?;
         let loss_value = parts.loss(c.ssim_weight) as f32;
@@ -218,9 +201,11 @@ where
                 value: loss_value,
             });
         }
-        if profiling {
-            self.profiler.record(next, "backward", walked(param_bytes));
-        }
+        let held = self.accounted();
+        observer.phase("forward_backward", None, &|| Accounted {
+            gradients: held.parameters,
+            ..held
+        });
         let lrs = [c.lr_xy, c.lr_inv_scale, c.lr_theta, c.lr_color].map(|lr| lr * self.schedule.lr_scale);
         self.adam.begin_step();
         let mut updated = Vec::with_capacity(4);
@@ -232,9 +217,8 @@ where
             &mut self.params,
             SplatTensors::from_array(updated.try_into().expect("four parameter tensors")),
         );
-        if profiling {
-            self.profiler.record(next, "optimizer", walked(0));
-        }
+        let held = self.accounted();
+        observer.phase("optimizer", None, &|| held);
         self.step += 1;
 
         let step = self.step;
@@ -260,6 +244,10 @@ where
         // No addition on the last step (see `adding`): nothing would be left to fit them.
         if adding {
             added = self.add_gaussians(render.as_deref().expect("rendered for the addition"));
+        }
+        if measure || render.is_some() {
+            let held = self.accounted();
+            observer.phase("metrics", None, &|| held);
         }
         let mut decayed = false;
         if step.is_multiple_of(self.config.check_every) && self.all_present() && added == 0 {
@@ -361,24 +349,34 @@ where
         }
     }
 
-    /// Bytes of every tensor the fit keeps between steps, plus the image-sized
-    /// ones a step makes, largest first.
-    pub fn tensor_sizes(&self) -> Vec<(String, u64)> {
+    /// Every tensor the fit keeps between steps, largest first.
+    pub fn tensors(&self) -> Vec<NamedTensor> {
         let target = <B::InnerBackend as FusedLoss>::fused_target_bytes(&self.target);
-        let mut out = vec![("target image".to_string(), target)];
+        let mut out = vec![NamedTensor::new("target image", target, Category::Inputs)];
         for (i, p) in self.params.to_array().iter().enumerate() {
             let bytes = (p.dims().iter().product::<usize>() * 4) as u64;
-            out.push((PARAMS[i].to_string(), bytes));
-            out.push((format!("adam_m_{}", PARAMS[i]), bytes));
-            out.push((format!("adam_v_{}", PARAMS[i]), bytes));
+            out.push(NamedTensor::new(PARAMS[i], bytes, Category::Parameters));
+            out.push(NamedTensor::new(
+                format!("adam_m_{}", PARAMS[i]),
+                bytes,
+                Category::OptimizerState,
+            ));
+            out.push(NamedTensor::new(
+                format!("adam_v_{}", PARAMS[i]),
+                bytes,
+                Category::OptimizerState,
+            ));
         }
-        out.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let workspace = <B::InnerBackend as FusedLoss>::fused_workspace_bytes(&self.target);
+        if workspace > 0 {
+            out.push(NamedTensor::new(
+                "band scratch (largest held at once)",
+                workspace,
+                Category::Workspace,
+            ));
+        }
+        out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.name.cmp(&b.name)));
         out
-    }
-
-    /// The memory profiler (its timeline covers the profiled steps).
-    pub fn profiler(&self) -> &Profiler {
-        &self.profiler
     }
 
     /// The current Gaussians on the host.

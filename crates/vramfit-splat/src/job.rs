@@ -1,29 +1,30 @@
-//! A whole fit into a run directory: resolved `config.toml`, streamed
-//! `metrics.jsonl` and `frames/`, atomic checkpoints, and at the end
-//! `gaussians.vfg`, `render.png` and `summary.json` (written last: a run
-//! directory without it is unfinished). Everything is validated before the
-//! directory is created, so bad input leaves nothing behind; a failure
-//! after that is recorded in `error.json`.
+//! The fit as a workload of the run driver ([`vramfit::run::Workload`]):
+//! its step is [`Fit::step`], its state the Gaussians, their Adam moments
+//! and the schedule, its files `frames/` (as they are made),
+//! `gaussians.vfg` and `render.png`, and its fields of `summary.json`
+//! (PSNR, SSIM, bits per pixel). Everything is validated when the workload
+//! is built, before a run directory exists.
 
-use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use vramfit::run::{ArrayFile, EventWriter, RunDir, RunDirError};
+use vramfit::profile::{Accounted, Category, DeviceMemory, MemoryReport, MemorySource, NamedTensor};
+use vramfit::run::{
+    ArrayFile, Cadence, DeviceFailure, Finished, Run, RunStats, StepRecord, Workload, categories_at_peak,
+};
+use vramfit::step::StepObserver;
 
 use crate::SplatError;
 use crate::config::{BUILTIN_SAMPLE, FitConfig};
-use crate::fit::{Fit, StepReport};
-use crate::op::SplatBackend;
-use crate::picture::{Picture, save_png, to_rgb8};
+use crate::fit::Fit;
+use crate::op::{FusedLoss, SplatBackend};
+use crate::picture::{Picture, encode_png, to_rgb8};
 
 /// The built-in sample photograph (see `assets/README.md`).
 pub const ASTRONAUT_PNG: &[u8] = include_bytes!("../assets/astronaut.png");
-/// Checkpoints kept on disk (the newest ones).
-const KEEP_CHECKPOINTS: usize = 2;
+const CHECKPOINT_KIND: &str = "checkpoint";
 
 /// Loads the image a config names (`builtin:astronaut` or a path).
 pub fn load_image(name: &str) -> Result<Picture, SplatError> {
@@ -33,7 +34,7 @@ pub fn load_image(name: &str) -> Result<Picture, SplatError> {
     Picture::load(Path::new(name))
 }
 
-/// The outcome of a finished fit (`summary.json`).
+/// The fit's fields of `summary.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     /// Image fitted.
@@ -50,338 +51,226 @@ pub struct Summary {
     pub bits_per_pixel: f64,
     /// Gaussians at the end.
     pub gaussians: usize,
-    /// Steps taken.
-    pub steps: u64,
     /// True when the stall schedule ended the fit before `steps`.
     pub stopped_early: bool,
-    /// Wall-clock seconds over every session of the run.
-    pub wall_seconds: f64,
-    /// Median milliseconds per step in the last session.
-    pub median_step_ms: f64,
-    /// Peak memory in bytes; see `peak_memory_source`.
-    pub peak_memory_bytes: u64,
-    /// What `peak_memory_bytes` measures.
-    pub peak_memory_source: String,
-    /// Largest bytes the device allocator held from the device (reserved),
-    /// where it has figures.
+    /// The most scratch the GPU engine held at once (its workspace), bytes.
     #[serde(default)]
-    pub reserved_peak_bytes: Option<u64>,
-    /// Largest device memory the driver (NVML) attributed to this process,
-    /// an independent reading that includes the CUDA context; see
-    /// `memory.json` for its source.
-    #[serde(default)]
-    pub driver_peak_bytes: Option<u64>,
-    /// What the driver counted beyond the allocator when profiling began
-    /// (the CUDA context): `driver_peak_bytes` minus this compares with
-    /// `reserved_peak_bytes`.
-    #[serde(default)]
-    pub driver_context_bytes: Option<u64>,
-    /// Device the fit ran on.
-    pub device: String,
+    pub workspace_bytes: u64,
 }
 
-/// What the driver reports while it runs.
-#[derive(Debug)]
-pub enum Event<'a> {
-    /// The loop starts at `done` of `total` steps.
-    Start {
-        /// Steps already done (resume).
-        done: u64,
-        /// Step budget.
-        total: u64,
-    },
-    /// A step completed.
-    Step(&'a StepReport),
-    /// A checkpoint was written.
-    Checkpoint(&'a Path),
+/// A fit of one image on backend `B`.
+pub struct Splat<B: AutodiffBackend + SplatBackend>
+where
+    B::InnerBackend: FusedLoss,
+{
+    config: FitConfig,
+    picture: Picture,
+    fit: Fit<B>,
+    device: B::Device,
 }
 
-/// Runs a new fit into `out`, or resumes the one in `out`.
-pub struct Job {
-    /// Settings (ignored on resume: the run directory's own are used).
-    pub config: FitConfig,
-    /// Run directory.
-    pub out: PathBuf,
-    /// Continue the run in `out` from its last checkpoint.
-    pub resume: bool,
-    /// Describes the device for the summary.
-    pub device_name: String,
-}
-
-/// The run's peak memory and what measured it: the device allocator where
-/// the backend has one (sampled during steps), else the host process.
-fn peak_memory<B>(fit: &Fit<B>) -> (Option<u64>, &'static str)
+/// Starts a new fit into `out`, or opens the one in `out` to resume it
+/// (with its own settings); returns the run and the workload to drive.
+/// The image and settings are checked before the directory is created.
+pub fn launch<B>(
+    config: Option<FitConfig>,
+    out: PathBuf,
+    device: &B::Device,
+    device_name: &str,
+) -> Result<(Run, Splat<B>), SplatError>
 where
     B: AutodiffBackend + SplatBackend,
-    B::InnerBackend: crate::op::FusedLoss,
+    B::InnerBackend: FusedLoss,
 {
-    fit.profiler().peak_or_host()
-}
-
-impl Job {
-    /// Runs to the end. `observe` sees every event and may stop the run
-    /// (as a kill would: nothing more is written).
-    pub fn run<B>(
-        &self,
-        device: &B::Device,
-        mut observe: impl FnMut(Event) -> ControlFlow<()>,
-    ) -> Result<Option<Summary>, SplatError>
-    where
-        B: AutodiffBackend + SplatBackend,
-        B::InnerBackend: crate::op::FusedLoss,
-    {
-        let (dir, config, picture, mut fit, mut wall_before) = if self.resume {
-            self.open_for_resume::<B>(device)?
-        } else {
-            // Validate everything before the directory exists.
-            let picture = load_image(&self.config.image)?;
-            let fit = Fit::<B>::new(&picture, &self.config, device)?;
-            let dir = RunDir::create(&self.out)?;
+    match config {
+        Some(mut config) => {
             // An absolute image path, so that `--resume` works from any directory.
-            let mut config = self.config.clone();
             if let Ok(abs) = std::fs::canonicalize(&config.image) {
                 config.image = abs.display().to_string();
             }
-            dir.write("config.toml", config.to_toml().as_bytes())?;
-            (dir, config, picture, fit, 0.0)
-        };
-        let mut result = self.drive(&dir, &config, &picture, &mut fit, &mut wall_before, &mut observe);
-        // The memory report is written however the run ended.
-        let _ = self.write_memory_report(&dir, &fit);
-        if let Err(e) = &result
-            && e.is_out_of_memory()
-            && let SplatError::Device { step, phase, .. } = e
-        {
-            result = Err(self.write_oom_report(&dir, &fit, e, *step, phase));
+            let workload = Splat::new(config, device)?;
+            let run = Run::create(&out, &workload.config.to_toml(), device_name)?;
+            Ok((run, workload))
         }
-        if let Err(e) = &result {
-            let _ = dir.write(
-                "error.json",
-                json!({ "error": e.to_string(), "step": fit.step_count() })
-                    .to_string()
-                    .as_bytes(),
-            );
+        None => {
+            let (run, text) = Run::open(&out, device_name)?;
+            let config = FitConfig::from_toml(&text, &run.dir().path("config.toml"))?;
+            Ok((run, Splat::new(config, device)?))
         }
-        result
     }
+}
 
-    #[allow(clippy::type_complexity)]
-    fn open_for_resume<B>(&self, device: &B::Device) -> Result<(RunDir, FitConfig, Picture, Fit<B>, f64), SplatError>
-    where
-        B: AutodiffBackend + SplatBackend,
-        B::InnerBackend: crate::op::FusedLoss,
-    {
-        let dir = RunDir::open(&self.out)?;
-        let not_resumable = |why: &str| RunDirError::NotResumable {
-            path: self.out.clone(),
-            why: why.into(),
-        };
-        if dir.path("summary.json").exists() {
-            return Err(not_resumable("the run already finished (summary.json exists)").into());
-        }
-        let config = FitConfig::load(&dir.path("config.toml"))?;
+impl<B: AutodiffBackend + SplatBackend> Splat<B>
+where
+    B::InnerBackend: FusedLoss,
+{
+    /// Loads the image and places the initial Gaussians.
+    pub fn new(config: FitConfig, device: &B::Device) -> Result<Self, SplatError> {
         let picture = load_image(&config.image)?;
-        let _ = std::fs::remove_file(dir.path("error.json"));
-        // The newest checkpoint that reads back whole; none: start over.
-        for path in vramfit::run::checkpoints_newest_first(&dir.checkpoints()) {
-            if let Ok(ckpt) = ArrayFile::read(&path) {
-                let wall = ckpt.meta.get("wall_seconds").and_then(|v| v.as_f64()).unwrap_or(0.0);
-                return Ok((
-                    dir,
-                    config.clone(),
-                    picture.clone(),
-                    Fit::resume(&picture, &config, &ckpt, device)?,
-                    wall,
-                ));
-            }
-        }
         let fit = Fit::new(&picture, &config, device)?;
-        Ok((dir, config, picture, fit, 0.0))
+        Ok(Self {
+            config,
+            picture,
+            fit,
+            device: device.clone(),
+        })
     }
 
-    /// Writes `oom.json` (the error, the last recorded breakdown, the
-    /// largest tensors) and returns the error to show the user.
-    fn write_oom_report<B>(
-        &self,
-        dir: &RunDir,
-        fit: &Fit<B>,
-        e: &SplatError,
-        step: u64,
-        phase: &'static str,
-    ) -> SplatError
-    where
-        B: AutodiffBackend + SplatBackend,
-        B::InnerBackend: crate::op::FusedLoss,
-    {
-        let message = match e {
-            SplatError::Device { message, .. } => message.as_str(),
-            _ => "",
-        };
-        let tensors = fit.tensor_sizes();
-        let mut oom =
-            vramfit::profile::oom_report(&e.to_string(), message, step, phase, fit.profiler().records(), &tensors);
-        oom.json["gaussians"] = json!(fit.len());
-        let path = dir.path("oom.json");
-        if let Err(write) = dir.write(
-            "oom.json",
-            serde_json::to_string_pretty(&oom.json).expect("plain data").as_bytes(),
-        ) {
-            return write.into();
-        }
-        SplatError::OutOfMemory {
-            step,
-            phase,
-            requested: oom.requested,
-            largest: oom.largest,
-            report: path,
+    /// The fit.
+    pub fn fit(&self) -> &Fit<B> {
+        &self.fit
+    }
+}
+
+impl<B: AutodiffBackend + SplatBackend> Workload for Splat<B>
+where
+    B::InnerBackend: FusedLoss,
+{
+    type Summary = Summary;
+    type Error = SplatError;
+
+    fn checkpoint_kind(&self) -> &'static str {
+        CHECKPOINT_KIND
+    }
+
+    fn cadence(&self) -> Cadence {
+        let c = &self.config;
+        Cadence {
+            log_every: c.log_every,
+            checkpoint_every: c.checkpoint_every,
+            profile_every: c.profile_every,
+            profile_sample_ms: c.profile_sample_ms,
         }
     }
 
-    /// Writes `memory.json`: the profiler's timeline, and the peak from the
-    /// allocator's readings where the backend has them, else the host peak.
-    fn write_memory_report<B>(&self, dir: &RunDir, fit: &Fit<B>) -> Result<(), SplatError>
-    where
-        B: AutodiffBackend + SplatBackend,
-        B::InnerBackend: crate::op::FusedLoss,
-    {
-        let (peak, source) = peak_memory(fit);
-        let mut report = fit.profiler().report(&self.device_name, peak, source);
-        report.largest_tensors = fit.tensor_sizes().into_iter().take(10).collect();
-        dir.write(
-            "memory.json",
-            serde_json::to_string_pretty(&report).expect("plain data").as_bytes(),
-        )?;
+    fn memory_source(&self) -> Box<dyn MemorySource> {
+        <B::InnerBackend as DeviceMemory>::memory_source(&self.device)
+    }
+
+    fn steps_done(&self) -> u64 {
+        self.fit.step_count()
+    }
+
+    fn total_steps(&self) -> u64 {
+        self.config.steps
+    }
+
+    fn finished(&self) -> bool {
+        self.fit.finished()
+    }
+
+    fn accounted(&self) -> Accounted {
+        self.fit.accounted()
+    }
+
+    fn step(&mut self, observer: &mut dyn StepObserver) -> Result<StepRecord, SplatError> {
+        let next = self.fit.step_count() + 1;
+        let want_frame = self.config.frame_every > 0 && next.is_multiple_of(self.config.frame_every);
+        let r = self.fit.step(want_frame, observer)?;
+        let mut metrics = serde_json::Map::new();
+        metrics.insert("psnr_db".into(), json!(r.psnr_db));
+        metrics.insert("ssim".into(), json!(r.ssim));
+        metrics.insert("gaussians".into(), json!(r.gaussians));
+        metrics.insert("added".into(), json!(r.added));
+        metrics.insert("lr_decayed".into(), json!(r.decayed));
+        let mut scalars = vec![("gaussians".to_string(), r.gaussians as f64)];
+        scalars.extend(r.psnr_db.map(|v| ("psnr_db".to_string(), v)));
+        scalars.extend(r.ssim.map(|v| ("ssim".to_string(), v)));
+        let mut files = Vec::new();
+        if let Some(frame) = &r.frame {
+            let (w, h) = (self.picture.width, self.picture.height);
+            files.push((
+                format!("frames/step-{:08}.png", r.step),
+                encode_png(&to_rgb8(w, h, frame))?,
+            ));
+        }
+        Ok(StepRecord {
+            step: r.step,
+            loss: r.loss as f64,
+            metrics,
+            scalars,
+            notable: r.added > 0 || r.decayed,
+            status: match r.psnr_db {
+                Some(p) => format!("loss {:.4} · PSNR {p:.2} dB · {} Gaussians", r.loss, r.gaussians),
+                None => String::new(),
+            },
+            notes: if r.decayed {
+                vec![format!(
+                    "step {}: quality stalled, learning rates divided by 10",
+                    r.step
+                )]
+            } else {
+                Vec::new()
+            },
+            files,
+        })
+    }
+
+    fn snapshot(&self) -> Result<ArrayFile, SplatError> {
+        Ok(self.fit.checkpoint())
+    }
+
+    fn restore(&mut self, file: &ArrayFile) -> Result<(), SplatError> {
+        self.fit = Fit::resume(&self.picture, &self.config, file, &self.device)?;
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn drive<B>(
-        &self,
-        dir: &RunDir,
-        config: &FitConfig,
-        picture: &Picture,
-        fit: &mut Fit<B>,
-        wall_before: &mut f64,
-        observe: &mut impl FnMut(Event) -> ControlFlow<()>,
-    ) -> Result<Option<Summary>, SplatError>
-    where
-        B: AutodiffBackend + SplatBackend,
-        B::InnerBackend: crate::op::FusedLoss,
-    {
-        let mut metrics = dir.metrics(Some(fit.step_count()))?;
-        let tb_err = |e: std::io::Error| SplatError::Write {
-            path: dir.root().into(),
-            why: format!("TensorBoard events: {e}"),
-        };
-        let mut events = EventWriter::create(dir.root()).map_err(tb_err)?;
-        let started = Instant::now();
-        let mut step_ms = Vec::new();
-        if observe(Event::Start {
-            done: fit.step_count(),
-            total: config.steps,
-        })
-        .is_break()
-        {
-            return Ok(None);
-        }
-        while !fit.finished() {
-            let next = fit.step_count() + 1;
-            let want_frame = config.frame_every > 0 && next.is_multiple_of(config.frame_every);
-            let t0 = Instant::now();
-            let report = fit.step(want_frame)?;
-            step_ms.push(t0.elapsed().as_secs_f64() * 1e3);
-            let step = report.step;
-            if step % config.log_every == 0 || report.added > 0 || report.decayed || fit.finished() {
-                metrics.append(&json!({
-                    "step": step, "loss": report.loss, "psnr_db": report.psnr_db, "ssim": report.ssim,
-                    "gaussians": report.gaussians, "added": report.added, "lr_decayed": report.decayed,
-                    "wall_seconds": *wall_before + started.elapsed().as_secs_f64(),
-                }))?;
-                let mut scalars = vec![("loss", report.loss as f64), ("gaussians", report.gaussians as f64)];
-                scalars.extend(report.psnr_db.map(|v| ("psnr_db", v)));
-                scalars.extend(report.ssim.map(|v| ("ssim", v)));
-                events.scalars(step, &scalars).map_err(tb_err)?;
-            }
-            let memory: Vec<(String, f64)> = fit
-                .profiler()
-                .records()
-                .iter()
-                .filter(|r| r.step == step)
-                .flat_map(|r| {
-                    let cats = r
-                        .categories
-                        .iter()
-                        .map(move |(c, b)| (format!("memory/{}/{}", r.phase, c.name()), *b as f64));
-                    cats.chain(std::iter::once((
-                        format!("memory/{}/allocated", r.phase),
-                        r.allocated() as f64,
-                    )))
-                })
-                .collect();
-            if !memory.is_empty() {
-                let tags: Vec<(&str, f64)> = memory.iter().map(|(t, v)| (t.as_str(), *v)).collect();
-                events.scalars(step, &tags).map_err(tb_err)?;
-            }
-            if let Some(frame) = &report.frame {
-                save_png(
-                    &dir.path(&format!("frames/step-{step:08}.png")),
-                    &to_rgb8(picture.width, picture.height, frame),
-                )?;
-            }
-            if observe(Event::Step(&report)).is_break() {
-                return Ok(None);
-            }
-            if config.checkpoint_every > 0 && step % config.checkpoint_every == 0 && !fit.finished() {
-                let mut ckpt = fit.checkpoint();
-                ckpt.meta["wall_seconds"] = json!(*wall_before + started.elapsed().as_secs_f64());
-                let path = dir.checkpoints().join(vramfit::run::checkpoint_name(step));
-                vramfit::run::atomic_write(&path, &ckpt.to_bytes()).map_err(|e| SplatError::Write {
-                    path: path.clone(),
-                    why: e.to_string(),
-                })?;
-                for old in vramfit::run::checkpoints_newest_first(&dir.checkpoints())
-                    .into_iter()
-                    .skip(KEEP_CHECKPOINTS)
-                {
-                    let _ = std::fs::remove_file(old);
+    fn tensors(&self) -> Vec<NamedTensor> {
+        self.fit.tensors()
+    }
+
+    fn advice(&self, report: &MemoryReport) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for (c, _) in categories_at_peak(report) {
+            let a = match c {
+                Category::Workspace | Category::Cached => {
+                    "workspace: lower the band height (--set band_rows=64; the scratch scales with it)"
                 }
-                if observe(Event::Checkpoint(&path)).is_break() {
-                    return Ok(None);
+                Category::Inputs => "inputs: a smaller image (the target is stored as 3 bytes per pixel on a GPU)",
+                Category::Parameters | Category::OptimizerState | Category::Gradients => {
+                    "parameters and Adam state: fewer Gaussians (--gaussians; 64 bytes each with Adam)"
                 }
+                _ => continue,
+            };
+            if !out.iter().any(|o| o == a) {
+                out.push(a.to_string());
             }
         }
-        let gaussians = fit.gaussians();
-        gaussians.save(&dir.path("gaussians.vfg"))?;
-        let (render, psnr_db, ssim) = fit.evaluate()?;
-        save_png(
-            &dir.path("render.png"),
-            &to_rgb8(picture.width, picture.height, &render),
-        )?;
-        step_ms.sort_by(f64::total_cmp);
-        let (peak, peak_source) = peak_memory(fit);
+        out
+    }
+
+    fn device_failure(error: &SplatError) -> Option<DeviceFailure> {
+        match error {
+            SplatError::Device { step, phase, message } => Some(DeviceFailure {
+                step: *step,
+                phase: phase.to_string(),
+                message: message.clone(),
+            }),
+            _ => None,
+        }
+    }
+
+    fn finish(&mut self, _stats: &RunStats) -> Result<Finished<Summary>, SplatError> {
+        let gaussians = self.fit.gaussians();
+        let (render, psnr_db, ssim) = self.fit.evaluate()?;
+        let (w, h) = (self.picture.width, self.picture.height);
         let summary = Summary {
-            image: config.image.clone(),
-            width: picture.width,
-            height: picture.height,
+            image: self.config.image.clone(),
+            width: w,
+            height: h,
             psnr_db,
             ssim,
             bits_per_pixel: gaussians.bits_per_pixel(),
             gaussians: gaussians.len(),
-            steps: fit.step_count(),
-            stopped_early: fit.stopped_early(),
-            wall_seconds: *wall_before + started.elapsed().as_secs_f64(),
-            median_step_ms: step_ms.get(step_ms.len() / 2).copied().unwrap_or(0.0),
-            peak_memory_bytes: peak.unwrap_or(0),
-            peak_memory_source: peak_source.into(),
-            reserved_peak_bytes: fit.profiler().peak().map(|_| fit.profiler().other_peaks().reserved),
-            driver_peak_bytes: fit.profiler().other_peaks().driver,
-            driver_context_bytes: fit.profiler().driver_context(),
-            device: self.device_name.clone(),
+            stopped_early: self.fit.stopped_early(),
+            workspace_bytes: <B::InnerBackend as FusedLoss>::fused_workspace_bytes(self.fit.target()),
         };
-        dir.write(
-            "summary.json",
-            serde_json::to_string_pretty(&summary).expect("plain data").as_bytes(),
-        )?;
-        Ok(Some(summary))
+        Ok(Finished {
+            summary,
+            files: vec![
+                ("gaussians.vfg".into(), gaussians.to_file().to_bytes()),
+                ("render.png".into(), encode_png(&to_rgb8(w, h, &render))?),
+            ],
+        })
     }
 }

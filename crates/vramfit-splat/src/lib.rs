@@ -12,7 +12,7 @@
 //! let config = FitConfig { gaussians: 64, steps: 20, ..Default::default() };
 //! let mut fit = Fit::<Autodiff<Flex>>::new(&picture, &config, &Default::default()).unwrap();
 //! while !fit.finished() {
-//!     fit.step(false).unwrap();
+//!     fit.step(false, &mut ()).unwrap();
 //! }
 //! let (_, psnr_db, _) = fit.evaluate().unwrap();
 //! assert!(psnr_db > 10.0);

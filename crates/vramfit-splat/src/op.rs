@@ -173,6 +173,13 @@ pub trait FusedLoss: SplatBackend {
     /// Bytes the target takes on the device.
     fn fused_target_bytes(target: &Self::Target) -> u64;
 
+    /// The most scratch the loss has held at once so far, in device bytes
+    /// (the workspace it declares; 0 where its scratch is ordinary heap
+    /// memory that the counting allocator measures).
+    fn fused_workspace_bytes(_target: &Self::Target) -> u64 {
+        0
+    }
+
     /// Loss parts of the unclamped render and the gradients of
     /// `L1 + ssim_weight·(1 − SSIM)` for the four parameter tensors.
     fn fused_loss_and_grads(

@@ -106,10 +106,19 @@ pub fn to_rgb8(width: usize, height: usize, data: &[f32]) -> RgbImage {
 /// Encodes PNG to `path` atomically.
 pub fn save_png(path: &Path, img: &RgbImage) -> Result<(), SplatError> {
     let write_err = |why: String| SplatError::Write { path: path.into(), why };
+    let bytes = encode_png(img)?;
+    vramfit::run::atomic_write(path, &bytes).map_err(|e| write_err(e.to_string()))
+}
+
+/// The PNG bytes of `img`.
+pub fn encode_png(img: &RgbImage) -> Result<Vec<u8>, SplatError> {
     let mut bytes = Vec::new();
     img.write_to(&mut std::io::Cursor::new(&mut bytes), ImageFormat::Png)
-        .map_err(|e| write_err(e.to_string()))?;
-    vramfit::run::atomic_write(path, &bytes).map_err(|e| write_err(e.to_string()))
+        .map_err(|e| SplatError::Write {
+            path: "(PNG in memory)".into(),
+            why: e.to_string(),
+        })?;
+    Ok(bytes)
 }
 
 /// Peak signal-to-noise ratio in dB of `x` (clamped to `[0, 1]`) against `y`.

@@ -84,7 +84,7 @@ fn a_short_fit_raises_psnr_clearly() {
     let mut fit = Fit::<Ad>::new(&picture, &config, &Default::default()).unwrap();
     let (_, before, ssim_before) = fit.evaluate().unwrap();
     while !fit.finished() {
-        fit.step(false).unwrap();
+        fit.step(false, &mut ()).unwrap();
     }
     let (_, after, ssim_after) = fit.evaluate().unwrap();
     assert_eq!(fit.len(), 300, "progressive addition reaches N");
@@ -109,19 +109,80 @@ fn a_checkpoint_round_trip_continues_identically() {
     let mut whole = Fit::<Ad>::new(&picture, &config, &d).unwrap();
     let mut first = Fit::<Ad>::new(&picture, &config, &d).unwrap();
     for _ in 0..45 {
-        whole.step(false).unwrap();
-        first.step(false).unwrap();
+        whole.step(false, &mut ()).unwrap();
+        first.step(false, &mut ()).unwrap();
     }
     let bytes = first.checkpoint().to_bytes();
     drop(first);
     let ckpt = vramfit::run::ArrayFile::from_bytes(&bytes, "mem").unwrap();
     let mut resumed = Fit::<Ad>::resume(&picture, &config, &ckpt, &d).unwrap();
     while !whole.finished() {
-        whole.step(false).unwrap();
+        whole.step(false, &mut ()).unwrap();
     }
     while !resumed.finished() {
-        resumed.step(false).unwrap();
+        resumed.step(false, &mut ()).unwrap();
     }
     assert_eq!(whole.step_count(), resumed.step_count());
     assert_eq!(whole.gaussians(), resumed.gaussians());
+}
+
+#[test]
+fn a_device_out_of_memory_writes_oom_json_and_keeps_what_was_written() {
+    use std::ops::ControlFlow;
+    use vramfit::run::FailAt;
+    use vramfit_splat::SplatError;
+    let tmp = tempfile::tempdir().unwrap();
+    let image = tmp.path().join("in.png");
+    vramfit_splat::picture::save_png(&image, &sample::procedural(64, 48)).unwrap();
+    let config = FitConfig {
+        image: image.display().to_string(),
+        gaussians: 120,
+        steps: 400,
+        add_every: 30,
+        check_every: 20,
+        log_every: 10,
+        frame_every: 0,
+        checkpoint_every: 20,
+        profile_every: 10,
+        ..Default::default()
+    };
+    let out = tmp.path().join("r");
+    let (run, workload) =
+        vramfit_splat::job::launch::<Ad>(Some(config), out.clone(), &Default::default(), "cpu").unwrap();
+    // Step 45 fails at its sync as a device out-of-memory would (cubecl's words).
+    let failing = FailAt {
+        inner: workload,
+        step: 45,
+        fail: |step| SplatError::Device {
+            step,
+            phase: "forward_backward",
+            message: "An io error happened during launch\nCaused by:\n  can't allocate buffer of size: 536870912"
+                .into(),
+        },
+    };
+    let msg = run
+        .drive(failing, |_| ControlFlow::Continue(()))
+        .expect_err("step 45 fails")
+        .to_string();
+    assert!(
+        msg.contains("out of device memory at step 45 (forward_backward)")
+            && msg.contains("allocating 512.0 MiB")
+            && msg.contains("oom.json")
+            && msg.contains("target image"),
+        "{msg}"
+    );
+    let oom: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("oom.json")).unwrap()).unwrap();
+    assert_eq!(oom["step"], 45);
+    assert_eq!(oom["requested_bytes"], 512 << 20);
+    assert_eq!(oom["last_recorded_phases"][0]["step"], 40);
+    assert!(oom["largest_tensors"].as_array().unwrap().len() >= 5);
+    // Nothing already written is lost, and the run is not mistaken for a finished one.
+    let lines = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .count();
+    assert_eq!(lines, 4, "metrics of steps 10..40");
+    assert!(out.join("checkpoints/step-00000040.ckpt").is_file());
+    assert!(out.join("memory.json").is_file() && out.join("error.json").is_file());
+    assert!(!out.join("summary.json").exists());
 }

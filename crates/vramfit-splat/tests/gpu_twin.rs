@@ -47,8 +47,8 @@ fn gpu_fit_matches_cpu_fit() {
     let mut gpu = Fit::<Autodiff<WgpuBackend>>::new(&picture, &config, &Default::default()).unwrap();
     let start = gpu.evaluate().unwrap().1;
     while !cpu.finished() {
-        let c = cpu.step(false).unwrap();
-        let g = gpu.step(false).unwrap();
+        let c = cpu.step(false, &mut ()).unwrap();
+        let g = gpu.step(false, &mut ()).unwrap();
         assert!(
             (c.loss - g.loss).abs() < 1e-3,
             "step {}: cpu loss {} gpu loss {}",

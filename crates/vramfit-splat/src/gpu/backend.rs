@@ -107,6 +107,10 @@ macro_rules! cube_fused_loss {
                 target.target_bytes()
             }
 
+            fn fused_workspace_bytes(target: &Self::Target) -> u64 {
+                target.workspace_bytes()
+            }
+
             fn fused_loss_and_grads(
                 params: SplatPrimitives<Self>,
                 target: &Self::Target,

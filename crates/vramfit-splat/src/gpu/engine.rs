@@ -3,6 +3,9 @@
 //! the SSIM window), so that scratch memory scales with the band, not the
 //! image. Nothing image-sized in f32 is ever allocated.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
@@ -39,6 +42,37 @@ pub struct ParamBuffers {
 /// A device failure (out of memory, lost device), as the runtime said it.
 pub type DeviceError = String;
 
+/// Live scratch bytes and their high-water mark: the workspace the engine
+/// declares to the profiler.
+#[derive(Debug, Default)]
+struct Meter {
+    live: AtomicU64,
+    largest: AtomicU64,
+}
+
+/// A scratch buffer, counted in the engine's workspace while the engine
+/// holds it. (The allocator may keep the memory a little longer, until the
+/// kernels queued on it have run: the count is a lower bound of what the
+/// allocator holds for scratch.)
+struct Scratch {
+    handle: Handle,
+    bytes: u64,
+    meter: Arc<Meter>,
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Handle;
+    fn deref(&self) -> &Handle {
+        &self.handle
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        self.meter.live.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
 /// The fitted image on the device and the band layout.
 #[derive(Clone)]
 pub struct Lean<R: Runtime> {
@@ -50,6 +84,7 @@ pub struct Lean<R: Runtime> {
     band_rows: usize,
     target: Handle,
     window: Handle,
+    meter: Arc<Meter>,
 }
 
 fn as_u32_bytes(v: &[u32]) -> &[u8] {
@@ -92,8 +127,8 @@ pub fn band_rows(width: usize, height: usize, channels: usize, requested: usize)
 
 /// The tile lists of one band: `offsets` (per tile, plus the total) and `ids`.
 struct Binning {
-    offsets: Handle,
-    ids: Handle,
+    offsets: Scratch,
+    ids: Scratch,
     tiles: usize,
     pairs: usize,
     row0: usize,
@@ -127,12 +162,8 @@ impl<R: Runtime> Lean<R> {
             band_rows: band_rows(width, height, channels, band_rows_requested),
             target,
             window,
+            meter: Arc::default(),
         }
-    }
-
-    /// The compute client.
-    pub fn client(&self) -> &ComputeClient<R> {
-        &self.client
     }
 
     /// Rows per band.
@@ -145,8 +176,25 @@ impl<R: Runtime> Lean<R> {
         (self.width * self.height * self.channels).div_ceil(4) as u64 * 4
     }
 
-    fn f32_buffer(&self, len: usize) -> Handle {
-        self.client.empty(len.max(1) * 4)
+    /// The most scratch the engine has held at once (bytes): projected
+    /// Gaussians, tile lists, band planes and the gradient accumulator.
+    pub fn workspace_bytes(&self) -> u64 {
+        self.meter.largest.load(Ordering::Relaxed)
+    }
+
+    fn scratch(&self, bytes: usize) -> Scratch {
+        let bytes = bytes.max(4);
+        let live = self.meter.live.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
+        self.meter.largest.fetch_max(live, Ordering::Relaxed);
+        Scratch {
+            handle: self.client.empty(bytes),
+            bytes: bytes as u64,
+            meter: self.meter.clone(),
+        }
+    }
+
+    fn f32_buffer(&self, len: usize) -> Scratch {
+        self.scratch(len.max(1) * 4)
     }
 
     fn array(h: &Handle, len: usize) -> ArrayArg<R> {
@@ -164,10 +212,10 @@ impl<R: Runtime> Lean<R> {
     }
 
     /// Projects every Gaussian to `frame`: `(conic [N·5], rect [N·4])`.
-    fn project(&self, p: &ParamBuffers, frame: &Frame) -> (Handle, Handle) {
+    fn project(&self, p: &ParamBuffers, frame: &Frame) -> (Scratch, Scratch) {
         let n = p.n;
         let conic = self.f32_buffer(5 * n);
-        let rect = self.client.empty((4 * n).max(1) * 4);
+        let rect = self.scratch((4 * n).max(1) * 4);
         kernels::project::launch::<R>(
             &self.client,
             grid(n),
@@ -191,7 +239,7 @@ impl<R: Runtime> Lean<R> {
     /// Bins the (Gaussian, tile) pairs of tile rows `[row0, row1)`.
     fn bin(&self, rect: &Handle, n: usize, tiles_x: usize, row0: usize, row1: usize) -> Result<Binning, DeviceError> {
         let tiles = (row1 - row0) * tiles_x;
-        let counts = self.client.empty(tiles.max(1) * 4);
+        let counts = self.scratch(tiles.max(1) * 4);
         self.fill_u32(&counts, tiles, 0);
         kernels::count_pairs::launch::<R>(
             &self.client,
@@ -204,7 +252,7 @@ impl<R: Runtime> Lean<R> {
             row0 as u32,
             row1 as u32,
         );
-        let offsets = self.client.empty((tiles + 1) * 4);
+        let offsets = self.scratch((tiles + 1) * 4);
         kernels::exclusive_scan::launch::<R>(
             &self.client,
             CubeCount::Static(1, 1, 1),
@@ -213,9 +261,12 @@ impl<R: Runtime> Lean<R> {
             Self::array(&offsets, tiles + 1),
             tiles as u32,
         );
-        let read = self.client.read_one(offsets.clone()).map_err(|e| e.to_string())?;
+        let read = self
+            .client
+            .read_one(offsets.handle.clone())
+            .map_err(|e| e.to_string())?;
         let pairs = u32::from_bytes(&read)[tiles] as usize;
-        let ids = self.client.empty(pairs.max(1) * 4);
+        let ids = self.scratch(pairs.max(1) * 4);
         self.fill_u32(&counts, tiles, 0);
         kernels::scatter_pairs::launch::<R>(
             &self.client,
@@ -249,7 +300,7 @@ impl<R: Runtime> Lean<R> {
         frame: &Frame,
         ry0: usize,
         ry1: usize,
-    ) -> Handle {
+    ) -> Scratch {
         let (w, c) = (frame.width, self.channels);
         let len = (ry1 - ry0) * w * c;
         let out = self.f32_buffer(len);
@@ -290,7 +341,7 @@ impl<R: Runtime> Lean<R> {
             let y1 = (y0 + rows).min(h);
             let bins = self.bin(&rect, p.n, frame.tiles_x(), y0 / tile, y1.div_ceil(tile))?;
             let band = self.render_rows(p, &conic, &bins, frame, y0, y1);
-            let bytes = self.client.read_one(band).map_err(|e| e.to_string())?;
+            let bytes = self.client.read_one(band.handle.clone()).map_err(|e| e.to_string())?;
             out[y0 * w * c..y1 * w * c].copy_from_slice(f32::from_bytes(&bytes));
         }
         Ok(out)
@@ -378,7 +429,10 @@ impl<R: Runtime> Lean<R> {
                 grads,
             );
             drop(h5);
-            let part = self.client.read_one(partials).map_err(|e| e.to_string())?;
+            let part = self
+                .client
+                .read_one(partials.handle.clone())
+                .map_err(|e| e.to_string())?;
             for (q, v) in f32::from_bytes(&part).iter().enumerate() {
                 sums[q % 3] += *v as f64;
             }
@@ -448,11 +502,13 @@ impl<R: Runtime> Lean<R> {
         if !grads {
             return Ok((parts, None));
         }
+        // The gradients leave the engine: not scratch.
+        let grad = |len: usize| self.client.empty(len.max(1) * 4);
         let out = ParamBuffers {
-            xy: self.f32_buffer(2 * n),
-            inv_scale: self.f32_buffer(2 * n),
-            theta: self.f32_buffer(n),
-            color: self.f32_buffer(c * n),
+            xy: grad(2 * n),
+            inv_scale: grad(2 * n),
+            theta: grad(n),
+            color: grad(c * n),
             n,
         };
         kernels::project_backward::launch::<R>(

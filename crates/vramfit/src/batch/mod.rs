@@ -121,9 +121,13 @@ impl Accumulator {
         self.count += 1;
     }
 
-    /// Micro-batches added.
-    pub fn count(&self) -> usize {
-        self.count
+    /// Bytes of the gradients summed so far.
+    pub fn bytes<B: AutodiffBackend, M: AutodiffModule<B>>(&self, module: &M) -> u64 {
+        if self.count == 0 {
+            0
+        } else {
+            crate::grads::bytes(module, &self.grads)
+        }
     }
 
     /// The summed gradients.

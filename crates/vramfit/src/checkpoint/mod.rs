@@ -121,10 +121,11 @@ pub trait Block<B: Backend, const D: usize> {
 
 /// Runs `blocks` from `input` (the prelude's output, with its graph), the
 /// `head` (which returns the scalar to differentiate, the loss already
-/// multiplied by any scale), and backward through everything, recomputing
-/// checkpointed blocks. Returns the head's scalar (detached) and the
-/// gradients of every parameter of `model` (which must contain the
-/// blocks and whatever the prelude and head use).
+/// multiplied by any scale), calls `forward_done` (the forward's end: what
+/// is held now is what backward needs), and runs backward through
+/// everything, recomputing checkpointed blocks. Returns the head's scalar
+/// (detached) and the gradients of every parameter of `model` (which must
+/// contain the blocks and whatever the prelude and head use).
 pub fn forward_backward<B, M, N, const D: usize>(
     model: &N,
     blocks: &[M],
@@ -132,6 +133,7 @@ pub fn forward_backward<B, M, N, const D: usize>(
     autocast: &Autocast,
     input: Tensor<B, D>,
     head: impl FnOnce(Tensor<B, D>) -> Tensor<B, 1>,
+    forward_done: impl FnOnce(),
 ) -> (Tensor<B::InnerBackend, 1>, GradientsParams)
 where
     B: AutodiffBackend,
@@ -174,6 +176,7 @@ where
     let leaf = Tensor::<B, D>::from_inner(x).require_grad();
     let out = head(leaf.clone());
     let value = out.clone().inner();
+    forward_done();
     let mut grads = out.backward();
     let mut d_x = leaf.grad(&grads).expect("the head uses its input");
     add_into(model, &mut all, GradientsParams::from_module(&mut grads, model));

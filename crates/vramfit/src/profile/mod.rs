@@ -1,15 +1,17 @@
-//! Memory accounting over the phases of a training step: where the bytes
+//! Memory accounting over the phases of a training step. The headline is
+//! the high-water mark of the figure that decides an out-of-memory on the
+//! backend: the allocator's reserved bytes on CubeCL (CUDA, wgpu), the heap
+//! bytes in use on the CPU (through the counting allocator of
+//! [`crate::heap`]), each a true high-water mark. Beside it, where the bytes
 //! go (`parameters`, `gradients`, `optimizer_state`, `activations`,
-//! `temporaries`, `fragmentation`), the peak, a timeline over steps with a
-//! leak check, and the `memory.json` report.
+//! `inputs`, `workspace`, `other`, `cached`) at the end of each phase, a
+//! timeline over steps with a leak check, and the `memory.json` report.
 //!
 //! What is measured and what is derived is kept apart and written into the
-//! report: the workload walks its own tensors (parameters, gradients,
-//! optimiser state: exact bytes), a [`MemorySource`] gives the allocator's
-//! `allocated` / `reserved` where the backend has one, and the rest follows
-//! by difference. On a backend without allocator figures (the CPU) no
-//! device figure is invented: only the walked categories are reported, with
-//! the host process's resident memory beside them.
+//! report: the workload walks its own tensors and declares its inputs and
+//! workspace (exact bytes), a [`MemorySource`] gives in-use and reserved
+//! bytes, and the rest follows by difference. Where neither an allocator
+//! view nor a counting allocator exists, no device figure is invented.
 //!
 //! This module must not allocate on the device or synchronise it by itself.
 
@@ -17,6 +19,7 @@ mod driver;
 mod html;
 mod oom;
 mod record;
+mod report;
 mod sampler;
 mod source;
 
@@ -24,9 +27,10 @@ mod source;
 pub use driver::Nvml;
 pub use driver::{DriverReading, process_figure};
 pub use html::{CATEGORY_COLOURS, PEAK_COLOUR};
-pub use oom::{OomReport, OutOfMemory, oom_report, out_of_memory, simulated_oom};
-pub use record::{Accounted, Category, LeakWarning, MemoryReport, PhaseRecord, Profiler, REPORT_VERSION, human_bytes};
+pub use oom::{OomReport, OutOfMemory, oom_report, out_of_memory};
+pub use record::{Accounted, Category, LeakWarning, PhaseRecord, Profiler};
+pub use report::{Headline, MemoryReport, NamedTensor, REPORT_VERSION, human_bytes};
 pub use sampler::{PeakSampler, Peaks};
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 pub use source::CubeAllocator;
-pub use source::{DeviceMemory, MemoryReading, MemorySource, NoAllocator};
+pub use source::{DeviceMemory, HeapSource, MemoryReading, MemorySource, NoAllocator, OomFigure};

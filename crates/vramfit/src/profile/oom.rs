@@ -2,7 +2,8 @@
 //! surfaces device failures as strings (an `ExecutionError` from `sync` or
 //! a tensor read), so the words are all there is to go on.
 
-use super::record::{PhaseRecord, human_bytes};
+use super::record::PhaseRecord;
+use super::report::{NamedTensor, human_bytes};
 
 /// What an out-of-memory message says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,23 +38,6 @@ pub fn out_of_memory(message: &str) -> Option<OutOfMemory> {
         .then_some(OutOfMemory { requested_bytes })
 }
 
-/// Testing hook: `VRAMFIT_SIMULATE_OOM_AT_STEP=N` makes step N fail as a
-/// device out-of-memory would (read once; unset in normal runs). The
-/// message is cubecl's own wording, so the real parser runs on it.
-pub fn simulated_oom(step: u64) -> Option<String> {
-    static AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
-    let at = *AT.get_or_init(|| {
-        std::env::var("VRAMFIT_SIMULATE_OOM_AT_STEP")
-            .ok()
-            .and_then(|v| v.parse().ok())
-    });
-    (at == Some(step)).then(|| {
-        "simulated (VRAMFIT_SIMULATE_OOM_AT_STEP): An io error happened during launch\nCaused by:\n  \
-         can't allocate buffer of size: 536870912"
-            .into()
-    })
-}
-
 /// What a job writes to `oom.json` and tells the user after a device
 /// out-of-memory: the last recorded breakdown and the largest tensors.
 #[derive(Debug, Clone)]
@@ -76,7 +60,7 @@ pub fn oom_report(
     step: u64,
     phase: &str,
     records: &[PhaseRecord],
-    tensors: &[(String, u64)],
+    tensors: &[NamedTensor],
 ) -> OomReport {
     let requested_bytes = out_of_memory(message).and_then(|o| o.requested_bytes);
     let last_step = records.last().map(|r| r.step);
@@ -95,14 +79,13 @@ pub fn oom_report(
     let biggest: Vec<String> = tensors
         .iter()
         .take(3)
-        .map(|(n, b)| format!("{n} {}", human_bytes(*b)))
+        .map(|t| format!("{} {}", t.name, human_bytes(t.bytes)))
         .collect();
     let biggest = biggest.join(", ");
     let json = serde_json::json!({
         "error": error, "step": step, "surfaced_after_phase": phase,
         "requested_bytes": requested_bytes, "last_recorded_phases": last,
-        "largest_tensors": tensors.iter().take(10)
-            .map(|(n, b)| serde_json::json!({ "name": n, "bytes": b })).collect::<Vec<_>>(),
+        "largest_tensors": tensors.iter().take(10).collect::<Vec<_>>(),
     });
     OomReport {
         json,
@@ -171,11 +154,16 @@ mod tests {
             gradients,
             optimizer_state: 8 << 20,
             activations: Some(1 << 20),
+            ..Default::default()
         };
         prof.record(10, "start", acc(0));
         prof.record(20, "start", acc(0));
         prof.record(20, "backward", acc(4 << 20));
-        let tensors = vec![("weights".to_string(), 4 << 20), ("bias".to_string(), 1024)];
+        use crate::profile::{Category, NamedTensor};
+        let tensors = vec![
+            NamedTensor::new("weights", 4 << 20, Category::Parameters),
+            NamedTensor::new("bias", 1024, Category::Parameters),
+        ];
         let r = oom_report(
             "out of memory at step 21",
             "can't allocate buffer of size: 1073741824",

@@ -1,20 +1,18 @@
+//! The profiler: memory per phase of a step, by category, and the
+//! high-water mark of the figure that decides an out-of-memory.
+
 use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
+use super::report::{Headline, MemoryReport, NamedTensor, REPORT_VERSION};
 use super::sampler::{PeakSampler, Peaks};
-use super::source::{MemoryReading, MemorySource};
+use super::source::{MemoryReading, MemorySource, OomFigure};
 use crate::memory::host_current_bytes;
 
-/// Version of the `memory.json` schema written by [`MemoryReport`].
-/// 2 added the reserved and driver peaks, 3 the driver's context share;
-/// older files still read.
-pub const REPORT_VERSION: u32 = 3;
-
-/// Where device memory goes, in the words PyTorch users know.
+/// Where memory goes, in the words PyTorch users know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Category {
@@ -24,16 +22,38 @@ pub enum Category {
     Gradients,
     /// Optimiser moments and buffers (walked).
     OptimizerState,
-    /// Tensors saved for backward (walked when the workload knows them,
-    /// else allocated after forward − allocated at step start).
+    /// Tensors kept for backward: what the step holds after forward beyond
+    /// what it held at its start (measured by difference).
     Activations,
-    /// Everything else allocated (derived: allocated − the above).
-    Temporaries,
-    /// Held but unused by the allocator (derived: reserved − allocated).
-    Fragmentation,
+    /// The workload's data on the device: a target image, a batch (declared
+    /// by the workload).
+    Inputs,
+    /// Scratch the workload allocates and reuses every step, declared by the
+    /// workload with its size (the splat band planes and pair lists).
+    Workspace,
+    /// In use but none of the above: transient buffers, runtime state
+    /// (derived: in use − the categories above).
+    #[serde(alias = "temporaries")]
+    Other,
+    /// Reserved by the allocator and not in use, beyond the workload's
+    /// workspace it keeps for reuse (derived: reserved − in use − held workspace).
+    #[serde(alias = "fragmentation")]
+    Cached,
 }
 
 impl Category {
+    /// Every category, in the order reports stack them.
+    pub const ALL: [Category; 8] = [
+        Category::Parameters,
+        Category::Gradients,
+        Category::OptimizerState,
+        Category::Activations,
+        Category::Inputs,
+        Category::Workspace,
+        Category::Other,
+        Category::Cached,
+    ];
+
     /// The name in `memory.json`, TensorBoard tags and messages.
     pub fn name(self) -> &'static str {
         match self {
@@ -41,13 +61,16 @@ impl Category {
             Category::Gradients => "gradients",
             Category::OptimizerState => "optimizer_state",
             Category::Activations => "activations",
-            Category::Temporaries => "temporaries",
-            Category::Fragmentation => "fragmentation",
+            Category::Inputs => "inputs",
+            Category::Workspace => "workspace",
+            Category::Other => "other",
+            Category::Cached => "cached",
         }
     }
 }
 
-/// Bytes a workload knows it holds at a phase, from walking its tensors.
+/// Bytes a workload knows it holds at a phase: walked from its tensors or
+/// declared (inputs, workspace).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Accounted {
     /// Parameter bytes.
@@ -56,38 +79,65 @@ pub struct Accounted {
     pub gradients: u64,
     /// Optimiser state bytes.
     pub optimizer_state: u64,
-    /// Bytes saved for backward, when the workload can name them.
+    /// Input bytes on the device (target image, batch).
+    pub inputs: u64,
+    /// Scratch the phase used (in use now, or held by the allocator for reuse).
+    pub workspace: u64,
+    /// Bytes saved for backward, when the workload can name them; else the
+    /// profiler measures them at `forward` by difference.
     pub activations: Option<u64>,
 }
 
-/// Memory at one phase of one step.
+impl Accounted {
+    fn named(&self) -> u64 {
+        self.parameters + self.gradients + self.optimizer_state + self.inputs
+    }
+}
+
+/// Memory at the end of one phase of one step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PhaseRecord {
     /// Step number.
     pub step: u64,
     /// Phase name (`start`, `forward`, `backward`, `optimizer`, or a workload's own).
     pub phase: String,
-    /// Allocator figures (measured), absent on backends without them.
+    /// Micro-batch index within the step, for per-micro-batch phases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub micro_batch: Option<u32>,
+    /// Allocator figures at the end of the phase (measured), absent on
+    /// backends without them.
     pub device: Option<MemoryReading>,
     /// Bytes per category; a category is absent when it cannot be known here.
     pub categories: BTreeMap<Category, u64>,
     /// Host process resident set (measured), beside, never instead of, device figures.
     pub host_rss: Option<u64>,
-    /// Largest allocated figure the background sampler saw since the
-    /// previous record (the peak inside the phase), where sampling runs.
-    #[serde(default)]
-    pub sampled_peak: Option<u64>,
+    /// Largest in-use bytes inside the phase (since the previous
+    /// observation): exact with a counting allocator, sampled otherwise.
+    #[serde(default, alias = "sampled_peak")]
+    pub peak_in_use: Option<u64>,
+    /// Largest reserved bytes inside the phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_reserved: Option<u64>,
     /// Largest driver figure (NVML) the sampler saw in the same window.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sampled_driver_peak: Option<u64>,
 }
 
 impl PhaseRecord {
-    /// Allocated bytes: the allocator's figure, else the sum of the accounted categories.
+    /// In-use bytes at the end of the phase: the allocator's figure, else
+    /// the sum of the accounted categories.
     pub fn allocated(&self) -> u64 {
         match self.device {
             Some(d) => d.allocated,
             None => self.categories.values().sum(),
+        }
+    }
+
+    /// The label of the phase in tables and charts: `backward` or `backward[2]`.
+    pub fn label(&self) -> String {
+        match self.micro_batch {
+            Some(m) => format!("{}[{m}]", self.phase),
+            None => self.phase.clone(),
         }
     }
 }
@@ -105,15 +155,31 @@ pub struct LeakWarning {
     pub category: Category,
 }
 
-/// Records phases over steps and keeps the peak.
+/// Where the high-water mark of the deciding figure was reached.
+#[derive(Debug, Clone, PartialEq)]
+struct HighWater {
+    bytes: u64,
+    step: u64,
+    phase: String,
+    micro_batch: Option<u32>,
+}
+
+/// Records phases over steps and keeps the high-water marks.
+///
+/// Every phase of every step is *observed* (the deciding figure's
+/// high-water is updated: a true high-water mark, not a sample of profiled
+/// steps); the phases of every `profile_every`-th step are also *recorded*
+/// with their categories.
 pub struct Profiler {
     source: Arc<dyn MemorySource>,
+    figure: Option<OomFigure>,
     sampler: Option<PeakSampler>,
-    peak: Option<(u64, u64, String)>,
-    /// Largest reserved and driver figures over the run.
-    peak_other: Peaks,
+    high_water: Option<HighWater>,
+    /// Largest in-use, reserved and driver figures over the run.
+    run_peaks: Option<Peaks>,
     records: Vec<PhaseRecord>,
-    step_start_allocated: Option<u64>,
+    /// In-use bytes beyond the named categories at the step's `start`.
+    other_at_start: Option<u64>,
     keep_steps: u64,
 }
 
@@ -126,106 +192,156 @@ impl std::fmt::Debug for Profiler {
     }
 }
 
+fn max_peaks(a: Peaks, b: Peaks) -> Peaks {
+    Peaks {
+        allocated: a.allocated.max(b.allocated),
+        reserved: a.reserved.max(b.reserved),
+        driver: a.driver.max(b.driver),
+    }
+}
+
 impl Profiler {
     /// A profiler reading `source`; the timeline keeps every phase of the
-    /// last `keep_steps` steps recorded (older ones are dropped, the peak is kept).
+    /// last `keep_steps` steps recorded (older ones are dropped, the
+    /// high-water marks are kept).
     pub fn new(source: Box<dyn MemorySource>, keep_steps: u64) -> Self {
+        let source: Arc<dyn MemorySource> = Arc::from(source);
+        // A new window starts now: what came before the run is not its peak.
+        let _ = source.take_window_peak();
         Self {
-            source: Arc::from(source),
+            figure: source.oom_figure(),
+            source,
             sampler: None,
-            peak: None,
-            peak_other: Peaks::default(),
+            high_water: None,
+            run_peaks: None,
             records: Vec::new(),
-            step_start_allocated: None,
+            other_at_start: None,
             keep_steps: keep_steps.max(2),
         }
     }
 
     /// Also samples the allocator every `interval` from a background
-    /// thread (no-op on a source without readings).
+    /// thread, for the in-use peak inside a phase where the source cannot
+    /// track it exactly (no-op on a source without readings, or with exact
+    /// window peaks).
     pub fn with_sampling(mut self, interval: Duration) -> Self {
-        self.sampler = PeakSampler::start(self.source.clone(), interval);
+        if !self.source.exact_window_peaks() {
+            self.sampler = PeakSampler::start(self.source.clone(), interval);
+        }
         self
     }
 
-    /// The largest allocated bytes seen over the whole run, with the step
-    /// and phase in which it was seen (sampled where sampling runs).
-    pub fn peak(&self) -> Option<(u64, u64, &str)> {
-        self.peak.as_ref().map(|(b, s, p)| (*b, *s, p.as_str()))
+    /// The figure that decides an out-of-memory on this backend, where the
+    /// source measures one.
+    pub fn oom_figure(&self) -> Option<OomFigure> {
+        self.figure
     }
 
-    /// The run's peak and what measured it: the allocator's largest reading
-    /// (sampled during the profiled steps) where the backend has one, else
-    /// the host process's peak resident set, labelled as not device memory.
-    pub fn peak_or_host(&self) -> (Option<u64>, &'static str) {
-        match self.peak() {
-            Some((bytes, ..)) => (
-                Some(bytes),
-                "device allocator (bytes in use), largest reading sampled during the profiled steps",
-            ),
-            None => (
-                crate::memory::host_peak_bytes(),
-                "host process peak resident set (VmHWM); not device memory",
-            ),
-        }
-    }
-
-    /// Records phase `phase` of step `step`. The first phase of a step
-    /// must be `start`.
-    pub fn record(&mut self, step: u64, phase: &str, acc: Accounted) -> &PhaseRecord {
+    /// Observes the end of `phase` of `step`: updates the high-water marks
+    /// and, when `record` is set, records the categories (`walked` is only
+    /// called then).
+    pub fn observe(
+        &mut self,
+        step: u64,
+        phase: &str,
+        micro_batch: Option<usize>,
+        record: bool,
+        walked: impl FnOnce() -> Accounted,
+    ) -> Option<&PhaseRecord> {
         let device = self.source.read();
-        let mut categories = BTreeMap::from([
-            (Category::Parameters, acc.parameters),
-            (Category::Gradients, acc.gradients),
-            (Category::OptimizerState, acc.optimizer_state),
-        ]);
-        let walked = acc.parameters + acc.gradients + acc.optimizer_state;
-        if phase == "start" {
-            self.step_start_allocated = device.map(|d| d.allocated);
-        }
-        let activations = acc
-            .activations
-            .or_else(|| match (phase, device, self.step_start_allocated) {
-                ("forward", Some(d), Some(start)) => Some(d.allocated.saturating_sub(start)),
+        let window = self
+            .source
+            .take_window_peak()
+            .or_else(|| match (&self.sampler, device) {
+                (Some(s), Some(d)) => Some(s.take(&d)),
+                (None, Some(d)) => Some(Peaks {
+                    allocated: d.allocated,
+                    reserved: d.reserved,
+                    driver: d.driver,
+                }),
                 _ => None,
             });
-        if let Some(a) = activations {
-            categories.insert(Category::Activations, a);
-        }
-        if let Some(d) = device {
-            let known = walked + activations.unwrap_or(0);
-            categories.insert(Category::Temporaries, d.allocated.saturating_sub(known));
-            categories.insert(Category::Fragmentation, d.reserved.saturating_sub(d.allocated));
-        }
-        let sampled = match (&self.sampler, device) {
-            (Some(s), Some(d)) => Some(s.take(&d)),
-            _ => None,
-        };
-        if let Some(d) = device {
-            let p = sampled.unwrap_or(Peaks {
-                allocated: d.allocated,
-                reserved: d.reserved,
-                driver: d.driver,
+        let micro_batch = micro_batch.map(|m| m as u32);
+        if let Some(w) = window {
+            self.run_peaks = Some(match self.run_peaks {
+                Some(p) => max_peaks(p, w),
+                None => w,
             });
-            self.peak_other.reserved = self.peak_other.reserved.max(p.reserved);
-            self.peak_other.driver = self.peak_other.driver.max(p.driver);
+            if let Some(fig) = self.figure {
+                let bytes = fig.of(&w);
+                if self.high_water.as_ref().is_none_or(|h| bytes > h.bytes) {
+                    self.high_water = Some(HighWater {
+                        bytes,
+                        step,
+                        phase: phase.into(),
+                        micro_batch,
+                    });
+                }
+            }
         }
+        if !record {
+            return None;
+        }
+        let acc = walked();
+        let categories = self.categories(phase, &acc, device);
         let record = PhaseRecord {
             step,
             phase: phase.into(),
+            micro_batch,
             device,
             categories,
             host_rss: host_current_bytes(),
-            sampled_peak: sampled.map(|p| p.allocated),
-            sampled_driver_peak: sampled.and_then(|p| p.driver),
+            peak_in_use: window.map(|w| w.allocated),
+            peak_reserved: window.map(|w| w.reserved),
+            sampled_driver_peak: window.and_then(|w| w.driver),
         };
-        let seen = record.sampled_peak.unwrap_or(record.allocated());
-        if device.is_some() && self.peak.as_ref().is_none_or(|p| seen > p.0) {
-            self.peak = Some((seen, step, phase.into()));
-        }
         self.records.push(record);
         self.trim();
-        self.records.last().expect("just pushed")
+        self.records.last()
+    }
+
+    /// Records phase `phase` of step `step` (an observation that records).
+    pub fn record(&mut self, step: u64, phase: &str, acc: Accounted) -> &PhaseRecord {
+        self.observe(step, phase, None, true, || acc)
+            .expect("a recording observation returns its record")
+    }
+
+    /// Splits the figures into categories that add up to reserved (or to
+    /// in-use where nothing is reserved beyond it).
+    fn categories(&mut self, phase: &str, acc: &Accounted, device: Option<MemoryReading>) -> BTreeMap<Category, u64> {
+        let mut c = BTreeMap::from([
+            (Category::Parameters, acc.parameters),
+            (Category::Gradients, acc.gradients),
+            (Category::OptimizerState, acc.optimizer_state),
+            (Category::Inputs, acc.inputs),
+        ]);
+        let Some(d) = device else {
+            // No allocator view: only what the workload walked or declared.
+            c.insert(Category::Workspace, acc.workspace);
+            if let Some(a) = acc.activations {
+                c.insert(Category::Activations, a);
+            }
+            return c;
+        };
+        let beyond_named = d.allocated.saturating_sub(acc.named());
+        if phase == "start" {
+            self.other_at_start = Some(beyond_named);
+        }
+        let activations = acc.activations.or(match (phase, self.other_at_start) {
+            ("forward", Some(base)) => Some(beyond_named.saturating_sub(base)),
+            _ => None,
+        });
+        let unexplained = beyond_named.saturating_sub(activations.unwrap_or(0));
+        let workspace_in_use = acc.workspace.min(unexplained);
+        let held = d.reserved.saturating_sub(d.allocated);
+        let workspace_held = (acc.workspace - workspace_in_use).min(held);
+        if let Some(a) = activations {
+            c.insert(Category::Activations, a);
+        }
+        c.insert(Category::Workspace, workspace_in_use + workspace_held);
+        c.insert(Category::Other, unexplained - workspace_in_use);
+        c.insert(Category::Cached, held - workspace_held);
+        c
     }
 
     fn trim(&mut self) {
@@ -243,14 +359,42 @@ impl Profiler {
         &self.records
     }
 
+    /// The high-water mark of the figure that decides an out-of-memory,
+    /// with what it is and where it was reached; `None` where the backend
+    /// measures no such figure.
+    pub fn headline(&self) -> Option<Headline> {
+        let (fig, hw) = (self.figure?, self.high_water.as_ref()?);
+        Some(Headline {
+            bytes: hw.bytes,
+            figure: fig.name.into(),
+            why: fig.why.into(),
+            exact: fig.exact,
+            step: hw.step,
+            phase: hw.phase.clone(),
+            micro_batch: hw.micro_batch,
+        })
+    }
+
+    /// The largest in-use, reserved and driver figures over the run (exact
+    /// or sampled as the source allows); `None` on a backend without figures.
+    pub fn run_peaks(&self) -> Option<Peaks> {
+        self.run_peaks
+    }
+
+    /// The driver's share outside the allocator when profiling began (the
+    /// CUDA context), where the source has a driver reading.
+    pub fn driver_context(&self) -> Option<u64> {
+        self.source.driver_context()
+    }
+
     /// Flags a leak: the allocated bytes of one phase grew at each of the
     /// last `window` steps (at least `min_growth` bytes in all).
     pub fn leak(&self, window: usize, min_growth: u64) -> Option<LeakWarning> {
-        let mut phases: Vec<&str> = self.records.iter().map(|r| r.phase.as_str()).collect();
+        let mut phases: Vec<String> = self.records.iter().map(|r| r.label()).collect();
         phases.sort();
         phases.dedup();
         phases.into_iter().find_map(|phase| {
-            let series: Vec<&PhaseRecord> = self.records.iter().filter(|r| r.phase == phase).collect();
+            let series: Vec<&PhaseRecord> = self.records.iter().filter(|r| r.label() == phase).collect();
             if series.len() < window + 1 {
                 return None;
             }
@@ -267,9 +411,9 @@ impl Profiler {
                 .map(|(c, b)| (*c, b.saturating_sub(first.categories.get(c).copied().unwrap_or(0))))
                 .max_by_key(|(_, g)| *g)
                 .map(|(c, _)| c)
-                .unwrap_or(Category::Temporaries);
+                .unwrap_or(Category::Other);
             Some(LeakWarning {
-                phase: phase.into(),
+                phase,
                 steps: window as u64,
                 growth_bytes: growth,
                 category,
@@ -277,388 +421,76 @@ impl Profiler {
         })
     }
 
-    /// The report for `memory.json`.
-    pub fn report(&self, device: &str, peak: Option<u64>, peak_source: &str) -> MemoryReport {
-        let measured_device = self.records.iter().any(|r| r.device.is_some());
-        let mut measured = vec!["parameters, gradients, optimizer_state: walked tensor bytes".to_string()];
+    /// The report for `memory.json`, with the workload's largest tensors
+    /// and its advice on what lowers the peak.
+    pub fn report(&self, device: &str, largest_tensors: Vec<NamedTensor>, advice: Vec<String>) -> MemoryReport {
+        let measured_device = self.records.iter().any(|r| r.device.is_some()) || self.run_peaks.is_some();
+        let mut measured = vec![
+            "parameters, gradients, optimizer_state: walked tensor bytes".to_string(),
+            "inputs, workspace: declared by the workload (their sizes are known exactly)".to_string(),
+        ];
         let mut derived = Vec::new();
+        let headline = self.headline();
+        if let Some(h) = &headline {
+            measured.insert(
+                0,
+                format!(
+                    "headline: {} high-water mark ({}): {}",
+                    h.figure,
+                    if h.exact { "exact" } else { "sampled" },
+                    h.why
+                ),
+            );
+        }
         if measured_device {
-            measured.push(format!("device allocated and reserved: {}", self.source.name()));
-            derived.push("activations: allocated after forward − allocated at step start, where not walked".into());
-            derived.push("temporaries: allocated − the categories above".into());
-            derived.push("fragmentation: reserved − allocated".into());
+            measured.push(format!("in use and reserved: {}", self.source.name()));
+            derived.push(
+                "activations: in use after forward − the named categories − what was in use beyond them at the step's start"
+                    .into(),
+            );
+            derived.push("other: in use − the categories above".into());
+            derived.push("cached: reserved − in use − the workload's workspace the allocator holds for reuse".into());
+            if !self.source.exact_window_peaks() {
+                derived.push(
+                    "peak_in_use per phase: sampled by a background thread (the in-use figure rises and falls inside a kernel sequence)"
+                        .into(),
+                );
+            }
             if let Some(d) = self.source.driver_name() {
                 measured.push(format!(
                     "driver figure (independent of the allocator; includes the CUDA context): {d}"
                 ));
             }
         } else {
-            measured.push("host resident set (host_rss): /proc/self/status".into());
-            derived.push("no device figures: this backend has no allocator view".into());
+            derived.push("no device figures: this backend has no allocator view and no counting allocator is installed; only walked and declared bytes are reported".into());
         }
+        measured.push("host resident set (host_rss): /proc/self/status, beside the device figures".into());
         let top = self.records.iter().max_by_key(|r| r.allocated());
+        let run = self.run_peaks;
         MemoryReport {
             schema: "vramfit.memory".into(),
             version: REPORT_VERSION,
             device: device.into(),
             source: self.source.name(),
+            peak_bytes: headline.as_ref().map(|h| h.bytes),
+            peak_source: headline
+                .as_ref()
+                .map(|h| h.figure.clone())
+                .unwrap_or_else(|| "none: this backend measures no figure that decides an out-of-memory".into()),
+            headline,
             measured,
             derived,
-            peak_bytes: peak,
-            peak_source: peak_source.into(),
-            largest_phase: top.map(|r| (r.step, r.phase.clone(), r.allocated())),
+            largest_phase: top.map(|r| (r.step, r.label(), r.allocated())),
             records: self.records.clone(),
             leak: self.leak(10, 1 << 20),
-            largest_tensors: Vec::new(),
-            reserved_peak_bytes: measured_device.then_some(self.peak_other.reserved),
-            driver_peak_bytes: self.peak_other.driver,
+            largest_tensors,
+            advice,
+            in_use_peak_bytes: run.map(|p| p.allocated),
+            reserved_peak_bytes: run.map(|p| p.reserved),
+            driver_peak_bytes: run.and_then(|p| p.driver),
             driver_source: self.source.driver_name(),
             driver_context_bytes: self.source.driver_context(),
+            host_peak_bytes: crate::memory::host_peak_bytes(),
         }
-    }
-
-    /// The largest reserved and driver figures over the run (sampled where
-    /// sampling runs); zeros and `None` on a backend without device figures.
-    pub fn other_peaks(&self) -> Peaks {
-        self.peak_other
-    }
-
-    /// The driver's share outside the allocator when profiling began (the
-    /// CUDA context), where the source has a driver reading.
-    pub fn driver_context(&self) -> Option<u64> {
-        self.source.driver_context()
-    }
-}
-
-/// The content of `memory.json` (schema `vramfit.memory`, [`REPORT_VERSION`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct MemoryReport {
-    /// Always `"vramfit.memory"`.
-    pub schema: String,
-    /// [`REPORT_VERSION`].
-    pub version: u32,
-    /// Device the run used.
-    pub device: String,
-    /// Where allocator figures came from.
-    pub source: String,
-    /// What is measured.
-    pub measured: Vec<String>,
-    /// What is derived, and how.
-    pub derived: Vec<String>,
-    /// Peak bytes over the run, from `peak_source`.
-    pub peak_bytes: Option<u64>,
-    /// What measured the peak.
-    pub peak_source: String,
-    /// `(step, phase, allocated)` of the largest recorded phase.
-    pub largest_phase: Option<(u64, String, u64)>,
-    /// The timeline (the last steps kept).
-    pub records: Vec<PhaseRecord>,
-    /// A leak, if one was seen.
-    pub leak: Option<LeakWarning>,
-    /// The workload's largest tensors, `(name, bytes)`, largest first.
-    #[serde(default)]
-    pub largest_tensors: Vec<(String, u64)>,
-    /// Largest reserved bytes over the run (allocator), where measured.
-    #[serde(default)]
-    pub reserved_peak_bytes: Option<u64>,
-    /// Largest driver figure for this process over the run (NVML), where
-    /// there is one: reserved plus the CUDA context and libraries.
-    #[serde(default)]
-    pub driver_peak_bytes: Option<u64>,
-    /// The driver reading's source, or why there is none.
-    #[serde(default)]
-    pub driver_source: Option<String>,
-    /// The driver's figure beyond the allocator's reserved bytes when the
-    /// profiler opened (CUDA context, modules), where there is a driver reading.
-    #[serde(default)]
-    pub driver_context_bytes: Option<u64>,
-}
-
-/// Bytes in the largest binary unit that keeps the figure at or above 1.
-pub fn human_bytes(b: u64) -> String {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < units.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", units[u])
-    }
-}
-
-impl MemoryReport {
-    /// A compact table (MiB) of the last recorded step's phases.
-    pub fn table(&self) -> String {
-        let Some(last) = self.records.last().map(|r| r.step) else {
-            return "no memory records\n".into();
-        };
-        let cats = [
-            Category::Parameters,
-            Category::Gradients,
-            Category::OptimizerState,
-            Category::Activations,
-            Category::Temporaries,
-            Category::Fragmentation,
-        ];
-        let mut out = String::from(
-            "phase        allocated   parameters    gradients    optimizer  activations  temporaries  fragmentation\n",
-        );
-        for r in self.records.iter().filter(|r| r.step == last) {
-            let cell = |c: &Category| {
-                r.categories
-                    .get(c)
-                    .map(|b| human_bytes(*b))
-                    .unwrap_or_else(|| "-".into())
-            };
-            let cells: Vec<String> = cats.iter().map(cell).collect();
-            out.push_str(&format!(
-                "{:<10} {:>11} {:>12} {:>12} {:>12} {:>12} {:>12} {:>14}\n",
-                r.phase,
-                human_bytes(r.allocated()),
-                cells[0],
-                cells[1],
-                cells[2],
-                cells[3],
-                cells[4],
-                cells[5]
-            ));
-        }
-        if self.records.iter().all(|r| r.device.is_none()) {
-            out.push_str(
-                "(no allocator on this backend: 'allocated' sums the walked tensors; '-' cannot be measured)\n",
-            );
-        }
-        if !self.largest_tensors.is_empty() {
-            let names: Vec<String> = self
-                .largest_tensors
-                .iter()
-                .take(5)
-                .map(|(n, b)| format!("{n} {}", human_bytes(*b)))
-                .collect();
-            out.push_str(&format!("largest tensors: {}\n", names.join(", ")));
-        }
-        if let Some(l) = &self.leak {
-            out.push_str(&format!(
-                "warning: allocated memory at phase '{}' grew at each of the last {} recorded steps (+{}); {} grew most\n",
-                l.phase,
-                l.steps,
-                human_bytes(l.growth_bytes),
-                l.category.name()
-            ));
-        }
-        out
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::profile::{MemoryReading, NoAllocator};
-    use std::sync::{Arc, Mutex};
-
-    /// A scripted allocator: the test sets what it reads, and counts reads.
-    #[derive(Clone, Default)]
-    struct Scripted(Arc<Mutex<MemoryReading>>, Arc<std::sync::atomic::AtomicUsize>);
-
-    impl Scripted {
-        fn set(&self, allocated: u64, reserved: u64) {
-            self.set_with_driver(allocated, reserved, None);
-        }
-
-        fn set_with_driver(&self, allocated: u64, reserved: u64, driver: Option<u64>) {
-            *self.0.lock().unwrap() = MemoryReading {
-                allocated,
-                reserved,
-                driver,
-            };
-        }
-    }
-
-    impl MemorySource for Scripted {
-        fn name(&self) -> String {
-            "scripted".into()
-        }
-        fn read(&self) -> Option<MemoryReading> {
-            self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            Some(*self.0.lock().unwrap())
-        }
-        fn driver_name(&self) -> Option<String> {
-            Some("scripted driver".into())
-        }
-        fn driver_context(&self) -> Option<u64> {
-            Some(5000)
-        }
-    }
-
-    // A synthetic model: 1,000 f32 parameters, Adam (2 moments), 600 f32
-    // activations saved by forward, 200 f32 of temporaries in backward.
-    const P: u64 = 4000;
-
-    #[test]
-    fn categories_equal_the_known_sizes() {
-        let alloc = Scripted::default();
-        let mut prof = Profiler::new(Box::new(alloc.clone()), 8);
-        let walked = |grads: u64| Accounted {
-            parameters: P,
-            gradients: grads,
-            optimizer_state: 2 * P,
-            activations: None,
-        };
-        alloc.set(3 * P, 3 * P + 512);
-        let start = prof.record(0, "start", walked(0)).clone();
-        alloc.set(3 * P + 2400, 3 * P + 4096);
-        let fwd = prof.record(0, "forward", walked(0)).clone();
-        alloc.set(3 * P + P + 800, 5 * P + 4096);
-        let bwd = prof.record(0, "backward", walked(P)).clone();
-        assert_eq!(start.categories[&Category::Temporaries], 0);
-        assert_eq!(start.categories[&Category::Fragmentation], 512);
-        assert_eq!(fwd.categories[&Category::Activations], 2400);
-        assert_eq!(fwd.categories[&Category::Temporaries], 0);
-        assert_eq!(fwd.categories[&Category::Fragmentation], 4096 - 2400);
-        assert_eq!(bwd.categories[&Category::Gradients], P);
-        assert_eq!(bwd.categories[&Category::Temporaries], 800);
-        assert_eq!(bwd.categories[&Category::Fragmentation], 5 * P + 4096 - (4 * P + 800));
-        // Categories add up to reserved.
-        let total: u64 = bwd.categories.values().sum();
-        assert_eq!(total, bwd.device.unwrap().reserved);
-    }
-
-    #[test]
-    fn the_sampler_sees_a_peak_inside_a_phase() {
-        let alloc = Scripted::default();
-        alloc.set_with_driver(1000, 2000, Some(9000));
-        let mut prof = Profiler::new(Box::new(alloc.clone()), 8).with_sampling(Duration::from_millis(1));
-        prof.record(1, "start", Accounted::default());
-        // A transient spike between two records, gone before the next one;
-        // held until the sampler has read twice, however loaded the machine.
-        alloc.set_with_driver(50_000, 60_000, Some(70_000));
-        let reads = alloc.1.load(std::sync::atomic::Ordering::SeqCst);
-        let t0 = std::time::Instant::now();
-        while alloc.1.load(std::sync::atomic::Ordering::SeqCst) < reads + 2 {
-            assert!(t0.elapsed() < Duration::from_secs(10), "the sampler thread never ran");
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        alloc.set_with_driver(1200, 2000, Some(9000));
-        let r = prof.record(1, "forward", Accounted::default()).clone();
-        assert_eq!(r.device.unwrap().allocated, 1200);
-        assert_eq!(r.sampled_peak, Some(50_000));
-        assert_eq!(r.sampled_driver_peak, Some(70_000));
-        assert_eq!(prof.peak(), Some((50_000, 1, "forward")));
-        let next = prof.record(1, "backward", Accounted::default()).clone();
-        assert_eq!(next.sampled_peak, Some(1200), "a new window starts after each record");
-        assert_eq!(next.sampled_driver_peak, Some(9000));
-        // The run's reserved and driver peaks survive the new windows, and
-        // the report names the driver source.
-        let report = prof.report("scripted", None, "");
-        assert_eq!(report.reserved_peak_bytes, Some(60_000));
-        assert_eq!(report.driver_peak_bytes, Some(70_000));
-        assert_eq!(report.driver_source.as_deref(), Some("scripted driver"));
-        assert_eq!(report.driver_context_bytes, Some(5000));
-        assert!(report.measured.iter().any(|m| m.contains("scripted driver")));
-    }
-
-    #[test]
-    fn without_an_allocator_only_walked_bytes_are_reported() {
-        let mut prof = Profiler::new(Box::new(NoAllocator), 8);
-        let r = prof
-            .record(
-                3,
-                "forward",
-                Accounted {
-                    parameters: P,
-                    gradients: 0,
-                    optimizer_state: 2 * P,
-                    activations: Some(96),
-                },
-            )
-            .clone();
-        assert_eq!(r.device, None);
-        assert_eq!(r.allocated(), 3 * P + 96);
-        assert!(!r.categories.contains_key(&Category::Temporaries));
-        assert!(!r.categories.contains_key(&Category::Fragmentation));
-    }
-
-    fn run(leak_per_step: u64) -> Option<LeakWarning> {
-        let alloc = Scripted::default();
-        let mut prof = Profiler::new(Box::new(alloc.clone()), 64);
-        for step in 0..30 {
-            let base = 10 << 20;
-            alloc.set(base + step * leak_per_step, base + step * leak_per_step + (1 << 20));
-            prof.record(
-                step,
-                "start",
-                Accounted {
-                    parameters: base,
-                    ..Default::default()
-                },
-            );
-            alloc.set(base + (3 << 20) + step * leak_per_step, 16 << 20);
-            prof.record(
-                step,
-                "forward",
-                Accounted {
-                    parameters: base,
-                    ..Default::default()
-                },
-            );
-        }
-        prof.leak(10, 1 << 20)
-    }
-
-    #[test]
-    fn a_leaking_loop_is_flagged_and_a_steady_one_is_not() {
-        assert_eq!(run(0), None);
-        let w = run(512 << 10).expect("0.5 MiB per step is a leak");
-        assert_eq!(w.steps, 10);
-        assert_eq!(w.growth_bytes, 5 << 20);
-        assert_eq!(w.category, Category::Temporaries);
-    }
-
-    #[test]
-    fn the_report_round_trips_through_json_and_keeps_its_schema() {
-        let alloc = Scripted::default();
-        let mut prof = Profiler::new(Box::new(alloc.clone()), 4);
-        for step in 0..6 {
-            alloc.set(100, 200);
-            prof.record(
-                step,
-                "start",
-                Accounted {
-                    parameters: 40,
-                    ..Default::default()
-                },
-            );
-        }
-        assert_eq!(prof.records().len(), 4, "keeps the last 4 steps");
-        let mut report = prof.report("test device", Some(300), "scripted");
-        report.largest_tensors = vec![("weights".into(), 40)];
-        let json = serde_json::to_string(&report).unwrap();
-        let back: MemoryReport = serde_json::from_str(&json).unwrap();
-        assert_eq!(back, report);
-        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-        assert_eq!(v["schema"], "vramfit.memory");
-        assert_eq!(v["version"], REPORT_VERSION);
-        assert_eq!(v["records"][0]["categories"]["optimizer_state"], 0);
-        assert!(report.table().contains("start"));
-        // A version-1 file (no reserved or driver peaks) still reads.
-        let mut v1 = v.clone();
-        let fields = v1.as_object_mut().unwrap();
-        for key in [
-            "reserved_peak_bytes",
-            "driver_peak_bytes",
-            "driver_source",
-            "driver_context_bytes",
-        ] {
-            fields.remove(key);
-        }
-        fields.insert("version".into(), 1.into());
-        let old: MemoryReport = serde_json::from_value(v1).unwrap();
-        assert_eq!((old.version, old.driver_peak_bytes, old.records.len()), (1, None, 4));
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(3 << 20), "3.0 MiB");
     }
 }

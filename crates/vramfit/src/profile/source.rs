@@ -1,5 +1,6 @@
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 use super::driver::DriverReading;
+use super::sampler::Peaks;
 
 /// The allocator's own figures at one instant.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -15,12 +16,46 @@ pub struct MemoryReading {
     pub driver: Option<u64>,
 }
 
+/// The figure whose high-water mark decides an out-of-memory on a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OomFigure {
+    /// The reserved figure (else the in-use one).
+    pub reserved: bool,
+    /// Its name in reports.
+    pub name: &'static str,
+    /// Why it decides an out-of-memory there.
+    pub why: &'static str,
+    /// True when the profiler's high-water of it is exact, not sampled.
+    pub exact: bool,
+}
+
+impl OomFigure {
+    /// This figure's value in `peaks`.
+    pub fn of(&self, peaks: &Peaks) -> u64 {
+        if self.reserved { peaks.reserved } else { peaks.allocated }
+    }
+}
+
 /// Where allocator figures come from (one per backend).
 pub trait MemorySource: Send + Sync {
     /// Names the source in reports, e.g. `"cubecl memory_usage"`.
     fn name(&self) -> String;
     /// The current figures, or `None` where the backend has no allocator view.
     fn read(&self) -> Option<MemoryReading>;
+    /// The figure that decides an out-of-memory here, where the source measures it.
+    fn oom_figure(&self) -> Option<OomFigure> {
+        None
+    }
+    /// True when [`MemorySource::take_window_peak`] gives exact high-water marks.
+    fn exact_window_peaks(&self) -> bool {
+        false
+    }
+    /// The exact largest figures since the previous call, starting a new
+    /// window; `None` where the source cannot track them (then the profiler
+    /// samples).
+    fn take_window_peak(&self) -> Option<Peaks> {
+        None
+    }
     /// Names the independent (driver) reading in `MemoryReading::driver`,
     /// or says why there is none.
     fn driver_name(&self) -> Option<String> {
@@ -34,17 +69,73 @@ pub trait MemorySource: Send + Sync {
     }
 }
 
-/// A backend without allocator figures (the CPU backends): reports nothing.
+/// A backend without allocator figures in a process without a counting
+/// allocator: reports nothing.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoAllocator;
 
 impl MemorySource for NoAllocator {
     fn name(&self) -> String {
-        "none (CPU backend: tensor bytes are accounted, not measured)".into()
+        "none (CPU backend without a counting allocator: tensor bytes are accounted, not measured)".into()
     }
 
     fn read(&self) -> Option<MemoryReading> {
         None
+    }
+}
+
+/// The process heap through [`crate::heap::Counting`]: on the CPU the
+/// tensors live there, so heap bytes in use are what runs out. Nothing is
+/// reserved beyond what is in use at this level (the inner allocator's
+/// caching shows in the resident set, reported beside).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HeapSource;
+
+impl HeapSource {
+    /// The heap source where a counting allocator is installed, else [`NoAllocator`].
+    pub fn if_installed() -> Box<dyn MemorySource> {
+        if crate::heap::installed() {
+            Box::new(HeapSource)
+        } else {
+            Box::new(NoAllocator)
+        }
+    }
+}
+
+impl MemorySource for HeapSource {
+    fn name(&self) -> String {
+        "counting global allocator (heap bytes in use)".into()
+    }
+
+    fn read(&self) -> Option<MemoryReading> {
+        let now = crate::heap::current();
+        Some(MemoryReading {
+            allocated: now,
+            reserved: now,
+            driver: None,
+        })
+    }
+
+    fn oom_figure(&self) -> Option<OomFigure> {
+        Some(OomFigure {
+            reserved: false,
+            name: "heap bytes in use (counting allocator)",
+            why: "on the CPU the tensors live on the process heap, so heap bytes are what runs out; every allocation is counted",
+            exact: true,
+        })
+    }
+
+    fn exact_window_peaks(&self) -> bool {
+        true
+    }
+
+    fn take_window_peak(&self) -> Option<Peaks> {
+        let peak = crate::heap::take_peak();
+        Some(Peaks {
+            allocated: peak,
+            reserved: peak,
+            driver: None,
+        })
     }
 }
 
@@ -56,7 +147,11 @@ pub trait DeviceMemory: burn::tensor::backend::Backend {
     }
 }
 
-impl DeviceMemory for burn::backend::Flex {}
+impl DeviceMemory for burn::backend::Flex {
+    fn memory_source(_device: &Self::Device) -> Box<dyn MemorySource> {
+        HeapSource::if_installed()
+    }
+}
 
 impl<B: DeviceMemory, C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> DeviceMemory
     for burn::backend::Autodiff<B, C>
@@ -123,6 +218,15 @@ impl<R: cubecl::Runtime> MemorySource for CubeAllocator<R> {
 
     fn driver_context(&self) -> Option<u64> {
         self.context
+    }
+
+    fn oom_figure(&self) -> Option<OomFigure> {
+        Some(OomFigure {
+            reserved: true,
+            name: "allocator reserved bytes",
+            why: "a CubeCL allocation that cannot be served from the reserved pool reserves more from the device, and a failed reservation is the out-of-memory; the pool only grows between explicit cleanups, and the profiler reads it at the end of every phase of every step and before each cleanup, so its high-water is exact",
+            exact: true,
+        })
     }
 }
 

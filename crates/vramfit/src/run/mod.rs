@@ -1,13 +1,18 @@
-//! Run directories: one per run, never overwritten silently; files inside
-//! are written atomically, metrics are streamed as JSON lines.
+//! Runs: the one run driver every workload goes through ([`Run`],
+//! [`Workload`]), and the run directory it writes: one per run, never
+//! overwritten silently; files inside are written atomically, metrics are
+//! streamed as JSON lines.
 
 mod arrays;
 mod dir;
+mod driver;
 mod tensorboard;
 
 pub use arrays::{ArrayFile, ArrayFileError};
 pub use dir::{RunDir, RunDirError, atomic_write, checkpoint_name, checkpoints_newest_first, next_free_run_dir};
 pub use tensorboard::{EventWriter, crc32c};
-mod step;
 
-pub use step::{StepError, StepOutcome, Stepper, Trainable};
+pub use driver::{
+    Cadence, DeviceFailure, Event, FailAt, Finished, KEEP_CHECKPOINTS, Run, RunError, RunStats, RunSummary, StepRecord,
+    Workload, categories_at_peak,
+};

@@ -2,6 +2,13 @@
 //! forward under the precision policy (blocks checkpointed as planned) →
 //! loss × scale / k → backward → accumulate → unscale once and check for
 //! inf/NaN → optimiser step on the f32 masters (or skip) → allocator policy.
+//!
+//! A model describes itself as `prelude → blocks → head` ([`Trainable`]);
+//! the step, not the model, chooses the plain backward (one graph) or the
+//! segmented one that recomputes checkpointed blocks. The step reports the
+//! end of each phase (`forward`, `backward` per micro-batch, `optimizer`)
+//! to a [`StepObserver`], which is how the profiler measures activations
+//! for every workload.
 
 use std::ops::Range;
 
@@ -12,32 +19,73 @@ use burn::tensor::backend::AutodiffBackend;
 
 use crate::allocator::Cleanup;
 use crate::batch::{Accumulator, MicroBatching};
+use crate::checkpoint::{Block, forward_backward};
 use crate::optim::ModuleAdam;
 use crate::precision::{Autocast, LossScaler};
+use crate::profile::{Accounted, Profiler};
+use crate::storage::parameter_bytes;
 
-/// A model the composed step can train.
-pub trait Trainable<B: AutodiffBackend>: AutodiffModule<B> {
+/// A model the composed step can train: `prelude → blocks → head`, where
+/// the blocks are a chain of same-shaped `[.., D]` activations.
+pub trait Trainable<B: AutodiffBackend, const D: usize>: AutodiffModule<B> {
     /// One batch of inputs and targets.
     type Batch;
+    /// One block of the chain.
+    type Block: AutodiffModule<B, InnerModule: Block<B::InnerBackend, D>> + Block<B, D>;
 
     /// Samples `range` of `batch`.
     fn micro_batch(batch: &Self::Batch, range: Range<usize>) -> Self::Batch;
 
-    /// Number of blocks that can be checkpointed.
-    fn num_blocks(&self) -> usize;
+    /// Device bytes of a batch (the `inputs` category).
+    fn batch_bytes(batch: &Self::Batch) -> u64;
 
-    /// Mean loss over the batch (f32, differentiable), as a plain graph.
-    fn loss(&self, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, 1>;
+    /// Everything before the blocks (embeddings): the chain's input.
+    fn prelude(&self, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, D>;
 
-    /// Backward of `loss × factor` with the marked blocks checkpointed;
-    /// returns the value `loss × factor` (detached) and the gradients.
-    fn loss_backward_checkpointed(
-        &self,
-        batch: &Self::Batch,
-        autocast: &Autocast,
-        checkpointed: &[bool],
-        factor: f64,
-    ) -> (Tensor<B::InnerBackend, 1>, GradientsParams);
+    /// The chain of blocks.
+    fn blocks(&self) -> &[Self::Block];
+
+    /// Everything after the blocks, down to the mean loss (f32).
+    fn head(&self, x: Tensor<B, D>, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, 1>;
+
+    /// The whole forward to the mean loss as one graph.
+    fn loss(&self, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, 1> {
+        let mut x = self.prelude(batch, autocast);
+        for block in self.blocks() {
+            x = block.forward(x, autocast);
+        }
+        self.head(x, batch, autocast)
+    }
+}
+
+/// Sees the end of each phase of a step. `walked` gives the bytes the step
+/// can name at that moment (computed only if the observer asks).
+pub trait StepObserver {
+    /// The end of `phase` (of micro-batch `micro_batch`, where per micro-batch).
+    fn phase(&mut self, phase: &str, micro_batch: Option<usize>, walked: &dyn Fn() -> Accounted);
+}
+
+/// No observer.
+impl StepObserver for () {
+    fn phase(&mut self, _: &str, _: Option<usize>, _: &dyn Fn() -> Accounted) {}
+}
+
+/// The profiler watching step `step`: every phase updates its high-water
+/// marks; the phases are recorded with their categories when `record`.
+pub struct Probe<'a> {
+    /// The profiler.
+    pub profiler: &'a mut Profiler,
+    /// The step (1-based).
+    pub step: u64,
+    /// Record the categories (a profiled step), not only the high-water.
+    pub record: bool,
+}
+
+impl StepObserver for Probe<'_> {
+    fn phase(&mut self, phase: &str, micro_batch: Option<usize>, walked: &dyn Fn() -> Accounted) {
+        self.profiler
+            .observe(self.step, phase, micro_batch, self.record, walked);
+    }
 }
 
 /// What one optimiser step did.
@@ -114,25 +162,53 @@ pub struct Stepper<B: AutodiffBackend> {
 impl<B: AutodiffBackend> Stepper<B> {
     /// The summed gradients of `batch`'s micro-batches, each micro-batch's
     /// mean loss multiplied by `scale / k`, and the summed multiplied losses.
-    pub fn gradients<M: Trainable<B>>(
+    pub fn gradients<M: Trainable<B, D>, const D: usize>(
         &self,
         model: &M,
         batch: &M::Batch,
         scale: f64,
+        observer: &mut dyn StepObserver,
     ) -> (Tensor<B::InnerBackend, 1>, GradientsParams) {
         let factor = scale * self.batching.loss_factor();
         let checkpointing = self.checkpointed.iter().any(|&c| c);
+        let split = self.batching.accumulate > 1;
         let mut acc = Accumulator::new();
         let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
-        for range in self.batching.ranges() {
+        let (params, optimizer, inputs) = (
+            parameter_bytes(model),
+            self.optimizer.state_bytes(),
+            M::batch_bytes(batch),
+        );
+        let walked = |gradients: u64| Accounted {
+            parameters: params,
+            gradients,
+            optimizer_state: optimizer,
+            inputs,
+            ..Default::default()
+        };
+        for (i, range) in self.batching.ranges().enumerate() {
             let micro = M::micro_batch(batch, range);
+            let index = split.then_some(i);
+            let held = acc.bytes(model);
             let (value, grads) = if checkpointing {
-                model.loss_backward_checkpointed(&micro, &self.autocast, &self.checkpointed, factor)
+                let input = model.prelude(&micro, &self.autocast);
+                forward_backward(
+                    model,
+                    model.blocks(),
+                    &self.checkpointed,
+                    &self.autocast,
+                    input,
+                    |x| model.head(x, &micro, &self.autocast).mul_scalar(factor),
+                    || observer.phase("forward", index, &|| walked(held)),
+                )
             } else {
                 let scaled = model.loss(&micro, &self.autocast).mul_scalar(factor);
+                observer.phase("forward", index, &|| walked(held));
                 let value = scaled.clone().inner();
                 (value, GradientsParams::from_grads(scaled.backward(), model))
             };
+            let fresh = crate::grads::bytes(model, &grads);
+            observer.phase("backward", index, &|| walked(held + fresh));
             acc.add(model, grads);
             loss_sum = Some(match loss_sum {
                 Some(s) => s + value,
@@ -143,17 +219,19 @@ impl<B: AutodiffBackend> Stepper<B> {
         (loss_sum, acc.finish())
     }
 
-    /// One optimiser step on `batch` (which holds `batching.micro_batch × batching.accumulate` samples).
-    pub fn step<M: Trainable<B>>(
+    /// One optimiser step on `batch` (which holds `batching.micro_batch ×
+    /// batching.accumulate` samples), reporting its phases to `observer`.
+    pub fn step<M: Trainable<B, D>, const D: usize>(
         &mut self,
         model: M,
         batch: &M::Batch,
         lr: f64,
         device: &B::Device,
+        observer: &mut dyn StepObserver,
     ) -> Result<(M, StepOutcome), StepError> {
         self.attempts += 1;
         let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
-        let (loss_sum, mut grads) = self.gradients(&model, batch, scale);
+        let (loss_sum, mut grads) = self.gradients(&model, batch, scale, observer);
         let loss = loss_sum
             .try_into_scalar()
             .map_err(|e| StepError::Device {
@@ -188,6 +266,15 @@ impl<B: AutodiffBackend> Stepper<B> {
         } else {
             model
         };
+        let inputs = M::batch_bytes(batch);
+        // Observed before the cleanup: the allocator's reservation is read
+        // before anything can release it.
+        observer.phase("optimizer", None, &|| Accounted {
+            parameters: parameter_bytes(&model),
+            optimizer_state: self.optimizer.state_bytes(),
+            inputs,
+            ..Default::default()
+        });
         let cleanup_seconds = self
             .cleanup
             .after_step::<B>(self.attempts, device)

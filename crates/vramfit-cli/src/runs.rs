@@ -1,0 +1,217 @@
+//! Runs a workload through the one run driver on the chosen device, with
+//! one progress bar and one summary printer for every workload.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Result, bail};
+use burn::tensor::backend::AutodiffBackend;
+use indicatif::{ProgressBar, ProgressStyle};
+use vramfit::profile::{DeviceMemory, MemoryReport, human_bytes};
+use vramfit::run::{Event, RunSummary};
+use vramfit_models::config::TrainConfig;
+use vramfit_models::job::TrainSummary;
+use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
+use vramfit_splat::op::{FusedLoss, SplatBackend};
+
+use crate::device::{OnBackend, on_device};
+
+/// What to run: a workload and its settings (`None`: resume `out` with its own).
+pub enum Launch {
+    /// `vramfit fit`.
+    Fit(Option<FitConfig>),
+    /// `vramfit train transformer`.
+    Transformer(Option<TrainConfig>),
+}
+
+/// How a run ended.
+pub enum Done {
+    /// A fit.
+    Fit(RunSummary<vramfit_splat::job::Summary>),
+    /// A transformer run.
+    Transformer(RunSummary<TrainSummary>),
+}
+
+struct Drive<O> {
+    launch: Launch,
+    out: PathBuf,
+    observe: O,
+}
+
+impl<O: FnMut(Event) -> ControlFlow<()>> OnBackend for Drive<O> {
+    type Output = Option<Done>;
+
+    fn run<B>(self, device: &B::Device, name: String) -> Result<Option<Done>>
+    where
+        B: AutodiffBackend + SplatBackend,
+        B::InnerBackend: FusedLoss + DeviceMemory,
+    {
+        Ok(match self.launch {
+            Launch::Fit(config) => {
+                let (run, w) = vramfit_splat::job::launch::<B>(config, self.out, device, &name)?;
+                run.drive(w, self.observe)?.map(Done::Fit)
+            }
+            Launch::Transformer(config) => {
+                let (run, w) = vramfit_models::job::launch::<B>(config, self.out, device, &name)?;
+                run.drive(w, self.observe)?.map(Done::Transformer)
+            }
+        })
+    }
+}
+
+/// Runs `launch` into `out` on `device` with `observe` watching.
+pub fn run_with(
+    device: &str,
+    launch: Launch,
+    out: PathBuf,
+    observe: impl FnMut(Event) -> ControlFlow<()>,
+) -> Result<Option<Done>> {
+    on_device(device, Drive { launch, out, observe })
+}
+
+/// Runs `launch` into `out` on `device` with a progress bar, and prints the summary.
+pub fn run(device: &str, launch: Launch, out: PathBuf) -> Result<()> {
+    let resumed = matches!(launch, Launch::Fit(None) | Launch::Transformer(None));
+    let Some(done) = run_with(device, launch, out.clone(), progress())? else {
+        bail!("the run stopped before its end")
+    };
+    match &done {
+        Done::Fit(s) => print_fit(s, resumed),
+        Done::Transformer(s) => print_transformer(s),
+    }
+    match &done {
+        Done::Fit(s) => print_common(s, &out),
+        Done::Transformer(s) => print_common(s, &out),
+    }
+    Ok(())
+}
+
+/// The progress bar every run shows.
+pub fn progress() -> impl FnMut(Event) -> ControlFlow<()> {
+    let bar = ProgressBar::new(0);
+    bar.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} steps · {msg} · {per_sec} · ETA {eta}")
+            .expect("valid template"),
+    );
+    move |event| {
+        match event {
+            Event::Start { done, total } => {
+                bar.set_length(total);
+                bar.set_position(done);
+                bar.reset_eta();
+            }
+            Event::Step(r) => {
+                bar.set_position(r.step);
+                if !r.status.is_empty() {
+                    bar.set_message(r.status.clone());
+                }
+                for n in &r.notes {
+                    bar.println(n);
+                }
+            }
+            Event::Note(n) => bar.println(format!("note: {n}")),
+            Event::Checkpoint(_) => {}
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+fn print_fit(s: &RunSummary<vramfit_splat::job::Summary>, resumed: bool) {
+    let f = &s.workload;
+    let image = if f.image == BUILTIN_SAMPLE {
+        "built-in sample (astronaut)".to_string()
+    } else {
+        f.image.clone()
+    };
+    println!(
+        "fitted {image}, {}x{}, on {}{}",
+        f.width,
+        f.height,
+        s.device,
+        if resumed { " (resumed)" } else { "" }
+    );
+    println!(
+        "  PSNR {:.2} dB · SSIM {:.4} · {:.2} bits per pixel",
+        f.psnr_db, f.ssim, f.bits_per_pixel
+    );
+    println!(
+        "  {} Gaussians · {} steps{} · {:.1} s · {:.1} ms per step (median)",
+        f.gaussians,
+        s.steps,
+        if f.stopped_early {
+            " (stopped early: quality stalled)"
+        } else {
+            ""
+        },
+        s.wall_seconds,
+        s.median_step_ms
+    );
+}
+
+fn print_transformer(s: &RunSummary<TrainSummary>) {
+    let t = &s.workload;
+    println!("trained transformer on {}: {}", s.device, t.techniques);
+    println!(
+        "  final loss {:.4} nats/token (task floor {:.4}) · {} steps ({} skipped, loss scale {})",
+        t.final_loss, t.entropy_floor, s.steps, t.skipped_steps, t.loss_scale
+    );
+    println!(
+        "  {:.1} s · {:.1} ms per step (median) · {:.0} tokens/s",
+        s.wall_seconds, s.median_step_ms, t.tokens_per_second
+    );
+    println!(
+        "  parameters {} · optimizer state {}",
+        human_bytes(t.parameter_bytes),
+        human_bytes(t.optimizer_state_bytes)
+    );
+    if t.cleanup_calls > 0 {
+        println!(
+            "  allocator cleanups: {} in {:.3} s",
+            t.cleanup_calls, t.cleanup_seconds
+        );
+    }
+}
+
+/// The memory lines and table every run prints, then the run directory.
+fn print_common<S>(s: &RunSummary<S>, dir: &Path) {
+    for w in &s.warnings {
+        println!("  warning: {w}");
+    }
+    let report = std::fs::read(dir.join("memory.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<MemoryReport>(&b).ok());
+    match &report {
+        Some(r) => {
+            for line in r.table().lines() {
+                println!("  {line}");
+            }
+        }
+        None => println!(
+            "  memory: peak {} ({})",
+            s.peak_memory_bytes.map(human_bytes).unwrap_or_else(|| "-".into()),
+            s.peak_memory_source
+        ),
+    }
+    if let Some(h) = s.host_peak_bytes {
+        println!(
+            "  host peak resident set {} (beside; not the device figure)",
+            human_bytes(h)
+        );
+    }
+    if let Some(d) = s.driver_peak_bytes {
+        println!(
+            "  driver (NVML) saw at most {} for this process, CUDA context included",
+            human_bytes(d)
+        );
+        if let (Some(c), Some(r)) = (s.driver_context_bytes, s.reserved_peak_bytes) {
+            let beyond = d.saturating_sub(c);
+            println!(
+                "  driver minus the context ({}) = {}; the allocator's reserved peak is {:+.1} % of it",
+                human_bytes(c),
+                human_bytes(beyond),
+                (r as f64 / beyond.max(1) as f64 - 1.0) * 100.0
+            );
+        }
+    }
+    println!("  run directory: {}", dir.display());
+}

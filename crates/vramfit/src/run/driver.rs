@@ -1,0 +1,713 @@
+//! The one run driver: every workload (the splat fit, the transformer, a
+//! user's own model) runs through it. A workload supplies its step, its
+//! state to snapshot and restore, its named tensors and its summary; the
+//! driver owns the rest: the run directory, resume from the newest readable
+//! checkpoint, checkpoint rotation, `metrics.jsonl`, TensorBoard scalars
+//! (memory included), the profiler, and the `memory.json`, `oom.json`,
+//! `error.json` and `summary.json` files.
+//!
+//! Order of a new run: the caller validates its settings and builds the
+//! workload, then [`Run::create`] makes the directory (so bad settings leave
+//! nothing behind), then [`Run::drive`]. A resume: [`Run::open`] returns the
+//! run's own settings, the caller builds the workload from them, and
+//! [`Run::drive`] restores it from the newest checkpoint that reads back.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::{ArrayFile, EventWriter, RunDir, RunDirError, atomic_write, checkpoint_name, checkpoints_newest_first};
+use crate::profile::{Accounted, MemoryReport, MemorySource, NamedTensor, Profiler, oom_report, out_of_memory};
+use crate::step::{Probe, StepObserver};
+
+/// Checkpoints kept on disk (the newest ones).
+pub const KEEP_CHECKPOINTS: usize = 2;
+/// Profiled steps kept in the memory timeline.
+const PROFILE_KEEP_STEPS: u64 = 200;
+
+/// How often the driver logs, checkpoints and profiles (from the workload's settings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cadence {
+    /// Log metrics every this many steps (and at notable steps).
+    pub log_every: u64,
+    /// Checkpoint every this many steps (0: never).
+    pub checkpoint_every: u64,
+    /// Record memory categories every this many steps (0: never; the
+    /// high-water marks are kept at every step regardless).
+    pub profile_every: u64,
+    /// Sample the allocator's in-use figure every this many ms (0: no
+    /// sampling), where the source cannot track it exactly.
+    pub profile_sample_ms: u64,
+}
+
+/// What one step of a workload produced.
+#[derive(Debug, Clone, Default)]
+pub struct StepRecord {
+    /// Step just completed (1-based).
+    pub step: u64,
+    /// Its loss.
+    pub loss: f64,
+    /// Fields of the `metrics.jsonl` line beside `step`, `loss` and `wall_seconds`.
+    pub metrics: serde_json::Map<String, serde_json::Value>,
+    /// TensorBoard scalars beside `loss`.
+    pub scalars: Vec<(String, f64)>,
+    /// Log this step whatever `log_every` says (something happened).
+    pub notable: bool,
+    /// A short status for a progress bar ("PSNR 30.21 dB · 4000 Gaussians").
+    pub status: String,
+    /// Lines worth showing the user ("quality stalled: learning rates ÷ 10").
+    pub notes: Vec<String>,
+    /// Files to write into the run directory now (name, bytes), e.g. frames.
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+/// How a run went, for the workload's summary.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RunStats {
+    /// Steps done.
+    pub steps: u64,
+    /// Wall-clock seconds over every session of the run.
+    pub wall_seconds: f64,
+    /// Median milliseconds per step in the last session.
+    pub median_step_ms: f64,
+}
+
+/// What a finished workload leaves: its summary fields and its files.
+#[derive(Debug, Clone)]
+pub struct Finished<S> {
+    /// The workload's fields of `summary.json`.
+    pub summary: S,
+    /// Files to write (name, bytes), e.g. `gaussians.vfg`, `weights.bin`.
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+/// A step that failed on the device: where, and what the backend said.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceFailure {
+    /// Step (1-based).
+    pub step: u64,
+    /// Phase in which the failure surfaced.
+    pub phase: String,
+    /// The backend's words.
+    pub message: String,
+}
+
+/// What the run driver needs of a workload.
+pub trait Workload {
+    /// The workload's fields of `summary.json`.
+    type Summary: Serialize + DeserializeOwned + Clone;
+    /// Its errors.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The kind stored in its checkpoints (checked on resume).
+    fn checkpoint_kind(&self) -> &'static str;
+    /// How often to log, checkpoint and profile.
+    fn cadence(&self) -> Cadence;
+    /// Where device memory figures come from on its backend.
+    fn memory_source(&self) -> Box<dyn MemorySource>;
+    /// Steps done.
+    fn steps_done(&self) -> u64;
+    /// The step budget.
+    fn total_steps(&self) -> u64;
+    /// True when the run is over (budget spent or stopped early).
+    fn finished(&self) -> bool;
+    /// What it holds between steps (parameters, optimiser state, inputs).
+    fn accounted(&self) -> Accounted;
+    /// One step; reports the end of each phase to `observer`.
+    fn step(&mut self, observer: &mut dyn StepObserver) -> Result<StepRecord, Self::Error>;
+    /// All its state, to resume exactly.
+    fn snapshot(&self) -> Result<ArrayFile, Self::Error>;
+    /// Restores a snapshot taken by [`Workload::snapshot`] with the same settings.
+    fn restore(&mut self, file: &ArrayFile) -> Result<(), Self::Error>;
+    /// Its tensors by name and category, largest first.
+    fn tensors(&self) -> Vec<NamedTensor>;
+    /// What to turn to lower the peak of `report`, most effective first.
+    fn advice(&self, report: &MemoryReport) -> Vec<String>;
+    /// The device failure inside `error`, if it is one.
+    fn device_failure(error: &Self::Error) -> Option<DeviceFailure>;
+    /// Ends the run: its summary fields and final files.
+    fn finish(&mut self, stats: &RunStats) -> Result<Finished<Self::Summary>, Self::Error>;
+}
+
+/// `summary.json`: the driver's fields and the workload's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunSummary<S> {
+    /// The workload's own fields.
+    #[serde(flatten)]
+    pub workload: S,
+    /// Steps done.
+    pub steps: u64,
+    /// Wall-clock seconds over every session of the run.
+    pub wall_seconds: f64,
+    /// Median milliseconds per step in the last session.
+    pub median_step_ms: f64,
+    /// The high-water mark of the figure that decides an out-of-memory on
+    /// this backend; see `peak_memory_source`.
+    pub peak_memory_bytes: Option<u64>,
+    /// What `peak_memory_bytes` measures, or why there is none.
+    pub peak_memory_source: String,
+    /// Step and phase where the peak was reached.
+    #[serde(default)]
+    pub peak_at: Option<String>,
+    /// Largest in-use bytes over the run (allocator or heap).
+    #[serde(default)]
+    pub in_use_peak_bytes: Option<u64>,
+    /// Largest bytes the allocator reserved from the device.
+    #[serde(default)]
+    pub reserved_peak_bytes: Option<u64>,
+    /// Largest device memory the driver (NVML) attributed to this process.
+    #[serde(default)]
+    pub driver_peak_bytes: Option<u64>,
+    /// What the driver counted beyond the allocator when profiling began
+    /// (the CUDA context).
+    #[serde(default)]
+    pub driver_context_bytes: Option<u64>,
+    /// The process's peak resident set (VmHWM), host memory.
+    #[serde(default)]
+    pub host_peak_bytes: Option<u64>,
+    /// Warnings about the run (a diverging loss).
+    #[serde(default)]
+    pub warnings: Vec<String>,
+    /// Device.
+    pub device: String,
+}
+
+/// What the driver reports while it runs.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// The loop starts at `done` of `total` steps.
+    Start {
+        /// Steps already done (resume).
+        done: u64,
+        /// Step budget.
+        total: u64,
+    },
+    /// A step completed.
+    Step(&'a StepRecord),
+    /// A checkpoint was written.
+    Checkpoint(&'a Path),
+    /// Something the user should know (a checkpoint skipped on resume).
+    Note(&'a str),
+}
+
+/// Why a run stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The run directory.
+    #[error(transparent)]
+    RunDir(#[from] RunDirError),
+    /// The workload failed (its own words).
+    #[error(transparent)]
+    Workload(Box<dyn std::error::Error + Send + Sync>),
+    /// A file could not be written.
+    #[error("cannot write {path}: {why}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        why: String,
+    },
+    /// The device ran out of memory; `oom.json` holds the breakdown.
+    #[error(
+        "out of device memory at step {step} ({phase}){requested}; largest: {largest}. The breakdown is in {report}.{advice}"
+    )]
+    OutOfMemory {
+        /// Step that failed.
+        step: u64,
+        /// Phase in which it surfaced.
+        phase: String,
+        /// What the failed allocation asked for, in words (may be empty).
+        requested: String,
+        /// The largest categories and tensors, in words.
+        largest: String,
+        /// The `oom.json` written.
+        report: PathBuf,
+        /// What to turn, in words (may be empty).
+        advice: String,
+    },
+    /// Checkpoints exist but none reads back: the run will not silently start over.
+    #[error(
+        "cannot resume {dir}: no checkpoint reads back ({why}). Nothing was changed. Start a new run with the same \
+         settings (`--config {dir}/config.toml`), or move the checkpoints away to restart this run from step 0"
+    )]
+    NoReadableCheckpoint {
+        /// The run directory.
+        dir: PathBuf,
+        /// Each checkpoint and why it was refused.
+        why: String,
+    },
+}
+
+fn write_err(path: &Path) -> impl Fn(std::io::Error) -> RunError + '_ {
+    move |e| RunError::Write {
+        path: path.into(),
+        why: e.to_string(),
+    }
+}
+
+fn pretty<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec_pretty(value).expect("plain data serialises")
+}
+
+/// A run directory about to be driven.
+#[derive(Debug)]
+pub struct Run {
+    dir: RunDir,
+    device: String,
+    resume: bool,
+}
+
+impl Run {
+    /// Creates the run directory `out` with its resolved `config.toml`
+    /// (call after the workload has been built from the same settings).
+    pub fn create(out: &Path, config_toml: &str, device: &str) -> Result<Self, RunError> {
+        let dir = RunDir::create(out)?;
+        dir.write("config.toml", config_toml.as_bytes())?;
+        Ok(Self {
+            dir,
+            device: device.into(),
+            resume: false,
+        })
+    }
+
+    /// Opens `out` to resume it; returns the run and its `config.toml` text.
+    /// A finished run is refused.
+    pub fn open(out: &Path, device: &str) -> Result<(Self, String), RunError> {
+        let dir = RunDir::open(out)?;
+        let not_resumable = |why: String| RunDirError::NotResumable {
+            path: out.to_path_buf(),
+            why,
+        };
+        if dir.path("summary.json").exists() {
+            return Err(not_resumable("the run already finished (summary.json exists)".into()).into());
+        }
+        let path = dir.path("config.toml");
+        let text = std::fs::read_to_string(&path).map_err(|e| not_resumable(format!("{}: {e}", path.display())))?;
+        let run = Self {
+            dir,
+            device: device.into(),
+            resume: true,
+        };
+        Ok((run, text))
+    }
+
+    /// The run directory.
+    pub fn dir(&self) -> &RunDir {
+        &self.dir
+    }
+
+    /// Restores `workload` from the newest checkpoint that reads back;
+    /// returns the wall seconds before this session and notes for the user.
+    fn restore<W: Workload>(&self, workload: &mut W) -> Result<(f64, Vec<String>), RunError> {
+        let found = checkpoints_newest_first(&self.dir.checkpoints());
+        let mut refused = Vec::new();
+        for path in &found {
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let file = match ArrayFile::read(path) {
+                Ok(f) if f.kind == workload.checkpoint_kind() => f,
+                Ok(f) => {
+                    refused.push(format!(
+                        "{name} holds '{}', not '{}'",
+                        f.kind,
+                        workload.checkpoint_kind()
+                    ));
+                    continue;
+                }
+                Err(e) => {
+                    refused.push(format!("{name}: {e}"));
+                    continue;
+                }
+            };
+            workload.restore(&file).map_err(|e| RunError::Workload(Box::new(e)))?;
+            let wall = file.meta.get("wall_seconds").and_then(|v| v.as_f64()).unwrap_or(0.0);
+            let mut notes: Vec<String> = refused
+                .iter()
+                .map(|r| format!("skipped an unreadable checkpoint: {r}"))
+                .collect();
+            if !refused.is_empty() {
+                notes.push(format!(
+                    "resuming from {name} (step {}): the steps after it are run again",
+                    workload.steps_done()
+                ));
+            }
+            return Ok((wall, notes));
+        }
+        if found.is_empty() {
+            Ok((
+                0.0,
+                vec!["no checkpoint had been written yet: starting from step 0".into()],
+            ))
+        } else {
+            Err(RunError::NoReadableCheckpoint {
+                dir: self.dir.root().into(),
+                why: refused.join("; "),
+            })
+        }
+    }
+
+    /// Runs `workload` to its end (restoring it first when resuming).
+    /// `observe` sees every event and may stop the run as a kill would
+    /// (nothing more is written; `Ok(None)`).
+    pub fn drive<W: Workload>(
+        self,
+        mut workload: W,
+        mut observe: impl FnMut(Event) -> ControlFlow<()>,
+    ) -> Result<Option<RunSummary<W::Summary>>, RunError> {
+        let (wall_before, notes) = if self.resume {
+            let restored = self.restore(&mut workload)?;
+            let _ = std::fs::remove_file(self.dir.path("error.json"));
+            restored
+        } else {
+            (0.0, Vec::new())
+        };
+        for n in &notes {
+            if observe(Event::Note(n)).is_break() {
+                return Ok(None);
+            }
+        }
+        let cadence = workload.cadence();
+        let mut profiler = Profiler::new(workload.memory_source(), PROFILE_KEEP_STEPS);
+        if cadence.profile_sample_ms > 0 {
+            profiler = profiler.with_sampling(std::time::Duration::from_millis(cadence.profile_sample_ms));
+        }
+        let mut session = Session {
+            run: &self,
+            cadence,
+            profiler,
+            wall_before,
+            started: Instant::now(),
+            step_ms: Vec::new(),
+            losses: (None, None),
+        };
+        let result = session.steps(&mut workload, &mut observe);
+        let result = match result {
+            Ok(true) => session.finish(&mut workload).map(Some),
+            Ok(false) => Ok(None),
+            Err(e) => Err(e),
+        };
+        // The memory report is written however the run ended.
+        let report = session.memory_report(&workload);
+        let _ = self.dir.write("memory.json", &pretty(&report));
+        let result = match result {
+            Err(RunError::Workload(e)) => Err(self.device_error(&workload, e, &session.profiler, &report)),
+            other => other,
+        };
+        match result {
+            Ok(Some(summary)) => {
+                self.dir.write("summary.json", &pretty(&summary))?;
+                Ok(Some(summary))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => {
+                let body = json!({ "error": e.to_string(), "step": workload.steps_done() });
+                let _ = self.dir.write("error.json", body.to_string().as_bytes());
+                Err(e)
+            }
+        }
+    }
+
+    /// An out-of-memory gets `oom.json` and a message with the breakdown;
+    /// any other failure passes through.
+    fn device_error<W: Workload>(
+        &self,
+        workload: &W,
+        error: Box<dyn std::error::Error + Send + Sync>,
+        profiler: &Profiler,
+        report: &MemoryReport,
+    ) -> RunError {
+        let Some(failure) = error.downcast_ref::<W::Error>().and_then(W::device_failure) else {
+            return RunError::Workload(error);
+        };
+        if out_of_memory(&failure.message).is_none() {
+            return RunError::Workload(error);
+        }
+        let tensors = workload.tensors();
+        let mut oom = oom_report(
+            &error.to_string(),
+            &failure.message,
+            failure.step,
+            &failure.phase,
+            profiler.records(),
+            &tensors,
+        );
+        oom.json["headline"] = json!(report.headline);
+        oom.json["advice"] = json!(report.advice);
+        if let Err(e) = self.dir.write("oom.json", &pretty(&oom.json)) {
+            return e.into();
+        }
+        RunError::OutOfMemory {
+            step: failure.step,
+            phase: failure.phase,
+            requested: oom.requested,
+            largest: oom.largest,
+            report: self.dir.path("oom.json"),
+            advice: if report.advice.is_empty() {
+                String::new()
+            } else {
+                format!(" To use less: {}", report.advice.join("; "))
+            },
+        }
+    }
+}
+
+/// One session of a run: from start or resume to the end or a stop.
+struct Session<'r> {
+    run: &'r Run,
+    cadence: Cadence,
+    profiler: Profiler,
+    wall_before: f64,
+    started: Instant,
+    step_ms: Vec<f64>,
+    /// First and last finite loss of the session, for the divergence warning.
+    losses: (Option<f64>, Option<f64>),
+}
+
+impl Session<'_> {
+    fn wall(&self) -> f64 {
+        self.wall_before + self.started.elapsed().as_secs_f64()
+    }
+
+    /// Runs the steps; `Ok(false)` when the observer stopped the run.
+    fn steps<W: Workload>(
+        &mut self,
+        w: &mut W,
+        observe: &mut impl FnMut(Event) -> ControlFlow<()>,
+    ) -> Result<bool, RunError> {
+        let dir = &self.run.dir;
+        let mut metrics = dir.metrics(Some(w.steps_done()))?;
+        let mut events = EventWriter::create(dir.root()).map_err(write_err(dir.root()))?;
+        let c = self.cadence;
+        if observe(Event::Start {
+            done: w.steps_done(),
+            total: w.total_steps(),
+        })
+        .is_break()
+        {
+            return Ok(false);
+        }
+        while !w.finished() {
+            let step = w.steps_done() + 1;
+            let record = c.profile_every > 0 && step.is_multiple_of(c.profile_every);
+            // The window that ends here covers the work between steps
+            // (checkpoints, logs, frames).
+            self.profiler.observe(step, "start", None, record, || w.accounted());
+            let t0 = Instant::now();
+            let r = w
+                .step(&mut Probe {
+                    profiler: &mut self.profiler,
+                    step,
+                    record,
+                })
+                .map_err(|e| RunError::Workload(Box::new(e)))?;
+            self.step_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+            if r.loss.is_finite() {
+                self.losses = (self.losses.0.or(Some(r.loss)), Some(r.loss));
+            }
+            if r.notable || step.is_multiple_of(c.log_every.max(1)) || w.finished() {
+                let mut line = serde_json::Map::new();
+                line.insert("step".into(), json!(step));
+                line.insert("loss".into(), json!(r.loss));
+                line.extend(r.metrics.clone());
+                line.insert("wall_seconds".into(), json!(self.wall()));
+                metrics.append(&line)?;
+                let mut scalars = vec![("loss", r.loss)];
+                scalars.extend(r.scalars.iter().map(|(k, v)| (k.as_str(), *v)));
+                events.scalars(step, &scalars).map_err(write_err(dir.root()))?;
+            }
+            self.memory_scalars(&mut events, step)?;
+            for (name, bytes) in &r.files {
+                let path = dir.path(name);
+                atomic_write(&path, bytes).map_err(write_err(&path))?;
+            }
+            if observe(Event::Step(&r)).is_break() {
+                return Ok(false);
+            }
+            if c.checkpoint_every > 0 && step.is_multiple_of(c.checkpoint_every) && !w.finished() {
+                let mut file = w.snapshot().map_err(|e| RunError::Workload(Box::new(e)))?;
+                file.meta["wall_seconds"] = json!(self.wall());
+                let path = dir.checkpoints().join(checkpoint_name(step));
+                atomic_write(&path, &file.to_bytes()).map_err(write_err(&path))?;
+                for old in checkpoints_newest_first(&dir.checkpoints())
+                    .into_iter()
+                    .skip(KEEP_CHECKPOINTS)
+                {
+                    let _ = std::fs::remove_file(old);
+                }
+                if observe(Event::Checkpoint(&path)).is_break() {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// TensorBoard `memory/<phase>/<category>` for the phases recorded at
+    /// `step`, and `memory/peak` (the headline so far) at every recorded step.
+    fn memory_scalars(&self, events: &mut EventWriter, step: u64) -> Result<(), RunError> {
+        let mut tags: Vec<(String, f64)> = Vec::new();
+        for r in self.profiler.records().iter().filter(|r| r.step == step) {
+            let label = r.label();
+            tags.extend(
+                r.categories
+                    .iter()
+                    .map(|(c, b)| (format!("memory/{label}/{}", c.name()), *b as f64)),
+            );
+            tags.push((format!("memory/{label}/in_use"), r.allocated() as f64));
+        }
+        if tags.is_empty() {
+            return Ok(());
+        }
+        if let Some(h) = self.profiler.headline() {
+            tags.push(("memory/peak".into(), h.bytes as f64));
+        }
+        let refs: Vec<(&str, f64)> = tags.iter().map(|(t, v)| (t.as_str(), *v)).collect();
+        events.scalars(step, &refs).map_err(write_err(self.run.dir.root()))
+    }
+
+    fn finish<W: Workload>(&mut self, w: &mut W) -> Result<RunSummary<W::Summary>, RunError> {
+        let mut sorted = self.step_ms.clone();
+        sorted.sort_by(f64::total_cmp);
+        let stats = RunStats {
+            steps: w.steps_done(),
+            wall_seconds: self.wall(),
+            median_step_ms: sorted.get(sorted.len() / 2).copied().unwrap_or(0.0),
+        };
+        let done = w.finish(&stats).map_err(|e| RunError::Workload(Box::new(e)))?;
+        self.profiler
+            .observe(stats.steps, "finish", None, false, Accounted::default);
+        for (name, bytes) in &done.files {
+            let path = self.run.dir.path(name);
+            atomic_write(&path, bytes).map_err(write_err(&path))?;
+        }
+        let mut warnings = Vec::new();
+        if let (Some(first), Some(last)) = self.losses
+            && last > 10.0 * first.abs().max(1e-12)
+        {
+            warnings.push(format!(
+                "the loss grew from {first:.4e} to {last:.4e} over this session: the run diverged. Lower the learning rate"
+            ));
+        }
+        let headline = self.profiler.headline();
+        let peaks = self.profiler.run_peaks();
+        Ok(RunSummary {
+            workload: done.summary,
+            steps: stats.steps,
+            wall_seconds: stats.wall_seconds,
+            median_step_ms: stats.median_step_ms,
+            peak_memory_bytes: headline.as_ref().map(|h| h.bytes),
+            peak_memory_source: headline
+                .as_ref()
+                .map(|h| h.figure.clone())
+                .unwrap_or_else(|| "none: this backend measures no figure that decides an out-of-memory".into()),
+            peak_at: headline.as_ref().map(|h| format!("step {}, {}", h.step, h.label())),
+            in_use_peak_bytes: peaks.map(|p| p.allocated),
+            reserved_peak_bytes: peaks
+                .filter(|_| self.profiler.oom_figure().is_some_and(|f| f.reserved))
+                .map(|p| p.reserved),
+            driver_peak_bytes: peaks.and_then(|p| p.driver),
+            driver_context_bytes: self.profiler.driver_context(),
+            host_peak_bytes: crate::memory::host_peak_bytes(),
+            warnings,
+            device: self.run.device.clone(),
+        })
+    }
+
+    fn memory_report<W: Workload>(&self, w: &W) -> MemoryReport {
+        let mut tensors = w.tensors();
+        tensors.truncate(10);
+        let mut report = self.profiler.report(&self.run.device, tensors, Vec::new());
+        report.advice = w.advice(&report);
+        report
+    }
+}
+
+/// The largest each category got over the recorded phases of the step
+/// where the report's peak was reached (else the last recorded step),
+/// largest first, zeros left out: what a workload's advice starts from.
+pub fn categories_at_peak(report: &MemoryReport) -> Vec<(crate::profile::Category, u64)> {
+    let Some(step) = report.peak_record().or(report.records.last()).map(|r| r.step) else {
+        return Vec::new();
+    };
+    let mut most = std::collections::BTreeMap::new();
+    for r in report.records.iter().filter(|r| r.step == step) {
+        for (c, b) in &r.categories {
+            let m = most.entry(*c).or_insert(0u64);
+            *m = (*m).max(*b);
+        }
+    }
+    let mut v: Vec<_> = most.into_iter().filter(|(_, b)| *b > 0).collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1));
+    v
+}
+
+/// A test seam: `inner` whose step number `step` fails with the error that
+/// `fail` makes (for example a device error in cubecl's out-of-memory
+/// words), so that the driver's failure paths can be tested without a
+/// device that fails. Everything else is `inner`'s.
+pub struct FailAt<W: Workload> {
+    /// The workload.
+    pub inner: W,
+    /// The step that fails (1-based).
+    pub step: u64,
+    /// Makes the error for that step.
+    pub fail: fn(u64) -> W::Error,
+}
+
+impl<W: Workload> Workload for FailAt<W> {
+    type Summary = W::Summary;
+    type Error = W::Error;
+
+    fn checkpoint_kind(&self) -> &'static str {
+        self.inner.checkpoint_kind()
+    }
+    fn cadence(&self) -> Cadence {
+        self.inner.cadence()
+    }
+    fn memory_source(&self) -> Box<dyn MemorySource> {
+        self.inner.memory_source()
+    }
+    fn steps_done(&self) -> u64 {
+        self.inner.steps_done()
+    }
+    fn total_steps(&self) -> u64 {
+        self.inner.total_steps()
+    }
+    fn finished(&self) -> bool {
+        self.inner.finished()
+    }
+    fn accounted(&self) -> Accounted {
+        self.inner.accounted()
+    }
+    fn step(&mut self, observer: &mut dyn StepObserver) -> Result<StepRecord, W::Error> {
+        let next = self.inner.steps_done() + 1;
+        if next == self.step {
+            return Err((self.fail)(next));
+        }
+        self.inner.step(observer)
+    }
+    fn snapshot(&self) -> Result<ArrayFile, W::Error> {
+        self.inner.snapshot()
+    }
+    fn restore(&mut self, file: &ArrayFile) -> Result<(), W::Error> {
+        self.inner.restore(file)
+    }
+    fn tensors(&self) -> Vec<NamedTensor> {
+        self.inner.tensors()
+    }
+    fn advice(&self, report: &MemoryReport) -> Vec<String> {
+        self.inner.advice(report)
+    }
+    fn device_failure(error: &W::Error) -> Option<DeviceFailure> {
+        W::device_failure(error)
+    }
+    fn finish(&mut self, stats: &RunStats) -> Result<Finished<W::Summary>, W::Error> {
+        self.inner.finish(stats)
+    }
+}
