@@ -494,3 +494,334 @@ impl Profiler {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::{MemoryReading, NoAllocator};
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::{Arc, Mutex};
+
+    /// A scripted allocator: the test sets what it reads, and counts reads.
+    /// Its deciding figure is reserved, sampled (as on CubeCL without exact windows).
+    #[derive(Clone, Default)]
+    struct Scripted(Arc<Mutex<MemoryReading>>, Arc<AtomicUsize>);
+
+    impl Scripted {
+        fn set(&self, allocated: u64, reserved: u64) {
+            self.set_with_driver(allocated, reserved, None);
+        }
+
+        fn set_with_driver(&self, allocated: u64, reserved: u64, driver: Option<u64>) {
+            *self.0.lock().unwrap() = MemoryReading {
+                allocated,
+                reserved,
+                driver,
+            };
+        }
+    }
+
+    impl MemorySource for Scripted {
+        fn name(&self) -> String {
+            "scripted".into()
+        }
+        fn read(&self) -> Option<MemoryReading> {
+            self.1.fetch_add(1, SeqCst);
+            Some(*self.0.lock().unwrap())
+        }
+        fn driver_name(&self) -> Option<String> {
+            Some("scripted driver".into())
+        }
+        fn driver_context(&self) -> Option<u64> {
+            Some(5000)
+        }
+        fn oom_figure(&self) -> Option<OomFigure> {
+            Some(OomFigure {
+                reserved: true,
+                name: "scripted reserved",
+                why: "a test",
+                exact: false,
+            })
+        }
+    }
+
+    // A synthetic model: 1,000 f32 parameters, Adam (2 moments), 600 f32
+    // activations saved by forward, 200 f32 of temporaries in backward.
+    const P: u64 = 4000;
+
+    fn walked(gradients: u64) -> Accounted {
+        Accounted {
+            parameters: P,
+            gradients,
+            optimizer_state: 2 * P,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn categories_equal_the_known_sizes_and_add_up_to_reserved() {
+        let alloc = Scripted::default();
+        let mut prof = Profiler::new(Box::new(alloc.clone()), 8);
+        alloc.set(3 * P, 3 * P + 512);
+        let start = prof.record(0, "start", walked(0)).clone();
+        alloc.set(3 * P + 2400, 3 * P + 4096);
+        let fwd = prof.record(0, "forward", walked(0)).clone();
+        alloc.set(3 * P + P + 800, 5 * P + 4096);
+        let bwd = prof.record(0, "backward", walked(P)).clone();
+        assert_eq!(start.categories[&Category::Other], 0);
+        assert_eq!(start.categories[&Category::Cached], 512);
+        assert_eq!(fwd.categories[&Category::Activations], 2400);
+        assert_eq!(fwd.categories[&Category::Other], 0);
+        assert_eq!(fwd.categories[&Category::Cached], 4096 - 2400);
+        assert_eq!(bwd.categories[&Category::Gradients], P);
+        assert_eq!(bwd.categories[&Category::Other], 800);
+        assert_eq!(bwd.categories[&Category::Cached], 5 * P + 4096 - (4 * P + 800));
+        for r in [&start, &fwd, &bwd] {
+            let total: u64 = r.categories.values().sum();
+            assert_eq!(total, r.device.unwrap().reserved, "{}", r.phase);
+        }
+        // A declared workspace of 1,000 bytes: the 800 unexplained in use, then
+        // 200 of what the allocator holds; the sum is still reserved.
+        alloc.set(3 * P + P + 800, 5 * P + 4096);
+        let ws = prof
+            .record(
+                0,
+                "backward",
+                Accounted {
+                    workspace: 1000,
+                    ..walked(P)
+                },
+            )
+            .clone();
+        assert_eq!(ws.categories[&Category::Workspace], 1000);
+        assert_eq!(ws.categories[&Category::Other], 0);
+        assert_eq!(ws.categories[&Category::Cached], 5 * P + 4096 - (4 * P + 800) - 200);
+        assert_eq!(ws.categories.values().sum::<u64>(), ws.device.unwrap().reserved);
+    }
+
+    #[test]
+    fn the_sampler_sees_a_peak_inside_a_phase() {
+        let alloc = Scripted::default();
+        alloc.set_with_driver(1000, 2000, Some(9000));
+        let mut prof = Profiler::new(Box::new(alloc.clone()), 8).with_sampling(Duration::from_millis(1));
+        prof.record(1, "start", Accounted::default());
+        // A transient spike between two records, gone before the next one;
+        // held until the sampler has read twice, however loaded the machine.
+        alloc.set_with_driver(50_000, 60_000, Some(70_000));
+        let reads = alloc.1.load(SeqCst);
+        let t0 = std::time::Instant::now();
+        while alloc.1.load(SeqCst) < reads + 2 {
+            assert!(t0.elapsed() < Duration::from_secs(10), "the sampler thread never ran");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        alloc.set_with_driver(1200, 2000, Some(9000));
+        let r = prof.record(1, "forward", Accounted::default()).clone();
+        assert_eq!(r.device.unwrap().allocated, 1200);
+        assert_eq!(r.peak_in_use, Some(50_000));
+        assert_eq!(r.peak_reserved, Some(60_000));
+        assert_eq!(r.sampled_driver_peak, Some(70_000));
+        let h = prof.headline().unwrap();
+        assert_eq!(
+            (h.bytes, h.step, h.phase.as_str(), h.exact),
+            (60_000, 1, "forward", false)
+        );
+        let next = prof.record(1, "backward", Accounted::default()).clone();
+        assert_eq!(next.peak_in_use, Some(1200), "a new window starts after each record");
+        assert_eq!(next.sampled_driver_peak, Some(9000));
+        // The run's peaks survive the new windows, and the report names the driver source.
+        let report = prof.report("scripted", Vec::new(), Vec::new());
+        assert_eq!(report.reserved_peak_bytes, Some(60_000));
+        assert_eq!(report.in_use_peak_bytes, Some(50_000));
+        assert_eq!(report.driver_peak_bytes, Some(70_000));
+        assert_eq!(report.driver_source.as_deref(), Some("scripted driver"));
+        assert_eq!(report.driver_context_bytes, Some(5000));
+        assert_eq!(report.peak_bytes, Some(60_000));
+        assert!(report.measured.iter().any(|m| m.contains("scripted driver")));
+    }
+
+    /// A source whose windows are exact (as the counting heap's are): a spike
+    /// that no reading sees is still the headline.
+    #[derive(Clone, Default)]
+    struct ExactWindows(Arc<Mutex<(u64, u64)>>);
+
+    impl MemorySource for ExactWindows {
+        fn name(&self) -> String {
+            "exact".into()
+        }
+        fn read(&self) -> Option<MemoryReading> {
+            let now = self.0.lock().unwrap().0;
+            Some(MemoryReading {
+                allocated: now,
+                reserved: now,
+                driver: None,
+            })
+        }
+        fn oom_figure(&self) -> Option<OomFigure> {
+            Some(OomFigure {
+                reserved: false,
+                name: "exact in use",
+                why: "a test",
+                exact: true,
+            })
+        }
+        fn exact_window_peaks(&self) -> bool {
+            true
+        }
+        fn take_window_peak(&self) -> Option<Peaks> {
+            let mut g = self.0.lock().unwrap();
+            let peak = g.1.max(g.0);
+            g.1 = g.0;
+            Some(Peaks {
+                allocated: peak,
+                reserved: peak,
+                driver: None,
+            })
+        }
+    }
+
+    #[test]
+    fn the_headline_is_the_high_water_of_every_step_recorded_or_not() {
+        let src = ExactWindows::default();
+        let mut prof = Profiler::new(Box::new(src.clone()), 8);
+        let mut set = |now: u64, spike: u64| *src.0.lock().unwrap() = (now, spike);
+        for step in 1..=6u64 {
+            let record = step % 3 == 0;
+            set(100, 100);
+            prof.observe(step, "start", None, record, Accounted::default);
+            // Step 4 (not recorded) spikes to 900 inside its backward; step 6 to 500.
+            let spike = match step {
+                4 => 900,
+                6 => 500,
+                _ => 300,
+            };
+            set(150, spike);
+            prof.observe(step, "backward", None, record, Accounted::default);
+        }
+        let h = prof.headline().unwrap();
+        assert_eq!((h.bytes, h.step, h.phase.as_str(), h.exact), (900, 4, "backward", true));
+        let report = prof.report("test", Vec::new(), Vec::new());
+        let recorded_max = report.records.iter().filter_map(|r| r.peak_in_use).max().unwrap();
+        assert_eq!(recorded_max, 500, "only steps 3 and 6 were recorded");
+        assert!(report.peak_bytes.unwrap() >= recorded_max);
+        // Where the step is not recorded, the categories come from the same
+        // phase of the nearest recorded step, and the table says so.
+        assert_eq!(
+            report.peak_record().map(|r| (r.step, r.phase.as_str())),
+            Some((6, "backward"))
+        );
+        assert!(report.table().contains("the nearest recorded"), "{}", report.table());
+    }
+
+    #[test]
+    fn without_an_allocator_only_walked_bytes_are_reported() {
+        let mut prof = Profiler::new(Box::new(NoAllocator), 8);
+        let r = prof
+            .record(
+                3,
+                "forward",
+                Accounted {
+                    activations: Some(96),
+                    inputs: 40,
+                    ..walked(0)
+                },
+            )
+            .clone();
+        assert_eq!(r.device, None);
+        assert_eq!(r.allocated(), 3 * P + 96 + 40);
+        assert!(!r.categories.contains_key(&Category::Other));
+        assert!(!r.categories.contains_key(&Category::Cached));
+        assert!(prof.headline().is_none(), "no deciding figure is invented");
+        let report = prof.report("cpu", Vec::new(), Vec::new());
+        assert!(
+            report.table().starts_with("no device peak measured"),
+            "{}",
+            report.table()
+        );
+    }
+
+    fn run(leak_per_step: u64) -> Option<LeakWarning> {
+        let alloc = Scripted::default();
+        let mut prof = Profiler::new(Box::new(alloc.clone()), 64);
+        let base = Accounted {
+            parameters: 10 << 20,
+            ..Default::default()
+        };
+        for step in 0..30 {
+            let b = 10 << 20;
+            alloc.set(b + step * leak_per_step, b + step * leak_per_step + (1 << 20));
+            prof.record(step, "start", base);
+            alloc.set(b + (3 << 20) + step * leak_per_step, 16 << 20);
+            prof.record(step, "forward", base);
+        }
+        prof.leak(10, 1 << 20)
+    }
+
+    #[test]
+    fn a_leaking_loop_is_flagged_and_a_steady_one_is_not() {
+        assert_eq!(run(0), None);
+        let w = run(512 << 10).expect("0.5 MiB per step is a leak");
+        assert_eq!(w.steps, 10);
+        assert_eq!(w.growth_bytes, 5 << 20);
+        assert_eq!(w.category, Category::Other);
+    }
+
+    #[test]
+    fn the_report_round_trips_through_json_and_old_versions_still_read() {
+        use crate::profile::{NamedTensor, REPORT_VERSION, human_bytes};
+        let alloc = Scripted::default();
+        let mut prof = Profiler::new(Box::new(alloc.clone()), 4);
+        for step in 0..6 {
+            alloc.set(100, 200);
+            prof.record(
+                step,
+                "start",
+                Accounted {
+                    parameters: 40,
+                    ..Default::default()
+                },
+            );
+        }
+        assert_eq!(prof.records().len(), 4, "keeps the last 4 steps");
+        let report = prof.report(
+            "test device",
+            vec![NamedTensor::new("weights", 40, Category::Parameters)],
+            vec!["fewer weights".into()],
+        );
+        let json = serde_json::to_string(&report).unwrap();
+        let back: crate::profile::MemoryReport = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, report);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["schema"], "vramfit.memory");
+        assert_eq!(v["version"], REPORT_VERSION);
+        assert_eq!(v["records"][0]["categories"]["optimizer_state"], 0);
+        assert_eq!(v["largest_tensors"][0]["category"], "parameters");
+        assert!(report.table().contains("start") && report.table().contains("fewer weights"));
+        // A version-3 file: `temporaries` and `fragmentation`, tensors as pairs,
+        // `sampled_peak`, no headline.
+        let mut v3 = v.clone();
+        let fields = v3.as_object_mut().unwrap();
+        for key in ["headline", "advice", "in_use_peak_bytes", "host_peak_bytes"] {
+            fields.remove(key);
+        }
+        fields.insert("version".into(), 3.into());
+        fields.insert("largest_tensors".into(), serde_json::json!([["weights", 40]]));
+        let r0 = fields["records"][0].as_object_mut().unwrap();
+        r0.insert("sampled_peak".into(), 123.into());
+        r0.remove("peak_in_use");
+        let cats = r0["categories"].as_object_mut().unwrap();
+        let other = cats.remove("other").unwrap();
+        let cached = cats.remove("cached").unwrap();
+        cats.insert("temporaries".into(), other.clone());
+        cats.insert("fragmentation".into(), cached.clone());
+        let old: crate::profile::MemoryReport = serde_json::from_value(v3).unwrap();
+        assert_eq!(old.version, 3);
+        assert_eq!(old.headline, None);
+        assert_eq!(old.records[0].peak_in_use, Some(123));
+        assert_eq!(old.records[0].categories[&Category::Other], other.as_u64().unwrap());
+        assert_eq!(old.records[0].categories[&Category::Cached], cached.as_u64().unwrap());
+        assert_eq!(old.largest_tensors[0].name, "weights");
+        assert_eq!(old.largest_tensors[0].category, None);
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(3 << 20), "3.0 MiB");
+    }
+}
