@@ -250,3 +250,102 @@ fn a_device_out_of_memory_writes_oom_json_keeps_the_checkpoints_and_resumes() {
     );
     assert_eq!(resumed.workload.final_loss, straight.workload.final_loss);
 }
+
+#[test]
+fn corrupt_checkpoints_are_skipped_aloud_and_never_restart_silently() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("r");
+    // Stop after the second checkpoint (steps 4 and 8 written).
+    let mut seen = 0;
+    run(Some(small()), &out, |e| {
+        if let Event::Checkpoint(_) = e {
+            seen += 1;
+            if seen == 2 {
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
+    })
+    .unwrap();
+    let newest = out.join("checkpoints/step-00000008.ckpt");
+    let older = out.join("checkpoints/step-00000004.ckpt");
+    let truncate = |p: &Path| {
+        let bytes = std::fs::read(p).unwrap();
+        std::fs::write(p, &bytes[..bytes.len() / 2]).unwrap();
+    };
+    // The newest is corrupt: the run says so and resumes from the older one.
+    truncate(&newest);
+    let mut notes = Vec::new();
+    let mut first = None;
+    let resumed = run(None, &out, |e| {
+        match e {
+            Event::Note(n) => notes.push(n.to_string()),
+            Event::Start { done, .. } => first = Some(done),
+            _ => {}
+        }
+        ControlFlow::Continue(())
+    })
+    .unwrap()
+    .unwrap();
+    assert_eq!(first, Some(4), "resumed from the older checkpoint");
+    assert_eq!(resumed.steps, 12);
+    assert!(
+        notes.iter().any(|n| n.contains("step-00000008.ckpt")) && notes.iter().any(|n| n.contains("step 4")),
+        "{notes:?}"
+    );
+
+    // Both corrupt: refused, naming each file, and nothing is changed.
+    let out = tmp.path().join("both");
+    let mut seen = 0;
+    run(Some(small()), &out, |e| {
+        if let Event::Checkpoint(_) = e {
+            seen += 1;
+            if seen == 2 {
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
+    })
+    .unwrap();
+    truncate(&out.join("checkpoints/step-00000008.ckpt"));
+    truncate(&out.join("checkpoints/step-00000004.ckpt"));
+    let metrics_before = std::fs::read(out.join("metrics.jsonl")).unwrap();
+    let err = run(None, &out, |_| ControlFlow::Continue(())).expect_err("no silent restart");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("no checkpoint reads back") && msg.contains("step-00000004.ckpt") && msg.contains("step-00000008.ckpt"),
+        "{msg}"
+    );
+    assert_eq!(std::fs::read(out.join("metrics.jsonl")).unwrap(), metrics_before);
+    assert!(!out.join("summary.json").exists());
+}
+
+#[test]
+fn a_diverging_run_ends_with_a_warning() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = TrainConfig {
+        lr: 1e6,
+        precision: "f32".into(),
+        storage: Vec::new(),
+        moments: "f32".into(),
+        steps: 30,
+        warmup_steps: 0,
+        ..small()
+    };
+    match run(Some(config), &tmp.path().join("r"), |_| ControlFlow::Continue(())) {
+        // Either the loss blows up to a finite value (a warning) ...
+        Ok(Some(s)) => {
+            assert!(
+                s.warnings.iter().any(|w| w.contains("diverged") && w.contains("learning rate")),
+                "loss {} with no warning",
+                s.workload.final_loss
+            );
+            let written: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(tmp.path().join("r/summary.json")).unwrap()).unwrap();
+            assert!(written["warnings"][0].as_str().unwrap().contains("diverged"));
+        }
+        // ... or to NaN/inf, which is an error that says what to do.
+        Err(e) => assert!(e.to_string().contains("Lower the learning rate"), "{e}"),
+        Ok(None) => unreachable!("nothing stops the run"),
+    }
+}

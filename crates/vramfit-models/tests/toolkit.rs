@@ -1,5 +1,6 @@
-//! The training toolkit's defining properties, on the CPU backend, on the
-//! transformer: checkpointed gradients equal plain ones, k×b accumulation
+//! The training toolkit's defining properties on the transformer, one body
+//! per property on every backend present (Flex; wgpu with the `wgpu`
+//! feature, where the device supports the precision): checkpointed gradients equal plain ones, k×b accumulation
 //! equals the k·b batch, the loss scaler backs off and skips on an inf,
 //! bf16/f16 training follows the f32 loss curve, reduced-precision storage
 //! halves the stored bytes and still trains, and everything together
@@ -7,11 +8,11 @@
 
 use std::collections::BTreeMap;
 
-use burn::backend::{Autodiff, Flex};
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
-use burn::tensor::FloatDType;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{DType, FloatDType};
 use vramfit::allocator::{Cleanup, CleanupPolicy};
 use vramfit::batch::MicroBatching;
 use vramfit::checkpoint::CheckpointPolicy;
@@ -23,7 +24,24 @@ use vramfit::storage::{StoragePolicy, parameter_bytes};
 use vramfit_models::data::{SyntheticTask, TaskConfig};
 use vramfit_models::gpt::{Gpt, GptConfig, TokenBatch};
 
-type B = Autodiff<Flex>;
+vramfit::test_backends!(
+    checkpointed_gradients_equal_plain_gradients,
+    accumulated_micro_batches_equal_the_whole_batch,
+    loss_scaler_skips_and_backs_off_on_an_injected_inf_then_grows,
+    non_finite_loss_without_a_scaler_is_a_clear_error,
+    low_precision_training_follows_the_f32_curve,
+    reduced_precision_storage_halves_bytes_and_still_trains,
+    all_techniques_together_match_their_reference,
+);
+
+/// Whether the device computes in `precision` (wgpu has no bf16).
+fn supports<B: AutodiffBackend>(precision: Precision) -> bool {
+    let supported = B::supports_dtype(&Default::default(), DType::from(precision.dtype()));
+    if !supported {
+        eprintln!("skipped on this device: {precision:?} is not supported");
+    }
+    supported
+}
 
 fn tiny() -> GptConfig {
     GptConfig {
@@ -51,9 +69,9 @@ fn task(config: &GptConfig) -> SyntheticTask {
 }
 
 /// Gradients by parameter path, as f32 host vectors.
-fn by_path<M: Module<B>>(model: &M, grads: &GradientsParams) -> BTreeMap<String, Vec<f32>> {
+fn by_path<B: AutodiffBackend, M: Module<B>>(model: &M, grads: &GradientsParams) -> BTreeMap<String, Vec<f32>> {
     struct Walk<'a>(PathTracker, &'a GradientsParams, BTreeMap<String, Vec<f32>>);
-    impl ModuleVisitor<B> for Walk<'_> {
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Walk<'_> {
         fn enter_module(&mut self, name: &str, _: &str) {
             self.0.enter(name)
         }
@@ -61,7 +79,7 @@ fn by_path<M: Module<B>>(model: &M, grads: &GradientsParams) -> BTreeMap<String,
             self.0.exit()
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            if let Some(g) = self.1.get::<Flex, D>(param.id) {
+            if let Some(g) = self.1.get::<B::InnerBackend, D>(param.id) {
                 let v = g.cast(FloatDType::F32).into_data().to_vec::<f32>().unwrap();
                 self.2.insert(self.0.path(), v);
             }
@@ -87,7 +105,12 @@ fn relative_gap(a: &BTreeMap<String, Vec<f32>>, b: &BTreeMap<String, Vec<f32>>) 
     gap / scale
 }
 
-fn stepper(precision: Precision, checkpoint: &CheckpointPolicy, batching: MicroBatching, depth: usize) -> Stepper<B> {
+fn stepper<B: AutodiffBackend>(
+    precision: Precision,
+    checkpoint: &CheckpointPolicy,
+    batching: MicroBatching,
+    depth: usize,
+) -> Stepper<B> {
     Stepper {
         autocast: Autocast::new(precision),
         checkpointed: checkpoint.plan(depth).unwrap(),
@@ -101,23 +124,22 @@ fn stepper(precision: Precision, checkpoint: &CheckpointPolicy, batching: MicroB
     }
 }
 
-fn plain_gradients(model: &Gpt<B>, batch: &TokenBatch<B>, ac: &Autocast) -> GradientsParams {
+fn plain_gradients<B: AutodiffBackend>(model: &Gpt<B>, batch: &TokenBatch<B>, ac: &Autocast) -> GradientsParams {
     GradientsParams::from_grads(model.loss(batch, ac).backward(), model)
 }
 
-#[test]
-fn checkpointed_gradients_equal_plain_gradients() {
+fn checkpointed_gradients_equal_plain_gradients<B: AutodiffBackend>() {
     let device = Default::default();
     let config = tiny();
     let model = config.init::<B>(3, &device);
     let batch = task(&config).batch(0, 4, &device);
-    for precision in [Precision::F32, Precision::Bf16] {
+    for precision in [Precision::F32, Precision::Bf16].into_iter().filter(|p| supports::<B>(*p)) {
         let ac = Autocast::new(precision);
         let plain = by_path(&model, &plain_gradients(&model, &batch, &ac));
         assert_eq!(plain.len(), 2 + 2 + 4 * 12 + 2, "every parameter has a gradient");
         for policy in ["all", "every:2", "auto", "list:1,2"] {
             let marks = CheckpointPolicy::parse(policy).unwrap().plan(config.depth).unwrap();
-            let mut s = stepper(
+            let mut s = stepper::<B>(
                 precision,
                 &CheckpointPolicy::parse(policy).unwrap(),
                 MicroBatching::whole(4),
@@ -137,20 +159,19 @@ fn checkpointed_gradients_equal_plain_gradients() {
     }
 }
 
-#[test]
-fn accumulated_micro_batches_equal_the_whole_batch() {
+fn accumulated_micro_batches_equal_the_whole_batch<B: AutodiffBackend>() {
     let device = Default::default();
     let config = tiny();
     let task = task(&config);
     let batch = task.batch(0, 8, &device);
     let model = config.init::<B>(5, &device);
-    let whole = stepper(
+    let whole = stepper::<B>(
         Precision::F32,
         &CheckpointPolicy::None,
         MicroBatching::whole(8),
         config.depth,
     );
-    let split = stepper(
+    let split = stepper::<B>(
         Precision::F32,
         &CheckpointPolicy::None,
         MicroBatching {
@@ -186,12 +207,14 @@ fn accumulated_micro_batches_equal_the_whole_batch() {
     assert!(gap < 1e-5, "parameters differ by {gap} after 5 steps");
 }
 
-#[test]
-fn loss_scaler_skips_and_backs_off_on_an_injected_inf_then_grows() {
+fn loss_scaler_skips_and_backs_off_on_an_injected_inf_then_grows<B: AutodiffBackend>() {
+    if !supports::<B>(Precision::F16) {
+        return;
+    }
     let device = Default::default();
     let config = tiny();
     let task = task(&config);
-    let mut s = stepper(
+    let mut s = stepper::<B>(
         Precision::F16,
         &CheckpointPolicy::None,
         MicroBatching::whole(4),
@@ -248,18 +271,17 @@ fn loss_scaler_skips_and_backs_off_on_an_injected_inf_then_grows() {
     );
 }
 
-#[test]
-fn non_finite_loss_without_a_scaler_is_a_clear_error() {
+fn non_finite_loss_without_a_scaler_is_a_clear_error<B: AutodiffBackend>() {
     let device = Default::default();
     let config = tiny();
     let mut batch = task(&config).batch(0, 4, &device);
     batch.frames = batch.frames.map(|f| f.mul_scalar(f32::NAN));
-    let mut s = stepper(
-        Precision::Bf16,
-        &CheckpointPolicy::None,
-        MicroBatching::whole(4),
-        config.depth,
-    );
+    // bf16 where the device has it: no scaler either way.
+    let precision = [Precision::Bf16, Precision::F32]
+        .into_iter()
+        .find(|p| supports::<B>(*p))
+        .unwrap();
+    let mut s = stepper::<B>(precision, &CheckpointPolicy::None, MicroBatching::whole(4), config.depth);
     let model = config.init::<B>(1, &device);
     let err = s
         .step(model, &batch, 1e-3, &device, &mut ())
@@ -270,7 +292,7 @@ fn non_finite_loss_without_a_scaler_is_a_clear_error() {
 }
 
 /// Trains `steps` steps and returns the loss per step.
-fn train(
+fn train<B: AutodiffBackend>(
     precision: Precision,
     checkpoint: &str,
     batching: MicroBatching,
@@ -283,7 +305,7 @@ fn train(
     let task = task(&config);
     let model = config.init::<B>(11, &device);
     let mut model = StoragePolicy::parse(storage).unwrap().apply(model).unwrap();
-    let mut s = stepper(
+    let mut s = stepper::<B>(
         precision,
         &CheckpointPolicy::parse(checkpoint).unwrap(),
         batching,
@@ -315,15 +337,14 @@ fn curve_gap(a: &[f64], b: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-#[test]
-fn low_precision_training_follows_the_f32_curve() {
+fn low_precision_training_follows_the_f32_curve<B: AutodiffBackend>() {
     let whole = MicroBatching::whole(8);
-    let (f32_curve, ..) = train(Precision::F32, "none", whole, &[], FloatDType::F32, 300);
+    let (f32_curve, ..) = train::<B>(Precision::F32, "none", whole, &[], FloatDType::F32, 300);
     let start = mean(&f32_curve[..25]);
     let end = mean(&f32_curve[275..]);
     assert!(start - end > 0.8, "the task is learnable: {start:.3} → {end:.3} nats");
-    for precision in [Precision::Bf16, Precision::F16] {
-        let (curve, ..) = train(precision, "none", whole, &[], FloatDType::F32, 300);
+    for precision in [Precision::Bf16, Precision::F16].into_iter().filter(|p| supports::<B>(*p)) {
+        let (curve, ..) = train::<B>(precision, "none", whole, &[], FloatDType::F32, 300);
         let gap = curve_gap(&f32_curve, &curve);
         eprintln!("{precision:?} vs f32: curve gap {gap:.4} nats (f32 {start:.3} -> {end:.3})");
         // Tolerance 0.05 nats on 25-step means while the curve drops 2.58 → 1.17;
@@ -332,8 +353,10 @@ fn low_precision_training_follows_the_f32_curve() {
     }
 }
 
-#[test]
-fn reduced_precision_storage_halves_bytes_and_still_trains() {
+fn reduced_precision_storage_halves_bytes_and_still_trains<B: AutodiffBackend>() {
+    if !supports::<B>(Precision::Bf16) {
+        return;
+    }
     let device = Default::default();
     let config = tiny();
     let model = config.init::<B>(11, &device);
@@ -353,8 +376,8 @@ fn reduced_precision_storage_halves_bytes_and_still_trains() {
     assert!(err.to_string().contains("token_embedding"), "{err}");
 
     let whole = MicroBatching::whole(8);
-    let (reference, _, f32_state) = train(Precision::F32, "none", whole, &[], FloatDType::F32, 200);
-    let (curve, trained, bf16_state) = train(Precision::Bf16, "none", whole, &["*:bf16"], FloatDType::BF16, 200);
+    let (reference, _, f32_state) = train::<B>(Precision::F32, "none", whole, &[], FloatDType::F32, 200);
+    let (curve, trained, bf16_state) = train::<B>(Precision::Bf16, "none", whole, &["*:bf16"], FloatDType::BF16, 200);
     assert_eq!(bf16_state * 2, f32_state, "bf16 moments take half the bytes");
     assert_eq!(
         parameter_bytes(&trained),
@@ -372,10 +395,9 @@ fn reduced_precision_storage_halves_bytes_and_still_trains() {
     );
 }
 
-#[test]
-fn all_techniques_together_match_their_reference() {
+fn all_techniques_together_match_their_reference<B: AutodiffBackend>() {
     let steps = 200;
-    let reference = train(
+    let reference = train::<B>(
         Precision::F32,
         "none",
         MicroBatching::whole(8),
@@ -384,7 +406,7 @@ fn all_techniques_together_match_their_reference() {
         steps,
     );
     // The exact ones together: checkpointing and accumulation change no arithmetic but sum order.
-    let exact = train(
+    let exact = train::<B>(
         Precision::F32,
         "every:2",
         MicroBatching {
@@ -405,7 +427,10 @@ fn all_techniques_together_match_their_reference() {
     // Measured 7.7e-6 over 200 steps (sum-order differences compounded by Adam).
     assert!(gap < 1e-3, "checkpoint + accumulation: loss gap {gap}");
     // Everything: bf16 compute, √n checkpointing, 2×4 accumulation, bf16 table and moments.
-    let all = train(
+    if !supports::<B>(Precision::Bf16) {
+        return;
+    }
+    let all = train::<B>(
         Precision::Bf16,
         "auto",
         MicroBatching {

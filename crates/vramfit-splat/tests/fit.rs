@@ -1,7 +1,9 @@
-//! The Burn ops against their CPU twins, and the fit loop's behaviour.
+//! The Burn ops against their CPU twins, and the fit loop's behaviour on
+//! every backend present (Flex; wgpu with the `wgpu` feature).
 
 use burn::backend::{Autodiff, Flex};
 use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use vramfit_splat::config::FitConfig;
@@ -9,7 +11,7 @@ use vramfit_splat::cpu::project::Frame;
 use vramfit_splat::cpu::render::{Splats, render_backward};
 use vramfit_splat::cpu::ssim::ssim_backward;
 use vramfit_splat::fit::Fit;
-use vramfit_splat::op::{self, RenderSpec, SplatTensors};
+use vramfit_splat::op::{self, FusedLoss, RenderSpec, SplatBackend, SplatTensors};
 use vramfit_splat::picture::Picture;
 use vramfit_splat::sample;
 
@@ -71,8 +73,16 @@ fn autodiff_gradients_are_the_cpu_twins() {
     assert!(expected.d_xy.iter().any(|v| v.abs() > 1e-6));
 }
 
-#[test]
-fn a_short_fit_raises_psnr_clearly() {
+vramfit::test_backends!(
+    a_short_fit_raises_psnr_clearly,
+    a_checkpoint_round_trip_continues_identically,
+    a_device_out_of_memory_writes_oom_json_and_keeps_what_was_written,
+);
+
+fn a_short_fit_raises_psnr_clearly<B: AutodiffBackend + SplatBackend>()
+where
+    B::InnerBackend: FusedLoss,
+{
     let picture = Picture::from_rgb8(&sample::procedural(96, 64));
     let config = FitConfig {
         gaussians: 300,
@@ -81,7 +91,7 @@ fn a_short_fit_raises_psnr_clearly() {
         check_every: 50,
         ..Default::default()
     };
-    let mut fit = Fit::<Ad>::new(&picture, &config, &Default::default()).unwrap();
+    let mut fit = Fit::<B>::new(&picture, &config, &Default::default()).unwrap();
     let (_, before, ssim_before) = fit.evaluate().unwrap();
     while !fit.finished() {
         fit.step(false, &mut ()).unwrap();
@@ -94,8 +104,10 @@ fn a_short_fit_raises_psnr_clearly() {
     assert!(ssim_after > ssim_before, "SSIM {ssim_before:.3} → {ssim_after:.3}");
 }
 
-#[test]
-fn a_checkpoint_round_trip_continues_identically() {
+fn a_checkpoint_round_trip_continues_identically<B: AutodiffBackend + SplatBackend>()
+where
+    B::InnerBackend: FusedLoss,
+{
     let picture = Picture::from_rgb8(&sample::procedural(48, 40));
     let config = FitConfig {
         gaussians: 80,
@@ -106,8 +118,8 @@ fn a_checkpoint_round_trip_continues_identically() {
         ..Default::default()
     };
     let d = Default::default();
-    let mut whole = Fit::<Ad>::new(&picture, &config, &d).unwrap();
-    let mut first = Fit::<Ad>::new(&picture, &config, &d).unwrap();
+    let mut whole = Fit::<B>::new(&picture, &config, &d).unwrap();
+    let mut first = Fit::<B>::new(&picture, &config, &d).unwrap();
     for _ in 0..45 {
         whole.step(false, &mut ()).unwrap();
         first.step(false, &mut ()).unwrap();
@@ -115,7 +127,7 @@ fn a_checkpoint_round_trip_continues_identically() {
     let bytes = first.checkpoint().to_bytes();
     drop(first);
     let ckpt = vramfit::run::ArrayFile::from_bytes(&bytes, "mem").unwrap();
-    let mut resumed = Fit::<Ad>::resume(&picture, &config, &ckpt, &d).unwrap();
+    let mut resumed = Fit::<B>::resume(&picture, &config, &ckpt, &d).unwrap();
     while !whole.finished() {
         whole.step(false, &mut ()).unwrap();
     }
@@ -126,8 +138,10 @@ fn a_checkpoint_round_trip_continues_identically() {
     assert_eq!(whole.gaussians(), resumed.gaussians());
 }
 
-#[test]
-fn a_device_out_of_memory_writes_oom_json_and_keeps_what_was_written() {
+fn a_device_out_of_memory_writes_oom_json_and_keeps_what_was_written<B: AutodiffBackend + SplatBackend>()
+where
+    B::InnerBackend: FusedLoss,
+{
     use std::ops::ControlFlow;
     use vramfit::run::FailAt;
     use vramfit_splat::SplatError;
@@ -148,7 +162,7 @@ fn a_device_out_of_memory_writes_oom_json_and_keeps_what_was_written() {
     };
     let out = tmp.path().join("r");
     let (run, workload) =
-        vramfit_splat::job::launch::<Ad>(Some(config), out.clone(), &Default::default(), "cpu").unwrap();
+        vramfit_splat::job::launch::<B>(Some(config), out.clone(), &Default::default(), "test").unwrap();
     // Step 45 fails at its sync as a device out-of-memory would (cubecl's words).
     let failing = FailAt {
         inner: workload,

@@ -20,6 +20,7 @@
 //! ```
 
 pub mod allocator;
+pub mod backends;
 pub mod batch;
 pub mod checkpoint;
 pub mod grads;

@@ -54,11 +54,6 @@ fn matches(prefix: &str, path: &str) -> bool {
 }
 
 impl StoragePolicy {
-    /// Everything f32.
-    pub fn full() -> Self {
-        Self::default()
-    }
-
     /// Parses entries `PREFIX:TYPE` (later entries win where prefixes overlap).
     pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<Self, StorageError> {
         let mut groups = Vec::new();

@@ -1,0 +1,36 @@
+//! The backends one test body runs on: Flex always, wgpu where the crate
+//! under test is built with its `wgpu` feature (Mesa's software Vulkan in
+//! CI), as candle's `test_device!` does for its devices.
+//!
+//! ```ignore
+//! fn checkpointed_gradients_equal_plain<B: AutodiffBackend>() { /* … */ }
+//! vramfit::test_backends!(checkpointed_gradients_equal_plain);
+//! ```
+//! expands to a module per body with a `flex` test and, under the calling
+//! crate's `wgpu` feature, a `wgpu` test (that feature must enable
+//! `vramfit/wgpu`).
+
+/// Flex with autodiff: the CPU backend every test runs on.
+pub type Flex = burn::backend::Autodiff<burn::backend::Flex>;
+
+/// wgpu (CubeCL) with autodiff.
+#[cfg(feature = "wgpu")]
+pub type Wgpu = burn::backend::Autodiff<burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u8>>;
+
+/// Instantiates each generic test body `fn body<B>()` on every backend present.
+#[macro_export]
+macro_rules! test_backends {
+    ($($body:ident),+ $(,)?) => {$(
+        mod $body {
+            #[test]
+            fn flex() {
+                super::$body::<$crate::backends::Flex>();
+            }
+            #[cfg(feature = "wgpu")]
+            #[test]
+            fn wgpu() {
+                super::$body::<$crate::backends::Wgpu>();
+            }
+        }
+    )+};
+}
