@@ -97,7 +97,9 @@ fn a_wgpu_fit_matches_the_cpu_fit_and_profiles_the_device_allocator() {
     assert_eq!(last["categories"]["workspace"], workspace);
     let largest = memory["largest_tensors"].as_array().unwrap();
     assert!(
-        largest.iter().any(|t| t["name"] == "target image" && t["bytes"] == 80 * 56 * 3 && t["category"] == "inputs"),
+        largest
+            .iter()
+            .any(|t| t["name"] == "target image" && t["bytes"] == 80 * 56 * 3 && t["category"] == "inputs"),
         "{largest:?}"
     );
     // The headline is the allocator's reserved high-water: what decides an
@@ -109,14 +111,24 @@ fn a_wgpu_fit_matches_the_cpu_fit_and_profiles_the_device_allocator() {
     assert_eq!(headline["bytes"].as_u64().unwrap(), peak);
     assert_eq!(gpu["reserved_peak_bytes"].as_u64().unwrap(), peak);
     assert_eq!(memory["reserved_peak_bytes"].as_u64().unwrap(), peak);
-    let most_recorded = records.iter().map(|r| r["device"]["reserved"].as_u64().unwrap()).max().unwrap();
+    let most_recorded = records
+        .iter()
+        .map(|r| r["device"]["reserved"].as_u64().unwrap())
+        .max()
+        .unwrap();
     assert!(peak >= most_recorded);
-    assert!(peak >= workspace + 80 * 56 * 3 + 3 * 160 * 8 * 4, "peak {peak}, workspace {workspace}");
+    assert!(
+        peak >= workspace + 80 * 56 * 3 + 3 * 160 * 8 * 4,
+        "peak {peak}, workspace {workspace}"
+    );
     assert!(gpu["driver_peak_bytes"].is_null());
 
     // The report reads the GPU run like any other.
     let text = ok(&run(&["report", "gpu"], d));
-    assert!(text.contains("allocator reserved bytes") && text.contains("workspace"), "{text}");
+    assert!(
+        text.contains("allocator reserved bytes") && text.contains("workspace"),
+        "{text}"
+    );
 }
 
 /// The transformer on wgpu: the step's phases are recorded with the
@@ -128,8 +140,20 @@ fn a_wgpu_transformer_measures_activations_and_checkpointing_lowers_them() {
     let train = |checkpoint: &str, out: &str| {
         ok(&run(
             &[
-                "train", "transformer", "--device", "wgpu", "--steps", "3", "--checkpoint", checkpoint, "--set",
-                "profile_every=1", "--set", "task.tokens=32", "--out", out,
+                "train",
+                "transformer",
+                "--device",
+                "wgpu",
+                "--steps",
+                "3",
+                "--checkpoint",
+                checkpoint,
+                "--set",
+                "profile_every=1",
+                "--set",
+                "task.tokens=32",
+                "--out",
+                out,
             ],
             d,
         ));

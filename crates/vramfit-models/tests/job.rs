@@ -268,7 +268,6 @@ fn corrupt_checkpoints_are_skipped_aloud_and_never_restart_silently() {
     })
     .unwrap();
     let newest = out.join("checkpoints/step-00000008.ckpt");
-    let older = out.join("checkpoints/step-00000004.ckpt");
     let truncate = |p: &Path| {
         let bytes = std::fs::read(p).unwrap();
         std::fs::write(p, &bytes[..bytes.len() / 2]).unwrap();
@@ -313,7 +312,9 @@ fn corrupt_checkpoints_are_skipped_aloud_and_never_restart_silently() {
     let err = run(None, &out, |_| ControlFlow::Continue(())).expect_err("no silent restart");
     let msg = err.to_string();
     assert!(
-        msg.contains("no checkpoint reads back") && msg.contains("step-00000004.ckpt") && msg.contains("step-00000008.ckpt"),
+        msg.contains("no checkpoint reads back")
+            && msg.contains("step-00000004.ckpt")
+            && msg.contains("step-00000008.ckpt"),
         "{msg}"
     );
     assert_eq!(std::fs::read(out.join("metrics.jsonl")).unwrap(), metrics_before);
@@ -322,30 +323,28 @@ fn corrupt_checkpoints_are_skipped_aloud_and_never_restart_silently() {
 
 #[test]
 fn a_diverging_run_ends_with_a_warning() {
+    // The issue's case: `--set lr=1e6` on the default model grows the loss
+    // to ~1e13 (finite, so no step fails) and used to exit without a word.
     let tmp = tempfile::tempdir().unwrap();
     let config = TrainConfig {
         lr: 1e6,
-        precision: "f32".into(),
-        storage: Vec::new(),
-        moments: "f32".into(),
         steps: 30,
         warmup_steps: 0,
-        ..small()
+        checkpoint_every: 0,
+        ..TrainConfig::default()
     };
-    match run(Some(config), &tmp.path().join("r"), |_| ControlFlow::Continue(())) {
-        // Either the loss blows up to a finite value (a warning) ...
-        Ok(Some(s)) => {
-            assert!(
-                s.warnings.iter().any(|w| w.contains("diverged") && w.contains("learning rate")),
-                "loss {} with no warning",
-                s.workload.final_loss
-            );
-            let written: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(tmp.path().join("r/summary.json")).unwrap()).unwrap();
-            assert!(written["warnings"][0].as_str().unwrap().contains("diverged"));
-        }
-        // ... or to NaN/inf, which is an error that says what to do.
-        Err(e) => assert!(e.to_string().contains("Lower the learning rate"), "{e}"),
-        Ok(None) => unreachable!("nothing stops the run"),
-    }
+    let s = run(Some(config), &tmp.path().join("r"), |_| ControlFlow::Continue(()))
+        .unwrap()
+        .unwrap();
+    assert!(s.workload.final_loss > 1e6, "diverged: {}", s.workload.final_loss);
+    assert!(
+        s.warnings
+            .iter()
+            .any(|w| w.contains("diverged") && w.contains("Lower the learning rate")),
+        "no warning: {:?}",
+        s.warnings
+    );
+    let written: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("r/summary.json")).unwrap()).unwrap();
+    assert!(written["warnings"][0].as_str().unwrap().contains("diverged"));
 }

@@ -19,7 +19,7 @@ use vramfit::checkpoint::CheckpointPolicy;
 use vramfit::optim::{AdamConfig, ModuleAdam};
 use vramfit::params::{PathTracker, snapshot};
 use vramfit::precision::{Autocast, LossScaler, Precision, ScalerConfig};
-use vramfit::step::{StepError, Stepper, Trainable as _};
+use vramfit::step::{StepError, Stepper};
 use vramfit::storage::{StoragePolicy, parameter_bytes};
 use vramfit_models::data::{SyntheticTask, TaskConfig};
 use vramfit_models::gpt::{Gpt, GptConfig, TokenBatch};
@@ -133,7 +133,10 @@ fn checkpointed_gradients_equal_plain_gradients<B: AutodiffBackend>() {
     let config = tiny();
     let model = config.init::<B>(3, &device);
     let batch = task(&config).batch(0, 4, &device);
-    for precision in [Precision::F32, Precision::Bf16].into_iter().filter(|p| supports::<B>(*p)) {
+    for precision in [Precision::F32, Precision::Bf16]
+        .into_iter()
+        .filter(|p| supports::<B>(*p))
+    {
         let ac = Autocast::new(precision);
         let plain = by_path(&model, &plain_gradients(&model, &batch, &ac));
         assert_eq!(plain.len(), 2 + 2 + 4 * 12 + 2, "every parameter has a gradient");
@@ -153,8 +156,12 @@ fn checkpointed_gradients_equal_plain_gradients<B: AutodiffBackend>() {
             // repeats the same kernels on the same inputs; only the order in which
             // gradient contributions are summed differs (tied embedding, residual stream).
             assert!(gap <= 1e-6, "{precision:?} {policy}: relative gap {gap}");
-            let plain_loss: f32 = model.loss(&batch, &ac).into_scalar();
-            assert_eq!(loss.into_scalar(), plain_loss, "{precision:?} {policy}: the same loss");
+            let plain_loss: f32 = model.loss(&batch, &ac).into_scalar().elem();
+            assert_eq!(
+                loss.into_scalar().elem::<f32>(),
+                plain_loss,
+                "{precision:?} {policy}: the same loss"
+            );
         }
     }
 }
@@ -186,25 +193,47 @@ fn accumulated_micro_batches_equal_the_whole_batch<B: AutodiffBackend>() {
     eprintln!("accumulation 4x2 vs 8: relative gradient gap {gap:e}");
     // Measured 2.5e-7: only the order of float sums differs.
     assert!(gap < 1e-5, "relative gap {gap}");
-    let (l1, l2): (f32, f32) = (l1.into_scalar(), l2.into_scalar());
+    let (l1, l2): (f32, f32) = (l1.into_scalar().elem(), l2.into_scalar().elem());
     assert!((l1 - l2).abs() < 1e-6, "mean loss {l1} vs {l2}");
 
-    // And over several optimiser steps the parameters stay together.
-    let (mut a, mut b) = (model.clone(), model);
+    // And over several optimiser steps the two train alike. Adam normalises
+    // each gradient by its own history, so where a gradient is near zero the
+    // summation-order noise decides its update's sign: parameters are
+    // compared where the whole-batch step moved them by more than half the
+    // learning rate per step (a signal, not noise), and the losses everywhere.
+    let (mut a, mut b) = (model.clone(), model.clone());
     let (mut sa, mut sb) = (whole, split);
+    let (mut la, mut lb) = (Vec::new(), Vec::new());
     for step in 0..5 {
         let batch = task.batch(step, 8, &device);
-        a = sa.step(a, &batch, 1e-3, &device, &mut ()).unwrap().0;
-        b = sb.step(b, &batch, 1e-3, &device, &mut ()).unwrap().0;
+        let (m, out) = sa.step(a, &batch, 1e-3, &device, &mut ()).unwrap();
+        (a, la) = (m, [la, vec![out.loss]].concat());
+        let (m, out) = sb.step(b, &batch, 1e-3, &device, &mut ()).unwrap();
+        (b, lb) = (m, [lb, vec![out.loss]].concat());
     }
-    let (pa, pb) = (snapshot(&a), snapshot(&b));
-    let gap = pa
+    let loss_gap = la
         .iter()
-        .flat_map(|(k, (_, _, va))| va.iter().zip(&pb[k].2).map(|(x, y)| (x - y).abs()))
-        .fold(0f32, f32::max);
-    eprintln!("accumulation: parameter gap after 5 steps {gap:e}");
-    // Adam divides by √v, which magnifies sum-order differences in tiny gradients; measured 1.2e-6.
-    assert!(gap < 1e-5, "parameters differ by {gap} after 5 steps");
+        .zip(&lb)
+        .map(|(x, y)| (x - y).abs() / x.abs())
+        .fold(0.0, f64::max);
+    let (p0, pa, pb) = (snapshot(&model), snapshot(&a), snapshot(&b));
+    let (mut gap, mut compared) = (0f32, 0usize);
+    for (k, (_, _, v0)) in &p0 {
+        for ((x0, x), y) in v0.iter().zip(&pa[k].2).zip(&pb[k].2) {
+            if (x - x0).abs() > 0.5 * 5.0 * 1e-3 {
+                gap = gap.max((x - y).abs());
+                compared += 1;
+            }
+        }
+    }
+    eprintln!(
+        "accumulation after 5 steps: loss gap {loss_gap:e} (relative), parameter gap {gap:e} over {compared} moved parameters"
+    );
+    // Measured: losses 2.6e-7 relative on Flex and wgpu (lavapipe); moved parameters
+    // 1.7e-8 (Flex) and 6.0e-8 (wgpu) over 18,810 of them.
+    assert!(loss_gap < 1e-5, "losses differ by {loss_gap} (relative)");
+    assert!(compared > 1000, "most parameters move: {compared}");
+    assert!(gap < 1e-5, "moved parameters differ by {gap} after 5 steps");
 }
 
 fn loss_scaler_skips_and_backs_off_on_an_injected_inf_then_grows<B: AutodiffBackend>() {
@@ -281,7 +310,12 @@ fn non_finite_loss_without_a_scaler_is_a_clear_error<B: AutodiffBackend>() {
         .into_iter()
         .find(|p| supports::<B>(*p))
         .unwrap();
-    let mut s = stepper::<B>(precision, &CheckpointPolicy::None, MicroBatching::whole(4), config.depth);
+    let mut s = stepper::<B>(
+        precision,
+        &CheckpointPolicy::None,
+        MicroBatching::whole(4),
+        config.depth,
+    );
     let model = config.init::<B>(1, &device);
     let err = s
         .step(model, &batch, 1e-3, &device, &mut ())
@@ -343,7 +377,10 @@ fn low_precision_training_follows_the_f32_curve<B: AutodiffBackend>() {
     let start = mean(&f32_curve[..25]);
     let end = mean(&f32_curve[275..]);
     assert!(start - end > 0.8, "the task is learnable: {start:.3} → {end:.3} nats");
-    for precision in [Precision::Bf16, Precision::F16].into_iter().filter(|p| supports::<B>(*p)) {
+    for precision in [Precision::Bf16, Precision::F16]
+        .into_iter()
+        .filter(|p| supports::<B>(*p))
+    {
         let (curve, ..) = train::<B>(precision, "none", whole, &[], FloatDType::F32, 300);
         let gap = curve_gap(&f32_curve, &curve);
         eprintln!("{precision:?} vs f32: curve gap {gap:.4} nats (f32 {start:.3} -> {end:.3})");

@@ -54,8 +54,9 @@ pub struct FitConfig {
     /// the peak inside a step (0: off; backends without an allocator never sample).
     pub profile_sample_ms: u64,
     /// Image rows per band of the GPU's banded render, loss and backward
-    /// (rounded up to whole 16-row tiles; 0: automatic, about 192 MiB of
-    /// scratch per band). The CPU path ignores it.
+    /// (rounded up to whole 16-row tiles; 0: automatic, 160 rows, where the
+    /// halo adds 1/8 of the work, or fewer to keep the scratch planes under
+    /// 192 MiB). The scratch scales with it. The CPU path ignores it.
     pub band_rows: usize,
 }
 

@@ -20,8 +20,13 @@ const R: usize = (TAPS / 2) as usize;
 const PLANES: usize = 13;
 /// Largest cube count along one axis that every runtime accepts.
 const MAX_CUBES_X: usize = 65_535;
-/// Default scratch budget per band.
+/// Most scratch planes a band may take when its height is automatic.
 pub const DEFAULT_BAND_BYTES: usize = 192 << 20;
+/// Automatic bands stop growing here: each band renders 4·R halo rows
+/// beyond its own, so at this height the halo adds 1/8 of the work, and a
+/// taller band only holds more scratch. (Measured on lavapipe at 2048²:
+/// see the README's memory table.)
+const EFFICIENT_ROWS: usize = 8 * 4 * R;
 
 /// Parameter buffers on the device, f32, row major: xy `[N, 2]`, inv_scale
 /// `[N, 2]`, theta `[N]`, color `[N, C]`.
@@ -112,15 +117,18 @@ fn dim() -> CubeDim {
     CubeDim::new_1d(UNITS)
 }
 
-/// Band height in rows: the given one rounded up to whole tiles, or the
-/// largest that keeps the scratch planes within [`DEFAULT_BAND_BYTES`].
+/// Band height in rows: the given one rounded up to whole tiles, or
+/// [`EFFICIENT_ROWS`], lowered where needed to keep the scratch planes
+/// within [`DEFAULT_BAND_BYTES`].
 pub fn band_rows(width: usize, height: usize, channels: usize, requested: usize) -> usize {
     let tile = TILE as usize;
     let rows = if requested > 0 {
         requested
     } else {
         let per_row = PLANES * width * channels * 4;
-        (DEFAULT_BAND_BYTES / per_row.max(1)).saturating_sub(4 * R)
+        (DEFAULT_BAND_BYTES / per_row.max(1))
+            .saturating_sub(4 * R)
+            .min(EFFICIENT_ROWS)
     };
     rows.div_ceil(tile).max(1).min(height.div_ceil(tile).max(1)) * tile
 }

@@ -580,8 +580,11 @@ impl Session<'_> {
             median_step_ms: sorted.get(sorted.len() / 2).copied().unwrap_or(0.0),
         };
         let done = w.finish(&stats).map_err(|e| RunError::Workload(Box::new(e)))?;
+        // The final evaluation and files: recorded like a phase, since their
+        // buffers count towards the peak too.
+        let record = self.cadence.profile_every > 0;
         self.profiler
-            .observe(stats.steps, "finish", None, false, Accounted::default);
+            .observe(stats.steps, "finish", None, record, || w.accounted());
         for (name, bytes) in &done.files {
             let path = self.run.dir.path(name);
             atomic_write(&path, bytes).map_err(write_err(&path))?;
