@@ -542,3 +542,62 @@ fn a_transformer_out_of_memory_writes_oom_json_and_keeps_its_checkpoints() {
     assert!(!oom["largest_tensors"].as_array().unwrap().is_empty());
     assert!(dir.join("r/checkpoints/step-00000004.ckpt").is_file());
 }
+
+/// Names in `dir` that look like an atomic write's leftovers (`.NAME.tmp-PID`).
+fn temporaries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.') && n.contains(".tmp-"))
+        .collect()
+}
+
+#[test]
+fn a_run_directory_in_use_is_refused_and_a_resume_cleans_up_temporaries() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (_, cfg) = setup(d);
+    let mut child = vramfit()
+        .args(["fit", "--config", cfg.to_str().unwrap(), "--out", "busy"])
+        .current_dir(d)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !d.join("busy/checkpoints/step-00000020.ckpt").exists() {
+        assert!(started.elapsed() < Duration::from_secs(120), "no checkpoint appeared");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Suspended, it still holds the directory, however long the second takes.
+    let stopped = Command::new("kill")
+        .args(["-STOP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    assert!(
+        !d.join("busy/summary.json").exists(),
+        "the first fit finished: the test proves nothing"
+    );
+    let o = run(&["fit", "--resume", "busy"], d);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!o.status.success(), "two processes ran one run directory");
+    assert!(
+        stderr(&o).contains("is in use by another vramfit process") && stderr(&o).contains("PID"),
+        "{}",
+        stderr(&o)
+    );
+    // What a write interrupted by a full disk or a kill leaves behind.
+    std::fs::write(d.join("busy/.memory.json.tmp-999999"), b"{\"partial").unwrap();
+    std::fs::write(d.join("busy/checkpoints/.step-00000040.ckpt.tmp-999999"), b"VRAMFIT").unwrap();
+    let o = run(&["fit", "--resume", "busy"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        temporaries(&d.join("busy")).is_empty(),
+        "{:?}",
+        temporaries(&d.join("busy"))
+    );
+    assert!(temporaries(&d.join("busy/checkpoints")).is_empty());
+}

@@ -6,7 +6,9 @@ mod dir;
 mod tensorboard;
 
 pub use arrays::{ArrayFile, ArrayFileError};
-pub use dir::{RunDir, RunDirError, atomic_write, checkpoint_name, checkpoints_newest_first, next_free_run_dir};
+pub use dir::{
+    LOCK_FILE, RunDir, RunDirError, atomic_write, checkpoint_name, checkpoints_newest_first, next_free_run_dir,
+};
 pub use tensorboard::{EventWriter, crc32c};
 mod step;
 
