@@ -172,47 +172,9 @@ fn resolve(args: &FitArgs) -> Result<FitConfig> {
     apply_sets(c, &args.set)
 }
 
-/// Applies `--set KEY=VALUE` overrides through the config parser, so an
-/// unknown key or a wrong type is named the same way as in a file.
-pub(crate) fn apply_sets(c: FitConfig, sets: &[String]) -> Result<FitConfig> {
-    apply_sets_with(&c.to_toml(), sets, |text| {
-        Ok(FitConfig::from_toml(text, Path::new("--set"))?)
-    })
-    .map(|o| o.unwrap_or(c))
-}
-
-/// `--set` on any settings type: `KEY` may be dotted (`model.width`) to
-/// reach a table. Returns `None` when there is nothing to set.
-pub(crate) fn apply_sets_with<T>(
-    resolved_toml: &str,
-    sets: &[String],
-    parse: impl Fn(&str) -> Result<T>,
-) -> Result<Option<T>> {
-    if sets.is_empty() {
-        return Ok(None);
-    }
-    let mut table: toml::Table = toml::from_str(resolved_toml).context("re-reading the resolved settings")?;
-    for kv in sets {
-        let Some((key, value)) = kv.split_once('=') else {
-            bail!("--set {kv}: expected KEY=VALUE, e.g. --set add_every=250")
-        };
-        // A TOML value (number, boolean, quoted string); anything else is taken as a string.
-        let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
-            .ok()
-            .and_then(|mut t| t.remove("v"))
-            .unwrap_or_else(|| toml::Value::String(value.to_string()));
-        let mut path: Vec<&str> = key.trim().split('.').collect();
-        let last = path.pop().unwrap_or_default();
-        let mut at = &mut table;
-        for part in path {
-            at = match at.entry(part).or_insert_with(|| toml::Value::Table(Default::default())) {
-                toml::Value::Table(t) => t,
-                _ => bail!("--set {kv}: `{part}` is a value, not a table of settings"),
-            };
-        }
-        at.insert(last.to_string(), value);
-    }
-    parse(&toml::to_string(&table)?).map(Some)
+/// Applies `--set KEY=VALUE` overrides; an error names the argument.
+fn apply_sets(c: FitConfig, sets: &[String]) -> Result<FitConfig> {
+    Ok(vramfit::settings::apply_sets(&c.to_toml(), sets)?.unwrap_or(c))
 }
 
 fn fit(args: FitArgs) -> Result<()> {

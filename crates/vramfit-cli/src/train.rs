@@ -89,10 +89,7 @@ fn resolve(a: &TransformerArgs) -> Result<TrainConfig> {
     if !a.storage.is_empty() {
         c.storage = a.storage.clone();
     }
-    let set = crate::apply_sets_with(&c.to_toml(), &a.set, |text| {
-        Ok(TrainConfig::from_toml(text, Path::new("--set"))?)
-    })?;
-    Ok(set.unwrap_or(c))
+    Ok(vramfit::settings::apply_sets(&c.to_toml(), &a.set)?.unwrap_or(c))
 }
 
 pub fn run(which: Which) -> Result<()> {

@@ -601,3 +601,33 @@ fn a_run_directory_in_use_is_refused_and_a_resume_cleans_up_temporaries() {
     );
     assert!(temporaries(&d.join("busy/checkpoints")).is_empty());
 }
+
+#[test]
+fn set_errors_name_the_argument_not_a_line_of_toml() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (img, _) = setup(d);
+    let img = img.to_str().unwrap();
+    for (args, needle) in [
+        (
+            &[img, "--set", "lr_colour=0.1"][..],
+            "--set lr_colour=0.1: unknown field `lr_colour`",
+        ),
+        (
+            &[img, "--set", "steps=many"][..],
+            "--set steps=many: invalid type: string \"many\"",
+        ),
+    ] {
+        refused(d, args, needle);
+        let o = run(&[&["fit"][..], args].concat(), d);
+        assert!(!stderr(&o).contains("line "), "{args:?}: {}", stderr(&o));
+    }
+    let mut args = SMALL_TRANSFORMER.to_vec();
+    args.extend_from_slice(&["--set", "model.widht=3", "--out", "t"]);
+    let o = run(&args, d);
+    assert!(
+        stderr(&o).contains("--set model.widht=3: unknown field `widht`") && !stderr(&o).contains("line "),
+        "{}",
+        stderr(&o)
+    );
+}
