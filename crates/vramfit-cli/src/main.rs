@@ -92,11 +92,11 @@ enum Command {
 struct FitArgs {
     /// PNG or JPEG to fit.
     image: Option<PathBuf>,
-    /// Final number of Gaussians.
-    #[arg(long)]
+    /// Final number of Gaussians (e.g. 20000 or 2e4).
+    #[arg(long, value_parser = parse_count::<usize>)]
     gaussians: Option<usize>,
-    /// Most optimiser steps.
-    #[arg(long)]
+    /// Most optimiser steps (e.g. 10000 or 1e4).
+    #[arg(long, value_parser = parse_count::<u64>)]
     steps: Option<u64>,
     /// Seed of every random choice.
     #[arg(long)]
@@ -127,6 +127,26 @@ fn parse_size(s: &str) -> Result<(u32, u32), String> {
         (Some(w), Some(h)) => Ok((w, h)),
         _ => Err(format!("'{s}' is not WIDTHxHEIGHT with positive integers")),
     }
+}
+
+/// A whole number, also written like `2e4` or `1.5e6` (clap puts the flag
+/// in front of the message; the settings' checks bound it further).
+pub(crate) fn parse_count<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
+    let t = s.trim().replace('_', "");
+    let too_large = || format!("'{s}' is too large for a count (at most {})", u64::MAX);
+    let value = match t.parse::<u64>() {
+        Ok(v) => v,
+        Err(_) => match t.parse::<f64>() {
+            Ok(v) if v.is_finite() && v >= 0.0 && v.fract() == 0.0 => {
+                if v >= u64::MAX as f64 {
+                    return Err(too_large());
+                }
+                v as u64
+            }
+            _ => return Err(format!("'{s}' is not a whole number; write e.g. 20000 or 2e4")),
+        },
+    };
+    T::try_from(value).map_err(|_| too_large())
 }
 
 fn main() {

@@ -35,8 +35,8 @@ pub struct TransformerArgs {
     /// Samples per optimiser step.
     #[arg(long)]
     batch_size: Option<usize>,
-    /// Optimiser steps.
-    #[arg(long)]
+    /// Optimiser steps (e.g. 1000 or 1e3).
+    #[arg(long, value_parser = crate::parse_count::<u64>)]
     steps: Option<u64>,
     /// Store a parameter group in low precision, PREFIX:TYPE (repeatable), e.g. token_embedding:bf16.
     #[arg(long, value_name = "PREFIX:TYPE")]

@@ -631,3 +631,33 @@ fn set_errors_name_the_argument_not_a_line_of_toml() {
         stderr(&o)
     );
 }
+
+#[test]
+fn counts_written_like_floats_are_read_or_refused_clearly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (img, _) = setup(d);
+    let img = img.to_str().unwrap();
+    for (args, needle) in [
+        // Read as the count it is, then checked against the image.
+        (
+            &[img, "--gaussians", "1e12"][..],
+            "1000000000000 Gaussians for 3072 pixels: use at most one per pixel (--gaussians 3072 or fewer)",
+        ),
+        (
+            &[img, "--gaussians", "1000000000000"][..],
+            "1000000000000 Gaussians for 3072 pixels: use at most one per pixel (--gaussians 3072 or fewer)",
+        ),
+        (
+            &[img, "--gaussians", "2.5"][..],
+            "--gaussians <GAUSSIANS>': '2.5' is not a whole number",
+        ),
+        (&[img, "--steps", "1e30"][..], "--steps <STEPS>': '1e30' is too large"),
+    ] {
+        refused(d, args, needle);
+    }
+    let o = run(&["fit", img, "--gaussians", "5e1", "--steps", "2e0", "--out", "ok"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let config = std::fs::read_to_string(d.join("ok/config.toml")).unwrap();
+    assert!(config.contains("gaussians = 50\nsteps = 2\n"), "{config}");
+}
