@@ -554,6 +554,30 @@ fn temporaries(dir: &Path) -> Vec<String> {
 }
 
 #[test]
+fn cut_short_jpegs_are_refused_not_fitted_as_grey() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (img, _) = setup(d);
+    image::open(&img).unwrap().to_rgb8().save(d.join("whole.jpg")).unwrap();
+    let whole = std::fs::read(d.join("whole.jpg")).unwrap();
+    for pct in [30, 50, 90] {
+        let name = format!("cut{pct}.jpg");
+        std::fs::write(d.join(&name), &whole[..whole.len() * pct / 100]).unwrap();
+        refused(d, &[&name, "--gaussians", "20", "--steps", "2"], "corrupt or truncated");
+        let o = run(
+            &["fit", &name, "--gaussians", "20", "--steps", "2", "--out", "again"],
+            d,
+        );
+        assert!(stderr(&o).contains("cut short"), "{}", stderr(&o));
+    }
+    let o = run(
+        &["fit", "whole.jpg", "--gaussians", "20", "--steps", "2", "--out", "ok"],
+        d,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
 fn a_run_directory_in_use_is_refused_and_a_resume_cleans_up_temporaries() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
