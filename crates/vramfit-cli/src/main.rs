@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
 use vramfit_splat::gaussians::Gaussians;
 use vramfit_splat::job::{Event, Job, Summary};
-use vramfit_splat::picture::{save_png, to_rgb8};
+use vramfit_splat::picture::{Picture, save_png, to_rgb8};
 
 mod bench;
 mod device;
@@ -208,6 +208,15 @@ fn fit(args: FitArgs) -> Result<()> {
             (resolve(&args)?, out, false)
         }
     };
+    if !resume
+        && config.image != BUILTIN_SAMPLE
+        && let Ok(true) = Picture::has_alpha(Path::new(&config.image))
+    {
+        eprintln!(
+            "note: {} has an alpha channel; it is ignored (fitted as RGB)",
+            config.image
+        );
+    }
     let job = Job {
         config,
         out: out.clone(),

@@ -685,3 +685,35 @@ fn counts_written_like_floats_are_read_or_refused_clearly() {
     let config = std::fs::read_to_string(d.join("ok/config.toml")).unwrap();
     assert!(config.contains("gaussians = 50\nsteps = 2\n"), "{config}");
 }
+
+#[test]
+fn an_alpha_channel_is_mentioned_not_dropped_silently() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (img, _) = setup(d);
+    image::open(&img).unwrap().to_rgba8().save(d.join("rgba.png")).unwrap();
+    let o = run(
+        &["fit", "rgba.png", "--gaussians", "20", "--steps", "2", "--out", "a"],
+        d,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("note: rgba.png has an alpha channel; it is ignored (fitted as RGB)"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(
+        &[
+            "fit",
+            img.to_str().unwrap(),
+            "--gaussians",
+            "20",
+            "--steps",
+            "2",
+            "--out",
+            "b",
+        ],
+        d,
+    );
+    assert!(o.status.success() && !stderr(&o).contains("alpha"), "{}", stderr(&o));
+}

@@ -83,6 +83,24 @@ impl Picture {
         Self::decode(&bytes, path)
     }
 
+    /// True when the image file has an alpha channel (read from its header
+    /// only). Fitting uses the colour channels and ignores alpha.
+    pub fn has_alpha(path: &Path) -> Result<bool, SplatError> {
+        let unreadable = |cause| SplatError::ImageUnreadable {
+            path: path.into(),
+            cause,
+        };
+        let reader = ImageReader::open(path)
+            .map_err(unreadable)?
+            .with_guessed_format()
+            .map_err(unreadable)?;
+        let decoder = reader.into_decoder().map_err(|e| SplatError::ImageCorrupt {
+            path: path.into(),
+            detail: e.to_string(),
+        })?;
+        Ok(image::ImageDecoder::color_type(&decoder).has_alpha())
+    }
+
     /// Converts 8-bit RGB.
     pub fn from_rgb8(img: &RgbImage) -> Self {
         Self {
@@ -242,5 +260,16 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn an_alpha_channel_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let rgba = dir.path().join("rgba.png");
+        let rgb = dir.path().join("rgb.png");
+        image::RgbaImage::new(8, 8).save(&rgba).unwrap();
+        image::RgbImage::new(8, 8).save(&rgb).unwrap();
+        assert!(Picture::has_alpha(&rgba).unwrap());
+        assert!(!Picture::has_alpha(&rgb).unwrap());
     }
 }
