@@ -577,6 +577,114 @@ fn cut_short_jpegs_are_refused_not_fitted_as_grey() {
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
+/// Replaces the `key = ...` line of `RUN/config.toml`.
+fn set_in_config(run: &Path, key: &str, value: &str) {
+    let path = run.join("config.toml");
+    let text: String = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            if l.starts_with(&format!("{key} =")) {
+                format!("{key} = {value}\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    assert!(text.contains(&format!("{key} = {value}\n")));
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn a_diverging_fit_stops_at_that_step_and_can_be_resumed_with_a_lower_rate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let o = run(&["sample", "--size", "64x64", "s64.png"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let fit = [
+        "fit",
+        "s64.png",
+        "--gaussians",
+        "50",
+        "--steps",
+        "40",
+        "--set",
+        "checkpoint_every=10",
+    ];
+    let o = run(
+        &[&fit[..], &["--set", "lr_inv_scale=1e20", "--out", "fresh"]].concat(),
+        d,
+    );
+    let msg = stderr(&o);
+    assert!(!o.status.success(), "a fit whose parameters became NaN succeeded");
+    assert!(
+        msg.contains("step 1: the `inv_scale` parameters became NaN, infinite or too large")
+            && msg.contains("lower `lr_inv_scale`"),
+        "{msg}"
+    );
+    assert!(!d.join("fresh/gaussians.vfg").exists(), "NaN Gaussians were written");
+
+    // A run interrupted after its step-10 checkpoint (a simulated failure at step 15)...
+    let o = vramfit()
+        .args(fit)
+        .args(["--out", "r"])
+        .env("VRAMFIT_SIMULATE_OOM_AT_STEP", "15")
+        .current_dir(d)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let ckpt = d.join("r/checkpoints/step-00000010.ckpt");
+    let saved = std::fs::read(&ckpt).unwrap();
+    // ...resumed with a learning rate that blows up: it stops at the first new step.
+    set_in_config(&d.join("r"), "lr_inv_scale", "1e20");
+    let o = run(&["fit", "--resume", "r"], d);
+    assert!(!o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("step 11: the `inv_scale` parameters became NaN"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read(&ckpt).unwrap(), saved, "the checkpoint was lost");
+    let error: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("r/error.json")).unwrap()).unwrap();
+    assert_eq!(error["step"], 10, "the error is recorded at the last good step");
+    // As the message says: a lower rate in config.toml, then --resume.
+    set_in_config(&d.join("r"), "lr_inv_scale", "0.002");
+    let o = run(&["fit", "--resume", "r"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let g = vramfit_splat::gaussians::Gaussians::load(&d.join("r/gaussians.vfg")).unwrap();
+    assert!(g.inv_scale.iter().chain(&g.xy).all(|v| v.is_finite()));
+}
+
+/// A small valid Gaussians file.
+fn write_gaussians(path: &Path, inv_scale0: f32) {
+    vramfit_splat::gaussians::Gaussians {
+        width: 32,
+        height: 24,
+        channels: 3,
+        xy: vec![0.3, 0.4, 0.6, 0.5],
+        inv_scale: vec![inv_scale0, 0.2, 0.3, 0.3],
+        theta: vec![0.0, 1.0],
+        color: vec![0.9, 0.1, 0.1, 0.1, 0.1, 0.9],
+    }
+    .save(path)
+    .unwrap();
+}
+
+#[test]
+fn render_refuses_a_gaussians_file_with_nan() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_gaussians(&d.join("nan.vfg"), f32::NAN);
+    let o = run(&["render", "nan.vfg", "out.png"], d);
+    assert!(!o.status.success(), "rendered NaN Gaussians");
+    let msg = stderr(&o);
+    assert!(
+        msg.contains("nan.vfg") && msg.contains("array 'inv_scale' holds NaN"),
+        "{msg}"
+    );
+    assert!(!d.join("out.png").exists());
+}
+
 #[test]
 fn a_run_directory_in_use_is_refused_and_a_resume_cleans_up_temporaries() {
     let tmp = tempfile::tempdir().unwrap();

@@ -66,6 +66,21 @@ pub enum SplatError {
         /// The value seen.
         value: f32,
     },
+    /// An optimiser update made parameters NaN, infinite or so large that
+    /// squaring them overflows f32.
+    #[error(
+        "step {step}: the `{group}` parameters became NaN, infinite or too large for f32 (beyond ±1.8e19) after the optimiser update \
+         (learning rate `lr_{group}` = {lr:e}); \
+         lower `lr_{group}` (e.g. tenfold) and fit again, or lower it in the run directory's config.toml and continue from its last checkpoint with --resume"
+    )]
+    NonFiniteParameters {
+        /// Step at which it happened.
+        step: u64,
+        /// The parameter group (`xy`, `inv_scale`, `theta`, `color`).
+        group: &'static str,
+        /// The group's learning rate at that step.
+        lr: f64,
+    },
     /// The device failed while running a step (Burn's `ExecutionError`).
     #[error("device error at step {step} (surfaced after {phase}): {message}")]
     Device {

@@ -124,7 +124,14 @@ impl Gaussians {
         );
         let get = |name: &str, shape: Vec<usize>| -> Result<Vec<f32>, ArrayFileError> {
             match f.arrays.get(name) {
-                Some((s, v)) if *s == shape => Ok(v.clone()),
+                Some((s, v)) if *s == shape => match v.iter().position(|x| !x.is_finite()) {
+                    None => Ok(v.clone()),
+                    Some(i) => Err(bad(format!(
+                        "array '{name}' holds {} at index {i}: the fit that wrote it diverged; \
+                         fit again with lower learning rates (e.g. --set lr_{name}=...)",
+                        v[i]
+                    ))),
+                },
                 Some((s, _)) => Err(bad(format!("array '{name}' has shape {s:?}, expected {shape:?}"))),
                 None => Err(bad(format!("array '{name}' is missing"))),
             }
@@ -152,5 +159,43 @@ impl Gaussians {
     pub fn load(path: &Path) -> Result<Self, SplatError> {
         let f = ArrayFile::read(path)?;
         Ok(Self::from_file(&f, &path.display().to_string())?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn some() -> Gaussians {
+        Gaussians {
+            width: 40,
+            height: 30,
+            channels: 3,
+            xy: vec![0.2, 0.3, 0.7, 0.6, 0.5, 0.5],
+            inv_scale: vec![0.3, 0.2, 0.1, 0.4, 0.05, 0.05],
+            theta: vec![0.0, 0.5, 1.0],
+            color: vec![0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
+        }
+    }
+
+    #[test]
+    fn a_file_with_non_finite_values_is_refused_naming_file_and_array() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.vfg");
+        let mut g = some();
+        g.save(&path).unwrap();
+        assert_eq!(Gaussians::load(&path).unwrap(), g);
+        g.inv_scale[3] = f32::NAN;
+        g.save(&path).unwrap();
+        let msg = Gaussians::load(&path).unwrap_err().to_string();
+        assert!(
+            msg.contains(&path.display().to_string()) && msg.contains("array 'inv_scale' holds NaN at index 3"),
+            "{msg}"
+        );
+        g.inv_scale[3] = 0.1;
+        g.color[0] = f32::INFINITY;
+        g.save(&path).unwrap();
+        let msg = Gaussians::load(&path).unwrap_err().to_string();
+        assert!(msg.contains("array 'color' holds inf at index 0"), "{msg}");
     }
 }
