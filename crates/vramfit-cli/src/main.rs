@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
 use vramfit_splat::gaussians::Gaussians;
 use vramfit_splat::job::{Event, Job, Summary};
-use vramfit_splat::picture::{Picture, save_png, to_rgb8};
+use vramfit_splat::picture::{Picture, check_output_path, save_png, to_rgb8};
 
 mod bench;
 mod device;
@@ -166,6 +166,7 @@ fn run(cli: Cli) -> Result<()> {
             out,
         } => render(&gaussians, size, top_k, &out),
         Command::Sample { size, out } => {
+            check_output_path(&out)?;
             save_png(&out, &vramfit_splat::sample::procedural(size.0, size.1))?;
             println!("wrote {} ({}x{})", out.display(), size.0, size.1);
             Ok(())
@@ -351,6 +352,7 @@ fn report(dir: &Path) -> Result<()> {
 }
 
 fn render(path: &Path, size: Option<(u32, u32)>, top_k: usize, out: &Path) -> Result<()> {
+    check_output_path(out)?;
     let g = Gaussians::load(path)?;
     if !(1..=vramfit_splat::cpu::render::MAX_TOP_K).contains(&top_k) {
         bail!(

@@ -686,6 +686,27 @@ fn render_refuses_a_gaussians_file_with_nan() {
 }
 
 #[test]
+fn outputs_onto_a_directory_are_refused_and_leave_no_temporary_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_gaussians(&d.join("g.vfg"), 0.2);
+    std::fs::create_dir(d.join("pics")).unwrap();
+    for args in [
+        &["sample", "--size", "16x16", "pics"][..],
+        &["render", "g.vfg", "pics"][..],
+    ] {
+        let o = run(args, d);
+        assert!(!o.status.success(), "{args:?} was accepted");
+        assert!(
+            stderr(&o).contains("'pics'") && stderr(&o).contains("is a directory"),
+            "{}",
+            stderr(&o)
+        );
+        assert!(temporaries(d).is_empty(), "{args:?} left {:?}", temporaries(d));
+    }
+}
+
+#[test]
 fn a_run_directory_in_use_is_refused_and_a_resume_cleans_up_temporaries() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();

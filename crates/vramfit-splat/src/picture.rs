@@ -134,8 +134,21 @@ pub fn to_rgb8(width: usize, height: usize, data: &[f32]) -> RgbImage {
     RgbImage::from_raw(width as u32, height as u32, bytes).expect("buffer is [H, W, 3]")
 }
 
-/// Encodes PNG to `path` atomically.
+/// Errors unless `path` can name an output file: it must not be a
+/// directory. Cheap: callers check before expensive work.
+pub fn check_output_path(path: &Path) -> Result<(), SplatError> {
+    if path.is_dir() {
+        return Err(SplatError::Write {
+            path: path.into(),
+            why: "it is a directory; give a file name, e.g. DIR/out.png".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Encodes PNG to `path` atomically; a failure leaves no temporary file.
 pub fn save_png(path: &Path, img: &RgbImage) -> Result<(), SplatError> {
+    check_output_path(path)?;
     let write_err = |why: String| SplatError::Write { path: path.into(), why };
     let mut bytes = Vec::new();
     img.write_to(&mut std::io::Cursor::new(&mut bytes), ImageFormat::Png)
@@ -271,5 +284,20 @@ mod tests {
         image::RgbImage::new(8, 8).save(&rgb).unwrap();
         assert!(Picture::has_alpha(&rgba).unwrap());
         assert!(!Picture::has_alpha(&rgb).unwrap());
+    }
+
+    #[test]
+    fn a_directory_is_not_an_output_file_and_nothing_is_left_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("out.png");
+        std::fs::create_dir(&target).unwrap();
+        let err = save_png(&target, &RgbImage::new(4, 4)).unwrap_err();
+        assert!(err.to_string().contains("is a directory"), "{err}");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(left, ["out.png"]);
     }
 }
