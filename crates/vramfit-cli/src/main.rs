@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use vramfit_splat::budget::check_size_here;
 use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
 use vramfit_splat::gaussians::Gaussians;
 use vramfit_splat::job::{Event, Job, Summary};
@@ -167,6 +168,7 @@ fn run(cli: Cli) -> Result<()> {
         } => render(&gaussians, size, top_k, &out),
         Command::Sample { size, out } => {
             check_output_path(&out)?;
+            check_size_here("the sample image", size.0, size.1, vramfit_splat::sample::bytes_needed)?;
             save_png(&out, &vramfit_splat::sample::procedural(size.0, size.1))?;
             println!("wrote {} ({}x{})", out.display(), size.0, size.1);
             Ok(())
@@ -361,6 +363,7 @@ fn render(path: &Path, size: Option<(u32, u32)>, top_k: usize, out: &Path) -> Re
         );
     }
     let (w, h) = size.unwrap_or((g.width as u32, g.height as u32));
+    check_size_here("rendering", w, h, |w, h| g.render_bytes(w, h))?;
     let img = g.render(w as usize, h as usize, top_k);
     save_png(out, &to_rgb8(w as usize, h as usize, &img)).with_context(|| format!("rendering {}", path.display()))?;
     println!("wrote {} ({w}x{h}) from {} Gaussians", out.display(), g.len());

@@ -686,6 +686,40 @@ fn render_refuses_a_gaussians_file_with_nan() {
 }
 
 #[test]
+fn sizes_beyond_the_memory_available_are_refused_before_allocating() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_gaussians(&d.join("g.vfg"), 0.2);
+    // A million pixels a side: terabytes, more than any machine has available.
+    for args in [
+        &["sample", "--size", "1000000x1000000", "o.png"][..],
+        &["render", "g.vfg", "--size", "1000000x1000000", "o.png"][..],
+        &["render", "g.vfg", "--size", "4000000x1000000", "o.png"][..],
+    ] {
+        let started = Instant::now();
+        let o = run(args, d);
+        let msg = stderr(&o);
+        assert!(!o.status.success(), "{args:?} was accepted");
+        assert!(
+            msg.contains("needs about") && msg.contains("TiB") && msg.contains("is available"),
+            "{args:?}: {msg}"
+        );
+        // The suggestion keeps the aspect ratio, and that size is accepted.
+        let size = msg.split("(--size ").nth(1).and_then(|t| t.split(')').next()).unwrap();
+        let (w, h) = size.split_once('x').unwrap();
+        let (w, h): (u64, u64) = (w.parse().unwrap(), h.parse().unwrap());
+        let ratio: u64 = args[args.len() - 2].split('x').next().unwrap().parse::<u64>().unwrap() / 1_000_000;
+        assert_eq!(w, h * ratio, "{args:?}: {size}");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{args:?} took {:?}",
+            started.elapsed()
+        );
+        assert!(!d.join("o.png").exists());
+    }
+}
+
+#[test]
 fn outputs_onto_a_directory_are_refused_and_leave_no_temporary_file() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();

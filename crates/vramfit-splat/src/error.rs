@@ -81,6 +81,28 @@ pub enum SplatError {
         /// The group's learning rate at that step.
         lr: f64,
     },
+    /// An output size whose buffers would not fit in the host's memory.
+    #[error(
+        "{what} at {width}x{height} needs about {needed} of memory, but only {available} is available{}",
+        match fits {
+            Some((w, h)) => format!("; the largest size of the same aspect ratio that fits is {w}x{h} (--size {w}x{h})"),
+            None => "; no smaller size of the same aspect ratio fits either".into(),
+        }
+    )]
+    TooLarge {
+        /// What would be made, e.g. "rendering".
+        what: &'static str,
+        /// Asked width.
+        width: u32,
+        /// Asked height.
+        height: u32,
+        /// Estimated bytes, in words.
+        needed: String,
+        /// Available bytes, in words.
+        available: String,
+        /// The largest `(width, height)` of the same aspect ratio that fits.
+        fits: Option<(u32, u32)>,
+    },
     /// The device failed while running a step (Burn's `ExecutionError`).
     #[error("device error at step {step} (surfaced after {phase}): {message}")]
     Device {

@@ -14,7 +14,7 @@ use serde_json::json;
 use vramfit::run::{ArrayFile, ArrayFileError};
 
 use crate::SplatError;
-use crate::cpu::project::Frame;
+use crate::cpu::project::{Frame, Projected, project_one};
 use crate::cpu::render::{Splats, render};
 
 /// Version of the Gaussians metadata layout.
@@ -81,6 +81,40 @@ impl Gaussians {
             zoom_y: height as f64 / self.height as f64,
         };
         render(&self.splats(), &frame, top_k)
+    }
+
+    /// Host bytes that rendering at `width × height` and encoding the PNG
+    /// take at their peak: the f32 render, its 8-bit copy, the PNG bytes (at
+    /// most about as many as the raw pixels) and the tile bins, counted
+    /// exactly from each Gaussian's footprint at that size.
+    pub fn render_bytes(&self, width: u32, height: u32) -> u64 {
+        let (w, h) = (width as usize, height as usize);
+        let frame = Frame {
+            width: w,
+            height: h,
+            zoom_x: w as f64 / self.width as f64,
+            zoom_y: h as f64 / self.height as f64,
+        };
+        let pairs: u64 = (0..self.len())
+            .map(|i| {
+                let p = project_one(
+                    [self.xy[2 * i], self.xy[2 * i + 1]],
+                    [self.inv_scale[2 * i], self.inv_scale[2 * i + 1]],
+                    self.theta[i],
+                    &frame,
+                );
+                let [x0, x1, y0, y1] = p.tiles;
+                (x1.saturating_sub(x0) as u64) * (y1.saturating_sub(y0) as u64)
+            })
+            .sum();
+        let pixels = (w as u64).saturating_mul(h as u64);
+        let tiles = (frame.tiles_x() as u64).saturating_mul(frame.tiles_y() as u64);
+        let per_pixel = (self.channels as u64) * 4 + 3 + 3;
+        pixels
+            .saturating_mul(per_pixel)
+            .saturating_add(tiles.saturating_add(1).saturating_mul(16))
+            .saturating_add(pairs.saturating_mul(4))
+            .saturating_add((self.len() * std::mem::size_of::<Projected<f32>>()) as u64)
     }
 
     /// As an array file.
@@ -165,6 +199,7 @@ impl Gaussians {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::project::project_and_bin;
 
     fn some() -> Gaussians {
         Gaussians {
@@ -197,5 +232,26 @@ mod tests {
         g.save(&path).unwrap();
         let msg = Gaussians::load(&path).unwrap_err().to_string();
         assert!(msg.contains("array 'color' holds inf at index 0"), "{msg}");
+    }
+
+    #[test]
+    fn render_bytes_count_the_bins_the_renderer_makes() {
+        let g = some();
+        for (w, h) in [(40, 30), (400, 300), (1000, 90)] {
+            let frame = Frame {
+                width: w,
+                height: h,
+                zoom_x: w as f64 / 40.0,
+                zoom_y: h as f64 / 30.0,
+            };
+            let binned = project_and_bin(&g.xy, &g.inv_scale, &g.theta, &frame);
+            let tiles = (frame.tiles_x() * frame.tiles_y() + 1) as u64;
+            let expected = (w * h * (3 * 4 + 6)) as u64
+                + tiles * 16
+                + binned.ids.len() as u64 * 4
+                + (3 * std::mem::size_of::<Projected<f32>>()) as u64;
+            assert!(!binned.ids.is_empty());
+            assert_eq!(g.render_bytes(w as u32, h as u32), expected, "{w}x{h}");
+        }
     }
 }
