@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use vramfit::run::RunDirError;
+use vramfit_splat::SplatError;
 use vramfit_splat::budget::check_size_here;
 use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
 use vramfit_splat::gaussians::Gaussians;
@@ -201,17 +203,11 @@ fn apply_sets(c: FitConfig, sets: &[String]) -> Result<FitConfig> {
 }
 
 fn fit(args: FitArgs) -> Result<()> {
-    let (config, out, resume) = match &args.resume {
-        Some(dir) => (FitConfig::default(), dir.clone(), true),
-        None => {
-            let out = args
-                .out
-                .clone()
-                .unwrap_or_else(|| vramfit::run::next_free_run_dir(Path::new("runs"), "fit"));
-            (resolve(&args)?, out, false)
-        }
+    let config = match &args.resume {
+        Some(_) => FitConfig::default(),
+        None => resolve(&args)?,
     };
-    if !resume
+    if args.resume.is_none()
         && config.image != BUILTIN_SAMPLE
         && let Ok(true) = Picture::has_alpha(Path::new(&config.image))
     {
@@ -220,18 +216,51 @@ fn fit(args: FitArgs) -> Result<()> {
             config.image
         );
     }
-    let job = Job {
-        config,
-        out: out.clone(),
-        resume,
-        device_name: String::new(),
-    };
-    let summary = device::fit(&args.device, job, progress_observer())?;
-    let Some(s) = summary else {
-        bail!("the fit stopped before its end")
-    };
-    print_summary(&s, &out, resume);
-    Ok(())
+    let auto = args.resume.is_none() && args.out.is_none();
+    for _ in 0..AUTO_NAME_TRIES {
+        let out = match (&args.resume, &args.out) {
+            (Some(dir), _) | (None, Some(dir)) => dir.clone(),
+            (None, None) => vramfit::run::next_free_run_dir(Path::new("runs"), "fit"),
+        };
+        let job = Job {
+            config: config.clone(),
+            out: out.clone(),
+            resume: args.resume.is_some(),
+            device_name: String::new(),
+        };
+        let summary = match device::fit(&args.device, job, progress_observer()) {
+            Err(e) if auto && taken_meanwhile(&e, &out) => continue,
+            other => other?,
+        };
+        let Some(s) = summary else {
+            bail!("the fit stopped before its end")
+        };
+        print_summary(&s, &out, args.resume.is_some());
+        return Ok(());
+    }
+    bail!("other vramfit processes keep taking the next free runs/fit-NNN; pass --out")
+}
+
+/// Attempts at an automatically named run directory.
+pub(crate) const AUTO_NAME_TRIES: usize = 100;
+
+/// True when `e` says that `out`, chosen as the next free name, was
+/// created by another process meanwhile: the next free one is taken instead.
+pub(crate) fn taken_meanwhile(e: &anyhow::Error, out: &Path) -> bool {
+    let run_dir = e
+        .downcast_ref::<SplatError>()
+        .and_then(|e| match e {
+            SplatError::RunDir(r) => Some(r),
+            _ => None,
+        })
+        .or_else(|| {
+            e.downcast_ref::<vramfit_models::job::TrainError>()
+                .and_then(|e| match e {
+                    vramfit_models::job::TrainError::RunDir(r) => Some(r),
+                    _ => None,
+                })
+        });
+    matches!(run_dir, Some(RunDirError::Exists(p)) if p == out)
 }
 
 fn progress_observer() -> impl FnMut(Event) -> ControlFlow<()> {

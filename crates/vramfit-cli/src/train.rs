@@ -94,27 +94,33 @@ fn resolve(a: &TransformerArgs) -> Result<TrainConfig> {
 
 pub fn run(which: Which) -> Result<()> {
     let Which::Transformer(args) = which;
-    let (config, out, resume) = match &args.resume {
-        Some(dir) => (TrainConfig::default(), dir.clone(), true),
-        None => {
-            let out = args
-                .out
-                .clone()
-                .unwrap_or_else(|| vramfit::run::next_free_run_dir(Path::new("runs"), "transformer"));
-            (resolve(&args)?, out, false)
-        }
+    let config = match &args.resume {
+        Some(_) => TrainConfig::default(),
+        None => resolve(&args)?,
     };
-    let job = TrainJob {
-        config,
-        out: out.clone(),
-        resume,
-        device_name: String::new(),
-    };
-    let Some(s) = crate::device::train(&args.device, job, observer())? else {
-        bail!("the run stopped before its end")
-    };
-    print_summary(&s, &out);
-    Ok(())
+    let auto = args.resume.is_none() && args.out.is_none();
+    for _ in 0..crate::AUTO_NAME_TRIES {
+        let out = match (&args.resume, &args.out) {
+            (Some(dir), _) | (None, Some(dir)) => dir.clone(),
+            (None, None) => vramfit::run::next_free_run_dir(Path::new("runs"), "transformer"),
+        };
+        let job = TrainJob {
+            config: config.clone(),
+            out: out.clone(),
+            resume: args.resume.is_some(),
+            device_name: String::new(),
+        };
+        let summary = match crate::device::train(&args.device, job, observer()) {
+            Err(e) if auto && crate::taken_meanwhile(&e, &out) => continue,
+            other => other?,
+        };
+        let Some(s) = summary else {
+            bail!("the run stopped before its end")
+        };
+        print_summary(&s, &out);
+        return Ok(());
+    }
+    bail!("other vramfit processes keep taking the next free runs/transformer-NNN; pass --out")
 }
 
 fn observer() -> impl FnMut(Event) -> ControlFlow<()> {

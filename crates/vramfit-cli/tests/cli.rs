@@ -741,6 +741,32 @@ fn outputs_onto_a_directory_are_refused_and_leave_no_temporary_file() {
 }
 
 #[test]
+fn fits_started_together_take_distinct_run_directories() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let o = run(&["sample", "--size", "32x32", "s.png"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let children: Vec<_> = (0..3)
+        .map(|_| {
+            vramfit()
+                .args(["fit", "s.png", "--gaussians", "20", "--steps", "3"])
+                .current_dir(d)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    for n in 1..=3 {
+        assert!(d.join(format!("runs/fit-{n:03}/summary.json")).is_file(), "fit-{n:03}");
+    }
+}
+
+#[test]
 fn a_run_directory_in_use_is_refused_and_a_resume_cleans_up_temporaries() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
