@@ -85,12 +85,14 @@ fn splat(
     );
     let result = crate::runs::run_with(
         device,
-        crate::runs::Launch::Fit(Some(config.clone())),
-        scratch.clone(),
+        crate::runs::Launch::Fit(vramfit::run::Start::New(
+            config.clone(),
+            vramfit::run::RunPath::At(scratch.clone()),
+        )),
         |_| ControlFlow::Continue(()),
     );
     let _ = std::fs::remove_dir_all(&scratch);
-    let Some(crate::runs::Done::Fit(run)) = result? else {
+    let (_, Some(crate::runs::Done::Fit(run))) = result? else {
         bail!("the fit stopped before its end")
     };
     let s = &run.workload;

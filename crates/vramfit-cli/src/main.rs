@@ -5,9 +5,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use vramfit_splat::config::FitConfig;
+use vramfit::run::{RunPath, Start};
+use vramfit_splat::budget::check_size_here;
+use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
 use vramfit_splat::gaussians::Gaussians;
-use vramfit_splat::picture::{save_png, to_rgb8};
+use vramfit_splat::picture::{Picture, check_output_path, save_png, to_rgb8};
 
 mod bench;
 mod device;
@@ -93,11 +95,11 @@ enum Command {
 struct FitArgs {
     /// PNG or JPEG to fit.
     image: Option<PathBuf>,
-    /// Final number of Gaussians.
-    #[arg(long)]
+    /// Final number of Gaussians (e.g. 20000 or 2e4).
+    #[arg(long, value_parser = parse_count::<usize>)]
     gaussians: Option<usize>,
-    /// Most optimiser steps.
-    #[arg(long)]
+    /// Most optimiser steps (e.g. 10000 or 1e4).
+    #[arg(long, value_parser = parse_count::<u64>)]
     steps: Option<u64>,
     /// Seed of every random choice.
     #[arg(long)]
@@ -130,6 +132,26 @@ fn parse_size(s: &str) -> Result<(u32, u32), String> {
     }
 }
 
+/// A whole number, also written like `2e4` or `1.5e6` (clap puts the flag
+/// in front of the message; the settings' checks bound it further).
+pub(crate) fn parse_count<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
+    let t = s.trim().replace('_', "");
+    let too_large = || format!("'{s}' is too large for a count (at most {})", u64::MAX);
+    let value = match t.parse::<u64>() {
+        Ok(v) => v,
+        Err(_) => match t.parse::<f64>() {
+            Ok(v) if v.is_finite() && v >= 0.0 && v.fract() == 0.0 => {
+                if v >= u64::MAX as f64 {
+                    return Err(too_large());
+                }
+                v as u64
+            }
+            _ => return Err(format!("'{s}' is not a whole number; write e.g. 20000 or 2e4")),
+        },
+    };
+    T::try_from(value).map_err(|_| too_large())
+}
+
 fn main() {
     if let Err(e) = run(Cli::parse()) {
         eprintln!("error: {e:#}");
@@ -147,6 +169,8 @@ fn run(cli: Cli) -> Result<()> {
             out,
         } => render(&gaussians, size, top_k, &out),
         Command::Sample { size, out } => {
+            check_output_path(&out)?;
+            check_size_here("the sample image", size.0, size.1, vramfit_splat::sample::bytes_needed)?;
             save_png(&out, &vramfit_splat::sample::procedural(size.0, size.1))?;
             println!("wrote {} ({}x{})", out.display(), size.0, size.1);
             Ok(())
@@ -173,61 +197,39 @@ fn resolve(args: &FitArgs) -> Result<FitConfig> {
     apply_sets(c, &args.set)
 }
 
-/// Applies `--set KEY=VALUE` overrides through the config parser, so an
-/// unknown key or a wrong type is named the same way as in a file.
-pub(crate) fn apply_sets(c: FitConfig, sets: &[String]) -> Result<FitConfig> {
-    apply_sets_with(&c.to_toml(), sets, |text| {
-        Ok(FitConfig::from_toml(text, Path::new("--set"))?)
-    })
-    .map(|o| o.unwrap_or(c))
-}
-
-/// `--set` on any settings type: `KEY` may be dotted (`model.width`) to
-/// reach a table. Returns `None` when there is nothing to set.
-pub(crate) fn apply_sets_with<T>(
-    resolved_toml: &str,
-    sets: &[String],
-    parse: impl Fn(&str) -> Result<T>,
-) -> Result<Option<T>> {
-    if sets.is_empty() {
-        return Ok(None);
-    }
-    let mut table: toml::Table = toml::from_str(resolved_toml).context("re-reading the resolved settings")?;
-    for kv in sets {
-        let Some((key, value)) = kv.split_once('=') else {
-            bail!("--set {kv}: expected KEY=VALUE, e.g. --set add_every=250")
-        };
-        // A TOML value (number, boolean, quoted string); anything else is taken as a string.
-        let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
-            .ok()
-            .and_then(|mut t| t.remove("v"))
-            .unwrap_or_else(|| toml::Value::String(value.to_string()));
-        let mut path: Vec<&str> = key.trim().split('.').collect();
-        let last = path.pop().unwrap_or_default();
-        let mut at = &mut table;
-        for part in path {
-            at = match at.entry(part).or_insert_with(|| toml::Value::Table(Default::default())) {
-                toml::Value::Table(t) => t,
-                _ => bail!("--set {kv}: `{part}` is a value, not a table of settings"),
-            };
-        }
-        at.insert(last.to_string(), value);
-    }
-    parse(&toml::to_string(&table)?).map(Some)
+/// Applies `--set KEY=VALUE` overrides; an error names the argument.
+fn apply_sets(c: FitConfig, sets: &[String]) -> Result<FitConfig> {
+    Ok(vramfit::settings::apply_sets(&c.to_toml(), sets)?.unwrap_or(c))
 }
 
 fn fit(args: FitArgs) -> Result<()> {
-    let (config, out) = match &args.resume {
-        Some(dir) => (None, dir.clone()),
+    let start = match &args.resume {
+        Some(dir) => Start::Resume(dir.clone()),
         None => {
-            let out = args
-                .out
-                .clone()
-                .unwrap_or_else(|| vramfit::run::next_free_run_dir(Path::new("runs"), "fit"));
-            (Some(resolve(&args)?), out)
+            let config = resolve(&args)?;
+            if config.image != BUILTIN_SAMPLE
+                && let Ok(true) = Picture::has_alpha(Path::new(&config.image))
+            {
+                eprintln!(
+                    "note: {} has an alpha channel; it is ignored (fitted as RGB)",
+                    config.image
+                );
+            }
+            Start::New(config, run_path(&args.out, "fit"))
         }
     };
-    runs::run(&args.device, runs::Launch::Fit(config), out)
+    runs::run(&args.device, runs::Launch::Fit(start))
+}
+
+/// `--out`, or the next free `runs/PREFIX-NNN` (claimed atomically when the run starts).
+pub(crate) fn run_path(out: &Option<PathBuf>, prefix: &str) -> RunPath {
+    match out {
+        Some(dir) => RunPath::At(dir.clone()),
+        None => RunPath::Next {
+            base: PathBuf::from("runs"),
+            prefix: prefix.into(),
+        },
+    }
 }
 
 fn report(dir: &Path) -> Result<()> {
@@ -254,6 +256,7 @@ fn report(dir: &Path) -> Result<()> {
 }
 
 fn render(path: &Path, size: Option<(u32, u32)>, top_k: usize, out: &Path) -> Result<()> {
+    check_output_path(out)?;
     let g = Gaussians::load(path)?;
     if !(1..=vramfit_splat::cpu::render::MAX_TOP_K).contains(&top_k) {
         bail!(
@@ -262,6 +265,7 @@ fn render(path: &Path, size: Option<(u32, u32)>, top_k: usize, out: &Path) -> Re
         );
     }
     let (w, h) = size.unwrap_or((g.width as u32, g.height as u32));
+    check_size_here("rendering", w, h, |w, h| g.render_bytes(w, h))?;
     let img = g.render(w as usize, h as usize, top_k);
     save_png(out, &to_rgb8(w as usize, h as usize, &img)).with_context(|| format!("rendering {}", path.display()))?;
     println!("wrote {} ({w}x{h}) from {} Gaussians", out.display(), g.len());

@@ -8,7 +8,7 @@ use anyhow::{Result, bail};
 use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
 use vramfit::profile::{DeviceMemory, MemoryReport, human_bytes};
-use vramfit::run::{Event, RunSummary};
+use vramfit::run::{Event, RunSummary, Start};
 use vramfit_models::config::TrainConfig;
 use vramfit_models::job::TrainSummary;
 use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
@@ -16,12 +16,21 @@ use vramfit_splat::op::{FusedLoss, SplatBackend};
 
 use crate::device::{OnBackend, on_device};
 
-/// What to run: a workload and its settings (`None`: resume `out` with its own).
+/// What to run: a workload, new with its settings or resumed.
 pub enum Launch {
     /// `vramfit fit`.
-    Fit(Option<FitConfig>),
+    Fit(Start<FitConfig>),
     /// `vramfit train transformer`.
-    Transformer(Option<TrainConfig>),
+    Transformer(Start<TrainConfig>),
+}
+
+impl Launch {
+    fn resumed(&self) -> bool {
+        matches!(
+            self,
+            Launch::Fit(Start::Resume(_)) | Launch::Transformer(Start::Resume(_))
+        )
+    }
 }
 
 /// How a run ended.
@@ -34,45 +43,47 @@ pub enum Done {
 
 struct Drive<O> {
     launch: Launch,
-    out: PathBuf,
     observe: O,
 }
 
 impl<O: FnMut(Event) -> ControlFlow<()>> OnBackend for Drive<O> {
-    type Output = Option<Done>;
+    type Output = (PathBuf, Option<Done>);
 
-    fn run<B>(self, device: &B::Device, name: String) -> Result<Option<Done>>
+    fn run<B>(self, device: &B::Device, name: String) -> Result<(PathBuf, Option<Done>)>
     where
         B: AutodiffBackend + SplatBackend,
         B::InnerBackend: FusedLoss + DeviceMemory,
     {
         Ok(match self.launch {
-            Launch::Fit(config) => {
-                let (run, w) = vramfit_splat::job::launch::<B>(config, self.out, device, &name)?;
-                run.drive(w, self.observe)?.map(Done::Fit)
+            Launch::Fit(start) => {
+                let (run, w) = vramfit_splat::job::launch::<B>(start, device, &name)?;
+                let dir = run.dir().root().to_path_buf();
+                (dir, run.drive(w, self.observe)?.map(Done::Fit))
             }
-            Launch::Transformer(config) => {
-                let (run, w) = vramfit_models::job::launch::<B>(config, self.out, device, &name)?;
-                run.drive(w, self.observe)?.map(Done::Transformer)
+            Launch::Transformer(start) => {
+                let (run, w) = vramfit_models::job::launch::<B>(start, device, &name)?;
+                let dir = run.dir().root().to_path_buf();
+                (dir, run.drive(w, self.observe)?.map(Done::Transformer))
             }
         })
     }
 }
 
-/// Runs `launch` into `out` on `device` with `observe` watching.
+/// Runs `launch` on `device` with `observe` watching; returns the run
+/// directory and how the run ended (`None`: the observer stopped it).
 pub fn run_with(
     device: &str,
     launch: Launch,
-    out: PathBuf,
     observe: impl FnMut(Event) -> ControlFlow<()>,
-) -> Result<Option<Done>> {
-    on_device(device, Drive { launch, out, observe })
+) -> Result<(PathBuf, Option<Done>)> {
+    on_device(device, Drive { launch, observe })
 }
 
-/// Runs `launch` into `out` on `device` with a progress bar, and prints the summary.
-pub fn run(device: &str, launch: Launch, out: PathBuf) -> Result<()> {
-    let resumed = matches!(launch, Launch::Fit(None) | Launch::Transformer(None));
-    let Some(done) = run_with(device, launch, out.clone(), progress())? else {
+/// Runs `launch` on `device` with a progress bar, and prints the summary.
+pub fn run(device: &str, launch: Launch) -> Result<()> {
+    let resumed = launch.resumed();
+    let (out, done) = run_with(device, launch, progress())?;
+    let Some(done) = done else {
         bail!("the run stopped before its end")
     };
     match &done {

@@ -1,6 +1,6 @@
 //! `vramfit train transformer`: flags → settings → the run driver.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Result;
 use vramfit_models::config::TrainConfig;
@@ -31,8 +31,8 @@ pub struct TransformerArgs {
     /// Samples per optimiser step.
     #[arg(long)]
     batch_size: Option<usize>,
-    /// Optimiser steps.
-    #[arg(long)]
+    /// Optimiser steps (e.g. 1000 or 1e3).
+    #[arg(long, value_parser = crate::parse_count::<u64>)]
     steps: Option<u64>,
     /// Store a parameter group in low precision, PREFIX:TYPE (repeatable), e.g. token_embedding:bf16.
     #[arg(long, value_name = "PREFIX:TYPE")]
@@ -85,23 +85,14 @@ fn resolve(a: &TransformerArgs) -> Result<TrainConfig> {
     if !a.storage.is_empty() {
         c.storage = a.storage.clone();
     }
-    let set = crate::apply_sets_with(&c.to_toml(), &a.set, |text| {
-        Ok(TrainConfig::from_toml(text, Path::new("--set"))?)
-    })?;
-    Ok(set.unwrap_or(c))
+    Ok(vramfit::settings::apply_sets(&c.to_toml(), &a.set)?.unwrap_or(c))
 }
 
 pub fn run(which: Which) -> Result<()> {
     let Which::Transformer(args) = which;
-    let (config, out) = match &args.resume {
-        Some(dir) => (None, dir.clone()),
-        None => {
-            let out = args
-                .out
-                .clone()
-                .unwrap_or_else(|| vramfit::run::next_free_run_dir(Path::new("runs"), "transformer"));
-            (Some(resolve(&args)?), out)
-        }
+    let start = match &args.resume {
+        Some(dir) => vramfit::run::Start::Resume(dir.clone()),
+        None => vramfit::run::Start::New(resolve(&args)?, crate::run_path(&args.out, "transformer")),
     };
-    crate::runs::run(&args.device, crate::runs::Launch::Transformer(config), out)
+    crate::runs::run(&args.device, crate::runs::Launch::Transformer(start))
 }

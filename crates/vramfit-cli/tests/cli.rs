@@ -478,3 +478,379 @@ fn train_transformer_runs_resumes_and_refuses_bad_combinations() {
     let o = run(&["train", "transformer", "--resume", "ok", "--steps", "3"], dir);
     assert!(!o.status.success(), "--resume takes no other settings");
 }
+
+/// Names in `dir` that look like an atomic write's leftovers (`.NAME.tmp-PID`).
+fn temporaries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.') && n.contains(".tmp-"))
+        .collect()
+}
+
+#[test]
+fn cut_short_jpegs_are_refused_not_fitted_as_grey() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (img, _) = setup(d);
+    image::open(&img).unwrap().to_rgb8().save(d.join("whole.jpg")).unwrap();
+    let whole = std::fs::read(d.join("whole.jpg")).unwrap();
+    for pct in [30, 50, 90] {
+        let name = format!("cut{pct}.jpg");
+        std::fs::write(d.join(&name), &whole[..whole.len() * pct / 100]).unwrap();
+        refused(d, &[&name, "--gaussians", "20", "--steps", "2"], "corrupt or truncated");
+        let o = run(
+            &["fit", &name, "--gaussians", "20", "--steps", "2", "--out", "again"],
+            d,
+        );
+        assert!(stderr(&o).contains("cut short"), "{}", stderr(&o));
+    }
+    let o = run(
+        &["fit", "whole.jpg", "--gaussians", "20", "--steps", "2", "--out", "ok"],
+        d,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// Replaces the `key = ...` line of `RUN/config.toml`.
+fn set_in_config(run: &Path, key: &str, value: &str) {
+    let path = run.join("config.toml");
+    let text: String = std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            if l.starts_with(&format!("{key} =")) {
+                format!("{key} = {value}\n")
+            } else {
+                format!("{l}\n")
+            }
+        })
+        .collect();
+    assert!(text.contains(&format!("{key} = {value}\n")));
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn a_diverging_fit_stops_at_that_step_and_can_be_resumed_with_a_lower_rate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let o = run(&["sample", "--size", "64x64", "s64.png"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let fit = [
+        "fit",
+        "s64.png",
+        "--gaussians",
+        "50",
+        "--steps",
+        "40",
+        "--set",
+        "checkpoint_every=10",
+    ];
+    let o = run(
+        &[&fit[..], &["--set", "lr_inv_scale=1e20", "--out", "fresh"]].concat(),
+        d,
+    );
+    let msg = stderr(&o);
+    assert!(!o.status.success(), "a fit whose parameters became NaN succeeded");
+    assert!(
+        msg.contains("step 1: the `inv_scale` parameters became NaN, infinite or too large")
+            && msg.contains("lower `lr_inv_scale`"),
+        "{msg}"
+    );
+    assert!(!d.join("fresh/gaussians.vfg").exists(), "NaN Gaussians were written");
+
+    // A run killed after its first checkpoints...
+    let mut child = vramfit()
+        .args(["fit", "s64.png", "--gaussians", "50", "--steps", "1000000"])
+        .args(["--set", "checkpoint_every=10", "--out", "r"])
+        .current_dir(d)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ckpts = d.join("r/checkpoints");
+    let t0 = Instant::now();
+    while vramfit::run::checkpoints_newest_first(&ckpts).is_empty() {
+        assert!(t0.elapsed() < Duration::from_secs(120), "no checkpoint appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let ckpt = vramfit::run::checkpoints_newest_first(&ckpts)[0].clone();
+    let step: u64 = ckpt.file_stem().unwrap().to_str().unwrap()["step-".len()..]
+        .parse()
+        .unwrap();
+    let saved = std::fs::read(&ckpt).unwrap();
+    // ...resumed with a learning rate that blows up: it stops at the first new step.
+    set_in_config(&d.join("r"), "steps", &(step + 20).to_string());
+    set_in_config(&d.join("r"), "lr_inv_scale", "1e20");
+    let o = run(&["fit", "--resume", "r"], d);
+    assert!(!o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("step {}: the `inv_scale` parameters became NaN", step + 1)),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read(&ckpt).unwrap(), saved, "the checkpoint was lost");
+    let error: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("r/error.json")).unwrap()).unwrap();
+    assert_eq!(error["step"], step, "the error is recorded at the last good step");
+    // As the message says: a lower rate in config.toml, then --resume.
+    set_in_config(&d.join("r"), "lr_inv_scale", "0.002");
+    let o = run(&["fit", "--resume", "r"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let g = vramfit_splat::gaussians::Gaussians::load(&d.join("r/gaussians.vfg")).unwrap();
+    assert!(g.inv_scale.iter().chain(&g.xy).all(|v| v.is_finite()));
+}
+
+/// A small valid Gaussians file.
+fn write_gaussians(path: &Path, inv_scale0: f32) {
+    vramfit_splat::gaussians::Gaussians {
+        width: 32,
+        height: 24,
+        channels: 3,
+        xy: vec![0.3, 0.4, 0.6, 0.5],
+        inv_scale: vec![inv_scale0, 0.2, 0.3, 0.3],
+        theta: vec![0.0, 1.0],
+        color: vec![0.9, 0.1, 0.1, 0.1, 0.1, 0.9],
+    }
+    .save(path)
+    .unwrap();
+}
+
+#[test]
+fn render_refuses_a_gaussians_file_with_nan() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_gaussians(&d.join("nan.vfg"), f32::NAN);
+    let o = run(&["render", "nan.vfg", "out.png"], d);
+    assert!(!o.status.success(), "rendered NaN Gaussians");
+    let msg = stderr(&o);
+    assert!(
+        msg.contains("nan.vfg") && msg.contains("array 'inv_scale' holds NaN"),
+        "{msg}"
+    );
+    assert!(!d.join("out.png").exists());
+}
+
+#[test]
+fn sizes_beyond_the_memory_available_are_refused_before_allocating() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_gaussians(&d.join("g.vfg"), 0.2);
+    // A million pixels a side: terabytes, more than any machine has available.
+    for args in [
+        &["sample", "--size", "1000000x1000000", "o.png"][..],
+        &["render", "g.vfg", "--size", "1000000x1000000", "o.png"][..],
+        &["render", "g.vfg", "--size", "4000000x1000000", "o.png"][..],
+    ] {
+        let started = Instant::now();
+        let o = run(args, d);
+        let msg = stderr(&o);
+        assert!(!o.status.success(), "{args:?} was accepted");
+        assert!(
+            msg.contains("needs about") && msg.contains("TiB") && msg.contains("is available"),
+            "{args:?}: {msg}"
+        );
+        // The suggestion keeps the aspect ratio, and that size is accepted.
+        let size = msg.split("(--size ").nth(1).and_then(|t| t.split(')').next()).unwrap();
+        let (w, h) = size.split_once('x').unwrap();
+        let (w, h): (u64, u64) = (w.parse().unwrap(), h.parse().unwrap());
+        let ratio: u64 = args[args.len() - 2].split('x').next().unwrap().parse::<u64>().unwrap() / 1_000_000;
+        assert_eq!(w, h * ratio, "{args:?}: {size}");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{args:?} took {:?}",
+            started.elapsed()
+        );
+        assert!(!d.join("o.png").exists());
+    }
+}
+
+#[test]
+fn outputs_onto_a_directory_are_refused_and_leave_no_temporary_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    write_gaussians(&d.join("g.vfg"), 0.2);
+    std::fs::create_dir(d.join("pics")).unwrap();
+    for args in [
+        &["sample", "--size", "16x16", "pics"][..],
+        &["render", "g.vfg", "pics"][..],
+    ] {
+        let o = run(args, d);
+        assert!(!o.status.success(), "{args:?} was accepted");
+        assert!(
+            stderr(&o).contains("'pics'") && stderr(&o).contains("is a directory"),
+            "{}",
+            stderr(&o)
+        );
+        assert!(temporaries(d).is_empty(), "{args:?} left {:?}", temporaries(d));
+    }
+}
+
+#[test]
+fn fits_started_together_take_distinct_run_directories() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let o = run(&["sample", "--size", "32x32", "s.png"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let children: Vec<_> = (0..3)
+        .map(|_| {
+            vramfit()
+                .args(["fit", "s.png", "--gaussians", "20", "--steps", "3"])
+                .current_dir(d)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    for n in 1..=3 {
+        assert!(d.join(format!("runs/fit-{n:03}/summary.json")).is_file(), "fit-{n:03}");
+    }
+}
+
+#[test]
+fn a_run_directory_in_use_is_refused_and_a_resume_cleans_up_temporaries() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (_, cfg) = setup(d);
+    let mut child = vramfit()
+        .args(["fit", "--config", cfg.to_str().unwrap(), "--out", "busy"])
+        .current_dir(d)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !d.join("busy/checkpoints/step-00000020.ckpt").exists() {
+        assert!(started.elapsed() < Duration::from_secs(120), "no checkpoint appeared");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Suspended, it still holds the directory, however long the second takes.
+    let stopped = Command::new("kill")
+        .args(["-STOP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    assert!(
+        !d.join("busy/summary.json").exists(),
+        "the first fit finished: the test proves nothing"
+    );
+    let o = run(&["fit", "--resume", "busy"], d);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(!o.status.success(), "two processes ran one run directory");
+    assert!(
+        stderr(&o).contains("is in use by another vramfit process") && stderr(&o).contains("PID"),
+        "{}",
+        stderr(&o)
+    );
+    // What a write interrupted by a full disk or a kill leaves behind.
+    std::fs::write(d.join("busy/.memory.json.tmp-999999"), b"{\"partial").unwrap();
+    std::fs::write(d.join("busy/checkpoints/.step-00000040.ckpt.tmp-999999"), b"VRAMFIT").unwrap();
+    let o = run(&["fit", "--resume", "busy"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        temporaries(&d.join("busy")).is_empty(),
+        "{:?}",
+        temporaries(&d.join("busy"))
+    );
+    assert!(temporaries(&d.join("busy/checkpoints")).is_empty());
+}
+
+#[test]
+fn set_errors_name_the_argument_not_a_line_of_toml() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (img, _) = setup(d);
+    let img = img.to_str().unwrap();
+    for (args, needle) in [
+        (
+            &[img, "--set", "lr_colour=0.1"][..],
+            "--set lr_colour=0.1: unknown field `lr_colour`",
+        ),
+        (
+            &[img, "--set", "steps=many"][..],
+            "--set steps=many: invalid type: string \"many\"",
+        ),
+    ] {
+        refused(d, args, needle);
+        let o = run(&[&["fit"][..], args].concat(), d);
+        assert!(!stderr(&o).contains("line "), "{args:?}: {}", stderr(&o));
+    }
+    let mut args = SMALL_TRANSFORMER.to_vec();
+    args.extend_from_slice(&["--set", "model.widht=3", "--out", "t"]);
+    let o = run(&args, d);
+    assert!(
+        stderr(&o).contains("--set model.widht=3: unknown field `widht`") && !stderr(&o).contains("line "),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn counts_written_like_floats_are_read_or_refused_clearly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (img, _) = setup(d);
+    let img = img.to_str().unwrap();
+    for (args, needle) in [
+        // Read as the count it is, then checked against the image.
+        (
+            &[img, "--gaussians", "1e12"][..],
+            "1000000000000 Gaussians for 3072 pixels: use at most one per pixel (--gaussians 3072 or fewer)",
+        ),
+        (
+            &[img, "--gaussians", "1000000000000"][..],
+            "1000000000000 Gaussians for 3072 pixels: use at most one per pixel (--gaussians 3072 or fewer)",
+        ),
+        (
+            &[img, "--gaussians", "2.5"][..],
+            "--gaussians <GAUSSIANS>': '2.5' is not a whole number",
+        ),
+        (&[img, "--steps", "1e30"][..], "--steps <STEPS>': '1e30' is too large"),
+    ] {
+        refused(d, args, needle);
+    }
+    let o = run(&["fit", img, "--gaussians", "5e1", "--steps", "2e0", "--out", "ok"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let config = std::fs::read_to_string(d.join("ok/config.toml")).unwrap();
+    assert!(config.contains("gaussians = 50\nsteps = 2\n"), "{config}");
+}
+
+#[test]
+fn an_alpha_channel_is_mentioned_not_dropped_silently() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (img, _) = setup(d);
+    image::open(&img).unwrap().to_rgba8().save(d.join("rgba.png")).unwrap();
+    let o = run(
+        &["fit", "rgba.png", "--gaussians", "20", "--steps", "2", "--out", "a"],
+        d,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("note: rgba.png has an alpha channel; it is ignored (fitted as RGB)"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(
+        &[
+            "fit",
+            img.to_str().unwrap(),
+            "--gaussians",
+            "20",
+            "--steps",
+            "2",
+            "--out",
+            "b",
+        ],
+        d,
+    );
+    assert!(o.status.success() && !stderr(&o).contains("alpha"), "{}", stderr(&o));
+}

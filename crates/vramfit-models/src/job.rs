@@ -7,8 +7,6 @@
 //! Every setting is validated when the workload is built, before a run
 //! directory exists.
 
-use std::path::PathBuf;
-
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -18,7 +16,8 @@ use vramfit::params::{Snapshot, restore, snapshot};
 use vramfit::precision::{Autocast, LossScaler, ScalerConfig, ScalerState};
 use vramfit::profile::{Accounted, Category, DeviceMemory, MemoryReport, MemorySource, NamedTensor};
 use vramfit::run::{
-    ArrayFile, Cadence, DeviceFailure, Finished, Run, RunError, RunStats, StepRecord, Workload, categories_at_peak,
+    ArrayFile, Cadence, DeviceFailure, Finished, Run, RunError, RunStats, Start, StepRecord, Workload,
+    categories_at_peak,
 };
 use vramfit::step::{StepError, StepObserver, Stepper};
 use vramfit::storage::parameter_bytes;
@@ -83,12 +82,11 @@ pub struct Transformer<B: AutodiffBackend> {
     device: B::Device,
 }
 
-/// Starts a new run into `out`, or opens the one in `out` to resume it
-/// (with its own settings); returns the run and the workload to drive.
+/// Starts a new run, or opens a run directory to resume it (with its own
+/// settings); returns the run and the workload to drive.
 /// Settings are validated before the directory is created.
 pub fn launch<B>(
-    config: Option<TrainConfig>,
-    out: PathBuf,
+    start: Start<TrainConfig>,
     device: &B::Device,
     device_name: &str,
 ) -> Result<(Run, Transformer<B>), TrainError>
@@ -96,13 +94,13 @@ where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
 {
-    match config {
-        Some(config) => {
+    match start {
+        Start::New(config, out) => {
             let workload = Transformer::new(config, device)?;
             let run = Run::create(&out, &workload.config.to_toml(), device_name)?;
             Ok((run, workload))
         }
-        None => {
+        Start::Resume(out) => {
             let (run, text) = Run::open(&out, device_name)?;
             let config = TrainConfig::from_toml(&text, &run.dir().path("config.toml"))?;
             Ok((run, Transformer::new(config, device)?))

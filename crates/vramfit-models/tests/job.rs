@@ -6,7 +6,7 @@ use std::ops::ControlFlow;
 use std::path::Path;
 
 use burn::backend::{Autodiff, Flex};
-use vramfit::run::{Event, RunSummary};
+use vramfit::run::{Event, RunPath, RunSummary, Start};
 use vramfit_models::config::TrainConfig;
 use vramfit_models::job::{TrainError, TrainSummary, launch};
 
@@ -52,7 +52,11 @@ fn run(
     out: &Path,
     observe: impl FnMut(Event) -> ControlFlow<()>,
 ) -> Result<Option<RunSummary<TrainSummary>>, TrainError> {
-    let (run, workload) = launch::<B>(config, out.into(), &Default::default(), "cpu")?;
+    let start = match config {
+        Some(c) => Start::New(c, RunPath::At(out.into())),
+        None => Start::Resume(out.into()),
+    };
+    let (run, workload) = launch::<B>(start, &Default::default(), "cpu")?;
     Ok(run.drive(workload, observe)?)
 }
 
@@ -194,7 +198,8 @@ fn a_device_out_of_memory_writes_oom_json_keeps_the_checkpoints_and_resumes() {
         profile_every: 2,
         ..small()
     };
-    let (run_dir, workload) = launch::<B>(Some(config), out.clone(), &Default::default(), "cpu").unwrap();
+    let (run_dir, workload) =
+        launch::<B>(Start::New(config, RunPath::At(out.clone())), &Default::default(), "cpu").unwrap();
     // Step 6 fails as a device allocation would (the seam, not the real step).
     let failing = FailAt {
         inner: workload,

@@ -7,6 +7,7 @@ use std::ops::ControlFlow;
 
 use burn::backend::{Autodiff, Flex};
 use vramfit::profile::{Category, MemoryReport};
+use vramfit::run::{RunPath, Start};
 use vramfit_models::config::TrainConfig;
 use vramfit_models::job::launch;
 
@@ -34,7 +35,8 @@ fn config(checkpoint: &str, micro_batch: usize, accumulate: usize) -> TrainConfi
 fn measure(c: TrainConfig) -> (u64, u64) {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("r");
-    let (run, w) = launch::<Autodiff<Flex>>(Some(c), out.clone(), &Default::default(), "cpu").unwrap();
+    let (run, w) =
+        launch::<Autodiff<Flex>>(Start::New(c, RunPath::At(out.clone())), &Default::default(), "cpu").unwrap();
     run.drive(w, |_| ControlFlow::Continue(())).unwrap().unwrap();
     let report: MemoryReport = serde_json::from_slice(&std::fs::read(out.join("memory.json")).unwrap()).unwrap();
     let last = report.records.last().unwrap().step;

@@ -66,6 +66,43 @@ pub enum SplatError {
         /// The value seen.
         value: f32,
     },
+    /// An optimiser update made parameters NaN, infinite or so large that
+    /// squaring them overflows f32.
+    #[error(
+        "step {step}: the `{group}` parameters became NaN, infinite or too large for f32 (beyond ±1.8e19) after the optimiser update \
+         (learning rate `lr_{group}` = {lr:e}); \
+         lower `lr_{group}` (e.g. tenfold) and fit again, or lower it in the run directory's config.toml and continue from its last checkpoint with --resume"
+    )]
+    NonFiniteParameters {
+        /// Step at which it happened.
+        step: u64,
+        /// The parameter group (`xy`, `inv_scale`, `theta`, `color`).
+        group: &'static str,
+        /// The group's learning rate at that step.
+        lr: f64,
+    },
+    /// An output size whose buffers would not fit in the host's memory.
+    #[error(
+        "{what} at {width}x{height} needs about {needed} of memory, but only {available} is available{}",
+        match fits {
+            Some((w, h)) => format!("; the largest size of the same aspect ratio that fits is {w}x{h} (--size {w}x{h})"),
+            None => "; no smaller size of the same aspect ratio fits either".into(),
+        }
+    )]
+    TooLarge {
+        /// What would be made, e.g. "rendering".
+        what: &'static str,
+        /// Asked width.
+        width: u32,
+        /// Asked height.
+        height: u32,
+        /// Estimated bytes, in words.
+        needed: String,
+        /// Available bytes, in words.
+        available: String,
+        /// The largest `(width, height)` of the same aspect ratio that fits.
+        fits: Option<(u32, u32)>,
+    },
     /// The device failed while running a step (Burn's `ExecutionError`).
     #[error("device error at step {step} (surfaced after {phase}): {message}")]
     Device {

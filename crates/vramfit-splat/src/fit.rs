@@ -217,6 +217,13 @@ where
             &mut self.params,
             SplatTensors::from_array(updated.try_into().expect("four parameter tensors")),
         );
+        if let Some(group) = self.non_finite_group() {
+            return Err(SplatError::NonFiniteParameters {
+                step: next,
+                group,
+                lr: lrs[PARAMS.iter().position(|p| *p == group).unwrap_or(0)],
+            });
+        }
         let held = self.accounted();
         observer.phase("optimizer", None, &|| held);
         self.step += 1;
@@ -263,6 +270,18 @@ where
             decayed,
             frame: if want_frame { render } else { None },
         })
+    }
+
+    /// The first parameter group holding a NaN, an infinity or a value whose
+    /// square overflows f32 (the renderer squares the inverse scales: that
+    /// overflow is where NaN comes from), if any; one small read-back.
+    fn non_finite_group(&self) -> Option<&'static str> {
+        let flags = self
+            .params
+            .to_array()
+            .map(|p| (p.clone() * p).is_finite().all().float());
+        let all_finite = host(Tensor::cat(flags.to_vec(), 0));
+        all_finite.iter().position(|ok| *ok != 1.0).map(|i| PARAMS[i])
     }
 
     fn primitives_of(params: &SplatTensors<B::InnerBackend>) -> SplatPrimitives<B::InnerBackend> {

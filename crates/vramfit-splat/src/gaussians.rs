@@ -14,7 +14,7 @@ use serde_json::json;
 use vramfit::run::{ArrayFile, ArrayFileError};
 
 use crate::SplatError;
-use crate::cpu::project::Frame;
+use crate::cpu::project::{Frame, Projected, project_one};
 use crate::cpu::render::{Splats, render};
 
 /// Version of the Gaussians metadata layout.
@@ -83,6 +83,40 @@ impl Gaussians {
         render(&self.splats(), &frame, top_k)
     }
 
+    /// Host bytes that rendering at `width × height` and encoding the PNG
+    /// take at their peak: the f32 render, its 8-bit copy, the PNG bytes (at
+    /// most about as many as the raw pixels) and the tile bins, counted
+    /// exactly from each Gaussian's footprint at that size.
+    pub fn render_bytes(&self, width: u32, height: u32) -> u64 {
+        let (w, h) = (width as usize, height as usize);
+        let frame = Frame {
+            width: w,
+            height: h,
+            zoom_x: w as f64 / self.width as f64,
+            zoom_y: h as f64 / self.height as f64,
+        };
+        let pairs: u64 = (0..self.len())
+            .map(|i| {
+                let p = project_one(
+                    [self.xy[2 * i], self.xy[2 * i + 1]],
+                    [self.inv_scale[2 * i], self.inv_scale[2 * i + 1]],
+                    self.theta[i],
+                    &frame,
+                );
+                let [x0, x1, y0, y1] = p.tiles;
+                (x1.saturating_sub(x0) as u64) * (y1.saturating_sub(y0) as u64)
+            })
+            .sum();
+        let pixels = (w as u64).saturating_mul(h as u64);
+        let tiles = (frame.tiles_x() as u64).saturating_mul(frame.tiles_y() as u64);
+        let per_pixel = (self.channels as u64) * 4 + 3 + 3;
+        pixels
+            .saturating_mul(per_pixel)
+            .saturating_add(tiles.saturating_add(1).saturating_mul(16))
+            .saturating_add(pairs.saturating_mul(4))
+            .saturating_add((self.len() * std::mem::size_of::<Projected<f32>>()) as u64)
+    }
+
     /// As an array file.
     pub fn to_file(&self) -> ArrayFile {
         let n = self.len();
@@ -124,7 +158,14 @@ impl Gaussians {
         );
         let get = |name: &str, shape: Vec<usize>| -> Result<Vec<f32>, ArrayFileError> {
             match f.arrays.get(name) {
-                Some((s, v)) if *s == shape => Ok(v.clone()),
+                Some((s, v)) if *s == shape => match v.iter().position(|x| !x.is_finite()) {
+                    None => Ok(v.clone()),
+                    Some(i) => Err(bad(format!(
+                        "array '{name}' holds {} at index {i}: the fit that wrote it diverged; \
+                         fit again with lower learning rates (e.g. --set lr_{name}=...)",
+                        v[i]
+                    ))),
+                },
                 Some((s, _)) => Err(bad(format!("array '{name}' has shape {s:?}, expected {shape:?}"))),
                 None => Err(bad(format!("array '{name}' is missing"))),
             }
@@ -152,5 +193,65 @@ impl Gaussians {
     pub fn load(path: &Path) -> Result<Self, SplatError> {
         let f = ArrayFile::read(path)?;
         Ok(Self::from_file(&f, &path.display().to_string())?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::project::project_and_bin;
+
+    fn some() -> Gaussians {
+        Gaussians {
+            width: 40,
+            height: 30,
+            channels: 3,
+            xy: vec![0.2, 0.3, 0.7, 0.6, 0.5, 0.5],
+            inv_scale: vec![0.3, 0.2, 0.1, 0.4, 0.05, 0.05],
+            theta: vec![0.0, 0.5, 1.0],
+            color: vec![0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
+        }
+    }
+
+    #[test]
+    fn a_file_with_non_finite_values_is_refused_naming_file_and_array() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.vfg");
+        let mut g = some();
+        g.save(&path).unwrap();
+        assert_eq!(Gaussians::load(&path).unwrap(), g);
+        g.inv_scale[3] = f32::NAN;
+        g.save(&path).unwrap();
+        let msg = Gaussians::load(&path).unwrap_err().to_string();
+        assert!(
+            msg.contains(&path.display().to_string()) && msg.contains("array 'inv_scale' holds NaN at index 3"),
+            "{msg}"
+        );
+        g.inv_scale[3] = 0.1;
+        g.color[0] = f32::INFINITY;
+        g.save(&path).unwrap();
+        let msg = Gaussians::load(&path).unwrap_err().to_string();
+        assert!(msg.contains("array 'color' holds inf at index 0"), "{msg}");
+    }
+
+    #[test]
+    fn render_bytes_count_the_bins_the_renderer_makes() {
+        let g = some();
+        for (w, h) in [(40, 30), (400, 300), (1000, 90)] {
+            let frame = Frame {
+                width: w,
+                height: h,
+                zoom_x: w as f64 / 40.0,
+                zoom_y: h as f64 / 30.0,
+            };
+            let binned = project_and_bin(&g.xy, &g.inv_scale, &g.theta, &frame);
+            let tiles = (frame.tiles_x() * frame.tiles_y() + 1) as u64;
+            let expected = (w * h * (3 * 4 + 6)) as u64
+                + tiles * 16
+                + binned.ids.len() as u64 * 4
+                + (3 * std::mem::size_of::<Projected<f32>>()) as u64;
+            assert!(!binned.ids.is_empty());
+            assert_eq!(g.render_bytes(w as u32, h as u32), expected, "{w}x{h}");
+        }
     }
 }

@@ -5,14 +5,14 @@
 //! (PSNR, SSIM, bits per pixel). Everything is validated when the workload
 //! is built, before a run directory exists.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use vramfit::profile::{Accounted, Category, DeviceMemory, MemoryReport, MemorySource, NamedTensor};
 use vramfit::run::{
-    ArrayFile, Cadence, DeviceFailure, Finished, Run, RunStats, StepRecord, Workload, categories_at_peak,
+    ArrayFile, Cadence, DeviceFailure, Finished, Run, RunStats, Start, StepRecord, Workload, categories_at_peak,
 };
 use vramfit::step::StepObserver;
 
@@ -69,21 +69,16 @@ where
     device: B::Device,
 }
 
-/// Starts a new fit into `out`, or opens the one in `out` to resume it
-/// (with its own settings); returns the run and the workload to drive.
+/// Starts a new fit, or opens a run directory to resume it (with its own
+/// settings); returns the run and the workload to drive.
 /// The image and settings are checked before the directory is created.
-pub fn launch<B>(
-    config: Option<FitConfig>,
-    out: PathBuf,
-    device: &B::Device,
-    device_name: &str,
-) -> Result<(Run, Splat<B>), SplatError>
+pub fn launch<B>(start: Start<FitConfig>, device: &B::Device, device_name: &str) -> Result<(Run, Splat<B>), SplatError>
 where
     B: AutodiffBackend + SplatBackend,
     B::InnerBackend: FusedLoss,
 {
-    match config {
-        Some(mut config) => {
+    match start {
+        Start::New(mut config, out) => {
             // An absolute image path, so that `--resume` works from any directory.
             if let Ok(abs) = std::fs::canonicalize(&config.image) {
                 config.image = abs.display().to_string();
@@ -92,7 +87,7 @@ where
             let run = Run::create(&out, &workload.config.to_toml(), device_name)?;
             Ok((run, workload))
         }
-        None => {
+        Start::Resume(out) => {
             let (run, text) = Run::open(&out, device_name)?;
             let config = FitConfig::from_toml(&text, &run.dir().path("config.toml"))?;
             Ok((run, Splat::new(config, device)?))

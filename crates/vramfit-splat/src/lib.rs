@@ -19,6 +19,7 @@
 //! ```
 
 pub mod baseline;
+pub mod budget;
 pub mod config;
 pub mod cpu;
 mod error;

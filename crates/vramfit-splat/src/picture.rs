@@ -45,6 +45,19 @@ impl Picture {
                 detail: format!("{format:?}"),
             });
         }
+        // The decoders fill a cut-short image's missing part with grey
+        // without a word: refuse it before decoding.
+        let complete = if format == ImageFormat::Png {
+            png_complete(bytes)
+        } else {
+            jpeg_complete(bytes)
+        };
+        if let Err(detail) = complete {
+            return Err(SplatError::ImageCorrupt {
+                path: path.into(),
+                detail,
+            });
+        }
         let img = reader.decode().map_err(|e| match e {
             ImageError::Unsupported(u) => SplatError::ImageUnsupported {
                 path: path.into(),
@@ -68,6 +81,24 @@ impl Picture {
             },
         })?;
         Self::decode(&bytes, path)
+    }
+
+    /// True when the image file has an alpha channel (read from its header
+    /// only). Fitting uses the colour channels and ignores alpha.
+    pub fn has_alpha(path: &Path) -> Result<bool, SplatError> {
+        let unreadable = |cause| SplatError::ImageUnreadable {
+            path: path.into(),
+            cause,
+        };
+        let reader = ImageReader::open(path)
+            .map_err(unreadable)?
+            .with_guessed_format()
+            .map_err(unreadable)?;
+        let decoder = reader.into_decoder().map_err(|e| SplatError::ImageCorrupt {
+            path: path.into(),
+            detail: e.to_string(),
+        })?;
+        Ok(image::ImageDecoder::color_type(&decoder).has_alpha())
     }
 
     /// Converts 8-bit RGB.
@@ -103,8 +134,21 @@ pub fn to_rgb8(width: usize, height: usize, data: &[f32]) -> RgbImage {
     RgbImage::from_raw(width as u32, height as u32, bytes).expect("buffer is [H, W, 3]")
 }
 
-/// Encodes PNG to `path` atomically.
+/// Errors unless `path` can name an output file: it must not be a
+/// directory. Cheap: callers check before expensive work.
+pub fn check_output_path(path: &Path) -> Result<(), SplatError> {
+    if path.is_dir() {
+        return Err(SplatError::Write {
+            path: path.into(),
+            why: "it is a directory; give a file name, e.g. DIR/out.png".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Encodes PNG to `path` atomically; a failure leaves no temporary file.
 pub fn save_png(path: &Path, img: &RgbImage) -> Result<(), SplatError> {
+    check_output_path(path)?;
     let write_err = |why: String| SplatError::Write { path: path.into(), why };
     let bytes = encode_png(img)?;
     vramfit::run::atomic_write(path, &bytes).map_err(|e| write_err(e.to_string()))
@@ -121,6 +165,80 @@ pub fn encode_png(img: &RgbImage) -> Result<Vec<u8>, SplatError> {
     Ok(bytes)
 }
 
+/// Checks that PNG bytes run to their `IEND` chunk: every chunk's declared
+/// length must be present.
+fn png_complete(bytes: &[u8]) -> Result<(), String> {
+    const SIGNATURE: usize = 8;
+    let mut at = SIGNATURE;
+    while at < bytes.len() {
+        let Some(header) = bytes.get(at..at + 8) else { break };
+        let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        let end = at.saturating_add(12).saturating_add(len);
+        if end > bytes.len() {
+            break;
+        }
+        if &header[4..8] == b"IEND" {
+            return Ok(());
+        }
+        at = end;
+    }
+    Err(format!(
+        "the PNG data stops after {} bytes, before its end chunk (IEND): the file is cut short",
+        bytes.len()
+    ))
+}
+
+/// Checks that JPEG bytes run to their end-of-image marker (`FF D9`),
+/// walking the segments (skipping each by its length, so an embedded
+/// thumbnail's marker does not count) and the entropy-coded scans.
+fn jpeg_complete(bytes: &[u8]) -> Result<(), String> {
+    const EOI: u8 = 0xD9;
+    const SOS: u8 = 0xDA;
+    let cut = || {
+        Err(format!(
+            "the JPEG data stops after {} bytes, before its end-of-image marker (FF D9): the file is cut short",
+            bytes.len()
+        ))
+    };
+    let standalone = |m: u8| matches!(m, 0x01 | 0xD0..=0xD8);
+    let mut at = 2; // past SOI
+    loop {
+        // Next marker: 0xFF (fill bytes allowed), then a code.
+        while at < bytes.len() && bytes[at] != 0xFF {
+            at += 1;
+        }
+        while at < bytes.len() && bytes[at] == 0xFF {
+            at += 1;
+        }
+        let Some(&marker) = bytes.get(at) else { return cut() };
+        at += 1;
+        if marker == EOI {
+            return Ok(());
+        }
+        if standalone(marker) {
+            continue;
+        }
+        let Some(len) = bytes.get(at..at + 2) else { return cut() };
+        at += u16::from_be_bytes([len[0], len[1]]) as usize;
+        if at > bytes.len() {
+            return cut();
+        }
+        if marker == SOS {
+            // Entropy-coded data: runs to the next marker other than a
+            // stuffed zero (FF 00) or a restart (FF D0..D7).
+            loop {
+                match bytes.get(at..at + 2) {
+                    None => return cut(),
+                    Some([0xFF, next]) if *next == 0x00 || (0xD0..=0xD7).contains(next) => at += 2,
+                    Some([0xFF, 0xFF]) => at += 1,
+                    Some([0xFF, _]) => break,
+                    Some(_) => at += 1,
+                }
+            }
+        }
+    }
+}
+
 /// Peak signal-to-noise ratio in dB of `x` (clamped to `[0, 1]`) against `y`.
 pub fn psnr(x: &[f32], y: &[f32]) -> f64 {
     let mse = x
@@ -130,4 +248,65 @@ pub fn psnr(x: &[f32], y: &[f32]) -> f64 {
         .sum::<f64>()
         / x.len() as f64;
     if mse == 0.0 { f64::INFINITY } else { -10.0 * mse.log10() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encoded(format: ImageFormat) -> Vec<u8> {
+        let img = crate::sample::procedural(64, 48);
+        let mut bytes = Vec::new();
+        img.write_to(&mut std::io::Cursor::new(&mut bytes), format).unwrap();
+        bytes
+    }
+
+    #[test]
+    fn cut_short_images_are_refused_whole_ones_decoded() {
+        for (format, name) in [(ImageFormat::Jpeg, "x.jpg"), (ImageFormat::Png, "x.png")] {
+            let whole = encoded(format);
+            let p = Picture::decode(&whole, Path::new(name)).unwrap();
+            assert_eq!((p.width, p.height), (64, 48));
+            // Bytes after the end marker are not a truncation.
+            let mut trailing = whole.clone();
+            trailing.extend_from_slice(b"\0\0trailer");
+            Picture::decode(&trailing, Path::new(name)).unwrap();
+            let cuts = [30, 50, 90].map(|pct| whole.len() * pct / 100);
+            for cut in cuts.into_iter().chain([whole.len() - 2]) {
+                let err = Picture::decode(&whole[..cut], Path::new(name)).unwrap_err();
+                let msg = err.to_string();
+                assert!(
+                    msg.contains(name) && msg.contains("corrupt or truncated") && msg.contains("cut short"),
+                    "{name} cut to {cut} of {} bytes: {msg}",
+                    whole.len()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn an_alpha_channel_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let rgba = dir.path().join("rgba.png");
+        let rgb = dir.path().join("rgb.png");
+        image::RgbaImage::new(8, 8).save(&rgba).unwrap();
+        image::RgbImage::new(8, 8).save(&rgb).unwrap();
+        assert!(Picture::has_alpha(&rgba).unwrap());
+        assert!(!Picture::has_alpha(&rgb).unwrap());
+    }
+
+    #[test]
+    fn a_directory_is_not_an_output_file_and_nothing_is_left_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("out.png");
+        std::fs::create_dir(&target).unwrap();
+        let err = save_png(&target, &RgbImage::new(4, 4)).unwrap_err();
+        assert!(err.to_string().contains("is a directory"), "{err}");
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(left, ["out.png"]);
+    }
 }

@@ -46,6 +46,14 @@ fn seg_dist(p: [f32; 2], a: [f32; 2], b: [f32; 2]) -> f32 {
     ((p[0] - a[0] - t * dx).powi(2) + (p[1] - a[1] - t * dy).powi(2)).sqrt()
 }
 
+/// Host bytes that generating and encoding a `width × height` sample takes
+/// at its peak: the 8-bit RGB buffer and the PNG bytes (at most about as
+/// many as the raw pixels).
+pub fn bytes_needed(width: u32, height: u32) -> u64 {
+    let raw = (width as u64).saturating_mul(height as u64).saturating_mul(3);
+    raw.saturating_mul(2).saturating_add(height as u64)
+}
+
 /// Generates the image.
 pub fn procedural(width: u32, height: u32) -> RgbImage {
     let (w, h) = (width as usize, height as usize);

@@ -161,8 +161,12 @@ where
         ..Default::default()
     };
     let out = tmp.path().join("r");
-    let (run, workload) =
-        vramfit_splat::job::launch::<B>(Some(config), out.clone(), &Default::default(), "test").unwrap();
+    let (run, workload) = vramfit_splat::job::launch::<B>(
+        vramfit::run::Start::New(config, vramfit::run::RunPath::At(out.clone())),
+        &Default::default(),
+        "test",
+    )
+    .unwrap();
     // Step 45 fails at its sync as a device out-of-memory would (cubecl's words).
     let failing = FailAt {
         inner: workload,
@@ -199,4 +203,46 @@ where
     assert!(out.join("checkpoints/step-00000040.ckpt").is_file());
     assert!(out.join("memory.json").is_file() && out.join("error.json").is_file());
     assert!(!out.join("summary.json").exists());
+}
+
+#[test]
+fn a_diverging_learning_rate_stops_the_fit_at_the_step_it_happens() {
+    let picture = Picture::from_rgb8(&sample::procedural(64, 64));
+    let config = FitConfig {
+        gaussians: 50,
+        steps: 40,
+        lr_inv_scale: 1e20,
+        ..Default::default()
+    };
+    let mut fit = Fit::<Ad>::new(&picture, &config, &Default::default()).unwrap();
+    let err = loop {
+        match fit.step(false, &mut ()) {
+            Ok(_) => assert!(!fit.finished(), "the fit ran to its end with a learning rate of 1e20"),
+            Err(e) => break e,
+        }
+    };
+    let failed_at = fit.step_count() + 1;
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with(&format!(
+            "step {failed_at}: the `inv_scale` parameters became NaN, infinite or too large"
+        )) && msg.contains("lower `lr_inv_scale`")
+            && msg.contains("--resume"),
+        "{msg}"
+    );
+    // Every step that succeeded left finite parameters behind.
+    let before = Fit::<Ad>::new(&picture, &config, &Default::default()).map(|mut f| {
+        for _ in 1..failed_at {
+            f.step(false, &mut ()).unwrap();
+        }
+        f.gaussians()
+    });
+    let g = before.unwrap();
+    assert!(
+        g.xy.iter()
+            .chain(&g.inv_scale)
+            .chain(&g.theta)
+            .chain(&g.color)
+            .all(|v| v.is_finite())
+    );
 }

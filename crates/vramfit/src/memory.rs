@@ -16,6 +16,18 @@ pub fn host_current_bytes() -> Option<u64> {
     read_status_kib("VmRSS:").map(|k| k * 1024)
 }
 
+/// Memory the kernel estimates can be allocated without swapping
+/// (`MemAvailable` in `/proc/meminfo`), in bytes; `None` where the platform
+/// does not report it.
+pub fn available_bytes() -> Option<u64> {
+    meminfo_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
+}
+
+/// `MemAvailable` of a `/proc/meminfo` text, in bytes.
+fn meminfo_available(meminfo: &str) -> Option<u64> {
+    status_kib(meminfo, "MemAvailable:").map(|k| k.saturating_mul(1024))
+}
+
 fn read_status_kib(key: &str) -> Option<u64> {
     status_kib(&std::fs::read_to_string("/proc/self/status").ok()?, key)
 }
@@ -27,6 +39,15 @@ fn status_kib(status: &str, key: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn available_memory_reads_meminfo() {
+        let text = "MemTotal:       16318412 kB\nMemFree:         1234567 kB\nMemAvailable:    8000000 kB\n";
+        assert_eq!(super::meminfo_available(text), Some(8_000_000 * 1024));
+        assert_eq!(super::meminfo_available("MemTotal: 5 kB\n"), None);
+        let live = super::available_bytes().expect("Linux reports MemAvailable");
+        assert!(live > 0);
+    }
+
     #[test]
     fn peak_is_at_least_current() {
         let now = super::host_current_bytes().expect("Linux reports VmRSS");

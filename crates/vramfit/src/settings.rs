@@ -19,6 +19,58 @@ pub fn from_toml<T: DeserializeOwned>(text: &str) -> Result<T, String> {
     })
 }
 
+/// A `--set KEY=VALUE` override that cannot be applied.
+#[derive(Debug, thiserror::Error)]
+#[error("--set {arg}: {why}")]
+pub struct SetError {
+    /// The argument as given, `KEY=VALUE`.
+    pub arg: String,
+    /// What is wrong with it.
+    pub why: String,
+}
+
+/// Applies `--set KEY=VALUE` overrides to resolved settings (`resolved_toml`,
+/// the TOML of a `T`). `KEY` may be dotted (`model.width`) to reach a table;
+/// `VALUE` is a TOML value (number, boolean, quoted string), anything else
+/// a string. Each override is checked against `T` as it is applied, so an
+/// error names the `--set` argument that caused it (never a line of TOML
+/// the user did not write). `None` when `sets` is empty.
+pub fn apply_sets<T: DeserializeOwned>(resolved_toml: &str, sets: &[String]) -> Result<Option<T>, SetError> {
+    let Some(first) = sets.first() else {
+        return Ok(None);
+    };
+    let mut table: toml::Table = toml::from_str(resolved_toml).map_err(|e| SetError {
+        arg: first.clone(),
+        why: format!("the resolved settings do not read back ({})", e.message()),
+    })?;
+    let mut applied = None;
+    for arg in sets {
+        let fail = |why: String| SetError { arg: arg.clone(), why };
+        let Some((key, value)) = arg.split_once('=') else {
+            return Err(fail("expected KEY=VALUE, e.g. --set add_every=250".into()));
+        };
+        let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| toml::Value::String(value.to_string()));
+        let mut path: Vec<&str> = key.trim().split('.').collect();
+        let last = path.pop().unwrap_or_default();
+        let mut at = &mut table;
+        for part in path {
+            at = match at.entry(part).or_insert_with(|| toml::Value::Table(Default::default())) {
+                toml::Value::Table(t) => t,
+                _ => return Err(fail(format!("`{part}` is a value, not a table of settings"))),
+            };
+        }
+        at.insert(last.to_string(), value);
+        let parsed = toml::Value::Table(table.clone())
+            .try_into::<T>()
+            .map_err(|e| fail(e.message().to_string()))?;
+        applied = Some(parsed);
+    }
+    Ok(applied)
+}
+
 #[cfg(test)]
 mod tests {
     #[derive(Debug, serde::Deserialize)]
@@ -34,5 +86,54 @@ mod tests {
         assert!(e.contains("line 2") && e.contains("stepz"), "{e}");
         let e = super::from_toml::<S>("steps = \"x\"").unwrap_err();
         assert!(e.contains("line 1") && e.contains("steps = \"x\""), "{e}");
+    }
+
+    #[derive(Debug, PartialEq, serde::Deserialize, serde::Serialize)]
+    #[serde(deny_unknown_fields)]
+    struct Nested {
+        steps: u64,
+        seed: u64,
+        model: Model,
+    }
+
+    #[derive(Debug, PartialEq, serde::Deserialize, serde::Serialize)]
+    #[serde(deny_unknown_fields)]
+    struct Model {
+        width: usize,
+    }
+
+    #[test]
+    fn set_errors_name_the_argument_not_a_line() {
+        let base = "steps = 1\nseed = 2\n\n[model]\nwidth = 8\n";
+        let sets = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let ok: Nested = super::apply_sets(base, &sets(&["seed=5", "model.width=16"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            ok,
+            Nested {
+                steps: 1,
+                seed: 5,
+                model: Model { width: 16 }
+            }
+        );
+        assert!(super::apply_sets::<Nested>(base, &[]).unwrap().is_none());
+        for (args, start, also) in [
+            (&["seed=5", "stepz=3"][..], "--set stepz=3: ", "unknown field `stepz`"),
+            (
+                &["steps=many"][..],
+                "--set steps=many: ",
+                "invalid type: string \"many\"",
+            ),
+            (&["model.width=-1"][..], "--set model.width=-1: ", "invalid value"),
+            (&["seed.x=1"][..], "--set seed.x=1: ", "`seed` is a value"),
+            (&["seed"][..], "--set seed: ", "expected KEY=VALUE"),
+        ] {
+            let msg = super::apply_sets::<Nested>(base, &sets(args)).unwrap_err().to_string();
+            assert!(
+                msg.starts_with(start) && msg.contains(also) && !msg.contains("line"),
+                "{args:?}: {msg}"
+            );
+        }
     }
 }

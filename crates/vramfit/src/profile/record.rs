@@ -683,7 +683,7 @@ mod tests {
     fn the_headline_is_the_high_water_of_every_step_recorded_or_not() {
         let src = ExactWindows::default();
         let mut prof = Profiler::new(Box::new(src.clone()), 8);
-        let mut set = |now: u64, spike: u64| *src.0.lock().unwrap() = (now, spike);
+        let set = |now: u64, spike: u64| *src.0.lock().unwrap() = (now, spike);
         for step in 1..=6u64 {
             let record = step % 3 == 0;
             set(100, 100);

@@ -1,6 +1,12 @@
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufWriter, Write};
+use std::fs::{self, File, OpenOptions, TryLockError};
+use std::io::{self, BufWriter, Seek, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The lock file inside every run directory (see [`RunDir`]).
+pub const LOCK_FILE: &str = ".lock";
+/// Folders every run directory has.
+const SUBFOLDERS: [&str; 2] = ["checkpoints", "frames"];
 
 /// Errors opening or writing a run directory.
 #[derive(Debug, thiserror::Error)]
@@ -15,6 +21,30 @@ pub enum RunDirError {
         path: PathBuf,
         /// What is missing.
         why: String,
+    },
+    /// Another process holds the directory's lock.
+    #[error(
+        "run directory '{path}' is in use by another vramfit process{}; wait for it to finish (or stop it), then try again",
+        pid.map(|p| format!(" (PID {p})")).unwrap_or_default()
+    )]
+    Busy {
+        /// The directory.
+        path: PathBuf,
+        /// The process that holds it, as its lock file says.
+        pid: Option<u32>,
+    },
+    /// Creating a new run directory failed part way; what was created has
+    /// been removed again.
+    #[error(
+        "cannot create run directory '{root}': writing '{path}' failed: {cause}; nothing was kept (the directory was removed), so the same command can run again once that is fixed"
+    )]
+    CreateFailed {
+        /// The run directory.
+        root: PathBuf,
+        /// The file or folder whose creation failed.
+        path: PathBuf,
+        /// The OS error.
+        cause: io::Error,
     },
     /// Any I/O failure, with the path it concerned.
     #[error("cannot write '{path}': {cause}")]
@@ -35,7 +65,8 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RunDirError + '_ {
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same
 /// directory, flushed and synced, then renamed over the target. A crash
-/// leaves either the old file or the new one, never a torn one.
+/// leaves either the old file or the new one, never a torn one; a failure
+/// (a full disk, a directory in the way) removes the temporary file again.
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let dir = path
         .parent()
@@ -45,12 +76,14 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
         .file_name()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
     let tmp = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
+    let written = File::create(&tmp).and_then(|mut f| {
+        write_all(&mut f, bytes)?;
+        f.sync_all()
+    });
+    if let Err(e) = written.and_then(|()| fs::rename(&tmp, path)) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
     }
-    fs::rename(&tmp, path)?;
     // Make the rename itself durable.
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
@@ -58,40 +91,221 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// The first `base/prefix-NNN` that does not exist yet.
+/// True for the name [`atomic_write`] gives its temporary files
+/// (`.NAME.tmp-PID`).
+fn is_temporary(name: &str) -> bool {
+    name.starts_with('.')
+        && name
+            .rsplit_once(".tmp-")
+            .is_some_and(|(_, pid)| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+}
+
+#[cfg(not(test))]
+fn write_all(f: &mut File, bytes: &[u8]) -> io::Result<()> {
+    f.write_all(bytes)
+}
+
+// Test seam: a simulated full disk after `n` more bytes on this thread.
+#[cfg(test)]
+thread_local! {
+    static DISK_LEFT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+#[cfg(test)]
+fn write_all(f: &mut File, bytes: &[u8]) -> io::Result<()> {
+    let Some(left) = DISK_LEFT.get() else {
+        return f.write_all(bytes);
+    };
+    let n = bytes.len().min(left);
+    f.write_all(&bytes[..n])?;
+    DISK_LEFT.set(Some(left - n));
+    if n < bytes.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::StorageFull,
+            "No space left on device (simulated)",
+        ));
+    }
+    Ok(())
+}
+
+/// The first `base/prefix-NNN` that does not exist yet. Another process may
+/// take it before it is created: [`RunDir::create_next`] claims one atomically.
 pub fn next_free_run_dir(base: &Path, prefix: &str) -> PathBuf {
     (1..)
         .map(|i| base.join(format!("{prefix}-{i:03}")))
-        .find(|p| !p.exists())
+        .find(|p| fs::symlink_metadata(p).is_err())
         .expect("an unbounded range always yields a free name")
 }
 
-/// An open run directory.
+/// An open run directory, locked for as long as this value lives: a second
+/// [`RunDir`] of the same directory, in this process or another, is refused
+/// with [`RunDirError::Busy`]. The lock (an advisory `flock` on
+/// `RUN_DIR/.lock`, which records the holder's PID) is released when the
+/// value is dropped or the process dies, however it dies.
 #[derive(Debug)]
 pub struct RunDir {
     root: PathBuf,
+    /// Made by [`RunDir::create`] and nothing written in it yet: a failed
+    /// first write removes the directory again.
+    provisional: AtomicBool,
+    _lock: File,
+}
+
+/// Locks `root` (creating its lock file) or says who holds it.
+fn lock(root: &Path) -> Result<File, RunDirError> {
+    let path = root.join(LOCK_FILE);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(TryLockError::WouldBlock) => {
+            let pid = fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok());
+            return Err(RunDirError::Busy {
+                path: root.to_path_buf(),
+                pid,
+            });
+        }
+        // A file system without locks: run unlocked rather than not at all.
+        Err(TryLockError::Error(e)) if e.kind() == io::ErrorKind::Unsupported => {}
+        Err(TryLockError::Error(e)) => return Err(io_err(&path)(e)),
+    }
+    // The holder's PID, for the message a second process shows (best effort:
+    // the lock itself is what counts).
+    let _ = file.set_len(0).and_then(|()| {
+        let mut f = &file;
+        f.rewind()?;
+        write!(f, "{}", std::process::id())
+    });
+    Ok(file)
+}
+
+/// Creates the missing ancestors of `dir`; returns those it created,
+/// deepest first.
+fn create_ancestors(dir: &Path) -> io::Result<Vec<PathBuf>> {
+    let missing: Vec<PathBuf> = dir
+        .ancestors()
+        .filter(|p| !p.as_os_str().is_empty())
+        .take_while(|p| !p.exists())
+        .map(Path::to_path_buf)
+        .collect();
+    if !missing.is_empty() {
+        fs::create_dir_all(dir)?;
+    }
+    Ok(missing)
 }
 
 impl RunDir {
-    /// Creates a new run directory; refuses one that exists.
+    /// Creates a new run directory, with `checkpoints/` and `frames/`;
+    /// refuses one that exists. Until its first successful [`RunDir::write`]
+    /// the directory is provisional: if that write fails, the directory is
+    /// removed again. [`RunDir::create_with`] writes the first files as part
+    /// of the creation instead.
     pub fn create(root: &Path) -> Result<Self, RunDirError> {
-        if root.exists() {
-            return Err(RunDirError::Exists(root.to_path_buf()));
-        }
-        // Errors name the run directory, whichever ancestor failed.
-        if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
-            fs::create_dir_all(parent).map_err(io_err(root))?;
-        }
-        fs::create_dir(root).map_err(io_err(root))?;
-        let dir = Self {
-            root: root.to_path_buf(),
-        };
-        fs::create_dir(dir.checkpoints()).map_err(io_err(root))?;
-        fs::create_dir(dir.path("frames")).map_err(io_err(root))?;
+        let dir = Self::create_with(root, &[])?;
+        dir.provisional.store(true, Ordering::Relaxed);
         Ok(dir)
     }
 
-    /// Opens an existing run directory to resume it.
+    /// Creates a new run directory holding `files` (`(name, bytes)`, e.g.
+    /// `config.toml`), all or nothing: if any folder or file cannot be
+    /// written (a full disk), everything created is removed and the error
+    /// says so. The name is claimed atomically: of two processes creating
+    /// the same directory, exactly one succeeds; the other gets
+    /// [`RunDirError::Exists`].
+    pub fn create_with(root: &Path, files: &[(&str, &[u8])]) -> Result<Self, RunDirError> {
+        if fs::symlink_metadata(root).is_ok() {
+            return Err(RunDirError::Exists(root.to_path_buf()));
+        }
+        let parent = root.parent().filter(|p| !p.as_os_str().is_empty());
+        // Errors name the run directory, whichever ancestor failed.
+        let made = match parent {
+            Some(parent) => create_ancestors(parent).map_err(io_err(root))?,
+            None => Vec::new(),
+        };
+        let undo_ancestors = || {
+            for p in &made {
+                let _ = fs::remove_dir(p);
+            }
+        };
+        // `create_dir` on the final name is the atomic claim.
+        match fs::create_dir(root) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(RunDirError::Exists(root.to_path_buf()));
+            }
+            Err(e) => {
+                undo_ancestors();
+                return Err(io_err(root)(e));
+            }
+        }
+        let lock = match lock(root) {
+            Ok(lock) => lock,
+            // Someone opened the brand-new directory: it is theirs now.
+            Err(e @ RunDirError::Busy { .. }) => return Err(e),
+            Err(RunDirError::Io { path, cause }) => {
+                let _ = fs::remove_dir_all(root);
+                undo_ancestors();
+                return Err(RunDirError::CreateFailed {
+                    root: root.to_path_buf(),
+                    path,
+                    cause,
+                });
+            }
+            Err(other) => return Err(other),
+        };
+        let populate = || -> Result<(), (PathBuf, io::Error)> {
+            for sub in SUBFOLDERS {
+                let p = root.join(sub);
+                fs::create_dir(&p).map_err(|e| (p, e))?;
+            }
+            for (name, bytes) in files {
+                let p = root.join(name);
+                atomic_write(&p, bytes).map_err(|e| (p, e))?;
+            }
+            Ok(())
+        };
+        if let Err((path, cause)) = populate() {
+            let _ = fs::remove_dir_all(root);
+            undo_ancestors();
+            return Err(RunDirError::CreateFailed {
+                root: root.to_path_buf(),
+                path,
+                cause,
+            });
+        }
+        Ok(Self {
+            root: root.to_path_buf(),
+            provisional: AtomicBool::new(false),
+            _lock: lock,
+        })
+    }
+
+    /// Creates the first free `base/prefix-NNN` (see [`RunDir::create_with`]),
+    /// safe against other processes doing the same at the same moment: a
+    /// name taken between the look and the claim is skipped.
+    pub fn create_next(base: &Path, prefix: &str, files: &[(&str, &[u8])]) -> Result<Self, RunDirError> {
+        let mut last = None;
+        for i in 1..=9_999_999u32 {
+            let root = base.join(format!("{prefix}-{i:03}"));
+            if fs::symlink_metadata(&root).is_ok() {
+                continue;
+            }
+            match Self::create_with(&root, files) {
+                Err(RunDirError::Exists(p)) => last = Some(p),
+                other => return other,
+            }
+        }
+        Err(RunDirError::Exists(last.unwrap_or_else(|| base.join(prefix))))
+    }
+
+    /// Opens an existing run directory to resume it: takes its lock, then
+    /// removes the temporary files that an interrupted write left behind
+    /// (`.NAME.tmp-PID`, in the directory, `checkpoints/` and `frames/`).
     pub fn open(root: &Path) -> Result<Self, RunDirError> {
         if !root.is_dir() {
             return Err(RunDirError::NotResumable {
@@ -99,11 +313,48 @@ impl RunDir {
                 why: "no such directory".into(),
             });
         }
-        Ok(Self {
+        let lock = lock(root)?;
+        let dir = Self {
             root: root.to_path_buf(),
-        })
+            provisional: AtomicBool::new(false),
+            _lock: lock,
+        };
+        dir.remove_temporaries();
+        Ok(dir)
     }
 
+    /// Removes stale temporary files; the lock guarantees no other run is
+    /// writing them.
+    fn remove_temporaries(&self) {
+        let folders = std::iter::once(self.root.clone()).chain(SUBFOLDERS.map(|s| self.path(s)));
+        for folder in folders {
+            for entry in fs::read_dir(&folder).into_iter().flatten().flatten() {
+                let stale = entry.file_name().to_str().is_some_and(is_temporary)
+                    && entry.file_type().is_ok_and(|t| t.is_file());
+                if stale {
+                    let _ = fs::remove_file(entry.path());
+                }
+            }
+        }
+    }
+
+    /// Removes a provisional directory that holds only what
+    /// [`RunDir::create`] made; true when it is gone.
+    fn remove_if_untouched(&self) -> bool {
+        let only_ours = |dir: &Path, folders: bool| {
+            fs::read_dir(dir).is_ok_and(|entries| {
+                entries.flatten().all(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let file = e.file_type().is_ok_and(|t| t.is_file());
+                    (file && (name == LOCK_FILE || is_temporary(&name)))
+                        || (folders
+                            && SUBFOLDERS.contains(&name.as_str())
+                            && fs::read_dir(e.path()).is_ok_and(|mut d| d.next().is_none()))
+                })
+            })
+        };
+        only_ours(&self.root, true) && fs::remove_dir_all(&self.root).is_ok()
+    }
     /// The directory itself.
     pub fn root(&self) -> &Path {
         &self.root
@@ -119,10 +370,25 @@ impl RunDir {
         self.root.join("checkpoints")
     }
 
-    /// Writes a file inside the directory atomically.
+    /// Writes a file inside the directory atomically. The first write into
+    /// a directory made by [`RunDir::create`] completes its creation: if it
+    /// fails, the directory is removed again (and the error says so).
     pub fn write(&self, name: &str, bytes: &[u8]) -> Result<(), RunDirError> {
         let p = self.path(name);
-        atomic_write(&p, bytes).map_err(io_err(&p))
+        match atomic_write(&p, bytes) {
+            Ok(()) => {
+                self.provisional.store(false, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(cause) if self.provisional.swap(false, Ordering::Relaxed) && self.remove_if_untouched() => {
+                Err(RunDirError::CreateFailed {
+                    root: self.root.clone(),
+                    path: p,
+                    cause,
+                })
+            }
+            Err(cause) => Err(io_err(&p)(cause)),
+        }
     }
 
     /// Opens `metrics.jsonl` for appending, first dropping every line whose
@@ -148,6 +414,7 @@ impl RunDir {
             .append(true)
             .open(&p)
             .map_err(io_err(&p))?;
+        self.provisional.store(false, Ordering::Relaxed);
         Ok(JsonLines {
             path: p,
             out: BufWriter::new(f),
@@ -226,6 +493,158 @@ mod tests {
         atomic_write(&f, b"new contents").unwrap();
         assert_eq!(fs::read(&f).unwrap(), b"new contents");
         assert_eq!(fs::read_dir(&p).unwrap().count(), 1, "temporary file left behind");
+        fs::remove_dir_all(&p).unwrap();
+    }
+
+    /// Runs `f` with a simulated full disk after `bytes` more bytes.
+    fn with_disk_left<T>(bytes: usize, f: impl FnOnce() -> T) -> T {
+        DISK_LEFT.set(Some(bytes));
+        let out = f();
+        DISK_LEFT.set(None);
+        out
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_failed_atomic_write_leaves_no_temporary_and_the_old_file_whole() {
+        let p = scratch("atomic-fail");
+        fs::create_dir_all(&p).unwrap();
+        let f = p.join("weights.bin");
+        atomic_write(&f, b"old").unwrap();
+        // The disk fills part way through the new contents.
+        let err = with_disk_left(10, || atomic_write(&f, &[7u8; 4096])).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::StorageFull);
+        assert_eq!(fs::read(&f).unwrap(), b"old");
+        assert_eq!(names(&p), ["weights.bin"], "a partial temporary file was left behind");
+        // A directory in the way: the rename fails, the temporary goes too.
+        fs::create_dir(p.join("img.png")).unwrap();
+        atomic_write(&p.join("img.png"), b"png").unwrap_err();
+        assert_eq!(names(&p), ["img.png", "weights.bin"]);
+        fs::remove_dir_all(&p).unwrap();
+    }
+
+    #[test]
+    fn creation_is_all_or_nothing_when_the_first_file_cannot_be_written() {
+        let base = scratch("create-full");
+        let root = base.join("runs").join("fit-001");
+        let config: &[u8] = b"steps = 10\nseed = 3\n";
+        let err = with_disk_left(4, || RunDir::create_with(&root, &[("config.toml", config)])).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            matches!(err, RunDirError::CreateFailed { .. })
+                && msg.contains("config.toml")
+                && msg.contains("nothing was kept"),
+            "{msg}"
+        );
+        assert!(!base.exists(), "the failed creation left {base:?} behind");
+        // Once there is room, the same creation succeeds.
+        let dir = RunDir::create_with(&root, &[("config.toml", config)]).unwrap();
+        assert_eq!(fs::read(dir.path("config.toml")).unwrap(), config);
+        assert_eq!(names(&root), [".lock", "checkpoints", "config.toml", "frames"]);
+        drop(dir);
+        fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn a_failed_first_write_removes_a_created_directory_and_a_later_one_does_not() {
+        let p = scratch("first-write");
+        let dir = RunDir::create(&p).unwrap();
+        let err = with_disk_left(0, || dir.write("config.toml", b"steps = 1\n")).unwrap_err();
+        assert!(err.to_string().contains("nothing was kept"), "{err}");
+        assert!(!p.exists(), "a run directory without its config was left behind");
+        drop(dir);
+        // Neither a new run nor anything else is blocked by leftovers.
+        let dir = RunDir::create(&p).unwrap();
+        dir.write("config.toml", b"steps = 1\n").unwrap();
+        let err = with_disk_left(0, || dir.write("memory.json", b"{}")).unwrap_err();
+        assert!(matches!(err, RunDirError::Io { .. }), "{err}");
+        assert_eq!(names(&p), [".lock", "checkpoints", "config.toml", "frames"]);
+        drop(dir);
+        fs::remove_dir_all(&p).unwrap();
+    }
+
+    #[test]
+    fn resuming_removes_stale_temporary_files_and_keeps_the_rest() {
+        let p = scratch("stale");
+        let dir = RunDir::create_with(&p, &[("config.toml", b"steps = 1\n")]).unwrap();
+        drop(dir);
+        for stale in [
+            ".memory.json.tmp-4242",
+            ".weights.bin.tmp-17",
+            "checkpoints/.step-00000020.ckpt.tmp-99",
+            "frames/.step-00000010.png.tmp-5",
+        ] {
+            fs::write(p.join(stale), b"partial").unwrap();
+        }
+        for keep in ["checkpoints/step-00000010.ckpt", ".hidden", "notes.tmp-1", ".x.tmp-abc"] {
+            fs::write(p.join(keep), b"keep").unwrap();
+        }
+        let dir = RunDir::open(&p).unwrap();
+        assert_eq!(
+            names(&p),
+            [
+                ".hidden",
+                ".lock",
+                ".x.tmp-abc",
+                "checkpoints",
+                "config.toml",
+                "frames",
+                "notes.tmp-1"
+            ]
+        );
+        assert_eq!(names(&dir.checkpoints()), ["step-00000010.ckpt"]);
+        assert!(names(&dir.path("frames")).is_empty());
+        drop(dir);
+        fs::remove_dir_all(&p).unwrap();
+    }
+
+    #[test]
+    fn racing_creators_each_claim_their_own_directory() {
+        let base = scratch("race");
+        let n = 8;
+        let barrier = std::sync::Barrier::new(n);
+        let dirs: Vec<RunDir> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..n)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        RunDir::create_next(&base, "fit", &[("config.toml", b"x = 1\n")])
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+        });
+        let mut roots: Vec<PathBuf> = dirs.iter().map(|d| d.root().to_path_buf()).collect();
+        roots.sort();
+        let expected: Vec<PathBuf> = (1..=n).map(|i| base.join(format!("fit-{i:03}"))).collect();
+        assert_eq!(roots, expected);
+        drop(dirs);
+        fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn a_run_directory_is_used_by_one_run_at_a_time() {
+        let p = scratch("lock");
+        let created = RunDir::create_with(&p, &[("config.toml", b"x = 1\n")]).unwrap();
+        let err = RunDir::open(&p).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("in use by another vramfit process") && msg.contains(&format!("PID {}", std::process::id())),
+            "{msg}"
+        );
+        drop(created);
+        let first = RunDir::open(&p).unwrap();
+        assert!(matches!(RunDir::open(&p), Err(RunDirError::Busy { .. })));
+        drop(first);
+        RunDir::open(&p).unwrap();
         fs::remove_dir_all(&p).unwrap();
     }
 

@@ -253,6 +253,31 @@ fn pretty<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec_pretty(value).expect("plain data serialises")
 }
 
+/// Where a new run goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunPath {
+    /// This directory (an existing one is refused).
+    At(PathBuf),
+    /// The next free `BASE/PREFIX-NNN`, claimed atomically: runs started
+    /// together take distinct directories.
+    Next {
+        /// Folder of the runs, e.g. `runs`.
+        base: PathBuf,
+        /// Name before the number, e.g. `fit`.
+        prefix: String,
+    },
+}
+
+/// How a run begins: new, with its settings and where it goes, or resumed
+/// from its directory with the settings stored there.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Start<C> {
+    /// A new run.
+    New(C, RunPath),
+    /// Continue the run in this directory.
+    Resume(PathBuf),
+}
+
 /// A run directory about to be driven.
 #[derive(Debug)]
 pub struct Run {
@@ -262,11 +287,14 @@ pub struct Run {
 }
 
 impl Run {
-    /// Creates the run directory `out` with its resolved `config.toml`
-    /// (call after the workload has been built from the same settings).
-    pub fn create(out: &Path, config_toml: &str, device: &str) -> Result<Self, RunError> {
-        let dir = RunDir::create(out)?;
-        dir.write("config.toml", config_toml.as_bytes())?;
+    /// Creates the run directory with its resolved `config.toml`, all or
+    /// nothing (call after the workload has been built from the same settings).
+    pub fn create(out: &RunPath, config_toml: &str, device: &str) -> Result<Self, RunError> {
+        let files: [(&str, &[u8]); 1] = [("config.toml", config_toml.as_bytes())];
+        let dir = match out {
+            RunPath::At(root) => RunDir::create_with(root, &files)?,
+            RunPath::Next { base, prefix } => RunDir::create_next(base, prefix, &files)?,
+        };
         Ok(Self {
             dir,
             device: device.into(),

@@ -9,10 +9,12 @@ mod driver;
 mod tensorboard;
 
 pub use arrays::{ArrayFile, ArrayFileError};
-pub use dir::{RunDir, RunDirError, atomic_write, checkpoint_name, checkpoints_newest_first, next_free_run_dir};
+pub use dir::{
+    LOCK_FILE, RunDir, RunDirError, atomic_write, checkpoint_name, checkpoints_newest_first, next_free_run_dir,
+};
 pub use tensorboard::{EventWriter, crc32c};
 
 pub use driver::{
-    Cadence, DeviceFailure, Event, FailAt, Finished, KEEP_CHECKPOINTS, Run, RunError, RunStats, RunSummary, StepRecord,
-    Workload, categories_at_peak,
+    Cadence, DeviceFailure, Event, FailAt, Finished, KEEP_CHECKPOINTS, Run, RunError, RunPath, RunStats, RunSummary,
+    Start, StepRecord, Workload, categories_at_peak,
 };
