@@ -218,8 +218,12 @@ where
         let mut out: Vec<String> = Vec::new();
         for (c, _) in categories_at_peak(report) {
             let a = match c {
-                Category::Workspace | Category::Cached => {
+                Category::Workspace => {
                     "workspace: lower the band height (--set band_rows=64; the scratch scales with it)"
+                }
+                Category::Cached => {
+                    "cached: the allocator reserves whole pages of its pools; its page sizes are not a vramfit setting yet, \
+                     and lowering band_rows lowers it only when the scratch spans several pages"
                 }
                 Category::Inputs => "inputs: a smaller image (the target is stored as 3 bytes per pixel on a GPU)",
                 Category::Parameters | Category::OptimizerState | Category::Gradients => {

@@ -212,23 +212,8 @@ pub enum RunError {
         why: String,
     },
     /// The device ran out of memory; `oom.json` holds the breakdown.
-    #[error(
-        "out of device memory at step {step} ({phase}){requested}; largest: {largest}. The breakdown is in {report}.{advice}"
-    )]
-    OutOfMemory {
-        /// Step that failed.
-        step: u64,
-        /// Phase in which it surfaced.
-        phase: String,
-        /// What the failed allocation asked for, in words (may be empty).
-        requested: String,
-        /// The largest categories and tensors, in words.
-        largest: String,
-        /// The `oom.json` written.
-        report: PathBuf,
-        /// What to turn, in words (may be empty).
-        advice: String,
-    },
+    #[error(transparent)]
+    OutOfMemory(Box<OutOfMemoryError>),
     /// Checkpoints exist but none reads back: the run will not silently start over.
     #[error(
         "cannot resume {dir}: no checkpoint reads back ({why}). Nothing was changed. Start a new run with the same \
@@ -240,6 +225,27 @@ pub enum RunError {
         /// Each checkpoint and why it was refused.
         why: String,
     },
+}
+
+/// A device out-of-memory, in words: where, what was asked, what held the
+/// memory and what to turn.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "out of device memory at step {step} ({phase}){requested}; largest: {largest}. The breakdown is in {report}.{advice}"
+)]
+pub struct OutOfMemoryError {
+    /// Step that failed.
+    pub step: u64,
+    /// Phase in which it surfaced.
+    pub phase: String,
+    /// What the failed allocation asked for, in words (may be empty).
+    pub requested: String,
+    /// The largest categories and tensors, in words.
+    pub largest: String,
+    /// The `oom.json` written.
+    pub report: PathBuf,
+    /// What to turn, in words (may be empty).
+    pub advice: String,
 }
 
 fn write_err(path: &Path) -> impl Fn(std::io::Error) -> RunError + '_ {
@@ -470,7 +476,7 @@ impl Run {
         if let Err(e) = self.dir.write("oom.json", &pretty(&oom.json)) {
             return e.into();
         }
-        RunError::OutOfMemory {
+        RunError::OutOfMemory(Box::new(OutOfMemoryError {
             step: failure.step,
             phase: failure.phase,
             requested: oom.requested,
@@ -481,7 +487,7 @@ impl Run {
             } else {
                 format!(" To use less: {}", report.advice.join("; "))
             },
-        }
+        }))
     }
 }
 
@@ -674,7 +680,7 @@ pub fn categories_at_peak(report: &MemoryReport) -> Vec<(crate::profile::Categor
         }
     }
     let mut v: Vec<_> = most.into_iter().filter(|(_, b)| *b > 0).collect();
-    v.sort_by(|a, b| b.1.cmp(&a.1));
+    v.sort_by_key(|c| std::cmp::Reverse(c.1));
     v
 }
 

@@ -15,6 +15,6 @@ pub use dir::{
 pub use tensorboard::{EventWriter, crc32c};
 
 pub use driver::{
-    Cadence, DeviceFailure, Event, FailAt, Finished, KEEP_CHECKPOINTS, Run, RunError, RunPath, RunStats, RunSummary,
-    Start, StepRecord, Workload, categories_at_peak,
+    Cadence, DeviceFailure, Event, FailAt, Finished, KEEP_CHECKPOINTS, OutOfMemoryError, Run, RunError, RunPath,
+    RunStats, RunSummary, Start, StepRecord, Workload, categories_at_peak,
 };
