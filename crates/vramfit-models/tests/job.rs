@@ -93,18 +93,7 @@ fn interrupted_run_resumes_to_identical_weights() {
 
     // Stop right after the second checkpoint (step 8), as a kill would, then resume.
     let broken = tmp.path().join("broken");
-    let mut seen = 0;
-    let stopped = run(Some(small()), &broken, |e| {
-        if let Event::Checkpoint(_) = e {
-            seen += 1;
-            if seen == 2 {
-                return ControlFlow::Break(());
-            }
-        }
-        ControlFlow::Continue(())
-    })
-    .unwrap();
-    assert!(stopped.is_none());
+    stop_after_second_checkpoint(&broken);
     assert!(!broken.join("summary.json").exists());
     let mut first_step = None;
     let resumed = run(None, &broken, |e| {
@@ -256,13 +245,11 @@ fn a_device_out_of_memory_writes_oom_json_keeps_the_checkpoints_and_resumes() {
     assert_eq!(resumed.workload.final_loss, straight.workload.final_loss);
 }
 
-#[test]
-fn corrupt_checkpoints_are_skipped_aloud_and_never_restart_silently() {
-    let tmp = tempfile::tempdir().unwrap();
-    let out = tmp.path().join("r");
-    // Stop after the second checkpoint (steps 4 and 8 written).
+/// Runs `small()` into `out` and stops it, as a kill would, right after its
+/// second checkpoint (steps 4 and 8 written).
+fn stop_after_second_checkpoint(out: &Path) {
     let mut seen = 0;
-    run(Some(small()), &out, |e| {
+    let stopped = run(Some(small()), out, |e| {
         if let Event::Checkpoint(_) = e {
             seen += 1;
             if seen == 2 {
@@ -272,6 +259,14 @@ fn corrupt_checkpoints_are_skipped_aloud_and_never_restart_silently() {
         ControlFlow::Continue(())
     })
     .unwrap();
+    assert!(stopped.is_none(), "stopped before its end");
+}
+
+#[test]
+fn corrupt_checkpoints_are_skipped_aloud_and_never_restart_silently() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("r");
+    stop_after_second_checkpoint(&out);
     let newest = out.join("checkpoints/step-00000008.ckpt");
     let truncate = |p: &Path| {
         let bytes = std::fs::read(p).unwrap();
@@ -300,17 +295,7 @@ fn corrupt_checkpoints_are_skipped_aloud_and_never_restart_silently() {
 
     // Both corrupt: refused, naming each file, and nothing is changed.
     let out = tmp.path().join("both");
-    let mut seen = 0;
-    run(Some(small()), &out, |e| {
-        if let Event::Checkpoint(_) = e {
-            seen += 1;
-            if seen == 2 {
-                return ControlFlow::Break(());
-            }
-        }
-        ControlFlow::Continue(())
-    })
-    .unwrap();
+    stop_after_second_checkpoint(&out);
     truncate(&out.join("checkpoints/step-00000008.ckpt"));
     truncate(&out.join("checkpoints/step-00000004.ckpt"));
     let metrics_before = std::fs::read(out.join("metrics.jsonl")).unwrap();

@@ -710,6 +710,18 @@ mod tests {
             Some((6, "backward"))
         );
         assert!(report.table().contains("the nearest recorded"), "{}", report.table());
+
+        // Every step recorded: the headline is the maximum over the records.
+        let mut prof = Profiler::new(Box::new(src.clone()), 8);
+        for step in 1..=6u64 {
+            *src.0.lock().unwrap() = (100, 100 + 37 * step % 5);
+            prof.observe(step, "start", None, true, Accounted::default);
+            *src.0.lock().unwrap() = (150, [300, 250, 700, 900, 410, 500][step as usize - 1]);
+            prof.observe(step, "backward", None, true, Accounted::default);
+        }
+        let report = prof.report("test", Vec::new(), Vec::new());
+        let most = report.records.iter().filter_map(|r| r.peak_in_use).max().unwrap();
+        assert_eq!((report.peak_bytes, most), (Some(900), 900));
     }
 
     #[test]
