@@ -135,7 +135,21 @@ where
         resumed.step(false, &mut ()).unwrap();
     }
     assert_eq!(whole.step_count(), resumed.step_count());
-    assert_eq!(whole.gaussians(), resumed.gaussians());
+    let name = B::name(&d);
+    if name.contains("flex") {
+        assert_eq!(whole.gaussians(), resumed.gaussians(), "bit for bit on the CPU");
+    } else {
+        // The GPU backward adds gradients with atomics, whose order varies run
+        // to run: no two GPU runs are bit-identical, resumed or not. The
+        // resumed fit must land where the uninterrupted one does (measured on
+        // lavapipe: centres within 2.6e-5, PSNR equal to 1e-3 dB).
+        let (a, b) = (whole.gaussians(), resumed.gaussians());
+        assert_eq!(a.len(), b.len());
+        let gap = a.xy.iter().zip(&b.xy).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        let (pa, pb) = (whole.evaluate().unwrap().1, resumed.evaluate().unwrap().1);
+        eprintln!("{name}: resumed fit, xy gap {gap:e}, PSNR {pa:.3} vs {pb:.3} dB");
+        assert!(gap < 1e-2 && (pa - pb).abs() < 0.05, "xy gap {gap}, PSNR {pa} vs {pb}");
+    }
 }
 
 fn a_device_out_of_memory_writes_oom_json_and_keeps_what_was_written<B: AutodiffBackend + SplatBackend>()
