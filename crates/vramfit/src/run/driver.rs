@@ -528,7 +528,8 @@ impl Session<'_> {
         }
         while !w.finished() {
             let step = w.steps_done() + 1;
-            let record = c.profile_every > 0 && step.is_multiple_of(c.profile_every);
+            // Step 1 too, so that a short run shows where its memory went.
+            let record = c.profile_every > 0 && (step == 1 || step.is_multiple_of(c.profile_every));
             // The window that ends here covers the work between steps
             // (checkpoints, logs, frames).
             self.profiler.observe(step, "start", None, record, || w.accounted());
@@ -614,9 +615,10 @@ impl Session<'_> {
             median_step_ms: sorted.get(sorted.len() / 2).copied().unwrap_or(0.0),
         };
         let done = w.finish(&stats).map_err(|e| RunError::Workload(Box::new(e)))?;
-        // The final evaluation and files: recorded like a phase, since their
-        // buffers count towards the peak too.
-        let record = self.cadence.profile_every > 0;
+        // The final evaluation and files: observed like a phase, since their
+        // buffers count towards the peak too (recorded beside the last step's
+        // phases when that step was recorded).
+        let record = self.profiler.records().last().is_some_and(|r| r.step == stats.steps);
         self.profiler
             .observe(stats.steps, "finish", None, record, || w.accounted());
         for (name, bytes) in &done.files {
