@@ -28,6 +28,7 @@ pub mod heap;
 pub mod memory;
 pub mod optim;
 pub mod params;
+pub mod plan;
 pub mod precision;
 pub mod profile;
 pub mod run;

@@ -1,0 +1,317 @@
+//! Choosing a plan for a budget: every combination of the knobs other
+//! than checkpointing, each with the checkpoint set of least
+//! recomputation that fits what is left, ranked by predicted step time.
+
+use serde::{Deserialize, Serialize};
+
+use super::chain::{least_peak, optimal};
+use super::{Calibration, Knobs};
+use crate::profile::human_bytes;
+
+/// One plan: knobs and what the model predicts for them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plan {
+    /// The knobs.
+    pub knobs: Knobs,
+    /// Predicted peak of the OOM-deciding figure (bytes).
+    pub peak_bytes: u64,
+    /// Predicted step time (ms).
+    pub step_ms: f64,
+    /// What it changes in the numerics (empty: exact up to summation order).
+    pub quality: Vec<String>,
+}
+
+impl Plan {
+    /// True when the plan keeps the numerics (up to summation order).
+    pub fn exact(&self) -> bool {
+        self.quality.is_empty()
+    }
+}
+
+/// The plans that fit a budget, best first, and why the first won.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Choice {
+    /// The budget (bytes).
+    pub budget: u64,
+    /// The safety margin applied to predicted peaks.
+    pub margin: f64,
+    /// Plans that fit, the winner first: numerically exact plans by
+    /// predicted time, then the others by predicted time.
+    pub plans: Vec<Plan>,
+    /// Why the winner won, in words.
+    pub why: String,
+}
+
+/// Why no plan could be made.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    /// A setting of the planner.
+    #[error("{0}")]
+    Setting(String),
+    /// A probe failed.
+    #[error("the probe {probe} failed: {why}")]
+    Probe {
+        /// Which probe, with its knobs.
+        probe: String,
+        /// What went wrong.
+        why: String,
+    },
+    /// Nothing fits the budget.
+    #[error(
+        "no plan fits {budget}: the smallest predicted peak is {least} ({knobs}); with the {margin:.0} % safety \
+         margin the smallest budget that works is {smallest} (--budget {smallest_bytes})"
+    )]
+    Infeasible {
+        /// The budget, in words.
+        budget: String,
+        /// The least predicted peak, in words.
+        least: String,
+        /// The plan reaching it.
+        knobs: String,
+        /// Safety margin in percent.
+        margin: f64,
+        /// The smallest budget that works, in words.
+        smallest: String,
+        /// The same in bytes.
+        smallest_bytes: u64,
+    },
+}
+
+/// Each combination of the non-checkpoint knobs the space allows.
+fn combinations(c: &Calibration) -> Vec<Knobs> {
+    let s = &c.space;
+    let mut out = Vec::new();
+    for &precision in &s.precisions {
+        for micro_batch in s.micro_batches() {
+            for low_storage in 0..=s.storage_groups.len() {
+                for low_moments in [false, true].into_iter().filter(|m| !m || s.low_moments) {
+                    for cleanup in [false, true] {
+                        out.push(Knobs {
+                            precision,
+                            checkpointed: vec![false; s.blocks],
+                            micro_batch,
+                            low_storage,
+                            low_moments,
+                            cleanup,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+impl Calibration {
+    fn plan(&self, knobs: Knobs) -> Plan {
+        let (peak, ms) = self.predict(&knobs);
+        Plan {
+            quality: knobs.quality_costs(&self.space),
+            knobs,
+            peak_bytes: peak.max(0.0).ceil() as u64,
+            step_ms: ms,
+        }
+    }
+
+    /// The plans that fit `budget` with the margin, best first, or the
+    /// smallest budget that works.
+    pub fn choose(&self, budget: u64) -> Result<Choice, PlanError> {
+        let margin = self.margin();
+        let usable = budget as f64 / (1.0 + margin);
+        let chain = self.model.chain();
+        let mut plans = Vec::new();
+        for mut knobs in combinations(self) {
+            let (outside, scale) = self.model.split(&knobs, self.space.batch);
+            if outside > usable || scale <= 0.0 {
+                continue;
+            }
+            if let Some(marks) = optimal(&chain, (usable - outside) / scale) {
+                knobs.checkpointed = marks;
+                plans.push(self.plan(knobs));
+            }
+        }
+        plans.sort_by(|a, b| (!a.exact()).cmp(&!b.exact()).then(a.step_ms.total_cmp(&b.step_ms)));
+        let Some(best) = plans.first() else {
+            return Err(self.infeasible(budget));
+        };
+        let exact = plans.iter().filter(|p| p.exact()).count();
+        let fastest = plans.iter().map(|p| p.step_ms).fold(f64::INFINITY, f64::min);
+        let why = format!(
+            "{} that fits {} with a {:.0} % margin (predicted peak {}, {:.1} ms per step){}; {} plans fit, {} of them exact",
+            if best.exact() {
+                "the fastest numerically exact plan"
+            } else {
+                "no numerically exact plan fits: the fastest plan"
+            },
+            human_bytes(budget),
+            margin * 100.0,
+            human_bytes(best.peak_bytes),
+            best.step_ms,
+            if best.exact() && fastest < best.step_ms {
+                format!(
+                    "; a plan that changes the numerics is predicted {:.0} % faster",
+                    (best.step_ms / fastest - 1.0) * 100.0
+                )
+            } else {
+                String::new()
+            },
+            plans.len(),
+            exact
+        );
+        Ok(Choice {
+            budget,
+            margin,
+            plans,
+            why,
+        })
+    }
+
+    /// The plan with the least predicted peak.
+    pub fn leanest(&self) -> Plan {
+        let chain = self.model.chain();
+        let least = least_peak(&chain);
+        combinations(self)
+            .into_iter()
+            .map(|mut knobs| {
+                knobs.checkpointed = optimal(&chain, least).unwrap_or_else(|| vec![true; chain.len()]);
+                self.plan(knobs)
+            })
+            .min_by(|a, b| a.peak_bytes.cmp(&b.peak_bytes).then(a.step_ms.total_cmp(&b.step_ms)))
+            .expect("the space has at least one combination")
+    }
+
+    fn infeasible(&self, budget: u64) -> PlanError {
+        let lean = self.leanest();
+        let margin = self.margin();
+        // One byte over the threshold `choose` uses, rounded up to a MiB.
+        let needed = (lean.peak_bytes as f64 * (1.0 + margin)).ceil() as u64 + 1;
+        let smallest = needed.div_ceil(1 << 20) << 20;
+        PlanError::Infeasible {
+            budget: human_bytes(budget),
+            least: human_bytes(lean.peak_bytes),
+            knobs: lean.knobs.describe(self.space.batch),
+            margin: margin * 100.0,
+            smallest: human_bytes(smallest),
+            smallest_bytes: smallest,
+        }
+    }
+}
+
+/// One card size's plan (or the smallest budget that works).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Preset {
+    /// The card's memory (bytes).
+    pub budget: u64,
+    /// The winner, if anything fits.
+    pub plan: Option<Plan>,
+    /// Plans that fit.
+    pub fitting: usize,
+    /// Why nothing fits, where nothing does.
+    pub error: Option<String>,
+}
+
+/// The winner for each budget (card sizes): the preset table.
+pub fn presets(c: &Calibration, budgets: &[u64]) -> Vec<Preset> {
+    budgets
+        .iter()
+        .map(|&budget| match c.choose(budget) {
+            Ok(choice) => Preset {
+                budget,
+                fitting: choice.plans.len(),
+                plan: choice.plans.into_iter().next(),
+                error: None,
+            },
+            Err(e) => Preset {
+                budget,
+                plan: None,
+                fitting: 0,
+                error: Some(e.to_string()),
+            },
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::plan::chain::BlockCost;
+    use crate::plan::{Calibration, Knobs, Model, Space};
+    use crate::precision::Precision;
+
+    fn calibration() -> Calibration {
+        Calibration {
+            space: Space {
+                batch: 16,
+                blocks: 4,
+                block_input_bytes: 100,
+                precisions: vec![Precision::F32, Precision::Bf16],
+                storage_groups: vec![("embed".into(), 1000)],
+                low_moments: true,
+            },
+            model: Model {
+                fixed_bytes: 10_000.0,
+                outside_bytes: 200.0,
+                block: BlockCost {
+                    activations: 1000.0,
+                    input: 100.0,
+                    recompute: 0.05,
+                },
+                blocks: 4,
+                accumulator_bytes: 1000.0,
+                precisions: vec![(Precision::Bf16, 0.6, 0.8)],
+                storage: (-500.0, 0.1),
+                storage_share: vec![0.0, 1.0],
+                moments: (-1000.0, 0.1),
+                cleanup: (0.0, 1.0),
+                fixed_ms: 2.0,
+                micro_batch_ms: 1.0,
+                sample_ms: 0.5,
+            },
+            probes: Vec::new(),
+            checks: Vec::new(),
+            peak_error: 0.01,
+            time_error: 0.0,
+            seconds: 0.0,
+            probe_batch: 16,
+        }
+    }
+
+    #[test]
+    fn ample_budget_takes_the_plain_step_and_tight_ones_fit_with_the_margin() {
+        let c = calibration();
+        let plain = c.predict(&Knobs::base(4, 16)).0;
+        let ample = c.choose(10 * plain as u64).unwrap();
+        assert_eq!(ample.plans[0].knobs, Knobs::base(4, 16));
+        let mut budgets = Vec::new();
+        for f in [0.9, 0.7, 0.5, 0.4] {
+            let budget = (plain * f) as u64;
+            match c.choose(budget) {
+                Ok(choice) => {
+                    for p in &choice.plans {
+                        assert!(p.peak_bytes as f64 * (1.0 + choice.margin) <= budget as f64 + 1.0);
+                    }
+                    budgets.push((f, choice.plans[0].knobs.describe(16)));
+                }
+                Err(e) => budgets.push((f, e.to_string())),
+            }
+        }
+        assert!(budgets.iter().any(|(_, d)| d.contains("checkpoint")), "{budgets:?}");
+    }
+
+    #[test]
+    fn infeasible_budget_names_a_budget_that_works() {
+        let c = calibration();
+        let e = c.choose(5_000).unwrap_err();
+        let crate::plan::PlanError::Infeasible { smallest_bytes, .. } = e.clone() else {
+            panic!("{e}")
+        };
+        assert!(e.to_string().contains("--budget"), "{e}");
+        let choice = c.choose(smallest_bytes).unwrap();
+        assert!(!choice.plans.is_empty());
+        // Just under the leanest plan's peak plus the margin, nothing fits.
+        let lean = c.leanest();
+        assert!(
+            c.choose((lean.peak_bytes as f64 * (1.0 + c.margin())) as u64 - 2)
+                .is_err()
+        );
+    }
+}

@@ -1,0 +1,348 @@
+//! The planner: given a memory budget, the fastest combination of the
+//! techniques that fits, chosen from a few short measured probes.
+//!
+//! 1. [`calibrate`] runs probe steps of the real workload on the real
+//!    device, one probe per knob and not one per combination (a base, a
+//!    smaller batch, micro-batches, every block checkpointed, each lower
+//!    precision, low-precision storage, low-precision moments, allocator
+//!    cleanup), and reads each probe's peak of the figure that decides an
+//!    out-of-memory ([`crate::profile`]) and its step time.
+//! 2. From them it fits a [`Model`] that knows how each part scales: fixed
+//!    bytes, bytes per sample outside the blocks, per block kept or
+//!    checkpointed, the ratio each precision gives, what storage, moments
+//!    and cleanup add, and a time model of the same form. Two further
+//!    probes of combinations it did not fit on measure its prediction
+//!    error.
+//! 3. [`Calibration::choose`] enumerates every combination of the other
+//!    knobs, and for each the checkpoint set with the least recomputation
+//!    that fits what is left ([`chain::optimal`], exact), keeps the plans
+//!    whose predicted peak plus a margin (from the measured error) is
+//!    within the budget, and ranks them by predicted step time.
+//!    Numerically exact plans (checkpointing, micro-batching, cleanup) win
+//!    over plans that change the numerics (lower precision, low-precision
+//!    storage or moments) unless no exact plan fits.
+//! 4. The caller verifies the winner with one more probe and falls back to
+//!    the next plan if it measures over the budget; a run that still runs
+//!    out of memory falls back to the next plan from its last checkpoint
+//!    ([`with_fallback`]).
+//!
+//! Budgets are in the backend's OOM-deciding figure: heap bytes of the
+//! process on the CPU (the counting allocator), the allocator's reserved
+//! bytes on CubeCL (wgpu, CUDA).
+
+pub mod chain;
+mod choose;
+mod model;
+mod probe;
+
+pub use choose::{Choice, Plan, PlanError, Preset, presets};
+pub use model::{Model, ProbeRecord};
+pub use probe::measure_run;
+
+use serde::{Deserialize, Serialize};
+
+use crate::precision::Precision;
+
+/// The knobs of a training step the planner turns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Knobs {
+    /// Precision of the matrix work.
+    pub precision: Precision,
+    /// For each block, whether it is checkpointed.
+    pub checkpointed: Vec<bool>,
+    /// Samples per forward/backward; `batch / micro_batch` are accumulated.
+    pub micro_batch: usize,
+    /// How many parameter groups (largest first) are stored in bf16.
+    pub low_storage: usize,
+    /// Adam moments stored in bf16.
+    pub low_moments: bool,
+    /// Allocator cleanup after every step.
+    pub cleanup: bool,
+}
+
+impl Knobs {
+    /// The reference: f32, nothing checkpointed, the whole batch at once.
+    pub fn base(blocks: usize, batch: usize) -> Self {
+        Self {
+            precision: Precision::F32,
+            checkpointed: vec![false; blocks],
+            micro_batch: batch,
+            low_storage: 0,
+            low_moments: false,
+            cleanup: false,
+        }
+    }
+
+    /// The checkpoint marks as the setting `checkpoint` reads them.
+    pub fn checkpoint_setting(&self) -> String {
+        let on: Vec<String> = (0..self.checkpointed.len())
+            .filter(|i| self.checkpointed[*i])
+            .map(|i| i.to_string())
+            .collect();
+        match on.len() {
+            0 => "none".into(),
+            n if n == self.checkpointed.len() => "all".into(),
+            _ => format!("list:{}", on.join(",")),
+        }
+    }
+
+    /// What the knobs change in the numerics, in words (empty: exact up
+    /// to summation order).
+    pub fn quality_costs(&self, space: &Space) -> Vec<String> {
+        let mut out = Vec::new();
+        match self.precision {
+            Precision::F32 => {}
+            Precision::Bf16 => out.push("bf16 matrix work (8-bit mantissa; f32 masters)".to_string()),
+            Precision::F16 => {
+                out.push("f16 matrix work with dynamic loss scaling (overflowing steps are skipped)".into())
+            }
+        }
+        if self.low_storage > 0 {
+            let names: Vec<&str> = space.storage_groups[..self.low_storage.min(space.storage_groups.len())]
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect();
+            out.push(format!(
+                "{} stored in bf16 (updates below half a bf16 step are lost)",
+                names.join(", ")
+            ));
+        }
+        if self.low_moments {
+            out.push("Adam moments rounded to bf16".into());
+        }
+        out
+    }
+
+    /// The knobs in a line, for tables.
+    pub fn describe(&self, batch: usize) -> String {
+        let mut parts = vec![
+            self.precision.name().to_string(),
+            format!("checkpoint {}", self.checkpoint_setting()),
+            format!("{}×{}", self.micro_batch, batch / self.micro_batch.max(1)),
+        ];
+        if self.low_storage > 0 {
+            parts.push(format!("storage bf16 ×{}", self.low_storage));
+        }
+        if self.low_moments {
+            parts.push("moments bf16".into());
+        }
+        if self.cleanup {
+            parts.push("cleanup".into());
+        }
+        parts.join(" · ")
+    }
+}
+
+/// What a workload offers the planner: its shape and which knobs its
+/// device supports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Space {
+    /// The effective batch (samples per optimiser step), kept fixed.
+    pub batch: usize,
+    /// Blocks of the chain.
+    pub blocks: usize,
+    /// Bytes of one block's input per sample in f32 (what a checkpointed block keeps).
+    pub block_input_bytes: u64,
+    /// Precisions the device supports (f32 first).
+    pub precisions: Vec<Precision>,
+    /// Parameter groups that may be stored in bf16, largest first, with their f32 bytes
+    /// (empty where the device has no bf16).
+    pub storage_groups: Vec<(String, u64)>,
+    /// Whether moments may be stored in bf16.
+    pub low_moments: bool,
+}
+
+impl Space {
+    /// Micro-batch sizes that divide the batch, largest first.
+    pub fn micro_batches(&self) -> Vec<usize> {
+        (1..=self.batch)
+            .rev()
+            .filter(|m| self.batch.is_multiple_of(*m))
+            .collect()
+    }
+}
+
+/// One probe's figures.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Measured {
+    /// Peak of the figure that decides an out-of-memory (bytes).
+    pub peak_bytes: u64,
+    /// Median step time (ms).
+    pub step_ms: f64,
+    /// Wall seconds the probe took, set-up included.
+    pub seconds: f64,
+}
+
+/// A workload the planner can probe.
+pub trait Plannable {
+    /// Its shape and the knobs its device supports.
+    fn space(&self) -> Space;
+    /// Runs a few steps with `knobs` at effective batch `batch` (the
+    /// workload's own or a reduced one) and measures them.
+    fn measure(&mut self, knobs: &Knobs, batch: usize) -> Result<Measured, String>;
+}
+
+/// Runs the probes and fits the model (see the module's description).
+/// `probe_batch` runs the probes at a smaller effective batch and
+/// extrapolates to the workload's (`None`: the workload's own).
+pub fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) -> Result<Calibration, PlanError> {
+    model::calibrate(target, probe_batch)
+}
+
+/// The fitted model with the probes it came from.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Calibration {
+    /// The workload's space.
+    pub space: Space,
+    /// The model.
+    pub model: Model,
+    /// The probes the model was fitted on.
+    pub probes: Vec<ProbeRecord>,
+    /// Probes of combinations the fit did not see, with their predictions.
+    pub checks: Vec<ProbeRecord>,
+    /// Largest relative error of the predicted peak on `checks`.
+    pub peak_error: f64,
+    /// Largest relative error of the predicted step time on `checks`.
+    pub time_error: f64,
+    /// Seconds spent probing.
+    pub seconds: f64,
+    /// The effective batch the probes ran at.
+    pub probe_batch: usize,
+}
+
+impl Calibration {
+    /// The safety margin on predicted peaks: twice the measured error, at least 3 %.
+    pub fn margin(&self) -> f64 {
+        (2.0 * self.peak_error).max(0.03)
+    }
+
+    /// Predicted peak bytes and step ms of `knobs` at the workload's batch.
+    pub fn predict(&self, knobs: &Knobs) -> (f64, f64) {
+        self.model.predict(knobs, self.space.batch)
+    }
+}
+
+/// Parses a byte count: `6GiB`, `512MiB`, `1.5GB`, `2e9`, `123456`.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    // The unit starts at the first letter that does not belong to a number like `2e9`.
+    let split = if t.parse::<f64>().is_ok() {
+        t.len()
+    } else {
+        t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len())
+    };
+    let (number, unit) = t.split_at(split);
+    let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "kb" => 1e3,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "mb" => 1e6,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "gb" => 1e9,
+        "t" | "tib" => 1024f64.powi(4),
+        "tb" => 1e12,
+        other => {
+            return Err(format!(
+                "'{text}': unknown unit '{other}'; write e.g. 6GiB, 512MiB, 1.5GB or a number of bytes"
+            ));
+        }
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size; write e.g. 6GiB, 512MiB, 1.5GB or a number of bytes"))?;
+    let bytes = value * scale;
+    if !(bytes.is_finite() && bytes >= 1.0 && bytes < u64::MAX as f64) {
+        return Err(format!("'{text}' is not a positive size"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+/// A plan that ran out of memory and what replaced it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Fallback {
+    /// Index of the plan that failed.
+    pub from: usize,
+    /// Index of the plan that took over.
+    pub to: usize,
+    /// The error, in words.
+    pub error: String,
+}
+
+/// Runs plan 0 with `attempt(0, false)`; when an attempt fails with an
+/// out-of-memory (`is_oom`), runs the next plan resumed from the run's last
+/// checkpoint (`attempt(i + 1, true)`), until one finishes or the plans
+/// run out (then the last error is returned).
+pub fn with_fallback<S, E: std::fmt::Display>(
+    plans: usize,
+    mut attempt: impl FnMut(usize, bool) -> Result<S, E>,
+    is_oom: impl Fn(&E) -> bool,
+) -> Result<(S, Vec<Fallback>), E> {
+    let mut fallbacks = Vec::new();
+    let mut i = 0;
+    loop {
+        match attempt(i, i > 0) {
+            Ok(s) => return Ok((s, fallbacks)),
+            Err(e) if is_oom(&e) && i + 1 < plans => {
+                fallbacks.push(Fallback {
+                    from: i,
+                    to: i + 1,
+                    error: e.to_string(),
+                });
+                i += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_sizes_parse_with_units_and_refuse_nonsense() {
+        assert_eq!(parse_bytes("6GiB"), Ok(6 << 30));
+        assert_eq!(parse_bytes("512 MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1.5GB"), Ok(1_500_000_000));
+        assert_eq!(parse_bytes("2e9"), Ok(2_000_000_000));
+        assert_eq!(parse_bytes("123"), Ok(123));
+        for bad in ["six", "6 GiBs", "-1GiB", "0", "nan"] {
+            let e = parse_bytes(bad).unwrap_err();
+            assert!(e.contains(bad.trim()), "{e}");
+        }
+    }
+
+    #[test]
+    fn fallback_moves_to_the_next_plan_only_on_out_of_memory() {
+        let mut calls = Vec::new();
+        let (v, f) = with_fallback(
+            3,
+            |i, resumed| {
+                calls.push((i, resumed));
+                if i < 2 {
+                    Err(format!("out of memory in plan {i}"))
+                } else {
+                    Ok(i)
+                }
+            },
+            |e: &String| e.contains("out of memory"),
+        )
+        .unwrap();
+        assert_eq!((v, f.len()), (2, 2));
+        assert_eq!(calls, vec![(0, false), (1, true), (2, true)]);
+        let e = with_fallback(
+            3,
+            |_, _| Err::<(), _>("disk full".to_string()),
+            |e| e.contains("memory"),
+        );
+        assert_eq!(e.unwrap_err(), "disk full");
+        let e = with_fallback(
+            1,
+            |_, _| Err::<(), _>("out of memory".to_string()),
+            |e| e.contains("memory"),
+        );
+        assert!(e.is_err());
+    }
+}

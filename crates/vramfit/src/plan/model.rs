@@ -1,0 +1,418 @@
+//! The memory and time model, fitted on one probe per knob.
+//!
+//! Peak bytes of a step with `m` samples per micro-batch, `k` micro-batches:
+//!
+//! `fixed + storage·f(groups) + moments + cleanup + [k > 1]·accumulator
+//!   + ρ(precision) · m · (outside + chain_peak(blocks, marks))`
+//!
+//! where `outside` is what a sample keeps outside the blocks (embeddings,
+//! head, loss) and each block keeps `activations` per sample when plain and
+//! its `input` when checkpointed ([`super::chain`]). Step time:
+//!
+//! `fixed_ms + π(precision) · (k·micro_batch_ms + B·sample_ms + B·recompute·|marks|)
+//!   + storage_ms·f(groups) + moments_ms + cleanup_ms`.
+//!
+//! Every coefficient comes from differences between probes, so the model
+//! is exact on the probes it was fitted on; its error is measured on
+//! combinations it did not see.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::chain::{BlockCost, chain_peak};
+use super::{Calibration, Knobs, Measured, PlanError, Plannable};
+use crate::precision::Precision;
+
+/// The fitted coefficients (bytes, milliseconds).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Model {
+    /// Bytes that do not scale with the micro-batch.
+    pub fixed_bytes: f64,
+    /// Bytes per sample outside the blocks.
+    pub outside_bytes: f64,
+    /// One block's costs per sample (bytes; recomputation in ms).
+    pub block: BlockCost,
+    /// Blocks in the chain.
+    pub blocks: usize,
+    /// Bytes the gradient accumulator adds when `k > 1`.
+    pub accumulator_bytes: f64,
+    /// Per lower precision: its ratio on the per-sample bytes and on the step's scaled time.
+    pub precisions: Vec<(Precision, f64, f64)>,
+    /// Bytes (negative: saved) and ms of storing every group in bf16.
+    pub storage: (f64, f64),
+    /// For `low_storage = g`, the share of the parameters' bytes in those groups.
+    pub storage_share: Vec<f64>,
+    /// Bytes and ms of bf16 moments.
+    pub moments: (f64, f64),
+    /// Bytes and ms of cleanup after every step.
+    pub cleanup: (f64, f64),
+    /// Time per step that does not scale with the batch (the optimiser).
+    pub fixed_ms: f64,
+    /// Time per micro-batch beyond its samples (launches, graph set-up).
+    pub micro_batch_ms: f64,
+    /// Time per sample.
+    pub sample_ms: f64,
+}
+
+/// One probe: its knobs, batch, measurement and the model's prediction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProbeRecord {
+    /// What it varies.
+    pub name: String,
+    /// Its knobs.
+    pub knobs: Knobs,
+    /// Its effective batch.
+    pub batch: usize,
+    /// What it measured.
+    pub measured: Measured,
+    /// The model's peak for it (bytes).
+    pub predicted_peak: f64,
+    /// The model's step time for it (ms).
+    pub predicted_ms: f64,
+}
+
+impl ProbeRecord {
+    /// Relative error of the predicted peak.
+    pub fn peak_error(&self) -> f64 {
+        (self.predicted_peak - self.measured.peak_bytes as f64).abs() / (self.measured.peak_bytes as f64).max(1.0)
+    }
+
+    /// Relative error of the predicted step time.
+    pub fn time_error(&self) -> f64 {
+        (self.predicted_ms - self.measured.step_ms).abs() / self.measured.step_ms.max(1e-9)
+    }
+}
+
+impl Model {
+    fn precision(&self, p: Precision) -> (f64, f64) {
+        self.precisions
+            .iter()
+            .find(|(q, _, _)| *q == p)
+            .map_or((1.0, 1.0), |(_, m, t)| (*m, *t))
+    }
+
+    fn share(&self, groups: usize) -> f64 {
+        self.storage_share
+            .get(groups)
+            .copied()
+            .unwrap_or(if groups == 0 { 0.0 } else { 1.0 })
+    }
+
+    /// The chain's blocks, per sample.
+    pub fn chain(&self) -> Vec<BlockCost> {
+        vec![self.block; self.blocks]
+    }
+
+    /// Bytes that do not depend on the checkpoint marks, and the factor
+    /// (`ρ·m`) that turns the chain's per-sample peak into bytes.
+    pub fn split(&self, knobs: &Knobs, batch: usize) -> (f64, f64) {
+        let m = knobs.micro_batch.max(1) as f64;
+        let (rho, _) = self.precision(knobs.precision);
+        let accumulating = batch > knobs.micro_batch;
+        let outside = self.fixed_bytes
+            + self.storage.0 * self.share(knobs.low_storage)
+            + if knobs.low_moments { self.moments.0 } else { 0.0 }
+            + if knobs.cleanup { self.cleanup.0 } else { 0.0 }
+            + if accumulating { self.accumulator_bytes } else { 0.0 }
+            + rho * m * self.outside_bytes;
+        (outside, rho * m)
+    }
+
+    /// Predicted peak bytes and step ms of `knobs` at effective batch `batch`.
+    pub fn predict(&self, knobs: &Knobs, batch: usize) -> (f64, f64) {
+        let (outside, scale) = self.split(knobs, batch);
+        let peak = outside + scale * chain_peak(&self.chain(), &knobs.checkpointed);
+        (peak, self.time(knobs, batch))
+    }
+
+    /// Predicted step ms.
+    pub fn time(&self, knobs: &Knobs, batch: usize) -> f64 {
+        let k = (batch / knobs.micro_batch.max(1)).max(1) as f64;
+        let b = batch as f64;
+        let (_, pi) = self.precision(knobs.precision);
+        let marked = knobs.checkpointed.iter().filter(|m| **m).count() as f64;
+        let scaled = k * self.micro_batch_ms + b * self.sample_ms + b * self.block.recompute * marked;
+        let t = self.fixed_ms
+            + pi * scaled
+            + self.storage.1 * self.share(knobs.low_storage)
+            + if knobs.low_moments { self.moments.1 } else { 0.0 }
+            + if knobs.cleanup { self.cleanup.1 } else { 0.0 };
+        t.max(1e-3)
+    }
+}
+
+/// The micro-batch the probes compare with the whole probe batch: the
+/// divisor of `batch` nearest a quarter of it.
+fn small_micro_batch(batch: usize) -> usize {
+    (1..batch)
+        .filter(|d| batch.is_multiple_of(*d))
+        .min_by_key(|d| (4 * d).abs_diff(batch))
+        .unwrap_or(1)
+}
+
+pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) -> Result<Calibration, PlanError> {
+    let started = Instant::now();
+    let space = target.space();
+    let p = probe_batch.unwrap_or(space.batch);
+    if p < 2 || p > space.batch {
+        return Err(PlanError::Setting(format!(
+            "probes need an effective batch of at least 2 and at most the run's {} (got {p}): the planner \
+             learns the bytes per sample from two batch sizes",
+            space.batch
+        )));
+    }
+    let q = small_micro_batch(p);
+    let n = space.blocks;
+    let base = Knobs::base(n, p);
+    let mut probes: Vec<ProbeRecord> = Vec::new();
+    let mut run =
+        |name: &str, knobs: Knobs, batch: usize, probes: &mut Vec<ProbeRecord>| -> Result<Measured, PlanError> {
+            let measured = target.measure(&knobs, batch).map_err(|why| PlanError::Probe {
+                probe: format!("{name} ({})", knobs.describe(batch)),
+                why,
+            })?;
+            probes.push(ProbeRecord {
+                name: name.into(),
+                knobs,
+                batch,
+                measured,
+                predicted_peak: 0.0,
+                predicted_ms: 0.0,
+            });
+            Ok(measured)
+        };
+    let mb = run("base", base.clone(), p, &mut probes)?;
+    let mh = run("smaller batch", Knobs::base(n, q), q, &mut probes)?;
+    let mm = run(
+        "micro-batches",
+        Knobs {
+            micro_batch: q,
+            ..base.clone()
+        },
+        p,
+        &mut probes,
+    )?;
+    let (pb, ph, pm) = (mb.peak_bytes as f64, mh.peak_bytes as f64, mm.peak_bytes as f64);
+    let per_sample = (pb - ph) / (p - q) as f64;
+    let fixed_bytes = pb - p as f64 * per_sample;
+    let k = (p / q) as f64;
+    let micro_batch_ms = ((mm.step_ms - mb.step_ms) / (k - 1.0)).max(0.0);
+    let sample_ms = ((mb.step_ms - mh.step_ms) / (p - q) as f64).max(0.0);
+    let fixed_ms = mb.step_ms - micro_batch_ms - p as f64 * sample_ms;
+    let mut model = Model {
+        fixed_bytes,
+        outside_bytes: per_sample,
+        block: BlockCost {
+            activations: 0.0,
+            input: 0.0,
+            recompute: 0.0,
+        },
+        blocks: n,
+        accumulator_bytes: (pm - ph).max(0.0),
+        precisions: Vec::new(),
+        storage: (0.0, 0.0),
+        storage_share: Vec::new(),
+        moments: (0.0, 0.0),
+        cleanup: (0.0, 0.0),
+        fixed_ms,
+        micro_batch_ms,
+        sample_ms,
+    };
+    if n >= 2 {
+        let ma = run(
+            "checkpoint all",
+            Knobs {
+                checkpointed: vec![true; n],
+                ..base.clone()
+            },
+            p,
+            &mut probes,
+        )?;
+        // Plain: outside + n·a per sample. All checkpointed: outside +
+        // (n−1)·s + a (the last block recomputed on top of n−1 inputs).
+        let all = (ma.peak_bytes as f64 - fixed_bytes) / p as f64;
+        let s = space.block_input_bytes as f64;
+        let a = s + (per_sample - all) / (n - 1) as f64;
+        model.block = BlockCost {
+            activations: a,
+            input: s,
+            recompute: ((ma.step_ms - mb.step_ms) / (n * p) as f64).max(0.0),
+        };
+        model.outside_bytes = per_sample - n as f64 * a;
+    }
+    let scaled_ms = (mb.step_ms - fixed_ms).max(1e-9);
+    for &precision in space.precisions.iter().filter(|x| **x != Precision::F32) {
+        let mx = run(
+            precision.name(),
+            Knobs {
+                precision,
+                ..base.clone()
+            },
+            p,
+            &mut probes,
+        )?;
+        let rho = (mx.peak_bytes as f64 - fixed_bytes) / (pb - fixed_bytes).max(1.0);
+        let pi = (mx.step_ms - fixed_ms) / scaled_ms;
+        model.precisions.push((precision, rho, pi));
+    }
+    let delta = |m: Measured| (m.peak_bytes as f64 - pb, m.step_ms - mb.step_ms);
+    if !space.storage_groups.is_empty() {
+        let g = space.storage_groups.len();
+        let m = run(
+            "storage bf16",
+            Knobs {
+                low_storage: g,
+                ..base.clone()
+            },
+            p,
+            &mut probes,
+        )?;
+        model.storage = delta(m);
+        let total: u64 = space.storage_groups.iter().map(|(_, b)| b).sum();
+        let mut acc = 0;
+        model.storage_share = std::iter::once(0.0)
+            .chain(space.storage_groups.iter().map(|(_, b)| {
+                acc += b;
+                acc as f64 / total.max(1) as f64
+            }))
+            .collect();
+    }
+    if space.low_moments {
+        let m = run(
+            "moments bf16",
+            Knobs {
+                low_moments: true,
+                ..base.clone()
+            },
+            p,
+            &mut probes,
+        )?;
+        model.moments = delta(m);
+    }
+    let m = run(
+        "cleanup",
+        Knobs {
+            cleanup: true,
+            ..base.clone()
+        },
+        p,
+        &mut probes,
+    )?;
+    model.cleanup = delta(m);
+
+    // Combinations the fit did not see: the exact knobs together, then
+    // every knob that changes the numerics together.
+    let mut checks = Vec::new();
+    let alternate: Vec<bool> = (0..n).map(|i| n >= 2 && i % 2 == 0).collect();
+    run(
+        "check: exact knobs combined",
+        Knobs {
+            micro_batch: q,
+            checkpointed: alternate,
+            cleanup: true,
+            ..base.clone()
+        },
+        p,
+        &mut checks,
+    )?;
+    let lowest = space.precisions.last().copied().unwrap_or(Precision::F32);
+    if lowest != Precision::F32 || !space.storage_groups.is_empty() || space.low_moments {
+        run(
+            "check: numerics knobs combined",
+            Knobs {
+                precision: lowest,
+                checkpointed: vec![n >= 2; n],
+                low_storage: space.storage_groups.len(),
+                low_moments: space.low_moments,
+                ..base.clone()
+            },
+            p,
+            &mut checks,
+        )?;
+    }
+    for r in probes.iter_mut().chain(checks.iter_mut()) {
+        (r.predicted_peak, r.predicted_ms) = model.predict(&r.knobs, r.batch);
+    }
+    let worst = |f: fn(&ProbeRecord) -> f64| checks.iter().map(f).fold(0.0, f64::max);
+    Ok(Calibration {
+        peak_error: worst(ProbeRecord::peak_error),
+        time_error: worst(ProbeRecord::time_error),
+        space,
+        model,
+        probes,
+        checks,
+        seconds: started.elapsed().as_secs_f64(),
+        probe_batch: p,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{Space, calibrate};
+
+    /// A workload whose figures follow a known law (with a gradient buffer
+    /// that the law does not name): the fit must recover it.
+    struct Synthetic;
+
+    impl Plannable for Synthetic {
+        fn space(&self) -> Space {
+            Space {
+                batch: 32,
+                blocks: 6,
+                block_input_bytes: 1000,
+                precisions: vec![Precision::F32, Precision::Bf16],
+                storage_groups: vec![("embed".into(), 3000), ("blocks".into(), 1000)],
+                low_moments: true,
+            }
+        }
+
+        fn measure(&mut self, k: &Knobs, batch: usize) -> Result<Measured, String> {
+            let blocks = vec![
+                BlockCost {
+                    activations: 9000.0,
+                    input: 1000.0,
+                    recompute: 0.1,
+                };
+                6
+            ];
+            let rho = if k.precision == Precision::Bf16 { 0.55 } else { 1.0 };
+            let m = k.micro_batch as f64;
+            let storage = -2000.0 * [0.0, 0.75, 1.0][k.low_storage];
+            let peak = 50_000.0
+                + storage
+                + if k.low_moments { -4000.0 } else { 0.0 }
+                + if batch > k.micro_batch { 4000.0 } else { 0.0 }
+                + rho * m * (3000.0 + chain_peak(&blocks, &k.checkpointed));
+            let kk = (batch / k.micro_batch) as f64;
+            let marked = k.checkpointed.iter().filter(|x| **x).count() as f64;
+            let ms = 5.0 + kk * 0.5 + batch as f64 * (1.0 + 0.1 * marked);
+            Ok(Measured {
+                peak_bytes: peak.round() as u64,
+                step_ms: ms,
+                seconds: 0.0,
+            })
+        }
+    }
+
+    #[test]
+    fn fit_recovers_a_known_law_and_predicts_unseen_combinations() {
+        let c = calibrate(&mut Synthetic, None).unwrap();
+        assert!(c.peak_error < 1e-3, "{:?}", c.checks);
+        assert!(c.time_error < 1e-6, "{:?}", c.checks);
+        assert!((c.model.block.activations - 9000.0).abs() < 1.0, "{:?}", c.model);
+        assert!((c.model.outside_bytes - 3000.0).abs() < 10.0, "{:?}", c.model);
+        // Extrapolation from probes at an eighth of the batch.
+        let small = calibrate(&mut Synthetic, Some(4)).unwrap();
+        let knobs = Knobs {
+            micro_batch: 16,
+            checkpointed: vec![true, false, true, false, false, false],
+            ..Knobs::base(6, 32)
+        };
+        let (peak, ms) = small.predict(&knobs);
+        let truth = Synthetic.measure(&knobs, 32).unwrap();
+        assert!((peak - truth.peak_bytes as f64).abs() / (truth.peak_bytes as f64) < 1e-3);
+        assert!((ms - truth.step_ms).abs() / truth.step_ms < 1e-6);
+    }
+}
