@@ -1,9 +1,10 @@
 //! Workloads that show vramfit's techniques: a GPT-style decoder
 //! ([`gpt`]) with deterministic synthetic data ([`data`]), trained by the
-//! composed step of [`vramfit::run::Stepper`].
+//! composed step of [`vramfit::step::Stepper`].
 //!
-//! [`job::TrainJob`] runs a whole training run into a run directory
-//! (`vramfit train transformer`), with settings from [`config`].
+//! [`job::Transformer`] is the workload the run driver runs into a run
+//! directory (`vramfit train transformer`), with settings from [`config`];
+//! [`plan`] makes it fit a memory budget (`vramfit plan transformer`).
 //!
 //! ```
 //! use burn::backend::{Autodiff, Flex};
@@ -24,3 +25,4 @@ pub mod config;
 pub mod data;
 pub mod gpt;
 pub mod job;
+pub mod plan;

@@ -8,6 +8,10 @@ use super::chain::{least_peak, optimal};
 use super::{Calibration, Knobs};
 use crate::profile::human_bytes;
 
+/// Predicted times this close are treated as equal: the spread of probe
+/// step times on a busy CPU.
+const TIME_NOISE: f64 = 0.05;
+
 /// One plan: knobs and what the model predicts for them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Plan {
@@ -121,8 +125,8 @@ impl Calibration {
         let chain = self.model.chain();
         let mut plans = Vec::new();
         for mut knobs in combinations(self) {
-            let (outside, scale) = self.model.split(&knobs, self.space.batch);
-            if outside > usable || scale <= 0.0 {
+            let (outside, scale, rest) = self.model.split(&knobs, self.space.batch);
+            if outside > usable || rest > usable || scale <= 0.0 {
                 continue;
             }
             if let Some(marks) = optimal(&chain, (usable - outside) / scale) {
@@ -131,9 +135,22 @@ impl Calibration {
             }
         }
         plans.sort_by(|a, b| (!a.exact()).cmp(&!b.exact()).then(a.step_ms.total_cmp(&b.step_ms)));
-        let Some(best) = plans.first() else {
+        let Some(first) = plans.first() else {
             return Err(self.infeasible(budget));
         };
+        // Among plans of the winner's class within the timing noise of the
+        // fastest, the one that turns the fewest knobs: a knob that does
+        // not measurably pay is not worth its risk.
+        let (class, limit) = (first.exact(), first.step_ms * (1.0 + TIME_NOISE));
+        let pick = plans
+            .iter()
+            .enumerate()
+            .take_while(|(_, p)| p.exact() == class && p.step_ms <= limit)
+            .min_by_key(|(_, p)| p.knobs.turned(self.space.batch))
+            .map_or(0, |(i, _)| i);
+        let winner = plans.remove(pick);
+        plans.insert(0, winner);
+        let best = &plans[0];
         let exact = plans.iter().filter(|p| p.exact()).count();
         let fastest = plans.iter().map(|p| p.step_ms).fold(f64::INFINITY, f64::min);
         let why = format!(
@@ -234,7 +251,7 @@ pub fn presets(c: &Calibration, budgets: &[u64]) -> Vec<Preset> {
 #[cfg(test)]
 mod tests {
     use crate::plan::chain::BlockCost;
-    use crate::plan::{Calibration, Knobs, Model, Space};
+    use crate::plan::{Calibration, Delta, Knobs, Model, Space};
     use crate::precision::Precision;
 
     fn calibration() -> Calibration {
@@ -257,11 +274,24 @@ mod tests {
                 },
                 blocks: 4,
                 accumulator_bytes: 1000.0,
-                precisions: vec![(Precision::Bf16, 0.6, 0.8)],
-                storage: (-500.0, 0.1),
+                precisions: vec![(Precision::Bf16, 0.6, 0.8, 0.0)],
+                storage: Delta {
+                    step: -500.0,
+                    rest: -500.0,
+                    ms: 0.1,
+                },
                 storage_share: vec![0.0, 1.0],
-                moments: (-1000.0, 0.1),
-                cleanup: (0.0, 1.0),
+                moments: Delta {
+                    step: -1000.0,
+                    rest: -1000.0,
+                    ms: 0.1,
+                },
+                cleanup: Delta {
+                    step: 0.0,
+                    rest: 0.0,
+                    ms: 1.0,
+                },
+                rest_bytes: 12_000.0,
                 fixed_ms: 2.0,
                 micro_batch_ms: 1.0,
                 sample_ms: 0.5,

@@ -36,7 +36,7 @@ mod model;
 mod probe;
 
 pub use choose::{Choice, Plan, PlanError, Preset, presets};
-pub use model::{Model, ProbeRecord};
+pub use model::{Delta, Model, ProbeRecord};
 pub use probe::measure_run;
 
 use serde::{Deserialize, Serialize};
@@ -84,6 +84,16 @@ impl Knobs {
             n if n == self.checkpointed.len() => "all".into(),
             _ => format!("list:{}", on.join(",")),
         }
+    }
+
+    /// How many knobs differ from the reference (each checkpointed block counts).
+    pub fn turned(&self, batch: usize) -> usize {
+        self.checkpointed.iter().filter(|c| **c).count()
+            + usize::from(self.precision != Precision::F32)
+            + usize::from(self.micro_batch < batch)
+            + self.low_storage
+            + usize::from(self.low_moments)
+            + usize::from(self.cleanup)
     }
 
     /// What the knobs change in the numerics, in words (empty: exact up
@@ -167,6 +177,10 @@ impl Space {
 pub struct Measured {
     /// Peak of the figure that decides an out-of-memory (bytes).
     pub peak_bytes: u64,
+    /// Its peak inside the forward and backward phases.
+    pub step_peak_bytes: u64,
+    /// Its peak in every other phase (between steps, optimiser, final files).
+    pub rest_peak_bytes: u64,
     /// Median step time (ms).
     pub step_ms: f64,
     /// Wall seconds the probe took, set-up included.

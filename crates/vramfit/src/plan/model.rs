@@ -1,11 +1,15 @@
 //! The memory and time model, fitted on one probe per knob.
 //!
-//! Peak bytes of a step with `m` samples per micro-batch, `k` micro-batches:
+//! The peak is the larger of two parts, each measured on its own by the
+//! profiler's phase records: the step's forward and backward, and the rest
+//! (optimiser, checkpoint writes, final files). With `m` samples per
+//! micro-batch and `k` micro-batches, the step part is
 //!
 //! `fixed + storage·f(groups) + moments + cleanup + [k > 1]·accumulator
 //!   + ρ(precision) · m · (outside + chain_peak(blocks, marks))`
 //!
-//! where `outside` is what a sample keeps outside the blocks (embeddings,
+//! and the rest is `rest + what precision, storage, moments and cleanup
+//! add to it`, where `outside` is what a sample keeps outside the blocks (embeddings,
 //! head, loss) and each block keeps `activations` per sample when plain and
 //! its `input` when checkpointed ([`super::chain`]). Step time:
 //!
@@ -37,22 +41,36 @@ pub struct Model {
     pub blocks: usize,
     /// Bytes the gradient accumulator adds when `k > 1`.
     pub accumulator_bytes: f64,
-    /// Per lower precision: its ratio on the per-sample bytes and on the step's scaled time.
-    pub precisions: Vec<(Precision, f64, f64)>,
-    /// Bytes (negative: saved) and ms of storing every group in bf16.
-    pub storage: (f64, f64),
+    /// Per lower precision: its ratio on the per-sample bytes, on the
+    /// step's scaled time, and the bytes it adds to the rest.
+    pub precisions: Vec<(Precision, f64, f64, f64)>,
+    /// What storing every group in bf16 adds (negative: saves).
+    pub storage: Delta,
     /// For `low_storage = g`, the share of the parameters' bytes in those groups.
     pub storage_share: Vec<f64>,
-    /// Bytes and ms of bf16 moments.
-    pub moments: (f64, f64),
-    /// Bytes and ms of cleanup after every step.
-    pub cleanup: (f64, f64),
+    /// What bf16 moments add.
+    pub moments: Delta,
+    /// What cleanup after every step adds.
+    pub cleanup: Delta,
+    /// Bytes of the rest (outside forward and backward) with the base knobs.
+    pub rest_bytes: f64,
     /// Time per step that does not scale with the batch (the optimiser).
     pub fixed_ms: f64,
     /// Time per micro-batch beyond its samples (launches, graph set-up).
     pub micro_batch_ms: f64,
     /// Time per sample.
     pub sample_ms: f64,
+}
+
+/// What one knob adds to the step's peak, the rest's peak and the step time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Delta {
+    /// Bytes added to the forward/backward peak.
+    pub step: f64,
+    /// Bytes added to the peak of the other phases.
+    pub rest: f64,
+    /// Milliseconds added per step.
+    pub ms: f64,
 }
 
 /// One probe: its knobs, batch, measurement and the model's prediction.
@@ -85,11 +103,27 @@ impl ProbeRecord {
 }
 
 impl Model {
-    fn precision(&self, p: Precision) -> (f64, f64) {
+    /// (bytes ratio, time ratio, bytes added to the rest) of precision `p`.
+    fn precision(&self, p: Precision) -> (f64, f64, f64) {
         self.precisions
             .iter()
-            .find(|(q, _, _)| *q == p)
-            .map_or((1.0, 1.0), |(_, m, t)| (*m, *t))
+            .find(|(q, ..)| *q == p)
+            .map_or((1.0, 1.0, 0.0), |(_, m, t, r)| (*m, *t, *r))
+    }
+
+    /// What the knobs other than the batch split and checkpointing add.
+    fn deltas(&self, knobs: &Knobs) -> Delta {
+        let share = self.share(knobs.low_storage);
+        let parts = [
+            (self.storage, share),
+            (self.moments, if knobs.low_moments { 1.0 } else { 0.0 }),
+            (self.cleanup, if knobs.cleanup { 1.0 } else { 0.0 }),
+        ];
+        parts.iter().fold(Delta::default(), |a, (d, f)| Delta {
+            step: a.step + d.step * f,
+            rest: a.rest + d.rest * f,
+            ms: a.ms + d.ms * f,
+        })
     }
 
     fn share(&self, groups: usize) -> f64 {
@@ -104,41 +138,36 @@ impl Model {
         vec![self.block; self.blocks]
     }
 
-    /// Bytes that do not depend on the checkpoint marks, and the factor
-    /// (`ρ·m`) that turns the chain's per-sample peak into bytes.
-    pub fn split(&self, knobs: &Knobs, batch: usize) -> (f64, f64) {
+    /// The step part's bytes that do not depend on the checkpoint marks,
+    /// the factor (`ρ·m`) that turns the chain's per-sample peak into
+    /// bytes, and the rest part's bytes.
+    pub fn split(&self, knobs: &Knobs, batch: usize) -> (f64, f64, f64) {
         let m = knobs.micro_batch.max(1) as f64;
-        let (rho, _) = self.precision(knobs.precision);
+        let (rho, _, rest) = self.precision(knobs.precision);
+        let d = self.deltas(knobs);
         let accumulating = batch > knobs.micro_batch;
         let outside = self.fixed_bytes
-            + self.storage.0 * self.share(knobs.low_storage)
-            + if knobs.low_moments { self.moments.0 } else { 0.0 }
-            + if knobs.cleanup { self.cleanup.0 } else { 0.0 }
+            + d.step
             + if accumulating { self.accumulator_bytes } else { 0.0 }
             + rho * m * self.outside_bytes;
-        (outside, rho * m)
+        (outside, rho * m, self.rest_bytes + rest + d.rest)
     }
 
     /// Predicted peak bytes and step ms of `knobs` at effective batch `batch`.
     pub fn predict(&self, knobs: &Knobs, batch: usize) -> (f64, f64) {
-        let (outside, scale) = self.split(knobs, batch);
-        let peak = outside + scale * chain_peak(&self.chain(), &knobs.checkpointed);
-        (peak, self.time(knobs, batch))
+        let (outside, scale, rest) = self.split(knobs, batch);
+        let step = outside + scale * chain_peak(&self.chain(), &knobs.checkpointed);
+        (step.max(rest), self.time(knobs, batch))
     }
 
     /// Predicted step ms.
     pub fn time(&self, knobs: &Knobs, batch: usize) -> f64 {
         let k = (batch / knobs.micro_batch.max(1)).max(1) as f64;
         let b = batch as f64;
-        let (_, pi) = self.precision(knobs.precision);
+        let (_, pi, _) = self.precision(knobs.precision);
         let marked = knobs.checkpointed.iter().filter(|m| **m).count() as f64;
         let scaled = k * self.micro_batch_ms + b * self.sample_ms + b * self.block.recompute * marked;
-        let t = self.fixed_ms
-            + pi * scaled
-            + self.storage.1 * self.share(knobs.low_storage)
-            + if knobs.low_moments { self.moments.1 } else { 0.0 }
-            + if knobs.cleanup { self.cleanup.1 } else { 0.0 };
-        t.max(1e-3)
+        (self.fixed_ms + pi * scaled + self.deltas(knobs).ms).max(1e-3)
     }
 }
 
@@ -193,7 +222,11 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         p,
         &mut probes,
     )?;
-    let (pb, ph, pm) = (mb.peak_bytes as f64, mh.peak_bytes as f64, mm.peak_bytes as f64);
+    let (pb, ph, pm) = (
+        mb.step_peak_bytes as f64,
+        mh.step_peak_bytes as f64,
+        mm.step_peak_bytes as f64,
+    );
     let per_sample = (pb - ph) / (p - q) as f64;
     let fixed_bytes = pb - p as f64 * per_sample;
     let k = (p / q) as f64;
@@ -211,10 +244,11 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         blocks: n,
         accumulator_bytes: (pm - ph).max(0.0),
         precisions: Vec::new(),
-        storage: (0.0, 0.0),
+        storage: Delta::default(),
         storage_share: Vec::new(),
-        moments: (0.0, 0.0),
-        cleanup: (0.0, 0.0),
+        moments: Delta::default(),
+        cleanup: Delta::default(),
+        rest_bytes: mb.rest_peak_bytes as f64,
         fixed_ms,
         micro_batch_ms,
         sample_ms,
@@ -231,7 +265,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         )?;
         // Plain: outside + n·a per sample. All checkpointed: outside +
         // (n−1)·s + a (the last block recomputed on top of n−1 inputs).
-        let all = (ma.peak_bytes as f64 - fixed_bytes) / p as f64;
+        let all = (ma.step_peak_bytes as f64 - fixed_bytes) / p as f64;
         let s = space.block_input_bytes as f64;
         let a = s + (per_sample - all) / (n - 1) as f64;
         model.block = BlockCost {
@@ -241,6 +275,14 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         };
         model.outside_bytes = per_sample - n as f64 * a;
     }
+    // The rest with the base's precision, storage and moments: the least
+    // the probes that vary only the batch split and checkpointing saw. (On
+    // a pool allocator whose reserved bytes only grow, the rest also holds
+    // the pages the step reserved; the least is the closest to the rest alone.)
+    model.rest_bytes = probes
+        .iter()
+        .map(|r| r.measured.rest_peak_bytes as f64)
+        .fold(f64::INFINITY, f64::min);
     let scaled_ms = (mb.step_ms - fixed_ms).max(1e-9);
     for &precision in space.precisions.iter().filter(|x| **x != Precision::F32) {
         let mx = run(
@@ -252,11 +294,16 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
             p,
             &mut probes,
         )?;
-        let rho = (mx.peak_bytes as f64 - fixed_bytes) / (pb - fixed_bytes).max(1.0);
+        let rho = (mx.step_peak_bytes as f64 - fixed_bytes) / (pb - fixed_bytes).max(1.0);
         let pi = (mx.step_ms - fixed_ms) / scaled_ms;
-        model.precisions.push((precision, rho, pi));
+        let rest = mx.rest_peak_bytes as f64 - mb.rest_peak_bytes as f64;
+        model.precisions.push((precision, rho, pi, rest));
     }
-    let delta = |m: Measured| (m.peak_bytes as f64 - pb, m.step_ms - mb.step_ms);
+    let delta = |m: Measured| Delta {
+        step: m.step_peak_bytes as f64 - pb,
+        rest: m.rest_peak_bytes as f64 - mb.rest_peak_bytes as f64,
+        ms: m.step_ms - mb.step_ms,
+    };
     if !space.storage_groups.is_empty() {
         let g = space.storage_groups.len();
         let m = run(
@@ -385,11 +432,15 @@ mod tests {
                 + if k.low_moments { -4000.0 } else { 0.0 }
                 + if batch > k.micro_batch { 4000.0 } else { 0.0 }
                 + rho * m * (3000.0 + chain_peak(&blocks, &k.checkpointed));
+            // Between steps: the optimiser and checkpoint copies, no activations.
+            let rest = 60_000.0 + if k.low_moments { -4000.0 } else { 0.0 } + storage;
             let kk = (batch / k.micro_batch) as f64;
             let marked = k.checkpointed.iter().filter(|x| **x).count() as f64;
             let ms = 5.0 + kk * 0.5 + batch as f64 * (1.0 + 0.1 * marked);
             Ok(Measured {
-                peak_bytes: peak.round() as u64,
+                peak_bytes: peak.max(rest).round() as u64,
+                step_peak_bytes: peak.round() as u64,
+                rest_peak_bytes: rest.round() as u64,
                 step_ms: ms,
                 seconds: 0.0,
             })

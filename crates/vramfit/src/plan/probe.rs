@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::Measured;
+use crate::profile::MemoryReport;
 use crate::run::{Run, RunPath, Workload};
 
 static PROBES: AtomicU64 = AtomicU64::new(0);
@@ -33,12 +34,38 @@ pub fn measure_run<W: Workload>(workload: W) -> Result<Measured, String> {
                 summary.peak_memory_source
             )
         })?;
+        let (step_peak_bytes, rest_peak_bytes) = phase_peaks(&dir.join("memory.json"), peak)?;
         Ok(Measured {
             peak_bytes: peak,
+            step_peak_bytes,
+            rest_peak_bytes,
             step_ms: summary.median_step_ms,
             seconds: started.elapsed().as_secs_f64(),
         })
     })();
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// The largest OOM-deciding figure inside the step's forward and backward
+/// phases, and inside every other phase (between steps, optimiser, final
+/// files), from the probe's memory report (every step is recorded).
+fn phase_peaks(path: &std::path::Path, headline: u64) -> Result<(u64, u64), String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let report: MemoryReport = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let reserved = report.headline.as_ref().is_some_and(|h| h.figure.contains("reserved"));
+    let (mut step, mut rest) = (0, 0);
+    for r in &report.records {
+        let figure = if reserved { r.peak_reserved } else { r.peak_in_use };
+        let figure = figure.unwrap_or(0);
+        if matches!(r.phase.as_str(), "forward" | "backward") {
+            step = step.max(figure);
+        } else {
+            rest = rest.max(figure);
+        }
+    }
+    if step == 0 {
+        return Err("the probe recorded no forward or backward phase".into());
+    }
+    Ok((step.min(headline), rest.min(headline)))
 }

@@ -1,0 +1,211 @@
+//! The transformer for the planner ([`vramfit::plan`]): its knob space on
+//! the device, probes that are short runs of the real workload through the
+//! run driver, the settings a plan gives, and a planned run that falls
+//! back to the next plan when the device still runs out of memory.
+
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+
+use burn::tensor::DType;
+use burn::tensor::backend::AutodiffBackend;
+use vramfit::plan::{Fallback, Knobs, Measured, Plannable, Space, measure_run, with_fallback};
+use vramfit::precision::Precision;
+use vramfit::profile::DeviceMemory;
+use vramfit::run::{Event, FailAt, RunError, RunPath, RunSummary, Start, atomic_write};
+use vramfit::step::StepError;
+
+use crate::config::TrainConfig;
+use crate::job::{TrainError, TrainSummary, Transformer, launch};
+
+/// Steps of one probe (the first one warms up; the median is of the rest).
+pub const PROBE_STEPS: u64 = 5;
+
+/// The transformer with settings `base`, to be planned on `device`.
+pub struct TransformerTarget<B: AutodiffBackend> {
+    base: TrainConfig,
+    space: Space,
+    device: B::Device,
+}
+
+impl<B> TransformerTarget<B>
+where
+    B: AutodiffBackend,
+    B::InnerBackend: DeviceMemory,
+{
+    /// Validates `base` on `device` and reads the knob space.
+    pub fn new(base: TrainConfig, device: &B::Device) -> Result<Self, TrainError> {
+        base.resolve::<B>(device)?;
+        let supported = |d: DType| B::supports_dtype(device, d);
+        let precisions = [Precision::F32, Precision::Bf16, Precision::F16]
+            .into_iter()
+            .filter(|p| supported(DType::from(p.dtype())))
+            .collect();
+        let bf16 = supported(DType::BF16);
+        // Storage groups: the model's top-level parameter groups, largest first.
+        let model = base.model.init::<B>(base.seed, device);
+        let mut groups: Vec<(String, u64)> = Vec::new();
+        for p in vramfit::params::describe(&model) {
+            let top = p.path.split('.').next().unwrap_or(&p.path).to_string();
+            match groups.iter_mut().find(|(g, _)| *g == top) {
+                Some((_, bytes)) => *bytes += p.bytes(),
+                None => groups.push((top, p.bytes())),
+            }
+        }
+        groups.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let positions = base.model.frames_used(base.task.frames) + base.task.tokens;
+        let space = Space {
+            batch: base.batch_size,
+            blocks: base.model.depth,
+            block_input_bytes: (positions * base.model.width * 4) as u64,
+            precisions,
+            storage_groups: if bf16 { groups } else { Vec::new() },
+            low_moments: bf16,
+        };
+        Ok(Self {
+            base,
+            space,
+            device: device.clone(),
+        })
+    }
+}
+
+/// The settings of `base` with `knobs` at effective batch `batch`
+/// (`groups`: the space's storage groups, largest first).
+pub fn apply(base: &TrainConfig, knobs: &Knobs, batch: usize, groups: &[(String, u64)]) -> TrainConfig {
+    TrainConfig {
+        batch_size: batch,
+        micro_batch: knobs.micro_batch,
+        accumulate: batch / knobs.micro_batch.max(1),
+        precision: knobs.precision.name().into(),
+        checkpoint: knobs.checkpoint_setting(),
+        storage: groups[..knobs.low_storage.min(groups.len())]
+            .iter()
+            .map(|(g, _)| format!("{g}:bf16"))
+            .collect(),
+        moments: if knobs.low_moments { "bf16" } else { "f32" }.into(),
+        allocator_cleanup: if knobs.cleanup { "step" } else { "never" }.into(),
+        ..base.clone()
+    }
+}
+
+impl<B> Plannable for TransformerTarget<B>
+where
+    B: AutodiffBackend,
+    B::InnerBackend: DeviceMemory,
+{
+    fn space(&self) -> Space {
+        self.space.clone()
+    }
+
+    fn measure(&mut self, knobs: &Knobs, batch: usize) -> Result<Measured, String> {
+        // Each probe starts from pools that hold nothing of the previous one.
+        B::memory_cleanup(&self.device);
+        let config = TrainConfig {
+            steps: PROBE_STEPS,
+            log_every: 1,
+            checkpoint_every: 2,
+            profile_every: 1,
+            ..apply(&self.base, knobs, batch, &self.space.storage_groups)
+        };
+        let workload = Transformer::<B>::new(config, &self.device).map_err(|e| e.to_string())?;
+        let measured = measure_run(workload);
+        B::memory_cleanup(&self.device);
+        measured
+    }
+}
+
+/// How a planned run went.
+pub struct Planned {
+    /// The run directory.
+    pub dir: PathBuf,
+    /// Its summary (`None`: the observer stopped it).
+    pub summary: Option<RunSummary<TrainSummary>>,
+    /// Plans that ran out of memory, and which took over.
+    pub fallbacks: Vec<Fallback>,
+}
+
+/// Runs `plans[0]` into `out` (writing `plan` as `plan.json` beside the
+/// settings); when the device runs out of memory, rewrites the run's
+/// settings to the next plan and resumes from the last checkpoint, so the
+/// steps since it are run again under the new plan and none is missing
+/// from the run. `simulate_oom_at` makes plan 0 fail at that step with
+/// the backend's out-of-memory words (a test seam, as [`FailAt`]).
+pub fn run_planned<B>(
+    plans: &[TrainConfig],
+    out: RunPath,
+    plan: &serde_json::Value,
+    device: &B::Device,
+    device_name: &str,
+    simulate_oom_at: Option<u64>,
+    mut observe: impl FnMut(Event) -> ControlFlow<()>,
+) -> Result<Planned, TrainError>
+where
+    B: AutodiffBackend,
+    B::InnerBackend: DeviceMemory,
+{
+    let mut dir: Option<PathBuf> = None;
+    let mut record = plan.clone();
+    let result = with_fallback(
+        plans.len(),
+        |i, resumed| {
+            let start = match (&dir, resumed) {
+                (Some(d), true) => {
+                    // The next plan's settings replace the failed one's; the
+                    // checkpoints hold parameters and moments, which every
+                    // plan of the same model reads.
+                    let path = d.join("config.toml");
+                    atomic_write(&path, plans[i].to_toml().as_bytes()).map_err(|e| RunError::Write {
+                        path: path.clone(),
+                        why: e.to_string(),
+                    })?;
+                    record["running"] = serde_json::json!(i);
+                    let _ = atomic_write(
+                        &d.join("plan.json"),
+                        &serde_json::to_vec_pretty(&record).unwrap_or_default(),
+                    );
+                    Start::Resume(d.clone())
+                }
+                _ => Start::New(plans[i].clone(), out.clone()),
+            };
+            let (run, workload) = launch::<B>(start, device, device_name)?;
+            if !resumed {
+                record["running"] = serde_json::json!(i);
+                run.dir()
+                    .write("plan.json", &serde_json::to_vec_pretty(&record).unwrap_or_default())
+                    .map_err(RunError::from)?;
+                dir = Some(run.dir().root().to_path_buf());
+            }
+            Ok(match simulate_oom_at.filter(|_| i == 0) {
+                Some(step) => run.drive(
+                    FailAt {
+                        inner: workload,
+                        step,
+                        fail: |step| {
+                            TrainError::Step(StepError::Device {
+                                step,
+                                reason: "simulated: out of memory (the planner's fallback test seam)".into(),
+                            })
+                        },
+                    },
+                    &mut observe,
+                )?,
+                None => run.drive(workload, &mut observe)?,
+            })
+        },
+        |e| matches!(e, TrainError::Run(RunError::OutOfMemory(_))),
+    );
+    let (summary, fallbacks) = result?;
+    let dir = dir.expect("the first attempt created the run directory");
+    if !fallbacks.is_empty() {
+        record["fallbacks"] = serde_json::json!(fallbacks);
+        let _ = atomic_write(
+            &dir.join("plan.json"),
+            &serde_json::to_vec_pretty(&record).unwrap_or_default(),
+        );
+    }
+    Ok(Planned {
+        dir,
+        summary,
+        fallbacks,
+    })
+}

@@ -1,0 +1,148 @@
+//! The planner on the transformer, on every backend present (Flex with the
+//! counting allocator; wgpu's allocator under the `wgpu` feature): at
+//! budgets from infeasible to ample, every chosen plan, run, stays within
+//! its budget and near its prediction; the infeasible budget's error names
+//! a budget that works; a run whose plan runs out of memory falls back to
+//! the next plan and finishes with every step.
+
+use std::ops::ControlFlow;
+use std::sync::Mutex;
+
+use burn::tensor::backend::AutodiffBackend;
+use vramfit::plan::{PlanError, Plannable, calibrate};
+use vramfit::profile::{DeviceMemory, human_bytes};
+use vramfit::run::RunPath;
+use vramfit_models::config::TrainConfig;
+use vramfit_models::plan::{TransformerTarget, apply, run_planned};
+
+#[global_allocator]
+static HEAP: vramfit::heap::Counting<std::alloc::System> = vramfit::heap::Counting(std::alloc::System);
+
+/// The heap counters are process-wide: one backend at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+/// Predicted peaks must be this close to the measured ones.
+const PREDICTION_TOLERANCE: f64 = 0.10;
+
+fn plans_fit_their_budgets<B>()
+where
+    B: AutodiffBackend,
+    B::InnerBackend: DeviceMemory,
+{
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let device = B::Device::default();
+    let base = TrainConfig {
+        batch_size: 16,
+        ..Default::default()
+    };
+    let mut target = TransformerTarget::<B>::new(base.clone(), &device).unwrap();
+    let cal = calibrate(&mut target, None).unwrap();
+    for r in cal.probes.iter().chain(&cal.checks) {
+        eprintln!(
+            "{:<32} {:<44} measured {:>10} predicted {:>10} ({:+.1} %) · {:.1} ms",
+            r.name,
+            r.knobs.describe(r.batch),
+            human_bytes(r.measured.peak_bytes),
+            human_bytes(r.predicted_peak as u64),
+            (r.predicted_peak / r.measured.peak_bytes as f64 - 1.0) * 100.0,
+            r.measured.step_ms
+        );
+    }
+    assert!(
+        cal.peak_error <= PREDICTION_TOLERANCE,
+        "unseen combinations predicted within {:.1} %",
+        cal.peak_error * 100.0
+    );
+    let groups = cal.space.storage_groups.clone();
+    let mut run = |knobs: &vramfit::plan::Knobs| target.measure(knobs, base.batch_size).unwrap();
+
+    // Infeasible: under the leanest plan. Its error names a budget that works.
+    let lean = cal.leanest();
+    let e = cal.choose(lean.peak_bytes * 4 / 5).unwrap_err();
+    let PlanError::Infeasible { smallest_bytes, .. } = e else {
+        panic!("{e}")
+    };
+    eprintln!("infeasible: {e}");
+    let plain = cal
+        .predict(&vramfit::plan::Knobs::base(cal.space.blocks, base.batch_size))
+        .0 as u64;
+    let budgets = [
+        smallest_bytes,
+        smallest_bytes + (plain - smallest_bytes.min(plain)) / 3,
+        smallest_bytes + 2 * (plain - smallest_bytes.min(plain)) / 3,
+        plain * 3 / 2,
+    ];
+    let mut chosen = Vec::new();
+    for budget in budgets {
+        let choice = cal.choose(budget).unwrap();
+        let winner = &choice.plans[0];
+        let measured = run(&winner.knobs);
+        let error = winner.peak_bytes as f64 / measured.peak_bytes as f64 - 1.0;
+        eprintln!(
+            "budget {:>10}: {} · predicted {} · measured {} ({:+.1} %)",
+            human_bytes(budget),
+            winner.knobs.describe(base.batch_size),
+            human_bytes(winner.peak_bytes),
+            human_bytes(measured.peak_bytes),
+            error * 100.0
+        );
+        assert!(
+            measured.peak_bytes <= budget,
+            "plan {} measured {} over the budget {}",
+            winner.knobs.describe(base.batch_size),
+            measured.peak_bytes,
+            budget
+        );
+        assert!(
+            error.abs() <= PREDICTION_TOLERANCE,
+            "prediction off by {:.1} %",
+            error * 100.0
+        );
+        chosen.push(winner.knobs.clone());
+    }
+    // An ample budget keeps the plain step.
+    assert_eq!(chosen[3], vramfit::plan::Knobs::base(cal.space.blocks, base.batch_size));
+
+    // A plan that runs out of memory at step 3 falls back to the next one.
+    let choice = cal.choose(budgets[1]).unwrap();
+    let plans: Vec<TrainConfig> = choice.plans[..2]
+        .iter()
+        .map(|p| TrainConfig {
+            steps: 6,
+            log_every: 1,
+            checkpoint_every: 2,
+            ..apply(&base, &p.knobs, base.batch_size, &groups)
+        })
+        .collect();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("planned");
+    let planned = run_planned::<B>(
+        &plans,
+        RunPath::At(out.clone()),
+        &serde_json::json!({ "budget": budgets[1] }),
+        &device,
+        "test",
+        Some(3),
+        |_| ControlFlow::Continue(()),
+    )
+    .unwrap();
+    assert_eq!(planned.fallbacks.len(), 1, "{:?}", planned.fallbacks);
+    assert_eq!(planned.summary.as_ref().unwrap().steps, 6);
+    let steps: Vec<u64> = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(steps, (1..=6).collect::<Vec<_>>(), "every step once");
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(record["running"], 1);
+    assert!(out.join("oom.json").is_file());
+    let settings = std::fs::read_to_string(out.join("config.toml")).unwrap();
+    assert_eq!(settings, plans[1].to_toml(), "the run continued under the next plan");
+}
+
+vramfit::test_backends!(plans_fit_their_budgets);
