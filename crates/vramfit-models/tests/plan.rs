@@ -21,20 +21,22 @@ static HEAP: vramfit::heap::Counting<std::alloc::System> = vramfit::heap::Counti
 /// The heap counters are process-wide: one backend at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// Predicted peaks must be this close to the measured ones.
+/// Predicted peaks must be this close to the measured ones: 10 %, or one
+/// allocator page where pages are coarser (wgpu reserves whole pages of
+/// 8 MiB on lavapipe, a third of a 24 MiB plan).
 const PREDICTION_TOLERANCE: f64 = 0.10;
 
-fn plans_fit_their_budgets<B>()
+fn tolerance(page: u64, measured: u64) -> f64 {
+    PREDICTION_TOLERANCE.max(page as f64 / measured as f64)
+}
+
+fn plans_fit_their_budgets<B>(base: TrainConfig)
 where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
 {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let device = B::Device::default();
-    let base = TrainConfig {
-        batch_size: 16,
-        ..Default::default()
-    };
     let mut target = TransformerTarget::<B>::new(base.clone(), &device).unwrap();
     let cal = calibrate(&mut target, None).unwrap();
     for r in cal.probes.iter().chain(&cal.checks) {
@@ -48,11 +50,16 @@ where
             r.measured.step_ms
         );
     }
-    assert!(
-        cal.peak_error <= PREDICTION_TOLERANCE,
-        "unseen combinations predicted within {:.1} %",
-        cal.peak_error * 100.0
-    );
+    let page = cal.model.page_bytes;
+    for r in &cal.checks {
+        assert!(
+            r.peak_error() <= tolerance(page, r.measured.peak_bytes),
+            "{}: predicted {} for {} measured",
+            r.name,
+            r.predicted_peak,
+            r.measured.peak_bytes
+        );
+    }
     let groups = cal.space.storage_groups.clone();
     let mut run = |knobs: &vramfit::plan::Knobs| target.measure(knobs, base.batch_size).unwrap();
 
@@ -145,4 +152,20 @@ where
     assert_eq!(settings, plans[1].to_toml(), "the run continued under the next plan");
 }
 
-vramfit::test_backends!(plans_fit_their_budgets);
+/// The default shape: 18 MiB of heap at its plain step.
+#[test]
+fn flex() {
+    plans_fit_their_budgets::<vramfit::backends::Flex>(TrainConfig::default());
+}
+
+/// wgpu's pools reserve whole pages of several MiB: a shape whose plain
+/// step reserves about ten of them, so that a page is within the tolerance.
+#[cfg(feature = "wgpu")]
+#[test]
+fn wgpu() {
+    let mut c = TrainConfig::default();
+    c.model.width = std::env::var("W").map(|v| v.parse().unwrap()).unwrap_or(128);
+    c.task.tokens = std::env::var("T").map(|v| v.parse().unwrap()).unwrap_or(64);
+    c.model.context = c.task.tokens;
+    plans_fit_their_budgets::<vramfit::backends::Wgpu>(c);
+}

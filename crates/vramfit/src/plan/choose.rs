@@ -121,7 +121,7 @@ impl Calibration {
     /// smallest budget that works.
     pub fn choose(&self, budget: u64) -> Result<Choice, PlanError> {
         let margin = self.margin();
-        let usable = budget as f64 / (1.0 + margin);
+        let usable = self.model.pages_down(budget as f64 / (1.0 + margin));
         let chain = self.model.chain();
         let mut plans = Vec::new();
         for mut knobs in combinations(self) {
@@ -292,6 +292,7 @@ mod tests {
                     ms: 1.0,
                 },
                 rest_bytes: 12_000.0,
+                page_bytes: 1,
                 fixed_ms: 2.0,
                 micro_batch_ms: 1.0,
                 sample_ms: 0.5,
@@ -299,6 +300,7 @@ mod tests {
             probes: Vec::new(),
             checks: Vec::new(),
             peak_error: 0.01,
+            shortfall: 0.01,
             time_error: 0.0,
             seconds: 0.0,
             probe_batch: 16,

@@ -54,6 +54,10 @@ pub struct Model {
     pub cleanup: Delta,
     /// Bytes of the rest (outside forward and backward) with the base knobs.
     pub rest_bytes: f64,
+    /// The allocator reserves whole pages of this many bytes (1: no pages
+    /// seen): the greatest common divisor of the probes' readings.
+    #[serde(default = "one")]
+    pub page_bytes: u64,
     /// Time per step that does not scale with the batch (the optimiser).
     pub fixed_ms: f64,
     /// Time per micro-batch beyond its samples (launches, graph set-up).
@@ -94,6 +98,11 @@ impl ProbeRecord {
     /// Relative error of the predicted peak.
     pub fn peak_error(&self) -> f64 {
         (self.predicted_peak - self.measured.peak_bytes as f64).abs() / (self.measured.peak_bytes as f64).max(1.0)
+    }
+
+    /// How far the measured peak is above the prediction, relative (0 when below).
+    pub fn shortfall(&self) -> f64 {
+        ((self.measured.peak_bytes as f64 - self.predicted_peak) / (self.measured.peak_bytes as f64).max(1.0)).max(0.0)
     }
 
     /// Relative error of the predicted step time.
@@ -153,11 +162,23 @@ impl Model {
         (outside, rho * m, self.rest_bytes + rest + d.rest)
     }
 
-    /// Predicted peak bytes and step ms of `knobs` at effective batch `batch`.
+    /// Predicted peak bytes (in whole pages) and step ms of `knobs` at effective batch `batch`.
     pub fn predict(&self, knobs: &Knobs, batch: usize) -> (f64, f64) {
         let (outside, scale, rest) = self.split(knobs, batch);
         let step = outside + scale * chain_peak(&self.chain(), &knobs.checkpointed);
-        (step.max(rest), self.time(knobs, batch))
+        (self.pages_up(step.max(rest)), self.time(knobs, batch))
+    }
+
+    /// `bytes` rounded up to whole pages.
+    pub fn pages_up(&self, bytes: f64) -> f64 {
+        let page = self.page_bytes.max(1) as f64;
+        (bytes / page).ceil() * page
+    }
+
+    /// `bytes` rounded down to whole pages.
+    pub fn pages_down(&self, bytes: f64) -> f64 {
+        let page = self.page_bytes.max(1) as f64;
+        (bytes / page).floor() * page
     }
 
     /// Predicted step ms.
@@ -169,6 +190,41 @@ impl Model {
         let scaled = k * self.micro_batch_ms + b * self.sample_ms + b * self.block.recompute * marked;
         (self.fixed_ms + pi * scaled + self.deltas(knobs).ms).max(1e-3)
     }
+}
+
+/// What a knob's probe `m` adds to the rest, against the base probe `b`.
+/// A rest that reads exactly the step's peak is the step's pages still
+/// held (a pool whose reserved bytes only grow), not a reading of its own:
+/// the knob is then taken to leave the rest alone; otherwise it is the
+/// difference from the base's own reading, or from `rest` (the least rest
+/// seen) where the base's rest was hidden under its step.
+fn rest_delta(m: &Measured, b: &Measured, rest: f64) -> f64 {
+    let own = |x: &Measured| x.rest_peak_bytes != x.step_peak_bytes;
+    match (own(m), own(b)) {
+        (false, _) => 0.0,
+        (true, true) => m.rest_peak_bytes as f64 - b.rest_peak_bytes as f64,
+        (true, false) => m.rest_peak_bytes as f64 - rest,
+    }
+}
+
+fn one() -> u64 {
+    1
+}
+
+/// Readings that share a divisor of at least this are taken as whole pages.
+const LEAST_PAGE: u64 = 64 << 10;
+
+/// The greatest common divisor of the probes' readings, where it is a page
+/// size (at least 64 KiB); else 1. A heap's readings share no such divisor.
+fn page_bytes(measured: impl Iterator<Item = Measured>) -> u64 {
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 { a } else { gcd(b, a % b) }
+    }
+    let g = measured
+        .flat_map(|m| [m.peak_bytes, m.step_peak_bytes, m.rest_peak_bytes])
+        .filter(|b| *b > 0)
+        .fold(0, gcd);
+    if g >= LEAST_PAGE { g } else { 1 }
 }
 
 /// The micro-batch the probes compare with the whole probe batch: the
@@ -249,6 +305,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         moments: Delta::default(),
         cleanup: Delta::default(),
         rest_bytes: mb.rest_peak_bytes as f64,
+        page_bytes: 1,
         fixed_ms,
         micro_batch_ms,
         sample_ms,
@@ -275,10 +332,21 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         };
         model.outside_bytes = per_sample - n as f64 * a;
     }
-    // The rest with the base's precision, storage and moments: the least
-    // the probes that vary only the batch split and checkpointing saw. (On
-    // a pool allocator whose reserved bytes only grow, the rest also holds
-    // the pages the step reserved; the least is the closest to the rest alone.)
+    // The rest with the base's precision, storage and moments. On a pool
+    // allocator whose reserved bytes only grow, the phases after a step
+    // still hold the pages the step reserved, so each probe's rest reads
+    // at least its step's peak: the probe with the leanest exact step
+    // bounds the rest most tightly, and the least reading is taken.
+    run(
+        "leanest exact step",
+        Knobs {
+            micro_batch: q,
+            checkpointed: vec![n >= 2; n],
+            ..base.clone()
+        },
+        p,
+        &mut probes,
+    )?;
     model.rest_bytes = probes
         .iter()
         .map(|r| r.measured.rest_peak_bytes as f64)
@@ -296,12 +364,13 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         )?;
         let rho = (mx.step_peak_bytes as f64 - fixed_bytes) / (pb - fixed_bytes).max(1.0);
         let pi = (mx.step_ms - fixed_ms) / scaled_ms;
-        let rest = mx.rest_peak_bytes as f64 - mb.rest_peak_bytes as f64;
+        let rest = rest_delta(&mx, &mb, model.rest_bytes);
         model.precisions.push((precision, rho, pi, rest));
     }
+    let rest_bytes = model.rest_bytes;
     let delta = |m: Measured| Delta {
         step: m.step_peak_bytes as f64 - pb,
-        rest: m.rest_peak_bytes as f64 - mb.rest_peak_bytes as f64,
+        rest: rest_delta(&m, &mb, rest_bytes),
         ms: m.step_ms - mb.step_ms,
     };
     if !space.storage_groups.is_empty() {
@@ -378,12 +447,14 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
             &mut checks,
         )?;
     }
+    model.page_bytes = page_bytes(probes.iter().chain(&checks).map(|r| r.measured));
     for r in probes.iter_mut().chain(checks.iter_mut()) {
         (r.predicted_peak, r.predicted_ms) = model.predict(&r.knobs, r.batch);
     }
     let worst = |f: fn(&ProbeRecord) -> f64| checks.iter().map(f).fold(0.0, f64::max);
     Ok(Calibration {
         peak_error: worst(ProbeRecord::peak_error),
+        shortfall: worst(ProbeRecord::shortfall),
         time_error: worst(ProbeRecord::time_error),
         space,
         model,
@@ -465,5 +536,19 @@ mod tests {
         let truth = Synthetic.measure(&knobs, 32).unwrap();
         assert!((peak - truth.peak_bytes as f64).abs() / (truth.peak_bytes as f64) < 1e-3);
         assert!((ms - truth.step_ms).abs() / truth.step_ms < 1e-6);
+    }
+
+    #[test]
+    fn pages_are_learned_from_paged_readings_only() {
+        let m = |peak: u64| Measured {
+            peak_bytes: peak,
+            step_peak_bytes: peak,
+            rest_peak_bytes: peak,
+            step_ms: 1.0,
+            seconds: 0.0,
+        };
+        const MIB: u64 = 1 << 20;
+        assert_eq!(page_bytes([176, 48, 96, 40].map(|x| m(x * MIB)).into_iter()), 8 * MIB);
+        assert_eq!(page_bytes([19_293_184, 8_808_448, 10_695_168].map(m).into_iter()), 1);
     }
 }
