@@ -13,6 +13,7 @@ use vramfit_splat::picture::{Picture, check_output_path, save_png, to_rgb8};
 
 mod bench;
 mod device;
+mod plan;
 mod runs;
 mod train;
 
@@ -71,6 +72,11 @@ enum Command {
     Train {
         #[command(subcommand)]
         which: train::Which,
+    },
+    /// Plan a workload into a memory budget: probes, ranked plans, presets per card size.
+    Plan {
+        #[command(subcommand)]
+        which: plan::Which,
     },
     /// Check the GPU kernels against their CPU twins on random cases.
     CheckKernels {
@@ -178,6 +184,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Bench { which } => bench::run(which),
         Command::CheckKernels { device, large, out } => device::check_kernels(&device, large, out),
         Command::Train { which } => train::run(which),
+        Command::Plan { which } => plan::run(which),
         Command::Report { run_dir } => report(&run_dir),
     }
 }

@@ -159,7 +159,7 @@ fn print_fit(s: &RunSummary<vramfit_splat::job::Summary>, resumed: bool) {
     );
 }
 
-fn print_transformer(s: &RunSummary<TrainSummary>) {
+pub(crate) fn print_transformer(s: &RunSummary<TrainSummary>) {
     let t = &s.workload;
     println!("trained transformer on {}: {}", s.device, t.techniques);
     println!(
@@ -184,7 +184,7 @@ fn print_transformer(s: &RunSummary<TrainSummary>) {
 }
 
 /// The memory lines and table every run prints, then the run directory.
-fn print_common<S>(s: &RunSummary<S>, dir: &Path) {
+pub(crate) fn print_common<S>(s: &RunSummary<S>, dir: &Path) {
     for w in &s.warnings {
         println!("  warning: {w}");
     }

@@ -13,6 +13,34 @@ pub enum Which {
 
 #[derive(clap::Args)]
 pub struct TransformerArgs {
+    #[command(flatten)]
+    settings: Settings,
+    /// Plan the run into this memory budget first (6GiB, 512MiB, 1.5GB, bytes, or
+    /// auto: free memory): the planner's fastest plan replaces the technique flags.
+    #[arg(long)]
+    budget: Option<String>,
+    /// With --budget: probe at this effective batch and extrapolate to the run's.
+    #[arg(long, requires = "budget")]
+    probe_batch: Option<usize>,
+    /// Run directory (default: the next free runs/transformer-NNN).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Continue the run in RUN_DIR from its last checkpoint.
+    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = [
+        "config", "precision", "checkpoint", "micro_batch", "accumulate", "batch_size", "steps",
+        "storage", "moments", "allocator_cleanup", "seed", "out", "set", "budget"])]
+    resume: Option<PathBuf>,
+    /// Device: cpu; cuda or wgpu in a build with that feature (`--features cuda`, `--features wgpu`).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Test seam: with --budget, the first plan fails at this step as an out-of-memory would.
+    #[arg(long, hide = true, requires = "budget")]
+    simulate_oom_at: Option<u64>,
+}
+
+/// The transformer's settings as flags (shared by `train` and `plan`).
+#[derive(clap::Args)]
+pub struct Settings {
     /// TOML file of settings (keys as in a run's config.toml); flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -46,24 +74,13 @@ pub struct TransformerArgs {
     /// Seed of the weights.
     #[arg(long)]
     seed: Option<u64>,
-    /// Run directory (default: the next free runs/transformer-NNN).
-    #[arg(long)]
-    out: Option<PathBuf>,
     /// Override one setting, KEY=VALUE (dotted keys reach tables: model.width=128) (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Continue the run in RUN_DIR from its last checkpoint.
-    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = [
-        "config", "precision", "checkpoint", "micro_batch", "accumulate", "batch_size", "steps",
-        "storage", "moments", "allocator_cleanup", "seed", "out", "set"])]
-    resume: Option<PathBuf>,
-    /// Device: cpu; cuda or wgpu in a build with that feature (`--features cuda`, `--features wgpu`).
-    #[arg(long, default_value = "cpu")]
-    device: String,
 }
 
 /// Resolves defaults ← config file ← flags ← `--set`.
-fn resolve(a: &TransformerArgs) -> Result<TrainConfig> {
+pub fn resolve(a: &Settings) -> Result<TrainConfig> {
     let mut c = match &a.config {
         Some(path) => TrainConfig::load(path)?,
         None => TrainConfig::default(),
@@ -90,9 +107,21 @@ fn resolve(a: &TransformerArgs) -> Result<TrainConfig> {
 
 pub fn run(which: Which) -> Result<()> {
     let Which::Transformer(args) = which;
+    if let Some(budget) = &args.budget {
+        let config = resolve(&args.settings)?;
+        let budget = crate::plan::Budget::parse(budget, &args.device)?;
+        return crate::plan::train_planned(
+            config,
+            budget,
+            args.probe_batch,
+            crate::run_path(&args.out, "transformer"),
+            &args.device,
+            args.simulate_oom_at,
+        );
+    }
     let start = match &args.resume {
         Some(dir) => vramfit::run::Start::Resume(dir.clone()),
-        None => vramfit::run::Start::New(resolve(&args)?, crate::run_path(&args.out, "transformer")),
+        None => vramfit::run::Start::New(resolve(&args.settings)?, crate::run_path(&args.out, "transformer")),
     };
     crate::runs::run(&args.device, crate::runs::Launch::Transformer(start))
 }

@@ -854,3 +854,74 @@ fn an_alpha_channel_is_mentioned_not_dropped_silently() {
     );
     assert!(o.status.success() && !stderr(&o).contains("alpha"), "{}", stderr(&o));
 }
+
+/// `plan transformer` and `train transformer --budget` on the small transformer.
+#[test]
+fn planning_fits_the_budget_names_one_that_works_and_falls_back() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let with = |first: &[&str], extra: &[&str]| {
+        let mut args = first.to_vec();
+        args.extend_from_slice(&SMALL_TRANSFORMER[2..]);
+        args.extend_from_slice(extra);
+        run(&args, dir)
+    };
+    // Bad budgets are named.
+    for (budget, needle) in [("six", "--budget"), ("0", "positive")] {
+        let o = with(&["plan", "transformer"], &["--budget", budget]);
+        assert!(
+            !o.status.success() && stderr(&o).contains(needle),
+            "{budget}: {}",
+            stderr(&o)
+        );
+    }
+    let o = with(&["plan", "transformer"], &[]);
+    assert!(!o.status.success() && stderr(&o).contains("--gpus"), "{}", stderr(&o));
+
+    // A budget nothing fits: the error names one that works.
+    let o = with(&["plan", "transformer"], &["--budget", "64KiB"]);
+    assert!(!o.status.success(), "64 KiB cannot hold a transformer");
+    let msg = stderr(&o);
+    let works: String = msg
+        .split("--budget ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no budget named: {msg}"))
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    assert!(!works.is_empty(), "{msg}");
+
+    // Planning into it, with presets and JSON.
+    let json = dir.join("plan.json");
+    let o = with(
+        &["plan", "transformer"],
+        &["--budget", &works, "--gpus", "8,16", "--json", json.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("winner:") && text.contains("verified") && text.contains("preset table"),
+        "{text}"
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert!(plan["verified"]["peak_bytes"].as_u64().unwrap() <= works.parse().unwrap());
+    assert_eq!(plan["presets"].as_array().unwrap().len(), 2);
+
+    // A planned run stays within the budget; a simulated out-of-memory at
+    // step 5 falls back to the next plan and the run still has all 8 steps.
+    let o = with(
+        &["train", "transformer"],
+        &["--budget", &works, "--out", "planned", "--simulate-oom-at", "5"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("fell back from plan 1 to plan 2"), "{text}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("planned/summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 8);
+    assert!(summary["peak_memory_bytes"].as_u64().unwrap() <= works.parse().unwrap());
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("planned/plan.json")).unwrap()).unwrap();
+    assert_eq!(record["running"], 1);
+    assert_eq!(record["fallbacks"].as_array().unwrap().len(), 1);
+}

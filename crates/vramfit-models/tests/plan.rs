@@ -21,13 +21,15 @@ static HEAP: vramfit::heap::Counting<std::alloc::System> = vramfit::heap::Counti
 /// The heap counters are process-wide: one backend at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// Predicted peaks must be this close to the measured ones: 10 %, or one
-/// allocator page where pages are coarser (wgpu reserves whole pages of
-/// 8 MiB on lavapipe, a third of a 24 MiB plan).
+/// Predicted peaks must be this close to the measured ones: 10 %, or two
+/// allocator pages where pages are coarser. CubeCL's pools reserve whole
+/// pages (8 MiB for small buffers, a third of a 24 MiB plan): the model is
+/// fitted on page-rounded readings (up to a page off) and its prediction is
+/// rounded up to a page (up to one more).
 const PREDICTION_TOLERANCE: f64 = 0.10;
 
 fn tolerance(page: u64, measured: u64) -> f64 {
-    PREDICTION_TOLERANCE.max(page as f64 / measured as f64)
+    PREDICTION_TOLERANCE.max(2.0 * page as f64 / measured as f64)
 }
 
 fn plans_fit_their_budgets<B>(base: TrainConfig)
@@ -101,7 +103,7 @@ where
             budget
         );
         assert!(
-            error.abs() <= PREDICTION_TOLERANCE,
+            error.abs() <= tolerance(page, measured.peak_bytes),
             "prediction off by {:.1} %",
             error * 100.0
         );

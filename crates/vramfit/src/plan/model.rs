@@ -267,6 +267,9 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
             });
             Ok(measured)
         };
+    // A first run pays for what later runs reuse (thread pools, compiled
+    // kernels, the allocator's first pages): it is run and not counted.
+    run("warm-up", base.clone(), p, &mut Vec::new())?;
     let mb = run("base", base.clone(), p, &mut probes)?;
     let mh = run("smaller batch", Knobs::base(n, q), q, &mut probes)?;
     let mm = run(

@@ -1,0 +1,414 @@
+//! `vramfit plan transformer` and `vramfit train transformer --budget`:
+//! probes, the fitted model, the ranked plans, the winner verified by one
+//! more probe, the preset table per card size, and the planned run.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use burn::tensor::backend::AutodiffBackend;
+use vramfit::plan::{Calibration, Choice, Plan, Plannable, calibrate, parse_bytes, presets};
+use vramfit::profile::{DeviceMemory, human_bytes};
+use vramfit::run::RunPath;
+use vramfit_models::config::TrainConfig;
+use vramfit_models::plan::{TransformerTarget, apply, run_planned};
+use vramfit_splat::op::{FusedLoss, SplatBackend};
+
+use crate::device::{OnBackend, on_device};
+
+#[derive(clap::Subcommand)]
+pub enum Which {
+    /// Plan the transformer (same settings flags as `vramfit train transformer`).
+    Transformer(PlanArgs),
+}
+
+#[derive(clap::Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    settings: crate::train::Settings,
+    /// Memory budget: 6GiB, 512MiB, 1.5GB, a number of bytes, or auto (free memory).
+    #[arg(long)]
+    budget: Option<String>,
+    /// Card sizes in GiB for a preset table, e.g. 8,16,24,48,80.
+    #[arg(long, value_delimiter = ',')]
+    gpus: Vec<f64>,
+    /// Probe at this effective batch and extrapolate to the run's.
+    #[arg(long)]
+    probe_batch: Option<usize>,
+    /// Write the probes, the model and the plans as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Device: cpu; cuda or wgpu in a build with that feature.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+}
+
+/// A budget in the device's OOM-deciding figure.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    /// Bytes.
+    pub bytes: u64,
+    /// Read from the free memory (`auto`).
+    pub auto: bool,
+}
+
+impl Budget {
+    /// Parses `--budget` for `device`.
+    pub fn parse(text: &str, device: &str) -> Result<Self> {
+        if text != "auto" {
+            let bytes = parse_bytes(text).map_err(|e| anyhow::anyhow!("--budget {e}"))?;
+            return Ok(Self { bytes, auto: false });
+        }
+        if device != "cpu" {
+            bail!(
+                "--budget auto reads free memory, which vramfit reads only on the CPU; on {device} give the \
+                 budget in bytes (e.g. --budget 6GiB)"
+            );
+        }
+        // The budget is heap bytes in use: what the process holds now plus what the system can still give.
+        let free = vramfit::memory::available_bytes().context("cannot read MemAvailable from /proc/meminfo")?;
+        Ok(Self {
+            bytes: vramfit::heap::current() + free,
+            auto: true,
+        })
+    }
+}
+
+pub fn run(which: Which) -> Result<()> {
+    let Which::Transformer(args) = which;
+    let config = crate::train::resolve(&args.settings)?;
+    let budget = args
+        .budget
+        .as_deref()
+        .map(|b| Budget::parse(b, &args.device))
+        .transpose()?;
+    if budget.is_none() && args.gpus.is_empty() {
+        bail!("give --budget (e.g. --budget 6GiB) or --gpus (e.g. --gpus 8,16,24,48,80), or both");
+    }
+    let gpus: Vec<u64> = args
+        .gpus
+        .iter()
+        .map(|g| {
+            if g.is_finite() && *g > 0.0 {
+                Ok((g * (1u64 << 30) as f64) as u64)
+            } else {
+                bail!("--gpus {g}: card sizes are positive numbers of GiB, e.g. 8,16,24")
+            }
+        })
+        .collect::<Result<_>>()?;
+    on_device(
+        &args.device,
+        PlanJob {
+            config,
+            budget,
+            gpus,
+            probe_batch: args.probe_batch,
+            json: args.json,
+        },
+    )
+}
+
+struct PlanJob {
+    config: TrainConfig,
+    budget: Option<Budget>,
+    gpus: Vec<u64>,
+    probe_batch: Option<usize>,
+    json: Option<PathBuf>,
+}
+
+impl OnBackend for PlanJob {
+    type Output = ();
+
+    fn run<B>(self, device: &B::Device, name: String) -> Result<()>
+    where
+        B: AutodiffBackend + SplatBackend,
+        B::InnerBackend: FusedLoss + DeviceMemory,
+    {
+        let mut target = TransformerTarget::<B>::new(self.config.clone(), device)?;
+        let cal = probe(&mut target, self.probe_batch, &name)?;
+        let mut out = serde_json::json!({ "device": name, "calibration": cal });
+        if let Some(budget) = self.budget {
+            let (choice, verified) = choose_verified(&cal, &mut target, budget)?;
+            print_choice(&cal, &choice, budget);
+            if let Some(v) = &verified {
+                println!(
+                    "verified: a probe of the winner measured {} (predicted {}), {:.1} ms per step",
+                    human_bytes(v.peak_bytes),
+                    human_bytes(choice.plans[0].peak_bytes),
+                    v.step_ms
+                );
+            }
+            println!(
+                "to run it: vramfit train transformer {}",
+                flags(&apply(
+                    &self.config,
+                    &choice.plans[0].knobs,
+                    self.config.batch_size,
+                    &cal.space.storage_groups
+                ))
+            );
+            out["choice"] = serde_json::json!(choice);
+            out["verified"] = serde_json::json!(verified);
+        }
+        if !self.gpus.is_empty() {
+            let table = presets(&cal, &self.gpus);
+            println!(
+                "\npreset table for this shape (calibrated on {name}; peaks in its OOM-deciding figure; \
+                 model error on unseen combinations ±{:.1} %):",
+                cal.peak_error * 100.0
+            );
+            println!("  {:>8}  {:>10}  {:>9}  plan", "card", "peak", "step ms");
+            for p in &table {
+                match &p.plan {
+                    Some(plan) => println!(
+                        "  {:>8}  {:>10}  {:>9.1}  {}{}",
+                        human_bytes(p.budget),
+                        human_bytes(plan.peak_bytes),
+                        plan.step_ms,
+                        plan.knobs.describe(cal.space.batch),
+                        if plan.exact() { "" } else { " (changes numerics)" }
+                    ),
+                    None => println!(
+                        "  {:>8}  nothing fits: {}",
+                        human_bytes(p.budget),
+                        p.error.as_deref().unwrap_or("")
+                    ),
+                }
+            }
+            out["presets"] = serde_json::json!(table);
+        }
+        if let Some(path) = &self.json {
+            vramfit::run::atomic_write(path, &serde_json::to_vec_pretty(&out)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+            println!("wrote {}", path.display());
+        }
+        Ok(())
+    }
+}
+
+/// Calibrates and prints the probes and the model's measured error.
+fn probe(target: &mut dyn Plannable, probe_batch: Option<usize>, device: &str) -> Result<Calibration> {
+    eprintln!("probing on {device} (one short run per knob)…");
+    let cal = calibrate(target, probe_batch)?;
+    println!(
+        "{} probes of {} steps in {:.1} s at batch {} (peaks: the figure that decides an out-of-memory here)",
+        cal.probes.len() + cal.checks.len(),
+        vramfit_models::plan::PROBE_STEPS,
+        cal.seconds,
+        cal.probe_batch
+    );
+    println!(
+        "  {:<30} {:<48} {:>10} {:>10} {:>9}",
+        "probe", "knobs", "measured", "model", "step ms"
+    );
+    for r in cal.probes.iter().chain(&cal.checks) {
+        println!(
+            "  {:<30} {:<48} {:>10} {:>10} {:>9.1}",
+            r.name,
+            r.knobs.describe(r.batch),
+            human_bytes(r.measured.peak_bytes),
+            human_bytes(r.predicted_peak as u64),
+            r.measured.step_ms
+        );
+    }
+    println!(
+        "model error on the combinations it was not fitted on: peak ±{:.1} % (at most {:.1} % under), time ±{:.1} %; \
+         safety margin {:.0} %{}",
+        cal.peak_error * 100.0,
+        cal.shortfall * 100.0,
+        cal.time_error * 100.0,
+        cal.margin() * 100.0,
+        if cal.model.page_bytes > 1 {
+            format!(
+                "; the allocator reserves whole pages of {}",
+                human_bytes(cal.model.page_bytes)
+            )
+        } else {
+            String::new()
+        }
+    );
+    Ok(cal)
+}
+
+/// The choice for `budget`, its winner verified by a probe at the run's
+/// batch: a winner that measures over the budget is dropped and the next
+/// one tried (three at most).
+fn choose_verified(
+    cal: &Calibration,
+    target: &mut dyn Plannable,
+    budget: Budget,
+) -> Result<(Choice, Option<vramfit::plan::Measured>)> {
+    let mut choice = cal.choose(budget.bytes)?;
+    for _ in 0..3 {
+        let Some(winner) = choice.plans.first() else { break };
+        let measured = target
+            .measure(&winner.knobs, cal.space.batch)
+            .map_err(|e| anyhow::anyhow!("verifying the plan {}: {e}", winner.knobs.describe(cal.space.batch)))?;
+        if measured.peak_bytes <= budget.bytes {
+            return Ok((choice, Some(measured)));
+        }
+        eprintln!(
+            "the plan {} measured {} over the budget {} (predicted {}): trying the next",
+            winner.knobs.describe(cal.space.batch),
+            human_bytes(measured.peak_bytes),
+            human_bytes(budget.bytes),
+            human_bytes(winner.peak_bytes)
+        );
+        choice.plans.remove(0);
+    }
+    if choice.plans.is_empty() {
+        bail!(
+            "no plan measured within {}: raise the budget (the leanest plan is predicted at {})",
+            human_bytes(budget.bytes),
+            human_bytes(cal.leanest().peak_bytes)
+        );
+    }
+    Ok((choice, None))
+}
+
+fn print_choice(cal: &Calibration, choice: &Choice, budget: Budget) {
+    let batch = cal.space.batch;
+    println!(
+        "\nbudget {}{}: {} plans fit; the best {}:",
+        human_bytes(budget.bytes),
+        if budget.auto {
+            " (auto: heap in use + free memory)"
+        } else {
+            ""
+        },
+        choice.plans.len(),
+        choice.plans.len().min(8)
+    );
+    println!(
+        "  {:>2}  {:>10}  {:>9}  {:<56}  numerics",
+        "#", "peak", "step ms", "knobs"
+    );
+    for (i, p) in choice.plans.iter().take(8).enumerate() {
+        println!(
+            "  {:>2}  {:>10}  {:>9.1}  {:<56}  {}",
+            i + 1,
+            human_bytes(p.peak_bytes),
+            p.step_ms,
+            p.knobs.describe(batch),
+            quality(p)
+        );
+    }
+    println!("winner: {} — {}", choice.plans[0].knobs.describe(batch), choice.why);
+}
+
+fn quality(p: &Plan) -> String {
+    if p.exact() {
+        "exact".into()
+    } else {
+        p.quality.join("; ")
+    }
+}
+
+/// The `train transformer` flags that give `c`'s techniques.
+fn flags(c: &TrainConfig) -> String {
+    let mut f = format!(
+        "--batch-size {} --micro-batch {} --accumulate {} --precision {} --checkpoint {} --moments {} --allocator-cleanup {}",
+        c.batch_size, c.micro_batch, c.accumulate, c.precision, c.checkpoint, c.moments, c.allocator_cleanup
+    );
+    for s in &c.storage {
+        f.push_str(&format!(" --storage {s}"));
+    }
+    f
+}
+
+/// `train transformer --budget`: plan, write the plan into the run
+/// directory, run the winner, fall back to the next plans on an out-of-memory.
+pub fn train_planned(
+    config: TrainConfig,
+    budget: Budget,
+    probe_batch: Option<usize>,
+    out: RunPath,
+    device: &str,
+    simulate_oom_at: Option<u64>,
+) -> Result<()> {
+    on_device(
+        device,
+        PlannedRun {
+            config,
+            budget,
+            probe_batch,
+            out,
+            simulate_oom_at,
+        },
+    )
+}
+
+struct PlannedRun {
+    config: TrainConfig,
+    budget: Budget,
+    probe_batch: Option<usize>,
+    out: RunPath,
+    simulate_oom_at: Option<u64>,
+}
+
+/// Plans kept for fallback after the winner.
+const FALLBACKS: usize = 3;
+
+impl OnBackend for PlannedRun {
+    type Output = ();
+
+    fn run<B>(self, device: &B::Device, name: String) -> Result<()>
+    where
+        B: AutodiffBackend + SplatBackend,
+        B::InnerBackend: FusedLoss + DeviceMemory,
+    {
+        let mut target = TransformerTarget::<B>::new(self.config.clone(), device)?;
+        let cal = probe(&mut target, self.probe_batch, &name)?;
+        let (choice, verified) = choose_verified(&cal, &mut target, self.budget)?;
+        print_choice(&cal, &choice, self.budget);
+        let batch = self.config.batch_size;
+        let kept: Vec<&Plan> = choice.plans.iter().take(1 + FALLBACKS).collect();
+        let configs: Vec<TrainConfig> = kept
+            .iter()
+            .map(|p| apply(&self.config, &p.knobs, batch, &cal.space.storage_groups))
+            .collect();
+        let record = serde_json::json!({
+            "budget_bytes": self.budget.bytes,
+            "budget_auto": self.budget.auto,
+            "device": name,
+            "why": choice.why,
+            "margin": choice.margin,
+            "plans": kept,
+            "verified": verified,
+            "probes": cal.probes,
+            "checks": cal.checks,
+            "model": cal.model,
+            "probe_seconds": cal.seconds,
+        });
+        let planned = run_planned::<B>(
+            &configs,
+            self.out,
+            &record,
+            device,
+            &name,
+            self.simulate_oom_at,
+            crate::runs::progress(),
+        )?;
+        for f in &planned.fallbacks {
+            println!(
+                "fell back from plan {} to plan {} ({}), from the last checkpoint",
+                f.from + 1,
+                f.to + 1,
+                kept[f.to].knobs.describe(batch)
+            );
+        }
+        let Some(summary) = planned.summary else {
+            bail!("the run stopped before its end")
+        };
+        crate::runs::print_transformer(&summary);
+        crate::runs::print_common(&summary, &planned.dir);
+        let peak = summary.peak_memory_bytes.unwrap_or(0);
+        println!(
+            "  budget {}: peak {} ({}); plan in {}",
+            human_bytes(self.budget.bytes),
+            human_bytes(peak),
+            if peak <= self.budget.bytes { "within" } else { "OVER" },
+            planned.dir.join("plan.json").display()
+        );
+        Ok(())
+    }
+}
