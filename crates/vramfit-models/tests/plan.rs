@@ -109,8 +109,12 @@ where
         );
         chosen.push(winner.knobs.clone());
     }
-    // An ample budget keeps the plain step.
-    assert_eq!(chosen[3], vramfit::plan::Knobs::base(cal.space.blocks, base.batch_size));
+    // With an ample budget nothing slower than the plain step is chosen
+    // (times within the probes' resolution count as equal).
+    let plain_ms = cal
+        .predict(&vramfit::plan::Knobs::base(cal.space.blocks, base.batch_size))
+        .1;
+    assert!(cal.predict(&chosen[3]).1 <= plain_ms * 1.05, "{:?}", chosen[3]);
 
     // A plan that runs out of memory at step 3 falls back to the next one.
     let choice = cal.choose(budgets[1]).unwrap();

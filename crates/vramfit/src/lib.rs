@@ -35,3 +35,4 @@ pub mod run;
 pub mod settings;
 pub mod step;
 pub mod storage;
+pub mod trainer;

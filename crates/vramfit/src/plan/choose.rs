@@ -8,9 +8,8 @@ use super::chain::{least_peak, optimal};
 use super::{Calibration, Knobs};
 use crate::profile::human_bytes;
 
-/// Predicted times this close are treated as equal: the spread of probe
-/// step times on a busy CPU.
-const TIME_NOISE: f64 = 0.05;
+/// Predicted times this close are treated as equal (the probes' resolution).
+const TIME_NOISE: f64 = super::model::TIME_RESOLUTION;
 
 /// One plan: knobs and what the model predicts for them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

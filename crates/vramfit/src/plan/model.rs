@@ -192,6 +192,19 @@ impl Model {
     }
 }
 
+/// Probe step times closer than this share of the base's are not told
+/// apart: a knob whose time differs by less is given none.
+pub const TIME_RESOLUTION: f64 = 0.05;
+
+/// `delta` ms, or 0 when it is within the probes' resolution of `base` ms.
+fn resolved(delta: f64, base: f64) -> f64 {
+    if delta.abs() < TIME_RESOLUTION * base {
+        0.0
+    } else {
+        delta
+    }
+}
+
 /// What a knob's probe `m` adds to the rest, against the base probe `b`.
 /// A rest that reads exactly the step's peak is the step's pages still
 /// held (a pool whose reserved bytes only grow), not a reading of its own:
@@ -374,7 +387,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
     let delta = |m: Measured| Delta {
         step: m.step_peak_bytes as f64 - pb,
         rest: rest_delta(&m, &mb, rest_bytes),
-        ms: m.step_ms - mb.step_ms,
+        ms: resolved(m.step_ms - mb.step_ms, mb.step_ms),
     };
     if !space.storage_groups.is_empty() {
         let g = space.storage_groups.len();
