@@ -11,9 +11,8 @@ use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use vramfit::allocator::Cleanup;
-use vramfit::optim::{AdamConfig, AdamSnapshot, ModuleAdam};
-use vramfit::params::{Snapshot, restore, snapshot};
-use vramfit::precision::{Autocast, LossScaler, ScalerConfig, ScalerState};
+use vramfit::optim::{AdamConfig, ModuleAdam};
+use vramfit::precision::{Autocast, LossScaler, ScalerConfig};
 use vramfit::profile::{Accounted, Category, DeviceMemory, MemoryReport, MemorySource, NamedTensor};
 use vramfit::run::{
     ArrayFile, Cadence, DeviceFailure, Finished, Run, RunError, RunStats, Start, StepRecord, Workload,
@@ -21,6 +20,7 @@ use vramfit::run::{
 };
 use vramfit::step::{StepError, StepObserver, Stepper};
 use vramfit::storage::parameter_bytes;
+use vramfit::trainer::{load_state, save_state};
 
 use crate::config::{ConfigError, TrainConfig};
 use crate::data::SyntheticTask;
@@ -148,26 +148,12 @@ impl<B: AutodiffBackend> Transformer<B> {
 
     /// Parameters and Adam state as one array file of `kind`.
     fn to_array_file(&self, kind: &str) -> ArrayFile {
-        let scaler = self.stepper.scaler.as_ref().map(|s| s.state());
-        let adam = self.stepper.optimizer.snapshot();
-        let params = snapshot(&self.model);
-        let dtypes: serde_json::Map<String, serde_json::Value> = params
-            .iter()
-            .map(|(k, (_, d, _))| (k.clone(), json!(format!("{d:?}"))))
-            .collect();
-        let mut file = ArrayFile::new(
+        save_state(
             kind,
-            json!({ "step": self.stepper.attempts, "optimizer_steps": adam.step, "scaler": scaler,
-                    "recent_losses": self.recent, "stored_types": dtypes }),
-        );
-        for (path, (shape, _, values)) in params {
-            file.insert(&format!("param/{path}"), shape, values);
-        }
-        for (path, (m, v)) in adam.moments {
-            file.insert(&format!("adam_m/{path}"), vec![m.len()], m);
-            file.insert(&format!("adam_v/{path}"), vec![v.len()], v);
-        }
-        file
+            &self.model,
+            &self.stepper,
+            json!({ "recent_losses": self.recent }),
+        )
     }
 }
 
@@ -261,28 +247,10 @@ where
     }
 
     fn restore(&mut self, file: &ArrayFile) -> Result<(), TrainError> {
-        let mut params = Snapshot::new();
-        let mut adam = AdamSnapshot::default();
-        for (name, (shape, values)) in &file.arrays {
-            if let Some(p) = name.strip_prefix("param/") {
-                params.insert(p.into(), (shape.clone(), burn::tensor::DType::F32, values.clone()));
-            } else if let Some(p) = name.strip_prefix("adam_m/") {
-                adam.moments.entry(p.into()).or_default().0 = values.clone();
-            } else if let Some(p) = name.strip_prefix("adam_v/") {
-                adam.moments.entry(p.into()).or_default().1 = values.clone();
-            }
-        }
-        let meta = |key: &str| file.meta.get(key).cloned().unwrap_or_default();
-        adam.step = meta("optimizer_steps").as_u64().unwrap_or(0);
-        self.model = restore(self.model.clone(), &params).map_err(|e| TrainError::Checkpoint(e.to_string()))?;
-        self.stepper.optimizer.restore(&adam, &self.device);
-        self.stepper.attempts = meta("step").as_u64().unwrap_or(0);
-        if let Some(s) = self.stepper.scaler.as_mut() {
-            let saved: ScalerState = serde_json::from_value(meta("scaler"))
-                .map_err(|e| TrainError::Checkpoint(format!("loss scaler state: {e}")))?;
-            *s = LossScaler::resume(ScalerConfig::default(), saved);
-        }
-        self.recent = serde_json::from_value(meta("recent_losses")).unwrap_or_default();
+        self.model =
+            load_state(file, self.model.clone(), &mut self.stepper, &self.device).map_err(TrainError::Checkpoint)?;
+        self.recent =
+            serde_json::from_value(file.meta.get("recent_losses").cloned().unwrap_or_default()).unwrap_or_default();
         Ok(())
     }
 

@@ -41,17 +41,7 @@ where
             .filter(|p| supported(DType::from(p.dtype())))
             .collect();
         let bf16 = supported(DType::BF16);
-        // Storage groups: the model's top-level parameter groups, largest first.
-        let model = base.model.init::<B>(base.seed, device);
-        let mut groups: Vec<(String, u64)> = Vec::new();
-        for p in vramfit::params::describe(&model) {
-            let top = p.path.split('.').next().unwrap_or(&p.path).to_string();
-            match groups.iter_mut().find(|(g, _)| *g == top) {
-                Some((_, bytes)) => *bytes += p.bytes(),
-                None => groups.push((top, p.bytes())),
-            }
-        }
-        groups.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let groups = vramfit::trainer::parameter_groups(&base.model.init::<B>(base.seed, device));
         let positions = base.model.frames_used(base.task.frames) + base.task.tokens;
         let space = Space {
             batch: base.batch_size,
