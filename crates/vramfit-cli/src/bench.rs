@@ -35,6 +35,9 @@ pub enum Which {
         #[arg(long, default_value = "bench-results/splat.json")]
         out: PathBuf,
     },
+    /// The planner on the transformer: predicted vs measured peaks at budgets
+    /// from infeasible to ample, the chosen plan against an exhaustive sweep.
+    Plan(crate::plan_bench::Args),
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -47,6 +50,7 @@ pub fn run(which: Which) -> Result<()> {
             device,
             out,
         } => splat(image, gaussians, steps, &set, &device, out),
+        Which::Plan(args) => crate::plan_bench::run(args),
     }
 }
 

@@ -14,6 +14,7 @@ use vramfit_splat::picture::{Picture, check_output_path, save_png, to_rgb8};
 mod bench;
 mod device;
 mod plan;
+mod plan_bench;
 mod runs;
 mod train;
 
