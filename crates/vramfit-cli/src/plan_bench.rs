@@ -144,7 +144,11 @@ impl OnBackend for Bench {
                 error * 100.0,
                 if measured.peak_bytes <= budget { "yes" } else { "NO" },
                 measured.step_ms,
-                best.map_or("none fits".into(), |b| b.knobs.describe(batch)),
+                match best {
+                    Some(b) => b.knobs.describe(batch),
+                    None if sweep.is_empty() => "not swept".into(),
+                    None => "none fits".into(),
+                },
                 best.map_or("".into(), |b| format!("{:.1}", b.measured.step_ms)),
                 best.map_or("".into(), |b| format!("{:.2}", measured.step_ms / b.measured.step_ms)),
                 extrapolated.map_or("".into(), |e| human_bytes(e as u64)),
