@@ -77,7 +77,10 @@ impl OnBackend for Bench {
         let mut target = TransformerTarget::<B>::new(self.config.clone(), device)?;
         eprintln!("calibrating…");
         let cal = calibrate(&mut target, None)?;
-        let quarter = (1..=batch / 4).rev().find(|d| batch.is_multiple_of(*d)).filter(|d| *d >= 2);
+        let quarter = (1..=batch / 4)
+            .rev()
+            .find(|d| batch.is_multiple_of(*d))
+            .filter(|d| *d >= 2);
         let small = match quarter {
             Some(p) => {
                 eprintln!("calibrating at batch {p} (for the extrapolation error)…");
@@ -120,7 +123,10 @@ impl OnBackend for Bench {
             let choice = match cal.choose(budget) {
                 Ok(c) => c,
                 Err(e) => {
-                    table.push_str(&format!("| {} | infeasible: {e} | | | | | | | | | | |\n", human_bytes(budget)));
+                    table.push_str(&format!(
+                        "| {} | infeasible: {e} | | | | | | | | | | |\n",
+                        human_bytes(budget)
+                    ));
                     rows.push(json!({ "budget": budget, "error": e.to_string() }));
                     continue;
                 }

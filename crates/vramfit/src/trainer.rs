@@ -29,6 +29,9 @@ const CHECKPOINT_KIND: &str = "vramfit.trainer.checkpoint";
 /// Makes batch `step` (1-based) of `size` samples on a device.
 pub type Batches<B, M> = Arc<dyn Fn(u64, usize, &burn::tensor::Device<B>) -> M + Send + Sync>;
 
+/// Builds the model on a device.
+pub type Maker<B, M> = Arc<dyn Fn(&burn::tensor::Device<B>) -> M + Send + Sync>;
+
 /// What a [`Trainer`] runs: steps, batch, learning rate, cadence.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Schedule {
@@ -334,7 +337,7 @@ where
 /// A user's model for the planner: how to make it, its batches, and the
 /// schedule; each probe is a short [`Trainer`] run through the run driver.
 pub struct TrainerTarget<B: AutodiffBackend, M: Trainable<B, D>, const D: usize> {
-    make: Arc<dyn Fn(&B::Device) -> M + Send + Sync>,
+    make: Maker<B, M>,
     batches: Batches<B, M::Batch>,
     schedule: Schedule,
     space: Space,
