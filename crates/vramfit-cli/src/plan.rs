@@ -54,7 +54,7 @@ pub struct Budget {
 impl Budget {
     /// Parses `--budget` for `device`.
     pub fn parse(text: &str, device: &str) -> Result<Self> {
-        if text != "auto" {
+        if !text.eq_ignore_ascii_case("auto") {
             let bytes = parse_bytes(text).map_err(|e| anyhow::anyhow!("--budget {e}"))?;
             return Ok(Self { bytes, auto: false });
         }
@@ -123,22 +123,28 @@ impl OnBackend for PlanJob {
         B: AutodiffBackend + SplatBackend,
         B::InnerBackend: FusedLoss + DeviceMemory,
     {
+        if let Some(dir) = self
+            .json
+            .as_ref()
+            .and_then(|j| j.parent())
+            .filter(|d| !d.as_os_str().is_empty())
+            && !dir.is_dir()
+        {
+            bail!(
+                "--json: the folder {} does not exist (nothing was probed)",
+                dir.display()
+            );
+        }
         let mut target = TransformerTarget::<B>::new(self.config.clone(), device)?;
         let cal = probe(&mut target, self.probe_batch, &name)?;
         let mut out = serde_json::json!({ "device": name, "calibration": cal });
         if let Some(budget) = self.budget {
             let (choice, verified) = choose_verified(&cal, &mut target, budget)?;
             print_choice(&cal, &choice, budget);
-            if let Some(v) = &verified {
-                println!(
-                    "verified: a probe of the winner measured {} (predicted {}), {:.1} ms per step",
-                    human_bytes(v.peak_bytes),
-                    human_bytes(choice.plans[0].peak_bytes),
-                    v.step_ms
-                );
-            }
+            print_verified(&choice, &verified);
             println!(
-                "to run it: vramfit train transformer {}",
+                "to run it: vramfit train transformer {}{}",
+                own_flags(),
                 flags(&apply(
                     &self.config,
                     &choice.plans[0].knobs,
@@ -236,34 +242,51 @@ fn choose_verified(
     cal: &Calibration,
     target: &mut dyn Plannable,
     budget: Budget,
-) -> Result<(Choice, Option<vramfit::plan::Measured>)> {
+) -> Result<(Choice, vramfit::plan::Measured)> {
     let mut choice = cal.choose(budget.bytes)?;
-    for _ in 0..3 {
+    let batch = cal.space.batch;
+    let mut rejected = Vec::new();
+    while rejected.len() < VERIFY_TRIES {
         let Some(winner) = choice.plans.first() else { break };
         let measured = target
-            .measure(&winner.knobs, cal.space.batch)
-            .map_err(|e| anyhow::anyhow!("verifying the plan {}: {e}", winner.knobs.describe(cal.space.batch)))?;
+            .measure(&winner.knobs, batch)
+            .map_err(|e| anyhow::anyhow!("verifying the plan {}: {e}", winner.knobs.describe(batch)))?;
         if measured.peak_bytes <= budget.bytes {
-            return Ok((choice, Some(measured)));
+            if !rejected.is_empty() {
+                choice.why = format!(
+                    "the {} plan(s) ranked above it measured over the budget ({}); this one measured {} bytes \
+                     of {}",
+                    rejected.len(),
+                    rejected.join("; "),
+                    measured.peak_bytes,
+                    budget.bytes
+                );
+            }
+            return Ok((choice, measured));
         }
         eprintln!(
-            "the plan {} measured {} over the budget {} (predicted {}): trying the next",
-            winner.knobs.describe(cal.space.batch),
-            human_bytes(measured.peak_bytes),
-            human_bytes(budget.bytes),
-            human_bytes(winner.peak_bytes)
+            "the plan {} measured {} bytes, over the budget of {} (predicted {}): trying the next",
+            winner.knobs.describe(batch),
+            measured.peak_bytes,
+            budget.bytes,
+            winner.peak_bytes
         );
+        rejected.push(format!(
+            "{}: {} bytes",
+            winner.knobs.describe(batch),
+            measured.peak_bytes
+        ));
         choice.plans.remove(0);
     }
-    if choice.plans.is_empty() {
-        bail!(
-            "no plan measured within {}: raise the budget (the leanest plan is predicted at {})",
-            human_bytes(budget.bytes),
-            human_bytes(cal.leanest().peak_bytes)
-        );
-    }
-    Ok((choice, None))
+    bail!(
+        "no plan measured within {} bytes: {}. Raise the budget by a few per cent",
+        budget.bytes,
+        rejected.join("; ")
+    )
 }
+
+/// Plans measured over the budget before the planner gives up.
+const VERIFY_TRIES: usize = 3;
 
 fn print_choice(cal: &Calibration, choice: &Choice, budget: Budget) {
     let batch = cal.space.batch;
@@ -295,12 +318,68 @@ fn print_choice(cal: &Calibration, choice: &Choice, budget: Budget) {
     println!("winner: {} — {}", choice.plans[0].knobs.describe(batch), choice.why);
 }
 
+fn print_verified(choice: &Choice, v: &vramfit::plan::Measured) {
+    println!(
+        "verified: a probe of the winner at the run's batch measured {} ({} bytes; predicted {}), {:.1} ms per step",
+        human_bytes(v.peak_bytes),
+        v.peak_bytes,
+        human_bytes(choice.plans[0].peak_bytes),
+        v.step_ms
+    );
+}
+
 fn quality(p: &Plan) -> String {
     if p.exact() {
         "exact".into()
     } else {
         p.quality.join("; ")
     }
+}
+
+/// Flags `plan` takes that `train` does not, or that the plan replaces (with a value each).
+const NOT_PASSED_ON: [&str; 14] = [
+    "--budget",
+    "--gpus",
+    "--probe-batch",
+    "--json",
+    "--precision",
+    "--checkpoint",
+    "--micro-batch",
+    "--accumulate",
+    "--batch-size",
+    "--storage",
+    "--moments",
+    "--allocator-cleanup",
+    "--device",
+    "--out",
+];
+
+/// The arguments this `plan transformer` was given that `train transformer`
+/// needs too (shape, settings file, steps, seed, `--set`), each followed by a space.
+fn own_flags() -> String {
+    let args: Vec<String> = std::env::args().skip_while(|a| a != "transformer").skip(1).collect();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < args.len() {
+        let a = &args[i];
+        let name = a.split('=').next().unwrap_or(a);
+        let inline = a.contains('=');
+        if NOT_PASSED_ON.contains(&name) {
+            i += if inline { 1 } else { 2 };
+            continue;
+        }
+        let quoted = |s: &str| {
+            if s.contains([' ', '"', '\'', '*']) {
+                format!("'{s}'")
+            } else {
+                s.to_string()
+            }
+        };
+        out.push_str(&quoted(a));
+        out.push(' ');
+        i += 1;
+    }
+    out
 }
 
 /// The `train transformer` flags that give `c`'s techniques.
@@ -310,7 +389,7 @@ fn flags(c: &TrainConfig) -> String {
         c.batch_size, c.micro_batch, c.accumulate, c.precision, c.checkpoint, c.moments, c.allocator_cleanup
     );
     for s in &c.storage {
-        f.push_str(&format!(" --storage {s}"));
+        f.push_str(&format!(" --storage '{s}'"));
     }
     f
 }
@@ -345,6 +424,24 @@ struct PlannedRun {
     simulate_oom_at: Option<u64>,
 }
 
+/// The technique flags given on the command line (which --budget replaces).
+fn technique_flags() -> Vec<String> {
+    std::env::args()
+        .filter(|a| {
+            [
+                "--precision",
+                "--checkpoint",
+                "--micro-batch",
+                "--accumulate",
+                "--storage",
+                "--moments",
+                "--allocator-cleanup",
+            ]
+            .contains(&a.split('=').next().unwrap_or(a))
+        })
+        .collect()
+}
+
 /// Plans kept for fallback after the winner.
 const FALLBACKS: usize = 3;
 
@@ -356,12 +453,35 @@ impl OnBackend for PlannedRun {
         B: AutodiffBackend + SplatBackend,
         B::InnerBackend: FusedLoss + DeviceMemory,
     {
+        if let RunPath::At(dir) = &self.out
+            && dir.exists()
+        {
+            bail!(
+                "{} already exists: give --out a new directory (nothing was probed)",
+                dir.display()
+            );
+        }
+        let overridden = technique_flags();
+        if !overridden.is_empty() {
+            eprintln!(
+                "note: with --budget the planner sets the techniques; it replaces {}",
+                overridden.join(", ")
+            );
+        }
         let mut target = TransformerTarget::<B>::new(self.config.clone(), device)?;
         let cal = probe(&mut target, self.probe_batch, &name)?;
         let (choice, verified) = choose_verified(&cal, &mut target, self.budget)?;
+        drop(target);
         print_choice(&cal, &choice, self.budget);
+        print_verified(&choice, &verified);
         let batch = self.config.batch_size;
-        let kept: Vec<&Plan> = choice.plans.iter().take(1 + FALLBACKS).collect();
+        // On the CPU the budget is the whole heap: the planner's own tables
+        // (hundreds of plans) must not ride along into the run.
+        let Choice {
+            mut plans, why, margin, ..
+        } = choice;
+        plans.truncate(1 + FALLBACKS);
+        let kept: Vec<&Plan> = plans.iter().collect();
         let configs: Vec<TrainConfig> = kept
             .iter()
             .map(|p| apply(&self.config, &p.knobs, batch, &cal.space.storage_groups))
@@ -370,15 +490,17 @@ impl OnBackend for PlannedRun {
             "budget_bytes": self.budget.bytes,
             "budget_auto": self.budget.auto,
             "device": name,
-            "why": choice.why,
-            "margin": choice.margin,
+            "why": why,
+            "margin": margin,
             "plans": kept,
             "verified": verified,
-            "probes": cal.probes,
-            "checks": cal.checks,
             "model": cal.model,
+            "model_peak_error": cal.peak_error,
+            "model_time_error": cal.time_error,
+            "probes": cal.probes.len() + cal.checks.len(),
             "probe_seconds": cal.seconds,
         });
+        drop(cal);
         let planned = run_planned::<B>(
             &configs,
             self.out,
@@ -403,12 +525,20 @@ impl OnBackend for PlannedRun {
         crate::runs::print_common(&summary, &planned.dir);
         let peak = summary.peak_memory_bytes.unwrap_or(0);
         println!(
-            "  budget {}: peak {} ({}); plan in {}",
-            human_bytes(self.budget.bytes),
-            human_bytes(peak),
+            "  budget {} bytes: peak {} bytes ({}); plan in {}",
+            self.budget.bytes,
+            peak,
             if peak <= self.budget.bytes { "within" } else { "OVER" },
             planned.dir.join("plan.json").display()
         );
+        if peak > self.budget.bytes {
+            bail!(
+                "the run's peak, {peak} bytes, went over the budget of {} bytes by {:.1} %: the run finished and \
+                 its directory is kept, but the plan did not hold; plan with a larger budget",
+                self.budget.bytes,
+                (peak as f64 / self.budget.bytes as f64 - 1.0) * 100.0
+            );
+        }
         Ok(())
     }
 }

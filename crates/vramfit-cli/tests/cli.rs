@@ -903,9 +903,29 @@ fn planning_fits_the_budget_names_one_that_works_and_falls_back() {
         text.contains("winner:") && text.contains("verified") && text.contains("preset table"),
         "{text}"
     );
+    // The command it suggests keeps the shape it planned for.
+    let suggestion = text
+        .lines()
+        .find(|l| l.starts_with("to run it:"))
+        .expect("a command to run it");
+    assert!(
+        suggestion.contains("model.width=16")
+            && suggestion.contains("--micro-batch")
+            && !suggestion.contains("--budget"),
+        "{suggestion}"
+    );
     let plan: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert!(plan["verified"]["peak_bytes"].as_u64().unwrap() <= works.parse().unwrap());
     assert_eq!(plan["presets"].as_array().unwrap().len(), 2);
+
+    // An existing run directory is refused before any probe runs.
+    std::fs::create_dir(dir.join("taken")).unwrap();
+    let o = with(&["train", "transformer"], &["--budget", &works, "--out", "taken"]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("nothing was probed"),
+        "{}",
+        stderr(&o)
+    );
 
     // A planned run stays within the budget; a simulated out-of-memory at
     // step 5 falls back to the next plan and the run still has all 8 steps.

@@ -61,8 +61,8 @@ pub enum PlanError {
     },
     /// Nothing fits the budget.
     #[error(
-        "no plan fits {budget}: the smallest predicted peak is {least} ({knobs}); with the {margin:.0} % safety \
-         margin the smallest budget that works is {smallest} (--budget {smallest_bytes})"
+        "no plan fits {budget}: the leanest plan, {knobs}, is predicted to peak at {least}; with the {margin:.0} % \
+         safety margin, rounded up to a MiB, a budget that works is {smallest} (--budget {smallest_bytes})"
     )]
     Infeasible {
         /// The budget, in words.
@@ -153,11 +153,13 @@ impl Calibration {
         let exact = plans.iter().filter(|p| p.exact()).count();
         let fastest = plans.iter().map(|p| p.step_ms).fold(f64::INFINITY, f64::min);
         let why = format!(
-            "{} that fits {} with a {:.0} % margin (predicted peak {}, {:.1} ms per step){}; {} plans fit, {} of them exact",
-            if best.exact() {
-                "the fastest numerically exact plan"
-            } else {
-                "no numerically exact plan fits: the fastest plan"
+            "{}, of those that fit {} with a {:.0} % margin (predicted peak {}, {:.1} ms per step){}; {} plans fit, {} of them exact",
+            match (best.exact(), pick) {
+                (true, 0) => "the fastest numerically exact plan",
+                (true, _) => "the numerically exact plan with the fewest knobs turned within 5 % of the fastest",
+                (false, 0) => "no numerically exact plan fits: the fastest plan",
+                (false, _) =>
+                    "no numerically exact plan fits: the plan with the fewest knobs turned within 5 % of the fastest",
             },
             human_bytes(budget),
             margin * 100.0,
@@ -292,6 +294,7 @@ mod tests {
                 },
                 rest_bytes: 12_000.0,
                 page_bytes: 1,
+                floor_ms: 0.0,
                 fixed_ms: 2.0,
                 micro_batch_ms: 1.0,
                 sample_ms: 0.5,

@@ -263,6 +263,8 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         "gb" => 1e9,
         "t" | "tib" => 1024f64.powi(4),
         "tb" => 1e12,
+        "p" | "pib" => 1024f64.powi(5),
+        "pb" => 1e15,
         other => {
             return Err(format!(
                 "'{text}': unknown unit '{other}'; write e.g. 6GiB, 512MiB, 1.5GB or a number of bytes"
@@ -274,7 +276,10 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         .parse()
         .map_err(|_| format!("'{text}' is not a size; write e.g. 6GiB, 512MiB, 1.5GB or a number of bytes"))?;
     let bytes = value * scale;
-    if !(bytes.is_finite() && bytes >= 1.0 && bytes < u64::MAX as f64) {
+    if bytes.is_finite() && bytes >= u64::MAX as f64 {
+        return Err(format!("'{text}' is too large: at most 16 EiB"));
+    }
+    if !(bytes.is_finite() && bytes >= 1.0) {
         return Err(format!("'{text}' is not a positive size"));
     }
     Ok(bytes.round() as u64)

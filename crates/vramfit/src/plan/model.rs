@@ -58,6 +58,10 @@ pub struct Model {
     /// seen): the greatest common divisor of the probes' readings.
     #[serde(default = "one")]
     pub page_bytes: u64,
+    /// No step is predicted faster than this: half the fastest probe
+    /// (noisy deltas can otherwise add up to nothing).
+    #[serde(default)]
+    pub floor_ms: f64,
     /// Time per step that does not scale with the batch (the optimiser).
     pub fixed_ms: f64,
     /// Time per micro-batch beyond its samples (launches, graph set-up).
@@ -188,7 +192,7 @@ impl Model {
         let (_, pi, _) = self.precision(knobs.precision);
         let marked = knobs.checkpointed.iter().filter(|m| **m).count() as f64;
         let scaled = k * self.micro_batch_ms + b * self.sample_ms + b * self.block.recompute * marked;
-        (self.fixed_ms + pi * scaled + self.deltas(knobs).ms).max(1e-3)
+        (self.fixed_ms + pi * scaled + self.deltas(knobs).ms).max(self.floor_ms)
     }
 }
 
@@ -253,10 +257,16 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
     let started = Instant::now();
     let space = target.space();
     let p = probe_batch.unwrap_or(space.batch);
+    if space.batch < 2 {
+        return Err(PlanError::Setting(format!(
+            "planning needs a batch of at least 2 (batch_size is {}): the planner learns the bytes per sample \
+             from two batch sizes",
+            space.batch
+        )));
+    }
     if p < 2 || p > space.batch {
         return Err(PlanError::Setting(format!(
-            "probes need an effective batch of at least 2 and at most the run's {} (got {p}): the planner \
-             learns the bytes per sample from two batch sizes",
+            "--probe-batch {p}: probes need an effective batch from 2 to the run's {}",
             space.batch
         )));
     }
@@ -304,7 +314,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
     let k = (p / q) as f64;
     let micro_batch_ms = ((mm.step_ms - mb.step_ms) / (k - 1.0)).max(0.0);
     let sample_ms = ((mb.step_ms - mh.step_ms) / (p - q) as f64).max(0.0);
-    let fixed_ms = mb.step_ms - micro_batch_ms - p as f64 * sample_ms;
+    let fixed_ms = (mb.step_ms - micro_batch_ms - p as f64 * sample_ms).max(0.0);
     let mut model = Model {
         fixed_bytes,
         outside_bytes: per_sample,
@@ -322,6 +332,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         cleanup: Delta::default(),
         rest_bytes: mb.rest_peak_bytes as f64,
         page_bytes: 1,
+        floor_ms: 0.0,
         fixed_ms,
         micro_batch_ms,
         sample_ms,
@@ -464,6 +475,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         )?;
     }
     model.page_bytes = page_bytes(probes.iter().chain(&checks).map(|r| r.measured));
+    model.floor_ms = 0.5 * probes.iter().map(|r| r.measured.step_ms).fold(f64::INFINITY, f64::min);
     for r in probes.iter_mut().chain(checks.iter_mut()) {
         (r.predicted_peak, r.predicted_ms) = model.predict(&r.knobs, r.batch);
     }
