@@ -195,11 +195,7 @@ where
     }
 
     fn accounted(&self) -> Accounted {
-        Accounted {
-            parameters: parameter_bytes(&self.model),
-            optimizer_state: self.stepper.optimizer.state_bytes(),
-            ..Default::default()
-        }
+        self.stepper.accounted(&self.model)
     }
 
     fn step(&mut self, observer: &mut dyn StepObserver) -> Result<StepRecord, TrainError> {
@@ -255,12 +251,7 @@ where
     }
 
     fn tensors(&self) -> Vec<NamedTensor> {
-        let mut t: Vec<NamedTensor> = vramfit::params::describe(&self.model)
-            .into_iter()
-            .map(|p| NamedTensor::new(p.path.clone(), p.bytes(), Category::Parameters))
-            .collect();
-        t.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.name.cmp(&b.name)));
-        t
+        vramfit::params::named_tensors(&self.model)
     }
 
     fn advice(&self, report: &MemoryReport) -> Vec<String> {
@@ -307,11 +298,7 @@ where
 
     fn device_failure(error: &TrainError) -> Option<DeviceFailure> {
         match error {
-            TrainError::Step(StepError::Device { step, reason }) => Some(DeviceFailure {
-                step: *step,
-                phase: "step".into(),
-                message: reason.clone(),
-            }),
+            TrainError::Step(e) => e.device_failure(),
             _ => None,
         }
     }

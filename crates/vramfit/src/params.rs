@@ -73,6 +73,16 @@ pub fn describe<B: Backend, M: Module<B>>(module: &M) -> Vec<ParamInfo> {
     w.1
 }
 
+/// A module's parameters as the profiler's named tensors, largest first.
+pub fn named_tensors<B: Backend, M: Module<B>>(module: &M) -> Vec<crate::profile::NamedTensor> {
+    let mut t: Vec<_> = describe(module)
+        .into_iter()
+        .map(|p| crate::profile::NamedTensor::new(p.path.clone(), p.bytes(), crate::profile::Category::Parameters))
+        .collect();
+    t.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.name.cmp(&b.name)));
+    t
+}
+
 /// Parameter values as f32 (exact for f16/bf16), by path, with shape and stored type.
 pub type Snapshot = BTreeMap<String, (Vec<usize>, DType, Vec<f32>)>;
 

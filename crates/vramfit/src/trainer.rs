@@ -19,7 +19,7 @@ use crate::optim::{AdamConfig, AdamSnapshot, ModuleAdam};
 use crate::params::{Snapshot, describe, restore, snapshot};
 use crate::plan::{Knobs, Measured, Plannable, Space, measure_run};
 use crate::precision::{Autocast, LossScaler, Precision, ScalerConfig, ScalerState};
-use crate::profile::{Accounted, Category, DeviceMemory, MemoryReport, MemorySource, NamedTensor};
+use crate::profile::{Accounted, DeviceMemory, MemoryReport, MemorySource, NamedTensor};
 use crate::run::{ArrayFile, Cadence, DeviceFailure, Finished, RunStats, StepRecord, Workload};
 use crate::step::{StepError, StepObserver, Stepper, Trainable};
 use crate::storage::{StoragePolicy, parameter_bytes};
@@ -272,11 +272,7 @@ where
         self.stepper.attempts >= self.schedule.steps
     }
     fn accounted(&self) -> Accounted {
-        Accounted {
-            parameters: parameter_bytes(&self.model),
-            optimizer_state: self.stepper.optimizer.state_bytes(),
-            ..Default::default()
-        }
+        self.stepper.accounted(&self.model)
     }
     fn step(&mut self, observer: &mut dyn StepObserver) -> Result<StepRecord, TrainerError> {
         let step = self.stepper.attempts + 1;
@@ -302,23 +298,14 @@ where
         Ok(())
     }
     fn tensors(&self) -> Vec<NamedTensor> {
-        let mut t: Vec<NamedTensor> = describe(&self.model)
-            .into_iter()
-            .map(|p| NamedTensor::new(p.path.clone(), p.bytes(), Category::Parameters))
-            .collect();
-        t.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.name.cmp(&b.name)));
-        t
+        crate::params::named_tensors(&self.model)
     }
     fn advice(&self, _: &MemoryReport) -> Vec<String> {
         vec!["plan it into a budget: vramfit::plan::calibrate with a TrainerTarget, then Calibration::choose".into()]
     }
     fn device_failure(error: &TrainerError) -> Option<DeviceFailure> {
         match error {
-            TrainerError::Step(StepError::Device { step, reason }) => Some(DeviceFailure {
-                step: *step,
-                phase: "step".into(),
-                message: reason.clone(),
-            }),
+            TrainerError::Step(e) => e.device_failure(),
             _ => None,
         }
     }

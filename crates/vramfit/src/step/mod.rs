@@ -141,6 +141,20 @@ pub enum StepError {
 /// Below this the f16 loss scale cannot rescue anything (f16's smallest subnormal is 2⁻²⁴).
 const MIN_SCALE: f64 = 1.0 / (1u64 << 24) as f64;
 
+impl StepError {
+    /// The device failure this is, for the run driver's out-of-memory report.
+    pub fn device_failure(&self) -> Option<crate::run::DeviceFailure> {
+        match self {
+            Self::Device { step, reason } => Some(crate::run::DeviceFailure {
+                step: *step,
+                phase: "step".into(),
+                message: reason.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// The composed training step.
 pub struct Stepper<B: AutodiffBackend> {
     /// Precision policy.
@@ -160,6 +174,15 @@ pub struct Stepper<B: AutodiffBackend> {
 }
 
 impl<B: AutodiffBackend> Stepper<B> {
+    /// What `model` and the optimiser hold between steps.
+    pub fn accounted<M: burn::module::Module<B>>(&self, model: &M) -> Accounted {
+        Accounted {
+            parameters: parameter_bytes(model),
+            optimizer_state: self.optimizer.state_bytes(),
+            ..Default::default()
+        }
+    }
+
     /// The summed gradients of `batch`'s micro-batches, each micro-batch's
     /// mean loss multiplied by `scale / k`, and the summed multiplied losses.
     pub fn gradients<M: Trainable<B, D>, const D: usize>(
