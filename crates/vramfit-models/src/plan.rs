@@ -3,15 +3,13 @@
 //! run driver, the settings a plan gives, and a planned run that falls
 //! back to the next plan when the device still runs out of memory.
 
-use std::ops::ControlFlow;
-use std::path::PathBuf;
-
 use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
-use vramfit::plan::{Fallback, Knobs, Measured, Plannable, Space, measure_run, with_fallback};
+use std::ops::ControlFlow;
+use vramfit::plan::{Knobs, Measured, Plannable, Planned, PlannedRun, Space, measure_run};
 use vramfit::precision::Precision;
 use vramfit::profile::DeviceMemory;
-use vramfit::run::{Event, FailAt, RunError, RunPath, RunSummary, Start, atomic_write};
+use vramfit::run::{Event, RunError, RunPath};
 use vramfit::step::StepError;
 
 use crate::config::TrainConfig;
@@ -105,22 +103,10 @@ where
     }
 }
 
-/// How a planned run went.
-pub struct Planned {
-    /// The run directory.
-    pub dir: PathBuf,
-    /// Its summary (`None`: the observer stopped it).
-    pub summary: Option<RunSummary<TrainSummary>>,
-    /// Plans that ran out of memory, and which took over.
-    pub fallbacks: Vec<Fallback>,
-}
-
 /// Runs `plans[0]` into `out` (writing `plan` as `plan.json` beside the
-/// settings); when the device runs out of memory, rewrites the run's
-/// settings to the next plan and resumes from the last checkpoint, so the
-/// steps since it are run again under the new plan and none is missing
-/// from the run. `simulate_oom_at` makes plan 0 fail at that step with
-/// the backend's out-of-memory words (a test seam, as [`FailAt`]).
+/// settings) and falls back to the next plans on an out-of-memory
+/// ([`PlannedRun`]). `simulate_oom_at` makes plan 0 fail at that step with
+/// the backend's out-of-memory words (a test seam, as [`vramfit::run::FailAt`]).
 pub fn run_planned<B>(
     plans: &[TrainConfig],
     out: RunPath,
@@ -128,75 +114,28 @@ pub fn run_planned<B>(
     device: &B::Device,
     device_name: &str,
     simulate_oom_at: Option<u64>,
-    mut observe: impl FnMut(Event) -> ControlFlow<()>,
-) -> Result<Planned, TrainError>
+    observe: impl FnMut(Event) -> ControlFlow<()>,
+) -> Result<Planned<TrainSummary>, TrainError>
 where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
 {
-    let mut dir: Option<PathBuf> = None;
-    let mut record = plan.clone();
-    let result = with_fallback(
-        plans.len(),
-        |i, resumed| {
-            let start = match (&dir, resumed) {
-                (Some(d), true) => {
-                    // The next plan's settings replace the failed one's; the
-                    // checkpoints hold parameters and moments, which every
-                    // plan of the same model reads.
-                    let path = d.join("config.toml");
-                    atomic_write(&path, plans[i].to_toml().as_bytes()).map_err(|e| RunError::Write {
-                        path: path.clone(),
-                        why: e.to_string(),
-                    })?;
-                    record["running"] = serde_json::json!(i);
-                    let _ = atomic_write(
-                        &d.join("plan.json"),
-                        &serde_json::to_vec_pretty(&record).unwrap_or_default(),
-                    );
-                    Start::Resume(d.clone())
-                }
-                _ => Start::New(plans[i].clone(), out.clone()),
-            };
-            let (run, workload) = launch::<B>(start, device, device_name)?;
-            if !resumed {
-                record["running"] = serde_json::json!(i);
-                run.dir()
-                    .write("plan.json", &serde_json::to_vec_pretty(&record).unwrap_or_default())
-                    .map_err(RunError::from)?;
-                dir = Some(run.dir().root().to_path_buf());
-            }
-            Ok(match simulate_oom_at.filter(|_| i == 0) {
-                Some(step) => run.drive(
-                    FailAt {
-                        inner: workload,
-                        step,
-                        fail: |step| {
-                            TrainError::Step(StepError::Device {
-                                step,
-                                reason: "simulated: out of memory (the planner's fallback test seam)".into(),
-                            })
-                        },
-                    },
-                    &mut observe,
-                )?,
-                None => run.drive(workload, &mut observe)?,
+    PlannedRun {
+        plans,
+        to_toml: TrainConfig::to_toml,
+        out,
+        record: plan.clone(),
+        simulate_oom_at,
+        oom: |step| {
+            TrainError::Step(StepError::Device {
+                step,
+                reason: "simulated: out of memory (the planner's fallback test seam)".into(),
             })
         },
-        |e| matches!(e, TrainError::Run(RunError::OutOfMemory(_))),
-    );
-    let (summary, fallbacks) = result?;
-    let dir = dir.expect("the first attempt created the run directory");
-    if !fallbacks.is_empty() {
-        record["fallbacks"] = serde_json::json!(fallbacks);
-        let _ = atomic_write(
-            &dir.join("plan.json"),
-            &serde_json::to_vec_pretty(&record).unwrap_or_default(),
-        );
     }
-    Ok(Planned {
-        dir,
-        summary,
-        fallbacks,
-    })
+    .run(
+        |start| launch::<B>(start, device, device_name),
+        |e| matches!(e, TrainError::Run(RunError::OutOfMemory(_))),
+        observe,
+    )
 }

@@ -31,6 +31,7 @@ pub mod init;
 pub mod job;
 pub mod op;
 pub mod picture;
+pub mod plan;
 pub mod sample;
 
 pub use error::SplatError;

@@ -173,6 +173,13 @@ pub trait FusedLoss: SplatBackend {
     /// Bytes the target takes on the device.
     fn fused_target_bytes(target: &Self::Target) -> u64;
 
+    /// The band heights (`band_rows`) worth probing for an image of this
+    /// size, ascending; `[0]` (automatic) where the backend does not render
+    /// in bands, so that its memory has no band knob.
+    fn fused_band_rungs(_width: usize, _height: usize) -> Vec<usize> {
+        vec![0]
+    }
+
     /// The most scratch the loss has held at once so far, in device bytes
     /// (the workspace it declares; 0 where its scratch is ordinary heap
     /// memory that the counting allocator measures).

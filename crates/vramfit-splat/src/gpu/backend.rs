@@ -107,6 +107,10 @@ macro_rules! cube_fused_loss {
                 target.target_bytes()
             }
 
+            fn fused_band_rungs(width: usize, height: usize) -> Vec<usize> {
+                crate::gpu::engine::band_rungs(width, height, crate::picture::CHANNELS)
+            }
+
             fn fused_workspace_bytes(target: &Self::Target) -> u64 {
                 target.workspace_bytes()
             }

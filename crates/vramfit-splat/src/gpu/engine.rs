@@ -133,6 +133,22 @@ pub fn band_rows(width: usize, height: usize, channels: usize, requested: usize)
     rows.div_ceil(tile).max(1).min(height.div_ceil(tile).max(1)) * tile
 }
 
+/// The largest single buffer a band may take in the planner's band
+/// heights: wgpu's default limit on a buffer binding (256 MiB), the
+/// strictest runtime vramfit builds for.
+const MOST_BUFFER_BYTES: usize = 256 << 20;
+
+/// Band heights for the planner: 16, 32, 64, … rows, up to the image's
+/// height or the tallest band whose largest buffer (five statistics planes
+/// over the band and its halo) stays within [`MOST_BUFFER_BYTES`].
+pub fn band_rungs(width: usize, height: usize, channels: usize) -> Vec<usize> {
+    let tile = TILE as usize;
+    let per_row = 5 * width * channels * 4;
+    let by_buffer = (MOST_BUFFER_BYTES / per_row.max(1)).saturating_sub(4 * R) / tile * tile;
+    let most = (height.div_ceil(tile) * tile).min(by_buffer.max(tile));
+    vramfit::plan::ladder::doubling(tile, most, tile)
+}
+
 /// The tile lists of one band: `offsets` (per tile, plus the total) and `ids`.
 struct Binning {
     offsets: Scratch,
@@ -342,7 +358,8 @@ impl<R: Runtime> Lean<R> {
         if p.n == 0 || out.is_empty() {
             return Ok(out);
         }
-        let rows = band_rows(w, h, c, 0);
+        // The fit's band height where it is lower (a planned band bounds every pass).
+        let rows = band_rows(w, h, c, 0).min(self.band_rows);
         let (conic, rect) = self.project(p, frame);
         let tile = TILE as usize;
         for y0 in (0..h).step_by(rows) {

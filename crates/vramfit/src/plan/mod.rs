@@ -26,17 +26,27 @@
 //!    out of memory falls back to the next plan from its last checkpoint
 //!    ([`with_fallback`]).
 //!
+//! A workload whose memory knob is one ordered setting (the splat fit's
+//! band height) is planned by [`ladder`] instead: every rung of a doubling
+//! ladder is measured, because a paged allocator makes its peak a step
+//! function. Both kinds of plan run through [`PlannedRun`], which falls
+//! back on an out-of-memory.
+//!
 //! Budgets are in the backend's OOM-deciding figure: heap bytes of the
 //! process on the CPU (the counting allocator), the allocator's reserved
 //! bytes on CubeCL (wgpu, CUDA).
 
 pub mod chain;
 mod choose;
+pub mod ladder;
 mod model;
+mod planned;
 mod probe;
 
 pub use choose::{Choice, Plan, PlanError, Preset, presets};
+pub use ladder::{Ladder, LadderCalibration, LadderChoice, LadderPreset, Rung, calibrate_ladder};
 pub use model::{Delta, Model, ProbeRecord};
+pub use planned::{Planned, PlannedRun};
 pub use probe::measure_run;
 
 use serde::{Deserialize, Serialize};

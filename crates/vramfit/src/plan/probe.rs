@@ -48,7 +48,7 @@ pub fn measure_run<W: Workload>(workload: W) -> Result<Measured, String> {
 }
 
 /// The largest OOM-deciding figure inside the step's forward and backward
-/// phases, and inside every other phase (between steps, optimiser, final
+/// phases (one fused phase in the splat fit), and inside every other phase (between steps, optimiser, final
 /// files), from the probe's memory report (every step is recorded).
 fn phase_peaks(path: &std::path::Path, headline: u64) -> Result<(u64, u64), String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -58,7 +58,7 @@ fn phase_peaks(path: &std::path::Path, headline: u64) -> Result<(u64, u64), Stri
     for r in &report.records {
         let figure = if reserved { r.peak_reserved } else { r.peak_in_use };
         let figure = figure.unwrap_or(0);
-        if matches!(r.phase.as_str(), "forward" | "backward") {
+        if matches!(r.phase.as_str(), "forward" | "backward" | "forward_backward") {
             step = step.max(figure);
         } else {
             rest = rest.max(figure);
