@@ -15,6 +15,7 @@ mod bench;
 mod device;
 mod plan;
 mod plan_bench;
+mod plan_splat;
 mod runs;
 mod train;
 
@@ -100,6 +101,29 @@ enum Command {
 
 #[derive(clap::Args)]
 struct FitArgs {
+    #[command(flatten)]
+    settings: FitSettings,
+    /// Plan the fit into this memory budget first (6GiB, 512MiB, 1.5GB, bytes, or
+    /// auto: free memory): the planner sets the band height (band_rows).
+    #[arg(long)]
+    budget: Option<String>,
+    /// Run directory (default: the next free runs/fit-NNN).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Continue the run in RUN_DIR from its last checkpoint.
+    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["image", "gaussians", "steps", "seed", "out", "config", "set", "budget"])]
+    resume: Option<PathBuf>,
+    /// Device: cpu; cuda or wgpu in a build with that feature (`--features cuda`, `--features wgpu`).
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Test seam: with --budget, the first plan fails at this step as an out-of-memory would.
+    #[arg(long, hide = true, requires = "budget")]
+    simulate_oom_at: Option<u64>,
+}
+
+/// A fit's settings as flags (shared by `fit` and `plan splat`).
+#[derive(clap::Args)]
+pub(crate) struct FitSettings {
     /// PNG or JPEG to fit.
     image: Option<PathBuf>,
     /// Final number of Gaussians (e.g. 20000 or 2e4).
@@ -111,21 +135,12 @@ struct FitArgs {
     /// Seed of every random choice.
     #[arg(long)]
     seed: Option<u64>,
-    /// Run directory (default: the next free runs/fit-NNN).
-    #[arg(long)]
-    out: Option<PathBuf>,
     /// TOML file of settings (keys as in a run's config.toml); flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Override one setting, KEY=VALUE with a key of config.toml (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
-    /// Continue the run in RUN_DIR from its last checkpoint.
-    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["image", "gaussians", "steps", "seed", "out", "config", "set"])]
-    resume: Option<PathBuf>,
-    /// Device: cpu; cuda or wgpu in a build with that feature (`--features cuda`, `--features wgpu`).
-    #[arg(long, default_value = "cpu")]
-    device: String,
 }
 
 fn parse_size(s: &str) -> Result<(u32, u32), String> {
@@ -191,7 +206,7 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 /// Resolves defaults ← config file ← flags.
-fn resolve(args: &FitArgs) -> Result<FitConfig> {
+pub(crate) fn resolve(args: &FitSettings) -> Result<FitConfig> {
     let mut c = match &args.config {
         Some(path) => FitConfig::load(path)?,
         None => FitConfig::default(),
@@ -202,7 +217,13 @@ fn resolve(args: &FitArgs) -> Result<FitConfig> {
     c.gaussians = args.gaussians.unwrap_or(c.gaussians);
     c.steps = args.steps.unwrap_or(c.steps);
     c.seed = args.seed.unwrap_or(c.seed);
-    apply_sets(c, &args.set)
+    let c = apply_sets(c, &args.set)?;
+    if c.image != BUILTIN_SAMPLE
+        && let Ok(true) = Picture::has_alpha(Path::new(&c.image))
+    {
+        eprintln!("note: {} has an alpha channel; it is ignored (fitted as RGB)", c.image);
+    }
+    Ok(c)
 }
 
 /// Applies `--set KEY=VALUE` overrides; an error names the argument.
@@ -211,20 +232,15 @@ fn apply_sets(c: FitConfig, sets: &[String]) -> Result<FitConfig> {
 }
 
 fn fit(args: FitArgs) -> Result<()> {
+    if let Some(budget) = &args.budget {
+        let budget = plan::Budget::parse(budget, &args.device)?;
+        let config = resolve(&args.settings)?;
+        let out = run_path(&args.out, "fit");
+        return plan_splat::fit_planned(config, budget, out, &args.device, args.simulate_oom_at);
+    }
     let start = match &args.resume {
         Some(dir) => Start::Resume(dir.clone()),
-        None => {
-            let config = resolve(&args)?;
-            if config.image != BUILTIN_SAMPLE
-                && let Ok(true) = Picture::has_alpha(Path::new(&config.image))
-            {
-                eprintln!(
-                    "note: {} has an alpha channel; it is ignored (fitted as RGB)",
-                    config.image
-                );
-            }
-            Start::New(config, run_path(&args.out, "fit"))
-        }
+        None => Start::New(resolve(&args.settings)?, run_path(&args.out, "fit")),
     };
     runs::run(&args.device, runs::Launch::Fit(start))
 }

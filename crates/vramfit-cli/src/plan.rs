@@ -19,6 +19,8 @@ use crate::device::{OnBackend, on_device};
 pub enum Which {
     /// Plan the transformer (same settings flags as `vramfit train transformer`).
     Transformer(PlanArgs),
+    /// Plan a splat fit's band height (same settings flags as `vramfit fit`).
+    Splat(crate::plan_splat::SplatPlanArgs),
 }
 
 #[derive(clap::Args)]
@@ -74,27 +76,12 @@ impl Budget {
 }
 
 pub fn run(which: Which) -> Result<()> {
-    let Which::Transformer(args) = which;
+    let args = match which {
+        Which::Transformer(args) => args,
+        Which::Splat(args) => return crate::plan_splat::run(args),
+    };
     let config = crate::train::resolve(&args.settings)?;
-    let budget = args
-        .budget
-        .as_deref()
-        .map(|b| Budget::parse(b, &args.device))
-        .transpose()?;
-    if budget.is_none() && args.gpus.is_empty() {
-        bail!("give --budget (e.g. --budget 6GiB) or --gpus (e.g. --gpus 8,16,24,48,80), or both");
-    }
-    let gpus: Vec<u64> = args
-        .gpus
-        .iter()
-        .map(|g| {
-            if g.is_finite() && *g > 0.0 {
-                Ok((g * (1u64 << 30) as f64) as u64)
-            } else {
-                bail!("--gpus {g}: card sizes are positive numbers of GiB, e.g. 8,16,24")
-            }
-        })
-        .collect::<Result<_>>()?;
+    let (budget, gpus) = budget_and_cards(args.budget.as_deref(), &args.gpus, &args.device)?;
     on_device(
         &args.device,
         PlanJob {
@@ -105,6 +92,70 @@ pub fn run(which: Which) -> Result<()> {
             json: args.json,
         },
     )
+}
+
+/// `--budget` and `--gpus` (GiB) read, at least one given; cards in bytes, each once.
+pub(crate) fn budget_and_cards(budget: Option<&str>, gpus: &[f64], device: &str) -> Result<(Option<Budget>, Vec<u64>)> {
+    let budget = budget.map(|b| Budget::parse(b, device)).transpose()?;
+    if budget.is_none() && gpus.is_empty() {
+        bail!("give --budget (e.g. --budget 6GiB) or --gpus (e.g. --gpus 8,16,24,48,80), or both");
+    }
+    let mut cards: Vec<u64> = gpus
+        .iter()
+        .map(|g| {
+            if g.is_finite() && *g > 0.0 {
+                Ok((g * (1u64 << 30) as f64) as u64)
+            } else {
+                bail!("--gpus {g}: card sizes are positive numbers of GiB, e.g. 8,16,24")
+            }
+        })
+        .collect::<Result<_>>()?;
+    cards.sort_unstable();
+    cards.dedup();
+    Ok((budget, cards))
+}
+
+/// Refuses a `--json` path whose folder does not exist, before any probe.
+pub(crate) fn check_json_folder(json: Option<&std::path::Path>) -> Result<()> {
+    if let Some(dir) = json.and_then(|j| j.parent()).filter(|d| !d.as_os_str().is_empty())
+        && !dir.is_dir()
+    {
+        bail!(
+            "--json: the folder {} does not exist (nothing was probed)",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Refuses an existing `--out`, before any probe.
+pub(crate) fn check_new_out(out: &RunPath) -> Result<()> {
+    if let RunPath::At(dir) = out
+        && dir.exists()
+    {
+        bail!(
+            "{} already exists: give --out a new directory (nothing was probed)",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// Prints the run's peak against the budget; an error when it went over.
+pub(crate) fn check_within(peak: u64, budget: u64, dir: &std::path::Path) -> Result<()> {
+    println!(
+        "  budget {budget} bytes: peak {peak} bytes ({}); plan in {}",
+        if peak <= budget { "within" } else { "OVER" },
+        dir.join("plan.json").display()
+    );
+    if peak > budget {
+        bail!(
+            "the run's peak, {peak} bytes, went over the budget of {budget} bytes by {:.1} %: the run finished and \
+             its directory is kept, but the plan did not hold; plan with a larger budget",
+            (peak as f64 / budget as f64 - 1.0) * 100.0
+        );
+    }
+    Ok(())
 }
 
 struct PlanJob {
@@ -123,18 +174,7 @@ impl OnBackend for PlanJob {
         B: AutodiffBackend + SplatBackend,
         B::InnerBackend: FusedLoss + DeviceMemory,
     {
-        if let Some(dir) = self
-            .json
-            .as_ref()
-            .and_then(|j| j.parent())
-            .filter(|d| !d.as_os_str().is_empty())
-            && !dir.is_dir()
-        {
-            bail!(
-                "--json: the folder {} does not exist (nothing was probed)",
-                dir.display()
-            );
-        }
+        check_json_folder(self.json.as_deref())?;
         let mut target = TransformerTarget::<B>::new(self.config.clone(), device)?;
         let cal = probe(&mut target, self.probe_batch, &name)?;
         let mut out = serde_json::json!({ "device": name, "calibration": cal });
@@ -144,7 +184,7 @@ impl OnBackend for PlanJob {
             print_verified(&choice, &verified);
             println!(
                 "to run it: vramfit train transformer {}{}",
-                own_flags(),
+                own_flags("transformer"),
                 flags(&apply(
                     &self.config,
                     &choice.plans[0].knobs,
@@ -354,10 +394,10 @@ const NOT_PASSED_ON: [&str; 14] = [
     "--out",
 ];
 
-/// The arguments this `plan transformer` was given that `train transformer`
-/// needs too (shape, settings file, steps, seed, `--set`), each followed by a space.
-fn own_flags() -> String {
-    let args: Vec<String> = std::env::args().skip_while(|a| a != "transformer").skip(1).collect();
+/// The arguments this `plan WORKLOAD` was given that the run needs too
+/// (image, shape, settings file, steps, seed, `--set`), each followed by a space.
+pub(crate) fn own_flags(workload: &str) -> String {
+    let args: Vec<String> = std::env::args().skip_while(|a| a != workload).skip(1).collect();
     let mut out = String::new();
     let mut i = 0;
     while i < args.len() {
@@ -453,14 +493,7 @@ impl OnBackend for PlannedRun {
         B: AutodiffBackend + SplatBackend,
         B::InnerBackend: FusedLoss + DeviceMemory,
     {
-        if let RunPath::At(dir) = &self.out
-            && dir.exists()
-        {
-            bail!(
-                "{} already exists: give --out a new directory (nothing was probed)",
-                dir.display()
-            );
-        }
+        check_new_out(&self.out)?;
         let overridden = technique_flags();
         if !overridden.is_empty() {
             eprintln!(
@@ -523,22 +556,6 @@ impl OnBackend for PlannedRun {
         };
         crate::runs::print_transformer(&summary);
         crate::runs::print_common(&summary, &planned.dir);
-        let peak = summary.peak_memory_bytes.unwrap_or(0);
-        println!(
-            "  budget {} bytes: peak {} bytes ({}); plan in {}",
-            self.budget.bytes,
-            peak,
-            if peak <= self.budget.bytes { "within" } else { "OVER" },
-            planned.dir.join("plan.json").display()
-        );
-        if peak > self.budget.bytes {
-            bail!(
-                "the run's peak, {peak} bytes, went over the budget of {} bytes by {:.1} %: the run finished and \
-                 its directory is kept, but the plan did not hold; plan with a larger budget",
-                self.budget.bytes,
-                (peak as f64 / self.budget.bytes as f64 - 1.0) * 100.0
-            );
-        }
-        Ok(())
+        check_within(summary.peak_memory_bytes.unwrap_or(0), self.budget.bytes, &planned.dir)
     }
 }

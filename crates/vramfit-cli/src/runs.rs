@@ -127,7 +127,7 @@ pub fn progress() -> impl FnMut(Event) -> ControlFlow<()> {
     }
 }
 
-fn print_fit(s: &RunSummary<vramfit_splat::job::Summary>, resumed: bool) {
+pub(crate) fn print_fit(s: &RunSummary<vramfit_splat::job::Summary>, resumed: bool) {
     let f = &s.workload;
     let image = if f.image == BUILTIN_SAMPLE {
         "built-in sample (astronaut)".to_string()

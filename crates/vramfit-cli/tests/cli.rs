@@ -945,3 +945,45 @@ fn planning_fits_the_budget_names_one_that_works_and_falls_back() {
     assert_eq!(record["running"], 1);
     assert_eq!(record["fallbacks"].as_array().unwrap().len(), 1);
 }
+
+#[test]
+fn planning_a_fit_names_a_budget_that_works_and_runs_within_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    assert!(run(&["sample", "--size", "64x48", "in.png"], dir).status.success());
+    let small = ["in.png", "--gaussians", "60", "--steps", "8", "--set", "frame_every=0"];
+    let with = |first: &[&str], extra: &[&str]| {
+        let mut args = first.to_vec();
+        args.extend_from_slice(&small);
+        args.extend_from_slice(extra);
+        run(&args, dir)
+    };
+    let o = with(&["plan", "splat"], &["--budget", "64KiB"]);
+    assert!(!o.status.success(), "64 KiB cannot hold a fit");
+    let msg = stderr(&o);
+    assert!(msg.contains("band_rows = 0"), "the leanest plan is named: {msg}");
+    let works: String = msg
+        .split("--budget ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no budget named: {msg}"))
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    let o = with(&["fit"], &["--budget", &works, "--out", "planned"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("within"), "{out}");
+    let plan: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("planned/plan.json")).unwrap()).unwrap();
+    assert_eq!(plan["budget_bytes"].as_u64().unwrap().to_string(), works);
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("planned/summary.json")).unwrap()).unwrap();
+    assert!(summary["peak_memory_bytes"].as_u64().unwrap() <= works.parse::<u64>().unwrap());
+    // An existing --out is refused before probing.
+    let o = with(&["fit"], &["--budget", &works, "--out", "planned"]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("already exists"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -191,3 +191,55 @@ fn check_kernels_passes_on_wgpu_and_cpu_is_refused() {
     let o = run(&["check-kernels", "--device", "cpu"], tmp.path());
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--device cuda or wgpu"));
 }
+
+#[test]
+fn a_planned_wgpu_fit_takes_a_band_that_fits_and_falls_back_on_out_of_memory() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    ok(&run(&["sample", "--size", "512x256", "in.png"], d));
+    let text = ok(&run(
+        &[
+            "fit",
+            "in.png",
+            "--device",
+            "wgpu",
+            "--gaussians",
+            "800",
+            "--steps",
+            "8",
+            "--budget",
+            "1GiB",
+            "--set",
+            "checkpoint_every=2",
+            "--set",
+            "frame_every=0",
+            "--out",
+            "planned",
+            "--simulate-oom-at",
+            "4",
+        ],
+        d,
+    ));
+    assert!(text.contains("fell back from plan 1 to plan 2"), "{text}");
+    let plan = json(&d.join("planned/plan.json"));
+    assert_eq!(plan["running"], 1);
+    let bands: Vec<u64> = plan["plans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["value"].as_u64().unwrap())
+        .collect();
+    assert!(bands.len() >= 2 && bands.windows(2).all(|w| w[1] < w[0]), "{bands:?}");
+    let config = std::fs::read_to_string(d.join("planned/config.toml")).unwrap();
+    assert!(config.contains(&format!("band_rows = {}", bands[1])), "{config}");
+    let steps: Vec<u64> = std::fs::read_to_string(d.join("planned/metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(steps, (1..=8).collect::<Vec<_>>(), "every step once");
+}
