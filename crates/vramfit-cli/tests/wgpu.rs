@@ -213,6 +213,8 @@ fn a_planned_wgpu_fit_takes_a_band_that_fits_and_falls_back_on_out_of_memory() {
             "checkpoint_every=2",
             "--set",
             "frame_every=0",
+            "--set",
+            "log_every=1",
             "--out",
             "planned",
             "--simulate-oom-at",
