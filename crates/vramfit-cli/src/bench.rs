@@ -38,6 +38,8 @@ pub enum Which {
     /// The planner on the transformer: predicted vs measured peaks at budgets
     /// from infeasible to ample, the chosen plan against an exhaustive sweep.
     Plan(crate::plan_bench::Args),
+    /// The band-height planner against a sweep of every band height on the splat fit.
+    PlanSplat(crate::plan_bench_splat::Args),
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -51,6 +53,7 @@ pub fn run(which: Which) -> Result<()> {
             out,
         } => splat(image, gaussians, steps, &set, &device, out),
         Which::Plan(args) => crate::plan_bench::run(args),
+        Which::PlanSplat(args) => crate::plan_bench_splat::run(args),
     }
 }
 

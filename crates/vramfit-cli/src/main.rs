@@ -15,6 +15,7 @@ mod bench;
 mod device;
 mod plan;
 mod plan_bench;
+mod plan_bench_splat;
 mod plan_splat;
 mod runs;
 mod train;

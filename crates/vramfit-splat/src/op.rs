@@ -232,7 +232,9 @@ impl HostTarget {
     pub fn loss_and_grads(&self, splats: &Splats<f32>, ssim_weight: f64) -> (LossParts, SplatGrads<f32>) {
         let (w, h) = (self.width, self.height);
         let frame = Frame::new(w, h);
-        let x = cpu::render::render(splats, &frame, self.top_k);
+        // The forward's selection is kept for the backward (8·K bytes per pixel):
+        // selecting again would double the step's main cost.
+        let (x, kept) = cpu::render::render_keeping(splats, &frame, self.top_k);
         let parts = self.parts(&x);
         let mut d = cpu::ssim::ssim_backward(&x, &self.data, h, w, CHANNELS, -(ssim_weight as f32));
         // d|x − y|/dx = sign(x − y), 0 at equality; the mean divides by the count.
@@ -243,7 +245,8 @@ impl HostTarget {
                 *di += l1_scale * diff.signum();
             }
         }
-        (parts, cpu::render::render_backward(splats, &frame, self.top_k, &d))
+        drop(x);
+        (parts, cpu::render::render_backward_kept(splats, &frame, &kept, &d))
     }
 
     fn render(&self, params: &HostParams, frame: &Frame) -> Vec<f32> {

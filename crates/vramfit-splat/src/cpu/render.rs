@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 
 use super::Real;
-use super::project::{Binned, Frame, TILE, project_and_bin, project_one_backward};
+use super::project::{Binned, Frame, Projected, TILE, project_and_bin, project_one_backward};
 
 /// Largest supported top-K (the selection lives on the stack).
 pub const MAX_TOP_K: usize = 32;
@@ -67,11 +67,21 @@ pub struct TileCandidates<F> {
 }
 
 impl<F: Real> TileCandidates<F> {
-    /// Gathers tile `tile`'s Gaussians (reusing the buffers).
-    pub fn gather(&mut self, binned: &Binned<F>, tile: usize) {
-        let ids = binned.tile(tile);
+    /// Gathers tile `tile`'s Gaussians (reusing the buffers), without those
+    /// that no pixel of the tile can select ([`tile_survivors`]), in their
+    /// binned order: every pixel's selection is the one from all of them.
+    pub fn gather(&mut self, binned: &Binned<F>, frame: &Frame, tile: usize, top_k: usize) {
+        let all = binned.tile(tile);
         self.ids.clear();
-        self.ids.extend_from_slice(ids);
+        if all.len() > PRUNE_FROM * top_k {
+            let (tx, ty) = (tile % frame.tiles_x(), tile / frame.tiles_x());
+            let bx = (tx * TILE, ((tx + 1) * TILE).min(frame.width));
+            let by = (ty * TILE, ((ty + 1) * TILE).min(frame.height));
+            tile_survivors(&binned.projected, all, bx, by, top_k, &mut self.ids);
+        } else {
+            self.ids.extend_from_slice(all);
+        }
+        let ids = &self.ids;
         let pick = |dst: &mut Vec<F>, f: &dyn Fn(usize) -> F| {
             dst.clear();
             dst.extend(ids.iter().map(|&i| f(i as usize)));
@@ -84,42 +94,118 @@ impl<F: Real> TileCandidates<F> {
         pick(&mut self.c, &|i| p[i].c);
     }
 
-    /// Offset `d = centre − p` of candidate `slot` from pixel centre `(px, py)`.
-    #[inline]
-    fn offset(&self, slot: usize, px: F, py: F) -> (F, F) {
-        (self.cx[slot] - px, self.cy[slot] - py)
-    }
-
     /// Top-K for the pixel `(x, y)` (which must lie in the gathered tile).
-    /// `scratch` holds the candidates' σ: computing them all first is a
-    /// loop the compiler vectorises; the selection scan then rarely branches.
+    /// The candidates' σ are computed a chunk at a time into `scratch` (a
+    /// loop the compiler vectorises), and a chunk is scanned one by one
+    /// only when one of its σ can enter the selection: once K are held,
+    /// most chunks have none, and the per-candidate branch was the cost.
+    /// The candidates are offered in the same order as a plain scan, so
+    /// the selection is the same.
     #[inline]
     pub fn select(&self, top_k: usize, x: usize, y: usize, scratch: &mut Vec<F>) -> TopK<F> {
         let (px, py) = (F::c(x as f64 + 0.5), F::c(y as f64 + 0.5));
         let half = F::c(0.5);
+        let n = self.cx.len();
         scratch.clear();
-        scratch.extend(
-            self.cx
-                .iter()
-                .zip(&self.cy)
-                .zip(self.a.iter().zip(&self.b).zip(&self.c))
-                .map(|((cx, cy), ((a, b), c))| {
-                    let dx = *cx - px;
-                    let dy = *cy - py;
-                    half * *a * dx * dx + half * *c * dy * dy + *b * dx * dy
-                }),
-        );
+        scratch.resize(n.next_multiple_of(CHUNK), F::infinity());
+        for (((((s, cx), cy), a), b), c) in scratch
+            .iter_mut()
+            .zip(&self.cx)
+            .zip(&self.cy)
+            .zip(&self.a)
+            .zip(&self.b)
+            .zip(&self.c)
+        {
+            let dx = *cx - px;
+            let dy = *cy - py;
+            *s = half * *a * dx * dx + half * *c * dy * dy + *b * dx * dy;
+        }
         let mut top = TopK::new();
         let mut bound = F::infinity();
-        for (slot, &sigma) in scratch.iter().enumerate() {
-            // `sigma < bound` is false for NaN; infinite σ has zero weight.
-            if sigma < bound && sigma >= F::zero() && sigma.is_finite() {
-                top.offer(top_k, sigma, slot as u32);
-                bound = top.bound(top_k);
+        for (chunk_index, chunk) in scratch.chunks_exact(CHUNK).enumerate() {
+            // Branch-free: any σ below the bound (false for NaN and for +∞ when not full).
+            let hit = chunk.iter().fold(false, |any, s| any | (*s < bound));
+            if !hit {
+                continue;
+            }
+            for (j, &sigma) in chunk.iter().enumerate() {
+                // Infinite σ has zero weight; a rounding-negative σ is not a weight above 1.
+                if sigma < bound && sigma >= F::zero() && sigma.is_finite() {
+                    top.offer(top_k, sigma, (chunk_index * CHUNK + j) as u32);
+                    bound = top.bound(top_k);
+                }
             }
         }
         top
     }
+}
+
+/// Candidates tested together in [`TileCandidates::select`].
+const CHUNK: usize = 16;
+
+/// Tiles with more than this many candidates per selected one are pruned.
+const PRUNE_FROM: usize = 2;
+
+/// Appends to `out`, in order, the candidates `ids` that some pixel of the
+/// tile `[x0, x1) × [y0, y1)` may select. σ is a convex quadratic in the
+/// pixel centre, so its largest value over the tile is at a corner, and
+/// `½·λ_min·dist²` (dist from the centre to the tile) bounds it from below.
+/// Each pixel's K-th smallest σ is at most `T`, the K-th smallest of the
+/// candidates' corner maxima; a candidate whose lower bound is above `T`
+/// is beaten at every pixel by K others and is never selected. Both sides
+/// allow for the kernels' rounding, so the selection is exactly the one
+/// from all candidates.
+fn tile_survivors<F: Real>(
+    projected: &[Projected<F>],
+    ids: &[u32],
+    (x0, x1): (usize, usize),
+    (y0, y1): (usize, usize),
+    top_k: usize,
+    out: &mut Vec<u32>,
+) {
+    // Pixel centres of the tile's corners.
+    let (lx, hx) = (x0 as f64 + 0.5, x1 as f64 - 0.5);
+    let (ly, hy) = (y0 as f64 + 0.5, y1 as f64 - 0.5);
+    // Eight times the kernels' float epsilon: every rounding bound below is loose.
+    let eps = 8.0 * F::epsilon().to_f64().unwrap_or(1e-6);
+    let bounds: Vec<(f64, f64)> = ids
+        .iter()
+        .map(|&i| {
+            let p = &projected[i as usize];
+            let [cx, cy, a, b, c] = [p.cx, p.cy, p.a, p.b, p.c].map(|v| v.to_f64().unwrap_or(f64::NAN));
+            let sigma = |dx: f64, dy: f64| 0.5 * a * dx * dx + 0.5 * c * dy * dy + b * dx * dy;
+            let far = [(lx, ly), (hx, ly), (lx, hy), (hx, hy)]
+                .map(|(x, y)| sigma(cx - x, cy - y))
+                .into_iter()
+                .fold(f64::NEG_INFINITY, f64::max);
+            // The kernels' σ at a pixel of the tile differs from the exact one
+            // by the rounding of d = centre − pixel (relative to the coordinates,
+            // not to d) and of the products (relative to the largest term).
+            let reach = (cx - lx)
+                .abs()
+                .max((cx - hx).abs())
+                .max((cy - ly).abs().max((cy - hy).abs()));
+            let (ex, ey) = (eps * (cx.abs() + hx), eps * (cy.abs() + hy));
+            let slack = eps * (0.5 * a.abs() + 0.5 * c.abs() + b.abs()) * reach * reach
+                + (a.abs() + b.abs()) * reach * ex
+                + (c.abs() + b.abs()) * reach * ey
+                + f64::MIN_POSITIVE;
+            let (dx, dy) = ((lx - cx).max(cx - hx).max(0.0), (ly - cy).max(cy - hy).max(0.0));
+            let lambda_min = 0.5 * (a + c) - (0.25 * (a - c) * (a - c) + b * b).sqrt();
+            let near = 0.5 * lambda_min.max(0.0) * (dx * dx + dy * dy);
+            // NaN anywhere: keep the candidate (it is never selected anyway).
+            if far.is_nan() || near.is_nan() || slack.is_nan() {
+                (f64::INFINITY, f64::NEG_INFINITY)
+            } else {
+                (far + slack, near - slack)
+            }
+        })
+        .collect();
+    let mut highs: Vec<f64> = bounds.iter().map(|b| b.0).collect();
+    let k = top_k.min(highs.len()) - 1;
+    let (_, t, _) = highs.select_nth_unstable_by(k, f64::total_cmp);
+    let t = *t;
+    out.extend(ids.iter().zip(&bounds).filter(|(_, b)| !(b.1 > t)).map(|(i, _)| *i));
 }
 
 /// The K largest weights at one pixel, kept as the K smallest exponents
@@ -197,7 +283,7 @@ impl<F: Real> TopK<F> {
 /// Top-K selection for pixel `(x, y)`: `(σ, gaussian id)` in ascending σ.
 pub fn select_top_k<F: Real>(binned: &Binned<F>, frame: &Frame, top_k: usize, x: usize, y: usize) -> Vec<(F, u32)> {
     let mut tile = TileCandidates::default();
-    tile.gather(binned, (y / TILE) * frame.tiles_x() + x / TILE);
+    tile.gather(binned, frame, (y / TILE) * frame.tiles_x() + x / TILE, top_k);
     tile.select(top_k, x, y, &mut Vec::new()).entries(&tile).collect()
 }
 
@@ -213,11 +299,14 @@ fn band_tiles(frame: &Frame) -> usize {
     frame.tiles_y().div_ceil(MAX_BANDS).max(1)
 }
 
-/// Calls `f(tile, scratch, x, y)` for every pixel of band `band`, tile by tile.
+/// Calls `f(tile, scratch, x, y)` for every pixel of band `band`, tile by
+/// tile, with the tile's candidates for a top-`top_k` selection gathered
+/// (`None`: not gathered, for a pass that selects nothing).
 fn for_each_pixel_in_band<F: Real>(
     binned: &Binned<F>,
     frame: &Frame,
     band: usize,
+    top_k: Option<usize>,
     mut f: impl FnMut(&TileCandidates<F>, &mut Vec<F>, usize, usize),
 ) {
     let per = band_tiles(frame);
@@ -229,7 +318,9 @@ fn for_each_pixel_in_band<F: Real>(
             if binned.tile(index).is_empty() {
                 continue;
             }
-            tile.gather(binned, index);
+            if let Some(k) = top_k {
+                tile.gather(binned, frame, index, k);
+            }
             for y in ty * TILE..((ty + 1) * TILE).min(frame.height) {
                 for x in tx * TILE..((tx + 1) * TILE).min(frame.width) {
                     f(&tile, &mut scratch, x, y);
@@ -239,92 +330,233 @@ fn for_each_pixel_in_band<F: Real>(
     }
 }
 
+/// Each pixel's selection from a forward render, kept for its backward so
+/// that the backward does not select again (selection is most of the
+/// work): up to K (Gaussian id, weight) per pixel, 8·K bytes per pixel in
+/// f32 (80 at the default K = 10), with the projection it was made from.
+#[derive(Debug)]
+pub struct Kept<F> {
+    top_k: usize,
+    len: Vec<u8>,
+    ids: Vec<u32>,
+    weights: Vec<F>,
+    binned: Binned<F>,
+}
+
+/// Normalised blend of the selected colours into `px` (`[C]`, zeroed).
+#[inline]
+fn blend<F: Real>(weights: &[F], ids: impl Iterator<Item = u32>, color: &[F], px: &mut [F]) {
+    let c = px.len();
+    let denom = F::c(EPSILON) + weights.iter().copied().sum::<F>();
+    for (w, id) in weights.iter().zip(ids) {
+        let col = &color[id as usize * c..(id as usize + 1) * c];
+        for ch in 0..c {
+            px[ch] = px[ch] + *w * col[ch];
+        }
+    }
+    for v in px.iter_mut() {
+        *v = *v / denom;
+    }
+}
+
 /// Renders `[H, W, C]` (row major).
 pub fn render<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize) -> Vec<F> {
+    render_into(splats, frame, top_k, false).0
+}
+
+/// Renders `[H, W, C]` and keeps each pixel's selection for [`render_backward_kept`].
+pub fn render_keeping<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize) -> (Vec<F>, Kept<F>) {
+    let (out, kept) = render_into(splats, frame, top_k, true);
+    (out, kept.expect("asked to keep"))
+}
+
+/// One band's share of the kept selection: lengths, ids, weights.
+type KeptBand<'a, F> = (&'a mut [u8], &'a mut [u32], &'a mut [F]);
+
+fn render_into<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize, keep: bool) -> (Vec<F>, Option<Kept<F>>) {
     check_top_k(top_k);
     let c = splats.channels;
     let binned = project_and_bin(splats.xy, splats.inv_scale, splats.theta, frame);
-    let mut out = vec![F::zero(); frame.width * frame.height * c];
-    if out.is_empty() {
-        return out;
-    }
-    let rows = band_tiles(frame) * TILE;
-    out.par_chunks_mut(rows * frame.width * c)
-        .enumerate()
-        .for_each(|(band, chunk)| {
-            let y0 = band * rows;
-            for_each_pixel_in_band(&binned, frame, band, |tile, scratch, x, y| {
-                let top = tile.select(top_k, x, y, scratch);
-                if top.is_empty() {
-                    return;
-                }
-                let w = top.weights();
-                let denom = F::c(EPSILON) + w[..top.len].iter().copied().sum::<F>();
-                let px = &mut chunk[((y - y0) * frame.width + x) * c..((y - y0) * frame.width + x + 1) * c];
-                for (k, (_, id)) in top.entries(tile).enumerate() {
-                    let col = &splats.color[id as usize * c..(id as usize + 1) * c];
-                    for ch in 0..c {
-                        px[ch] = px[ch] + w[k] * col[ch];
+    let pixels = frame.width * frame.height;
+    let k = if keep { top_k } else { 0 };
+    let mut out = vec![F::zero(); pixels * c];
+    let mut len = vec![0u8; if keep { pixels } else { 0 }];
+    let mut ids = vec![0u32; pixels * k];
+    let mut weights = vec![F::zero(); pixels * k];
+    if pixels > 0 {
+        let rows = band_tiles(frame) * TILE;
+        let band = rows * frame.width;
+        let out_bands: Vec<&mut [F]> = out.chunks_mut(band * c).collect();
+        let kept_bands: Vec<Option<KeptBand<F>>> = if keep {
+            len.chunks_mut(band)
+                .zip(ids.chunks_mut(band * k))
+                .zip(weights.chunks_mut(band * k))
+                .map(|((l, i), w)| Some((l, i, w)))
+                .collect()
+        } else {
+            out_bands.iter().map(|_| None).collect()
+        };
+        out_bands
+            .into_par_iter()
+            .zip(kept_bands)
+            .enumerate()
+            .for_each(|(b, (chunk, mut kept))| {
+                let p0 = b * band;
+                for_each_pixel_in_band(&binned, frame, b, Some(top_k), |tile, scratch, x, y| {
+                    let top = tile.select(top_k, x, y, scratch);
+                    if top.is_empty() {
+                        return;
                     }
-                }
-                for v in px.iter_mut() {
-                    *v = *v / denom;
-                }
+                    let w = top.weights();
+                    let w = &w[..top.len];
+                    let p = y * frame.width + x - p0;
+                    blend(
+                        w,
+                        top.entries(tile).map(|(_, id)| id),
+                        splats.color,
+                        &mut chunk[p * c..(p + 1) * c],
+                    );
+                    if let Some((l, i, kw)) = kept.as_mut() {
+                        l[p] = top.len as u8;
+                        for (j, (_, id)) in top.entries(tile).enumerate() {
+                            i[p * k + j] = id;
+                            kw[p * k + j] = w[j];
+                        }
+                    }
+                });
             });
-        });
-    out
+    }
+    let kept = keep.then_some(Kept {
+        top_k,
+        len,
+        ids,
+        weights,
+        binned,
+    });
+    (out, kept)
+}
+
+/// One pixel's share of the gradients: `entries` are its selected
+/// (Gaussian id, weight), `g` the gradient of its colour; adds to `acc`
+/// (per Gaussian: d_cx, d_cy, d_a, d_b, d_c, d_color…).
+#[inline]
+fn pixel_backward<F: Real>(
+    entries: &[(u32, F)],
+    projected: &[Projected<F>],
+    color: &[F],
+    g: &[F],
+    (x, y): (usize, usize),
+    acc: &mut [F],
+) {
+    let c = g.len();
+    let stride = 5 + c;
+    let half = F::c(0.5);
+    let mut u = [F::zero(); MAX_TOP_K];
+    let denom = F::c(EPSILON) + entries.iter().map(|e| e.1).sum::<F>();
+    let mut weighted = F::zero();
+    for (k, (id, w)) in entries.iter().enumerate() {
+        let col = &color[*id as usize * c..(*id as usize + 1) * c];
+        u[k] = (0..c).map(|ch| col[ch] * g[ch]).sum();
+        weighted = weighted + *w * u[k];
+    }
+    let (px, py) = (F::c(x as f64 + 0.5), F::c(y as f64 + 0.5));
+    for (k, &(id, w)) in entries.iter().enumerate() {
+        let id = id as usize;
+        let p = &projected[id];
+        let (dx, dy) = (p.cx - px, p.cy - py);
+        let d_w = u[k] / denom - weighted / (denom * denom);
+        let d_sigma = -w * d_w;
+        let acc = &mut acc[id * stride..(id + 1) * stride];
+        acc[0] = acc[0] + d_sigma * (p.a * dx + p.b * dy);
+        acc[1] = acc[1] + d_sigma * (p.b * dx + p.c * dy);
+        acc[2] = acc[2] + d_sigma * half * dx * dx;
+        acc[3] = acc[3] + d_sigma * dx * dy;
+        acc[4] = acc[4] + d_sigma * half * dy * dy;
+        let share = w / denom;
+        for ch in 0..c {
+            acc[5 + ch] = acc[5 + ch] + share * g[ch];
+        }
+    }
 }
 
 /// Gradients of `Σ d_out · render(splats)` with respect to every parameter.
 pub fn render_backward<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize, d_out: &[F]) -> SplatGrads<F> {
     check_top_k(top_k);
+    let binned = project_and_bin(splats.xy, splats.inv_scale, splats.theta, frame);
+    backward_over_bands(splats, frame, d_out, |band, acc| {
+        let mut entries = [(0u32, F::zero()); MAX_TOP_K];
+        for_each_pixel_in_band(&binned, frame, band, Some(top_k), |tile, scratch, x, y| {
+            let top = tile.select(top_k, x, y, scratch);
+            let w = top.weights();
+            for (k, (_, id)) in top.entries(tile).enumerate() {
+                entries[k] = (id, w[k]);
+            }
+            if !top.is_empty() {
+                pixel_backward(
+                    &entries[..top.len],
+                    &binned.projected,
+                    splats.color,
+                    pixel(d_out, frame, splats.channels, x, y),
+                    (x, y),
+                    acc,
+                );
+            }
+        });
+    })
+}
+
+/// [`render_backward`] from the selection a [`render_keeping`] of the
+/// same Gaussians and frame kept: the same gradients, bit for bit, without
+/// selecting again.
+pub fn render_backward_kept<F: Real>(splats: &Splats<F>, frame: &Frame, kept: &Kept<F>, d_out: &[F]) -> SplatGrads<F> {
+    let k = kept.top_k;
+    assert_eq!(kept.len.len(), frame.width * frame.height, "kept for another frame");
+    backward_over_bands(splats, frame, d_out, |band, acc| {
+        let mut entries = [(0u32, F::zero()); MAX_TOP_K];
+        for_each_pixel_in_band(&kept.binned, frame, band, None, |_, _, x, y| {
+            let p = y * frame.width + x;
+            let n = kept.len[p] as usize;
+            for (j, e) in entries[..n].iter_mut().enumerate() {
+                *e = (kept.ids[p * k + j], kept.weights[p * k + j]);
+            }
+            if n > 0 {
+                pixel_backward(
+                    &entries[..n],
+                    &kept.binned.projected,
+                    splats.color,
+                    pixel(d_out, frame, splats.channels, x, y),
+                    (x, y),
+                    acc,
+                );
+            }
+        });
+    })
+}
+
+/// Pixel `(x, y)`'s `[C]` values of an `[H, W, C]` image.
+#[inline]
+fn pixel<'a, F>(image: &'a [F], frame: &Frame, c: usize, x: usize, y: usize) -> &'a [F] {
+    &image[(y * frame.width + x) * c..(y * frame.width + x + 1) * c]
+}
+
+/// Runs `per_band(band, accumulator)` over the fixed bands in parallel,
+/// adds the accumulators in band order (the same sums whatever the thread
+/// count), and turns them into parameter gradients through the projection.
+fn backward_over_bands<F: Real>(
+    splats: &Splats<F>,
+    frame: &Frame,
+    d_out: &[F],
+    per_band: impl Fn(usize, &mut Vec<F>) + Sync,
+) -> SplatGrads<F> {
     let (n, c) = (splats.len(), splats.channels);
     assert_eq!(d_out.len(), frame.width * frame.height * c, "d_out must be [H, W, C]");
-    let binned = project_and_bin(splats.xy, splats.inv_scale, splats.theta, frame);
-    // Per-Gaussian accumulator: [d_cx, d_cy, d_a, d_b, d_c, d_color..].
     let stride = 5 + c;
     let bands = frame.tiles_y().div_ceil(band_tiles(frame));
     let partials: Vec<Vec<F>> = (0..bands)
         .into_par_iter()
         .map(|band| {
             let mut acc = vec![F::zero(); n * stride];
-            let mut u = [F::zero(); MAX_TOP_K];
-            let half = F::c(0.5);
-            for_each_pixel_in_band(&binned, frame, band, |tile, scratch, x, y| {
-                let top = tile.select(top_k, x, y, scratch);
-                if top.is_empty() {
-                    return;
-                }
-                let g = &d_out[(y * frame.width + x) * c..(y * frame.width + x + 1) * c];
-                let ws = top.weights();
-                let denom = F::c(EPSILON) + ws[..top.len].iter().copied().sum::<F>();
-                let mut weighted = F::zero();
-                for (k, (_, id)) in top.entries(tile).enumerate() {
-                    let col = &splats.color[id as usize * c..(id as usize + 1) * c];
-                    u[k] = (0..c).map(|ch| col[ch] * g[ch]).sum();
-                    weighted = weighted + ws[k] * u[k];
-                }
-                let (px, py) = (F::c(x as f64 + 0.5), F::c(y as f64 + 0.5));
-                for k in 0..top.len {
-                    let slot = top.slot[k] as usize;
-                    let id = tile.ids[slot] as usize;
-                    let (dx, dy) = tile.offset(slot, px, py);
-                    let (a, b, cc) = (tile.a[slot], tile.b[slot], tile.c[slot]);
-                    let w = ws[k];
-                    let d_w = u[k] / denom - weighted / (denom * denom);
-                    let d_sigma = -w * d_w;
-                    let acc = &mut acc[id * stride..(id + 1) * stride];
-                    acc[0] = acc[0] + d_sigma * (a * dx + b * dy);
-                    acc[1] = acc[1] + d_sigma * (b * dx + cc * dy);
-                    acc[2] = acc[2] + d_sigma * half * dx * dx;
-                    acc[3] = acc[3] + d_sigma * dx * dy;
-                    acc[4] = acc[4] + d_sigma * half * dy * dy;
-                    let share = w / denom;
-                    for ch in 0..c {
-                        acc[5 + ch] = acc[5 + ch] + share * g[ch];
-                    }
-                }
-            });
+            per_band(band, &mut acc);
             acc
         })
         .collect();
@@ -355,4 +587,111 @@ pub fn render_backward<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize,
         grads.d_color[i * c..(i + 1) * c].copy_from_slice(&a[5..]);
     }
     grads
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    /// The kept selection gives the same render and the same gradients, bit
+    /// for bit, as selecting again (with more candidates per tile than a
+    /// chunk, so that the chunked scan's skipping is exercised).
+    #[test]
+    fn the_kept_selection_gives_the_same_render_and_gradients() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let (n, w, h, c) = (300, 70, 45, 3);
+        let xy: Vec<f32> = (0..2 * n).map(|_| rng.random_range(0.0..1.0)).collect();
+        let inv_scale: Vec<f32> = (0..2 * n).map(|_| 1.0 / rng.random_range(1.0..9.0)).collect();
+        let theta: Vec<f32> = (0..n).map(|_| rng.random_range(-3.0..3.0)).collect();
+        let color: Vec<f32> = (0..c * n).map(|_| rng.random_range(0.0..1.0)).collect();
+        let d_out: Vec<f32> = (0..w * h * c).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let splats = Splats {
+            xy: &xy,
+            inv_scale: &inv_scale,
+            theta: &theta,
+            color: &color,
+            channels: c,
+        };
+        let frame = Frame::new(w, h);
+        let binned = project_and_bin(&xy, &inv_scale, &theta, &frame);
+        let most = (0..frame.tiles_x() * frame.tiles_y())
+            .map(|t| binned.tile(t).len())
+            .max()
+            .unwrap();
+        assert!(most > 2 * CHUNK, "{most} candidates in the fullest tile");
+        for top_k in [1, 5, 10] {
+            let (kept_render, kept) = render_keeping(&splats, &frame, top_k);
+            assert_eq!(kept_render, render(&splats, &frame, top_k));
+            assert_eq!(
+                render_backward_kept(&splats, &frame, &kept, &d_out),
+                render_backward(&splats, &frame, top_k, &d_out)
+            );
+        }
+    }
+
+    /// Pruning a tile's candidates changes no pixel's selection: against a
+    /// stable sort of every candidate's σ (computed as the kernel does), on
+    /// dense tiles of round and needle-thin Gaussians far from the origin.
+    #[test]
+    fn pruned_tiles_select_what_all_candidates_select() {
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let (n, w, h) = (3000, 2000, 40);
+        let xy: Vec<f32> = (0..n)
+            .flat_map(|_| [rng.random_range(0.9..1.0), rng.random_range(0.0..1.0)])
+            .collect();
+        let inv_scale: Vec<f32> = (0..n)
+            .flat_map(|i| {
+                let s = rng.random_range(2.0..12.0);
+                if i % 3 == 0 {
+                    [1.0 / s, 1.0 / (s * 30.0)]
+                } else {
+                    [1.0 / s, 1.0 / s]
+                }
+            })
+            .collect();
+        let theta: Vec<f32> = (0..n).map(|_| rng.random_range(-3.0..3.0)).collect();
+        let frame = Frame::new(w, h);
+        let binned = project_and_bin(&xy, &inv_scale, &theta, &frame);
+        let (mut pruned, mut dense) = (0, 0);
+        for top_k in [1, 4, 10] {
+            for y in 0..h {
+                for x in 1800..w {
+                    let tile = (y / TILE) * frame.tiles_x() + x / TILE;
+                    let all = binned.tile(tile);
+                    let (px, py) = (x as f32 + 0.5, y as f32 + 0.5);
+                    let mut reference: Vec<(f32, usize, u32)> = all
+                        .iter()
+                        .enumerate()
+                        .map(|(slot, &id)| {
+                            let p = &binned.projected[id as usize];
+                            let (dx, dy) = (p.cx - px, p.cy - py);
+                            (0.5 * p.a * dx * dx + 0.5 * p.c * dy * dy + p.b * dx * dy, slot, id)
+                        })
+                        .filter(|(s, ..)| *s >= 0.0 && s.is_finite())
+                        .collect();
+                    reference.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                    let reference: Vec<(f32, u32)> = reference.iter().take(top_k).map(|r| (r.0, r.2)).collect();
+                    assert_eq!(
+                        select_top_k(&binned, &frame, top_k, x, y),
+                        reference,
+                        "pixel ({x}, {y}), K {top_k}"
+                    );
+                    if all.len() > PRUNE_FROM * top_k {
+                        dense += 1;
+                        let mut kept = Vec::new();
+                        let bx = ((x / TILE) * TILE, ((x / TILE + 1) * TILE).min(w));
+                        let by = ((y / TILE) * TILE, ((y / TILE + 1) * TILE).min(h));
+                        tile_survivors(&binned.projected, all, bx, by, top_k, &mut kept);
+                        pruned += all.len() - kept.len();
+                    }
+                }
+            }
+        }
+        assert!(
+            dense > 0 && pruned > 0,
+            "{dense} dense pixels, {pruned} candidates pruned"
+        );
+    }
 }
