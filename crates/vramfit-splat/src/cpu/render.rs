@@ -81,12 +81,29 @@ impl<F: Real> TileCandidates<F> {
         } else {
             self.ids.extend_from_slice(all);
         }
+        // Scanned nearest first (σ at the tile's centre), the selection
+        // fills with good candidates and its bound tightens at once, so most
+        // later chunks are skipped; ties are broken by Gaussian id, so the
+        // order of the scan does not change what is selected.
+        let (tx, ty) = (tile % frame.tiles_x(), tile / frame.tiles_x());
+        let (mx, my) = (
+            F::c((tx * TILE) as f64 + 0.5 * TILE as f64),
+            F::c((ty * TILE) as f64 + 0.5 * TILE as f64),
+        );
+        let p = &binned.projected;
+        let centre = |i: u32| {
+            let g = &p[i as usize];
+            let (dx, dy) = (g.cx - mx, g.cy - my);
+            let s = F::c(0.5) * g.a * dx * dx + F::c(0.5) * g.c * dy * dy + g.b * dx * dy;
+            if s.is_nan() { F::infinity() } else { s }
+        };
+        self.ids
+            .sort_by(|&i, &j| centre(i).partial_cmp(&centre(j)).expect("not NaN").then(i.cmp(&j)));
         let ids = &self.ids;
         let pick = |dst: &mut Vec<F>, f: &dyn Fn(usize) -> F| {
             dst.clear();
             dst.extend(ids.iter().map(|&i| f(i as usize)));
         };
-        let p = &binned.projected;
         pick(&mut self.cx, &|i| p[i].cx);
         pick(&mut self.cy, &|i| p[i].cy);
         pick(&mut self.a, &|i| p[i].a);
@@ -107,7 +124,8 @@ impl<F: Real> TileCandidates<F> {
         let half = F::c(0.5);
         let n = self.cx.len();
         scratch.clear();
-        scratch.resize(n.next_multiple_of(CHUNK), F::infinity());
+        // NaN padding: never below a bound, never selected.
+        scratch.resize(n.next_multiple_of(CHUNK), F::nan());
         for (((((s, cx), cy), a), b), c) in scratch
             .iter_mut()
             .zip(&self.cx)
@@ -123,16 +141,18 @@ impl<F: Real> TileCandidates<F> {
         let mut top = TopK::new();
         let mut bound = F::infinity();
         for (chunk_index, chunk) in scratch.chunks_exact(CHUNK).enumerate() {
-            // Branch-free: any σ below the bound (false for NaN and for +∞ when not full).
-            let hit = chunk.iter().fold(false, |any, s| any | (*s < bound));
+            // Branch-free: any σ that may enter (≤: a tie with the bound may win on id).
+            let hit = chunk.iter().fold(false, |any, s| any | (*s <= bound));
             if !hit {
                 continue;
             }
             for (j, &sigma) in chunk.iter().enumerate() {
                 // Infinite σ has zero weight; a rounding-negative σ is not a weight above 1.
-                if sigma < bound && sigma >= F::zero() && sigma.is_finite() {
-                    top.offer(top_k, sigma, (chunk_index * CHUNK + j) as u32);
-                    bound = top.bound(top_k);
+                if sigma <= bound && sigma >= F::zero() && sigma.is_finite() {
+                    let id = self.ids[chunk_index * CHUNK + j];
+                    if top.offer(top_k, sigma, id) {
+                        bound = top.bound(top_k);
+                    }
                 }
             }
         }
@@ -205,17 +225,16 @@ fn tile_survivors<F: Real>(
     let k = top_k.min(highs.len()) - 1;
     let (_, t, _) = highs.select_nth_unstable_by(k, f64::total_cmp);
     let t = *t;
-    out.extend(ids.iter().zip(&bounds).filter(|(_, b)| !(b.1 > t)).map(|(i, _)| *i));
+    out.extend(ids.iter().zip(&bounds).filter(|(_, b)| b.1 <= t).map(|(i, _)| *i));
 }
 
 /// The K largest weights at one pixel, kept as the K smallest exponents
 /// σ (w = exp(−σ) is decreasing, so this is the same set without an exp
-/// per candidate), in ascending σ; ties: the candidate met first, i.e. the
-/// lower Gaussian index, wins.
+/// per candidate), in ascending σ; ties: the lower Gaussian index wins.
 #[derive(Debug, Clone, Copy)]
 pub struct TopK<F> {
     sigma: [F; MAX_TOP_K],
-    slot: [u32; MAX_TOP_K],
+    id: [u32; MAX_TOP_K],
     len: usize,
 }
 
@@ -223,7 +242,7 @@ impl<F: Real> TopK<F> {
     fn new() -> Self {
         Self {
             sigma: [F::zero(); MAX_TOP_K],
-            slot: [0; MAX_TOP_K],
+            id: [0; MAX_TOP_K],
             len: 0,
         }
     }
@@ -238,21 +257,27 @@ impl<F: Real> TopK<F> {
         }
     }
 
+    /// Inserts `(σ, id)` if it is among the K smallest so far (by σ, then
+    /// id); true when it entered.
     #[inline]
-    fn offer(&mut self, k: usize, sigma: F, slot: u32) {
+    fn offer(&mut self, k: usize, sigma: F, id: u32) -> bool {
+        let before = |s: F, i: u32| s < sigma || (s == sigma && i < id);
         if self.len == k {
+            if before(self.sigma[k - 1], self.id[k - 1]) {
+                return false;
+            }
             self.len -= 1;
         }
-        // Insert after every element with σ <= the new one (stable).
         let mut pos = self.len;
-        while pos > 0 && self.sigma[pos - 1] > sigma {
+        while pos > 0 && !before(self.sigma[pos - 1], self.id[pos - 1]) {
             self.sigma[pos] = self.sigma[pos - 1];
-            self.slot[pos] = self.slot[pos - 1];
+            self.id[pos] = self.id[pos - 1];
             pos -= 1;
         }
         self.sigma[pos] = sigma;
-        self.slot[pos] = slot;
+        self.id[pos] = id;
         self.len += 1;
+        true
     }
 
     /// Number selected.
@@ -266,8 +291,8 @@ impl<F: Real> TopK<F> {
     }
 
     /// `(σ, gaussian id)` of the selected entries, in ascending σ.
-    pub fn entries<'a>(&'a self, tile: &'a TileCandidates<F>) -> impl Iterator<Item = (F, u32)> + 'a {
-        (0..self.len).map(move |k| (self.sigma[k], tile.ids[self.slot[k] as usize]))
+    pub fn entries(&self) -> impl Iterator<Item = (F, u32)> + '_ {
+        (0..self.len).map(move |k| (self.sigma[k], self.id[k]))
     }
 
     /// Weights `exp(−σ)` of the selected entries.
@@ -284,7 +309,7 @@ impl<F: Real> TopK<F> {
 pub fn select_top_k<F: Real>(binned: &Binned<F>, frame: &Frame, top_k: usize, x: usize, y: usize) -> Vec<(F, u32)> {
     let mut tile = TileCandidates::default();
     tile.gather(binned, frame, (y / TILE) * frame.tiles_x() + x / TILE, top_k);
-    tile.select(top_k, x, y, &mut Vec::new()).entries(&tile).collect()
+    tile.select(top_k, x, y, &mut Vec::new()).entries().collect()
 }
 
 fn check_top_k(top_k: usize) {
@@ -412,13 +437,13 @@ fn render_into<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize, keep: b
                     let p = y * frame.width + x - p0;
                     blend(
                         w,
-                        top.entries(tile).map(|(_, id)| id),
+                        top.entries().map(|(_, id)| id),
                         splats.color,
                         &mut chunk[p * c..(p + 1) * c],
                     );
                     if let Some((l, i, kw)) = kept.as_mut() {
                         l[p] = top.len as u8;
-                        for (j, (_, id)) in top.entries(tile).enumerate() {
+                        for (j, (_, id)) in top.entries().enumerate() {
                             i[p * k + j] = id;
                             kw[p * k + j] = w[j];
                         }
@@ -488,7 +513,7 @@ pub fn render_backward<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize,
         for_each_pixel_in_band(&binned, frame, band, Some(top_k), |tile, scratch, x, y| {
             let top = tile.select(top_k, x, y, scratch);
             let w = top.weights();
-            for (k, (_, id)) in top.entries(tile).enumerate() {
+            for (k, (_, id)) in top.entries().enumerate() {
                 entries[k] = (id, w[k]);
             }
             if !top.is_empty() {
