@@ -235,8 +235,8 @@ impl HostTarget {
         // The forward's selection is kept for the backward (8·K bytes per pixel):
         // selecting again would double the step's main cost.
         let (x, kept) = cpu::render::render_keeping(splats, &frame, self.top_k);
-        let parts = self.parts(&x);
-        let mut d = cpu::ssim::ssim_backward(&x, &self.data, h, w, CHANNELS, -(ssim_weight as f32));
+        let (ssim, mut d) = cpu::ssim::ssim_and_backward(&x, &self.data, h, w, CHANNELS, -(ssim_weight as f32));
+        let parts = self.parts_with(&x, ssim as f64);
         // d|x − y|/dx = sign(x − y), 0 at equality; the mean divides by the count.
         let l1_scale = 1.0 / x.len() as f32;
         for ((di, a), b) in d.iter_mut().zip(&x).zip(&self.data) {
@@ -255,6 +255,14 @@ impl HostTarget {
 
     /// Loss parts of render `x` (clamp it first for the reported quality).
     pub fn parts(&self, x: &[f32]) -> LossParts {
+        self.parts_with(
+            x,
+            cpu::ssim::ssim(x, &self.data, self.height, self.width, CHANNELS) as f64,
+        )
+    }
+
+    /// Loss parts of render `x` whose SSIM is known.
+    fn parts_with(&self, x: &[f32], ssim: f64) -> LossParts {
         let (mut l1, mut se) = (0.0f64, 0.0f64);
         for (a, b) in x.iter().zip(&self.data) {
             let d = (*a - *b) as f64;
@@ -264,7 +272,7 @@ impl HostTarget {
         let values = x.len() as f64;
         LossParts {
             l1: l1 / values,
-            ssim: cpu::ssim::ssim(x, &self.data, self.height, self.width, CHANNELS) as f64,
+            ssim,
             mse: se / values,
         }
     }

@@ -5,7 +5,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use vramfit_splat::cpu::project::{Frame, TILE, project_and_bin, project_one};
 use vramfit_splat::cpu::render::{Splats, render, render_backward, select_top_k};
-use vramfit_splat::cpu::ssim::{ssim, ssim_backward};
+use vramfit_splat::cpu::ssim::{ssim, ssim_and_backward, ssim_backward};
 
 struct Case {
     xy: Vec<f64>,
@@ -176,6 +176,10 @@ fn ssim_gradient_matches_finite_differences() {
     let y: Vec<f64> = (0..h * w * c).map(|_| rng.random_range(0.0..1.0)).collect();
     let mut x: Vec<f64> = y.iter().map(|v| v + rng.random_range(-0.3..0.3)).collect();
     let analytic = ssim_backward(&x, &y, h, w, c, 1.0);
+    // The fused value and gradient are the separate ones.
+    let (value, fused) = ssim_and_backward(&x, &y, h, w, c, 1.0);
+    assert!((value - ssim(&x, &y, h, w, c)).abs() < 1e-12, "{value}");
+    assert_eq!(fused, analytic);
     let step = 1e-6;
     for i in 0..x.len() {
         let orig = x[i];

@@ -115,13 +115,22 @@ pub fn ssim<F: Real>(x: &[F], y: &[F], h: usize, w: usize, c: usize) -> F {
 
 /// Gradient of `d_ssim · ssim(x, y)` with respect to `x`, `[H, W, C]`.
 pub fn ssim_backward<F: Real>(x: &[F], y: &[F], h: usize, w: usize, c: usize, d_ssim: F) -> Vec<F> {
+    ssim_and_backward(x, y, h, w, c, d_ssim).1
+}
+
+/// Mean SSIM of `x` against `y` and the gradient of `d_ssim · ssim(x, y)`
+/// with respect to `x`, from one computation of the local statistics (a
+/// training step needs both; apart they blur every plane twice).
+pub fn ssim_and_backward<F: Real>(x: &[F], y: &[F], h: usize, w: usize, c: usize, d_ssim: F) -> (F, Vec<F>) {
     check(x, y, h, w, c);
     let scale = d_ssim / F::c((h * w * c) as f64);
     let mut d_x = vec![F::zero(); h * w * c];
+    let mut total = 0.0f64;
     for ch in 0..c {
         let s = stats(x, y, h, w, c, ch);
-        // ∂S/∂μx, ∂S/∂E[x²], ∂S/∂E[xy] per pixel, scaled by the upstream gradient.
-        let coeffs: Vec<[F; 3]> = (0..h * w)
+        // ∂S/∂μx, ∂S/∂E[x²], ∂S/∂E[xy] per pixel, scaled by the upstream
+        // gradient, and S itself (summed below in pixel order).
+        let coeffs: Vec<([F; 3], F)> = (0..h * w)
             .into_par_iter()
             .map(|i| {
                 let (a1, a2, b1, b2) = terms(&s, i);
@@ -130,16 +139,17 @@ pub fn ssim_backward<F: Real>(x: &[F], y: &[F], h: usize, w: usize, c: usize, d_
                 let den = b1 * b2;
                 let sv = a1 * a2 / den;
                 let d_mx = two * my * a2 / den - two * my * a1 / den - two * mx * sv / b1 + two * mx * sv / b2;
-                [scale * d_mx, scale * (-sv / b2), scale * (two * a1 / den)]
+                ([scale * d_mx, scale * (-sv / b2), scale * (two * a1 / den)], sv)
             })
             .collect();
+        total += coeffs.iter().map(|t| t.1.to_f64().unwrap_or(f64::NAN)).sum::<f64>();
         let g: Vec<Vec<F>> = (0..3)
-            .map(|q| blur(&coeffs.iter().map(|t| t[q]).collect::<Vec<F>>(), h, w))
+            .map(|q| blur(&coeffs.iter().map(|t| t.0[q]).collect::<Vec<F>>(), h, w))
             .collect();
         for i in 0..h * w {
             let (xv, yv) = (x[i * c + ch], y[i * c + ch]);
             d_x[i * c + ch] = g[0][i] + F::c(2.0) * xv * g[1][i] + yv * g[2][i];
         }
     }
-    d_x
+    (F::c(total / (h * w * c) as f64), d_x)
 }
