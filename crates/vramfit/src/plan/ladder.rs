@@ -387,7 +387,8 @@ mod tests {
             cal.rungs.iter().map(|r| r.peak_bytes).collect::<Vec<_>>(),
             vec![300, 300, 400]
         );
-        // Equal times: the leanest rung among the equally fast wins.
-        assert_eq!(cal.choose(1000).unwrap().plans[0].value, 1);
+        // Equal times: the leanest rung wins (of equal peaks, the larger setting).
+        let c = cal.choose(1000).unwrap();
+        assert_eq!((c.plans[0].value, c.plans[0].peak_bytes), (2, 300));
     }
 }

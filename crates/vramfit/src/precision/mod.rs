@@ -124,11 +124,22 @@ impl Autocast {
         weight: Tensor<B, 2>,
         bias: Option<Tensor<B, 1>>,
     ) -> Tensor<B, D> {
-        let y = self.low(x).matmul(self.low(weight).unsqueeze());
-        match bias {
-            Some(b) => y + self.low(b).unsqueeze(),
+        // One [rows, in] × [in, out] product, not a batched one with the
+        // weight broadcast: the broadcast's backward makes a weight gradient
+        // per batch entry and sums them (a [B, in, out] intermediate and
+        // strided reductions); the 2-D one is a single GEMM each way.
+        let dims = x.dims();
+        let inputs = dims[D - 1];
+        let rows = dims[..D - 1].iter().product::<usize>();
+        let outputs = weight.dims()[1];
+        let y = self.low(x).reshape([rows, inputs]).matmul(self.low(weight));
+        let y = match bias {
+            Some(b) => y + self.low(b).unsqueeze::<2>(),
             None => y,
-        }
+        };
+        let mut out = dims;
+        out[D - 1] = outputs;
+        y.reshape(out)
     }
 }
 
