@@ -19,7 +19,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$(dirname "$out")"
 cargo build --release -p vramfit-cli >/dev/null
-vramfit=target/release/vramfit
+vramfit="$work/vramfit"
+cp target/release/vramfit "$vramfit"
 main_job() { # BIN LABEL
   local start end
   start=$(date +%s.%N)
@@ -33,10 +34,14 @@ print(json.dumps({"label": sys.argv[2], "wall_seconds": float(sys.argv[4]) - flo
 PY
 }
 if [ -n "${BASE_REF:-}" ]; then
+  # Built in this checkout's target directory (the dependencies are shared),
+  # then this checkout's binary is built again there.
   git worktree add --detach "$work/base" "$BASE_REF" >/dev/null
-  (cd "$work/base" && CARGO_TARGET_DIR="$PWD/../base-target" cargo build --release -p vramfit-cli >/dev/null)
-  main_job "$work/base-target/release/vramfit" "base $BASE_REF"
+  (cd "$work/base" && CARGO_TARGET_DIR="$OLDPWD/target" cargo build --release -p vramfit-cli >/dev/null)
+  cp target/release/vramfit "$work/vramfit-base"
   git worktree remove --force "$work/base"
+  cargo build --release -p vramfit-cli >/dev/null
+  main_job "$work/vramfit-base" "base $BASE_REF"
 fi
 main_job "$vramfit" "this checkout"
 
