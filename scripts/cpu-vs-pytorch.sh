@@ -34,13 +34,13 @@ print(json.dumps({"label": sys.argv[2], "wall_seconds": float(sys.argv[4]) - flo
 PY
 }
 if [ -n "${BASE_REF:-}" ]; then
-  # Built in this checkout's target directory (the dependencies are shared),
-  # then this checkout's binary is built again there.
+  # A target directory of its own (BASE_TARGET, default target/base): sharing
+  # this checkout's would mix the two builds' workspace crates.
   git worktree add --detach "$work/base" "$BASE_REF" >/dev/null
-  (cd "$work/base" && CARGO_TARGET_DIR="$OLDPWD/target" cargo build --release -p vramfit-cli >/dev/null)
-  cp target/release/vramfit "$work/vramfit-base"
+  base_target=${BASE_TARGET:-$PWD/target/base}
+  (cd "$work/base" && CARGO_TARGET_DIR="$base_target" cargo build --release -p vramfit-cli >/dev/null)
+  cp "$base_target/release/vramfit" "$work/vramfit-base"
   git worktree remove --force "$work/base"
-  cargo build --release -p vramfit-cli >/dev/null
   main_job "$work/vramfit-base" "base $BASE_REF"
 fi
 main_job "$vramfit" "this checkout"
