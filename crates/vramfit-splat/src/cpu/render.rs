@@ -59,6 +59,8 @@ pub struct SplatGrads<F> {
 #[derive(Debug, Default)]
 pub struct TileCandidates<F> {
     ids: Vec<u32>,
+    /// (σ at the tile's centre, id): the scan order, reused between tiles.
+    order: Vec<(F, u32)>,
     cx: Vec<F>,
     cy: Vec<F>,
     a: Vec<F>,
@@ -97,8 +99,13 @@ impl<F: Real> TileCandidates<F> {
             let s = F::c(0.5) * g.a * dx * dx + F::c(0.5) * g.c * dy * dy + g.b * dx * dy;
             if s.is_nan() { F::infinity() } else { s }
         };
-        self.ids
-            .sort_by(|&i, &j| centre(i).partial_cmp(&centre(j)).expect("not NaN").then(i.cmp(&j)));
+        // Each key computed once, not once per comparison.
+        self.order.clear();
+        self.order.extend(self.ids.iter().map(|&i| (centre(i), i)));
+        self.order
+            .sort_by(|a, b| a.0.partial_cmp(&b.0).expect("not NaN").then(a.1.cmp(&b.1)));
+        self.ids.clear();
+        self.ids.extend(self.order.iter().map(|o| o.1));
         let ids = &self.ids;
         let pick = |dst: &mut Vec<F>, f: &dyn Fn(usize) -> F| {
             dst.clear();
