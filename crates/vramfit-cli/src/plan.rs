@@ -1,4 +1,4 @@
-//! `vramfit plan transformer` and `vramfit train transformer --budget`:
+//! `vramfit plan transformer|unet` and `vramfit train transformer|unet --budget`:
 //! probes, the fitted model, the ranked plans, the winner verified by one
 //! more probe, the preset table per card size, and the planned run.
 
@@ -9,8 +9,11 @@ use burn::tensor::backend::AutodiffBackend;
 use vramfit::plan::{Calibration, Choice, Plan, Plannable, calibrate, parse_bytes, presets};
 use vramfit::profile::{DeviceMemory, human_bytes};
 use vramfit::run::RunPath;
-use vramfit_models::config::TrainConfig;
-use vramfit_models::plan::{TransformerTarget, apply, run_planned};
+use vramfit_models::config::FamilyConfig;
+use vramfit_models::family::{Family, ModelSettings};
+use vramfit_models::gpt::GptConfig;
+use vramfit_models::plan::{FamilyTarget, apply, run_planned};
+use vramfit_models::unet::UnetConfig;
 use vramfit_splat::op::{FusedLoss, SplatBackend};
 
 use crate::device::{OnBackend, on_device};
@@ -19,6 +22,8 @@ use crate::device::{OnBackend, on_device};
 pub enum Which {
     /// Plan the transformer (same settings flags as `vramfit train transformer`).
     Transformer(PlanArgs),
+    /// Plan the U-Net (same settings flags as `vramfit train unet`).
+    Unet(PlanArgs),
     /// Plan a splat fit's band height (same settings flags as `vramfit fit`).
     Splat(crate::plan_splat::SplatPlanArgs),
 }
@@ -76,15 +81,19 @@ impl Budget {
 }
 
 pub fn run(which: Which) -> Result<()> {
-    let args = match which {
-        Which::Transformer(args) => args,
-        Which::Splat(args) => return crate::plan_splat::run(args),
-    };
-    let config = crate::train::resolve(&args.settings)?;
+    match which {
+        Which::Transformer(args) => plan_family::<GptConfig, 3>(args),
+        Which::Unet(args) => plan_family::<UnetConfig, 4>(args),
+        Which::Splat(args) => crate::plan_splat::run(args),
+    }
+}
+
+fn plan_family<F: Family<D>, const D: usize>(args: PlanArgs) -> Result<()> {
+    let config = crate::train::resolve::<F>(&args.settings)?;
     let (budget, gpus) = budget_and_cards(args.budget.as_deref(), &args.gpus, &args.device)?;
     on_device(
         &args.device,
-        PlanJob {
+        PlanJob::<F, D> {
             config,
             budget,
             gpus,
@@ -158,15 +167,15 @@ pub(crate) fn check_within(peak: u64, budget: u64, dir: &std::path::Path) -> Res
     Ok(())
 }
 
-struct PlanJob {
-    config: TrainConfig,
+struct PlanJob<F: ModelSettings, const D: usize> {
+    config: FamilyConfig<F>,
     budget: Option<Budget>,
     gpus: Vec<u64>,
     probe_batch: Option<usize>,
     json: Option<PathBuf>,
 }
 
-impl OnBackend for PlanJob {
+impl<F: Family<D>, const D: usize> OnBackend for PlanJob<F, D> {
     type Output = ();
 
     fn run<B>(self, device: &B::Device, name: String) -> Result<()>
@@ -175,7 +184,7 @@ impl OnBackend for PlanJob {
         B::InnerBackend: FusedLoss + DeviceMemory,
     {
         check_json_folder(self.json.as_deref())?;
-        let mut target = TransformerTarget::<B>::new(self.config.clone(), device)?;
+        let mut target = FamilyTarget::<B, F, D>::new(self.config.clone(), device)?;
         let cal = probe(&mut target, self.probe_batch, &name)?;
         let mut out = serde_json::json!({ "device": name, "calibration": cal });
         if let Some(budget) = self.budget {
@@ -183,8 +192,9 @@ impl OnBackend for PlanJob {
             print_choice(&cal, &choice, budget);
             print_verified(&choice, &verified);
             println!(
-                "to run it: vramfit train transformer {}{}",
-                own_flags("transformer"),
+                "to run it: vramfit train {} {}{}",
+                F::NAME,
+                own_flags(F::NAME),
                 flags(&apply(
                     &self.config,
                     &choice.plans[0].knobs,
@@ -422,8 +432,8 @@ pub(crate) fn own_flags(workload: &str) -> String {
     out
 }
 
-/// The `train transformer` flags that give `c`'s techniques.
-fn flags(c: &TrainConfig) -> String {
+/// The `train` flags that give `c`'s techniques.
+fn flags<M: ModelSettings>(c: &FamilyConfig<M>) -> String {
     let mut f = format!(
         "--batch-size {} --micro-batch {} --accumulate {} --precision {} --checkpoint {} --moments {} --allocator-cleanup {}",
         c.batch_size, c.micro_batch, c.accumulate, c.precision, c.checkpoint, c.moments, c.allocator_cleanup
@@ -434,10 +444,10 @@ fn flags(c: &TrainConfig) -> String {
     f
 }
 
-/// `train transformer --budget`: plan, write the plan into the run
+/// `train transformer|unet --budget`: plan, write the plan into the run
 /// directory, run the winner, fall back to the next plans on an out-of-memory.
-pub fn train_planned(
-    config: TrainConfig,
+pub fn train_planned<F: Family<D>, const D: usize>(
+    config: FamilyConfig<F>,
     budget: Budget,
     probe_batch: Option<usize>,
     out: RunPath,
@@ -446,7 +456,7 @@ pub fn train_planned(
 ) -> Result<()> {
     on_device(
         device,
-        PlannedRun {
+        PlannedRun::<F, D> {
             config,
             budget,
             probe_batch,
@@ -456,8 +466,8 @@ pub fn train_planned(
     )
 }
 
-struct PlannedRun {
-    config: TrainConfig,
+struct PlannedRun<F: ModelSettings, const D: usize> {
+    config: FamilyConfig<F>,
     budget: Budget,
     probe_batch: Option<usize>,
     out: RunPath,
@@ -485,7 +495,7 @@ fn technique_flags() -> Vec<String> {
 /// Plans kept for fallback after the winner.
 const FALLBACKS: usize = 3;
 
-impl OnBackend for PlannedRun {
+impl<F: Family<D>, const D: usize> OnBackend for PlannedRun<F, D> {
     type Output = ();
 
     fn run<B>(self, device: &B::Device, name: String) -> Result<()>
@@ -501,7 +511,7 @@ impl OnBackend for PlannedRun {
                 overridden.join(", ")
             );
         }
-        let mut target = TransformerTarget::<B>::new(self.config.clone(), device)?;
+        let mut target = FamilyTarget::<B, F, D>::new(self.config.clone(), device)?;
         let cal = probe(&mut target, self.probe_batch, &name)?;
         let (choice, verified) = choose_verified(&cal, &mut target, self.budget)?;
         drop(target);
@@ -515,7 +525,7 @@ impl OnBackend for PlannedRun {
         } = choice;
         plans.truncate(1 + FALLBACKS);
         let kept: Vec<&Plan> = plans.iter().collect();
-        let configs: Vec<TrainConfig> = kept
+        let configs: Vec<FamilyConfig<F>> = kept
             .iter()
             .map(|p| apply(&self.config, &p.knobs, batch, &cal.space.storage_groups))
             .collect();
@@ -534,7 +544,7 @@ impl OnBackend for PlannedRun {
             "probe_seconds": cal.seconds,
         });
         drop(cal);
-        let planned = run_planned::<B>(
+        let planned = run_planned::<B, F, D>(
             &configs,
             self.out,
             &record,
@@ -554,7 +564,7 @@ impl OnBackend for PlannedRun {
         let Some(summary) = planned.summary else {
             bail!("the run stopped before its end")
         };
-        crate::runs::print_transformer(&summary);
+        crate::runs::print_train(F::NAME, &summary);
         crate::runs::print_common(&summary, &planned.dir);
         check_within(summary.peak_memory_bytes.unwrap_or(0), self.budget.bytes, &planned.dir)
     }

@@ -40,7 +40,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let config = crate::train::resolve(&args.settings)?;
+    let config = crate::train::resolve::<vramfit_models::gpt::GptConfig>(&args.settings)?;
     on_device(
         &args.device,
         Bench {

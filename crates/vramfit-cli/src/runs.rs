@@ -9,8 +9,8 @@ use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
 use vramfit::profile::{DeviceMemory, MemoryReport, human_bytes};
 use vramfit::run::{Event, RunSummary, Start};
-use vramfit_models::config::TrainConfig;
-use vramfit_models::job::TrainSummary;
+use vramfit_models::config::{TrainConfig, UnetTrainConfig};
+use vramfit_models::job::{Job, TrainSummary};
 use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
 use vramfit_splat::op::{FusedLoss, SplatBackend};
 
@@ -22,13 +22,15 @@ pub enum Launch {
     Fit(Start<FitConfig>),
     /// `vramfit train transformer`.
     Transformer(Start<TrainConfig>),
+    /// `vramfit train unet`.
+    Unet(Start<UnetTrainConfig>),
 }
 
 impl Launch {
     fn resumed(&self) -> bool {
         matches!(
             self,
-            Launch::Fit(Start::Resume(_)) | Launch::Transformer(Start::Resume(_))
+            Launch::Fit(Start::Resume(_)) | Launch::Transformer(Start::Resume(_)) | Launch::Unet(Start::Resume(_))
         )
     }
 }
@@ -37,8 +39,8 @@ impl Launch {
 pub enum Done {
     /// A fit.
     Fit(RunSummary<vramfit_splat::job::Summary>),
-    /// A transformer run.
-    Transformer(RunSummary<TrainSummary>),
+    /// A training run of a model family (its name).
+    Train(&'static str, RunSummary<TrainSummary>),
 }
 
 struct Drive<O> {
@@ -63,7 +65,12 @@ impl<O: FnMut(Event) -> ControlFlow<()>> OnBackend for Drive<O> {
             Launch::Transformer(start) => {
                 let (run, w) = vramfit_models::job::launch::<B>(start, device, &name)?;
                 let dir = run.dir().root().to_path_buf();
-                (dir, run.drive(w, self.observe)?.map(Done::Transformer))
+                (dir, run.drive(w, self.observe)?.map(|s| Done::Train("transformer", s)))
+            }
+            Launch::Unet(start) => {
+                let (run, w) = Job::<B, _, 4>::launch(start, device, &name)?;
+                let dir = run.dir().root().to_path_buf();
+                (dir, run.drive(w, self.observe)?.map(|s| Done::Train("unet", s)))
             }
         })
     }
@@ -88,11 +95,11 @@ pub fn run(device: &str, launch: Launch) -> Result<()> {
     };
     match &done {
         Done::Fit(s) => print_fit(s, resumed),
-        Done::Transformer(s) => print_transformer(s),
+        Done::Train(name, s) => print_train(name, s),
     }
     match &done {
         Done::Fit(s) => print_common(s, &out),
-        Done::Transformer(s) => print_common(s, &out),
+        Done::Train(_, s) => print_common(s, &out),
     }
     Ok(())
 }
@@ -159,16 +166,38 @@ pub(crate) fn print_fit(s: &RunSummary<vramfit_splat::job::Summary>, resumed: bo
     );
 }
 
-pub(crate) fn print_transformer(s: &RunSummary<TrainSummary>) {
+pub(crate) fn print_train(name: &str, s: &RunSummary<TrainSummary>) {
     let t = &s.workload;
-    println!("trained transformer on {}: {}", s.device, t.techniques);
+    let field = |key: &str| t.family.get(key).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
+    println!("trained {name} on {}: {}", s.device, t.techniques);
+    let (loss, throughput) = if name == "unet" {
+        (
+            format!(
+                "final loss {:.5} MSE (noise floor {:.5}, the noisy input's {:.5}) · eval {:.5} (BatchNorm population statistics)",
+                t.final_loss,
+                field("noise_floor"),
+                field("identity_loss"),
+                field("eval_loss")
+            ),
+            format!("{:.0} pixels/s", field("pixels_per_second")),
+        )
+    } else {
+        (
+            format!(
+                "final loss {:.4} nats/token (task floor {:.4})",
+                t.final_loss,
+                field("entropy_floor")
+            ),
+            format!("{:.0} tokens/s", field("tokens_per_second")),
+        )
+    };
     println!(
-        "  final loss {:.4} nats/token (task floor {:.4}) · {} steps ({} skipped, loss scale {})",
-        t.final_loss, t.entropy_floor, s.steps, t.skipped_steps, t.loss_scale
+        "  {loss} · {} steps ({} skipped, loss scale {})",
+        s.steps, t.skipped_steps, t.loss_scale
     );
     println!(
-        "  {:.1} s · {:.1} ms per step (median) · {:.0} tokens/s",
-        s.wall_seconds, s.median_step_ms, t.tokens_per_second
+        "  {:.1} s · {:.1} ms per step (median) · {throughput}",
+        s.wall_seconds, s.median_step_ms
     );
     println!(
         "  parameters {} · optimizer state {}",

@@ -1,18 +1,24 @@
-//! `vramfit train transformer`: flags → settings → the run driver.
+//! `vramfit train transformer|unet`: flags → settings → the run driver.
 
 use std::path::PathBuf;
 
 use anyhow::Result;
-use vramfit_models::config::TrainConfig;
+use vramfit_models::config::FamilyConfig;
+use vramfit_models::family::{Family, ModelSettings};
+use vramfit_models::gpt::GptConfig;
+use vramfit_models::unet::UnetConfig;
 
 #[derive(clap::Subcommand)]
 pub enum Which {
     /// A GPT-style decoder on deterministic synthetic sequences.
-    Transformer(TransformerArgs),
+    Transformer(TrainArgs),
+    /// A convolutional U-Net with BatchNorm denoising crops of the procedural
+    /// sample (`--set task.resolution=256`, `--set model.norm=group`, …).
+    Unet(TrainArgs),
 }
 
 #[derive(clap::Args)]
-pub struct TransformerArgs {
+pub struct TrainArgs {
     #[command(flatten)]
     settings: Settings,
     /// Plan the run into this memory budget first (6GiB, 512MiB, 1.5GB, bytes, or
@@ -22,7 +28,7 @@ pub struct TransformerArgs {
     /// With --budget: probe at this effective batch and extrapolate to the run's.
     #[arg(long, requires = "budget")]
     probe_batch: Option<usize>,
-    /// Run directory (default: the next free runs/transformer-NNN).
+    /// Run directory (default: the next free runs/<workload>-NNN).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Continue the run in RUN_DIR from its last checkpoint.
@@ -38,7 +44,7 @@ pub struct TransformerArgs {
     simulate_oom_at: Option<u64>,
 }
 
-/// The transformer's settings as flags (shared by `train` and `plan`).
+/// A family's settings as flags (shared by `train` and `plan`).
 #[derive(clap::Args)]
 pub struct Settings {
     /// TOML file of settings (keys as in a run's config.toml); flags override it.
@@ -62,7 +68,7 @@ pub struct Settings {
     /// Optimiser steps (e.g. 1000 or 1e3).
     #[arg(long, value_parser = crate::parse_count::<u64>)]
     steps: Option<u64>,
-    /// Store a parameter group in low precision, PREFIX:TYPE (repeatable), e.g. token_embedding:bf16.
+    /// Store a parameter group in low precision, PREFIX:TYPE (repeatable), e.g. token_embedding:bf16, stages:bf16.
     #[arg(long, value_name = "PREFIX:TYPE")]
     storage: Vec<String>,
     /// Adam moments' type: f32 or bf16.
@@ -80,10 +86,10 @@ pub struct Settings {
 }
 
 /// Resolves defaults ← config file ← flags ← `--set`.
-pub fn resolve(a: &Settings) -> Result<TrainConfig> {
+pub fn resolve<M: ModelSettings>(a: &Settings) -> Result<FamilyConfig<M>> {
     let mut c = match &a.config {
-        Some(path) => TrainConfig::load(path)?,
-        None => TrainConfig::default(),
+        Some(path) => FamilyConfig::<M>::load(path)?,
+        None => FamilyConfig::<M>::default(),
     };
     let or = |flag: &Option<String>, value: &mut String| {
         if let Some(f) = flag {
@@ -106,22 +112,31 @@ pub fn resolve(a: &Settings) -> Result<TrainConfig> {
 }
 
 pub fn run(which: Which) -> Result<()> {
-    let Which::Transformer(args) = which;
+    match which {
+        Which::Transformer(args) => run_family::<GptConfig, 3>(args, crate::runs::Launch::Transformer),
+        Which::Unet(args) => run_family::<UnetConfig, 4>(args, crate::runs::Launch::Unet),
+    }
+}
+
+fn run_family<F: Family<D>, const D: usize>(
+    args: TrainArgs,
+    launch: impl FnOnce(vramfit::run::Start<FamilyConfig<F>>) -> crate::runs::Launch,
+) -> Result<()> {
     if let Some(budget) = &args.budget {
-        let config = resolve(&args.settings)?;
+        let config = resolve::<F>(&args.settings)?;
         let budget = crate::plan::Budget::parse(budget, &args.device)?;
-        return crate::plan::train_planned(
+        return crate::plan::train_planned::<F, D>(
             config,
             budget,
             args.probe_batch,
-            crate::run_path(&args.out, "transformer"),
+            crate::run_path(&args.out, F::NAME),
             &args.device,
             args.simulate_oom_at,
         );
     }
     let start = match &args.resume {
         Some(dir) => vramfit::run::Start::Resume(dir.clone()),
-        None => vramfit::run::Start::New(resolve(&args.settings)?, crate::run_path(&args.out, "transformer")),
+        None => vramfit::run::Start::New(resolve::<F>(&args.settings)?, crate::run_path(&args.out, F::NAME)),
     };
-    crate::runs::run(&args.device, crate::runs::Launch::Transformer(start))
+    crate::runs::run(&args.device, launch(start))
 }

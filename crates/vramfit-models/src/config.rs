@@ -1,6 +1,8 @@
-//! Settings of `vramfit train transformer`: defaults, TOML files (unknown
+//! Settings of `vramfit train <family>`: defaults, TOML files (unknown
 //! keys are errors naming their line) and validation of every combination
-//! before anything is created.
+//! before anything is created. The shared settings (steps, batch,
+//! techniques, cadence) are the same for every family; `[model]` and
+//! `[task]` are the family's ([`ModelSettings`]).
 
 use std::path::{Path, PathBuf};
 
@@ -13,13 +15,19 @@ use vramfit::checkpoint::CheckpointPolicy;
 use vramfit::precision::Precision;
 use vramfit::storage::StoragePolicy;
 
-use crate::data::TaskConfig;
+use crate::family::ModelSettings;
 use crate::gpt::GptConfig;
 
-/// Every setting of a training run. Field names are the TOML keys.
+/// The transformer's settings (`vramfit train transformer`).
+pub type TrainConfig = FamilyConfig<GptConfig>;
+
+/// The U-Net's settings (`vramfit train unet`).
+pub type UnetTrainConfig = FamilyConfig<crate::unet::UnetConfig>;
+
+/// Every setting of a training run of family `M`. Field names are the TOML keys.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TrainConfig {
+#[serde(deny_unknown_fields, default, bound = "")]
+pub struct FamilyConfig<M: ModelSettings> {
     /// Optimiser steps.
     pub steps: u64,
     /// Samples per optimiser step.
@@ -55,14 +63,14 @@ pub struct TrainConfig {
     /// Steps between memory records (0: none).
     pub profile_every: u64,
     /// The model.
-    pub model: GptConfig,
+    pub model: M,
     /// The synthetic data.
-    pub task: TaskConfig,
+    pub task: M::Task,
 }
 
-impl Default for TrainConfig {
+impl<M: ModelSettings> Default for FamilyConfig<M> {
     fn default() -> Self {
-        Self {
+        M::defaults(Self {
             steps: 300,
             batch_size: 16,
             micro_batch: 0,
@@ -80,9 +88,9 @@ impl Default for TrainConfig {
             log_every: 10,
             checkpoint_every: 100,
             profile_every: 10,
-            model: GptConfig::default(),
-            task: TaskConfig::default(),
-        }
+            model: M::default(),
+            task: M::Task::default(),
+        })
     }
 }
 
@@ -126,11 +134,12 @@ pub struct Resolved {
     pub cleanup: CleanupPolicy,
 }
 
-fn invalid(name: &'static str, why: impl Into<String>) -> ConfigError {
+/// The error for setting `name`.
+pub fn invalid(name: &'static str, why: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { name, why: why.into() }
 }
 
-impl TrainConfig {
+impl<M: ModelSettings> FamilyConfig<M> {
     /// Parses TOML; `path` names the source in errors.
     pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
         vramfit::settings::from_toml(text).map_err(|why| ConfigError::File { path: path.into(), why })
@@ -163,7 +172,7 @@ impl TrainConfig {
 
     /// Checks every setting and combination against backend `B` on `device`.
     pub fn resolve<B: Backend>(&self, device: &B::Device) -> Result<Resolved, ConfigError> {
-        self.model.validate().map_err(|e| invalid("model", e.to_string()))?;
+        self.model.check(&self.task)?;
         if self.steps == 0 {
             return Err(invalid("steps", "must be at least 1"));
         }
@@ -180,27 +189,6 @@ impl TrainConfig {
             return Err(invalid(
                 "weight_decay",
                 format!("{} is not finite and ≥ 0", self.weight_decay),
-            ));
-        }
-        if self.task.tokens < 1 || self.task.topics < 1 || !(0.0..=1.0).contains(&self.task.p_follow) {
-            return Err(invalid("task", "tokens and topics must be ≥ 1 and p_follow in [0, 1]"));
-        }
-        if self.task.frames > 0 && self.model.frame_dim == 0 {
-            return Err(invalid(
-                "task.frames",
-                "the task has frames but model.frame_dim is 0: set model.frame_dim and model.max_frames",
-            ));
-        }
-        let length = self.model.frames_used(self.task.frames) + self.task.tokens;
-        if length > self.model.context {
-            return Err(invalid(
-                "model.context",
-                format!(
-                    "{} frames + {} tokens = {length} positions do not fit a context of {}: raise model.context or lower task.tokens / model.max_frames",
-                    self.model.frames_used(self.task.frames),
-                    self.task.tokens,
-                    self.model.context
-                ),
             ));
         }
         let precision = Precision::parse(&self.precision).ok_or_else(|| {
@@ -232,7 +220,7 @@ impl TrainConfig {
             ));
         }
         let checkpointed = CheckpointPolicy::parse(&self.checkpoint)
-            .and_then(|p| p.plan(self.model.depth))
+            .and_then(|p| p.plan(self.model.blocks()))
             .map_err(|e| invalid("checkpoint", e.to_string()))?;
         let batching = MicroBatching {
             micro_batch: if self.micro_batch == 0 {
@@ -283,6 +271,7 @@ impl TrainConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::TaskConfig;
     use burn::backend::Flex;
 
     fn check(c: TrainConfig) -> String {

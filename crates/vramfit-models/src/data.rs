@@ -77,6 +77,11 @@ impl SyntheticTask {
         }
     }
 
+    /// The task's settings.
+    pub fn config(&self) -> &TaskConfig {
+        &self.config
+    }
+
     /// Cross-entropy (nats) of a predictor that knows the topic: the floor.
     pub fn entropy_floor(&self) -> f64 {
         let v = self.vocab as f64;

@@ -145,7 +145,7 @@ impl GptConfig {
     }
 }
 
-fn normal<B: Backend, const D: usize>(
+pub(crate) fn normal<B: Backend, const D: usize>(
     rng: &mut ChaCha8Rng,
     shape: [usize; D],
     std: f64,
@@ -163,7 +163,7 @@ fn normal<B: Backend, const D: usize>(
     Param::from_tensor(Tensor::from_data(TensorData::new(values, shape), device))
 }
 
-fn constant<B: Backend>(n: usize, value: f32, device: &B::Device) -> Param<Tensor<B, 1>> {
+pub(crate) fn constant<B: Backend>(n: usize, value: f32, device: &B::Device) -> Param<Tensor<B, 1>> {
     Param::from_tensor(Tensor::from_data(TensorData::new(vec![value; n], [n]), device))
 }
 
@@ -381,5 +381,89 @@ impl<B: AutodiffBackend> Trainable<B, 3> for Gpt<B> {
 
     fn head(&self, x: Tensor<B, 3>, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, 1> {
         self.head_loss(x, batch, autocast)
+    }
+}
+
+impl crate::family::ModelSettings for GptConfig {
+    type Task = crate::data::TaskConfig;
+    const NAME: &'static str = "transformer";
+    const CHECKPOINT_KIND: &'static str = "vramfit.transformer.checkpoint";
+    const WEIGHTS_KIND: &'static str = "vramfit.transformer.weights";
+
+    fn check(&self, task: &Self::Task) -> Result<(), crate::config::ConfigError> {
+        use crate::config::invalid;
+        self.validate().map_err(|e| invalid("model", e.to_string()))?;
+        if task.tokens < 1 || task.topics < 1 || !(0.0..=1.0).contains(&task.p_follow) {
+            return Err(invalid("task", "tokens and topics must be ≥ 1 and p_follow in [0, 1]"));
+        }
+        if task.frames > 0 && self.frame_dim == 0 {
+            return Err(invalid(
+                "task.frames",
+                "the task has frames but model.frame_dim is 0: set model.frame_dim and model.max_frames",
+            ));
+        }
+        let length = self.frames_used(task.frames) + task.tokens;
+        if length > self.context {
+            return Err(invalid(
+                "model.context",
+                format!(
+                    "{} frames + {} tokens = {length} positions do not fit a context of {}: raise model.context or lower task.tokens / model.max_frames",
+                    self.frames_used(task.frames),
+                    task.tokens,
+                    self.context
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn blocks(&self) -> usize {
+        self.depth
+    }
+}
+
+impl crate::family::Family<3> for GptConfig {
+    type Net<B: AutodiffBackend> = Gpt<B>;
+    type Data = crate::data::SyntheticTask;
+
+    fn init<B: AutodiffBackend>(&self, seed: u64, device: &B::Device) -> Gpt<B> {
+        GptConfig::init(self, seed, device)
+    }
+
+    fn data(&self, task: &Self::Task) -> Self::Data {
+        crate::data::SyntheticTask::new(task.clone(), self.vocab, self.frame_dim)
+    }
+
+    fn batch<B: AutodiffBackend>(data: &Self::Data, step: u64, size: usize, device: &B::Device) -> TokenBatch<B> {
+        data.batch::<B>(step, size, device)
+    }
+
+    fn block_input_bytes(&self, task: &Self::Task) -> u64 {
+        ((self.frames_used(task.frames) + task.tokens) * self.width * 4) as u64
+    }
+
+    fn summary<B: AutodiffBackend>(
+        &self,
+        data: &Self::Data,
+        _: &Gpt<B>,
+        batch_size: usize,
+        _: usize,
+        median_step_ms: f64,
+        _: &B::Device,
+    ) -> serde_json::Map<String, serde_json::Value> {
+        let tokens = (batch_size * data.config().tokens) as f64;
+        let mut out = serde_json::Map::new();
+        // The task's floor: a predictor that knows the hidden topic (nats per token).
+        out.insert("entropy_floor".into(), data.entropy_floor().into());
+        out.insert(
+            "tokens_per_second".into(),
+            (if median_step_ms > 0.0 {
+                tokens / (median_step_ms / 1e3)
+            } else {
+                0.0
+            })
+            .into(),
+        );
+        out
     }
 }

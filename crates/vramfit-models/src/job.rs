@@ -1,11 +1,11 @@
-//! The transformer as a workload of the run driver
+//! A model family's training run as a workload of the run driver
 //! ([`vramfit::run::Workload`]): its step is the composed step of
-//! [`vramfit::step::Stepper`] on the synthetic task, its state is the
-//! parameters, the Adam moments and the loss scaler, and its files are
-//! `weights.bin` and its fields of `summary.json` (final loss against the
-//! task's floor, tokens per second, parameter and optimiser bytes).
-//! Every setting is validated when the workload is built, before a run
-//! directory exists.
+//! [`vramfit::step::Stepper`] on the family's synthetic task, its state is
+//! the parameters, the Adam moments and the loss scaler, and its files are
+//! `weights.bin` and its fields of `summary.json` (final loss, the
+//! family's floor and throughput, parameter and optimiser bytes). Every
+//! setting is validated when the workload is built, before a run directory
+//! exists. [`Transformer`] and [`Unet`] are its two families.
 
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
@@ -22,12 +22,16 @@ use vramfit::step::{StepError, StepObserver, Stepper};
 use vramfit::storage::parameter_bytes;
 use vramfit::trainer::{load_state, save_state};
 
-use crate::config::{ConfigError, TrainConfig};
-use crate::data::SyntheticTask;
-use crate::gpt::Gpt;
+use crate::config::{ConfigError, FamilyConfig, TrainConfig};
+use crate::family::Family;
+use crate::gpt::GptConfig;
+use crate::unet::UnetConfig;
 
-const CHECKPOINT_KIND: &str = "vramfit.transformer.checkpoint";
-const WEIGHTS_KIND: &str = "vramfit.transformer.weights";
+/// The transformer's training run.
+pub type Transformer<B> = Job<B, GptConfig, 3>;
+
+/// The U-Net's training run.
+pub type Unet<B> = Job<B, UnetConfig, 4>;
 
 /// Why a run stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -46,13 +50,11 @@ pub enum TrainError {
     Checkpoint(String),
 }
 
-/// The transformer's fields of `summary.json`.
+/// A training run's fields of `summary.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainSummary {
-    /// Mean loss over the last 10 optimiser steps (nats per token).
+    /// Mean loss over the last 10 optimiser steps.
     pub final_loss: f64,
-    /// The task's floor: a predictor that knows the hidden topic (nats).
-    pub entropy_floor: f64,
     /// Steps skipped by the loss scaler.
     pub skipped_steps: u64,
     /// Final loss scale (1 without a scaler).
@@ -63,28 +65,29 @@ pub struct TrainSummary {
     pub parameter_bytes: u64,
     /// Bytes of Adam moments.
     pub optimizer_state_bytes: u64,
-    /// Tokens per second in the last session (median step).
-    pub tokens_per_second: f64,
     /// Allocator cleanups done (last session).
     pub cleanup_calls: u64,
     /// Seconds spent in them.
     pub cleanup_seconds: f64,
+    /// The family's own fields: its floor, its throughput (the
+    /// transformer's `entropy_floor` and `tokens_per_second`).
+    #[serde(flatten)]
+    pub family: serde_json::Map<String, serde_json::Value>,
 }
 
-/// A transformer training run on backend `B`.
-pub struct Transformer<B: AutodiffBackend> {
-    config: TrainConfig,
-    task: SyntheticTask,
-    model: Gpt<B>,
+/// A training run of family `F` on backend `B`.
+pub struct Job<B: AutodiffBackend, F: Family<D>, const D: usize> {
+    config: FamilyConfig<F>,
+    data: F::Data,
+    model: F::Net<B>,
     stepper: Stepper<B>,
     /// Losses of the last (up to) 10 steps, for `final_loss` (kept across resumes).
     recent: Vec<f64>,
     device: B::Device,
 }
 
-/// Starts a new run, or opens a run directory to resume it (with its own
-/// settings); returns the run and the workload to drive.
-/// Settings are validated before the directory is created.
+/// Starts a new transformer run, or opens a run directory to resume it
+/// ([`Job::launch`]).
 pub fn launch<B>(
     start: Start<TrainConfig>,
     device: &B::Device,
@@ -94,23 +97,37 @@ where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
 {
-    match start {
-        Start::New(config, out) => {
-            let workload = Transformer::new(config, device)?;
-            let run = Run::create(&out, &workload.config.to_toml(), device_name)?;
-            Ok((run, workload))
-        }
-        Start::Resume(out) => {
-            let (run, text) = Run::open(&out, device_name)?;
-            let config = TrainConfig::from_toml(&text, &run.dir().path("config.toml"))?;
-            Ok((run, Transformer::new(config, device)?))
-        }
-    }
+    Transformer::<B>::launch(start, device, device_name)
 }
 
-impl<B: AutodiffBackend> Transformer<B> {
+impl<B: AutodiffBackend, F: Family<D>, const D: usize> Job<B, F, D> {
+    /// Starts a new run, or opens a run directory to resume it (with its
+    /// own settings); returns the run and the workload to drive. Settings
+    /// are validated before the directory is created.
+    pub fn launch(
+        start: Start<FamilyConfig<F>>,
+        device: &B::Device,
+        device_name: &str,
+    ) -> Result<(Run, Self), TrainError>
+    where
+        B::InnerBackend: DeviceMemory,
+    {
+        match start {
+            Start::New(config, out) => {
+                let workload = Self::new(config, device)?;
+                let run = Run::create(&out, &workload.config.to_toml(), device_name)?;
+                Ok((run, workload))
+            }
+            Start::Resume(out) => {
+                let (run, text) = Run::open(&out, device_name)?;
+                let config = FamilyConfig::from_toml(&text, &run.dir().path("config.toml"))?;
+                Ok((run, Self::new(config, device)?))
+            }
+        }
+    }
+
     /// Builds the model, the optimiser and the step from validated settings.
-    pub fn new(config: TrainConfig, device: &B::Device) -> Result<Self, TrainError> {
+    pub fn new(config: FamilyConfig<F>, device: &B::Device) -> Result<Self, TrainError> {
         let r = config.resolve::<B>(device)?;
         let model = config.model.init::<B>(config.seed, device);
         let model = r.storage.apply(model).map_err(|e| ConfigError::Invalid {
@@ -127,7 +144,7 @@ impl<B: AutodiffBackend> Transformer<B> {
             attempts: 0,
         };
         Ok(Self {
-            task: SyntheticTask::new(config.task.clone(), config.model.vocab, config.model.frame_dim),
+            data: config.model.data(&config.task),
             config,
             model,
             stepper,
@@ -137,12 +154,12 @@ impl<B: AutodiffBackend> Transformer<B> {
     }
 
     /// The settings.
-    pub fn config(&self) -> &TrainConfig {
+    pub fn config(&self) -> &FamilyConfig<F> {
         &self.config
     }
 
     /// The model.
-    pub fn model(&self) -> &Gpt<B> {
+    pub fn model(&self) -> &F::Net<B> {
         &self.model
     }
 
@@ -157,7 +174,7 @@ impl<B: AutodiffBackend> Transformer<B> {
     }
 }
 
-impl<B> Workload for Transformer<B>
+impl<B, F: Family<D>, const D: usize> Workload for Job<B, F, D>
 where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
@@ -166,7 +183,7 @@ where
     type Error = TrainError;
 
     fn checkpoint_kind(&self) -> &'static str {
-        CHECKPOINT_KIND
+        F::CHECKPOINT_KIND
     }
 
     fn cadence(&self) -> Cadence {
@@ -200,7 +217,7 @@ where
 
     fn step(&mut self, observer: &mut dyn StepObserver) -> Result<StepRecord, TrainError> {
         let step = self.stepper.attempts + 1;
-        let batch = self.task.batch::<B>(step, self.config.batch_size, &self.device);
+        let batch = F::batch::<B>(&self.data, step, self.config.batch_size, &self.device);
         let lr = self.config.lr_at(step);
         let model = self.model.clone();
         let (model, out) = self.stepper.step(model, &batch, lr, &self.device, observer)?;
@@ -239,7 +256,7 @@ where
     }
 
     fn snapshot(&self) -> Result<ArrayFile, TrainError> {
-        Ok(self.to_array_file(CHECKPOINT_KIND))
+        Ok(self.to_array_file(F::CHECKPOINT_KIND))
     }
 
     fn restore(&mut self, file: &ArrayFile) -> Result<(), TrainError> {
@@ -309,7 +326,6 @@ where
         let c = &self.config;
         let summary = TrainSummary {
             final_loss: self.recent.iter().sum::<f64>() / self.recent.len().max(1) as f64,
-            entropy_floor: self.task.entropy_floor(),
             skipped_steps: s.scaler.as_ref().map_or(0, |x| x.state().skipped_steps),
             loss_scale: s.scaler.as_ref().map_or(1.0, |x| x.scale()),
             techniques: json!({
@@ -319,16 +335,19 @@ where
             }),
             parameter_bytes: parameter_bytes(&self.model),
             optimizer_state_bytes: s.optimizer.state_bytes(),
-            tokens_per_second: if median > 0.0 {
-                (c.batch_size * c.task.tokens) as f64 / (median / 1e3)
-            } else {
-                0.0
-            },
             cleanup_calls: s.cleanup.calls(),
             cleanup_seconds: s.cleanup.spent().as_secs_f64(),
+            family: c.model.summary::<B>(
+                &self.data,
+                &self.model,
+                c.batch_size,
+                s.batching.micro_batch,
+                median,
+                &self.device,
+            ),
         };
         // No wall time in the weights: a resumed run writes the same bytes.
-        let weights = self.to_array_file(WEIGHTS_KIND).to_bytes();
+        let weights = self.to_array_file(F::WEIGHTS_KIND).to_bytes();
         Ok(Finished {
             summary,
             files: vec![("weights.bin".into(), weights)],

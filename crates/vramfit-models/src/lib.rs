@@ -1,10 +1,13 @@
-//! Workloads that show vramfit's techniques: a GPT-style decoder
-//! ([`gpt`]) with deterministic synthetic data ([`data`]), trained by the
-//! composed step of [`vramfit::step::Stepper`].
+//! Workloads that show vramfit's techniques, trained by the composed step
+//! of [`vramfit::step::Stepper`]: a GPT-style decoder ([`gpt`]) on
+//! deterministic synthetic sequences ([`data`]), and a convolutional U-Net
+//! with BatchNorm ([`unet`]) denoising crops of the procedural sample
+//! ([`denoise`]).
 //!
-//! [`job::Transformer`] is the workload the run driver runs into a run
-//! directory (`vramfit train transformer`), with settings from [`config`];
-//! [`plan`] makes it fit a memory budget (`vramfit plan transformer`).
+//! Each is a model family ([`family`]): [`job::Job`] is the workload the
+//! run driver runs into a run directory (`vramfit train transformer|unet`),
+//! with settings from [`config`]; [`plan`] makes it fit a memory budget
+//! (`vramfit plan transformer|unet`).
 //!
 //! ```
 //! use burn::backend::{Autodiff, Flex};
@@ -23,6 +26,9 @@
 
 pub mod config;
 pub mod data;
+pub mod denoise;
+pub mod family;
 pub mod gpt;
 pub mod job;
 pub mod plan;
+pub mod unet;

@@ -1,7 +1,8 @@
-//! The transformer for the planner ([`vramfit::plan`]): its knob space on
+//! A model family for the planner ([`vramfit::plan`]): its knob space on
 //! the device, probes that are short runs of the real workload through the
 //! run driver, the settings a plan gives, and a planned run that falls
-//! back to the next plan when the device still runs out of memory.
+//! back to the next plan when the device still runs out of memory. The
+//! transformer and the U-Net are planned by the same code.
 
 use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
@@ -12,26 +13,35 @@ use vramfit::profile::DeviceMemory;
 use vramfit::run::{Event, RunError, RunPath};
 use vramfit::step::StepError;
 
-use crate::config::TrainConfig;
-use crate::job::{TrainError, TrainSummary, Transformer, launch};
+use crate::config::FamilyConfig;
+use crate::family::{Family, ModelSettings};
+use crate::gpt::GptConfig;
+use crate::job::{Job, TrainError, TrainSummary};
+use crate::unet::UnetConfig;
 
 /// Steps of one probe (the first one warms up; the median is of the rest).
 pub const PROBE_STEPS: u64 = 5;
 
-/// The transformer with settings `base`, to be planned on `device`.
-pub struct TransformerTarget<B: AutodiffBackend> {
-    base: TrainConfig,
+/// A run of family `F` with settings `base`, to be planned on `device`.
+pub struct FamilyTarget<B: AutodiffBackend, F: Family<D>, const D: usize> {
+    base: FamilyConfig<F>,
     space: Space,
     device: B::Device,
 }
 
-impl<B> TransformerTarget<B>
+/// The transformer for the planner.
+pub type TransformerTarget<B> = FamilyTarget<B, GptConfig, 3>;
+
+/// The U-Net for the planner.
+pub type UnetTarget<B> = FamilyTarget<B, UnetConfig, 4>;
+
+impl<B, F: Family<D>, const D: usize> FamilyTarget<B, F, D>
 where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
 {
     /// Validates `base` on `device` and reads the knob space.
-    pub fn new(base: TrainConfig, device: &B::Device) -> Result<Self, TrainError> {
+    pub fn new(base: FamilyConfig<F>, device: &B::Device) -> Result<Self, TrainError> {
         base.resolve::<B>(device)?;
         let supported = |d: DType| B::supports_dtype(device, d);
         let precisions = [Precision::F32, Precision::Bf16, Precision::F16]
@@ -40,11 +50,10 @@ where
             .collect();
         let bf16 = supported(DType::BF16);
         let groups = vramfit::trainer::parameter_groups(&base.model.init::<B>(base.seed, device));
-        let positions = base.model.frames_used(base.task.frames) + base.task.tokens;
         let space = Space {
             batch: base.batch_size,
-            blocks: base.model.depth,
-            block_input_bytes: (positions * base.model.width * 4) as u64,
+            blocks: base.model.blocks(),
+            block_input_bytes: base.model.block_input_bytes(&base.task),
             precisions,
             storage_groups: if bf16 { groups } else { Vec::new() },
             low_moments: bf16,
@@ -59,8 +68,13 @@ where
 
 /// The settings of `base` with `knobs` at effective batch `batch`
 /// (`groups`: the space's storage groups, largest first).
-pub fn apply(base: &TrainConfig, knobs: &Knobs, batch: usize, groups: &[(String, u64)]) -> TrainConfig {
-    TrainConfig {
+pub fn apply<M: ModelSettings>(
+    base: &FamilyConfig<M>,
+    knobs: &Knobs,
+    batch: usize,
+    groups: &[(String, u64)],
+) -> FamilyConfig<M> {
+    FamilyConfig {
         batch_size: batch,
         micro_batch: knobs.micro_batch,
         accumulate: batch / knobs.micro_batch.max(1),
@@ -76,7 +90,7 @@ pub fn apply(base: &TrainConfig, knobs: &Knobs, batch: usize, groups: &[(String,
     }
 }
 
-impl<B> Plannable for TransformerTarget<B>
+impl<B, F: Family<D>, const D: usize> Plannable for FamilyTarget<B, F, D>
 where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
@@ -88,7 +102,7 @@ where
     fn measure(&mut self, knobs: &Knobs, batch: usize) -> Result<Measured, String> {
         // Each probe starts from pools that hold nothing of the previous one.
         B::memory_cleanup(&self.device);
-        let config = TrainConfig {
+        let config = FamilyConfig {
             steps: PROBE_STEPS,
             log_every: 1,
             // Checkpoint writes count towards the peak (host copies): probed when the run makes them.
@@ -96,7 +110,7 @@ where
             profile_every: 1,
             ..apply(&self.base, knobs, batch, &self.space.storage_groups)
         };
-        let workload = Transformer::<B>::new(config, &self.device).map_err(|e| e.to_string())?;
+        let workload = Job::<B, F, D>::new(config, &self.device).map_err(|e| e.to_string())?;
         let measured = measure_run(workload);
         B::memory_cleanup(&self.device);
         measured
@@ -107,8 +121,8 @@ where
 /// settings) and falls back to the next plans on an out-of-memory
 /// ([`PlannedRun`]). `simulate_oom_at` makes plan 0 fail at that step with
 /// the backend's out-of-memory words (a test seam, as [`vramfit::run::FailAt`]).
-pub fn run_planned<B>(
-    plans: &[TrainConfig],
+pub fn run_planned<B, F: Family<D>, const D: usize>(
+    plans: &[FamilyConfig<F>],
     out: RunPath,
     plan: &serde_json::Value,
     device: &B::Device,
@@ -122,7 +136,7 @@ where
 {
     PlannedRun {
         plans,
-        to_toml: TrainConfig::to_toml,
+        to_toml: FamilyConfig::<F>::to_toml,
         out,
         record: plan.clone(),
         simulate_oom_at,
@@ -134,7 +148,7 @@ where
         },
     }
     .run(
-        |start| launch::<B>(start, device, device_name),
+        |start| Job::<B, F, D>::launch(start, device, device_name),
         |e| matches!(e, TrainError::Run(RunError::OutOfMemory(_))),
         observe,
     )

@@ -129,7 +129,7 @@ where
         .collect();
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("planned");
-    let planned = run_planned::<B>(
+    let planned = run_planned::<B, _, 3>(
         &plans,
         RunPath::At(out.clone()),
         &serde_json::json!({ "budget": budgets[1] }),

@@ -1,6 +1,9 @@
 //! Block activation checkpointing by segmented backward.
 //!
-//! A model is run as `prelude → blocks → head`. A checkpointed block runs
+//! A model is run as `prelude → blocks → head`. What flows between blocks
+//! is a stack of tensors: one for a plain chain (a transformer), more for a
+//! network with skip connections (a U-Net's encoder stages push their skips,
+//! its decoder stages pop them; see [`Block::forward_stack`]). A checkpointed block runs
 //! its forward without autodiff (on the inner backend) and keeps only its
 //! input; in backward it is run again with autodiff from that input and
 //! differentiated on its own. Consecutive blocks that are not checkpointed
@@ -113,10 +116,40 @@ impl CheckpointPolicy {
     }
 }
 
-/// A block of a chain: same-shaped input and output.
+/// A block of a chain. A plain chain passes one tensor from block to
+/// block: implement [`Block::forward`]. A network with skip connections
+/// passes a stack of tensors (a U-Net's encoder stage pushes its skip, its
+/// decoder stage pops it): implement [`Block::forward_stack`]. Each method's
+/// default calls the other, so implement at least one.
 pub trait Block<B: Backend, const D: usize> {
-    /// Forward under the precision policy.
-    fn forward(&self, x: Tensor<B, D>, autocast: &Autocast) -> Tensor<B, D>;
+    /// Forward under the precision policy, one tensor in and one out.
+    fn forward(&self, x: Tensor<B, D>, autocast: &Autocast) -> Tensor<B, D> {
+        let mut out = self.forward_stack(vec![x], autocast);
+        assert_eq!(out.len(), 1, "this block changes the stack's depth: call forward_stack");
+        out.remove(0)
+    }
+
+    /// Forward under the precision policy, from the stack before the block
+    /// to the stack after it (by default the top tensor goes through
+    /// [`Block::forward`]).
+    fn forward_stack(&self, mut stack: Vec<Tensor<B, D>>, autocast: &Autocast) -> Vec<Tensor<B, D>> {
+        let x = stack.pop().expect("a block's stack holds its input");
+        stack.push(self.forward(x, autocast));
+        stack
+    }
+}
+
+/// The stack's tensors on the inner backend (no graph).
+fn inner<B: AutodiffBackend, const D: usize>(stack: &[Tensor<B, D>]) -> Vec<Tensor<B::InnerBackend, D>> {
+    stack.iter().map(|t| t.clone().inner()).collect()
+}
+
+/// New leaves that track gradients, one per tensor.
+fn leaves<B: AutodiffBackend, const D: usize>(stack: Vec<Tensor<B::InnerBackend, D>>) -> Vec<Tensor<B, D>> {
+    stack
+        .into_iter()
+        .map(|t| Tensor::<B, D>::from_inner(t).require_grad())
+        .collect()
 }
 
 /// Runs `blocks` from `input` (the prelude's output, with its graph), the
@@ -143,49 +176,66 @@ where
 {
     assert_eq!(blocks.len(), checkpointed.len(), "one checkpoint mark per block");
     enum Segment<B: AutodiffBackend, const D: usize> {
-        /// Plain blocks `range`: the leaf they started from and their output, graph kept.
-        Kept { input: Tensor<B, D>, output: Tensor<B, D> },
+        /// Plain blocks: the leaves they started from and their outputs, graph kept.
+        Kept {
+            input: Vec<Tensor<B, D>>,
+            output: Vec<Tensor<B, D>>,
+        },
         /// One checkpointed block: only its input.
         Recompute {
             block: usize,
-            input: Tensor<B::InnerBackend, D>,
+            input: Vec<Tensor<B::InnerBackend, D>>,
         },
     }
     let mut segments = Vec::new();
-    let mut x = input.clone().inner();
+    let mut x = vec![input.clone().inner()];
     let mut i = 0;
     while i < blocks.len() {
         if checkpointed[i] {
-            let y = blocks[i].valid().forward(x.clone(), autocast);
+            let y = blocks[i].valid().forward_stack(x.clone(), autocast);
             segments.push(Segment::Recompute { block: i, input: x });
             x = y;
             i += 1;
         } else {
-            let leaf = Tensor::<B, D>::from_inner(x).require_grad();
+            let leaf = leaves::<B, D>(x);
             let mut y = leaf.clone();
             while i < blocks.len() && !checkpointed[i] {
-                y = blocks[i].forward(y, autocast);
+                y = blocks[i].forward_stack(y, autocast);
                 i += 1;
             }
-            x = y.clone().inner();
+            x = inner(&y);
             segments.push(Segment::Kept { input: leaf, output: y });
         }
     }
 
     let mut all = GradientsParams::new();
-    let leaf = Tensor::<B, D>::from_inner(x).require_grad();
-    let out = head(leaf.clone());
+    assert_eq!(x.len(), 1, "the last block leaves one tensor for the head");
+    let leaf = leaves::<B, D>(x);
+    let out = head(leaf[0].clone());
     let value = out.clone().inner();
     forward_done();
     let mut grads = out.backward();
-    let mut d_x = leaf.grad(&grads).expect("the head uses its input");
+    let mut d_x = vec![leaf[0].grad(&grads).expect("the head uses its input")];
     add_into(model, &mut all, GradientsParams::from_module(&mut grads, model));
 
-    // Feeds `d_x` (gradient of `output`) back to `input`; returns input's gradient.
-    let mut pull = |input: Tensor<B, D>, output: Tensor<B, D>, d_out: Tensor<B::InnerBackend, D>| {
-        let d_out = cast_to(d_out, output.dtype().into());
-        let mut grads = (output * Tensor::from_inner(d_out)).sum().backward();
-        let d_in = input.grad(&grads);
+    // Feeds `d_out` (gradients of `output`) back to `input`: backward of
+    // Σ sum(y · g), whose gradient with respect to each y is exactly its g.
+    let mut pull = |input: Vec<Tensor<B, D>>, output: Vec<Tensor<B, D>>, d_out: Vec<Tensor<B::InnerBackend, D>>| {
+        assert_eq!(output.len(), d_out.len(), "one gradient per output");
+        let total = output
+            .into_iter()
+            .zip(d_out)
+            .map(|(y, g)| {
+                let g = cast_to(g, y.dtype().into());
+                (y * Tensor::from_inner(g)).sum()
+            })
+            .reduce(|a, b| a + b)
+            .expect("a stack is never empty");
+        let mut grads = total.backward();
+        let d_in: Vec<_> = input
+            .iter()
+            .map(|t| t.grad(&grads).unwrap_or_else(|| t.clone().inner().zeros_like()))
+            .collect();
         add_into(model, &mut all, GradientsParams::from_module(&mut grads, model));
         d_in
     };
@@ -193,15 +243,15 @@ where
         let (input, output) = match segment {
             Segment::Kept { input, output } => (input, output),
             Segment::Recompute { block, input } => {
-                let leaf = Tensor::<B, D>::from_inner(input).require_grad();
-                let y = blocks[block].forward(leaf.clone(), autocast);
+                let leaf = leaves::<B, D>(input);
+                let y = blocks[block].forward_stack(leaf.clone(), autocast);
                 (leaf, y)
             }
         };
-        d_x = pull(input, output, d_x).expect("a block uses its input");
+        d_x = pull(input, output, d_x);
     }
     // The prelude: its graph is still attached to `input`.
-    let _ = pull(input.clone(), input, d_x);
+    let _ = pull(vec![input.clone()], vec![input], d_x);
     (value, all)
 }
 

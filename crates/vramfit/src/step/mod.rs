@@ -26,7 +26,8 @@ use crate::profile::{Accounted, Profiler};
 use crate::storage::parameter_bytes;
 
 /// A model the composed step can train: `prelude → blocks → head`, where
-/// the blocks are a chain of same-shaped `[.., D]` activations.
+/// the blocks are a chain of rank-`D` activations (a stack of them where the
+/// model has skip connections, see [`Block::forward_stack`]).
 pub trait Trainable<B: AutodiffBackend, const D: usize>: AutodiffModule<B> {
     /// One batch of inputs and targets.
     type Batch;
@@ -50,11 +51,12 @@ pub trait Trainable<B: AutodiffBackend, const D: usize>: AutodiffModule<B> {
 
     /// The whole forward to the mean loss as one graph.
     fn loss(&self, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, 1> {
-        let mut x = self.prelude(batch, autocast);
+        let mut stack = vec![self.prelude(batch, autocast)];
         for block in self.blocks() {
-            x = block.forward(x, autocast);
+            stack = block.forward_stack(stack, autocast);
         }
-        self.head(x, batch, autocast)
+        assert_eq!(stack.len(), 1, "the last block leaves one tensor for the head");
+        self.head(stack.remove(0), batch, autocast)
     }
 }
 

@@ -1,0 +1,86 @@
+//! A model family: what the run driver needs to train a model of it
+//! (`vramfit train <name>`) and the planner to plan it. The transformer
+//! ([`crate::gpt`]) and the U-Net ([`crate::unet`]) are families; one
+//! settings type ([`crate::config::FamilyConfig`]), one workload
+//! ([`crate::job::Job`]) and one planning target
+//! ([`crate::plan::FamilyTarget`]) serve them all.
+//!
+//! The `[model]` settings type is the family: its [`ModelSettings`] part is
+//! plain data (settings, checks, the chain's length), its [`Family`] part
+//! builds the network and its data on a backend.
+
+use std::fmt::Debug;
+
+use burn::tensor::backend::AutodiffBackend;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use vramfit::step::Trainable;
+
+use crate::config::{ConfigError, FamilyConfig};
+
+/// The `[model]` settings of a family, with its `[task]` settings.
+pub trait ModelSettings:
+    Clone + PartialEq + Debug + Default + Serialize + DeserializeOwned + Send + Sync + 'static
+{
+    /// The `[task]` settings.
+    type Task: Clone + PartialEq + Debug + Default + Serialize + DeserializeOwned + Send + Sync + 'static;
+    /// `vramfit train NAME`; the default run directory's prefix.
+    const NAME: &'static str;
+    /// Kind of the run's checkpoint file.
+    const CHECKPOINT_KIND: &'static str;
+    /// Kind of the finished run's `weights.bin`.
+    const WEIGHTS_KIND: &'static str;
+
+    /// Checks the model and task settings together; the error names the setting.
+    fn check(&self, task: &Self::Task) -> Result<(), ConfigError>;
+
+    /// Blocks of the chain (what `checkpoint` marks).
+    fn blocks(&self) -> usize;
+
+    /// The family's own defaults of the shared settings (steps, batch, lr).
+    fn defaults(config: FamilyConfig<Self>) -> FamilyConfig<Self> {
+        config
+    }
+}
+
+/// Building a family's network and data on a backend; `D` is the rank of
+/// the activations between its blocks.
+pub trait Family<const D: usize>: ModelSettings {
+    /// The network.
+    type Net<B: AutodiffBackend>: Trainable<B, D>;
+    /// The task's generator (tables, images), made once per run.
+    type Data: Send + Sync;
+
+    /// The network with weights drawn from `seed`.
+    fn init<B: AutodiffBackend>(&self, seed: u64, device: &B::Device) -> Self::Net<B>;
+
+    /// The task's generator.
+    fn data(&self, task: &Self::Task) -> Self::Data;
+
+    /// Batch `step` (1-based) of `size` samples: the same for a given
+    /// step whatever the run's history, so a resumed run sees the batches
+    /// it would have seen.
+    fn batch<B: AutodiffBackend>(
+        data: &Self::Data,
+        step: u64,
+        size: usize,
+        device: &B::Device,
+    ) -> <Self::Net<B> as Trainable<B, D>>::Batch;
+
+    /// Bytes of one sample's input to a block (what a checkpointed block
+    /// keeps), for the planner's chain model.
+    fn block_input_bytes(&self, task: &Self::Task) -> u64;
+
+    /// The family's fields of `summary.json`: its floor, its throughput at
+    /// `median_step_ms` for batches of `batch_size`, evaluations of `net`
+    /// (run `micro_batch` samples at a time: what fitted in training).
+    fn summary<B: AutodiffBackend>(
+        &self,
+        data: &Self::Data,
+        net: &Self::Net<B>,
+        batch_size: usize,
+        micro_batch: usize,
+        median_step_ms: f64,
+        device: &B::Device,
+    ) -> serde_json::Map<String, serde_json::Value>;
+}
