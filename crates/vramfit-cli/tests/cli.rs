@@ -48,6 +48,35 @@ fn refused(dir: &Path, args: &[&str], needle: &str) {
     assert!(!out.exists(), "{args:?} left a run directory behind");
 }
 
+/// Starts `args` in `cwd` and kills it (SIGKILL) once a finished checkpoint
+/// exists in `out`; the run must not have finished.
+fn kill_after_a_checkpoint(args: &[&str], cwd: &Path, out: &Path) {
+    let mut child = vramfit().args(args).current_dir(cwd).spawn().unwrap();
+    let started = Instant::now();
+    let ckpts = out.join("checkpoints");
+    loop {
+        // Only finished checkpoints: the atomic write's temporary file lives here too.
+        let n = std::fs::read_dir(&ckpts)
+            .map(|r| {
+                r.flatten()
+                    .filter(|e| e.path().extension().is_some_and(|x| x == "ckpt"))
+                    .count()
+            })
+            .unwrap_or(0);
+        if n > 0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(120), "no checkpoint appeared");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        !out.join("summary.json").exists(),
+        "the run finished before it was killed: the test proved nothing"
+    );
+}
+
 #[test]
 fn bad_input_is_refused_clearly_and_leaves_nothing() {
     let tmp = tempfile::tempdir().unwrap();
@@ -151,34 +180,7 @@ fn a_killed_fit_resumes_to_the_same_gaussians() {
     let whole = std::fs::read(d.join("whole/gaussians.vfg")).unwrap();
 
     // Start the same fit and kill it (SIGKILL) once a checkpoint exists.
-    let mut child = vramfit()
-        .args(["fit", "--config", cfg, "--out", "killed"])
-        .current_dir(d)
-        .spawn()
-        .unwrap();
-    let started = Instant::now();
-    let ckpts = d.join("killed/checkpoints");
-    loop {
-        // Only finished checkpoints: the atomic write's temporary file lives here too.
-        let n = std::fs::read_dir(&ckpts)
-            .map(|r| {
-                r.flatten()
-                    .filter(|e| e.path().extension().is_some_and(|x| x == "ckpt"))
-                    .count()
-            })
-            .unwrap_or(0);
-        if n > 0 {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(120), "no checkpoint appeared");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
-    assert!(
-        !d.join("killed/summary.json").exists(),
-        "the fit finished before it was killed: the test proved nothing"
-    );
+    kill_after_a_checkpoint(&["fit", "--config", cfg, "--out", "killed"], d, &d.join("killed"));
 
     // Resumed from another working directory: the image path in config.toml is absolute.
     std::fs::create_dir(d.join("elsewhere")).unwrap();
@@ -986,4 +988,71 @@ fn planning_a_fit_names_a_budget_that_works_and_runs_within_it() {
         "{}",
         stderr(&o)
     );
+}
+
+/// A U-Net small enough for a test: 16² crops, 24 steps, a checkpoint every 4.
+const SMALL_UNET: [&str; 16] = [
+    "--steps",
+    "24",
+    "--batch-size",
+    "4",
+    "--set",
+    "task.resolution=16",
+    "--set",
+    "task.source=64",
+    "--set",
+    "model.width=4",
+    "--set",
+    "model.depth=2",
+    "--set",
+    "checkpoint_every=4",
+    "--set",
+    "log_every=1",
+];
+
+#[test]
+fn train_unet_killed_resumes_to_identical_weights_and_refuses_bad_shapes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let with = |extra: &[&str]| [&["train", "unet"][..], &SMALL_UNET[..], extra].concat();
+    let o = run(&with(&["--checkpoint", "all", "--out", "whole"]), d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("trained unet") && stdout.contains("noise floor"),
+        "{stdout}"
+    );
+    let whole = std::fs::read(d.join("whole/weights.bin")).unwrap();
+
+    kill_after_a_checkpoint(&with(&["--checkpoint", "all", "--out", "killed"]), d, &d.join("killed"));
+    let o = run(&["train", "unet", "--resume", "killed"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let resumed = std::fs::read(d.join("killed/weights.bin")).unwrap();
+    assert!(
+        resumed == whole,
+        "the resumed U-Net's weights.bin differs from the uninterrupted run's"
+    );
+
+    for (args, needle) in [
+        (vec!["--set", "task.resolution=18"], "task.resolution"),
+        (vec!["--set", "model.channels=0"], "model.channels"),
+        (vec!["--set", "model.norm=layer"], "model.norm"),
+        (
+            vec!["--set", "model.norm=group", "--set", "model.groups=3"],
+            "model.groups",
+        ),
+        (vec!["--set", "model.widht=8"], "widht"),
+        (vec!["--checkpoint", "list:9"], "checkpoint"),
+    ] {
+        let mut full = with(&args);
+        full.extend_from_slice(&["--out", "bad"]);
+        let o = run(&full, d);
+        assert!(!o.status.success(), "accepted {args:?}");
+        assert!(
+            stderr(&o).contains(needle),
+            "{args:?}: expected '{needle}' in: {}",
+            stderr(&o)
+        );
+        assert!(!d.join("bad").exists(), "{args:?} left a run directory behind");
+    }
 }

@@ -37,7 +37,7 @@ impl Default for DenoiseConfig {
     fn default() -> Self {
         Self {
             resolution: 64,
-            noise: 0.1,
+            noise: 0.2,
             target_noise: 0.05,
             source: 512,
             seed: 11,

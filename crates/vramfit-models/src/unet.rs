@@ -64,7 +64,7 @@ impl Default for UnetConfig {
     fn default() -> Self {
         Self {
             channels: 3,
-            width: 16,
+            width: 8,
             depth: 3,
             norm: "batch".into(),
             groups: 4,
@@ -311,7 +311,7 @@ impl Recorder {
     }
 
     /// Mean and variance per channel of every layer, pooled over all samples.
-    fn population(&self) -> Vec<(Vec<f32>, Vec<f32>)> {
+    pub fn population(&self) -> Vec<(Vec<f32>, Vec<f32>)> {
         self.layers
             .iter()
             .map(|(n, sum, square)| {
@@ -377,10 +377,10 @@ impl<B: Backend> Unet<B> {
     /// The network in eval mode: every BatchNorm normalises with the
     /// population statistics in `record`. (GroupNorm is unchanged.)
     pub fn with_population(mut self, record: &Recorder) -> Self {
-        let stats = record.population();
         if !self.batch_norm() {
             return self;
         }
+        let stats = record.population();
         let device = self.head_bias.val().device();
         assert_eq!(stats.len(), self.norms_mut().len(), "one record per norm layer");
         for (norm, (mean, var)) in self.norms_mut().into_iter().zip(stats) {
@@ -498,7 +498,7 @@ impl ModelSettings for UnetConfig {
         FamilyConfig {
             steps: 200,
             batch_size: 8,
-            lr: 2e-3,
+            lr: 1e-2,
             warmup_steps: 10,
             ..config
         }

@@ -6,23 +6,22 @@
 //! halves the stored bytes and still trains, and everything together
 //! matches its reference.
 
-use std::collections::BTreeMap;
-
-use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
+use burn::tensor::FloatDType;
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{DType, FloatDType};
-use vramfit::allocator::{Cleanup, CleanupPolicy};
 use vramfit::batch::MicroBatching;
 use vramfit::checkpoint::CheckpointPolicy;
 use vramfit::optim::{AdamConfig, ModuleAdam};
-use vramfit::params::{PathTracker, snapshot};
+use vramfit::params::snapshot;
 use vramfit::precision::{Autocast, LossScaler, Precision, ScalerConfig};
-use vramfit::step::{StepError, Stepper};
+use vramfit::step::StepError;
 use vramfit::storage::{StoragePolicy, parameter_bytes};
 use vramfit_models::data::{SyntheticTask, TaskConfig};
 use vramfit_models::gpt::{Gpt, GptConfig, TokenBatch};
+
+mod common;
+use common::{by_path, relative_gap, stepper, supports};
 
 vramfit::test_backends!(
     checkpointed_gradients_equal_plain_gradients,
@@ -33,15 +32,6 @@ vramfit::test_backends!(
     reduced_precision_storage_halves_bytes_and_still_trains,
     all_techniques_together_match_their_reference,
 );
-
-/// Whether the device computes in `precision` (wgpu has no bf16).
-fn supports<B: AutodiffBackend>(precision: Precision) -> bool {
-    let supported = B::supports_dtype(&Default::default(), DType::from(precision.dtype()));
-    if !supported {
-        eprintln!("skipped on this device: {precision:?} is not supported");
-    }
-    supported
-}
 
 fn tiny() -> GptConfig {
     GptConfig {
@@ -66,62 +56,6 @@ fn task(config: &GptConfig) -> SyntheticTask {
         config.vocab,
         config.frame_dim,
     )
-}
-
-/// Gradients by parameter path, as f32 host vectors.
-fn by_path<B: AutodiffBackend, M: Module<B>>(model: &M, grads: &GradientsParams) -> BTreeMap<String, Vec<f32>> {
-    struct Walk<'a>(PathTracker, &'a GradientsParams, BTreeMap<String, Vec<f32>>);
-    impl<B: AutodiffBackend> ModuleVisitor<B> for Walk<'_> {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.0.enter(name)
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.0.exit()
-        }
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-            if let Some(g) = self.1.get::<B::InnerBackend, D>(param.id) {
-                let v = g.cast(FloatDType::F32).into_data().to_vec::<f32>().unwrap();
-                self.2.insert(self.0.path(), v);
-            }
-        }
-    }
-    let mut w = Walk(PathTracker::default(), grads, BTreeMap::new());
-    model.visit(&mut w);
-    w.2
-}
-
-/// Largest |a − b| over all entries, relative to the largest |a|.
-fn relative_gap(a: &BTreeMap<String, Vec<f32>>, b: &BTreeMap<String, Vec<f32>>) -> f32 {
-    assert_eq!(
-        a.keys().collect::<Vec<_>>(),
-        b.keys().collect::<Vec<_>>(),
-        "same parameters have gradients"
-    );
-    let scale = a.values().flatten().fold(0f32, |m, x| m.max(x.abs()));
-    let gap = a
-        .iter()
-        .flat_map(|(k, va)| va.iter().zip(&b[k]).map(|(x, y)| (x - y).abs()))
-        .fold(0f32, f32::max);
-    gap / scale
-}
-
-fn stepper<B: AutodiffBackend>(
-    precision: Precision,
-    checkpoint: &CheckpointPolicy,
-    batching: MicroBatching,
-    depth: usize,
-) -> Stepper<B> {
-    Stepper {
-        autocast: Autocast::new(precision),
-        checkpointed: checkpoint.plan(depth).unwrap(),
-        batching,
-        scaler: precision
-            .needs_loss_scaling()
-            .then(|| LossScaler::new(ScalerConfig::default())),
-        optimizer: ModuleAdam::new(AdamConfig::default(), 0.0, FloatDType::F32),
-        cleanup: Cleanup::new(CleanupPolicy::Never),
-        attempts: 0,
-    }
 }
 
 fn plain_gradients<B: AutodiffBackend>(model: &Gpt<B>, batch: &TokenBatch<B>, ac: &Autocast) -> GradientsParams {
