@@ -990,10 +990,11 @@ fn planning_a_fit_names_a_budget_that_works_and_runs_within_it() {
     );
 }
 
-/// A U-Net small enough for a test: 16² crops, 24 steps, a checkpoint every 4.
+/// A U-Net small enough for a test: 16² crops, 150 steps (a second or two;
+/// the kill comes after the first checkpoint, at step 4), a checkpoint every 4.
 const SMALL_UNET: [&str; 16] = [
     "--steps",
-    "24",
+    "150",
     "--batch-size",
     "4",
     "--set",
@@ -1007,14 +1008,16 @@ const SMALL_UNET: [&str; 16] = [
     "--set",
     "checkpoint_every=4",
     "--set",
-    "log_every=1",
+    "log_every=5",
 ];
 
 #[test]
 fn train_unet_killed_resumes_to_identical_weights_and_refuses_bad_shapes() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
-    let with = |extra: &[&str]| [&["train", "unet"][..], &SMALL_UNET[..], extra].concat();
+    fn with<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+        [&["train", "unet"][..], &SMALL_UNET[..], extra].concat()
+    }
     let o = run(&with(&["--checkpoint", "all", "--out", "whole"]), d);
     assert!(o.status.success(), "{}", stderr(&o));
     let stdout = String::from_utf8_lossy(&o.stdout);
