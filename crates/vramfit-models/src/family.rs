@@ -37,6 +37,20 @@ pub trait ModelSettings:
     /// Blocks of the chain (what `checkpoint` marks).
     fn blocks(&self) -> usize;
 
+    /// The layer that normalises with statistics over a forward pass's
+    /// samples (`BatchNorm`), if the model has one: splitting the batch
+    /// into micro-batches then changes the numerics (the planner says so).
+    fn batch_statistics(&self) -> Option<String> {
+        None
+    }
+
+    /// Blocks that differ, for the planner: per block, its share of the
+    /// activations relative to the mean block and its input's bytes per
+    /// sample in f32 ([`vramfit::plan::Space::block_shapes`]). Empty: equal blocks.
+    fn block_shapes(&self, _task: &Self::Task) -> Vec<(f64, u64)> {
+        Vec::new()
+    }
+
     /// The family's own defaults of the shared settings (steps, batch, lr).
     fn defaults(config: FamilyConfig<Self>) -> FamilyConfig<Self> {
         config

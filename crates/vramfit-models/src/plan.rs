@@ -57,6 +57,8 @@ where
             precisions,
             storage_groups: if bf16 { groups } else { Vec::new() },
             low_moments: bf16,
+            batch_statistics: base.model.batch_statistics(),
+            block_shapes: base.model.block_shapes(&base.task),
         };
         Ok(Self {
             base,

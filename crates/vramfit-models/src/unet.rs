@@ -494,6 +494,45 @@ impl ModelSettings for UnetConfig {
         2 * self.depth + 1
     }
 
+    fn block_shapes(&self, task: &DenoiseConfig) -> Vec<(f64, u64)> {
+        // Floats per sample a stage keeps, from its shapes: each conv → norm
+        // → ReLU keeps about a dozen tensors of its output's size (the
+        // convolution's output, the norm's f32 input, centred and
+        // normalised values, the affine output, its low copy, the ReLU's),
+        // plus what the stage adds around them (pooled output; upsampled
+        // and concatenated input). Its input: the tensor from the stage
+        // before (skips are held for the decoder whatever is checkpointed).
+        const PER_CONV: f64 = 12.0;
+        let c = |l: usize| self.level_channels(l) as f64;
+        let area = |l: usize| ((task.resolution >> l) as f64).powi(2);
+        let mut shapes = Vec::new();
+        for l in 0..self.depth {
+            let c_in = if l == 0 { c(0) } else { c(l - 1) };
+            shapes.push((area(l) * (2.0 * PER_CONV * c(l) + c(l) / 4.0), c_in * area(l)));
+        }
+        let below = if self.depth == 0 { c(0) } else { c(self.depth - 1) };
+        shapes.push((
+            area(self.depth) * 2.0 * PER_CONV * c(self.depth),
+            below * area(self.depth),
+        ));
+        for l in (0..self.depth).rev() {
+            let joined = c(l + 1) + c(l);
+            shapes.push((
+                area(l) * (c(l + 1) + joined + 2.0 * PER_CONV * c(l)),
+                c(l + 1) * area(l + 1),
+            ));
+        }
+        let mean = shapes.iter().map(|s| s.0).sum::<f64>() / shapes.len() as f64;
+        shapes
+            .into_iter()
+            .map(|(a, input)| (a / mean, (input * 4.0) as u64))
+            .collect()
+    }
+
+    fn batch_statistics(&self) -> Option<String> {
+        (self.norm == "batch").then(|| "BatchNorm".into())
+    }
+
     fn defaults(config: FamilyConfig<Self>) -> FamilyConfig<Self> {
         FamilyConfig {
             steps: 200,

@@ -1,4 +1,4 @@
-//! The planner on the transformer, on every backend present (Flex with the
+//! The planner on the transformer and the U-Net, on every backend present (Flex with the
 //! counting allocator; wgpu's allocator under the `wgpu` feature): at
 //! budgets from infeasible to ample, every chosen plan, run, stays within
 //! its budget and near its prediction; the infeasible budget's error names
@@ -12,8 +12,9 @@ use burn::tensor::backend::AutodiffBackend;
 use vramfit::plan::{PlanError, Plannable, calibrate};
 use vramfit::profile::{DeviceMemory, human_bytes};
 use vramfit::run::RunPath;
-use vramfit_models::config::TrainConfig;
-use vramfit_models::plan::{TransformerTarget, apply, run_planned};
+use vramfit_models::config::{FamilyConfig, TrainConfig, UnetTrainConfig};
+use vramfit_models::family::Family;
+use vramfit_models::plan::{FamilyTarget, apply, run_planned};
 
 #[global_allocator]
 static HEAP: vramfit::heap::Counting<std::alloc::System> = vramfit::heap::Counting(std::alloc::System);
@@ -32,14 +33,24 @@ fn tolerance(page: u64, measured: u64) -> f64 {
     PREDICTION_TOLERANCE.max(2.0 * page as f64 / measured as f64)
 }
 
-fn plans_fit_their_budgets<B>(base: TrainConfig)
+/// Whether `predicted` is close enough to `measured`: within the tolerance
+/// below (an under-prediction risks an out-of-memory), within `over` above
+/// (an over-prediction costs headroom, never a failure).
+fn close(predicted: f64, measured: u64, page: u64, over: f64) -> bool {
+    let error = predicted / measured as f64 - 1.0;
+    let t = tolerance(page, measured);
+    error >= -t && error <= t.max(over)
+}
+
+/// `over`: how far above the measured peak a prediction may be.
+fn plans_fit_their_budgets<B, F: Family<D>, const D: usize>(base: FamilyConfig<F>, over: f64)
 where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
 {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let device = B::Device::default();
-    let mut target = TransformerTarget::<B>::new(base.clone(), &device).unwrap();
+    let mut target = FamilyTarget::<B, F, D>::new(base.clone(), &device).unwrap();
     let cal = calibrate(&mut target, None).unwrap();
     for r in cal.probes.iter().chain(&cal.checks) {
         eprintln!(
@@ -55,7 +66,7 @@ where
     let page = cal.model.page_bytes;
     for r in &cal.checks {
         assert!(
-            r.peak_error() <= tolerance(page, r.measured.peak_bytes),
+            close(r.predicted_peak, r.measured.peak_bytes, page, over),
             "{}: predicted {} for {} measured",
             r.name,
             r.predicted_peak,
@@ -103,7 +114,7 @@ where
             budget
         );
         assert!(
-            error.abs() <= tolerance(page, measured.peak_bytes),
+            close(winner.peak_bytes as f64, measured.peak_bytes, page, over),
             "prediction off by {:.1} %",
             error * 100.0
         );
@@ -118,9 +129,9 @@ where
 
     // A plan that runs out of memory at step 3 falls back to the next one.
     let choice = cal.choose(budgets[1]).unwrap();
-    let plans: Vec<TrainConfig> = choice.plans[..2]
+    let plans: Vec<FamilyConfig<F>> = choice.plans[..2]
         .iter()
-        .map(|p| TrainConfig {
+        .map(|p| FamilyConfig {
             steps: 6,
             log_every: 1,
             checkpoint_every: 2,
@@ -129,7 +140,7 @@ where
         .collect();
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("planned");
-    let planned = run_planned::<B, _, 3>(
+    let planned = run_planned::<B, F, D>(
         &plans,
         RunPath::At(out.clone()),
         &serde_json::json!({ "budget": budgets[1] }),
@@ -161,7 +172,35 @@ where
 /// The default shape: 18 MiB of heap at its plain step.
 #[test]
 fn flex() {
-    plans_fit_their_budgets::<vramfit::backends::Flex>(TrainConfig::default());
+    plans_fit_their_budgets::<vramfit::backends::Flex, _, 3>(TrainConfig::default(), PREDICTION_TOLERANCE);
+}
+
+/// A U-Net with BatchNorm: every plan that splits the batch says that it
+/// changes the numerics (each micro-batch normalised by its own statistics).
+#[test]
+fn unet_flex() {
+    let mut c = UnetTrainConfig::default();
+    (c.task.resolution, c.task.source, c.model.width, c.model.depth) = (32, 64, 8, 2);
+    let device = Default::default();
+    let mut target = FamilyTarget::<vramfit::backends::Flex, _, 4>::new(c.clone(), &device).unwrap();
+    let space = target.space();
+    assert_eq!(space.batch_statistics.as_deref(), Some("BatchNorm"));
+    let split = vramfit::plan::Knobs {
+        micro_batch: 2,
+        ..vramfit::plan::Knobs::base(space.blocks, space.batch)
+    };
+    assert!(
+        split.quality_costs(&space).iter().any(|q| q.contains("BatchNorm")),
+        "{:?}",
+        split.quality_costs(&space)
+    );
+    drop(target);
+    // The model treats the stages as equal blocks and counts a checkpointed
+    // stage's input in f32, where a U-Net's stages differ by level and keep
+    // their inputs in the low type: combinations of precision and
+    // checkpointing are over-predicted (measured +11.8 %), which costs
+    // headroom, never an out-of-memory. Under-prediction stays within 10 %.
+    plans_fit_their_budgets::<vramfit::backends::Flex, _, 4>(c, 0.25);
 }
 
 /// wgpu's pools reserve whole pages of several MiB: a shape whose plain
@@ -173,5 +212,5 @@ fn wgpu() {
     c.model.width = std::env::var("W").map(|v| v.parse().unwrap()).unwrap_or(128);
     c.task.tokens = std::env::var("T").map(|v| v.parse().unwrap()).unwrap_or(64);
     c.model.context = c.task.tokens;
-    plans_fit_their_budgets::<vramfit::backends::Wgpu>(c);
+    plans_fit_their_budgets::<vramfit::backends::Wgpu, _, 3>(c, PREDICTION_TOLERANCE);
 }

@@ -363,6 +363,8 @@ where
                 .collect(),
             storage_groups: if bf16 { parameter_groups(&model) } else { Vec::new() },
             low_moments: bf16,
+            batch_statistics: None,
+            block_shapes: Vec::new(),
         };
         Self {
             make: Arc::new(make),

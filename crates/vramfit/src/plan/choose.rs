@@ -264,6 +264,8 @@ mod tests {
                 precisions: vec![Precision::F32, Precision::Bf16],
                 storage_groups: vec![("embed".into(), 1000)],
                 low_moments: true,
+                batch_statistics: None,
+                block_shapes: Vec::new(),
             },
             model: Model {
                 fixed_bytes: 10_000.0,
@@ -274,6 +276,7 @@ mod tests {
                     recompute: 0.05,
                 },
                 blocks: 4,
+                block_shapes: Vec::new(),
                 accumulator_bytes: 1000.0,
                 precisions: vec![(Precision::Bf16, 0.6, 0.8, 0.0)],
                 storage: Delta {
@@ -294,6 +297,8 @@ mod tests {
                 },
                 rest_bytes: 12_000.0,
                 page_bytes: 1,
+                least_probed_micro_batch: 0,
+                below_probed_bytes: 0.0,
                 floor_ms: 0.0,
                 fixed_ms: 2.0,
                 micro_batch_ms: 1.0,

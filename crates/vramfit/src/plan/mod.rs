@@ -130,6 +130,16 @@ impl Knobs {
         if self.low_moments {
             out.push("Adam moments rounded to bf16".into());
         }
+        if let Some(layer) = space
+            .batch_statistics
+            .as_ref()
+            .filter(|_| self.micro_batch < space.batch)
+        {
+            out.push(format!(
+                "{layer} normalises each micro-batch of {} by its own statistics, not the batch of {}'s",
+                self.micro_batch, space.batch
+            ));
+        }
         out
     }
 
@@ -170,6 +180,18 @@ pub struct Space {
     pub storage_groups: Vec<(String, u64)>,
     /// Whether moments may be stored in bf16.
     pub low_moments: bool,
+    /// The layer that normalises with statistics over the samples of a
+    /// forward pass (`BatchNorm`), if the model has one: then a micro-batch
+    /// is normalised by its own statistics, not the batch's, and splitting
+    /// the batch changes the numerics.
+    #[serde(default)]
+    pub batch_statistics: Option<String>,
+    /// Blocks that differ (a U-Net's stages, by level): per block, its
+    /// share of the activations relative to the mean block (1 for equal
+    /// blocks) and the bytes per sample of its input in f32. Empty: every
+    /// block equal, each keeping `block_input_bytes` when checkpointed.
+    #[serde(default)]
+    pub block_shapes: Vec<(f64, u64)>,
 }
 
 impl Space {

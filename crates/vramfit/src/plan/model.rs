@@ -35,10 +35,15 @@ pub struct Model {
     pub fixed_bytes: f64,
     /// Bytes per sample outside the blocks.
     pub outside_bytes: f64,
-    /// One block's costs per sample (bytes; recomputation in ms).
+    /// The mean block's costs per sample (bytes; recomputation in ms).
     pub block: BlockCost,
     /// Blocks in the chain.
     pub blocks: usize,
+    /// Blocks that differ: each one's activation share of the mean block's
+    /// and its input bytes per sample ([`super::Space::block_shapes`]);
+    /// empty: every block is `block`.
+    #[serde(default)]
+    pub block_shapes: Vec<(f64, u64)>,
     /// Bytes the gradient accumulator adds when `k > 1`.
     pub accumulator_bytes: f64,
     /// Per lower precision: its ratio on the per-sample bytes, on the
@@ -58,6 +63,15 @@ pub struct Model {
     /// seen): the greatest common divisor of the probes' readings.
     #[serde(default = "one")]
     pub page_bytes: u64,
+    /// The micro-batch the per-sample bytes were measured down to.
+    #[serde(default)]
+    pub least_probed_micro_batch: usize,
+    /// What a micro-batch of one measured above the linear law (bytes that
+    /// do not shrink with the micro-batch below the probed ones: per-channel
+    /// buffers, kernel scratch). Plans below the probed micro-batch get a
+    /// share of it in proportion to how far below they are.
+    #[serde(default)]
+    pub below_probed_bytes: f64,
     /// No step is predicted faster than this: half the fastest probe
     /// (noisy deltas can otherwise add up to nothing).
     #[serde(default)]
@@ -148,7 +162,7 @@ impl Model {
 
     /// The chain's blocks, per sample.
     pub fn chain(&self) -> Vec<BlockCost> {
-        vec![self.block; self.blocks]
+        shaped(self.block, self.blocks, &self.block_shapes)
     }
 
     /// The step part's bytes that do not depend on the checkpoint marks,
@@ -159,10 +173,17 @@ impl Model {
         let (rho, _, rest) = self.precision(knobs.precision);
         let d = self.deltas(knobs);
         let accumulating = batch > knobs.micro_batch;
+        let q = self.least_probed_micro_batch;
+        let below = if knobs.micro_batch < q && q > 1 {
+            self.below_probed_bytes * (q - knobs.micro_batch) as f64 / (q - 1) as f64
+        } else {
+            0.0
+        };
         let outside = self.fixed_bytes
             + d.step
             + if accumulating { self.accumulator_bytes } else { 0.0 }
-            + rho * m * self.outside_bytes;
+            + rho * m * self.outside_bytes
+            + below;
         (outside, rho * m, self.rest_bytes + rest + d.rest)
     }
 
@@ -190,10 +211,59 @@ impl Model {
         let k = (batch / knobs.micro_batch.max(1)).max(1) as f64;
         let b = batch as f64;
         let (_, pi, _) = self.precision(knobs.precision);
-        let marked = knobs.checkpointed.iter().filter(|m| **m).count() as f64;
-        let scaled = k * self.micro_batch_ms + b * self.sample_ms + b * self.block.recompute * marked;
+        let recompute = super::chain::recompute(&self.chain(), &knobs.checkpointed);
+        let scaled = k * self.micro_batch_ms + b * self.sample_ms + b * recompute;
         (self.fixed_ms + pi * scaled + self.deltas(knobs).ms).max(self.floor_ms)
     }
+}
+
+/// The chain of `n` blocks whose mean is `mean`, shaped by `shapes` (each
+/// block's activation share and input bytes; empty: `n` equal blocks).
+fn shaped(mean: BlockCost, n: usize, shapes: &[(f64, u64)]) -> Vec<BlockCost> {
+    if shapes.len() != n {
+        return vec![mean; n];
+    }
+    shapes
+        .iter()
+        .map(|&(share, input)| BlockCost {
+            activations: mean.activations * share,
+            input: input as f64,
+            recompute: mean.recompute * share,
+        })
+        .collect()
+}
+
+/// The mean block's activations per sample, from the plain step's bytes
+/// per sample and the all-checkpointed step's: `per_sample − n·a +
+/// chain_peak(all marked) = all`. The left side falls as `a` grows (the
+/// chain's peak grows by at most one block's share of it), so it is found
+/// by bisection; for equal blocks it is `s + (per_sample − all)/(n − 1)`.
+fn mean_activations(per_sample: f64, all: f64, s: f64, n: usize, shapes: &[(f64, u64)]) -> f64 {
+    if shapes.len() != n {
+        return s + (per_sample - all) / (n - 1) as f64;
+    }
+    let marks = vec![true; n];
+    let f = |a: f64| {
+        let chain = shaped(
+            BlockCost {
+                activations: a,
+                input: s,
+                recompute: 0.0,
+            },
+            n,
+            shapes,
+        );
+        per_sample - n as f64 * a + chain_peak(&chain, &marks) - all
+    };
+    let (mut lo, mut hi) = (0.0, per_sample.max(1.0) / n as f64 * 2.0);
+    while f(hi) > 0.0 && hi < 1e18 {
+        hi *= 2.0;
+    }
+    for _ in 0..200 {
+        let mid = 0.5 * (lo + hi);
+        if f(mid) > 0.0 { lo = mid } else { hi = mid }
+    }
+    0.5 * (lo + hi)
 }
 
 /// Probe step times closer than this share of the base's are not told
@@ -324,6 +394,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
             recompute: 0.0,
         },
         blocks: n,
+        block_shapes: space.block_shapes.clone(),
         accumulator_bytes: (pm - ph).max(0.0),
         precisions: Vec::new(),
         storage: Delta::default(),
@@ -332,11 +403,21 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         cleanup: Delta::default(),
         rest_bytes: mb.rest_peak_bytes as f64,
         page_bytes: 1,
+        least_probed_micro_batch: q,
+        below_probed_bytes: 0.0,
         floor_ms: 0.0,
         fixed_ms,
         micro_batch_ms,
         sample_ms,
     };
+    // Below the probed micro-batch the law is extrapolated: a micro-batch
+    // of one measures what does not shrink with it (per-channel buffers,
+    // kernel scratch), which plans below `q` are given in proportion.
+    let mut lone = Vec::new();
+    if q > 1 {
+        let m1 = run("batch of one", Knobs::base(n, 1), 1, &mut lone)?;
+        model.below_probed_bytes = (m1.step_peak_bytes as f64 - fixed_bytes - per_sample).max(0.0);
+    }
     if n >= 2 {
         let ma = run(
             "checkpoint all",
@@ -347,11 +428,13 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
             p,
             &mut probes,
         )?;
-        // Plain: outside + n·a per sample. All checkpointed: outside +
-        // (n−1)·s + a (the last block recomputed on top of n−1 inputs).
+        // Plain: outside + n·a per sample (a: the mean block's
+        // activations). All checkpointed: outside + the chain's peak with
+        // every block marked; for equal blocks (n−1)·s + a (the last block
+        // recomputed on top of n−1 inputs). Solved for a.
         let all = (ma.step_peak_bytes as f64 - fixed_bytes) / p as f64;
         let s = space.block_input_bytes as f64;
-        let a = s + (per_sample - all) / (n - 1) as f64;
+        let a = mean_activations(per_sample, all, s, n, &space.block_shapes);
         model.block = BlockCost {
             activations: a,
             input: s,
@@ -378,6 +461,8 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         .iter()
         .map(|r| r.measured.rest_peak_bytes as f64)
         .fold(f64::INFINITY, f64::min);
+    // Its rest holds a batch of one's inputs: not a bound on the run's rest.
+    probes.append(&mut lone);
     let scaled_ms = (mb.step_ms - fixed_ms).max(1e-9);
     for &precision in space.precisions.iter().filter(|x| **x != Precision::F32) {
         let mx = run(
@@ -474,6 +559,23 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
             &mut checks,
         )?;
     }
+    // The lean corner of each precision, where the smallest micro-batch
+    // meets partial checkpointing: the model's terms are fitted far from it
+    // (constant scratch is scaled as if per sample), so its error there is
+    // measured and, through the margin, planned around.
+    for &precision in space.precisions.iter().filter(|_| q > 1) {
+        run(
+            &format!("check: lean corner, {}", precision.name()),
+            Knobs {
+                precision,
+                micro_batch: 1,
+                checkpointed: (0..n).map(|i| n >= 2 && i % 2 == 1).collect(),
+                ..base.clone()
+            },
+            p,
+            &mut checks,
+        )?;
+    }
     model.page_bytes = page_bytes(probes.iter().chain(&checks).map(|r| r.measured));
     model.floor_ms = 0.5 * probes.iter().map(|r| r.measured.step_ms).fold(f64::INFINITY, f64::min);
     for r in probes.iter_mut().chain(checks.iter_mut()) {
@@ -511,6 +613,8 @@ mod tests {
                 precisions: vec![Precision::F32, Precision::Bf16],
                 storage_groups: vec![("embed".into(), 3000), ("blocks".into(), 1000)],
                 low_moments: true,
+                batch_statistics: None,
+                block_shapes: Vec::new(),
             }
         }
 
