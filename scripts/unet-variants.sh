@@ -9,7 +9,8 @@
 # Writes OUT_PREFIX.json and OUT_PREFIX.md.
 # Usage: scripts/unet-variants.sh [cpu|wgpu|cuda] [OUT_PREFIX]
 # (OUT_PREFIX defaults to bench-results/unet-<device>; VRAMFIT picks the binary,
-#  STEPS the full runs' steps, default 200).
+#  STEPS the full runs' steps, default 200; SCALING_ONLY=1 skips part 2, for
+#  slow devices such as lavapipe).
 set -euo pipefail
 device=${1:-cpu}
 prefix=${2:-bench-results/unet-$device}
@@ -25,7 +26,8 @@ for shape in 32x8 64x8 128x8 64x4 64x16; do
   "$bin" train unet --device "$device" --out "$runs/scale-ckpt-$shape" $short --checkpoint all --set task.resolution="$r" --batch-size "$b" >/dev/null
   echo "done: scale $shape"
 done
-declare -A variants=(
+declare -A variants=()
+[ "${SCALING_ONLY:-0}" = 1 ] || variants=(
   [1-f32]=""
   [2-checkpoint-all]="--checkpoint all"
   [3-checkpoint-every-2]="--checkpoint every:2"
@@ -77,10 +79,11 @@ for x in scale:
     lines.append(f"| {r}² | {b} | {mib(p['activations_bytes'])} | {mib(law)} | {p['activations_bytes'] / law:.3f} | "
                  f"{mib(c['activations_bytes'])} | {1 - c['activations_bytes'] / p['activations_bytes']:.0%} | "
                  f"{mib(p['peak_memory_bytes'])} | {mib(c['peak_memory_bytes'])} |")
-ref = variants[0]
-lines += ["", f"Default U-Net ({steps} steps, 64² crops, batch 8, width 8, depth 3, BatchNorm):", "",
-          "| variant | final loss | eval loss | ms/step (median) | × f32 time | activations | peak memory |",
-          "|---|---|---|---|---|---|---|"]
+ref = variants[0] if variants else scale[1]["plain"]
+if variants:
+    lines += ["", f"Default U-Net ({steps} steps, 64² crops, batch 8, width 8, depth 3, BatchNorm):", "",
+              "| variant | final loss | eval loss | ms/step (median) | × f32 time | activations | peak memory |",
+              "|---|---|---|---|---|---|---|"]
 for v in variants:
     lines.append(f"| {v['variant']} | {v['final_loss']:.5f} | {v['eval_loss']:.5f} | {v['median_step_ms']:.1f} | "
                  f"{v['median_step_ms'] / ref['median_step_ms']:.2f} | {mib(v['activations_bytes'])} | {mib(v['peak_memory_bytes'])} |")
