@@ -182,7 +182,7 @@ fn unet_flex() {
     let mut c = UnetTrainConfig::default();
     (c.task.resolution, c.task.source, c.model.width, c.model.depth) = (32, 64, 8, 2);
     let device = Default::default();
-    let mut target = FamilyTarget::<vramfit::backends::Flex, _, 4>::new(c.clone(), &device).unwrap();
+    let target = FamilyTarget::<vramfit::backends::Flex, _, 4>::new(c.clone(), &device).unwrap();
     let space = target.space();
     assert_eq!(space.batch_statistics.as_deref(), Some("BatchNorm"));
     let split = vramfit::plan::Knobs {
