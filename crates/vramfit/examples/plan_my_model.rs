@@ -125,6 +125,14 @@ fn main() {
     // ---- the planner: about ten lines ----
     let mut target = TrainerTarget::new(make, Arc::new(batch::<B>), schedule, &device);
     let cal = calibrate(&mut target, None).expect("the probes run");
+    for r in &cal.checks {
+        println!(
+            "{}: measured {} predicted {}",
+            r.name,
+            human_bytes(r.measured.peak_bytes),
+            human_bytes(r.predicted_peak as u64)
+        );
+    }
     let plain = cal.predict(&Knobs::base(6, 256)).0 as u64;
     let budget = plain * 2 / 3; // a card with two thirds of what the plain step needs
     let choice = cal.choose(budget).expect("a plan fits two thirds");

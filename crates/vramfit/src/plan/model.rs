@@ -559,16 +559,20 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
             &mut checks,
         )?;
     }
-    // The lean corner of each precision, where the smallest micro-batch
-    // meets partial checkpointing: the model's terms are fitted far from it
-    // (constant scratch is scaled as if per sample), so its error there is
-    // measured and, through the margin, planned around.
+    // The lean corner of each precision, where a micro-batch below the
+    // probed one (at most half of it, dividing the batch) meets partial checkpointing: the model's
+    // terms are fitted away from it (constant scratch is scaled as if per
+    // sample), so its error there is measured and, through the margin,
+    // planned around. (Half, not one: at batch 256 a micro-batch of one
+    // is 256 passes nobody plans, and its error would widen every plan's
+    // margin.)
+    let corner = (1..=q / 2).rev().find(|d| p.is_multiple_of(*d)).unwrap_or(1);
     for &precision in space.precisions.iter().filter(|_| q > 1) {
         run(
             &format!("check: lean corner, {}", precision.name()),
             Knobs {
                 precision,
-                micro_batch: 1,
+                micro_batch: corner,
                 checkpointed: (0..n).map(|i| n >= 2 && i % 2 == 1).collect(),
                 ..base.clone()
             },
