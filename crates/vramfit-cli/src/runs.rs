@@ -173,7 +173,7 @@ pub(crate) fn print_train(name: &str, s: &RunSummary<TrainSummary>) {
     let (loss, throughput) = if name == "unet" {
         (
             format!(
-                "final loss {:.5} MSE (noise floor {:.5}, the noisy input's {:.5}) · eval {:.5} (BatchNorm population statistics)",
+                "final loss {:.5} MSE, mean of the last 10 steps (noise floor {:.5}, the noisy input's {:.5}) · eval {:.5} on held-out crops",
                 t.final_loss,
                 field("noise_floor"),
                 field("identity_loss"),

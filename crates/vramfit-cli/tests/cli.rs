@@ -1039,6 +1039,7 @@ fn train_unet_killed_resumes_to_identical_weights_and_refuses_bad_shapes() {
     for (args, needle) in [
         (vec!["--set", "task.resolution=18"], "task.resolution"),
         (vec!["--set", "model.channels=0"], "model.channels"),
+        (vec!["--set", "task.resolution=100000"], "at most 8192"),
         (vec!["--set", "model.norm=layer"], "model.norm"),
         (
             vec!["--set", "model.norm=group", "--set", "model.groups=3"],

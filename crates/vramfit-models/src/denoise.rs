@@ -120,11 +120,17 @@ impl Denoise {
 
     /// Batch `step` of `size` samples (sample `i` depends only on the seed, `step` and `i`).
     pub fn batch<B: Backend>(&self, step: u64, size: usize, device: &B::Device) -> ImageBatch<B> {
+        self.samples(step, 0..size, device)
+    }
+
+    /// Samples `range` of step `step`: what `batch(step, n)` holds there, made alone.
+    pub fn samples<B: Backend>(&self, step: u64, range: std::ops::Range<usize>, device: &B::Device) -> ImageBatch<B> {
         let (r, side, ch) = (self.config.resolution, self.config.source, self.channels);
+        let size = range.len();
         let per = ch * r * r;
         let mut input = Vec::with_capacity(size * per);
         let mut target = Vec::with_capacity(size * per);
-        for i in 0..size {
+        for i in range {
             let mut rng = ChaCha8Rng::seed_from_u64(self.config.seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15));
             rng.set_stream(i as u64);
             let (x0, y0) = (rng.random_range(0..=side - r), rng.random_range(0..=side - r));

@@ -481,11 +481,14 @@ impl ModelSettings for UnetConfig {
                 return Err(invalid(name, format!("{v} is not a finite σ ≥ 0")));
             }
         }
-        if task.source > 16384 {
-            return Err(invalid(
-                "task.source",
-                format!("{} pixels: use at most 16384", task.source),
-            ));
+        // The source image is held as f32 planes: 8192² RGB is 805 MB.
+        for (name, v) in [("task.resolution", task.resolution), ("task.source", task.source)] {
+            if v > 8192 {
+                return Err(invalid(
+                    name,
+                    format!("{v} pixels: use at most 8192 (the crops' source image is held in memory)"),
+                ));
+            }
         }
         Ok(())
     }
@@ -576,17 +579,26 @@ impl Family<4> for UnetConfig {
         median_step_ms: f64,
         device: &B::Device,
     ) -> serde_json::Map<String, serde_json::Value> {
-        // Evaluated in f32 at the micro-batch (what fitted in training).
+        // Evaluated in f32 on fixed held-out samples (64 for the statistics,
+        // 32 for the loss, whatever the run's settings), run `micro_batch`
+        // at a time (what fitted in training).
         let ac = Autocast::new(Precision::F32);
         let net = net.valid();
-        let batches =
-            |from: u64, n: u64| (from..from + n).map(|s| data.batch::<B::InnerBackend>(s, micro_batch, device));
-        let record = net.population(batches(HELD_OUT, 16), &ac);
+        let chunks = |step: u64, n: usize| {
+            (0..n.div_ceil(micro_batch.max(1))).map(move |c| {
+                let from = c * micro_batch.max(1);
+                data.samples::<B::InnerBackend>(step, from..(from + micro_batch.max(1)).min(n), device)
+            })
+        };
+        let record = net.population(chunks(HELD_OUT, 64), &ac);
         let eval = net.with_population(&record);
-        let eval_loss = batches(HELD_OUT + 100, 4)
-            .map(|b| eval.loss_value(&b, &ac))
-            .sum::<f64>()
-            / 4.0;
+        let (mut sum, mut count) = (0.0, 0usize);
+        for b in chunks(HELD_OUT + 1, 32) {
+            let n = b.input.dims()[0];
+            sum += eval.loss_value(&b, &ac) * n as f64;
+            count += n;
+        }
+        let eval_loss = sum / count as f64;
         let r = data.config().resolution;
         let pixels = (batch_size * r * r) as f64;
         let mut out = serde_json::Map::new();
