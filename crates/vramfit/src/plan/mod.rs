@@ -248,8 +248,9 @@ pub struct Calibration {
     pub checks: Vec<ProbeRecord>,
     /// Largest relative error of the predicted peak on `checks`.
     pub peak_error: f64,
-    /// Largest relative shortfall of the predicted peak on `checks` (the
-    /// measured peak above the prediction): the error that could break a budget.
+    /// Largest relative shortfall of the predicted peak on the probes and
+    /// the checks (the measured peak above the prediction): the error that
+    /// could break a budget.
     #[serde(default)]
     pub shortfall: f64,
     /// Largest relative error of the predicted step time on `checks`.
@@ -262,7 +263,7 @@ pub struct Calibration {
 
 impl Calibration {
     /// The safety margin on predicted peaks: twice the largest shortfall
-    /// measured on the checks, at least 3 %. (Predictions above the
+    /// measured on the probes and checks, at least 3 %. (Predictions above the
     /// measurement cost memory, not safety; on a paged allocator they are
     /// mostly the rounding up to whole pages.)
     pub fn margin(&self) -> f64 {

@@ -586,9 +586,14 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         (r.predicted_peak, r.predicted_ms) = model.predict(&r.knobs, r.batch);
     }
     let worst = |f: fn(&ProbeRecord) -> f64| checks.iter().map(f).fold(0.0, f64::max);
+    // The margin covers the largest shortfall on anything measured: a probe
+    // the fitted model under-predicts is as much a warning as a check (a
+    // threaded backend's U-Net probe at 2×4, checkpointed, came in 7 % over
+    // its fit while every check was within 3 %, and a plan beside it 11 %).
+    let shortfall = probes.iter().chain(&checks).map(ProbeRecord::shortfall).fold(0.0, f64::max);
     Ok(Calibration {
         peak_error: worst(ProbeRecord::peak_error),
-        shortfall: worst(ProbeRecord::shortfall),
+        shortfall,
         time_error: worst(ProbeRecord::time_error),
         space,
         model,
