@@ -590,7 +590,11 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
     // the fitted model under-predicts is as much a warning as a check (a
     // threaded backend's U-Net probe at 2×4, checkpointed, came in 7 % over
     // its fit while every check was within 3 %, and a plan beside it 11 %).
-    let shortfall = probes.iter().chain(&checks).map(ProbeRecord::shortfall).fold(0.0, f64::max);
+    let shortfall = probes
+        .iter()
+        .chain(&checks)
+        .map(ProbeRecord::shortfall)
+        .fold(0.0, f64::max);
     Ok(Calibration {
         peak_error: worst(ProbeRecord::peak_error),
         shortfall,
