@@ -7,10 +7,11 @@ use rayon::prelude::*;
 
 use super::Real;
 
-const TAPS: usize = 11;
+/// Taps of the Gaussian window (the GPU kernels use this one).
+pub const TAPS: usize = 11;
 const SIGMA: f64 = 1.5;
-const C1: f64 = 0.01 * 0.01;
-const C2: f64 = 0.03 * 0.03;
+pub(crate) const C1: f64 = 0.01 * 0.01;
+pub(crate) const C2: f64 = 0.03 * 0.03;
 
 fn window<F: Real>() -> [F; TAPS] {
     let mut k = [0.0f64; TAPS];

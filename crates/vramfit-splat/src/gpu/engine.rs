@@ -240,7 +240,7 @@ impl<R: Runtime> Lean<R> {
         let n = p.n;
         let conic = self.f32_buffer(5 * n);
         let rect = self.scratch((4 * n).max(1) * 4);
-        kernels::project::launch::<R>(
+        kernels::project::project::launch::<R>(
             &self.client,
             grid(n),
             dim(),
@@ -265,7 +265,7 @@ impl<R: Runtime> Lean<R> {
         let tiles = (row1 - row0) * tiles_x;
         let counts = self.scratch(tiles.max(1) * 4);
         self.fill_u32(&counts, tiles, 0);
-        kernels::count_pairs::launch::<R>(
+        kernels::project::count_pairs::launch::<R>(
             &self.client,
             grid(n),
             dim(),
@@ -277,7 +277,7 @@ impl<R: Runtime> Lean<R> {
             row1 as u32,
         );
         let offsets = self.scratch((tiles + 1) * 4);
-        kernels::exclusive_scan::launch::<R>(
+        kernels::project::exclusive_scan::launch::<R>(
             &self.client,
             CubeCount::Static(1, 1, 1),
             dim(),
@@ -292,7 +292,7 @@ impl<R: Runtime> Lean<R> {
         let pairs = u32::from_bytes(&read)[tiles] as usize;
         let ids = self.scratch(pairs.max(1) * 4);
         self.fill_u32(&counts, tiles, 0);
-        kernels::scatter_pairs::launch::<R>(
+        kernels::project::scatter_pairs::launch::<R>(
             &self.client,
             grid(n),
             dim(),
@@ -330,7 +330,7 @@ impl<R: Runtime> Lean<R> {
         let out = self.f32_buffer(len);
         let tile = TILE as usize;
         let (t0, t1) = (ry0 / tile, ry1.div_ceil(tile));
-        kernels::render_tiles::launch::<R>(
+        kernels::render::render_tiles::launch::<R>(
             &self.client,
             CubeCount::Static(frame.tiles_x() as u32, (t1 - t0) as u32, 1),
             dim(),
@@ -411,7 +411,7 @@ impl<R: Runtime> Lean<R> {
             let render = self.render_rows(p, &conic, &bins, &frame, ry0, ry1);
             let r_len = (ry1 - ry0) * w * c;
             let h5 = self.f32_buffer(5 * r_len);
-            kernels::hblur_stats::launch::<R>(
+            kernels::ssim::hblur_stats::launch::<R>(
                 &self.client,
                 grid(r_len),
                 dim(),
@@ -430,7 +430,7 @@ impl<R: Runtime> Lean<R> {
             let count = grid(c_len);
             let partials = self.f32_buffer(3 * cubes_of(&count));
             let scale = ssim_weight.map_or(0.0, |sw| -(sw as f64) / values) as f32;
-            kernels::ssim_terms::launch::<R>(
+            kernels::ssim::ssim_terms::launch::<R>(
                 &self.client,
                 count.clone(),
                 dim(),
@@ -465,7 +465,7 @@ impl<R: Runtime> Lean<R> {
                 continue;
             }
             let hc3 = self.f32_buffer(3 * c_len);
-            kernels::hblur_coeffs::launch::<R>(
+            kernels::ssim::hblur_coeffs::launch::<R>(
                 &self.client,
                 grid(c_len),
                 dim(),
@@ -479,7 +479,7 @@ impl<R: Runtime> Lean<R> {
             drop(coef3);
             let o_len = (y1 - y0) * w * c;
             let d_render = self.f32_buffer(o_len);
-            kernels::render_grad::launch::<R>(
+            kernels::ssim::render_grad::launch::<R>(
                 &self.client,
                 grid(o_len),
                 dim(),
@@ -499,7 +499,7 @@ impl<R: Runtime> Lean<R> {
                 c,
             );
             drop(hc3);
-            kernels::render_backward_tiles::launch::<R>(
+            kernels::render::render_backward_tiles::launch::<R>(
                 &self.client,
                 CubeCount::Static(frame.tiles_x() as u32, (y1.div_ceil(tile) - y0 / tile) as u32, 1),
                 dim(),
@@ -536,7 +536,7 @@ impl<R: Runtime> Lean<R> {
             color: grad(c * n),
             n,
         };
-        kernels::project_backward::launch::<R>(
+        kernels::project::project_backward::launch::<R>(
             &self.client,
             grid(n),
             dim(),
