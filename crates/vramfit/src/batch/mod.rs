@@ -28,7 +28,7 @@ pub enum MicroBatchError {
     /// `b · k` is not the batch.
     #[error(
         "micro_batch {micro_batch} × accumulate {accumulate} = {product} does not equal batch_size {batch}: \
-         set them so that micro_batch × accumulate = batch_size (for example micro_batch = {suggest}, accumulate = {accumulate})"
+         set them so that micro_batch × accumulate = batch_size (for example {hint})"
     )]
     DoesNotDivide {
         /// The batch.
@@ -39,8 +39,10 @@ pub enum MicroBatchError {
         accumulate: usize,
         /// `b · k`.
         product: usize,
-        /// A micro-batch that would work with the given `k`, if any.
-        suggest: String,
+        /// A split that works, keeping the given `b` where it divides the
+        /// batch (a user who asked for a micro-batch wants that one), else
+        /// the given `k`; or why none keeps either.
+        hint: String,
     },
     /// A zero.
     #[error("micro_batch and accumulate must be at least 1 (got micro_batch {micro_batch}, accumulate {accumulate})")]
@@ -71,17 +73,22 @@ impl MicroBatching {
         }
         let product = self.micro_batch * self.accumulate;
         if product != batch {
-            let suggest = if batch.is_multiple_of(self.accumulate) {
-                (batch / self.accumulate).to_string()
+            let (b, k) = (self.micro_batch, self.accumulate);
+            let hint = if batch.is_multiple_of(b) {
+                format!("accumulate = {} with micro_batch = {b}", batch / b)
+            } else if batch.is_multiple_of(k) {
+                format!("micro_batch = {} with accumulate = {k}", batch / k)
+            } else if b == k {
+                format!("none keeps either: {batch} is not divisible by {k}")
             } else {
-                format!("none: {batch} is not divisible by {}", self.accumulate)
+                format!("none keeps either: {batch} is divisible by neither {b} nor {k}")
             };
             return Err(MicroBatchError::DoesNotDivide {
                 batch,
                 micro_batch: self.micro_batch,
                 accumulate: self.accumulate,
                 product,
-                suggest,
+                hint,
             });
         }
         Ok(())
@@ -156,7 +163,15 @@ mod tests {
         }
         .validate(8)
         .unwrap_err();
-        assert!(e.to_string().contains("micro_batch = 4"), "{e}");
+        assert!(e.to_string().contains("micro_batch = 4 with accumulate = 2"), "{e}");
+        // A micro-batch given alone is kept: the accumulation is what to change.
+        let e = MicroBatching {
+            micro_batch: 4,
+            accumulate: 1,
+        }
+        .validate(8)
+        .unwrap_err();
+        assert!(e.to_string().contains("accumulate = 2 with micro_batch = 4"), "{e}");
         let e = MicroBatching {
             micro_batch: 3,
             accumulate: 3,

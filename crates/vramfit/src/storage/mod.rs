@@ -27,7 +27,7 @@ pub struct StoragePolicy {
 pub enum StorageError {
     /// Not `PREFIX:TYPE`.
     #[error(
-        "storage entry `{0}` is not PREFIX:TYPE with TYPE one of f32, bf16, f16 (for example token_embedding:bf16)"
+        "storage entry `{0}` is not PREFIX:TYPE with TYPE one of f32, bf16, f16 (for example *:bf16, or a group's path prefix such as blocks.0:bf16)"
     )]
     Syntax(String),
     /// A prefix that names no parameter.
