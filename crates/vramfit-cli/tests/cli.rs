@@ -602,7 +602,7 @@ fn a_diverging_fit_stops_at_that_step_and_can_be_resumed_with_a_lower_rate() {
     let o = run(&["fit", "--resume", "r"], d);
     assert!(o.status.success(), "{}", stderr(&o));
     let g = vramfit_splat::gaussians::Gaussians::load(&d.join("r/gaussians.vfg")).unwrap();
-    assert!(g.inv_scale.iter().chain(&g.xy).all(|v| v.is_finite()));
+    assert!(g.params.inv_scale.iter().chain(&g.params.xy).all(|v| v.is_finite()));
 }
 
 /// A small valid Gaussians file.
@@ -611,10 +611,12 @@ fn write_gaussians(path: &Path, inv_scale0: f32) {
         width: 32,
         height: 24,
         channels: 3,
-        xy: vec![0.3, 0.4, 0.6, 0.5],
-        inv_scale: vec![inv_scale0, 0.2, 0.3, 0.3],
-        theta: vec![0.0, 1.0],
-        color: vec![0.9, 0.1, 0.1, 0.1, 0.1, 0.9],
+        params: vramfit_splat::params::Params {
+            xy: vec![0.3, 0.4, 0.6, 0.5],
+            inv_scale: vec![inv_scale0, 0.2, 0.3, 0.3],
+            theta: vec![0.0, 1.0],
+            color: vec![0.9, 0.1, 0.1, 0.1, 0.1, 0.9],
+        },
     }
     .save(path)
     .unwrap();

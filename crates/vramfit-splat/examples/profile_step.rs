@@ -27,13 +27,7 @@ fn main() {
     let n: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(5000);
     let p = job::load_image("builtin:astronaut").unwrap();
     let g = init::initial(&p, n, &mut rand_chacha::ChaCha8Rng::seed_from_u64(0));
-    let s = Splats {
-        xy: &g.xy,
-        inv_scale: &g.inv_scale,
-        theta: &g.theta,
-        color: &g.color,
-        channels: 3,
-    };
+    let s = Splats::new(&g, 3);
     let frame = Frame::new(p.width, p.height);
     let out = render(&s, &frame, 10);
     let binned = vramfit_splat::cpu::project::project_and_bin(&g.xy, &g.inv_scale, &g.theta, &frame);

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::SplatError;
 use crate::cpu::render::MAX_TOP_K;
+use crate::params::Params;
 
 /// Every setting of a fit. Field names are the keys of the TOML file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -92,6 +93,16 @@ impl Default for FitConfig {
 pub const BUILTIN_SAMPLE: &str = "builtin:astronaut";
 
 impl FitConfig {
+    /// Adam's learning rate per parameter tensor.
+    pub fn learning_rates(&self) -> Params<f64> {
+        Params {
+            xy: self.lr_xy,
+            inv_scale: self.lr_inv_scale,
+            theta: self.lr_theta,
+            color: self.lr_color,
+        }
+    }
+
     /// Parses TOML text; `path` names the source in errors.
     pub fn from_toml(text: &str, path: &Path) -> Result<Self, SplatError> {
         vramfit::settings::from_toml(text).map_err(|why| SplatError::Config { path: path.into(), why })

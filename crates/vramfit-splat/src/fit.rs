@@ -20,6 +20,7 @@ use crate::cpu::project::Frame;
 use crate::gaussians::Gaussians;
 use crate::init::{self, NewGaussians};
 use crate::op::{FusedLoss, LossParts, RenderSpec, SplatBackend, SplatPrimitives, SplatTensors};
+use crate::params::{Param, Params, values_per_gaussian};
 use crate::picture::{CHANNELS, Picture};
 
 /// PSNR gain (dB) that counts as progress for the stall schedule.
@@ -28,7 +29,6 @@ const PSNR_PROGRESS: f64 = 0.1;
 const SSIM_PROGRESS: f64 = 1e-3;
 /// Learning-rate factor after the stall decay.
 const DECAY: f64 = 0.1;
-const PARAMS: [&str; 4] = ["xy", "inv_scale", "theta", "color"];
 
 /// What one step did.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,14 +73,16 @@ where
     target: <B::InnerBackend as FusedLoss>::Target,
     blurred_target: Vec<f32>,
     params: SplatTensors<B::InnerBackend>,
-    moments: [AdamMoments<B::InnerBackend, 2>; 4],
+    moments: Params<AdamMoments<B::InnerBackend, 2>>,
     adam: Adam,
     step: u64,
     schedule: Schedule,
     device: B::Device,
 }
 
-fn tensor2<B: Backend>(v: Vec<f32>, cols: usize, device: &B::Device) -> Tensor<B, 2> {
+/// Parameter `p`'s host values as an `[N, width]` tensor.
+fn tensor2<B: Backend>(p: Param, v: Vec<f32>, device: &B::Device) -> Tensor<B, 2> {
+    let cols = p.width(CHANNELS);
     let rows = v.len() / cols;
     Tensor::from_data(TensorData::new(v, [rows, cols]), device)
 }
@@ -102,13 +104,8 @@ where
         config.validate(picture.pixels())?;
         let mut rng = ChaCha8Rng::seed_from_u64(config.seed);
         let g = init::initial(picture, config.initial_count(), &mut rng);
-        let params = SplatTensors {
-            xy: tensor2(g.xy, 2, device),
-            inv_scale: tensor2(g.inv_scale, 2, device),
-            theta: tensor2(g.theta, 1, device),
-            color: tensor2(g.color, CHANNELS, device),
-        };
-        let moments = params.to_array().map(|p| AdamMoments::zeros_like(&p));
+        let params: SplatTensors<_> = g.map_param(|p, v| tensor2(p, v, device));
+        let moments = params.as_ref().map(AdamMoments::zeros_like);
         Ok(Self {
             config: config.clone(),
             spec: RenderSpec {
@@ -169,7 +166,7 @@ where
     /// What the fit holds between steps: parameters, Adam moments (two per
     /// parameter) and the target; its workspace (the GPU engine's scratch).
     pub fn accounted(&self) -> Accounted {
-        let parameters = (self.len() * (5 + CHANNELS) * 4) as u64;
+        let parameters = (self.len() * values_per_gaussian(CHANNELS) * 4) as u64;
         Accounted {
             parameters,
             optimizer_state: 2 * parameters,
@@ -206,22 +203,24 @@ where
             gradients: held.parameters,
             ..held
         });
-        let lrs = [c.lr_xy, c.lr_inv_scale, c.lr_theta, c.lr_color].map(|lr| lr * self.schedule.lr_scale);
+        let lrs = c.learning_rates().map(|lr| lr * self.schedule.lr_scale);
         self.adam.begin_step();
-        let mut updated = Vec::with_capacity(4);
-        for (i, (grad, m)) in grads.into_iter().zip(self.moments.iter_mut()).enumerate() {
-            let grad = Tensor::from_primitive(TensorPrimitive::Float(grad));
-            updated.push(self.adam.update(self.params.to_array()[i].clone(), grad, m, lrs[i]));
-        }
-        let before = std::mem::replace(
-            &mut self.params,
-            SplatTensors::from_array(updated.try_into().expect("four parameter tensors")),
-        );
+        let adam = &self.adam;
+        let updated =
+            self.params
+                .clone()
+                .zip(grads)
+                .zip(self.moments.as_mut())
+                .zip(lrs)
+                .map(|(((param, grad), m), lr)| {
+                    adam.update(param, Tensor::from_primitive(TensorPrimitive::Float(grad)), m, lr)
+                });
+        let before = std::mem::replace(&mut self.params, updated);
         if let Some(group) = self.non_finite_group() {
             return Err(SplatError::NonFiniteParameters {
                 step: next,
-                group,
-                lr: lrs[PARAMS.iter().position(|p| *p == group).unwrap_or(0)],
+                group: group.name(),
+                lr: lrs[group],
             });
         }
         let held = self.accounted();
@@ -275,17 +274,14 @@ where
     /// The first parameter group holding a NaN, an infinity or a value whose
     /// square overflows f32 (the renderer squares the inverse scales: that
     /// overflow is where NaN comes from), if any; one small read-back.
-    fn non_finite_group(&self) -> Option<&'static str> {
-        let flags = self
-            .params
-            .to_array()
-            .map(|p| (p.clone() * p).is_finite().all().float());
-        let all_finite = host(Tensor::cat(flags.to_vec(), 0));
-        all_finite.iter().position(|ok| *ok != 1.0).map(|i| PARAMS[i])
+    fn non_finite_group(&self) -> Option<Param> {
+        let flags = self.params.clone().map(|p| (p.clone() * p).is_finite().all().float());
+        let all_finite = host(Tensor::cat(flags.into_array().to_vec(), 0));
+        all_finite.iter().position(|ok| *ok != 1.0).map(|i| Param::ALL[i])
     }
 
     fn primitives_of(params: &SplatTensors<B::InnerBackend>) -> SplatPrimitives<B::InnerBackend> {
-        params.to_array().map(|t| t.into_primitive().tensor())
+        params.clone().map(|t| t.into_primitive().tensor())
     }
 
     fn primitives(&self) -> SplatPrimitives<B::InnerBackend> {
@@ -324,21 +320,9 @@ where
         let new: NewGaussians =
             init::error_guided(&self.blurred_target, render, frame.width, frame.height, m, &mut rng);
         let d = &self.device;
-        let add = [
-            tensor2(new.xy, 2, d),
-            tensor2(new.inv_scale, 2, d),
-            tensor2(new.theta, 1, d),
-            tensor2(new.color, CHANNELS, d),
-        ];
-        let grown: Vec<_> = self
-            .params
-            .to_array()
-            .into_iter()
-            .zip(add)
-            .map(|(p, a)| Tensor::cat(vec![p, a], 0))
-            .collect();
-        self.params = SplatTensors::from_array(grown.try_into().expect("four parameter tensors"));
-        for mo in self.moments.iter_mut() {
+        let add = new.map_param(|p, v| tensor2(p, v, d));
+        self.params = self.params.clone().zip(add).map(|(p, a)| Tensor::cat(vec![p, a], 0));
+        for mo in self.moments.as_mut().into_array() {
             mo.append_zero_rows(m);
         }
         m
@@ -372,16 +356,16 @@ where
     pub fn tensors(&self) -> Vec<NamedTensor> {
         let target = <B::InnerBackend as FusedLoss>::fused_target_bytes(&self.target);
         let mut out = vec![NamedTensor::new("target image", target, Category::Inputs)];
-        for (i, p) in self.params.to_array().iter().enumerate() {
-            let bytes = (p.dims().iter().product::<usize>() * 4) as u64;
-            out.push(NamedTensor::new(PARAMS[i], bytes, Category::Parameters));
+        for (p, t) in self.params.iter() {
+            let bytes = (t.dims().iter().product::<usize>() * 4) as u64;
+            out.push(NamedTensor::new(p.name(), bytes, Category::Parameters));
             out.push(NamedTensor::new(
-                format!("adam_m_{}", PARAMS[i]),
+                format!("adam_m_{}", p.name()),
                 bytes,
                 Category::OptimizerState,
             ));
             out.push(NamedTensor::new(
-                format!("adam_v_{}", PARAMS[i]),
+                format!("adam_v_{}", p.name()),
                 bytes,
                 Category::OptimizerState,
             ));
@@ -405,10 +389,7 @@ where
             width: f.width,
             height: f.height,
             channels: CHANNELS,
-            xy: host(self.params.xy.clone()),
-            inv_scale: host(self.params.inv_scale.clone()),
-            theta: host(self.params.theta.clone()),
-            color: host(self.params.color.clone()),
+            params: self.params.clone().map(host),
         }
     }
 
@@ -433,19 +414,12 @@ where
                 "width": self.spec.frame.width, "height": self.spec.frame.height,
             }),
         );
-        for (i, p) in self.params.to_array().into_iter().enumerate() {
-            let dims = p.dims();
-            f.insert(PARAMS[i], dims.to_vec(), host(p));
-            f.insert(
-                &format!("adam_m_{}", PARAMS[i]),
-                dims.to_vec(),
-                host(self.moments[i].m.clone()),
-            );
-            f.insert(
-                &format!("adam_v_{}", PARAMS[i]),
-                dims.to_vec(),
-                host(self.moments[i].v.clone()),
-            );
+        for (p, t) in self.params.iter() {
+            let dims = t.dims().to_vec();
+            let m = &self.moments[p];
+            f.insert(p.name(), dims.clone(), host(t.clone()));
+            f.insert(&format!("adam_m_{}", p.name()), dims.clone(), host(m.m.clone()));
+            f.insert(&format!("adam_v_{}", p.name()), dims, host(m.v.clone()));
         }
         f
     }
@@ -490,21 +464,18 @@ where
             best_ssim: fl("best_ssim").unwrap_or(f64::NEG_INFINITY),
             stopped: b("stopped"),
         };
-        let cols = [2, 2, 1, CHANNELS];
-        let mut params = Vec::new();
-        for (i, name) in PARAMS.iter().enumerate() {
-            let get = |n: &str| {
-                ckpt.get(n)
-                    .map(|v| tensor2::<B::InnerBackend>(v.to_vec(), cols[i], device))
-                    .ok_or_else(|| invalid(format!("array '{n}' is missing")))
-            };
-            params.push(get(name)?);
-            fit.moments[i] = AdamMoments {
-                m: get(&format!("adam_m_{name}"))?,
-                v: get(&format!("adam_v_{name}"))?,
-            };
-        }
-        fit.params = SplatTensors::from_array(params.try_into().expect("four parameter tensors"));
+        let get = |p: Param, n: &str| {
+            ckpt.get(n)
+                .map(|v| tensor2::<B::InnerBackend>(p, v.to_vec(), device))
+                .ok_or_else(|| invalid(format!("array '{n}' is missing")))
+        };
+        fit.params = Params::try_from_fn(|p| get(p, p.name()))?;
+        fit.moments = Params::try_from_fn(|p| {
+            Ok::<_, SplatError>(AdamMoments {
+                m: get(p, &format!("adam_m_{}", p.name()))?,
+                v: get(p, &format!("adam_v_{}", p.name()))?,
+            })
+        })?;
         Ok(fit)
     }
 }

@@ -4,9 +4,10 @@
 //! magic `VRAMFIT\0`, format version, JSON header, little-endian f32
 //! arrays, FNV-1a checksum) of kind `"gaussians"` with metadata
 //! `{"version": 1, "width", "height", "channels", "count"}` and arrays
-//! `xy [N, 2]` (centres in `[0, 1]²`), `inv_scale [N, 2]` (inverse
-//! pixel-space standard deviations at `width × height`), `theta [N]`
-//! (radians) and `color [N, C]` (unclamped, display range `[0, 1]`).
+//! one per parameter of the table in [`crate::params`]: `xy [N, 2]`
+//! (centres in `[0, 1]²`), `inv_scale [N, 2]` (inverse pixel-space
+//! standard deviations at `width × height`), `theta [N]` (radians) and
+//! `color [N, C]` (unclamped, display range `[0, 1]`).
 
 use std::path::Path;
 
@@ -16,6 +17,7 @@ use vramfit::run::{ArrayFile, ArrayFileError};
 use crate::SplatError;
 use crate::cpu::project::{Frame, Projected, project_one};
 use crate::cpu::render::{Splats, render};
+use crate::params::{HostParams, Param, values_per_gaussian};
 
 /// Version of the Gaussians metadata layout.
 pub const GAUSSIANS_VERSION: u64 = 1;
@@ -29,30 +31,24 @@ pub struct Gaussians {
     pub height: usize,
     /// Channels C.
     pub channels: usize,
-    /// `[N, 2]`
-    pub xy: Vec<f32>,
-    /// `[N, 2]`
-    pub inv_scale: Vec<f32>,
-    /// `[N]`
-    pub theta: Vec<f32>,
-    /// `[N, C]`
-    pub color: Vec<f32>,
+    /// The parameter arrays.
+    pub params: HostParams,
 }
 
 impl Gaussians {
     /// Number of Gaussians.
     pub fn len(&self) -> usize {
-        self.theta.len()
+        self.params.count()
     }
 
     /// True when empty.
     pub fn is_empty(&self) -> bool {
-        self.theta.is_empty()
+        self.len() == 0
     }
 
     /// Stored f32 values per Gaussian.
     pub fn values_per_gaussian(&self) -> usize {
-        5 + self.channels
+        values_per_gaussian(self.channels)
     }
 
     /// Bits per pixel of the fitted image at f32 storage.
@@ -62,13 +58,7 @@ impl Gaussians {
 
     /// Borrowed parameters for the CPU kernels.
     pub fn splats(&self) -> Splats<'_, f32> {
-        Splats {
-            xy: &self.xy,
-            inv_scale: &self.inv_scale,
-            theta: &self.theta,
-            color: &self.color,
-            channels: self.channels,
-        }
+        Splats::new(&self.params, self.channels)
     }
 
     /// Renders at any resolution on the host, `[H, W, C]`; standard
@@ -95,12 +85,13 @@ impl Gaussians {
             zoom_x: w as f64 / self.width as f64,
             zoom_y: h as f64 / self.height as f64,
         };
+        let g = &self.params;
         let pairs: u64 = (0..self.len())
             .map(|i| {
                 let p = project_one(
-                    [self.xy[2 * i], self.xy[2 * i + 1]],
-                    [self.inv_scale[2 * i], self.inv_scale[2 * i + 1]],
-                    self.theta[i],
+                    [g.xy[2 * i], g.xy[2 * i + 1]],
+                    [g.inv_scale[2 * i], g.inv_scale[2 * i + 1]],
+                    g.theta[i],
                     &frame,
                 );
                 let [x0, x1, y0, y1] = p.tiles;
@@ -125,10 +116,9 @@ impl Gaussians {
             json!({ "version": GAUSSIANS_VERSION, "width": self.width, "height": self.height,
                     "channels": self.channels, "count": n }),
         );
-        f.insert("xy", vec![n, 2], self.xy.clone());
-        f.insert("inv_scale", vec![n, 2], self.inv_scale.clone());
-        f.insert("theta", vec![n], self.theta.clone());
-        f.insert("color", vec![n, self.channels], self.color.clone());
+        for (p, values) in self.params.iter() {
+            f.insert(p.name(), file_shape(p, n, self.channels), values.clone());
+        }
         f
     }
 
@@ -156,7 +146,8 @@ impl Gaussians {
             field("channels")? as usize,
             field("count")? as usize,
         );
-        let get = |name: &str, shape: Vec<usize>| -> Result<Vec<f32>, ArrayFileError> {
+        let get = |p: Param| -> Result<Vec<f32>, ArrayFileError> {
+            let (name, shape) = (p.name(), file_shape(p, n, channels));
             match f.arrays.get(name) {
                 Some((s, v)) if *s == shape => match v.iter().position(|x| !x.is_finite()) {
                     None => Ok(v.clone()),
@@ -174,10 +165,7 @@ impl Gaussians {
             width,
             height,
             channels,
-            xy: get("xy", vec![n, 2])?,
-            inv_scale: get("inv_scale", vec![n, 2])?,
-            theta: get("theta", vec![n])?,
-            color: get("color", vec![n, channels])?,
+            params: HostParams::try_from_fn(get)?,
         })
     }
 
@@ -196,6 +184,15 @@ impl Gaussians {
     }
 }
 
+/// An array's shape in the file: `[N]` for one value per Gaussian (the
+/// format predates the table's `[N, 1]`), `[N, width]` otherwise.
+fn file_shape(p: Param, n: usize, channels: usize) -> Vec<usize> {
+    match p.width(channels) {
+        1 => vec![n],
+        w => vec![n, w],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,10 +203,12 @@ mod tests {
             width: 40,
             height: 30,
             channels: 3,
-            xy: vec![0.2, 0.3, 0.7, 0.6, 0.5, 0.5],
-            inv_scale: vec![0.3, 0.2, 0.1, 0.4, 0.05, 0.05],
-            theta: vec![0.0, 0.5, 1.0],
-            color: vec![0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
+            params: HostParams {
+                xy: vec![0.2, 0.3, 0.7, 0.6, 0.5, 0.5],
+                inv_scale: vec![0.3, 0.2, 0.1, 0.4, 0.05, 0.05],
+                theta: vec![0.0, 0.5, 1.0],
+                color: vec![0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
+            },
         }
     }
 
@@ -220,15 +219,15 @@ mod tests {
         let mut g = some();
         g.save(&path).unwrap();
         assert_eq!(Gaussians::load(&path).unwrap(), g);
-        g.inv_scale[3] = f32::NAN;
+        g.params.inv_scale[3] = f32::NAN;
         g.save(&path).unwrap();
         let msg = Gaussians::load(&path).unwrap_err().to_string();
         assert!(
             msg.contains(&path.display().to_string()) && msg.contains("array 'inv_scale' holds NaN at index 3"),
             "{msg}"
         );
-        g.inv_scale[3] = 0.1;
-        g.color[0] = f32::INFINITY;
+        g.params.inv_scale[3] = 0.1;
+        g.params.color[0] = f32::INFINITY;
         g.save(&path).unwrap();
         let msg = Gaussians::load(&path).unwrap_err().to_string();
         assert!(msg.contains("array 'color' holds inf at index 0"), "{msg}");
@@ -244,7 +243,7 @@ mod tests {
                 zoom_x: w as f64 / 40.0,
                 zoom_y: h as f64 / 30.0,
             };
-            let binned = project_and_bin(&g.xy, &g.inv_scale, &g.theta, &frame);
+            let binned = project_and_bin(&g.params.xy, &g.params.inv_scale, &g.params.theta, &frame);
             let tiles = (frame.tiles_x() * frame.tiles_y() + 1) as u64;
             let expected = (w * h * (3 * 4 + 6)) as u64
                 + tiles * 16

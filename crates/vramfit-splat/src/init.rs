@@ -4,6 +4,7 @@
 use rand::Rng;
 use rayon::prelude::*;
 
+use crate::params::HostParams;
 use crate::picture::{CHANNELS, Picture};
 
 /// Initial inverse scale: 1/5, i.e. a 5-pixel standard deviation.
@@ -71,36 +72,15 @@ pub fn sample_weighted<R: Rng>(weights: &[f32], k: usize, rng: &mut R) -> Vec<us
 
 /// New Gaussians to append: centres at pixel centres, default shape, and
 /// the given colours.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct NewGaussians {
-    /// `[M, 2]`
-    pub xy: Vec<f32>,
-    /// `[M, 2]`
-    pub inv_scale: Vec<f32>,
-    /// `[M]`
-    pub theta: Vec<f32>,
-    /// `[M, C]`
-    pub color: Vec<f32>,
-}
+pub type NewGaussians = HostParams;
 
-impl NewGaussians {
-    /// Count.
-    pub fn len(&self) -> usize {
-        self.theta.len()
-    }
-
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.theta.is_empty()
-    }
-
-    fn push(&mut self, pixel: usize, width: usize, height: usize, color: &[f32]) {
-        self.xy.push(((pixel % width) as f32 + 0.5) / width as f32);
-        self.xy.push(((pixel / width) as f32 + 0.5) / height as f32);
-        self.inv_scale.extend([INITIAL_INV_SCALE; 2]);
-        self.theta.push(0.0);
-        self.color.extend_from_slice(color);
-    }
+/// Appends a Gaussian at the centre of `pixel` with the default shape.
+fn push(out: &mut NewGaussians, pixel: usize, width: usize, height: usize, color: &[f32]) {
+    out.xy.push(((pixel % width) as f32 + 0.5) / width as f32);
+    out.xy.push(((pixel / width) as f32 + 0.5) / height as f32);
+    out.inv_scale.extend([INITIAL_INV_SCALE; 2]);
+    out.theta.push(0.0);
+    out.color.extend_from_slice(color);
 }
 
 /// The initial `n` Gaussians: 30 % of the centres uniform, 70 % by g²;
@@ -122,7 +102,13 @@ pub fn initial<R: Rng>(p: &Picture, n: usize, rng: &mut R) -> NewGaussians {
     pixels.extend(by_gradient);
     let mut out = NewGaussians::default();
     for px in pixels {
-        out.push(px, p.width, p.height, &p.data[px * CHANNELS..(px + 1) * CHANNELS]);
+        push(
+            &mut out,
+            px,
+            p.width,
+            p.height,
+            &p.data[px * CHANNELS..(px + 1) * CHANNELS],
+        );
     }
     out
 }
@@ -200,7 +186,13 @@ pub fn error_guided<R: Rng>(
     }
     let mut out = NewGaussians::default();
     for px in picks {
-        out.push(px, width, height, &blurred[px * CHANNELS..(px + 1) * CHANNELS]);
+        push(
+            &mut out,
+            px,
+            width,
+            height,
+            &blurred[px * CHANNELS..(px + 1) * CHANNELS],
+        );
     }
     out
 }
@@ -242,7 +234,7 @@ mod tests {
             data,
         };
         let g = initial(&p, 100, &mut ChaCha8Rng::seed_from_u64(3));
-        assert_eq!(g.len(), 100);
+        assert_eq!(g.count(), 100);
         let near_edge = g.xy.chunks(2).filter(|c| (c[0] * w as f32 - 16.0).abs() < 2.0).count();
         // 70 drawn by gradient land within 1 px of the edge; uniform adds ~4 more.
         assert!(near_edge >= 70, "{near_edge} of 100 near the edge");

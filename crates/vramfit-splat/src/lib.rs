@@ -30,6 +30,7 @@ pub mod gpu;
 pub mod init;
 pub mod job;
 pub mod op;
+pub mod params;
 pub mod picture;
 pub mod plan;
 pub mod sample;

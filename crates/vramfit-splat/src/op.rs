@@ -16,6 +16,7 @@ use burn::tensor::ops::FloatTensor;
 use crate::cpu;
 use crate::cpu::project::Frame;
 use crate::cpu::render::{SplatGrads, Splats};
+use crate::params::{HostParams, Params};
 use crate::picture::{CHANNELS, Picture};
 
 /// What to render: frame, top-K and channel count.
@@ -48,39 +49,28 @@ fn device_of<B: Backend>(t: &FloatTensor<B>) -> B::Device {
     B::float_device(t)
 }
 
-/// Host copies of the four parameter tensors, in parameter order.
-struct HostParams([Vec<f32>; 4]);
-
-impl HostParams {
-    fn read<B: Backend>(params: SplatPrimitives<B>) -> Self {
-        Self(params.map(to_host::<B, 2>))
-    }
-
-    fn splats(&self, channels: usize) -> Splats<'_, f32> {
-        let [xy, inv_scale, theta, color] = &self.0;
-        Splats {
-            xy,
-            inv_scale,
-            theta,
-            color,
-            channels,
-        }
-    }
+/// Host copies of the parameter tensors.
+fn read_host<B: Backend>(params: SplatPrimitives<B>) -> HostParams {
+    params.map(to_host::<B, 2>)
 }
 
-/// The four parameter tensors as primitives: xy `[N, 2]`, inv_scale
-/// `[N, 2]`, theta `[N, 1]`, color `[N, C]`.
-pub type SplatPrimitives<B> = [FloatTensor<B>; 4];
+/// Host gradients as `[N, width]` tensors on `device`.
+fn grads_to_device<B: Backend>(g: SplatGrads<f32>, channels: usize, device: &B::Device) -> SplatPrimitives<B> {
+    let n = g.count();
+    g.map_param(|p, v| from_host::<B, 2>(v, [n, p.width(channels)], device))
+}
+
+/// The parameter tensors as primitives, `[N, width]` each (theta `[N, 1]`).
+pub type SplatPrimitives<B> = Params<FloatTensor<B>>;
 
 /// Backend extension with the splat operations (and, for the profiler,
 /// the backend's memory figures).
 pub trait SplatBackend: vramfit::profile::DeviceMemory {
     /// Renders `[H, W, C]`.
     fn splat_render(params: SplatPrimitives<Self>, spec: &RenderSpec) -> FloatTensor<Self> {
-        let device = device_of::<Self>(&params[0]);
-        let host = HostParams::read::<Self>(params);
-        let splats = host.splats(spec.channels);
-        let out = cpu::render::render(&splats, &spec.frame, spec.top_k);
+        let device = device_of::<Self>(&params.xy);
+        let host = read_host::<Self>(params);
+        let out = cpu::render::render(&Splats::new(&host, spec.channels), &spec.frame, spec.top_k);
         from_host::<Self, 3>(out, [spec.frame.height, spec.frame.width, spec.channels], &device)
     }
 
@@ -90,18 +80,12 @@ pub trait SplatBackend: vramfit::profile::DeviceMemory {
         d_out: FloatTensor<Self>,
         spec: &RenderSpec,
     ) -> SplatPrimitives<Self> {
-        let device = device_of::<Self>(&params[0]);
-        let host = HostParams::read::<Self>(params);
-        let n = host.0[2].len();
+        let device = device_of::<Self>(&params.xy);
+        let host = read_host::<Self>(params);
         let d_out = to_host::<Self, 3>(d_out);
-        let splats = host.splats(spec.channels);
+        let splats = Splats::new(&host, spec.channels);
         let g = cpu::render::render_backward(&splats, &spec.frame, spec.top_k, &d_out);
-        [
-            from_host::<Self, 2>(g.d_xy, [n, 2], &device),
-            from_host::<Self, 2>(g.d_inv_scale, [n, 2], &device),
-            from_host::<Self, 2>(g.d_theta, [n, 1], &device),
-            from_host::<Self, 2>(g.d_color, [n, spec.channels], &device),
-        ]
+        grads_to_device::<Self>(g, spec.channels, &device)
     }
 
     /// Mean SSIM of `x` against `y` (both `[H, W, C]`), as a `[1]` tensor.
@@ -250,7 +234,7 @@ impl HostTarget {
     }
 
     fn render(&self, params: &HostParams, frame: &Frame) -> Vec<f32> {
-        cpu::render::render(&params.splats(CHANNELS), frame, self.top_k)
+        cpu::render::render(&Splats::new(params, CHANNELS), frame, self.top_k)
     }
 
     /// Loss parts of render `x` (clamp it first for the reported quality).
@@ -299,21 +283,14 @@ impl FusedLoss for burn::backend::Flex {
         target: &HostTarget,
         ssim_weight: f64,
     ) -> Result<(LossParts, SplatPrimitives<Self>), String> {
-        let device = device_of::<Self>(&params[0]);
-        let host = HostParams::read::<Self>(params);
-        let n = host.0[2].len();
-        let (parts, g) = target.loss_and_grads(&host.splats(CHANNELS), ssim_weight);
-        let grads = [
-            from_host::<Self, 2>(g.d_xy, [n, 2], &device),
-            from_host::<Self, 2>(g.d_inv_scale, [n, 2], &device),
-            from_host::<Self, 2>(g.d_theta, [n, 1], &device),
-            from_host::<Self, 2>(g.d_color, [n, CHANNELS], &device),
-        ];
-        Ok((parts, grads))
+        let device = device_of::<Self>(&params.xy);
+        let host = read_host::<Self>(params);
+        let (parts, g) = target.loss_and_grads(&Splats::new(&host, CHANNELS), ssim_weight);
+        Ok((parts, grads_to_device::<Self>(g, CHANNELS, &device)))
     }
 
     fn fused_metrics(params: SplatPrimitives<Self>, target: &HostTarget) -> Result<LossParts, String> {
-        let host = HostParams::read::<Self>(params);
+        let host = read_host::<Self>(params);
         let mut x = target.render(&host, &Frame::new(target.width, target.height));
         for v in x.iter_mut() {
             *v = v.clamp(0.0, 1.0);
@@ -326,7 +303,7 @@ impl FusedLoss for burn::backend::Flex {
         target: &HostTarget,
         frame: &Frame,
     ) -> Result<Vec<f32>, String> {
-        Ok(target.render(&HostParams::read::<Self>(params), frame))
+        Ok(target.render(&read_host::<Self>(params), frame))
     }
 }
 
@@ -342,7 +319,7 @@ impl<B: SplatBackend, C: CheckpointStrategy> SplatBackend for Autodiff<B, C> {
                 let d_out = grads.consume::<B>(&ops.node);
                 let (params, spec) = ops.state;
                 let d_params = B::splat_render_backward(params, d_out, &spec);
-                for (parent, d) in ops.parents.into_iter().zip(d_params) {
+                for (parent, d) in ops.parents.into_iter().zip(d_params.into_array()) {
                     if let Some(node) = parent {
                         grads.register::<B>(node.id, d);
                     }
@@ -350,7 +327,7 @@ impl<B: SplatBackend, C: CheckpointStrategy> SplatBackend for Autodiff<B, C> {
             }
         }
 
-        let nodes = params.each_ref().map(|p| p.node.clone());
+        let nodes = params.as_ref().map(|p| p.node.clone()).into_array();
         let inner = params.map(|p| p.primitive);
         match RenderBackward.prepare::<C>(nodes).compute_bound().stateful() {
             OpsKind::Tracked(prep) => {
@@ -392,44 +369,12 @@ impl<B: SplatBackend, C: CheckpointStrategy> SplatBackend for Autodiff<B, C> {
     }
 }
 
-/// Parameter tensors of a set of Gaussians on backend `B`.
-#[derive(Debug, Clone)]
-pub struct SplatTensors<B: Backend> {
-    /// `[N, 2]`
-    pub xy: Tensor<B, 2>,
-    /// `[N, 2]`
-    pub inv_scale: Tensor<B, 2>,
-    /// `[N, 1]`
-    pub theta: Tensor<B, 2>,
-    /// `[N, C]`
-    pub color: Tensor<B, 2>,
-}
-
-impl<B: Backend> SplatTensors<B> {
-    /// The tensors as an array, in parameter order.
-    pub fn to_array(&self) -> [Tensor<B, 2>; 4] {
-        [
-            self.xy.clone(),
-            self.inv_scale.clone(),
-            self.theta.clone(),
-            self.color.clone(),
-        ]
-    }
-
-    /// Builds from an array in parameter order.
-    pub fn from_array([xy, inv_scale, theta, color]: [Tensor<B, 2>; 4]) -> Self {
-        Self {
-            xy,
-            inv_scale,
-            theta,
-            color,
-        }
-    }
-}
+/// Parameter tensors of a set of Gaussians on backend `B`, `[N, width]` each.
+pub type SplatTensors<B> = Params<Tensor<B, 2>>;
 
 /// Renders `[H, W, C]` (differentiable on an autodiff backend).
 pub fn render<B: SplatBackend>(params: &SplatTensors<B>, spec: &RenderSpec) -> Tensor<B, 3> {
-    let prims = params.to_array().map(|t| t.into_primitive().tensor());
+    let prims = params.clone().map(|t| t.into_primitive().tensor());
     Tensor::from_primitive(TensorPrimitive::Float(B::splat_render(prims, spec)))
 }
 

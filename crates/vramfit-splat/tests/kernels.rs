@@ -6,12 +6,10 @@ use rand_chacha::ChaCha8Rng;
 use vramfit_splat::cpu::project::{Frame, TILE, project_and_bin, project_one};
 use vramfit_splat::cpu::render::{Splats, render, render_backward, select_top_k};
 use vramfit_splat::cpu::ssim::{ssim, ssim_and_backward, ssim_backward};
+use vramfit_splat::params::{Param, Params};
 
 struct Case {
-    xy: Vec<f64>,
-    inv_scale: Vec<f64>,
-    theta: Vec<f64>,
-    color: Vec<f64>,
+    params: Params<Vec<f64>>,
     channels: usize,
 }
 
@@ -29,31 +27,18 @@ impl Case {
         let theta = (0..n).map(|_| rng.random_range(-3.0..3.0)).collect();
         let color = (0..n * channels).map(|_| rng.random_range(-0.5..1.5)).collect();
         Self {
-            xy,
-            inv_scale,
-            theta,
-            color,
+            params: Params {
+                xy,
+                inv_scale,
+                theta,
+                color,
+            },
             channels,
         }
     }
 
     fn splats(&self) -> Splats<'_, f64> {
-        Splats {
-            xy: &self.xy,
-            inv_scale: &self.inv_scale,
-            theta: &self.theta,
-            color: &self.color,
-            channels: self.channels,
-        }
-    }
-
-    fn field(&mut self, which: usize) -> &mut Vec<f64> {
-        match which {
-            0 => &mut self.xy,
-            1 => &mut self.inv_scale,
-            2 => &mut self.theta,
-            _ => &mut self.color,
-        }
+        Splats::new(&self.params, self.channels)
     }
 }
 
@@ -61,7 +46,8 @@ impl Case {
 /// move the output (exp underflow makes many exact zero-weight ties, and
 /// swapping those changes nothing).
 fn selections(case: &Case, frame: &Frame, top_k: usize) -> Vec<Vec<u32>> {
-    let binned = project_and_bin(&case.xy, &case.inv_scale, &case.theta, frame);
+    let p = &case.params;
+    let binned = project_and_bin(&p.xy, &p.inv_scale, &p.theta, frame);
     (0..frame.height)
         .flat_map(|y| (0..frame.width).map(move |x| (x, y)))
         .map(|(x, y)| {
@@ -90,24 +76,20 @@ fn check_render_gradients(frame: Frame, n: usize, channels: usize, top_k: usize,
         .map(|_| rng.random_range(-1.0..1.0))
         .collect();
     let g = render_backward(&case.splats(), &frame, top_k, &d_out);
-    let analytic = [
-        g.d_xy.clone(),
-        g.d_inv_scale.clone(),
-        g.d_theta.clone(),
-        g.d_color.clone(),
-    ];
+    let analytic = g;
     let h = 1e-6;
     let (mut checked, mut skipped) = (0, 0);
-    for (which, name) in ["xy", "inv_scale", "theta", "color"].iter().enumerate() {
-        for i in 0..case.field(which).len() {
-            let orig = case.field(which)[i];
-            case.field(which)[i] = orig + h;
+    for which in Param::ALL {
+        let name = which.name();
+        for i in 0..case.params[which].len() {
+            let orig = case.params[which][i];
+            case.params[which][i] = orig + h;
             let plus = dot(&render(&case.splats(), &frame, top_k), &d_out);
             let sel_plus = selections(&case, &frame, top_k);
-            case.field(which)[i] = orig - h;
+            case.params[which][i] = orig - h;
             let minus = dot(&render(&case.splats(), &frame, top_k), &d_out);
             let sel_minus = selections(&case, &frame, top_k);
-            case.field(which)[i] = orig;
+            case.params[which][i] = orig;
             // Top-K blending jumps where the K-th and (K+1)-th weights tie:
             // a difference across such a jump measures the jump, not the slope.
             if sel_plus != sel_minus {
@@ -126,7 +108,7 @@ fn check_render_gradients(frame: Frame, n: usize, channels: usize, top_k: usize,
         }
     }
     assert!(
-        analytic.iter().flatten().any(|v| v.abs() > 1e-3),
+        analytic.iter().flat_map(|(_, v)| v).any(|v| v.abs() > 1e-3),
         "gradients are all ~0: the case tests nothing"
     );
     (checked, skipped)

@@ -5,6 +5,7 @@ use rayon::prelude::*;
 
 use super::Real;
 use super::project::{Binned, Frame, Projected, TILE, project_and_bin, project_one_backward};
+use crate::params::Params;
 
 /// Largest supported top-K (the selection lives on the stack).
 pub const MAX_TOP_K: usize = 32;
@@ -14,45 +15,38 @@ pub const EPSILON: f64 = 1e-4;
 /// that reductions add in the same order whatever the thread count.
 const MAX_BANDS: usize = 64;
 
-/// Borrowed Gaussian parameters, flat and row major.
+/// Borrowed Gaussian parameters, flat and row major, and their channel
+/// count (the colour width, which an empty set cannot tell).
 #[derive(Debug, Clone, Copy)]
 pub struct Splats<'a, F> {
-    /// `[N, 2]` centres in `[0, 1]²`.
-    pub xy: &'a [F],
-    /// `[N, 2]` inverse pixel-space standard deviations.
-    pub inv_scale: &'a [F],
-    /// `[N]` rotations in radians.
-    pub theta: &'a [F],
-    /// `[N, C]` colours.
-    pub color: &'a [F],
+    /// The parameter arrays.
+    pub params: Params<&'a [F]>,
     /// Channels C.
     pub channels: usize,
 }
 
-impl<F> Splats<'_, F> {
+impl<'a, F> Splats<'a, F> {
+    /// Borrows host arrays.
+    pub fn new(params: &'a Params<Vec<F>>, channels: usize) -> Self {
+        Self {
+            params: params.slices(),
+            channels,
+        }
+    }
+
     /// Number of Gaussians.
     pub fn len(&self) -> usize {
-        self.theta.len()
+        self.params.count()
     }
 
     /// True when there are no Gaussians.
     pub fn is_empty(&self) -> bool {
-        self.theta.is_empty()
+        self.len() == 0
     }
 }
 
 /// Gradients with respect to each parameter tensor, same layouts.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SplatGrads<F> {
-    /// `[N, 2]`
-    pub d_xy: Vec<F>,
-    /// `[N, 2]`
-    pub d_inv_scale: Vec<F>,
-    /// `[N]`
-    pub d_theta: Vec<F>,
-    /// `[N, C]`
-    pub d_color: Vec<F>,
-}
+pub type SplatGrads<F> = Params<Vec<F>>;
 
 /// The candidates of one tile gathered into contiguous arrays, so that the
 /// per-pixel loop streams through memory instead of chasing indices.
@@ -408,7 +402,7 @@ type KeptBand<'a, F> = (&'a mut [u8], &'a mut [u32], &'a mut [F]);
 fn render_into<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize, keep: bool) -> (Vec<F>, Option<Kept<F>>) {
     check_top_k(top_k);
     let c = splats.channels;
-    let binned = project_and_bin(splats.xy, splats.inv_scale, splats.theta, frame);
+    let binned = project_and_bin(splats.params.xy, splats.params.inv_scale, splats.params.theta, frame);
     let pixels = frame.width * frame.height;
     let k = if keep { top_k } else { 0 };
     let mut out = vec![F::zero(); pixels * c];
@@ -445,7 +439,7 @@ fn render_into<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize, keep: b
                     blend(
                         w,
                         top.entries().map(|(_, id)| id),
-                        splats.color,
+                        splats.params.color,
                         &mut chunk[p * c..(p + 1) * c],
                     );
                     if let Some((l, i, kw)) = kept.as_mut() {
@@ -514,7 +508,7 @@ fn pixel_backward<F: Real>(
 /// Gradients of `Σ d_out · render(splats)` with respect to every parameter.
 pub fn render_backward<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize, d_out: &[F]) -> SplatGrads<F> {
     check_top_k(top_k);
-    let binned = project_and_bin(splats.xy, splats.inv_scale, splats.theta, frame);
+    let binned = project_and_bin(splats.params.xy, splats.params.inv_scale, splats.params.theta, frame);
     backward_over_bands(splats, frame, d_out, |band, acc| {
         let mut entries = [(0u32, F::zero()); MAX_TOP_K];
         for_each_pixel_in_band(&binned, frame, band, Some(top_k), |tile, scratch, x, y| {
@@ -527,7 +521,7 @@ pub fn render_backward<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize,
                 pixel_backward(
                     &entries[..top.len],
                     &binned.projected,
-                    splats.color,
+                    splats.params.color,
                     pixel(d_out, frame, splats.channels, x, y),
                     (x, y),
                     acc,
@@ -555,7 +549,7 @@ pub fn render_backward_kept<F: Real>(splats: &Splats<F>, frame: &Frame, kept: &K
                 pixel_backward(
                     &entries[..n],
                     &kept.binned.projected,
-                    splats.color,
+                    splats.params.color,
                     pixel(d_out, frame, splats.channels, x, y),
                     (x, y),
                     acc,
@@ -598,25 +592,21 @@ fn backward_over_bands<F: Real>(
             *t = *t + *v;
         }
     }
-    let mut grads = SplatGrads {
-        d_xy: vec![F::zero(); 2 * n],
-        d_inv_scale: vec![F::zero(); 2 * n],
-        d_theta: vec![F::zero(); n],
-        d_color: vec![F::zero(); n * c],
-    };
+    let mut grads = SplatGrads::zeros(n, c);
+    let p = &splats.params;
     for i in 0..n {
         let a = &acc[i * stride..(i + 1) * stride];
         let (d_xy, d_inv, d_theta) = project_one_backward(
-            [splats.inv_scale[2 * i], splats.inv_scale[2 * i + 1]],
-            splats.theta[i],
+            [p.inv_scale[2 * i], p.inv_scale[2 * i + 1]],
+            p.theta[i],
             frame,
             [a[0], a[1]],
             [a[2], a[3], a[4]],
         );
-        grads.d_xy[2 * i..2 * i + 2].copy_from_slice(&d_xy);
-        grads.d_inv_scale[2 * i..2 * i + 2].copy_from_slice(&d_inv);
-        grads.d_theta[i] = d_theta;
-        grads.d_color[i * c..(i + 1) * c].copy_from_slice(&a[5..]);
+        grads.xy[2 * i..2 * i + 2].copy_from_slice(&d_xy);
+        grads.inv_scale[2 * i..2 * i + 2].copy_from_slice(&d_inv);
+        grads.theta[i] = d_theta;
+        grads.color[i * c..(i + 1) * c].copy_from_slice(&a[5..]);
     }
     grads
 }
@@ -640,10 +630,12 @@ mod tests {
         let color: Vec<f32> = (0..c * n).map(|_| rng.random_range(0.0..1.0)).collect();
         let d_out: Vec<f32> = (0..w * h * c).map(|_| rng.random_range(-1.0..1.0)).collect();
         let splats = Splats {
-            xy: &xy,
-            inv_scale: &inv_scale,
-            theta: &theta,
-            color: &color,
+            params: Params {
+                xy: &xy[..],
+                inv_scale: &inv_scale,
+                theta: &theta,
+                color: &color,
+            },
             channels: c,
         };
         let frame = Frame::new(w, h);

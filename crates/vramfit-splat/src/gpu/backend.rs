@@ -15,26 +15,24 @@ use crate::op::LossParts;
 use crate::op::SplatBackend;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 use crate::op::{FusedLoss, SplatPrimitives};
+use crate::params::Params;
 use crate::picture::{CHANNELS, Picture};
 
-/// Device buffers of the four parameter tensors (made contiguous if needed).
-fn buffers<R: CubeRuntime>(params: [CubeTensor<R>; 4]) -> (ParamBuffers, CubeTensor<R>) {
-    let [xy, inv_scale, theta, color] = params.map(|t| {
+/// Device buffers of the parameter tensors (made contiguous if needed),
+/// and one of the tensors to make new ones like.
+fn buffers<R: CubeRuntime>(params: Params<CubeTensor<R>>) -> (ParamBuffers, CubeTensor<R>) {
+    let params = params.map(|t| {
         if t.is_contiguous_buffer() {
             t
         } else {
             into_contiguous(t)
         }
     });
-    let n = theta.meta.shape()[0];
     let buffers = ParamBuffers {
-        xy: xy.handle.clone(),
-        inv_scale: inv_scale.handle.clone(),
-        theta: theta.handle.clone(),
-        color: color.handle.clone(),
-        n,
+        handles: params.as_ref().map(|t| t.handle.clone()),
+        n: params.theta.meta.shape()[0],
     };
-    (buffers, theta)
+    (buffers, params.theta)
 }
 
 fn tensor<R: CubeRuntime>(
@@ -74,21 +72,16 @@ impl<R: CubeRuntime> CubeFused<R> {
 
     /// See [`FusedLoss::fused_loss_and_grads`].
     pub fn loss_and_grads(
-        params: [CubeTensor<R>; 4],
+        params: Params<CubeTensor<R>>,
         target: &Lean<R>,
         ssim_weight: f64,
-    ) -> Result<(LossParts, [CubeTensor<R>; 4]), String> {
+    ) -> Result<(LossParts, Params<CubeTensor<R>>), String> {
         let (p, like) = buffers(params);
         let (parts, g) = target.loss_and_grads(&p, ssim_weight as f32)?;
         let n = p.n;
         Ok((
             parts,
-            [
-                tensor(&like, g.xy, n, 2),
-                tensor(&like, g.inv_scale, n, 2),
-                tensor(&like, g.theta, n, 1),
-                tensor(&like, g.color, n, CHANNELS),
-            ],
+            g.handles.map_param(|q, h| tensor(&like, h, n, q.width(CHANNELS))),
         ))
     }
 }

@@ -11,6 +11,7 @@ use super::engine::Lean;
 use crate::cpu::project::Frame;
 use crate::cpu::render::Splats;
 use crate::op::HostTarget;
+use crate::params::{HostParams, Param};
 use crate::picture::CHANNELS;
 
 /// One random problem.
@@ -92,27 +93,23 @@ pub fn standard_cases() -> Vec<Case> {
 
 /// Random Gaussians (rotated, anisotropic, overlapping, some partly off
 /// the image) and a random u8 target, from `seed`.
-pub fn random_problem(case: &Case) -> ([Vec<f32>; 4], Vec<u8>) {
+pub fn random_problem(case: &Case) -> (HostParams, Vec<u8>) {
     let mut rng = ChaCha8Rng::seed_from_u64(case.seed);
-    let n = case.gaussians;
-    let mut xy = Vec::with_capacity(2 * n);
-    let mut inv = Vec::with_capacity(2 * n);
-    let mut theta = Vec::with_capacity(n);
-    let mut color = Vec::with_capacity(CHANNELS * n);
-    for _ in 0..n {
-        xy.push(rng.random_range(-0.05..1.05f32));
-        xy.push(rng.random_range(-0.05..1.05f32));
-        inv.push(rng.random_range(0.08..0.6f32));
-        inv.push(rng.random_range(0.08..0.6f32));
-        theta.push(rng.random_range(-3.0..3.0f32));
+    let mut g = HostParams::default();
+    for _ in 0..case.gaussians {
+        g.xy.push(rng.random_range(-0.05..1.05f32));
+        g.xy.push(rng.random_range(-0.05..1.05f32));
+        g.inv_scale.push(rng.random_range(0.08..0.6f32));
+        g.inv_scale.push(rng.random_range(0.08..0.6f32));
+        g.theta.push(rng.random_range(-3.0..3.0f32));
         for _ in 0..CHANNELS {
-            color.push(rng.random_range(0.0..1.0f32));
+            g.color.push(rng.random_range(0.0..1.0f32));
         }
     }
     let target = (0..case.width * case.height * CHANNELS)
         .map(|_| rng.random_range(0..=255u8))
         .collect();
-    ([xy, inv, theta, color], target)
+    (g, target)
 }
 
 fn max_abs(v: &[f32]) -> f64 {
@@ -129,17 +126,11 @@ fn rel(gpu: &[f32], cpu: &[f32]) -> f64 {
 
 /// Runs one case on `client` and compares with the CPU twins.
 pub fn run_case<R: Runtime>(client: &ComputeClient<R>, case: &Case) -> Result<CaseReport, String> {
-    let ([xy, inv, theta, color], target) = random_problem(case);
+    let (host_params, target) = random_problem(case);
     let (w, h) = (case.width, case.height);
     let lean = Lean::new(client.clone(), &target, w, h, CHANNELS, case.top_k, case.band_rows);
-    let params = lean.upload(&xy, &inv, &theta, &color);
-    let splats = Splats {
-        xy: &xy,
-        inv_scale: &inv,
-        theta: &theta,
-        color: &color,
-        channels: CHANNELS,
-    };
+    let params = lean.upload(&host_params);
+    let splats = Splats::new(&host_params, CHANNELS);
     let host_target = HostTarget::new(target.iter().map(|&b| b as f32 / 255.0).collect(), w, h, case.top_k);
     let frame = Frame::new(w, h);
 
@@ -154,9 +145,7 @@ pub fn run_case<R: Runtime>(client: &ComputeClient<R>, case: &Case) -> Result<Ca
     let ssim_weight = 0.1;
     let (gpu_parts, g) = lean.loss_and_grads(&params, ssim_weight as f32)?;
     let (cpu_parts, cg) = host_target.loss_and_grads(&splats, ssim_weight);
-    let gpu_grads = [&g.xy, &g.inv_scale, &g.theta, &g.color].map(|hd| lean.download(hd));
-    let gpu_grads: Vec<Vec<f32>> = gpu_grads.into_iter().collect::<Result<_, _>>()?;
-    let cpu_grads = [&cg.d_xy, &cg.d_inv_scale, &cg.d_theta, &cg.d_color];
+    let gpu_grads = g.handles.try_map(|hd| lean.download(&hd))?;
 
     let gpu_metrics = lean.metrics(&params)?;
     let mut clamped = cpu_render.clone();
@@ -165,7 +154,7 @@ pub fn run_case<R: Runtime>(client: &ComputeClient<R>, case: &Case) -> Result<Ca
 
     let non_finite = gpu_render
         .iter()
-        .chain(gpu_grads.iter().flatten())
+        .chain(gpu_grads.as_ref().into_array().into_iter().flatten())
         .any(|v| !v.is_finite())
         || !gpu_parts.loss(ssim_weight).is_finite();
     Ok(CaseReport {
@@ -180,7 +169,7 @@ pub fn run_case<R: Runtime>(client: &ComputeClient<R>, case: &Case) -> Result<Ca
             (gpu_parts.l1 - cpu_parts.l1).abs(),
             (gpu_parts.mse - cpu_parts.mse).abs(),
         ],
-        grad_rel: [0, 1, 2, 3].map(|i| rel(&gpu_grads[i], cpu_grads[i])),
+        grad_rel: Param::ALL.map(|q| rel(&gpu_grads[q], &cg[q])),
         metrics_psnr: [gpu_metrics.psnr_db(), cpu_metrics.psnr_db()],
         non_finite,
     })

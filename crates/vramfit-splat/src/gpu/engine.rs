@@ -12,6 +12,7 @@ use cubecl::server::Handle;
 use super::kernels::{self, GEOMETRY_GRADS, TAPS, TILE, UNITS};
 use crate::cpu::project::Frame;
 use crate::op::LossParts;
+use crate::params::{Param, Params};
 
 /// Rows of SSIM halo on each side of a band: the window's radius.
 const R: usize = (TAPS / 2) as usize;
@@ -28,18 +29,12 @@ pub const DEFAULT_BAND_BYTES: usize = 192 << 20;
 /// see the README's memory table.)
 const EFFICIENT_ROWS: usize = 8 * 4 * R;
 
-/// Parameter buffers on the device, f32, row major: xy `[N, 2]`, inv_scale
-/// `[N, 2]`, theta `[N]`, color `[N, C]`.
+/// Parameter buffers on the device, f32, row major, `[N, width]` each
+/// (widths from [`crate::params::Param::width`]).
 #[derive(Debug, Clone)]
 pub struct ParamBuffers {
-    /// Centres.
-    pub xy: Handle,
-    /// Inverse scales.
-    pub inv_scale: Handle,
-    /// Rotations.
-    pub theta: Handle,
-    /// Colours.
-    pub color: Handle,
+    /// One buffer per parameter tensor.
+    pub handles: Params<Handle>,
     /// Gaussians N.
     pub n: usize,
 }
@@ -227,6 +222,11 @@ impl<R: Runtime> Lean<R> {
         unsafe { ArrayArg::from_raw_parts(h.clone(), len.max(1)) }
     }
 
+    /// Parameter `q`'s buffer of `p` as a kernel argument.
+    fn param(&self, p: &ParamBuffers, q: Param) -> ArrayArg<R> {
+        Self::array(&p.handles[q], p.n * q.width(self.channels))
+    }
+
     fn fill_u32(&self, h: &Handle, len: usize, value: u32) {
         kernels::fill_u32::launch::<R>(&self.client, grid(len), dim(), Self::array(h, len), value, len as u32);
     }
@@ -244,9 +244,9 @@ impl<R: Runtime> Lean<R> {
             &self.client,
             grid(n),
             dim(),
-            Self::array(&p.xy, 2 * n),
-            Self::array(&p.inv_scale, 2 * n),
-            Self::array(&p.theta, n),
+            self.param(p, Param::Xy),
+            self.param(p, Param::InvScale),
+            self.param(p, Param::Theta),
             Self::array(&conic, 5 * n),
             Self::array(&rect, 4 * n),
             n as u32,
@@ -337,7 +337,7 @@ impl<R: Runtime> Lean<R> {
             Self::array(&bins.offsets, bins.tiles + 1),
             Self::array(&bins.ids, bins.pairs),
             Self::array(conic, 5 * p.n),
-            Self::array(&p.color, c * p.n),
+            self.param(p, Param::Color),
             Self::array(&out, len),
             w as u32,
             frame.tiles_x() as u32,
@@ -506,7 +506,7 @@ impl<R: Runtime> Lean<R> {
                 Self::array(&bins.offsets, bins.tiles + 1),
                 Self::array(&bins.ids, bins.pairs),
                 Self::array(&conic, 5 * n),
-                Self::array(&p.color, c * n),
+                self.param(p, Param::Color),
                 Self::array(&d_render, o_len),
                 Self::array(&acc, n * stride),
                 w as u32,
@@ -528,25 +528,21 @@ impl<R: Runtime> Lean<R> {
             return Ok((parts, None));
         }
         // The gradients leave the engine: not scratch.
-        let grad = |len: usize| self.client.empty(len.max(1) * 4);
         let out = ParamBuffers {
-            xy: grad(2 * n),
-            inv_scale: grad(2 * n),
-            theta: grad(n),
-            color: grad(c * n),
+            handles: Params::from_fn(|q| self.client.empty((n * q.width(c)).max(1) * 4)),
             n,
         };
         kernels::project::project_backward::launch::<R>(
             &self.client,
             grid(n),
             dim(),
-            Self::array(&p.inv_scale, 2 * n),
-            Self::array(&p.theta, n),
+            self.param(p, Param::InvScale),
+            self.param(p, Param::Theta),
             Self::array(&acc, n * stride),
-            Self::array(&out.xy, 2 * n),
-            Self::array(&out.inv_scale, 2 * n),
-            Self::array(&out.theta, n),
-            Self::array(&out.color, c * n),
+            self.param(&out, Param::Xy),
+            self.param(&out, Param::InvScale),
+            self.param(&out, Param::Theta),
+            self.param(&out, Param::Color),
             n as u32,
             w as f32,
             h as f32,
@@ -558,14 +554,10 @@ impl<R: Runtime> Lean<R> {
     }
 
     /// Uploads host parameters (tests and the kernel check use this).
-    pub fn upload(&self, xy: &[f32], inv_scale: &[f32], theta: &[f32], color: &[f32]) -> ParamBuffers {
-        let up = |v: &[f32]| self.client.create_from_slice(f32::as_bytes(v));
+    pub fn upload(&self, params: &Params<Vec<f32>>) -> ParamBuffers {
         ParamBuffers {
-            xy: up(xy),
-            inv_scale: up(inv_scale),
-            theta: up(theta),
-            color: up(color),
-            n: theta.len(),
+            handles: params.as_ref().map(|v| self.client.create_from_slice(f32::as_bytes(v))),
+            n: params.count(),
         }
     }
 
