@@ -9,7 +9,7 @@
 use burn::module::{Module, Param};
 use burn::prelude::*;
 use burn::tensor::TensorData;
-use burn::tensor::activation::{gelu, log_softmax, softmax};
+use burn::tensor::activation::{gelu, log_softmax};
 use burn::tensor::backend::AutodiffBackend;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -209,11 +209,8 @@ impl<B: Backend> Norm<B> {
 
     /// Normalises the last axis; input of any type, output f32.
     pub fn forward(&self, x: Tensor<B, 3>, ac: &Autocast) -> Tensor<B, 3> {
-        let x = ac.full(x);
-        let centred = x.clone() - x.mean_dim(2);
-        let var = centred.clone().powi_scalar(2).mean_dim(2);
-        let y = centred / var.add_scalar(1e-5).sqrt();
-        y * ac.full(self.gamma.val()).unsqueeze() + ac.full(self.beta.val()).unsqueeze()
+        // One fused operation on the CPU backend (see `vramfit::fused`).
+        vramfit::fused::layer_norm(ac.full(x), ac.full(self.gamma.val()), ac.full(self.beta.val()), 1e-5)
     }
 }
 
@@ -242,31 +239,15 @@ impl<B: Backend> Block<B, 3> for GptBlock<B> {
         let qkv = self.qkv.forward(self.norm1.forward(x.clone(), ac), ac); // [b, t, 3w] low
         let heads = |i: usize| qkv.clone().narrow(2, i * w, w).reshape([b, t, h, dh]).swap_dims(1, 2); // [b, h, t, dh]
         let (q, k, v) = (heads(0), heads(1), heads(2));
-        let scores = ac
-            .full(ac.matmul(q, k.swap_dims(2, 3)))
-            .mul_scalar(1.0 / (dh as f64).sqrt()); // [b, h, t, t]
-        // The causal mask as an added row of 0 / −inf over each head's
-        // flattened t×t scores: the same values as a `mask_fill`, but one
-        // broadcast row that Flex adds with SIMD, and a backward that passes
-        // the gradient through (a `mask_fill` copied the expanded mask and
-        // masked the gradient again: 7 % of a CPU step).
-        let scores = (scores.reshape([b * h, t * t]) + causal_bias::<B>(t, &x.device())).reshape([b, h, t, t]);
-        let attn = softmax(scores, 3);
+        let scores = ac.full(ac.matmul(q, k.swap_dims(2, 3))); // [b, h, t, t]
+        // Scale, causal mask and softmax as one operation on the CPU backend
+        // (see `vramfit::fused`), Burn's operations elsewhere.
+        let attn = vramfit::fused::causal_softmax(scores, 1.0 / (dh as f64).sqrt());
         let mixed = ac.matmul(attn, v).swap_dims(1, 2).reshape([b, t, w]); // [b, t, w] low
         let x = x + ac.full(self.proj.forward(mixed, ac));
         let hidden = gelu(self.mlp_in.forward(self.norm2.forward(x.clone(), ac), ac));
         x + ac.full(self.mlp_out.forward(hidden, ac))
     }
-}
-
-/// `[1, t·t]`: 0 where a query may attend (key position ≤ query
-/// position), −inf where it may not.
-fn causal_bias<B: Backend>(t: usize, device: &B::Device) -> Tensor<B, 2> {
-    let rows = Tensor::<B, 1, Int>::arange(0..t as i64, device).reshape([t, 1]);
-    let cols = Tensor::<B, 1, Int>::arange(0..t as i64, device).reshape([1, t]);
-    Tensor::<B, 2>::zeros([t, t], device)
-        .mask_fill(cols.greater(rows), f32::NEG_INFINITY)
-        .reshape([1, t * t])
 }
 
 /// The decoder.

@@ -8,7 +8,8 @@
 //! techniques: mixed precision and loss scaling ([`precision`]), block
 //! activation checkpointing ([`checkpoint`]), micro-batching with gradient
 //! accumulation ([`batch`]), reduced-precision storage ([`storage`]) and
-//! the allocator policy ([`allocator`]), and the planner that picks the
+//! the allocator policy ([`allocator`]), fused CPU softmax and layer norm
+//! ([`fused`]), and the planner that picks the
 //! fastest combination of them for a memory budget ([`plan`], with
 //! [`trainer`] for a user's own model).
 //!
@@ -80,6 +81,7 @@ pub mod allocator;
 pub mod backends;
 pub mod batch;
 pub mod checkpoint;
+pub mod fused;
 pub mod grads;
 pub mod heap;
 pub mod memory;

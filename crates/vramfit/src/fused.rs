@@ -1,0 +1,447 @@
+//! Causal softmax and layer normalisation as single autodiff operations on
+//! the CPU backend.
+//!
+//! Burn's autodiff builds both from elementwise operations: a softmax is
+//! max, subtract, exp, sum and divide (after the scale and the mask, two
+//! more), each a pass over the whole `[b, h, t, t]` score tensor forward
+//! and again backward; a layer norm is nine. On `Autodiff<Flex>` with f32
+//! tensors these functions run one forward and one backward pass per row
+//! instead (a perf profile of the transformer put the decomposed ops
+//! at a third of a CPU step). On every other backend and type they are
+//! Burn's own operations, so GPU backends (whose fusion compiler already
+//! merges them) see no change.
+//!
+//! The dispatch is by type at run time (`Any`): the models stay generic
+//! over `B: Backend`, with no extra trait bound to thread through every
+//! workload.
+
+use std::any::Any;
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::{Autodiff, Flex};
+use burn::prelude::*;
+use burn::tensor::activation::softmax;
+use burn::tensor::{DType, TensorPrimitive};
+use burn_flex::FlexTensor;
+use rayon::prelude::*;
+
+/// The backend the fused kernels serve.
+type Cpu = Autodiff<Flex>;
+
+/// Rows handed to one rayon task: enough work to amortise the task.
+const ROWS_PER_TASK: usize = 32;
+
+/// `value` as a `T` when it is one, else back as itself.
+fn downcast<A: 'static, T: 'static>(value: A) -> Result<T, A> {
+    let boxed: Box<dyn Any> = Box::new(value);
+    match boxed.downcast::<T>() {
+        Ok(t) => Ok(*t),
+        Err(boxed) => Err(*boxed.downcast::<A>().expect("the value boxed just above")),
+    }
+}
+
+/// `t` as an f32 tensor of the CPU backend, if it is one.
+fn on_cpu<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Tensor<Cpu, D>, Tensor<B, D>> {
+    if t.dtype() != DType::F32 {
+        return Err(t);
+    }
+    downcast(t)
+}
+
+fn back<B: Backend, const D: usize>(t: Tensor<Cpu, D>) -> Tensor<B, D> {
+    downcast(t).unwrap_or_else(|_| unreachable!("converted from B by on_cpu"))
+}
+
+/// The f32 values of a Flex tensor, row major (copied only when it is a view).
+fn values(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
+    match t.as_slice::<f32>() {
+        Some(s) => std::borrow::Cow::Borrowed(s),
+        None => std::borrow::Cow::Owned(t.to_contiguous().as_slice::<f32>().expect("contiguous").to_vec()),
+    }
+}
+
+fn flex(values: Vec<f32>, shape: burn::tensor::Shape) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+/// Softmax over the last axis of `scale · scores` with a causal mask:
+/// `scores` is `[.., t, t]` (query, key), and key `j` is masked (weight 0)
+/// for query `i < j`.
+pub fn causal_softmax<B: Backend, const D: usize>(scores: Tensor<B, D>, scale: f64) -> Tensor<B, D> {
+    match on_cpu(scores) {
+        Ok(s) => back(causal_softmax_cpu(s, scale as f32)),
+        Err(s) => causal_softmax_reference(s, scale),
+    }
+}
+
+/// [`causal_softmax`] from Burn's operations (every backend; the CPU
+/// kernels' oracle): the mask as an added row of 0 / −∞ over each
+/// flattened `t × t` block.
+pub fn causal_softmax_reference<B: Backend, const D: usize>(scores: Tensor<B, D>, scale: f64) -> Tensor<B, D> {
+    let dims = scores.dims();
+    let t = dims[D - 1];
+    let device = scores.device();
+    let rows = Tensor::<B, 1, Int>::arange(0..t as i64, &device).reshape([t, 1]);
+    let cols = Tensor::<B, 1, Int>::arange(0..t as i64, &device).reshape([1, t]);
+    let bias = Tensor::<B, 2>::zeros([t, t], &device)
+        .mask_fill(cols.greater(rows), f32::NEG_INFINITY)
+        .reshape([1, t * t])
+        .cast(burn::tensor::FloatDType::from(scores.dtype()));
+    let blocks = dims.iter().product::<usize>() / (t * t);
+    let masked = scores.mul_scalar(scale).reshape([blocks, t * t]) + bias;
+    softmax(masked.reshape(dims), D - 1)
+}
+
+/// One causal row: query `i` of a row of length `t`; only keys `0..=i` count.
+fn causal_softmax_rows(x: &[f32], y: &mut [f32], t: usize, first_row: usize, scale: f32) {
+    for (r, (xr, yr)) in x.chunks_exact(t).zip(y.chunks_exact_mut(t)).enumerate() {
+        let keys = (first_row + r) % t + 1;
+        let (xr, (yk, masked)) = (&xr[..keys], yr.split_at_mut(keys));
+        let max = xr.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v)) * scale;
+        let mut sum = 0.0f32;
+        for (o, v) in yk.iter_mut().zip(xr) {
+            *o = (*v * scale - max).exp();
+            sum += *o;
+        }
+        let inv = 1.0 / sum;
+        yk.iter_mut().for_each(|o| *o *= inv);
+        masked.fill(0.0);
+    }
+}
+
+fn causal_softmax_forward(x: &FlexTensor, scale: f32) -> FlexTensor {
+    let shape = x.layout().shape().clone();
+    let t = shape[shape.num_dims() - 1];
+    let x = values(x);
+    let mut y = vec![0.0f32; x.len()];
+    let task = ROWS_PER_TASK * t;
+    y.par_chunks_mut(task)
+        .zip(x.par_chunks(task))
+        .enumerate()
+        .for_each(|(i, (yc, xc))| causal_softmax_rows(xc, yc, t, i * ROWS_PER_TASK, scale));
+    flex(y, shape)
+}
+
+/// `dx = scale · y ⊙ (dy − Σ dy ⊙ y)` per row (masked entries have y = 0).
+fn softmax_backward(y: &FlexTensor, dy: &FlexTensor, scale: f32) -> FlexTensor {
+    let shape = y.layout().shape().clone();
+    let t = shape[shape.num_dims() - 1];
+    let (y, dy) = (values(y), values(dy));
+    let mut dx = vec![0.0f32; y.len()];
+    let task = ROWS_PER_TASK * t;
+    dx.par_chunks_mut(task)
+        .zip(y.par_chunks(task).zip(dy.par_chunks(task)))
+        .for_each(|(dxc, (yc, dyc))| {
+            for ((o, yr), dyr) in dxc.chunks_exact_mut(t).zip(yc.chunks_exact(t)).zip(dyc.chunks_exact(t)) {
+                let dot: f32 = yr.iter().zip(dyr).map(|(a, b)| a * b).sum();
+                for ((o, a), b) in o.iter_mut().zip(yr).zip(dyr) {
+                    *o = scale * *a * (*b - dot);
+                }
+            }
+        });
+    flex(dx, shape)
+}
+
+fn causal_softmax_cpu<const D: usize>(scores: Tensor<Cpu, D>, scale: f32) -> Tensor<Cpu, D> {
+    #[derive(Debug)]
+    struct CausalSoftmax;
+
+    impl Backward<Flex, 1> for CausalSoftmax {
+        // The output and the scale: the backward needs nothing else.
+        type State = (FlexTensor, f32);
+
+        fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+            let dy = grads.consume::<Flex>(&ops.node);
+            let (y, scale) = ops.state;
+            if let Some(node) = &ops.parents[0] {
+                grads.register::<Flex>(node.id, softmax_backward(&y, &dy, scale));
+            }
+        }
+    }
+
+    let x = scores.into_primitive().tensor();
+    let out = match CausalSoftmax
+        .prepare::<NoCheckpointing>([x.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let y = causal_softmax_forward(&x.primitive, scale);
+            prep.finish((y.clone(), scale), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(causal_softmax_forward(&x.primitive, scale)),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// Layer normalisation over the last axis: `(x − mean) / √(var + eps) · γ + β`
+/// (biased variance, as PyTorch's `layer_norm`).
+pub fn layer_norm<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    gamma: Tensor<B, 1>,
+    beta: Tensor<B, 1>,
+    eps: f64,
+) -> Tensor<B, D> {
+    if gamma.dtype() == DType::F32 && beta.dtype() == DType::F32 {
+        match on_cpu(x) {
+            Ok(x) => {
+                let (gamma, beta) = (
+                    downcast(gamma).unwrap_or_else(|_| unreachable!("same backend as x")),
+                    downcast(beta).unwrap_or_else(|_| unreachable!("same backend as x")),
+                );
+                return back(layer_norm_cpu(x, gamma, beta, eps as f32));
+            }
+            Err(x) => return layer_norm_reference(x, gamma, beta, eps),
+        }
+    }
+    layer_norm_reference(x, gamma, beta, eps)
+}
+
+/// [`layer_norm`] from Burn's operations (every backend; the CPU kernels' oracle).
+pub fn layer_norm_reference<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    gamma: Tensor<B, 1>,
+    beta: Tensor<B, 1>,
+    eps: f64,
+) -> Tensor<B, D> {
+    let last = D - 1;
+    let centred = x.clone() - x.mean_dim(last);
+    let var = centred.clone().powi_scalar(2).mean_dim(last);
+    let y = centred / var.add_scalar(eps).sqrt();
+    let w = gamma.dims()[0];
+    let mut shape = [1; D];
+    shape[last] = w;
+    y * gamma.reshape(shape) + beta.reshape(shape)
+}
+
+/// Forward state: the normalised input and each row's `1 / σ`.
+#[derive(Debug, Clone)]
+struct Normed {
+    x_hat: Vec<f32>,
+    rstd: Vec<f32>,
+}
+
+fn layer_norm_forward(x: &FlexTensor, gamma: &[f32], beta: &[f32], eps: f32) -> (FlexTensor, Normed) {
+    let shape = x.layout().shape().clone();
+    let w = gamma.len();
+    let x = values(x);
+    let rows = x.len() / w;
+    let (mut y, mut x_hat, mut rstd) = (vec![0.0f32; x.len()], vec![0.0f32; x.len()], vec![0.0f32; rows]);
+    let task = ROWS_PER_TASK * w;
+    y.par_chunks_mut(task)
+        .zip(x_hat.par_chunks_mut(task))
+        .zip(rstd.par_chunks_mut(ROWS_PER_TASK))
+        .zip(x.par_chunks(task))
+        .for_each(|(((yc, hc), rc), xc)| {
+            for (((yr, hr), r), xr) in yc
+                .chunks_exact_mut(w)
+                .zip(hc.chunks_exact_mut(w))
+                .zip(rc.iter_mut())
+                .zip(xc.chunks_exact(w))
+            {
+                let mean = xr.iter().sum::<f32>() / w as f32;
+                let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / w as f32;
+                *r = 1.0 / (var + eps).sqrt();
+                for ((((o, h), v), g), b) in yr.iter_mut().zip(hr.iter_mut()).zip(xr).zip(gamma).zip(beta) {
+                    *h = (v - mean) * *r;
+                    *o = *h * g + b;
+                }
+            }
+        });
+    (flex(y, shape), Normed { x_hat, rstd })
+}
+
+/// `(dx, dγ, dβ)`: with `g = dy ⊙ γ`, `dx = (g − mean(g) − x̂ · mean(g ⊙ x̂)) / σ`;
+/// `dγ = Σ dy ⊙ x̂` and `dβ = Σ dy` over rows, added per task and then in
+/// task order (the same sums whatever the thread count).
+fn layer_norm_backward(normed: &Normed, gamma: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let w = gamma.len();
+    let mut dx = vec![0.0f32; dy.len()];
+    let task = ROWS_PER_TASK * w;
+    let partials: Vec<(Vec<f32>, Vec<f32>)> = dx
+        .par_chunks_mut(task)
+        .zip(normed.x_hat.par_chunks(task))
+        .zip(normed.rstd.par_chunks(ROWS_PER_TASK))
+        .zip(dy.par_chunks(task))
+        .map(|(((dxc, hc), rc), dyc)| {
+            let (mut d_gamma, mut d_beta) = (vec![0.0f32; w], vec![0.0f32; w]);
+            for (((dxr, hr), r), dyr) in dxc
+                .chunks_exact_mut(w)
+                .zip(hc.chunks_exact(w))
+                .zip(rc)
+                .zip(dyc.chunks_exact(w))
+            {
+                let (mut mean_g, mut mean_gh) = (0.0f32, 0.0f32);
+                for (((dg, db), (d, h)), g) in d_gamma
+                    .iter_mut()
+                    .zip(d_beta.iter_mut())
+                    .zip(dyr.iter().zip(hr))
+                    .zip(gamma)
+                {
+                    *dg += d * h;
+                    *db += d;
+                    mean_g += d * g;
+                    mean_gh += d * g * h;
+                }
+                mean_g /= w as f32;
+                mean_gh /= w as f32;
+                for (((o, d), h), g) in dxr.iter_mut().zip(dyr).zip(hr).zip(gamma) {
+                    *o = (d * g - mean_g - h * mean_gh) * r;
+                }
+            }
+            (d_gamma, d_beta)
+        })
+        .collect();
+    let (mut d_gamma, mut d_beta) = (vec![0.0f32; w], vec![0.0f32; w]);
+    for (dg, db) in &partials {
+        d_gamma.iter_mut().zip(dg).for_each(|(a, b)| *a += b);
+        d_beta.iter_mut().zip(db).for_each(|(a, b)| *a += b);
+    }
+    (dx, d_gamma, d_beta)
+}
+
+fn layer_norm_cpu<const D: usize>(
+    x: Tensor<Cpu, D>,
+    gamma: Tensor<Cpu, 1>,
+    beta: Tensor<Cpu, 1>,
+    eps: f32,
+) -> Tensor<Cpu, D> {
+    #[derive(Debug)]
+    struct LayerNorm;
+
+    impl Backward<Flex, 3> for LayerNorm {
+        type State = (Normed, FlexTensor, burn::tensor::Shape);
+
+        fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+            let dy = grads.consume::<Flex>(&ops.node);
+            let (normed, gamma, shape) = ops.state;
+            let (dx, d_gamma, d_beta) = layer_norm_backward(&normed, &values(&gamma), &values(&dy));
+            let w = d_gamma.len();
+            let [x, g, b] = ops.parents;
+            if let Some(node) = x {
+                grads.register::<Flex>(node.id, flex(dx, shape));
+            }
+            if let Some(node) = g {
+                grads.register::<Flex>(node.id, flex(d_gamma, [w].into()));
+            }
+            if let Some(node) = b {
+                grads.register::<Flex>(node.id, flex(d_beta, [w].into()));
+            }
+        }
+    }
+
+    let (x, gamma, beta) = (
+        x.into_primitive().tensor(),
+        gamma.into_primitive().tensor(),
+        beta.into_primitive().tensor(),
+    );
+    let forward = || {
+        let (g, b) = (values(&gamma.primitive), values(&beta.primitive));
+        layer_norm_forward(&x.primitive, &g, &b, eps)
+    };
+    let out = match LayerNorm
+        .prepare::<NoCheckpointing>([x.node.clone(), gamma.node.clone(), beta.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let (y, normed) = forward();
+            let shape = x.primitive.layout().shape().clone();
+            prep.finish((normed, gamma.primitive.clone(), shape), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(forward().0),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+
+    fn close(a: Vec<f32>, b: Vec<f32>, tol: f32, what: &str) {
+        assert_eq!(a.len(), b.len(), "{what}: lengths");
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+            .fold(0.0f32, f32::max);
+        assert!(worst <= tol, "{what}: largest relative difference {worst:e} > {tol:e}");
+        assert!(
+            b.iter().any(|v| v.abs() > 1e-3),
+            "{what}: all ~0, the case tests nothing"
+        );
+    }
+
+    fn host<const D: usize>(t: Tensor<Cpu, D>) -> Vec<f32> {
+        t.into_data().into_vec::<f32>().unwrap()
+    }
+
+    /// The fused softmax's value and gradient are Burn's decomposed ones, on
+    /// a non-contiguous input (a transposed view, as attention makes).
+    #[test]
+    fn causal_softmax_matches_burns_operations() {
+        let d = Default::default();
+        let x = Tensor::<Cpu, 4>::random([2, 3, 7, 7], Distribution::Normal(0.0, 2.0), &d).require_grad();
+        let up = Tensor::<Cpu, 4>::random([2, 3, 7, 7], Distribution::Normal(0.0, 1.0), &d);
+        let view = |x: Tensor<Cpu, 4>| x.swap_dims(2, 3);
+        let fused = causal_softmax(view(x.clone()), 0.3);
+        let reference = causal_softmax_reference(view(x.clone()), 0.3);
+        close(host(fused.clone()), host(reference.clone()), 1e-6, "softmax");
+        let g_fused = x.grad(&(fused * up.clone()).sum().backward()).unwrap();
+        let g_ref = x.grad(&(reference * up).sum().backward()).unwrap();
+        close(
+            g_fused.into_data().into_vec().unwrap(),
+            g_ref.into_data().into_vec().unwrap(),
+            1e-5,
+            "softmax gradient",
+        );
+    }
+
+    /// The fused layer norm's value and its three gradients are Burn's
+    /// decomposed ones, on rows more than one task long.
+    #[test]
+    fn layer_norm_matches_burns_operations() {
+        let d = Default::default();
+        let x = Tensor::<Cpu, 3>::random([3, 40, 24], Distribution::Normal(0.5, 2.0), &d).require_grad();
+        let gamma = Tensor::<Cpu, 1>::random([24], Distribution::Normal(1.0, 0.3), &d).require_grad();
+        let beta = Tensor::<Cpu, 1>::random([24], Distribution::Normal(0.0, 0.3), &d).require_grad();
+        let up = Tensor::<Cpu, 3>::random([3, 40, 24], Distribution::Normal(0.0, 1.0), &d);
+        let fused = layer_norm(x.clone(), gamma.clone(), beta.clone(), 1e-5);
+        let reference = layer_norm_reference(x.clone(), gamma.clone(), beta.clone(), 1e-5);
+        close(host(fused.clone()), host(reference.clone()), 1e-5, "layer norm");
+        let gf = (fused * up.clone()).sum().backward();
+        let gr = (reference * up).sum().backward();
+        let v = |t: Tensor<Flex, 3>| t.into_data().into_vec::<f32>().unwrap();
+        let v1 = |t: Tensor<Flex, 1>| t.into_data().into_vec::<f32>().unwrap();
+        close(v(x.grad(&gf).unwrap()), v(x.grad(&gr).unwrap()), 1e-4, "d_x");
+        close(
+            v1(gamma.grad(&gf).unwrap()),
+            v1(gamma.grad(&gr).unwrap()),
+            1e-4,
+            "d_gamma",
+        );
+        close(v1(beta.grad(&gf).unwrap()), v1(beta.grad(&gr).unwrap()), 1e-4, "d_beta");
+    }
+
+    /// Other types take Burn's operations: f64 values are not truncated.
+    #[test]
+    fn other_types_keep_burns_operations() {
+        let d = Default::default();
+        let x = Tensor::<Cpu, 2>::from_floats([[0.1, 0.2], [0.3, 0.4]], &d).cast(burn::tensor::FloatDType::F64);
+        assert_eq!(x.dtype(), DType::F64);
+        let y = causal_softmax(x.clone(), 1.0);
+        assert_eq!(y.dtype(), DType::F64);
+        assert_eq!(
+            y.into_data().into_vec::<f64>().unwrap(),
+            host_f64(causal_softmax_reference(x, 1.0))
+        );
+    }
+
+    fn host_f64<const D: usize>(t: Tensor<Cpu, D>) -> Vec<f64> {
+        t.into_data().into_vec::<f64>().unwrap()
+    }
+}
