@@ -234,16 +234,17 @@ pub struct GptBlock<B: Backend> {
 
 impl<B: Backend> Block<B, 3> for GptBlock<B> {
     fn forward(&self, x: Tensor<B, 3>, ac: &Autocast) -> Tensor<B, 3> {
-        let [b, t, w] = x.dims();
+        let w = x.dims()[2];
         let (h, dh) = (self.heads, w / self.heads);
         let qkv = self.qkv.forward(self.norm1.forward(x.clone(), ac), ac); // [b, t, 3w] low
-        let heads = |i: usize| qkv.clone().narrow(2, i * w, w).reshape([b, t, h, dh]).swap_dims(1, 2); // [b, h, t, dh]
+        // Head layout changes as single copies on the CPU (see `vramfit::fused`).
+        let heads = |i: usize| vramfit::fused::split_heads(qkv.clone().narrow(2, i * w, w), h); // [b, h, t, dh]
         let (q, k, v) = (heads(0), heads(1), heads(2));
         let scores = ac.full(ac.matmul(q, k.swap_dims(2, 3))); // [b, h, t, t]
         // Scale, causal mask and softmax as one operation on the CPU backend
         // (see `vramfit::fused`), Burn's operations elsewhere.
         let attn = vramfit::fused::causal_softmax(scores, 1.0 / (dh as f64).sqrt());
-        let mixed = ac.matmul(attn, v).swap_dims(1, 2).reshape([b, t, w]); // [b, t, w] low
+        let mixed = vramfit::fused::merge_heads(ac.matmul(attn, v)); // [b, t, w] low
         let x = x + ac.full(self.proj.forward(mixed, ac));
         let hidden = gelu(self.mlp_in.forward(self.norm2.forward(x.clone(), ac), ac));
         x + ac.full(self.mlp_out.forward(hidden, ac))

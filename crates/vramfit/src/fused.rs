@@ -1,5 +1,5 @@
-//! Causal softmax and layer normalisation as single autodiff operations on
-//! the CPU backend.
+//! Causal softmax, layer normalisation and the attention heads' layout
+//! changes as single autodiff operations on the CPU backend.
 //!
 //! Burn's autodiff builds both from elementwise operations: a softmax is
 //! max, subtract, exp, sum and divide (after the scale and the mask, two
@@ -7,7 +7,11 @@
 //! and again backward; a layer norm is nine. On `Autodiff<Flex>` with f32
 //! tensors these functions run one forward and one backward pass per row
 //! instead (a perf profile of the transformer put the decomposed ops
-//! at a third of a CPU step). On every other backend and type they are
+//! at a third of a CPU step). Splitting a `[b, t, h·dh]` tensor into
+//! heads `[b, h, t, dh]` and merging them back are permutations that
+//! Flex copies element by element (a 4-D stride walk, in the forward for
+//! the merge and in the backward for each of q, k and v); here they are
+//! copies of `dh`-long runs. On every other backend and type they are
 //! Burn's own operations, so GPU backends (whose fusion compiler already
 //! merges them) see no change.
 //!
@@ -357,6 +361,115 @@ fn layer_norm_cpu<const D: usize>(
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
+/// `[b, t, h·dh]` → `[b, h, t, dh]`: the attention heads of `x`.
+pub fn split_heads<B: Backend>(x: Tensor<B, 3>, heads: usize) -> Tensor<B, 4> {
+    let [b, t, w] = x.dims();
+    assert_eq!(w % heads, 0, "width {w} is not a multiple of {heads} heads");
+    match on_cpu(x) {
+        Ok(x) => back(split_heads_cpu(x, [b, heads, t, w / heads])),
+        Err(x) => x.reshape([b, t, heads, w / heads]).swap_dims(1, 2),
+    }
+}
+
+/// `[b, h, t, dh]` → `[b, t, h·dh]`: the heads side by side again.
+pub fn merge_heads<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 3> {
+    let [b, h, t, dh] = x.dims();
+    match on_cpu(x) {
+        Ok(x) => back(merge_heads_cpu(x)),
+        Err(x) => x.swap_dims(1, 2).reshape([b, t, h * dh]),
+    }
+}
+
+/// A `[b, t, w]` Flex tensor's buffer with its offset and its batch and
+/// token strides, when its last axis is dense; else a dense copy's.
+fn rows3(x: &FlexTensor) -> (std::borrow::Cow<'_, [f32]>, usize, [usize; 2]) {
+    let l = x.layout();
+    let s = l.strides();
+    if s[2] == 1 && s[0] >= 0 && s[1] >= 0 {
+        let (s0, s1) = (s[0] as usize, s[1] as usize);
+        return (std::borrow::Cow::Borrowed(x.storage::<f32>()), l.start_offset(), [s0, s1]);
+    }
+    let d = l.shape();
+    (values(x), 0, [d[1] * d[2], d[2]])
+}
+
+/// `dst[b][h][t] = src[b][t][h]` for runs of `dh` values; `src` rows at
+/// `offset + b·sb + t·st`.
+fn heads_from_rows(src: &[f32], offset: usize, [sb, st]: [usize; 2], [b, h, t, dh]: [usize; 4]) -> Vec<f32> {
+    let mut dst = vec![0.0f32; b * h * t * dh];
+    dst.par_chunks_mut(t * dh).enumerate().for_each(|(bh, out)| {
+        let (bi, hi) = (bh / h, bh % h);
+        for (ti, run) in out.chunks_exact_mut(dh).enumerate() {
+            let at = offset + bi * sb + ti * st + hi * dh;
+            run.copy_from_slice(&src[at..at + dh]);
+        }
+    });
+    dst
+}
+
+/// `dst[b][t][h] = src[b][h][t]` for runs of `dh` values (`src` dense).
+fn rows_from_heads(src: &[f32], [b, h, t, dh]: [usize; 4]) -> Vec<f32> {
+    let w = h * dh;
+    let mut dst = vec![0.0f32; b * t * w];
+    dst.par_chunks_mut(w).enumerate().for_each(|(bt, row)| {
+        let (bi, ti) = (bt / t, bt % t);
+        for (hi, run) in row.chunks_exact_mut(dh).enumerate() {
+            let at = ((bi * h + hi) * t + ti) * dh;
+            run.copy_from_slice(&src[at..at + dh]);
+        }
+    });
+    dst
+}
+
+fn split_heads_forward(x: &FlexTensor, dims: [usize; 4]) -> FlexTensor {
+    let (src, offset, strides) = rows3(x);
+    flex(heads_from_rows(&src, offset, strides, dims), dims.into())
+}
+
+fn merge_heads_forward(x: &FlexTensor, [b, h, t, dh]: [usize; 4]) -> FlexTensor {
+    flex(rows_from_heads(&values(x), [b, h, t, dh]), [b, t, h * dh].into())
+}
+
+/// One of the two head permutations as an autodiff operation whose
+/// backward is the other.
+fn heads_op<const I: usize, const O: usize>(
+    x: Tensor<Cpu, I>,
+    dims: [usize; 4],
+    forward: fn(&FlexTensor, [usize; 4]) -> FlexTensor,
+    backward: fn(&FlexTensor, [usize; 4]) -> FlexTensor,
+) -> Tensor<Cpu, O> {
+    #[derive(Debug)]
+    struct Heads;
+
+    impl Backward<Flex, 1> for Heads {
+        type State = ([usize; 4], fn(&FlexTensor, [usize; 4]) -> FlexTensor);
+
+        fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+            let dy = grads.consume::<Flex>(&ops.node);
+            let (dims, backward) = ops.state;
+            if let Some(node) = &ops.parents[0] {
+                grads.register::<Flex>(node.id, backward(&dy, dims));
+            }
+        }
+    }
+
+    let x = x.into_primitive().tensor();
+    let out = match Heads.prepare::<NoCheckpointing>([x.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((dims, backward), forward(&x.primitive, dims)),
+        OpsKind::UnTracked(prep) => prep.finish(forward(&x.primitive, dims)),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+fn split_heads_cpu(x: Tensor<Cpu, 3>, dims: [usize; 4]) -> Tensor<Cpu, 4> {
+    heads_op(x, dims, split_heads_forward, merge_heads_forward)
+}
+
+fn merge_heads_cpu(x: Tensor<Cpu, 4>) -> Tensor<Cpu, 3> {
+    let dims = x.dims();
+    heads_op(x, dims, merge_heads_forward, split_heads_forward)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -439,6 +552,38 @@ mod tests {
             y.into_data().into_vec::<f64>().unwrap(),
             host_f64(causal_softmax_reference(x, 1.0))
         );
+    }
+
+    /// Splitting a narrowed view (as q, k and v are cut from one
+    /// projection) and merging back give Burn's reshapes and permutations,
+    /// values and gradients.
+    #[test]
+    fn head_split_and_merge_match_burns_operations() {
+        let d = Default::default();
+        let qkv = Tensor::<Cpu, 3>::random([2, 5, 3 * 12], Distribution::Normal(0.0, 1.0), &d).require_grad();
+        let up = Tensor::<Cpu, 3>::random([2, 5, 12], Distribution::Normal(0.0, 1.0), &d);
+        let scale = Tensor::<Cpu, 4>::random([2, 3, 5, 4], Distribution::Normal(0.0, 1.0), &d);
+        let run = |fused: bool| {
+            let view = qkv.clone().narrow(2, 12, 12);
+            let heads = if fused {
+                split_heads(view, 3)
+            } else {
+                view.reshape([2, 5, 3, 4]).swap_dims(1, 2)
+            };
+            assert_eq!(heads.dims(), [2, 3, 5, 4]);
+            let mixed = heads * scale.clone();
+            let merged = if fused {
+                merge_heads(mixed)
+            } else {
+                mixed.swap_dims(1, 2).reshape([2, 5, 12])
+            };
+            let grads = (merged.clone() * up.clone()).sum().backward();
+            (host(merged), qkv.grad(&grads).unwrap().into_data().into_vec::<f32>().unwrap())
+        };
+        let ((fv, fg), (rv, rg)) = (run(true), run(false));
+        assert_eq!(fv, rv, "values");
+        assert_eq!(fg, rg, "gradients");
+        assert!(rg.iter().any(|v| *v != 0.0) && rg.iter().any(|v| *v == 0.0), "only the narrowed third has gradients");
     }
 
     fn host_f64<const D: usize>(t: Tensor<Cpu, D>) -> Vec<f64> {
