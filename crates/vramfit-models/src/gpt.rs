@@ -9,7 +9,7 @@
 use burn::module::{Module, Param};
 use burn::prelude::*;
 use burn::tensor::TensorData;
-use burn::tensor::activation::{gelu, log_softmax};
+use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::AutodiffBackend;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -246,7 +246,7 @@ impl<B: Backend> Block<B, 3> for GptBlock<B> {
         let attn = vramfit::fused::causal_softmax(scores, 1.0 / (dh as f64).sqrt());
         let mixed = vramfit::fused::merge_heads(ac.matmul(attn, v)); // [b, t, w] low
         let x = x + ac.full(self.proj.forward(mixed, ac));
-        let hidden = gelu(self.mlp_in.forward(self.norm2.forward(x.clone(), ac), ac));
+        let hidden = vramfit::fused::gelu(self.mlp_in.forward(self.norm2.forward(x.clone(), ac), ac));
         x + ac.full(self.mlp_out.forward(hidden, ac))
     }
 }
