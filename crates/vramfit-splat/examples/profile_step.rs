@@ -1,5 +1,8 @@
 //! Times the parts of one fit step on the built-in sample (CPU twins and
-//! the Burn step), to see where a step's time goes.
+//! the Burn step), to see where a step's time goes. Arguments: the number
+//! of Gaussians to place (default 5000), or a fitted `.vfg` file of the
+//! sample (the Gaussians of a finished fit, whose footprints differ from
+//! the initial ones).
 use std::time::Instant;
 
 #[global_allocator]
@@ -9,9 +12,10 @@ use burn::backend::{Autodiff, Flex};
 use rand::SeedableRng;
 use vramfit_splat::config::FitConfig;
 use vramfit_splat::cpu::project::Frame;
-use vramfit_splat::cpu::render::{Splats, render, render_backward};
-use vramfit_splat::cpu::ssim::{ssim, ssim_backward};
+use vramfit_splat::cpu::render::{Splats, render, render_backward, render_backward_kept, render_keeping};
+use vramfit_splat::cpu::ssim::{ssim, ssim_and_backward, ssim_backward};
 use vramfit_splat::fit::Fit;
+use vramfit_splat::gaussians::Gaussians;
 use vramfit_splat::{init, job};
 
 fn time<T>(name: &str, reps: u32, mut f: impl FnMut() -> T) {
@@ -24,9 +28,13 @@ fn time<T>(name: &str, reps: u32, mut f: impl FnMut() -> T) {
 }
 
 fn main() {
-    let n: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(5000);
+    let arg = std::env::args().nth(1).unwrap_or_else(|| "5000".into());
     let p = job::load_image("builtin:astronaut").unwrap();
-    let g = init::initial(&p, n, &mut rand_chacha::ChaCha8Rng::seed_from_u64(0));
+    let g = match arg.parse::<usize>() {
+        Ok(n) => init::initial(&p, n, &mut rand_chacha::ChaCha8Rng::seed_from_u64(0)),
+        Err(_) => Gaussians::load(std::path::Path::new(&arg)).unwrap().params,
+    };
+    let n = g.count();
     let s = Splats::new(&g, 3);
     let frame = Frame::new(p.width, p.height);
     let out = render(&s, &frame, 10);
@@ -42,6 +50,14 @@ fn main() {
     time("ssim", 5, || ssim(&out, &p.data, p.height, p.width, 3));
     time("ssim_backward", 5, || {
         ssim_backward(&out, &p.data, p.height, p.width, 3, 1.0)
+    });
+    time("render_keeping", 5, || render_keeping(&s, &frame, 10));
+    let (_, kept) = render_keeping(&s, &frame, 10);
+    time("render_backward_kept", 5, || {
+        render_backward_kept(&s, &frame, &kept, &out)
+    });
+    time("ssim_and_backward", 5, || {
+        ssim_and_backward(&out, &p.data, p.height, p.width, 3, 1.0)
     });
     let config = FitConfig {
         gaussians: n,

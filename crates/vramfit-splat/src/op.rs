@@ -190,10 +190,11 @@ pub trait FusedLoss: SplatBackend {
     ) -> Result<Vec<f32>, String>;
 }
 
-/// The target on the host, as f32 in `[0, 1]`.
+/// The target on the host, as f32 in `[0, 1]`, with its side of SSIM.
 #[derive(Debug, Clone)]
 pub struct HostTarget {
     data: Vec<f32>,
+    reference: cpu::ssim::SsimReference<f32>,
     width: usize,
     height: usize,
     top_k: usize,
@@ -204,6 +205,7 @@ impl HostTarget {
     pub fn new(data: Vec<f32>, width: usize, height: usize, top_k: usize) -> Self {
         assert_eq!(data.len(), width * height * CHANNELS, "target must be [H, W, C]");
         Self {
+            reference: cpu::ssim::SsimReference::new(&data, height, width, CHANNELS),
             data,
             width,
             height,
@@ -219,7 +221,8 @@ impl HostTarget {
         // The forward's selection is kept for the backward (8·K bytes per pixel):
         // selecting again would double the step's main cost.
         let (x, kept) = cpu::render::render_keeping(splats, &frame, self.top_k);
-        let (ssim, mut d) = cpu::ssim::ssim_and_backward(&x, &self.data, h, w, CHANNELS, -(ssim_weight as f32));
+        let (ssim, mut d) =
+            cpu::ssim::ssim_and_backward_against(&x, &self.data, &self.reference, -(ssim_weight as f32));
         let parts = self.parts_with(&x, ssim as f64);
         // d|x − y|/dx = sign(x − y), 0 at equality; the mean divides by the count.
         let l1_scale = 1.0 / x.len() as f32;
@@ -239,10 +242,7 @@ impl HostTarget {
 
     /// Loss parts of render `x` (clamp it first for the reported quality).
     pub fn parts(&self, x: &[f32]) -> LossParts {
-        self.parts_with(
-            x,
-            cpu::ssim::ssim(x, &self.data, self.height, self.width, CHANNELS) as f64,
-        )
+        self.parts_with(x, cpu::ssim::ssim_against(x, &self.data, &self.reference) as f64)
     }
 
     /// Loss parts of render `x` whose SSIM is known.
@@ -266,16 +266,11 @@ impl FusedLoss for burn::backend::Flex {
     type Target = HostTarget;
 
     fn fused_target(picture: &Picture, top_k: usize, _band_rows: usize, _device: &Self::Device) -> HostTarget {
-        HostTarget {
-            data: picture.data.clone(),
-            width: picture.width,
-            height: picture.height,
-            top_k,
-        }
+        HostTarget::new(picture.data.clone(), picture.width, picture.height, top_k)
     }
 
     fn fused_target_bytes(target: &HostTarget) -> u64 {
-        (target.data.len() * 4) as u64
+        (target.data.len() * 4) as u64 + target.reference.bytes()
     }
 
     fn fused_loss_and_grads(
