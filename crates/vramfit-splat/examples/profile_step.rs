@@ -45,6 +45,16 @@ fn main() {
         frame.tiles_x() * frame.tiles_y(),
         binned.ids.len() as f64 / (frame.tiles_x() * frame.tiles_y()) as f64
     );
+    let mut sizes: Vec<usize> = (0..frame.tiles_x() * frame.tiles_y())
+        .map(|t| binned.tile(t).len())
+        .collect();
+    sizes.sort_unstable();
+    println!(
+        "candidates per tile before pruning: median {}, 90th percentile {}, largest {}",
+        sizes[sizes.len() / 2],
+        sizes[sizes.len() * 9 / 10],
+        sizes[sizes.len() - 1]
+    );
     time("render", 5, || render(&s, &frame, 10));
     time("render_backward", 5, || render_backward(&s, &frame, 10, &out));
     time("ssim", 5, || ssim(&out, &p.data, p.height, p.width, 3));
