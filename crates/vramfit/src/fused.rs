@@ -501,13 +501,15 @@ pub fn gelu<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
 /// exact arithmetic, 5e-7 evaluated in f32; tested against libm below).
 /// Branch-free, so loops over it vectorise.
 #[inline(always)]
+// P[0] is fitted (1.1283790), not 2/√π (1.1283792) spelt approximately.
+#[allow(clippy::approx_constant)]
 fn erf_fast(x: f32) -> f32 {
     const P: [f32; 6] = [
         1.128_379,
         0.196_220_82,
         0.053_462_9,
         0.004_002_139,
-        0.000_287_957_28,
+        0.000_287_957_3,
         1.974_44e-6,
     ];
     const Q: [f32; 6] = [
@@ -719,7 +721,7 @@ mod tests {
         assert_eq!(fv, rv, "values");
         assert_eq!(fg, rg, "gradients");
         assert!(
-            rg.iter().any(|v| *v != 0.0) && rg.iter().any(|v| *v == 0.0),
+            rg.iter().any(|v| *v != 0.0) && rg.contains(&0.0),
             "only the narrowed third has gradients"
         );
     }
