@@ -264,8 +264,8 @@ fn a_fit_writes_its_run_directory_and_renders_at_any_size() {
     assert_eq!(last["categories"]["optimizer_state"], 2 * 120 * 8 * 4);
     assert_eq!(
         last["categories"]["inputs"],
-        64 * 48 * 3 * 4,
-        "the f32 target on the CPU"
+        3 * 64 * 48 * 3 * 4,
+        "the f32 target on the CPU and its side of SSIM (local mean and E[y²])"
     );
     // The binary counts its heap: the CPU's deciding figure, exact.
     assert!(last["device"]["allocated"].as_u64().unwrap() > 64 * 48 * 3 * 4);
