@@ -273,8 +273,9 @@ fn a_fit_writes_its_run_directory_and_renders_at_any_size() {
     assert_eq!(memory["headline"]["exact"], true);
     let in_records = records.iter().filter_map(|r| r["peak_in_use"].as_u64()).max().unwrap();
     assert!(memory["headline"]["bytes"].as_u64().unwrap() >= in_records);
-    // Largest tensors by name: the 64×48 RGB f32 target comes first.
-    assert_eq!(memory["largest_tensors"][0]["bytes"], 64 * 48 * 3 * 4);
+    // Largest tensors by name: the 64×48 RGB f32 target (with its SSIM
+    // side, two more planes per channel) comes first.
+    assert_eq!(memory["largest_tensors"][0]["bytes"], 3 * 64 * 48 * 3 * 4);
     assert_eq!(memory["largest_tensors"][0]["category"], "inputs");
     let events = std::fs::read_dir(d.join("r"))
         .unwrap()

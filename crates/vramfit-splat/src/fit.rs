@@ -355,7 +355,8 @@ where
     /// Every tensor the fit keeps between steps, largest first.
     pub fn tensors(&self) -> Vec<NamedTensor> {
         let target = <B::InnerBackend as FusedLoss>::fused_target_bytes(&self.target);
-        let mut out = vec![NamedTensor::new("target image", target, Category::Inputs)];
+        let name = <B::InnerBackend as FusedLoss>::fused_target_name();
+        let mut out = vec![NamedTensor::new(name, target, Category::Inputs)];
         for (p, t) in self.params.iter() {
             let bytes = (t.dims().iter().product::<usize>() * 4) as u64;
             out.push(NamedTensor::new(p.name(), bytes, Category::Parameters));

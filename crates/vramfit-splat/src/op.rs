@@ -157,6 +157,11 @@ pub trait FusedLoss: SplatBackend {
     /// Bytes the target takes on the device.
     fn fused_target_bytes(target: &Self::Target) -> u64;
 
+    /// What the target's bytes hold, for the memory report.
+    fn fused_target_name() -> &'static str {
+        "target image"
+    }
+
     /// The band heights (`band_rows`) worth probing for an image of this
     /// size, ascending; `[0]` (automatic) where the backend does not render
     /// in bands, so that its memory has no band knob.
@@ -271,6 +276,10 @@ impl FusedLoss for burn::backend::Flex {
 
     fn fused_target_bytes(target: &HostTarget) -> u64 {
         (target.data.len() * 4) as u64 + target.reference.bytes()
+    }
+
+    fn fused_target_name() -> &'static str {
+        "target image and its SSIM statistics"
     }
 
     fn fused_loss_and_grads(
