@@ -84,16 +84,6 @@ impl<T> Params<T> {
         })
     }
 
-    /// From an array in table order.
-    pub fn from_array([xy, inv_scale, theta, color]: [T; 4]) -> Self {
-        Self {
-            xy,
-            inv_scale,
-            theta,
-            color,
-        }
-    }
-
     /// As an array in table order.
     pub fn into_array(self) -> [T; 4] {
         [self.xy, self.inv_scale, self.theta, self.color]
@@ -221,13 +211,6 @@ impl<F> Params<&[F]> {
     pub fn count(&self) -> usize {
         self.theta.len()
     }
-
-    /// Gaussian `i`'s values of parameter `p`.
-    #[inline]
-    pub fn row(&self, p: Param, i: usize, channels: usize) -> &[F] {
-        let w = p.width(channels);
-        &self[p][i * w..(i + 1) * w]
-    }
 }
 
 #[cfg(test)]
@@ -243,11 +226,10 @@ mod tests {
         assert_eq!(t.into_array(), [2, 2, 1, 3]);
         for (p, w) in t.iter() {
             assert_eq!(t[p], *w);
-            assert_eq!(Params::from_array(t.into_array())[p], p.width(3));
         }
         let z = HostParams::<f32>::zeros(5, 3);
         assert_eq!(z.count(), 5);
-        assert_eq!(z.slices().row(Param::Color, 4, 3).len(), 3);
+        assert_eq!(z.slices().count(), 5);
         assert_eq!(z.map(|v| v.len()).into_array(), [10, 10, 5, 15]);
     }
 }
