@@ -56,16 +56,24 @@ fi
 "$venv/bin/python" scripts/pytorch_gpt.py --steps 20 >"$work/torch.json"
 
 python3 - "$work" "$out" <<'PY'
-import json, sys, platform
+import json, os, sys, platform
 work, out = sys.argv[1:3]
 fits = [json.loads(l) for l in open(f"{work}/fits.jsonl")]
 gpt = json.load(open(f"{work}/gpt/summary.json"))
 torch = json.load(open(f"{work}/torch.json"))
-record = {"bench": "cpu-vs-pytorch", "host": platform.node(), "cpu": platform.processor(),
+def cpu_model():
+    # platform.processor() is empty on Linux; timings are only comparable on one CPU.
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "")
+    except OSError:
+        return platform.processor()
+record = {"bench": "cpu-vs-pytorch", "host": platform.node(), "cpu": cpu_model(),
           "main_job": fits, "vramfit_transformer": {k: gpt.get(k) for k in
           ["median_step_ms", "tokens_per_second", "host_peak_bytes", "parameter_bytes"]}, "pytorch": torch}
 json.dump(record, open(out + ".json", "w"), indent=2)
-lines = ["| main job | wall s | ms/step | PSNR dB | × this checkout's time |", "|---|---|---|---|---|"]
+lines = [f"CPU: {record['cpu']} ({os.cpu_count()} cores)", "",
+         "| main job | wall s | ms/step | PSNR dB | × this checkout's time |", "|---|---|---|---|---|"]
 mine = fits[-1]
 for f in fits:
     lines.append(f"| {f['label']} | {f['wall_seconds']:.1f} | {f['median_step_ms']:.1f} | {f['psnr_db']:.2f} | {f['wall_seconds'] / mine['wall_seconds']:.2f} |")
