@@ -203,7 +203,8 @@ where
             gradients: held.parameters,
             ..held
         });
-        let lrs = c.learning_rates().map(|lr| lr * self.schedule.lr_scale);
+        let scale = self.schedule.lr_scale * c.final_decay(next);
+        let lrs = c.learning_rates().map(|lr| lr * scale);
         self.adam.begin_step();
         let adam = &self.adam;
         let updated =
