@@ -33,10 +33,6 @@ pub struct FitConfig {
     pub lr_theta: f64,
     /// Adam learning rate of the colours.
     pub lr_color: f64,
-    /// Final steps over which the learning rates fall geometrically to a
-    /// tenth (0: no final decay). A short fit converges to a sharper
-    /// optimum when its last steps take smaller ones.
-    pub decay_steps: u64,
     /// Start with ⌈N/2⌉ and add the rest guided by the error; false starts with all N.
     pub progressive: bool,
     /// Steps between additions.
@@ -78,7 +74,6 @@ impl Default for FitConfig {
             lr_inv_scale: 2e-3,
             lr_theta: 2e-3,
             lr_color: 5e-3,
-            decay_steps: 0,
             progressive: true,
             add_every: 500,
             add_rounds: 4,
@@ -93,9 +88,6 @@ impl Default for FitConfig {
         }
     }
 }
-
-/// Learning-rate factor at the last step of the final decay.
-const FINAL_DECAY: f64 = 0.1;
 
 /// Name of the built-in sample in `image`.
 pub const BUILTIN_SAMPLE: &str = "builtin:astronaut";
@@ -148,15 +140,6 @@ impl FitConfig {
         if self.steps == 0 {
             return bad("steps", "must be at least 1".into());
         }
-        if self.decay_steps > self.steps {
-            return bad(
-                "decay_steps",
-                format!(
-                    "{} is more than the {} steps of the fit: use at most {}",
-                    self.decay_steps, self.steps, self.steps
-                ),
-            );
-        }
         if !(1..=MAX_TOP_K).contains(&self.top_k) {
             return bad("top_k", format!("{} is outside 1..={MAX_TOP_K}", self.top_k));
         }
@@ -181,18 +164,6 @@ impl FitConfig {
             }
         }
         Ok(())
-    }
-
-    /// Factor of the learning rates at step `step` (1-based) from the final
-    /// decay: 1 before the last `decay_steps` steps, then geometric down to
-    /// a tenth at the last step. A function of the step alone, so a resumed
-    /// fit takes the same steps.
-    pub fn final_decay(&self, step: u64) -> f64 {
-        let start = self.steps - self.decay_steps;
-        if self.decay_steps == 0 || step <= start {
-            return 1.0;
-        }
-        FINAL_DECAY.powf((step - start) as f64 / self.decay_steps as f64)
     }
 
     /// Gaussians present at the start.

@@ -203,8 +203,7 @@ where
             gradients: held.parameters,
             ..held
         });
-        let scale = self.schedule.lr_scale * c.final_decay(next);
-        let lrs = c.learning_rates().map(|lr| lr * scale);
+        let lrs = c.learning_rates().map(|lr| lr * self.schedule.lr_scale);
         self.adam.begin_step();
         let adam = &self.adam;
         let updated =

@@ -29,26 +29,3 @@ impl Real for f64 {
         v
     }
 }
-
-/// Runs `f` compiled for AVX2 when the CPU has it (checked at run time,
-/// the answer cached by std), else as built: the default x86-64 target has
-/// only SSE2, so the kernels' vector loops are 4 floats wide. `f` must be
-/// an `#[inline(always)]` closure, and what it calls inline too: code takes
-/// the target features of the function it is inlined into. AVX2 without
-/// FMA changes no result: Rust never fuses a multiply and an add, nor
-/// reorders a float sum, so both builds give the same bits.
-#[inline(always)]
-pub(crate) fn wide<R>(f: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2, checked just above.
-        return unsafe { avx2(f) };
-    }
-    f()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn avx2<R>(f: impl FnOnce() -> R) -> R {
-    f()
-}

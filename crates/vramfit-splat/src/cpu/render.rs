@@ -3,8 +3,8 @@
 
 use rayon::prelude::*;
 
+use super::Real;
 use super::project::{Binned, Frame, Projected, TILE, project_and_bin, project_one_backward};
-use super::{Real, wide};
 use crate::params::Params;
 
 /// Largest supported top-K (the selection lives on the stack).
@@ -113,22 +113,21 @@ impl<F: Real> TileCandidates<F> {
     }
 
     /// Top-K for the pixel `(x, y)` (which must lie in the gathered tile).
-    /// The candidates' σ are computed into `scratch` in one pass (a loop
-    /// the compiler vectorises). The previous pixel's selection, evaluated
-    /// here, bounds the K-th smallest σ from above (it is K candidates), so
-    /// from the first chunk on only the candidates at or below that bound
-    /// are offered: about K of them, where a tile holds a few times more.
-    /// Candidates above the bound are beaten by K others at this pixel, so
-    /// the selection is the same as from all of them (a test checks it).
-    #[inline(always)]
-    pub fn select(&self, top_k: usize, x: usize, y: usize, scratch: &mut SelectScratch<F>) -> TopK<F> {
+    /// The candidates' σ are computed a chunk at a time into `scratch` (a
+    /// loop the compiler vectorises), and a chunk is scanned one by one
+    /// only when one of its σ can enter the selection: once K are held,
+    /// most chunks have none, and the per-candidate branch was the cost.
+    /// The candidates are offered in the same order as a plain scan, so
+    /// the selection is the same.
+    #[inline]
+    pub fn select(&self, top_k: usize, x: usize, y: usize, scratch: &mut Vec<F>) -> TopK<F> {
         let (px, py) = (F::c(x as f64 + 0.5), F::c(y as f64 + 0.5));
         let half = F::c(0.5);
         let n = self.cx.len();
-        let sigma = &mut scratch.sigma;
-        sigma.clear();
-        sigma.resize(n, F::zero());
-        for (((((s, cx), cy), a), b), c) in sigma
+        scratch.clear();
+        // NaN padding: never below a bound, never selected.
+        scratch.resize(n.next_multiple_of(CHUNK), F::nan());
+        for (((((s, cx), cy), a), b), c) in scratch
             .iter_mut()
             .zip(&self.cx)
             .zip(&self.cy)
@@ -140,60 +139,30 @@ impl<F: Real> TileCandidates<F> {
             let dy = *cy - py;
             *s = half * *a * dx * dx + half * *c * dy * dy + *b * dx * dy;
         }
-        let sigma = &scratch.sigma;
-        // NaN or negative σ in the previous selection (it was valid at its
-        // own pixel) leaves the bound infinite.
-        let mut bound = F::infinity();
-        if scratch.previous.len() == top_k {
-            let valid = |s: F| s >= F::zero() && s.is_finite();
-            let reached = scratch.previous.iter().fold(Some(F::zero()), |most, &slot| {
-                let s = sigma[slot as usize];
-                most.filter(|_| valid(s)).map(|m| m.max(s))
-            });
-            if let Some(m) = reached {
-                bound = m;
-            }
-        }
-        // A chunk is scanned one by one only when one of its σ may enter
-        // (a branch-free test the compiler vectorises): with the bound,
-        // most chunks have none, and the per-candidate branch was the cost.
         let mut top = TopK::new();
-        for (chunk_index, chunk) in sigma.chunks(CHUNK).enumerate() {
-            if !chunk.iter().fold(false, |any, s| any | (*s <= bound)) {
+        let mut bound = F::infinity();
+        for (chunk_index, chunk) in scratch.chunks_exact(CHUNK).enumerate() {
+            // Branch-free: any σ that may enter (≤: a tie with the bound may win on id).
+            let hit = chunk.iter().fold(false, |any, s| any | (*s <= bound));
+            if !hit {
                 continue;
             }
-            for (j, &s) in chunk.iter().enumerate() {
-                // ≤: a tie with the bound may win on id. Infinite σ has zero
-                // weight; a rounding-negative σ is not a weight above 1.
-                let slot = (chunk_index * CHUNK + j) as u32;
-                if s <= bound && s >= F::zero() && s.is_finite() && top.offer(top_k, s, self.ids[slot as usize], slot) {
-                    bound = top.bound(top_k, bound);
+            for (j, &sigma) in chunk.iter().enumerate() {
+                // Infinite σ has zero weight; a rounding-negative σ is not a weight above 1.
+                if sigma <= bound && sigma >= F::zero() && sigma.is_finite() {
+                    let id = self.ids[chunk_index * CHUNK + j];
+                    if top.offer(top_k, sigma, id) {
+                        bound = top.bound(top_k);
+                    }
                 }
             }
         }
-        scratch.previous.clear();
-        scratch.previous.extend_from_slice(&top.slot[..top.len]);
         top
     }
 }
 
-/// Per-thread buffers of [`TileCandidates::select`], and the previous
-/// pixel's selection (slots in the current tile's candidate arrays).
-#[derive(Debug, Default)]
-pub struct SelectScratch<F> {
-    sigma: Vec<F>,
-    previous: Vec<u32>,
-}
-
-impl<F> SelectScratch<F> {
-    /// Forgets the previous selection: call when the tile changes.
-    pub fn new_tile(&mut self) {
-        self.previous.clear();
-    }
-}
-
 /// Candidates tested together in [`TileCandidates::select`].
-const CHUNK: usize = 8;
+const CHUNK: usize = 16;
 
 /// Tiles with more than this many candidates per selected one are pruned.
 const PRUNE_FROM: usize = 2;
@@ -267,8 +236,6 @@ fn tile_survivors<F: Real>(
 pub struct TopK<F> {
     sigma: [F; MAX_TOP_K],
     id: [u32; MAX_TOP_K],
-    /// Where each entry sits in its tile's candidate arrays.
-    slot: [u32; MAX_TOP_K],
     len: usize,
 }
 
@@ -277,22 +244,24 @@ impl<F: Real> TopK<F> {
         Self {
             sigma: [F::zero(); MAX_TOP_K],
             id: [0; MAX_TOP_K],
-            slot: [0; MAX_TOP_K],
             len: 0,
         }
     }
 
-    /// Largest σ that can still enter (`known` while not full: a bound
-    /// from elsewhere).
-    #[inline(always)]
-    fn bound(&self, k: usize, known: F) -> F {
-        if self.len == k { self.sigma[k - 1] } else { known }
+    /// Largest σ that can still enter (infinite while not full).
+    #[inline]
+    fn bound(&self, k: usize) -> F {
+        if self.len == k {
+            self.sigma[k - 1]
+        } else {
+            F::infinity()
+        }
     }
 
     /// Inserts `(σ, id)` if it is among the K smallest so far (by σ, then
     /// id); true when it entered.
-    #[inline(always)]
-    fn offer(&mut self, k: usize, sigma: F, id: u32, slot: u32) -> bool {
+    #[inline]
+    fn offer(&mut self, k: usize, sigma: F, id: u32) -> bool {
         let before = |s: F, i: u32| s < sigma || (s == sigma && i < id);
         if self.len == k {
             if before(self.sigma[k - 1], self.id[k - 1]) {
@@ -304,12 +273,10 @@ impl<F: Real> TopK<F> {
         while pos > 0 && !before(self.sigma[pos - 1], self.id[pos - 1]) {
             self.sigma[pos] = self.sigma[pos - 1];
             self.id[pos] = self.id[pos - 1];
-            self.slot[pos] = self.slot[pos - 1];
             pos -= 1;
         }
         self.sigma[pos] = sigma;
         self.id[pos] = id;
-        self.slot[pos] = slot;
         self.len += 1;
         true
     }
@@ -330,7 +297,6 @@ impl<F: Real> TopK<F> {
     }
 
     /// Weights `exp(−σ)` of the selected entries.
-    #[inline(always)]
     fn weights(&self) -> [F; MAX_TOP_K] {
         let mut w = [F::zero(); MAX_TOP_K];
         for (wk, sigma) in w.iter_mut().zip(&self.sigma[..self.len]) {
@@ -344,9 +310,7 @@ impl<F: Real> TopK<F> {
 pub fn select_top_k<F: Real>(binned: &Binned<F>, frame: &Frame, top_k: usize, x: usize, y: usize) -> Vec<(F, u32)> {
     let mut tile = TileCandidates::default();
     tile.gather(binned, frame, (y / TILE) * frame.tiles_x() + x / TILE, top_k);
-    tile.select(top_k, x, y, &mut SelectScratch::default())
-        .entries()
-        .collect()
+    tile.select(top_k, x, y, &mut Vec::new()).entries().collect()
 }
 
 fn check_top_k(top_k: usize) {
@@ -363,18 +327,17 @@ fn band_tiles(frame: &Frame) -> usize {
 
 /// Calls `f(tile, scratch, x, y)` for every pixel of band `band`, tile by
 /// tile, with the tile's candidates for a top-`top_k` selection gathered
-/// (`None`: not gathered, for a pass that selects nothing). The pixel loop
-/// runs through [`wide`]: `f` must be an `#[inline(always)]` closure.
+/// (`None`: not gathered, for a pass that selects nothing).
 fn for_each_pixel_in_band<F: Real>(
     binned: &Binned<F>,
     frame: &Frame,
     band: usize,
     top_k: Option<usize>,
-    mut f: impl FnMut(&TileCandidates<F>, &mut SelectScratch<F>, usize, usize),
+    mut f: impl FnMut(&TileCandidates<F>, &mut Vec<F>, usize, usize),
 ) {
     let per = band_tiles(frame);
     let mut tile = TileCandidates::default();
-    let mut scratch = SelectScratch::default();
+    let mut scratch = Vec::new();
     for ty in band * per..((band + 1) * per).min(frame.tiles_y()) {
         for tx in 0..frame.tiles_x() {
             let index = ty * frame.tiles_x() + tx;
@@ -383,18 +346,12 @@ fn for_each_pixel_in_band<F: Real>(
             }
             if let Some(k) = top_k {
                 tile.gather(binned, frame, index, k);
-                scratch.new_tile();
             }
-            wide(
-                #[inline(always)]
-                || {
-                    for y in ty * TILE..((ty + 1) * TILE).min(frame.height) {
-                        for x in tx * TILE..((tx + 1) * TILE).min(frame.width) {
-                            f(&tile, &mut scratch, x, y);
-                        }
-                    }
-                },
-            );
+            for y in ty * TILE..((ty + 1) * TILE).min(frame.height) {
+                for x in tx * TILE..((tx + 1) * TILE).min(frame.width) {
+                    f(&tile, &mut scratch, x, y);
+                }
+            }
         }
     }
 }
@@ -413,7 +370,7 @@ pub struct Kept<F> {
 }
 
 /// Normalised blend of the selected colours into `px` (`[C]`, zeroed).
-#[inline(always)]
+#[inline]
 fn blend<F: Real>(weights: &[F], ids: impl Iterator<Item = u32>, color: &[F], px: &mut [F]) {
     let c = px.len();
     let denom = F::c(EPSILON) + weights.iter().copied().sum::<F>();
@@ -471,35 +428,28 @@ fn render_into<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize, keep: b
             .enumerate()
             .for_each(|(b, (chunk, mut kept))| {
                 let p0 = b * band;
-                for_each_pixel_in_band(
-                    &binned,
-                    frame,
-                    b,
-                    Some(top_k),
-                    #[inline(always)]
-                    |tile, scratch, x, y| {
-                        let top = tile.select(top_k, x, y, scratch);
-                        if top.is_empty() {
-                            return;
+                for_each_pixel_in_band(&binned, frame, b, Some(top_k), |tile, scratch, x, y| {
+                    let top = tile.select(top_k, x, y, scratch);
+                    if top.is_empty() {
+                        return;
+                    }
+                    let w = top.weights();
+                    let w = &w[..top.len];
+                    let p = y * frame.width + x - p0;
+                    blend(
+                        w,
+                        top.entries().map(|(_, id)| id),
+                        splats.params.color,
+                        &mut chunk[p * c..(p + 1) * c],
+                    );
+                    if let Some((l, i, kw)) = kept.as_mut() {
+                        l[p] = top.len as u8;
+                        for (j, (_, id)) in top.entries().enumerate() {
+                            i[p * k + j] = id;
+                            kw[p * k + j] = w[j];
                         }
-                        let w = top.weights();
-                        let w = &w[..top.len];
-                        let p = y * frame.width + x - p0;
-                        blend(
-                            w,
-                            top.entries().map(|(_, id)| id),
-                            splats.params.color,
-                            &mut chunk[p * c..(p + 1) * c],
-                        );
-                        if let Some((l, i, kw)) = kept.as_mut() {
-                            l[p] = top.len as u8;
-                            for (j, (_, id)) in top.entries().enumerate() {
-                                i[p * k + j] = id;
-                                kw[p * k + j] = w[j];
-                            }
-                        }
-                    },
-                );
+                    }
+                });
             });
     }
     let kept = keep.then_some(Kept {
@@ -515,7 +465,7 @@ fn render_into<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize, keep: b
 /// One pixel's share of the gradients: `entries` are its selected
 /// (Gaussian id, weight), `g` the gradient of its colour; adds to `acc`
 /// (per Gaussian: d_cx, d_cy, d_a, d_b, d_c, d_color…).
-#[inline(always)]
+#[inline]
 fn pixel_backward<F: Real>(
     entries: &[(u32, F)],
     projected: &[Projected<F>],
@@ -561,30 +511,23 @@ pub fn render_backward<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize,
     let binned = project_and_bin(splats.params.xy, splats.params.inv_scale, splats.params.theta, frame);
     backward_over_bands(splats, frame, d_out, |band, acc| {
         let mut entries = [(0u32, F::zero()); MAX_TOP_K];
-        for_each_pixel_in_band(
-            &binned,
-            frame,
-            band,
-            Some(top_k),
-            #[inline(always)]
-            |tile, scratch, x, y| {
-                let top = tile.select(top_k, x, y, scratch);
-                let w = top.weights();
-                for (k, (_, id)) in top.entries().enumerate() {
-                    entries[k] = (id, w[k]);
-                }
-                if !top.is_empty() {
-                    pixel_backward(
-                        &entries[..top.len],
-                        &binned.projected,
-                        splats.params.color,
-                        pixel(d_out, frame, splats.channels, x, y),
-                        (x, y),
-                        acc,
-                    );
-                }
-            },
-        );
+        for_each_pixel_in_band(&binned, frame, band, Some(top_k), |tile, scratch, x, y| {
+            let top = tile.select(top_k, x, y, scratch);
+            let w = top.weights();
+            for (k, (_, id)) in top.entries().enumerate() {
+                entries[k] = (id, w[k]);
+            }
+            if !top.is_empty() {
+                pixel_backward(
+                    &entries[..top.len],
+                    &binned.projected,
+                    splats.params.color,
+                    pixel(d_out, frame, splats.channels, x, y),
+                    (x, y),
+                    acc,
+                );
+            }
+        });
     })
 }
 
@@ -596,30 +539,23 @@ pub fn render_backward_kept<F: Real>(splats: &Splats<F>, frame: &Frame, kept: &K
     assert_eq!(kept.len.len(), frame.width * frame.height, "kept for another frame");
     backward_over_bands(splats, frame, d_out, |band, acc| {
         let mut entries = [(0u32, F::zero()); MAX_TOP_K];
-        for_each_pixel_in_band(
-            &kept.binned,
-            frame,
-            band,
-            None,
-            #[inline(always)]
-            |_, _, x, y| {
-                let p = y * frame.width + x;
-                let n = kept.len[p] as usize;
-                for (j, e) in entries[..n].iter_mut().enumerate() {
-                    *e = (kept.ids[p * k + j], kept.weights[p * k + j]);
-                }
-                if n > 0 {
-                    pixel_backward(
-                        &entries[..n],
-                        &kept.binned.projected,
-                        splats.params.color,
-                        pixel(d_out, frame, splats.channels, x, y),
-                        (x, y),
-                        acc,
-                    );
-                }
-            },
-        );
+        for_each_pixel_in_band(&kept.binned, frame, band, None, |_, _, x, y| {
+            let p = y * frame.width + x;
+            let n = kept.len[p] as usize;
+            for (j, e) in entries[..n].iter_mut().enumerate() {
+                *e = (kept.ids[p * k + j], kept.weights[p * k + j]);
+            }
+            if n > 0 {
+                pixel_backward(
+                    &entries[..n],
+                    &kept.binned.projected,
+                    splats.params.color,
+                    pixel(d_out, frame, splats.channels, x, y),
+                    (x, y),
+                    acc,
+                );
+            }
+        });
     })
 }
 
@@ -708,59 +644,13 @@ mod tests {
             .map(|t| binned.tile(t).len())
             .max()
             .unwrap();
-        assert!(most > 32, "{most} candidates in the fullest tile");
+        assert!(most > 2 * CHUNK, "{most} candidates in the fullest tile");
         for top_k in [1, 5, 10] {
             let (kept_render, kept) = render_keeping(&splats, &frame, top_k);
             assert_eq!(kept_render, render(&splats, &frame, top_k));
             assert_eq!(
                 render_backward_kept(&splats, &frame, &kept, &d_out),
                 render_backward(&splats, &frame, top_k, &d_out)
-            );
-        }
-    }
-
-    /// The bound carried over from the previous pixel changes no pixel's
-    /// selection: every pixel, scanned in the render's order, selects what
-    /// a fresh selection (no carried bound) selects, on dense tiles where
-    /// the bound skips most candidates.
-    #[test]
-    fn the_carried_bound_selects_what_a_fresh_selection_does() {
-        let mut rng = ChaCha8Rng::seed_from_u64(5);
-        let (n, w, h) = (2000, 96, 64);
-        let xy: Vec<f32> = (0..2 * n).map(|_| rng.random_range(0.0..1.0)).collect();
-        let inv_scale: Vec<f32> = (0..n)
-            .flat_map(|i| {
-                let s = rng.random_range(1.0..14.0);
-                if i % 4 == 0 {
-                    [1.0 / s, 1.0 / (s * 20.0)]
-                } else {
-                    [1.0 / s, 1.0 / s]
-                }
-            })
-            .collect();
-        let theta: Vec<f32> = (0..n).map(|_| rng.random_range(-3.0..3.0)).collect();
-        let frame = Frame::new(w, h);
-        let binned = project_and_bin(&xy, &inv_scale, &theta, &frame);
-        let bands = frame.tiles_y().div_ceil(band_tiles(&frame));
-        for top_k in [1, 4, 10, MAX_TOP_K] {
-            let (mut pixels, mut bounded) = (0, 0);
-            for band in 0..bands {
-                for_each_pixel_in_band(&binned, &frame, band, Some(top_k), |tile, scratch, x, y| {
-                    bounded += usize::from(scratch.previous.len() == top_k);
-                    let carried = tile.select(top_k, x, y, scratch);
-                    let fresh = tile.select(top_k, x, y, &mut SelectScratch::default());
-                    assert_eq!(
-                        carried.entries().collect::<Vec<_>>(),
-                        fresh.entries().collect::<Vec<_>>(),
-                        "pixel ({x}, {y}), K {top_k}"
-                    );
-                    pixels += 1;
-                });
-            }
-            assert_eq!(pixels, w * h);
-            assert!(
-                bounded > pixels / 2,
-                "K {top_k}: {bounded} of {pixels} pixels had a carried bound"
             );
         }
     }

@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use super::{Real, wide};
+use super::Real;
 
 /// Taps of the Gaussian window (the GPU kernels use this one).
 pub const TAPS: usize = 11;
@@ -41,39 +41,29 @@ fn blur_into<F: Real>(plane: &[F], h: usize, w: usize, tmp: &mut [F], out: &mut 
     let rows = (1 << 16) / w.max(1) + 1;
     tmp.par_chunks_mut(rows * w).enumerate().for_each(|(block, out)| {
         let mut padded = vec![F::zero(); w + 2 * r];
-        wide(
-            #[inline(always)]
-            || {
-                for (i, row) in out.chunks_mut(w).enumerate() {
-                    let y = block * rows + i;
-                    padded[r..r + w].copy_from_slice(&plane[y * w..(y + 1) * w]);
-                    row.fill(F::zero());
-                    for (j, kv) in k.iter().enumerate() {
-                        for (o, v) in row.iter_mut().zip(&padded[j..j + w]) {
-                            *o = *o + *kv * *v;
-                        }
-                    }
+        for (i, row) in out.chunks_mut(w).enumerate() {
+            let y = block * rows + i;
+            padded[r..r + w].copy_from_slice(&plane[y * w..(y + 1) * w]);
+            row.fill(F::zero());
+            for (j, kv) in k.iter().enumerate() {
+                for (o, v) in row.iter_mut().zip(&padded[j..j + w]) {
+                    *o = *o + *kv * *v;
                 }
-            },
-        )
+            }
+        }
     });
     let tmp = &*tmp;
     out.par_chunks_mut(rows * w).enumerate().for_each(|(block, out)| {
-        wide(
-            #[inline(always)]
-            || {
-                for (i, row) in out.chunks_mut(w).enumerate() {
-                    let y = block * rows + i;
-                    row.fill(F::zero());
-                    for src in y.saturating_sub(r)..(y + r + 1).min(h) {
-                        let kv = k[src + r - y];
-                        for (o, v) in row.iter_mut().zip(&tmp[src * w..(src + 1) * w]) {
-                            *o = *o + kv * *v;
-                        }
-                    }
+        for (i, row) in out.chunks_mut(w).enumerate() {
+            let y = block * rows + i;
+            row.fill(F::zero());
+            for src in y.saturating_sub(r)..(y + r + 1).min(h) {
+                let kv = k[src + r - y];
+                for (o, v) in row.iter_mut().zip(&tmp[src * w..(src + 1) * w]) {
+                    *o = *o + kv * *v;
                 }
-            },
-        )
+            }
+        }
     });
 }
 
