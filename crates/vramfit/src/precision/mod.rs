@@ -103,7 +103,7 @@ impl Autocast {
 
     /// Batched matrix product in the low type; the result stays low.
     pub fn matmul<B: Backend, const D: usize>(&self, a: Tensor<B, D>, b: Tensor<B, D>) -> Tensor<B, D> {
-        self.low(a).matmul(self.low(b))
+        crate::fused::matmul(self.low(a), self.low(b))
     }
 
     /// 2-D convolution in the low type (`x: [n, c, h, w]`); the result stays low.
@@ -132,7 +132,7 @@ impl Autocast {
         let inputs = dims[D - 1];
         let rows = dims[..D - 1].iter().product::<usize>();
         let outputs = weight.dims()[1];
-        let y = self.low(x).reshape([rows, inputs]).matmul(self.low(weight));
+        let y = crate::fused::matmul(self.low(x).reshape([rows, inputs]), self.low(weight));
         let y = match bias {
             Some(b) => y + self.low(b).unsqueeze::<2>(),
             None => y,
