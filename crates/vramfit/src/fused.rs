@@ -25,6 +25,7 @@
 
 use std::any::Any;
 
+use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
@@ -625,60 +626,177 @@ pub fn matmul<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> T
     }
 }
 
-/// Batched row-major matrices as gemm reads them: each `[rows, cols]`
-/// matrix `size` values apart, used as it is or transposed.
+/// Batched matrices as gemm reads them: each `[rows, cols]` matrix (as
+/// used) `size` values after the previous one, its elements `rs` apart
+/// down a column and `cs` apart along a row.
 #[derive(Clone, Copy)]
 struct Operand<'a> {
     values: &'a [f32],
     size: usize,
-    /// Strides of (row, column) of each matrix as used.
+    rows: usize,
+    cols: usize,
     rs: isize,
     cs: isize,
 }
 
 impl<'a> Operand<'a> {
-    /// Matrices of `rows × cols`, used as they are.
+    /// Row-major matrices of `rows × cols`.
     fn plain(values: &'a [f32], rows: usize, cols: usize) -> Self {
         Self {
             values,
             size: rows * cols,
+            rows,
+            cols,
             rs: cols as isize,
             cs: 1,
         }
     }
 
-    /// Matrices of `rows × cols`, used transposed (`cols × rows`).
-    fn transposed(values: &'a [f32], rows: usize, cols: usize) -> Self {
+    /// The same matrices used transposed.
+    fn t(self) -> Self {
         Self {
-            values,
-            size: rows * cols,
-            rs: 1,
-            cs: cols as isize,
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+            ..self
+        }
+    }
+
+    /// Values from the first element of a matrix to its last, inclusive.
+    fn extent(&self) -> usize {
+        (self.rows - 1) * self.rs.unsigned_abs() + (self.cols - 1) * self.cs.unsigned_abs() + 1
+    }
+}
+
+/// A Flex tensor's `[batch.., rows, cols]` matrices, read where they lie
+/// when each is stored row major or transposed (a `swap_dims` of the last
+/// two axes, as attention's `kᵀ`) and the batch is packed, or, for a
+/// single matrix, when its rows are further apart than its width (a
+/// `narrow` of the columns, as one of q, k, v's blocks of the joint
+/// weight); copied to row major otherwise.
+struct Matrices<'a> {
+    values: std::borrow::Cow<'a, [f32]>,
+    batch: usize,
+    rows: usize,
+    cols: usize,
+    /// Stored as row-major `[cols, rows]` matrices.
+    transposed: bool,
+    /// Values between consecutive stored rows.
+    stored_row_stride: usize,
+}
+
+impl<'a> Matrices<'a> {
+    fn of(t: &'a FlexTensor) -> Self {
+        let (batch, rows, cols) = matrices(t);
+        let copied = |t: &'a FlexTensor| Self {
+            values: values(t),
+            batch,
+            rows,
+            cols,
+            transposed: false,
+            stored_row_stride: cols,
+        };
+        if batch * rows * cols == 0 {
+            return copied(t);
+        }
+        let layout = t.layout();
+        let (dims, strides) = (layout.shape().to_vec(), layout.strides());
+        let d = dims.len();
+        let stride_is = |axis: usize, expected: usize| dims[axis] == 1 || strides[axis] == expected as isize;
+        // Row stride of the stored rows: the matrix's width, or more for
+        // a single matrix.
+        let (transposed, stored_row_stride) = if stride_is(d - 1, 1) && stride_is(d - 2, cols) {
+            (false, cols)
+        } else if stride_is(d - 2, 1) && stride_is(d - 1, rows) {
+            (true, rows)
+        } else if batch == 1 && strides[d - 1] == 1 && strides[d - 2] >= cols as isize {
+            (false, strides[d - 2] as usize)
+        } else if batch == 1 && strides[d - 2] == 1 && strides[d - 1] >= rows as isize {
+            (true, strides[d - 1] as usize)
+        } else {
+            return copied(t);
+        };
+        let mut expected = rows * cols;
+        let mut packed = true;
+        for axis in (0..d - 2).rev() {
+            packed &= stride_is(axis, expected);
+            expected *= dims[axis];
+        }
+        let (stored_rows, stored_cols) = if transposed { (cols, rows) } else { (rows, cols) };
+        let extent = (batch - 1) * rows * cols + (stored_rows - 1) * stored_row_stride + stored_cols;
+        let start = layout.start_offset();
+        match t.storage::<f32>().get(start..start + extent) {
+            Some(values) if packed => Self {
+                values: std::borrow::Cow::Borrowed(values),
+                batch,
+                rows,
+                cols,
+                transposed,
+                stored_row_stride,
+            },
+            _ => copied(t),
+        }
+    }
+
+    fn operand(&self) -> Operand<'_> {
+        let stored = Operand {
+            values: &self.values,
+            size: self.rows * self.cols,
+            rows: self.rows,
+            cols: self.cols,
+            rs: self.stored_row_stride as isize,
+            cs: 1,
+        };
+        if self.transposed {
+            Operand {
+                rows: self.cols,
+                cols: self.rows,
+                ..stored
+            }
+            .t()
+        } else {
+            stored
         }
     }
 }
 
-/// `lhs · rhs` (`[m, k] · [k, n]`) for each of `batch` pairs, into a new
-/// row-major `[batch, m, n]` vector.
-fn gemm_products(batch: usize, m: usize, k: usize, n: usize, lhs: Operand, rhs: Operand) -> Vec<f32> {
-    assert!(
-        lhs.size == m * k
-            && rhs.size == k * n
-            && lhs.values.len() == batch * m * k
-            && rhs.values.len() == batch * k * n,
-        "operand shapes"
-    );
+/// `lhs · rhs` for each of `batch` pairs, into a new row-major
+/// `[batch, lhs.rows, rhs.cols]` vector.
+fn gemm_products(batch: usize, lhs: Operand, rhs: Operand) -> Vec<f32> {
+    gemm_products_onto(batch, lhs, rhs, None)
+}
+
+/// [`gemm_products`], each result row added onto `bias` (`rhs.cols`
+/// values) when given: gemm starts from the bias rows instead of a separate
+/// pass that adds them afterwards.
+fn gemm_products_onto(batch: usize, lhs: Operand, rhs: Operand, bias: Option<&[f32]>) -> Vec<f32> {
+    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
+    assert!(rhs.rows == k && bias.is_none_or(|b| b.len() == n), "operand shapes");
     if k == 0 || m * n == 0 {
-        return vec![0.0; batch * m * n];
+        return match bias {
+            Some(b) => b.repeat(batch * m),
+            None => vec![0.0; batch * m * n],
+        };
     }
+    let fits = |o: &Operand| batch == 0 || o.values.len() >= (batch - 1) * o.size + o.extent();
+    assert!(fits(&lhs) && fits(&rhs), "operand values");
     // Flex's thresholds: threads inside one product from about 192³
     // multiply-adds; else one product per task when there are several.
     let large = m * n * k >= 192 * 192 * 192;
     let one = |i: usize, dst: &mut [std::mem::MaybeUninit<f32>], parallelism| {
+        if let Some(bias) = bias {
+            for row in dst.chunks_mut(n) {
+                for (d, &b) in row.iter_mut().zip(bias) {
+                    d.write(b);
+                }
+            }
+        }
         // SAFETY: `dst` has room for the m·n values of product `i`, written
-        // in row-major order (row stride n, column stride 1) without being
-        // read (`read_dst` false); product `i`'s operands lie inside the
-        // slices at the given strides (sizes asserted above).
+        // in row-major order (row stride n, column stride 1), read only
+        // when the bias rows were written into it just above (`read_dst`);
+        // product `i`'s operands lie inside the slices at the given strides
+        // (matrix `i` starts `i·size` in, lengths asserted above).
         unsafe {
             gemm::gemm(
                 m,
@@ -687,14 +805,14 @@ fn gemm_products(batch: usize, m: usize, k: usize, n: usize, lhs: Operand, rhs: 
                 dst.as_mut_ptr().cast::<f32>(),
                 1,
                 n as isize,
-                false,
+                bias.is_some(),
                 lhs.values.as_ptr().add(i * lhs.size),
                 lhs.cs,
                 lhs.rs,
                 rhs.values.as_ptr().add(i * rhs.size),
                 rhs.cs,
                 rhs.rs,
-                0.0,
+                if bias.is_some() { 1.0 } else { 0.0 },
                 1.0,
                 false,
                 false,
@@ -732,6 +850,37 @@ fn matrices(t: &FlexTensor) -> (usize, usize, usize) {
     (dims[..d - 2].iter().product(), dims[d - 2], dims[d - 1])
 }
 
+/// `p · q` for each of `like`'s `batch` matrices, as a tensor of `like`'s
+/// shape whose matrices lie as `like`'s do: a gradient shaped like a
+/// transposed view is computed as `qᵀ · pᵀ` and viewed transposed, so the
+/// `swap_dims` backward that follows gets a row-major tensor, not a copy
+/// to make.
+fn product_like(p: Operand, q: Operand, like: &Matrices, shape: burn::tensor::Shape) -> FlexTensor {
+    if like.transposed {
+        let d = shape.num_dims();
+        let mut stored = shape.clone();
+        (stored[d - 2], stored[d - 1]) = (shape[d - 1], shape[d - 2]);
+        flex(gemm_products(like.batch, q.t(), p.t()), stored).transpose(d - 2, d - 1)
+    } else {
+        flex(gemm_products(like.batch, p, q), shape)
+    }
+}
+
+/// The gradients of `a · b` from the output's row-major `g`, for the
+/// parents that want them: `da = g · bᵀ`, `db = aᵀ · g`.
+fn product_backward(a: &FlexTensor, b: &FlexTensor, g: &[f32], [pa, pb]: [Option<NodeId>; 2], grads: &mut Gradients) {
+    let (ma, mb) = (Matrices::of(a), Matrices::of(b));
+    let g = Operand::plain(g, ma.rows, mb.cols);
+    if let Some(id) = pa {
+        let da = product_like(g, mb.operand().t(), &ma, a.layout().shape().clone());
+        grads.register::<Flex>(id, da);
+    }
+    if let Some(id) = pb {
+        let db = product_like(ma.operand().t(), g, &mb, b.layout().shape().clone());
+        grads.register::<Flex>(id, db);
+    }
+}
+
 fn matmul_cpu<const D: usize>(a: Tensor<Cpu, D>, b: Tensor<Cpu, D>) -> Tensor<Cpu, D> {
     #[derive(Debug)]
     struct Matmul;
@@ -742,32 +891,17 @@ fn matmul_cpu<const D: usize>(a: Tensor<Cpu, D>, b: Tensor<Cpu, D>) -> Tensor<Cp
         fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
             let g = grads.consume::<Flex>(&ops.node);
             let (a, b) = ops.state;
-            let ((batch, m, k), n) = (matrices(&a), matrices(&b).2);
-            let g = values(&g);
-            let [pa, pb] = &ops.parents;
-            if let Some(node) = pa {
-                // da = g · bᵀ: [m, n] · [n, k].
-                let bv = values(&b);
-                let da = gemm_products(batch, m, n, k, Operand::plain(&g, m, n), Operand::transposed(&bv, k, n));
-                grads.register::<Flex>(node.id, flex(da, a.layout().shape().clone()));
-            }
-            if let Some(node) = pb {
-                // db = aᵀ · g: [k, m] · [m, n].
-                let av = values(&a);
-                let db = gemm_products(batch, k, m, n, Operand::transposed(&av, m, k), Operand::plain(&g, m, n));
-                grads.register::<Flex>(node.id, flex(db, b.layout().shape().clone()));
-            }
+            let [pa, pb] = ops.parents.map(|p| p.map(|node| node.id));
+            product_backward(&a, &b, &values(&g), [pa, pb], grads);
         }
     }
 
     let forward = |a: &FlexTensor, b: &FlexTensor| {
-        let ((batch, m, k), (_, k2, n)) = (matrices(a), matrices(b));
-        assert_eq!(k, k2, "matmul: inner dimensions {k} and {k2}");
-        let (av, bv) = (values(a), values(b));
+        let (ma, mb) = (Matrices::of(a), Matrices::of(b));
+        assert_eq!(ma.cols, mb.rows, "matmul: inner dimensions {} and {}", ma.cols, mb.rows);
         let mut shape = a.layout().shape().clone();
-        shape[D - 1] = n;
-        let y = gemm_products(batch, m, k, n, Operand::plain(&av, m, k), Operand::plain(&bv, k, n));
-        flex(y, shape)
+        shape[D - 1] = mb.cols;
+        flex(gemm_products(ma.batch, ma.operand(), mb.operand()), shape)
     };
     let (a, b) = (a.into_primitive().tensor(), b.into_primitive().tensor());
     let out = match Matmul
@@ -780,6 +914,86 @@ fn matmul_cpu<const D: usize>(a: Tensor<Cpu, D>, b: Tensor<Cpu, D>) -> Tensor<Cp
             prep.finish((a.primitive, b.primitive), y)
         }
         OpsKind::UnTracked(prep) => prep.finish(forward(&a.primitive, &b.primitive)),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
+/// `x · w + bias` for `x: [rows, in]`, `w: [in, out]`, `bias: [out]`. On
+/// the CPU backend one operation: gemm adds the products onto the bias rows,
+/// and the backward sums the bias gradient over the rows of the output's
+/// gradient, where Burn's broadcast add is a pass over the output forward
+/// and a reduction backward. Other backends and types use Burn's matmul and
+/// add.
+pub fn linear<B: Backend>(x: Tensor<B, 2>, w: Tensor<B, 2>, bias: Tensor<B, 1>) -> Tensor<B, 2> {
+    match (on_cpu(x), on_cpu(w), on_cpu(bias)) {
+        (Ok(x), Ok(w), Ok(bias)) => back(linear_cpu(x, w, bias)),
+        (x, w, bias) => {
+            let x = x.map_or_else(|t| t, back);
+            let w = w.map_or_else(|t| t, back);
+            let bias = bias.map_or_else(|t| t, back);
+            matmul(x, w) + bias.unsqueeze::<2>()
+        }
+    }
+}
+
+fn linear_cpu(x: Tensor<Cpu, 2>, w: Tensor<Cpu, 2>, bias: Tensor<Cpu, 1>) -> Tensor<Cpu, 2> {
+    #[derive(Debug)]
+    struct Linear;
+
+    impl Backward<Flex, 3> for Linear {
+        type State = (FlexTensor, FlexTensor);
+
+        fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+            let g = grads.consume::<Flex>(&ops.node);
+            let (x, w) = ops.state;
+            let g = values(&g);
+            let [px, pw, pb] = ops.parents.map(|p| p.map(|node| node.id));
+            product_backward(&x, &w, &g, [px, pw], grads);
+            if let Some(id) = pb {
+                let n = matrices(&w).2;
+                let mut sums = vec![0.0f32; n];
+                for row in g.chunks(n) {
+                    for (s, v) in sums.iter_mut().zip(row) {
+                        *s += v;
+                    }
+                }
+                grads.register::<Flex>(id, flex(sums, [n].into()));
+            }
+        }
+    }
+
+    let forward = |x: &FlexTensor, w: &FlexTensor, bias: &FlexTensor| {
+        let (mx, mw, bias) = (Matrices::of(x), Matrices::of(w), values(bias));
+        assert_eq!(
+            mx.cols, mw.rows,
+            "linear: {} inputs against a weight of {} rows",
+            mx.cols, mw.rows
+        );
+        assert_eq!(
+            bias.len(),
+            mw.cols,
+            "linear: a bias of {} values for {} outputs",
+            bias.len(),
+            mw.cols
+        );
+        let y = gemm_products_onto(1, mx.operand(), mw.operand(), Some(&bias));
+        flex(y, [mx.rows, mw.cols].into())
+    };
+    let (x, w, bias) = (
+        x.into_primitive().tensor(),
+        w.into_primitive().tensor(),
+        bias.into_primitive().tensor(),
+    );
+    let out = match Linear
+        .prepare::<NoCheckpointing>([x.node.clone(), w.node.clone(), bias.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let y = forward(&x.primitive, &w.primitive, &bias.primitive);
+            prep.finish((x.primitive, w.primitive), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(forward(&x.primitive, &w.primitive, &bias.primitive)),
     };
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }
@@ -848,6 +1062,79 @@ mod tests {
                 1e-5,
                 &format!("{what} {side}"),
             );
+        }
+    }
+
+    /// The bias-seeded product and its three gradients are Burn's matmul
+    /// and broadcast add's: small, and large enough for gemm's threads and
+    /// its blocking over the inner dimension; x a transposed view, the
+    /// weight a block of columns of a wider one (rows further apart than
+    /// its width, read in place).
+    #[test]
+    fn linear_matches_burns_matmul_and_add() {
+        let d = Default::default();
+        for (rows, inputs, outputs) in [(37, 19, 23), (300, 600, 257)] {
+            let x = Tensor::<Cpu, 2>::random([inputs, rows], Distribution::Normal(0.0, 1.0), &d).require_grad();
+            let wide =
+                Tensor::<Cpu, 2>::random([inputs, outputs + 9], Distribution::Normal(0.0, 1.0), &d).require_grad();
+            let w = || wide.clone().narrow(1, 4, outputs);
+            let bias = Tensor::<Cpu, 1>::random([outputs], Distribution::Normal(0.0, 1.0), &d).require_grad();
+            let up = Tensor::<Cpu, 2>::random([rows, outputs], Distribution::Normal(0.0, 1.0), &d);
+            // One graph at a time: a backward consumes the graph of every
+            // node it reaches.
+            let fused = linear(x.clone().transpose(), w(), bias.clone());
+            let y_fused = host(fused.clone());
+            let g_fused = (fused * up.clone()).sum().backward();
+            let reference = x.clone().transpose().matmul(w()) + bias.clone().unsqueeze::<2>();
+            let y_ref = host(reference.clone());
+            let g_ref = (reference * up).sum().backward();
+            let what = format!("{rows}×{inputs}×{outputs}");
+            close(y_fused, y_ref, 1e-5, &what);
+            let grad = |g: &Gradients, t: &Tensor<Cpu, 2>| t.grad(g).unwrap().into_data().into_vec().unwrap();
+            close(grad(&g_fused, &x), grad(&g_ref, &x), 1e-5, &format!("{what} d_x"));
+            close(grad(&g_fused, &wide), grad(&g_ref, &wide), 1e-5, &format!("{what} d_w"));
+            close(
+                bias.grad(&g_fused).unwrap().into_data().into_vec().unwrap(),
+                bias.grad(&g_ref).unwrap().into_data().into_vec().unwrap(),
+                1e-5,
+                &format!("{what} d_bias"),
+            );
+        }
+    }
+
+    /// Row-major, transposed and column-block matrices are read where they
+    /// lie; a layout gemm cannot stride through is copied.
+    #[test]
+    fn matrices_are_read_in_place_where_they_lie() {
+        let d = Default::default();
+        let t = Tensor::<Flex, 4>::random([2, 3, 5, 7], Distribution::Default, &d);
+        let w = Tensor::<Flex, 2>::random([6, 12], Distribution::Default, &d);
+        let cases = [
+            (t.clone().into_primitive().tensor(), true, false, "row major"),
+            (t.clone().swap_dims(2, 3).into_primitive().tensor(), true, true, "kᵀ"),
+            (
+                w.clone().narrow(1, 4, 4).into_primitive().tensor(),
+                true,
+                false,
+                "column block",
+            ),
+            (
+                w.transpose().narrow(0, 4, 4).into_primitive().tensor(),
+                true,
+                true,
+                "its transpose",
+            ),
+            (
+                t.swap_dims(1, 2).into_primitive().tensor(),
+                false,
+                false,
+                "heads swapped",
+            ),
+        ];
+        for (tensor, in_place, transposed, what) in cases {
+            let m = Matrices::of(&tensor);
+            let borrowed = matches!(m.values, std::borrow::Cow::Borrowed(_));
+            assert_eq!((borrowed, m.transposed), (in_place, transposed), "{what}");
         }
     }
 

@@ -132,10 +132,10 @@ impl Autocast {
         let inputs = dims[D - 1];
         let rows = dims[..D - 1].iter().product::<usize>();
         let outputs = weight.dims()[1];
-        let y = crate::fused::matmul(self.low(x).reshape([rows, inputs]), self.low(weight));
+        let x = self.low(x).reshape([rows, inputs]);
         let y = match bias {
-            Some(b) => y + self.low(b).unsqueeze::<2>(),
-            None => y,
+            Some(b) => crate::fused::linear(x, self.low(weight), self.low(b)),
+            None => crate::fused::matmul(x, self.low(weight)),
         };
         let mut out = dims;
         out[D - 1] = outputs;
