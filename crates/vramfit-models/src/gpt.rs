@@ -188,6 +188,13 @@ impl<B: Backend> Dense<B> {
     pub fn forward(&self, x: Tensor<B, 3>, ac: &Autocast) -> Tensor<B, 3> {
         ac.linear(x, self.weight.val(), Some(self.bias.val()))
     }
+
+    /// Outputs `start..start + len` alone, in the low type: the layer
+    /// restricted to those columns of its weight and bias.
+    pub fn forward_columns(&self, x: Tensor<B, 3>, start: usize, len: usize, ac: &Autocast) -> Tensor<B, 3> {
+        let weight = self.weight.val().narrow(1, start, len);
+        ac.linear(x, weight, Some(self.bias.val().narrow(0, start, len)))
+    }
 }
 
 /// Layer normalisation, in f32.
@@ -236,9 +243,15 @@ impl<B: Backend> Block<B, 3> for GptBlock<B> {
     fn forward(&self, x: Tensor<B, 3>, ac: &Autocast) -> Tensor<B, 3> {
         let w = x.dims()[2];
         let (h, dh) = (self.heads, w / self.heads);
-        let qkv = self.qkv.forward(self.norm1.forward(x.clone(), ac), ac); // [b, t, 3w] low
-        // Head layout changes as single copies on the CPU (see `vramfit::fused`).
-        let heads = |i: usize| vramfit::fused::split_heads(qkv.clone().narrow(2, i * w, w), h); // [b, h, t, dh]
+        let normed = self.norm1.forward(x.clone(), ac);
+        // q, k and v as three products with column blocks of the joint
+        // weight, not one product narrowed three ways: the backward of a
+        // narrow of the [b, t, 3w] output fills a zero tensor of that size
+        // per block and adds the three (on the CPU 18 MB of zeros and two
+        // 6 MB sums per layer at PyTorch's shape); a narrow of the weight
+        // costs that at the weight's size. Head layout changes as single
+        // copies on the CPU (see `vramfit::fused`).
+        let heads = |i: usize| vramfit::fused::split_heads(self.qkv.forward_columns(normed.clone(), i * w, w, ac), h); // [b, h, t, dh]
         let (q, k, v) = (heads(0), heads(1), heads(2));
         let scores = ac.full(ac.matmul(q, k.swap_dims(2, 3))); // [b, h, t, t]
         // Scale, causal mask and softmax as one operation on the CPU backend
