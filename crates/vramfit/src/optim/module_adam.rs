@@ -118,7 +118,7 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
                     beta2: self.c.beta2,
                     epsilon: self.c.epsilon,
                     bias2: self.bias2,
-                    decay: (self.weight_decay != 0.0).then(|| 1.0 - self.lr * self.weight_decay),
+                    decay: (self.weight_decay != 0.0).then_some(1.0 - self.lr * self.weight_decay),
                     step_size: self.lr / self.bias1,
                 };
                 let (p, m, v) = update(p, g, m, v, &k);
