@@ -779,7 +779,10 @@ fn gemm_products_onto(batch: usize, lhs: Operand, rhs: Operand, bias: Option<&[f
             None => vec![0.0; batch * m * n],
         };
     }
-    let fits = |o: &Operand| batch == 0 || o.values.len() >= (batch - 1) * o.size + o.extent();
+    // Strides are never negative here (`Matrices::of` and `plain` make
+    // none), so every value gemm reads lies in `values` when this holds.
+    let fits =
+        |o: &Operand| o.rs >= 0 && o.cs >= 0 && (batch == 0 || o.values.len() >= (batch - 1) * o.size + o.extent());
     assert!(fits(&lhs) && fits(&rhs), "operand values");
     // Flex's thresholds: threads inside one product from about 192³
     // multiply-adds; else one product per task when there are several.
@@ -952,7 +955,7 @@ fn linear_cpu(x: Tensor<Cpu, 2>, w: Tensor<Cpu, 2>, bias: Tensor<Cpu, 1>) -> Ten
             if let Some(id) = pb {
                 let n = matrices(&w).2;
                 let mut sums = vec![0.0f32; n];
-                for row in g.chunks(n) {
+                for row in g.chunks(n.max(1)) {
                     for (s, v) in sums.iter_mut().zip(row) {
                         *s += v;
                     }
@@ -1040,6 +1043,17 @@ mod tests {
         let b = Tensor::<Cpu, 4>::random([2, 3, 7, 5], Distribution::Normal(0.0, 1.0), &d).require_grad();
         let up = Tensor::<Cpu, 4>::random([2, 3, 9, 7], Distribution::Normal(0.0, 1.0), &d);
         check_matmul(&a, &b, up, |t| t, |t| t.swap_dims(2, 3), "batched");
+        // A transposed block of columns: the stored rows further apart than their width.
+        let a = Tensor::<Cpu, 2>::random([37, 19], Distribution::Normal(0.0, 1.0), &d).require_grad();
+        let b = Tensor::<Cpu, 2>::random([23, 19 + 5], Distribution::Normal(0.0, 1.0), &d).require_grad();
+        let up = Tensor::<Cpu, 2>::random([37, 23], Distribution::Normal(0.0, 1.0), &d);
+        let block = |t: Tensor<Cpu, 2>| t.narrow(1, 1, 19).transpose();
+        check_matmul(&a, &b, up, |t| t, block, "transposed column block");
+        // A batch read from an offset into its buffer (a narrow of the batch axis).
+        let a = Tensor::<Cpu, 4>::random([4, 3, 9, 5], Distribution::Normal(0.0, 1.0), &d).require_grad();
+        let b = Tensor::<Cpu, 4>::random([2, 3, 5, 7], Distribution::Normal(0.0, 1.0), &d).require_grad();
+        let up = Tensor::<Cpu, 4>::random([2, 3, 9, 7], Distribution::Normal(0.0, 1.0), &d);
+        check_matmul(&a, &b, up, |t| t.narrow(0, 1, 2), |t| t, "batch at an offset");
     }
 
     fn check_matmul<const D: usize>(
@@ -1123,6 +1137,12 @@ mod tests {
                 true,
                 true,
                 "its transpose",
+            ),
+            (
+                t.clone().narrow(0, 1, 1).into_primitive().tensor(),
+                true,
+                false,
+                "a batch at an offset",
             ),
             (
                 t.swap_dims(1, 2).into_primitive().tensor(),

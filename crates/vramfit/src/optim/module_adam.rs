@@ -275,6 +275,11 @@ fn update_flex(
         .map(std::borrow::Cow::Borrowed)
         .unwrap_or_else(|| std::borrow::Cow::Owned(g.to_contiguous().as_slice::<f32>().expect("contiguous").to_vec()));
     let (mut p, mut m, mut v) = (owned(p), owned(m), owned(v));
+    let n = g.len();
+    assert!(
+        [&p, &m, &v].iter().all(|t| t.layout().num_elements() == n),
+        "Adam: parameter, gradient and moments of different lengths"
+    );
     let f = |x: f64| x as f32;
     let (b1, c1, b2, c2) = (f(k.beta1), f(1.0 - k.beta1), f(k.beta2), f(1.0 - k.beta2));
     let (bias2, eps, decay, step) = (f(k.bias2), f(k.epsilon), k.decay.map(f), f(k.step_size));
@@ -352,20 +357,32 @@ mod tests {
                 assert_eq!(before, bits(&kept), "a shared buffer is not written through");
             }
         }
-        // A view (every other element) is copied out first.
-        let wide = Tensor::<Flex, 2>::random([n, 2], Distribution::Normal(0.0, 1.0), &device);
-        let view = wide.clone().narrow(1, 0, 1).reshape([n]);
-        let g = Tensor::<Flex, 1>::random([n], Distribution::Normal(0.0, 0.5), &device);
+        // Views (an offset into a buffer, a buffer longer than the tensor)
+        // are copied out first; the gradient may be a view too.
         let k = Coefficients {
             beta1: 0.9,
             beta2: 0.999,
             epsilon: 1e-8,
             bias2: 1e-3,
-            decay: None,
+            decay: Some(0.99),
             step_size: 1e-2,
         };
-        let fast = update_flex(view.clone(), g.clone(), zeros.clone(), zeros.clone(), &k);
-        let slow = update_reference(view, g, zeros.clone(), zeros, &k);
-        assert_eq!(bits(&fast.0), bits(&slow.0), "a view's update");
+        let long = Tensor::<Flex, 1>::random([n + 3], Distribution::Normal(0.0, 1.0), &device);
+        for (start, what) in [(2, "an offset view"), (0, "a view of a longer buffer")] {
+            let view = || long.clone().narrow(0, start, n);
+            let is_view = view().into_primitive().tensor().bytes().len() != 4 * n;
+            assert!(is_view, "{what}: the case is a view");
+            let before = bits(&long);
+            let fast = update_flex(view(), view(), view(), view().abs(), &k);
+            let slow = update_reference(view(), view(), view(), view().abs(), &k);
+            for (a, b, part) in [
+                (&fast.0, &slow.0, "p"),
+                (&fast.1, &slow.1, "m"),
+                (&fast.2, &slow.2, "v"),
+            ] {
+                assert_eq!(bits(a), bits(b), "{what}: {part}");
+            }
+            assert_eq!(before, bits(&long), "{what}: the viewed buffer is not written through");
+        }
     }
 }
