@@ -44,7 +44,7 @@ type Cpu = Autodiff<Flex>;
 const ROWS_PER_TASK: usize = 32;
 
 /// `value` as a `T` when it is one, else back as itself.
-fn downcast<A: 'static, T: 'static>(value: A) -> Result<T, A> {
+pub(crate) fn downcast<A: 'static, T: 'static>(value: A) -> Result<T, A> {
     let boxed: Box<dyn Any> = Box::new(value);
     match boxed.downcast::<T>() {
         Ok(t) => Ok(*t),
@@ -65,7 +65,7 @@ fn back<B: Backend, const D: usize>(t: Tensor<Cpu, D>) -> Tensor<B, D> {
 }
 
 /// The f32 values of a Flex tensor, row major (copied only when it is a view).
-fn values(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
+pub(crate) fn values(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
     match t.as_slice::<f32>() {
         Some(s) => std::borrow::Cow::Borrowed(s),
         None => std::borrow::Cow::Owned(t.to_contiguous().as_slice::<f32>().expect("contiguous").to_vec()),

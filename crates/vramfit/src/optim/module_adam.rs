@@ -20,6 +20,7 @@ use burn::tensor::{FloatDType, TensorData};
 use burn_flex::FlexTensor;
 
 use super::AdamConfig;
+use crate::fused::{downcast, values};
 use crate::params::PathTracker;
 use crate::precision::cast_to;
 
@@ -208,17 +209,13 @@ fn update<B: Backend>(
     v: Tensor<B, 1>,
     k: &Coefficients,
 ) -> (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>) {
-    if std::any::TypeId::of::<B>() == std::any::TypeId::of::<Flex>() {
-        let flex = |t: Tensor<B, 1>| -> Tensor<Flex, 1> {
-            *(Box::new(t) as Box<dyn std::any::Any>).downcast().expect("B is Flex")
-        };
-        let back = |t: Tensor<Flex, 1>| -> Tensor<B, 1> {
-            *(Box::new(t) as Box<dyn std::any::Any>).downcast().expect("B is Flex")
-        };
-        let (p, m, v) = update_flex(flex(p), flex(g), flex(m), flex(v), k);
-        return (back(p), back(m), back(v));
+    if std::any::TypeId::of::<B>() != std::any::TypeId::of::<Flex>() {
+        return update_reference(p, g, m, v, k);
     }
-    update_reference(p, g, m, v, k)
+    let flex = |t: Tensor<B, 1>| downcast::<_, Tensor<Flex, 1>>(t).unwrap_or_else(|_| unreachable!("B is Flex"));
+    let back = |t: Tensor<Flex, 1>| downcast::<_, Tensor<B, 1>>(t).unwrap_or_else(|_| unreachable!("B is Flex"));
+    let (p, m, v) = update_flex(flex(p), flex(g), flex(m), flex(v), k);
+    (back(p), back(m), back(v))
 }
 
 /// The update as Burn operations (a pass over the whole tensor each).
@@ -270,10 +267,7 @@ fn update_flex(
         t
     };
     let g = g.into_primitive().tensor();
-    let g = g
-        .as_slice::<f32>()
-        .map(std::borrow::Cow::Borrowed)
-        .unwrap_or_else(|| std::borrow::Cow::Owned(g.to_contiguous().as_slice::<f32>().expect("contiguous").to_vec()));
+    let g = values(&g);
     let (mut p, mut m, mut v) = (owned(p), owned(m), owned(v));
     let n = g.len();
     assert!(
