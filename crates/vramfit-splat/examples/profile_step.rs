@@ -2,7 +2,8 @@
 //! the Burn step), to see where a step's time goes. Arguments: the number
 //! of Gaussians to place (default 5000), or a fitted `.vfg` file of the
 //! sample (the Gaussians of a finished fit, whose footprints differ from
-//! the initial ones).
+//! the initial ones). Further arguments name the parts to time (all when
+//! none), e.g. `profile_step run/gaussians.vfg render_keeping`.
 use std::time::Instant;
 
 #[global_allocator]
@@ -19,6 +20,12 @@ use vramfit_splat::gaussians::Gaussians;
 use vramfit_splat::{init, job};
 
 fn time<T>(name: &str, reps: u32, mut f: impl FnMut() -> T) {
+    let only: Vec<String> = std::env::args().skip(2).collect();
+    if !only.is_empty() && !only.iter().any(|o| o == name) {
+        return;
+    }
+    // One part alone: more repetitions for a steadier figure.
+    let reps = if only.is_empty() { reps } else { 4 * reps };
     f();
     let t = Instant::now();
     for _ in 0..reps {

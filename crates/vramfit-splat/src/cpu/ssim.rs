@@ -29,42 +29,82 @@ pub fn window_f32() -> [f32; TAPS] {
     window::<f32>()
 }
 
-/// Zero-padded "same" Gaussian blur of one `[H, W]` plane into `out`,
-/// with `tmp` (`H·W`) as scratch; both are overwritten, not accumulated
-/// into. The window is symmetric, so this operator is its own transpose
-/// (the backward uses it that way). Both passes are axpy loops over whole
-/// rows, which vectorise.
-fn blur_into<F: Real>(plane: &[F], h: usize, w: usize, tmp: &mut [F], out: &mut [F]) {
+/// Output columns summed together: their sums stay in registers while the
+/// taps are added, instead of each tap reading and writing the whole row.
+const LANES: usize = 16;
+
+/// `out[i] = Σ_j k[j]·rows[j][i]` for each output column, the taps added in
+/// order from zero (so the sums are those of one axpy per tap).
+#[inline]
+fn weighted_rows<F: Real>(rows: &[(F, &[F])], out: &mut [F]) {
+    let mut blocks = out.chunks_exact_mut(LANES);
+    let mut start = 0;
+    for block in &mut blocks {
+        let mut acc = [F::zero(); LANES];
+        for (kv, row) in rows {
+            let src: &[F; LANES] = row[start..start + LANES].try_into().expect("a block of LANES");
+            for (a, v) in acc.iter_mut().zip(src) {
+                *a = *a + *kv * *v;
+            }
+        }
+        let block: &mut [F; LANES] = block.try_into().expect("a block of LANES");
+        *block = acc;
+        start += LANES;
+    }
+    for (i, o) in blocks.into_remainder().iter_mut().enumerate() {
+        *o = rows.iter().fold(F::zero(), |a, (kv, row)| a + *kv * row[start + i]);
+    }
+}
+
+/// Rows of a plane per parallel task: single rows are too small a task.
+fn rows_per_task(w: usize) -> usize {
+    (1 << 16) / w.max(1) + 1
+}
+
+/// Zero-padded "same" Gaussian blur of an `[H, W]` plane into `out`, with
+/// `tmp` (`H·W`) as scratch; both are overwritten, not accumulated into.
+/// `row_of(y, dst)` writes the plane's row `y` into `dst` (`W` long), so
+/// a plane that is a channel of an image or a product of two is never
+/// stored. The window is symmetric, so this operator is its own transpose
+/// (the backward uses it that way). Both passes sum a block of output
+/// columns over the taps in registers ([`weighted_rows`]).
+fn blur_rows<F: Real>(h: usize, w: usize, row_of: impl Fn(usize, &mut [F]) + Sync, tmp: &mut [F], out: &mut [F]) {
     let k = window::<F>();
     let r = TAPS / 2;
-    // Blocks of rows per task: single rows are too small for a task each.
-    let rows = (1 << 16) / w.max(1) + 1;
+    let rows = rows_per_task(w);
     tmp.par_chunks_mut(rows * w).enumerate().for_each(|(block, out)| {
         let mut padded = vec![F::zero(); w + 2 * r];
         for (i, row) in out.chunks_mut(w).enumerate() {
-            let y = block * rows + i;
-            padded[r..r + w].copy_from_slice(&plane[y * w..(y + 1) * w]);
-            row.fill(F::zero());
-            for (j, kv) in k.iter().enumerate() {
-                for (o, v) in row.iter_mut().zip(&padded[j..j + w]) {
-                    *o = *o + *kv * *v;
-                }
-            }
+            row_of(block * rows + i, &mut padded[r..r + w]);
+            let taps: [(F, &[F]); TAPS] = std::array::from_fn(|j| (k[j], &padded[j..j + w]));
+            weighted_rows(&taps, row);
         }
     });
     let tmp = &*tmp;
     out.par_chunks_mut(rows * w).enumerate().for_each(|(block, out)| {
+        let mut taps = Vec::with_capacity(TAPS);
         for (i, row) in out.chunks_mut(w).enumerate() {
             let y = block * rows + i;
-            row.fill(F::zero());
-            for src in y.saturating_sub(r)..(y + r + 1).min(h) {
-                let kv = k[src + r - y];
-                for (o, v) in row.iter_mut().zip(&tmp[src * w..(src + 1) * w]) {
-                    *o = *o + kv * *v;
-                }
-            }
+            taps.clear();
+            taps.extend((y.saturating_sub(r)..(y + r + 1).min(h)).map(|src| (k[src + r - y], &tmp[src * w..(src + 1) * w])));
+            weighted_rows(&taps, row);
         }
     });
+}
+
+/// [`blur_rows`] of a stored `[H, W]` plane.
+fn blur_into<F: Real>(plane: &[F], h: usize, w: usize, tmp: &mut [F], out: &mut [F]) {
+    blur_rows(h, w, |y, dst| dst.copy_from_slice(&plane[y * w..(y + 1) * w]), tmp, out);
+}
+
+/// Writes `f(x, y)` of channel `ch`'s row `row` of two `[H, W, C]` images into `dst`.
+#[inline]
+fn channel_row<F: Real>(x: &[F], y: &[F], c: usize, ch: usize, row: usize, dst: &mut [F], f: impl Fn(F, F) -> F) {
+    let w = dst.len();
+    let (x, y) = (&x[row * w * c..(row + 1) * w * c], &y[row * w * c..(row + 1) * w * c]);
+    for ((d, xv), yv) in dst.iter_mut().zip(x.iter().skip(ch).step_by(c)).zip(y.iter().skip(ch).step_by(c)) {
+        *d = f(*xv, *yv);
+    }
 }
 
 /// One channel of an `[H, W, C]` image as an `[H, W]` plane.
@@ -109,16 +149,13 @@ impl<F: Real> SsimReference<F> {
     }
 }
 
-/// Local statistics of one channel, `[μx, μy, E[x²], E[y²], E[xy]]`,
-/// the x side blurred into `stats`' buffers (reused between channels).
+/// Local statistics of one channel's x side, `[μx, E[x²], E[xy]]`, and a
+/// blur's scratch plane: buffers reused between channels.
 struct Stats<F> {
     mx: Vec<F>,
     exx: Vec<F>,
     exy: Vec<F>,
     tmp: Vec<F>,
-    px: Vec<F>,
-    py: Vec<F>,
-    prod: Vec<F>,
 }
 
 impl<F: Real> Stats<F> {
@@ -129,44 +166,33 @@ impl<F: Real> Stats<F> {
             exx: z(),
             exy: z(),
             tmp: z(),
-            px: z(),
-            py: z(),
-            prod: z(),
         }
     }
 
-    /// Fills the x statistics of channel `ch` against `y` and its reference.
+    /// Fills the x statistics of channel `ch` against `y` (`[H, W, C]`).
     fn compute(&mut self, x: &[F], y: &[F], reference: &SsimReference<F>, ch: usize) {
         let (h, w, c) = (reference.h, reference.w, reference.c);
-        for (d, v) in self.px.iter_mut().zip(x.iter().skip(ch).step_by(c)) {
-            *d = *v;
-        }
-        for (d, v) in self.py.iter_mut().zip(y.iter().skip(ch).step_by(c)) {
-            *d = *v;
-        }
-        let py = &self.py;
-        blur_into(&self.px, h, w, &mut self.tmp, &mut self.mx);
-        for (d, v) in self.prod.iter_mut().zip(&self.px) {
-            *d = *v * *v;
-        }
-        blur_into(&self.prod, h, w, &mut self.tmp, &mut self.exx);
-        for ((d, a), b) in self.prod.iter_mut().zip(&self.px).zip(py) {
-            *d = *a * *b;
-        }
-        blur_into(&self.prod, h, w, &mut self.tmp, &mut self.exy);
+        blur_rows(h, w, |r, d| channel_row(x, y, c, ch, r, d, |a, _| a), &mut self.tmp, &mut self.mx);
+        blur_rows(h, w, |r, d| channel_row(x, y, c, ch, r, d, |a, _| a * a), &mut self.tmp, &mut self.exx);
+        blur_rows(h, w, |r, d| channel_row(x, y, c, ch, r, d, |a, b| a * b), &mut self.tmp, &mut self.exy);
     }
 
     /// SSIM terms `(A1, A2, B1, B2)` at pixel `i`: S = A1·A2 / (B1·B2).
     #[inline]
     fn terms(&self, reference: &[Vec<F>; 2], i: usize) -> (F, F, F, F) {
-        let (mx, my, exx, eyy, exy) = (self.mx[i], reference[0][i], self.exx[i], reference[1][i], self.exy[i]);
-        let two = F::c(2.0);
-        let a1 = two * mx * my + F::c(C1);
-        let a2 = two * (exy - mx * my) + F::c(C2);
-        let b1 = mx * mx + my * my + F::c(C1);
-        let b2 = (exx - mx * mx) + (eyy - my * my) + F::c(C2);
-        (a1, a2, b1, b2)
+        terms(self.mx[i], reference[0][i], self.exx[i], reference[1][i], self.exy[i])
     }
+}
+
+/// SSIM terms `(A1, A2, B1, B2)` from the local statistics: S = A1·A2 / (B1·B2).
+#[inline]
+fn terms<F: Real>(mx: F, my: F, exx: F, eyy: F, exy: F) -> (F, F, F, F) {
+    let two = F::c(2.0);
+    let a1 = two * mx * my + F::c(C1);
+    let a2 = two * (exy - mx * my) + F::c(C2);
+    let b1 = mx * mx + my * my + F::c(C1);
+    let b2 = (exx - mx * mx) + (eyy - my * my) + F::c(C2);
+    (a1, a2, b1, b2)
 }
 
 fn check(x: &[impl Sized], y: &[impl Sized], h: usize, w: usize, c: usize) {
@@ -225,36 +251,61 @@ pub fn ssim_and_backward_against<F: Real>(x: &[F], y: &[F], reference: &SsimRefe
     let mut coeffs = [vec![F::zero(); n], vec![F::zero(); n], vec![F::zero(); n]];
     let mut g = [vec![F::zero(); n], vec![F::zero(); n], vec![F::zero(); n]];
     let mut sv = vec![F::zero(); n];
+    let task = rows_per_task(w) * w;
     for ch in 0..c {
         stats.compute(x, y, reference, ch);
         let r = &reference.planes[ch];
         // ∂S/∂μx, ∂S/∂E[x²], ∂S/∂E[xy] per pixel, scaled by the upstream
-        // gradient, and S itself (summed below in pixel order).
+        // gradient; S itself summed per task (fixed tasks: the same sum
+        // whatever the thread count). Plain slices, so the loop vectorises.
         let [c0, c1, c2] = &mut coeffs;
-        c0.par_iter_mut()
-            .zip(c1.par_iter_mut())
-            .zip(c2.par_iter_mut())
-            .zip(sv.par_iter_mut())
+        let sums: Vec<f64> = c0
+            .par_chunks_mut(task)
+            .zip(c1.par_chunks_mut(task))
+            .zip(c2.par_chunks_mut(task))
+            .zip(sv.par_chunks_mut(task))
             .enumerate()
-            .for_each(|(i, (((d0, d1), d2), s))| {
-                let (a1, a2, b1, b2) = stats.terms(r, i);
-                let (mx, my) = (stats.mx[i], r[0][i]);
-                let two = F::c(2.0);
-                let den = b1 * b2;
-                let v = a1 * a2 / den;
-                let d_mx = two * my * a2 / den - two * my * a1 / den - two * mx * v / b1 + two * mx * v / b2;
-                *d0 = scale * d_mx;
-                *d1 = scale * (-v / b2);
-                *d2 = scale * (two * a1 / den);
-                *s = v;
-            });
-        total += sv.iter().map(|v| v.to_f64().unwrap_or(f64::NAN)).sum::<f64>();
+            .map(|(t, (((d0, d1), d2), s))| {
+                let span = t * task..t * task + d0.len();
+                let (mx, exx, exy) = (&stats.mx[span.clone()], &stats.exx[span.clone()], &stats.exy[span.clone()]);
+                let (my, eyy) = (&r[0][span.clone()], &r[1][span]);
+                for i in 0..d0.len() {
+                    let (a1, a2, b1, b2) = terms(mx[i], my[i], exx[i], eyy[i], exy[i]);
+                    let (mx, my) = (mx[i], my[i]);
+                    let two = F::c(2.0);
+                    let den = b1 * b2;
+                    let v = a1 * a2 / den;
+                    let d_mx = two * my * a2 / den - two * my * a1 / den - two * mx * v / b1 + two * mx * v / b2;
+                    d0[i] = scale * d_mx;
+                    d1[i] = scale * (-v / b2);
+                    d2[i] = scale * (two * a1 / den);
+                    s[i] = v;
+                }
+                // Apart from the loop above, which an f64 sum would keep scalar.
+                s.iter().map(|v| v.to_f64().unwrap_or(f64::NAN)).sum::<f64>()
+            })
+            .collect();
+        total += sums.iter().sum::<f64>();
         for (cq, gq) in coeffs.iter().zip(g.iter_mut()) {
             blur_into(cq, h, w, &mut stats.tmp, gq);
         }
-        for i in 0..n {
-            d_x[i * c + ch] = g[0][i] + F::c(2.0) * stats.px[i] * g[1][i] + stats.py[i] * g[2][i];
-        }
+        // dx = g0 + 2·x·g1 + y·g2, into channel ch of d_x.
+        let g = &g;
+        d_x.par_chunks_mut(task * c).enumerate().for_each(|(t, out)| {
+            let o = t * task;
+            for (j, ((d, xv), yv)) in out
+                .iter_mut()
+                .skip(ch)
+                .step_by(c)
+                .zip(x[o * c..].iter().skip(ch).step_by(c))
+                .zip(y[o * c..].iter().skip(ch).step_by(c))
+                .enumerate()
+            {
+                let i = o + j;
+                *d = g[0][i] + F::c(2.0) * *xv * g[1][i] + *yv * g[2][i];
+            }
+        });
     }
     (F::c(total / (n * c) as f64), d_x)
 }
+
