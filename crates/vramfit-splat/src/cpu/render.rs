@@ -369,13 +369,31 @@ pub struct Kept<F> {
     binned: Binned<F>,
 }
 
+/// Channels a blend sums in registers; wider colours are summed in place.
+const BLEND_LANES: usize = 4;
+
 /// Normalised blend of the selected colours into `px` (`[C]`, zeroed).
+/// The sums are kept in registers, not in `px`: a store and a load per
+/// term made each pixel one long chain through memory.
 #[inline]
-fn blend<F: Real>(weights: &[F], ids: impl Iterator<Item = u32>, color: &[F], px: &mut [F]) {
+fn blend<F: Real>(weights: &[F], ids: &[u32], color: &[F], px: &mut [F]) {
     let c = px.len();
     let denom = F::c(EPSILON) + weights.iter().copied().sum::<F>();
+    if c <= BLEND_LANES {
+        let mut acc = [F::zero(); BLEND_LANES];
+        for (w, id) in weights.iter().zip(ids) {
+            let col = &color[*id as usize * c..(*id as usize + 1) * c];
+            for (a, v) in acc.iter_mut().zip(col) {
+                *a = *a + *w * *v;
+            }
+        }
+        for (p, a) in px.iter_mut().zip(acc) {
+            *p = a / denom;
+        }
+        return;
+    }
     for (w, id) in weights.iter().zip(ids) {
-        let col = &color[id as usize * c..(id as usize + 1) * c];
+        let col = &color[*id as usize * c..(*id as usize + 1) * c];
         for ch in 0..c {
             px[ch] = px[ch] + *w * col[ch];
         }
@@ -434,20 +452,13 @@ fn render_into<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize, keep: b
                         return;
                     }
                     let w = top.weights();
-                    let w = &w[..top.len];
+                    let (w, ids) = (&w[..top.len], &top.id[..top.len]);
                     let p = y * frame.width + x - p0;
-                    blend(
-                        w,
-                        top.entries().map(|(_, id)| id),
-                        splats.params.color,
-                        &mut chunk[p * c..(p + 1) * c],
-                    );
+                    blend(w, ids, splats.params.color, &mut chunk[p * c..(p + 1) * c]);
                     if let Some((l, i, kw)) = kept.as_mut() {
                         l[p] = top.len as u8;
-                        for (j, (_, id)) in top.entries().enumerate() {
-                            i[p * k + j] = id;
-                            kw[p * k + j] = w[j];
-                        }
+                        i[p * k..p * k + top.len].copy_from_slice(ids);
+                        kw[p * k..p * k + top.len].copy_from_slice(w);
                     }
                 });
             });
