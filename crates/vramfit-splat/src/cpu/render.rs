@@ -262,15 +262,23 @@ impl<F: Real> TopK<F> {
     /// id); true when it entered.
     #[inline]
     fn offer(&mut self, k: usize, sigma: F, id: u32) -> bool {
-        let before = |s: F, i: u32| s < sigma || (s == sigma && i < id);
         if self.len == k {
-            if before(self.sigma[k - 1], self.id[k - 1]) {
+            let (s, i) = (self.sigma[k - 1], self.id[k - 1]);
+            if s < sigma || (s == sigma && i < id) {
                 return false;
             }
             self.len -= 1;
         }
+        // Past the larger σ, then past equal σ with larger ids (the list is
+        // in (σ, id) order, so those are next): one comparison per step in
+        // the common case.
         let mut pos = self.len;
-        while pos > 0 && !before(self.sigma[pos - 1], self.id[pos - 1]) {
+        while pos > 0 && self.sigma[pos - 1] > sigma {
+            self.sigma[pos] = self.sigma[pos - 1];
+            self.id[pos] = self.id[pos - 1];
+            pos -= 1;
+        }
+        while pos > 0 && self.sigma[pos - 1] == sigma && self.id[pos - 1] > id {
             self.sigma[pos] = self.sigma[pos - 1];
             self.id[pos] = self.id[pos - 1];
             pos -= 1;
