@@ -13,6 +13,8 @@ use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 use burn::tensor::ops::FloatTensor;
 
+use rayon::prelude::*;
+
 use crate::cpu;
 use crate::cpu::project::Frame;
 use crate::cpu::render::{SplatGrads, Splats};
@@ -195,6 +197,9 @@ pub trait FusedLoss: SplatBackend {
     ) -> Result<Vec<f32>, String>;
 }
 
+/// Values per parallel task in the loss's elementwise passes.
+const SUM_CHUNK: usize = 1 << 16;
+
 /// The target on the host, as f32 in `[0, 1]`, with its side of SSIM.
 #[derive(Debug, Clone)]
 pub struct HostTarget {
@@ -231,12 +236,17 @@ impl HostTarget {
         let parts = self.parts_with(&x, ssim as f64);
         // d|x − y|/dx = sign(x − y), 0 at equality; the mean divides by the count.
         let l1_scale = 1.0 / x.len() as f32;
-        for ((di, a), b) in d.iter_mut().zip(&x).zip(&self.data) {
-            let diff = *a - *b;
-            if diff != 0.0 {
-                *di += l1_scale * diff.signum();
-            }
-        }
+        d.par_chunks_mut(SUM_CHUNK)
+            .zip(x.par_chunks(SUM_CHUNK))
+            .zip(self.data.par_chunks(SUM_CHUNK))
+            .for_each(|((d, x), y)| {
+                for ((di, a), b) in d.iter_mut().zip(x).zip(y) {
+                    let diff = *a - *b;
+                    if diff != 0.0 {
+                        *di += l1_scale * diff.signum();
+                    }
+                }
+            });
         drop(x);
         (parts, cpu::render::render_backward_kept(splats, &frame, &kept, &d))
     }
@@ -252,12 +262,22 @@ impl HostTarget {
 
     /// Loss parts of render `x` whose SSIM is known.
     fn parts_with(&self, x: &[f32], ssim: f64) -> LossParts {
-        let (mut l1, mut se) = (0.0f64, 0.0f64);
-        for (a, b) in x.iter().zip(&self.data) {
-            let d = (*a - *b) as f64;
-            l1 += d.abs();
-            se += d * d;
-        }
+        // Summed per fixed chunk in parallel, then the chunks in order: the
+        // same sums whatever the thread count.
+        let partials: Vec<(f64, f64)> = x
+            .par_chunks(SUM_CHUNK)
+            .zip(self.data.par_chunks(SUM_CHUNK))
+            .map(|(x, y)| {
+                let (mut l1, mut se) = (0.0f64, 0.0f64);
+                for (a, b) in x.iter().zip(y) {
+                    let d = (*a - *b) as f64;
+                    l1 += d.abs();
+                    se += d * d;
+                }
+                (l1, se)
+            })
+            .collect();
+        let (l1, se) = partials.iter().fold((0.0, 0.0), |(l, s), p| (l + p.0, s + p.1));
         let values = x.len() as f64;
         LossParts {
             l1: l1 / values,

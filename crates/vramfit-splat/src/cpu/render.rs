@@ -366,15 +366,22 @@ fn for_each_pixel_in_band<F: Real>(
 
 /// Each pixel's selection from a forward render, kept for its backward so
 /// that the backward does not select again (selection is most of the
-/// work): up to K (Gaussian id, weight) per pixel, 8·K bytes per pixel in
-/// f32 (80 at the default K = 10), with the projection it was made from.
+/// work): per band, in the order its pixels are visited, each pixel's count
+/// and its (Gaussian id, weight) entries, packed (at most 8·K + 1 bytes per
+/// pixel in f32, 81 at the default K = 10), with the projection it was
+/// made from. Written once and read once in order: nothing is zeroed.
 #[derive(Debug)]
 pub struct Kept<F> {
-    top_k: usize,
+    bands: Vec<KeptBand<F>>,
+    binned: Binned<F>,
+}
+
+/// One band's share of a [`Kept`] selection.
+#[derive(Debug, Default)]
+struct KeptBand<F> {
     len: Vec<u8>,
     ids: Vec<u32>,
     weights: Vec<F>,
-    binned: Binned<F>,
 }
 
 /// Channels a blend sums in registers; wider colours are summed in place.
@@ -422,62 +429,47 @@ pub fn render_keeping<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize) 
     (out, kept.expect("asked to keep"))
 }
 
-/// One band's share of the kept selection: lengths, ids, weights.
-type KeptBand<'a, F> = (&'a mut [u8], &'a mut [u32], &'a mut [F]);
-
 fn render_into<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize, keep: bool) -> (Vec<F>, Option<Kept<F>>) {
     check_top_k(top_k);
     let c = splats.channels;
     let binned = project_and_bin(splats.params.xy, splats.params.inv_scale, splats.params.theta, frame);
     let pixels = frame.width * frame.height;
-    let k = if keep { top_k } else { 0 };
     let mut out = vec![F::zero(); pixels * c];
-    let mut len = vec![0u8; if keep { pixels } else { 0 }];
-    let mut ids = vec![0u32; pixels * k];
-    let mut weights = vec![F::zero(); pixels * k];
+    let mut bands = Vec::new();
     if pixels > 0 {
         let rows = band_tiles(frame) * TILE;
         let band = rows * frame.width;
-        let out_bands: Vec<&mut [F]> = out.chunks_mut(band * c).collect();
-        let kept_bands: Vec<Option<KeptBand<F>>> = if keep {
-            len.chunks_mut(band)
-                .zip(ids.chunks_mut(band * k))
-                .zip(weights.chunks_mut(band * k))
-                .map(|((l, i), w)| Some((l, i, w)))
-                .collect()
-        } else {
-            out_bands.iter().map(|_| None).collect()
-        };
-        out_bands
-            .into_par_iter()
-            .zip(kept_bands)
+        bands = out
+            .par_chunks_mut(band * c)
             .enumerate()
-            .for_each(|(b, (chunk, mut kept))| {
+            .map(|(b, chunk)| {
                 let p0 = b * band;
+                let mut kept = KeptBand::default();
+                if keep {
+                    let here = chunk.len() / c;
+                    kept.len.reserve_exact(here);
+                    kept.ids.reserve_exact(here * top_k);
+                    kept.weights.reserve_exact(here * top_k);
+                }
                 for_each_pixel_in_band(&binned, frame, b, Some(top_k), |tile, scratch, x, y| {
                     let top = tile.select(top_k, x, y, scratch);
-                    if top.is_empty() {
-                        return;
-                    }
                     let w = top.weights();
                     let (w, ids) = (&w[..top.len], &top.id[..top.len]);
-                    let p = y * frame.width + x - p0;
-                    blend(w, ids, splats.params.color, &mut chunk[p * c..(p + 1) * c]);
-                    if let Some((l, i, kw)) = kept.as_mut() {
-                        l[p] = top.len as u8;
-                        i[p * k..p * k + top.len].copy_from_slice(ids);
-                        kw[p * k..p * k + top.len].copy_from_slice(w);
+                    if keep {
+                        kept.len.push(top.len as u8);
+                        kept.ids.extend_from_slice(ids);
+                        kept.weights.extend_from_slice(w);
+                    }
+                    if !top.is_empty() {
+                        let p = y * frame.width + x - p0;
+                        blend(w, ids, splats.params.color, &mut chunk[p * c..(p + 1) * c]);
                     }
                 });
-            });
+                kept
+            })
+            .collect();
     }
-    let kept = keep.then_some(Kept {
-        top_k,
-        len,
-        ids,
-        weights,
-        binned,
-    });
+    let kept = keep.then_some(Kept { bands, binned });
     (out, kept)
 }
 
@@ -558,16 +550,26 @@ pub fn render_backward<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize,
 /// same Gaussians and frame kept: the same gradients, bit for bit, without
 /// selecting again.
 pub fn render_backward_kept<F: Real>(splats: &Splats<F>, frame: &Frame, kept: &Kept<F>, d_out: &[F]) -> SplatGrads<F> {
-    let k = kept.top_k;
-    assert_eq!(kept.len.len(), frame.width * frame.height, "kept for another frame");
+    let bands = if frame.width * frame.height == 0 {
+        0
+    } else {
+        frame.tiles_y().div_ceil(band_tiles(frame))
+    };
+    assert_eq!(kept.bands.len(), bands, "kept for another frame");
     backward_over_bands(splats, frame, d_out, |band, acc| {
+        // A frame without pixels has bands of tile rows but nothing kept.
+        let Some(kept_band) = kept.bands.get(band) else {
+            return;
+        };
         let mut entries = [(0u32, F::zero()); MAX_TOP_K];
+        let (mut pixel_index, mut at) = (0, 0);
         for_each_pixel_in_band(&kept.binned, frame, band, None, |_, _, x, y| {
-            let p = y * frame.width + x;
-            let n = kept.len[p] as usize;
+            let n = kept_band.len[pixel_index] as usize;
+            pixel_index += 1;
             for (j, e) in entries[..n].iter_mut().enumerate() {
-                *e = (kept.ids[p * k + j], kept.weights[p * k + j]);
+                *e = (kept_band.ids[at + j], kept_band.weights[at + j]);
             }
+            at += n;
             if n > 0 {
                 pixel_backward(
                     &entries[..n],
@@ -579,6 +581,7 @@ pub fn render_backward_kept<F: Real>(splats: &Splats<F>, frame: &Frame, kept: &K
                 );
             }
         });
+        assert_eq!(pixel_index, kept_band.len.len(), "kept for another frame");
     })
 }
 
