@@ -120,10 +120,13 @@ impl<F: Real> TileCandidates<F> {
     /// The candidates are offered in the same order as a plain scan, so
     /// the selection is the same.
     #[inline]
-    pub fn select(&self, top_k: usize, x: usize, y: usize, scratch: &mut Vec<F>) -> TopK<F> {
+    pub fn select<'s>(&self, top_k: usize, x: usize, y: usize, scratch: &'s mut Scratch<F>) -> &'s TopK<F> {
         let (px, py) = (F::c(x as f64 + 0.5), F::c(y as f64 + 0.5));
         let half = F::c(0.5);
         let n = self.cx.len();
+        let Scratch {
+            sigma: scratch, top, ..
+        } = scratch;
         scratch.clear();
         // NaN padding: never below a bound, never selected.
         scratch.resize(n.next_multiple_of(CHUNK), F::nan());
@@ -139,7 +142,7 @@ impl<F: Real> TileCandidates<F> {
             let dy = *cy - py;
             *s = half * *a * dx * dx + half * *c * dy * dy + *b * dx * dy;
         }
-        let mut top = TopK::new();
+        top.len = 0;
         let mut bound = F::infinity();
         for (chunk_index, chunk) in scratch.chunks_exact(CHUNK).enumerate() {
             // Branch-free: any σ that may enter (≤: a tie with the bound may win on id).
@@ -158,6 +161,36 @@ impl<F: Real> TileCandidates<F> {
             }
         }
         top
+    }
+}
+
+/// A band's working space for [`TileCandidates::select`], reused from
+/// pixel to pixel: the candidates' σ, the selection and its weights.
+#[derive(Debug)]
+pub struct Scratch<F> {
+    sigma: Vec<F>,
+    top: TopK<F>,
+    weights: [F; MAX_TOP_K],
+}
+
+impl<F: Real> Default for Scratch<F> {
+    fn default() -> Self {
+        Self {
+            sigma: Vec::new(),
+            top: TopK::new(),
+            weights: [F::zero(); MAX_TOP_K],
+        }
+    }
+}
+
+impl<F: Real> Scratch<F> {
+    /// The last selection and its weights `exp(−σ)`.
+    fn weighted(&mut self) -> (&TopK<F>, &[F]) {
+        let len = self.top.len;
+        for (w, sigma) in self.weights.iter_mut().zip(&self.top.sigma[..len]) {
+            *w = (-*sigma).exp();
+        }
+        (&self.top, &self.weights[..len])
     }
 }
 
@@ -303,22 +336,13 @@ impl<F: Real> TopK<F> {
     pub fn entries(&self) -> impl Iterator<Item = (F, u32)> + '_ {
         (0..self.len).map(move |k| (self.sigma[k], self.id[k]))
     }
-
-    /// Weights `exp(−σ)` of the selected entries.
-    fn weights(&self) -> [F; MAX_TOP_K] {
-        let mut w = [F::zero(); MAX_TOP_K];
-        for (wk, sigma) in w.iter_mut().zip(&self.sigma[..self.len]) {
-            *wk = (-*sigma).exp();
-        }
-        w
-    }
 }
 
 /// Top-K selection for pixel `(x, y)`: `(σ, gaussian id)` in ascending σ.
 pub fn select_top_k<F: Real>(binned: &Binned<F>, frame: &Frame, top_k: usize, x: usize, y: usize) -> Vec<(F, u32)> {
     let mut tile = TileCandidates::default();
     tile.gather(binned, frame, (y / TILE) * frame.tiles_x() + x / TILE, top_k);
-    tile.select(top_k, x, y, &mut Vec::new()).entries().collect()
+    tile.select(top_k, x, y, &mut Scratch::default()).entries().collect()
 }
 
 fn check_top_k(top_k: usize) {
@@ -341,11 +365,11 @@ fn for_each_pixel_in_band<F: Real>(
     frame: &Frame,
     band: usize,
     top_k: Option<usize>,
-    mut f: impl FnMut(&TileCandidates<F>, &mut Vec<F>, usize, usize),
+    mut f: impl FnMut(&TileCandidates<F>, &mut Scratch<F>, usize, usize),
 ) {
     let per = band_tiles(frame);
     let mut tile = TileCandidates::default();
-    let mut scratch = Vec::new();
+    let mut scratch = Scratch::default();
     for ty in band * per..((band + 1) * per).min(frame.tiles_y()) {
         for tx in 0..frame.tiles_x() {
             let index = ty * frame.tiles_x() + tx;
@@ -452,13 +476,16 @@ fn render_into<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize, keep: b
                     kept.weights.reserve_exact(here * top_k);
                 }
                 for_each_pixel_in_band(&binned, frame, b, Some(top_k), |tile, scratch, x, y| {
-                    let top = tile.select(top_k, x, y, scratch);
-                    let w = top.weights();
-                    let (w, ids) = (&w[..top.len], &top.id[..top.len]);
+                    tile.select(top_k, x, y, scratch);
+                    let (top, w) = scratch.weighted();
+                    let ids = &top.id[..top.len];
                     if keep {
                         kept.len.push(top.len as u8);
-                        kept.ids.extend_from_slice(ids);
-                        kept.weights.extend_from_slice(w);
+                        // Element by element: a call to memcpy per pixel cost more.
+                        for (id, wk) in ids.iter().zip(w) {
+                            kept.ids.push(*id);
+                            kept.weights.push(*wk);
+                        }
                     }
                     if !top.is_empty() {
                         let p = y * frame.width + x - p0;
@@ -527,8 +554,8 @@ pub fn render_backward<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize,
     backward_over_bands(splats, frame, d_out, |band, acc| {
         let mut entries = [(0u32, F::zero()); MAX_TOP_K];
         for_each_pixel_in_band(&binned, frame, band, Some(top_k), |tile, scratch, x, y| {
-            let top = tile.select(top_k, x, y, scratch);
-            let w = top.weights();
+            tile.select(top_k, x, y, scratch);
+            let (top, w) = scratch.weighted();
             for (k, (_, id)) in top.entries().enumerate() {
                 entries[k] = (id, w[k]);
             }

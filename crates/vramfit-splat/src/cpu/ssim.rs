@@ -86,7 +86,9 @@ fn blur_rows<F: Real>(h: usize, w: usize, row_of: impl Fn(usize, &mut [F]) + Syn
         for (i, row) in out.chunks_mut(w).enumerate() {
             let y = block * rows + i;
             taps.clear();
-            taps.extend((y.saturating_sub(r)..(y + r + 1).min(h)).map(|src| (k[src + r - y], &tmp[src * w..(src + 1) * w])));
+            taps.extend(
+                (y.saturating_sub(r)..(y + r + 1).min(h)).map(|src| (k[src + r - y], &tmp[src * w..(src + 1) * w])),
+            );
             weighted_rows(&taps, row);
         }
     });
@@ -102,7 +104,11 @@ fn blur_into<F: Real>(plane: &[F], h: usize, w: usize, tmp: &mut [F], out: &mut 
 fn channel_row<F: Real>(x: &[F], y: &[F], c: usize, ch: usize, row: usize, dst: &mut [F], f: impl Fn(F, F) -> F) {
     let w = dst.len();
     let (x, y) = (&x[row * w * c..(row + 1) * w * c], &y[row * w * c..(row + 1) * w * c]);
-    for ((d, xv), yv) in dst.iter_mut().zip(x.iter().skip(ch).step_by(c)).zip(y.iter().skip(ch).step_by(c)) {
+    for ((d, xv), yv) in dst
+        .iter_mut()
+        .zip(x.iter().skip(ch).step_by(c))
+        .zip(y.iter().skip(ch).step_by(c))
+    {
         *d = f(*xv, *yv);
     }
 }
@@ -172,9 +178,27 @@ impl<F: Real> Stats<F> {
     /// Fills the x statistics of channel `ch` against `y` (`[H, W, C]`).
     fn compute(&mut self, x: &[F], y: &[F], reference: &SsimReference<F>, ch: usize) {
         let (h, w, c) = (reference.h, reference.w, reference.c);
-        blur_rows(h, w, |r, d| channel_row(x, y, c, ch, r, d, |a, _| a), &mut self.tmp, &mut self.mx);
-        blur_rows(h, w, |r, d| channel_row(x, y, c, ch, r, d, |a, _| a * a), &mut self.tmp, &mut self.exx);
-        blur_rows(h, w, |r, d| channel_row(x, y, c, ch, r, d, |a, b| a * b), &mut self.tmp, &mut self.exy);
+        blur_rows(
+            h,
+            w,
+            |r, d| channel_row(x, y, c, ch, r, d, |a, _| a),
+            &mut self.tmp,
+            &mut self.mx,
+        );
+        blur_rows(
+            h,
+            w,
+            |r, d| channel_row(x, y, c, ch, r, d, |a, _| a * a),
+            &mut self.tmp,
+            &mut self.exx,
+        );
+        blur_rows(
+            h,
+            w,
+            |r, d| channel_row(x, y, c, ch, r, d, |a, b| a * b),
+            &mut self.tmp,
+            &mut self.exy,
+        );
     }
 
     /// SSIM terms `(A1, A2, B1, B2)` at pixel `i`: S = A1·A2 / (B1·B2).
@@ -267,7 +291,11 @@ pub fn ssim_and_backward_against<F: Real>(x: &[F], y: &[F], reference: &SsimRefe
             .enumerate()
             .map(|(t, (((d0, d1), d2), s))| {
                 let span = t * task..t * task + d0.len();
-                let (mx, exx, exy) = (&stats.mx[span.clone()], &stats.exx[span.clone()], &stats.exy[span.clone()]);
+                let (mx, exx, exy) = (
+                    &stats.mx[span.clone()],
+                    &stats.exx[span.clone()],
+                    &stats.exy[span.clone()],
+                );
                 let (my, eyy) = (&r[0][span.clone()], &r[1][span]);
                 for i in 0..d0.len() {
                     let (a1, a2, b1, b2) = terms(mx[i], my[i], exx[i], eyy[i], exy[i]);
@@ -308,4 +336,3 @@ pub fn ssim_and_backward_against<F: Real>(x: &[F], y: &[F], reference: &SsimRefe
     }
     (F::c(total / (n * c) as f64), d_x)
 }
-
