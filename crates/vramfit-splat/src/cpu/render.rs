@@ -3,8 +3,8 @@
 
 use rayon::prelude::*;
 
-use super::Real;
 use super::project::{Binned, Frame, Projected, TILE, project_and_bin, project_one_backward};
+use super::{EXP_LANES, Real};
 use crate::params::Params;
 
 /// Largest supported top-K (the selection lives on the stack).
@@ -187,8 +187,14 @@ impl<F: Real> Scratch<F> {
     /// The last selection and its weights `exp(−σ)`.
     fn weighted(&mut self) -> (&TopK<F>, &[F]) {
         let len = self.top.len;
-        for (w, sigma) in self.weights.iter_mut().zip(&self.top.sigma[..len]) {
-            *w = (-*sigma).exp();
+        if len <= EXP_LANES {
+            // All lanes at once (the ones past `len` are finite leftovers).
+            let sigma: &[F; EXP_LANES] = self.top.sigma[..EXP_LANES].try_into().expect("EXP_LANES ≤ MAX_TOP_K");
+            self.weights[..EXP_LANES].copy_from_slice(&F::exp_neg(sigma));
+        } else {
+            for (w, sigma) in self.weights.iter_mut().zip(&self.top.sigma[..len]) {
+                *w = (-*sigma).exp();
+            }
         }
         (&self.top, &self.weights[..len])
     }
