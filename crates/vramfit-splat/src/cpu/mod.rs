@@ -23,6 +23,25 @@ pub trait Real: Float + Send + Sync + Default + std::iter::Sum + std::fmt::Debug
     }
 }
 
+/// Runs `f` compiled for AVX2 where the CPU has it (eight f32 lanes; the
+/// default x86-64 target has four), else as it is. The same operations in
+/// the same order either way (no FMA): the same results, bit for bit.
+/// `f` must be inlined into it (`#[inline(always)]` on the closure) to be
+/// compiled for AVX2.
+#[inline(always)]
+pub(crate) fn wide<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        #[target_feature(enable = "avx2")]
+        fn avx2<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { avx2(f) };
+    }
+    f()
+}
+
 /// Weights computed together by [`Real::exp_neg`].
 pub const EXP_LANES: usize = 16;
 
