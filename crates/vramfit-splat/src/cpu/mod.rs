@@ -54,7 +54,12 @@ impl Real for f32 {
     /// vectorises: libm's `expf`, called once per weight, was 7 % of a fit
     /// step.
     fn exp_neg(s: &[f32; EXP_LANES]) -> [f32; EXP_LANES] {
-        s.map(exp_neg_f32)
+        // A plain loop: `array::map` was not vectorised.
+        let mut out = [0.0; EXP_LANES];
+        for (o, v) in out.iter_mut().zip(s) {
+            *o = exp_neg_f32(*v);
+        }
+        out
     }
 }
 

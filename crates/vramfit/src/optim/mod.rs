@@ -5,6 +5,7 @@
 //! ([`ModuleAdam`]).
 
 mod adam;
+mod flex_pass;
 
 pub use adam::{Adam, AdamConfig, AdamMoments};
 

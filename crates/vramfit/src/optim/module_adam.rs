@@ -11,16 +11,14 @@
 
 use std::collections::BTreeMap;
 
-use burn::backend::Flex;
 use burn::module::{AutodiffModule, ModuleMapper, Param};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{FloatDType, TensorData};
-use burn_flex::FlexTensor;
 
 use super::AdamConfig;
-use crate::fused::{downcast, values};
+use super::flex_pass::{Vectors, flex_pass};
 use crate::params::PathTracker;
 use crate::precision::cast_to;
 
@@ -209,13 +207,10 @@ fn update<B: Backend>(
     v: Tensor<B, 1>,
     k: &Coefficients,
 ) -> (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>) {
-    if std::any::TypeId::of::<B>() != std::any::TypeId::of::<Flex>() {
-        return update_reference(p, g, m, v, k);
+    match update_flex((p, g, m, v), k) {
+        Ok(updated) => updated,
+        Err((p, g, m, v)) => update_reference(p, g, m, v, k),
     }
-    let flex = |t: Tensor<B, 1>| downcast::<_, Tensor<Flex, 1>>(t).unwrap_or_else(|_| unreachable!("B is Flex"));
-    let back = |t: Tensor<Flex, 1>| downcast::<_, Tensor<B, 1>>(t).unwrap_or_else(|_| unreachable!("B is Flex"));
-    let (p, m, v) = update_flex(flex(p), flex(g), flex(m), flex(v), k);
-    (back(p), back(m), back(v))
 }
 
 /// The update as Burn operations (a pass over the whole tensor each).
@@ -241,70 +236,30 @@ fn update_reference<B: Backend>(
 /// reference each read and write the whole parameter set, 13 MB per pass
 /// for the transformer at PyTorch's shape). Scalars are rounded to f32 as
 /// Flex's scalar operations round them.
-fn update_flex(
-    p: Tensor<Flex, 1>,
-    g: Tensor<Flex, 1>,
-    m: Tensor<Flex, 1>,
-    v: Tensor<Flex, 1>,
+#[allow(clippy::type_complexity)]
+fn update_flex<B: Backend>(
+    vectors: Vectors<B>,
     k: &Coefficients,
-) -> (Tensor<Flex, 1>, Tensor<Flex, 1>, Tensor<Flex, 1>) {
-    use burn::tensor::TensorPrimitive;
-    use rayon::prelude::*;
-    if [&p, &g, &m, &v].iter().any(|t| t.dtype() != burn::tensor::DType::F32) {
-        return update_reference(p, g, m, v, k);
-    }
-    // Contiguous, unshared buffers of exactly the tensor's length (copied
-    // into one when the tensor is a view or shared).
-    let owned = |t: Tensor<Flex, 1>| {
-        let t = t.into_primitive().tensor();
-        let n = t.layout().num_elements();
-        let mut t = if t.layout().contiguous_offsets() == Some((0, n)) && t.bytes().len() == 4 * n {
-            t
-        } else {
-            FlexTensor::from_data(TensorData::new(t.into_data().to_vec::<f32>().expect("f32"), [n]))
-        };
-        t.storage_mut::<f32>();
-        t
-    };
-    let g = g.into_primitive().tensor();
-    let g = values(&g);
-    let (mut p, mut m, mut v) = (owned(p), owned(m), owned(v));
-    let n = g.len();
-    assert!(
-        [&p, &m, &v].iter().all(|t| t.layout().num_elements() == n),
-        "Adam: parameter, gradient and moments of different lengths"
-    );
+) -> Result<(Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>), Vectors<B>> {
     let f = |x: f64| x as f32;
     let (b1, c1, b2, c2) = (f(k.beta1), f(1.0 - k.beta1), f(k.beta2), f(1.0 - k.beta2));
     let (bias2, eps, decay, step) = (f(k.bias2), f(k.epsilon), k.decay.map(f), f(k.step_size));
-    const CHUNK: usize = 1 << 14;
-    p.storage_mut::<f32>()
-        .par_chunks_mut(CHUNK)
-        .zip(m.storage_mut::<f32>().par_chunks_mut(CHUNK))
-        .zip(v.storage_mut::<f32>().par_chunks_mut(CHUNK))
-        .zip(g.par_chunks(CHUNK))
-        .for_each(|(((p, m), v), g)| {
-            for i in 0..g.len() {
-                let gi = g[i];
-                let mi = m[i] * b1 + gi * c1;
-                let vi = v[i] * b2 + (gi * gi) * c2;
-                let denom = (vi / bias2).sqrt() + eps;
-                let pi = match decay {
-                    Some(d) => p[i] * d,
-                    None => p[i],
-                };
-                p[i] = pi - (mi / denom) * step;
-                m[i] = mi;
-                v[i] = vi;
-            }
-        });
-    let tensor = |t: FlexTensor| Tensor::from_primitive(TensorPrimitive::Float(t));
-    (tensor(p), tensor(m), tensor(v))
+    flex_pass(vectors, |p, g, m, v| {
+        let m = m * b1 + g * c1;
+        let v = v * b2 + (g * g) * c2;
+        let denom = (v / bias2).sqrt() + eps;
+        let p = match decay {
+            Some(d) => p * d,
+            None => p,
+        };
+        (p - (m / denom) * step, m, v)
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::backend::Flex;
     use burn::tensor::Distribution;
 
     fn bits(t: &Tensor<Flex, 1>) -> Vec<u32> {
@@ -342,7 +297,7 @@ mod tests {
                 };
                 let kept = fast.0.clone(); // shares the parameter's buffer
                 let before = bits(&kept);
-                fast = update_flex(fast.0, g.clone(), fast.1, fast.2, &k);
+                fast = update_flex((fast.0, g.clone(), fast.1, fast.2), &k).expect("f32 on Flex");
                 slow = update_reference(slow.0, g, slow.1, slow.2, &k);
                 assert_eq!(bits(&fast.0), bits(&slow.0), "parameters, step {t}, decay {decay:?}");
                 assert_eq!(bits(&fast.1), bits(&slow.1), "first moments, step {t}");
@@ -367,7 +322,7 @@ mod tests {
             let is_view = view().into_primitive().tensor().bytes().len() != 4 * n;
             assert!(is_view, "{what}: the case is a view");
             let before = bits(&long);
-            let fast = update_flex(view(), view(), view(), view().abs(), &k);
+            let fast = update_flex((view(), view(), view(), view().abs()), &k).expect("f32 on Flex");
             let slow = update_reference(view(), view(), view(), view().abs(), &k);
             for (a, b, part) in [
                 (&fast.0, &slow.0, "p"),
