@@ -53,6 +53,7 @@ impl Real for f32 {
     /// Within 2 ulp of `exp` (tested), in a fixed-width loop the compiler
     /// vectorises: libm's `expf`, called once per weight, was 7 % of a fit
     /// step.
+    #[inline(always)]
     fn exp_neg(s: &[f32; EXP_LANES]) -> [f32; EXP_LANES] {
         // A plain loop: `array::map` was not vectorised.
         let mut out = [0.0; EXP_LANES];

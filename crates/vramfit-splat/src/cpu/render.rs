@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 
 use super::project::{Binned, Frame, Projected, TILE, project_and_bin, project_one_backward};
-use super::{EXP_LANES, Real};
+use super::{EXP_LANES, Real, wide};
 use crate::params::Params;
 
 /// Largest supported top-K (the selection lives on the stack).
@@ -190,7 +190,10 @@ impl<F: Real> Scratch<F> {
         if len <= EXP_LANES {
             // All lanes at once (the ones past `len` are finite leftovers).
             let sigma: &[F; EXP_LANES] = self.top.sigma[..EXP_LANES].try_into().expect("EXP_LANES ≤ MAX_TOP_K");
-            self.weights[..EXP_LANES].copy_from_slice(&F::exp_neg(sigma));
+            self.weights[..EXP_LANES].copy_from_slice(&wide(
+                #[inline(always)]
+                || F::exp_neg(sigma),
+            ));
         } else {
             for (w, sigma) in self.weights.iter_mut().zip(&self.top.sigma[..len]) {
                 *w = (-*sigma).exp();
@@ -644,12 +647,17 @@ fn backward_over_bands<F: Real>(
             acc
         })
         .collect();
+    // Each value is the sum of the bands' in band order (ranges of
+    // Gaussians in parallel; it was a serial pass over all the bands).
     let mut acc = vec![F::zero(); n * stride];
-    for part in &partials {
-        for (t, v) in acc.iter_mut().zip(part) {
-            *t = *t + *v;
+    let span = 1024 * stride;
+    acc.par_chunks_mut(span).enumerate().for_each(|(i, out)| {
+        for part in &partials {
+            for (t, v) in out.iter_mut().zip(&part[i * span..]) {
+                *t = *t + *v;
+            }
         }
-    }
+    });
     let mut grads = SplatGrads::zeros(n, c);
     let p = &splats.params;
     for i in 0..n {
