@@ -13,6 +13,8 @@ use burn::prelude::*;
 use burn::tensor::TensorPrimitive;
 use burn::tensor::ops::FloatTensor;
 
+use std::sync::Mutex;
+
 use rayon::prelude::*;
 
 use crate::cpu;
@@ -201,13 +203,28 @@ pub trait FusedLoss: SplatBackend {
 const SUM_CHUNK: usize = 1 << 16;
 
 /// The target on the host, as f32 in `[0, 1]`, with its side of SSIM.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct HostTarget {
     data: Vec<f32>,
     reference: cpu::ssim::SsimReference<f32>,
     width: usize,
     height: usize,
     top_k: usize,
+    /// The step's SSIM planes, kept from step to step.
+    ssim_workspace: Mutex<cpu::ssim::SsimWorkspace<f32>>,
+}
+
+impl Clone for HostTarget {
+    fn clone(&self) -> Self {
+        Self {
+            data: self.data.clone(),
+            reference: self.reference.clone(),
+            width: self.width,
+            height: self.height,
+            top_k: self.top_k,
+            ssim_workspace: Mutex::default(),
+        }
+    }
 }
 
 impl HostTarget {
@@ -220,6 +237,7 @@ impl HostTarget {
             width,
             height,
             top_k,
+            ssim_workspace: Mutex::default(),
         }
     }
 
@@ -231,8 +249,14 @@ impl HostTarget {
         // The forward's selection is kept for the backward (8·K bytes per pixel):
         // selecting again would double the step's main cost.
         let (x, kept) = cpu::render::render_keeping(splats, &frame, self.top_k);
-        let (ssim, mut d) =
-            cpu::ssim::ssim_and_backward_against(&x, &self.data, &self.reference, -(ssim_weight as f32));
+        // Scratch only: a panic that poisoned it left nothing to keep.
+        let mut workspace = self
+            .ssim_workspace
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let ssim =
+            cpu::ssim::ssim_and_backward_into(&x, &self.data, &self.reference, -(ssim_weight as f32), &mut workspace);
+        let d = workspace.gradient_mut();
         let parts = self.parts_with(&x, ssim as f64);
         // d|x − y|/dx = sign(x − y), 0 at equality; the mean divides by the count.
         let l1_scale = 1.0 / x.len() as f32;
@@ -248,7 +272,7 @@ impl HostTarget {
                 }
             });
         drop(x);
-        (parts, cpu::render::render_backward_kept(splats, &frame, &kept, &d))
+        (parts, cpu::render::render_backward_kept(splats, &frame, &kept, d))
     }
 
     fn render(&self, params: &HostParams, frame: &Frame) -> Vec<f32> {

@@ -168,6 +168,7 @@ impl<F: Real> SsimReference<F> {
 
 /// Local statistics of one channel's x side, `[μx, E[x²], E[xy]]`, and a
 /// blur's scratch plane: buffers reused between channels.
+#[derive(Debug, Default)]
 struct Stats<F> {
     mx: Vec<F>,
     exx: Vec<F>,
@@ -276,16 +277,63 @@ pub fn ssim_and_backward<F: Real>(x: &[F], y: &[F], h: usize, w: usize, c: usize
 
 /// [`ssim_and_backward`] against `y`, whose reference side is prepared.
 pub fn ssim_and_backward_against<F: Real>(x: &[F], y: &[F], reference: &SsimReference<F>, d_ssim: F) -> (F, Vec<F>) {
+    let mut workspace = SsimWorkspace::default();
+    let value = ssim_and_backward_into(x, y, reference, d_ssim, &mut workspace);
+    (value, workspace.d_x)
+}
+
+/// The planes of [`ssim_and_backward_into`], kept between calls (a fit
+/// makes one every step): allocated and zeroed each time, they were a
+/// dozen image-sized planes written by one thread while the other waited.
+/// Every plane is overwritten before it is read, so none is cleared.
+#[derive(Debug, Default)]
+pub struct SsimWorkspace<F> {
+    stats: Stats<F>,
+    coeffs: [Vec<F>; 3],
+    g: [Vec<F>; 3],
+    sv: Vec<F>,
+    d_x: Vec<F>,
+}
+
+impl<F: Real> SsimWorkspace<F> {
+    /// Sizes the planes for `n` pixels of `c` channels (a no-op when they are).
+    fn fit(&mut self, n: usize, c: usize) {
+        let s = &mut self.stats;
+        let planes = [&mut s.mx, &mut s.exx, &mut s.exy, &mut s.tmp, &mut self.sv];
+        for v in planes.into_iter().chain(&mut self.coeffs).chain(&mut self.g) {
+            v.resize(n, F::zero());
+        }
+        self.d_x.resize(n * c, F::zero());
+    }
+
+    /// The gradient the last [`ssim_and_backward_into`] wrote, `[H, W, C]`.
+    pub fn gradient_mut(&mut self) -> &mut [F] {
+        &mut self.d_x
+    }
+}
+
+/// [`ssim_and_backward_against`] in `workspace`: returns the mean SSIM; the
+/// gradient is [`SsimWorkspace::gradient_mut`].
+pub fn ssim_and_backward_into<F: Real>(
+    x: &[F],
+    y: &[F],
+    reference: &SsimReference<F>,
+    d_ssim: F,
+    workspace: &mut SsimWorkspace<F>,
+) -> F {
     let (h, w, c) = (reference.h, reference.w, reference.c);
     check(x, y, h, w, c);
     let n = h * w;
     let scale = d_ssim / F::c((n * c) as f64);
-    let mut d_x = vec![F::zero(); n * c];
+    workspace.fit(n, c);
+    let SsimWorkspace {
+        stats,
+        coeffs,
+        g,
+        sv,
+        d_x,
+    } = workspace;
     let mut total = 0.0f64;
-    let mut stats = Stats::new(n);
-    let mut coeffs = [vec![F::zero(); n], vec![F::zero(); n], vec![F::zero(); n]];
-    let mut g = [vec![F::zero(); n], vec![F::zero(); n], vec![F::zero(); n]];
-    let mut sv = vec![F::zero(); n];
     let task = rows_per_task(w) * w;
     for ch in 0..c {
         stats.compute(x, y, reference, ch);
@@ -293,7 +341,7 @@ pub fn ssim_and_backward_against<F: Real>(x: &[F], y: &[F], reference: &SsimRefe
         // ∂S/∂μx, ∂S/∂E[x²], ∂S/∂E[xy] per pixel, scaled by the upstream
         // gradient; S itself summed per task (fixed tasks: the same sum
         // whatever the thread count). Plain slices, so the loop vectorises.
-        let [c0, c1, c2] = &mut coeffs;
+        let [c0, c1, c2] = &mut *coeffs;
         let sums: Vec<f64> = c0
             .par_chunks_mut(task)
             .zip(c1.par_chunks_mut(task))
@@ -335,7 +383,7 @@ pub fn ssim_and_backward_against<F: Real>(x: &[F], y: &[F], reference: &SsimRefe
             blur_into(cq, h, w, &mut stats.tmp, gq);
         }
         // dx = g0 + 2·x·g1 + y·g2, into channel ch of d_x.
-        let g = &g;
+        let g = &*g;
         d_x.par_chunks_mut(task * c).enumerate().for_each(|(t, out)| {
             let o = t * task;
             for (j, ((d, xv), yv)) in out
@@ -351,5 +399,5 @@ pub fn ssim_and_backward_against<F: Real>(x: &[F], y: &[F], reference: &SsimRefe
             }
         });
     }
-    (F::c(total / (n * c) as f64), d_x)
+    F::c(total / (n * c) as f64)
 }
