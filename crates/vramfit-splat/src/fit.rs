@@ -184,8 +184,11 @@ where
         let entering = self.primitives();
         // Render, loss and backward as one fused call: no autodiff graph keeps
         // image-sized tensors alive (on the GPU it runs band by band).
-        let (parts, grads) =
-            <B::InnerBackend as FusedLoss>::fused_loss_and_grads(entering.clone(), &self.target, c.ssim_weight)
+        // Quality is measured on the render entering the step: the host
+        // measures the loss's own render; elsewhere it is rendered again below.
+        let measure = next.is_multiple_of(c.log_every) || next.is_multiple_of(c.check_every) || next == c.steps;
+        let (parts, grads, measured) =
+            <B::InnerBackend as FusedLoss>::fused_step(entering.clone(), &self.target, c.ssim_weight, measure)
                 .map_err(|message| SplatError::Device {
                     step: next,
                     phase: "forward_backward",
@@ -228,10 +231,12 @@ where
         self.step += 1;
 
         let step = self.step;
-        let measure = step.is_multiple_of(c.log_every) || step.is_multiple_of(c.check_every) || step == c.steps;
         let (mut psnr_db, mut ssim) = (None, None);
         if measure {
-            let m = self.metrics_of(Self::primitives_of(&before), step)?;
+            let m = match measured {
+                Some(m) => m,
+                None => self.metrics_of(Self::primitives_of(&before), step)?,
+            };
             psnr_db = Some(m.psnr_db());
             ssim = Some(m.ssim);
         }

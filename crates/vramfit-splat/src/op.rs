@@ -188,6 +188,22 @@ pub trait FusedLoss: SplatBackend {
         ssim_weight: f64,
     ) -> Result<(LossParts, SplatPrimitives<Self>), String>;
 
+    /// [`FusedLoss::fused_loss_and_grads`], and, where `measure` and the
+    /// backend can at no extra render, [`FusedLoss::fused_metrics`] of the
+    /// same parameters (`None`: the caller measures them apart). The host
+    /// measures the render the loss made; the GPU path renders band by band
+    /// and leaves it to the caller.
+    #[allow(clippy::type_complexity)]
+    fn fused_step(
+        params: SplatPrimitives<Self>,
+        target: &Self::Target,
+        ssim_weight: f64,
+        _measure: bool,
+    ) -> Result<(LossParts, SplatPrimitives<Self>, Option<LossParts>), String> {
+        let (parts, grads) = Self::fused_loss_and_grads(params, target, ssim_weight)?;
+        Ok((parts, grads, None))
+    }
+
     /// Loss parts of the clamped render (the reported quality).
     fn fused_metrics(params: SplatPrimitives<Self>, target: &Self::Target) -> Result<LossParts, String>;
 
@@ -197,6 +213,13 @@ pub trait FusedLoss: SplatBackend {
         target: &Self::Target,
         frame: &Frame,
     ) -> Result<Vec<f32>, String>;
+}
+
+/// Clamps a render to `[0, 1]`: the image a user sees, whose quality is reported.
+fn clamp(x: &mut [f32]) {
+    for v in x.iter_mut() {
+        *v = v.clamp(0.0, 1.0);
+    }
 }
 
 /// Values per parallel task in the loss's elementwise passes.
@@ -244,11 +267,24 @@ impl HostTarget {
     /// Loss parts of the unclamped render and the gradients of
     /// `L1 + ssim_weight·(1 − SSIM)`, with the CPU twins.
     pub fn loss_and_grads(&self, splats: &Splats<f32>, ssim_weight: f64) -> (LossParts, SplatGrads<f32>) {
+        let (parts, grads, _) = self.loss_grads_and_metrics(splats, ssim_weight, false);
+        (parts, grads)
+    }
+
+    /// [`HostTarget::loss_and_grads`], and with `measure` the loss parts of
+    /// the clamped render too (the reported quality, as
+    /// [`FusedLoss::fused_metrics`] gives them), from the same render.
+    pub fn loss_grads_and_metrics(
+        &self,
+        splats: &Splats<f32>,
+        ssim_weight: f64,
+        measure: bool,
+    ) -> (LossParts, SplatGrads<f32>, Option<LossParts>) {
         let (w, h) = (self.width, self.height);
         let frame = Frame::new(w, h);
         // The forward's selection is kept for the backward (8·K bytes per pixel):
         // selecting again would double the step's main cost.
-        let (x, kept) = cpu::render::render_keeping(splats, &frame, self.top_k);
+        let (mut x, kept) = cpu::render::render_keeping(splats, &frame, self.top_k);
         // Scratch only: a panic that poisoned it left nothing to keep.
         let mut workspace = self
             .ssim_workspace
@@ -256,11 +292,12 @@ impl HostTarget {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let ssim =
             cpu::ssim::ssim_and_backward_into(&x, &self.data, &self.reference, -(ssim_weight as f32), &mut workspace);
-        let d = workspace.gradient_mut();
         let parts = self.parts_with(&x, ssim as f64);
         // d|x − y|/dx = sign(x − y), 0 at equality; the mean divides by the count.
         let l1_scale = 1.0 / x.len() as f32;
-        d.par_chunks_mut(SUM_CHUNK)
+        workspace
+            .gradient_mut()
+            .par_chunks_mut(SUM_CHUNK)
             .zip(x.par_chunks(SUM_CHUNK))
             .zip(self.data.par_chunks(SUM_CHUNK))
             .for_each(|((d, x), y)| {
@@ -271,8 +308,16 @@ impl HostTarget {
                     }
                 }
             });
+        // The render is done with: measured in place, in the workspace's
+        // statistics planes, so the step's peak does not grow.
+        let metrics = measure.then(|| {
+            clamp(&mut x);
+            let ssim = cpu::ssim::ssim_against_in(&x, &self.data, &self.reference, &mut workspace);
+            self.parts_with(&x, ssim as f64)
+        });
         drop(x);
-        (parts, cpu::render::render_backward_kept(splats, &frame, &kept, d))
+        let grads = cpu::render::render_backward_kept(splats, &frame, &kept, workspace.gradient_mut());
+        (parts, grads, metrics)
     }
 
     fn render(&self, params: &HostParams, frame: &Frame) -> Vec<f32> {
@@ -337,12 +382,22 @@ impl FusedLoss for burn::backend::Flex {
         Ok((parts, grads_to_device::<Self>(g, CHANNELS, &device)))
     }
 
+    fn fused_step(
+        params: SplatPrimitives<Self>,
+        target: &HostTarget,
+        ssim_weight: f64,
+        measure: bool,
+    ) -> Result<(LossParts, SplatPrimitives<Self>, Option<LossParts>), String> {
+        let device = device_of::<Self>(&params.xy);
+        let host = read_host::<Self>(params);
+        let (parts, g, metrics) = target.loss_grads_and_metrics(&Splats::new(&host, CHANNELS), ssim_weight, measure);
+        Ok((parts, grads_to_device::<Self>(g, CHANNELS, &device), metrics))
+    }
+
     fn fused_metrics(params: SplatPrimitives<Self>, target: &HostTarget) -> Result<LossParts, String> {
         let host = read_host::<Self>(params);
         let mut x = target.render(&host, &Frame::new(target.width, target.height));
-        for v in x.iter_mut() {
-            *v = v.clamp(0.0, 1.0);
-        }
+        clamp(&mut x);
         Ok(target.parts(&x))
     }
 

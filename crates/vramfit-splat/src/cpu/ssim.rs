@@ -177,16 +177,6 @@ struct Stats<F> {
 }
 
 impl<F: Real> Stats<F> {
-    fn new(n: usize) -> Self {
-        let z = || vec![F::zero(); n];
-        Self {
-            mx: z(),
-            exx: z(),
-            exy: z(),
-            tmp: z(),
-        }
-    }
-
     /// Fills the x statistics of channel `ch` against `y` (`[H, W, C]`).
     fn compute(&mut self, x: &[F], y: &[F], reference: &SsimReference<F>, ch: usize) {
         let (h, w, c) = (reference.h, reference.w, reference.c);
@@ -244,9 +234,16 @@ pub fn ssim<F: Real>(x: &[F], y: &[F], h: usize, w: usize, c: usize) -> F {
 
 /// Mean SSIM of `x` against `y`, whose reference side is prepared.
 pub fn ssim_against<F: Real>(x: &[F], y: &[F], reference: &SsimReference<F>) -> F {
+    ssim_against_in(x, y, reference, &mut SsimWorkspace::default())
+}
+
+/// [`ssim_against`] in a workspace's statistics planes (the gradient the
+/// workspace holds is left as it is).
+pub fn ssim_against_in<F: Real>(x: &[F], y: &[F], reference: &SsimReference<F>, workspace: &mut SsimWorkspace<F>) -> F {
     let (h, w, c) = (reference.h, reference.w, reference.c);
     check(x, y, h, w, c);
-    let mut stats = Stats::new(h * w);
+    workspace.fit(h * w, c);
+    let stats = &mut workspace.stats;
     let mut total = 0.0f64;
     for ch in 0..c {
         stats.compute(x, y, reference, ch);
