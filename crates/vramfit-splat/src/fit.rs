@@ -165,6 +165,9 @@ where
 
     /// What the fit holds between steps: parameters, Adam moments (two per
     /// parameter) and the target; its workspace (the GPU engine's scratch).
+    /// On the host the loss also keeps its SSIM planes between steps (14
+    /// f32 per pixel, [`crate::cpu::ssim::SsimWorkspace`]): heap memory the
+    /// counting allocator measures in the peak, not listed here.
     pub fn accounted(&self) -> Accounted {
         let parameters = (self.len() * values_per_gaussian(CHANNELS) * 4) as u64;
         Accounted {

@@ -180,6 +180,18 @@ fn ssim_gradient_matches_finite_differences() {
     assert!(analytic.iter().any(|v| v.abs() > 1e-4));
 }
 
+/// An image without pixels has no SSIM (NaN) and an empty gradient; no
+/// blur or parallel split panics on it.
+#[test]
+fn ssim_of_an_empty_image_is_nan_without_a_panic() {
+    for (h, w) in [(0, 7), (5, 0)] {
+        let (value, gradient) = ssim_and_backward::<f32>(&[], &[], h, w, 3, 1.0);
+        assert!(value.is_nan(), "{h}x{w}: {value}");
+        assert!(gradient.is_empty());
+        assert!(ssim::<f32>(&[], &[], h, w, 3).is_nan());
+    }
+}
+
 #[test]
 fn ssim_of_an_image_with_itself_is_one_and_drops_with_noise() {
     let mut rng = ChaCha8Rng::seed_from_u64(6);

@@ -50,7 +50,8 @@ impl Real for f32 {
         v as f32
     }
 
-    /// Within 2 ulp of `exp` (tested), in a fixed-width loop the compiler
+    /// Within 2 ulp of `exp` (tested on 320,000 points over the range and
+    /// its ends; worst seen 1 ulp), in a fixed-width loop the compiler
     /// vectorises: libm's `expf`, called once per weight, was 7 % of a fit
     /// step.
     #[inline(always)]
@@ -70,6 +71,7 @@ impl Real for f32 {
 /// results below the normal range round as subnormals, once.
 #[inline(always)]
 fn exp_neg_f32(s: f32) -> f32 {
+    debug_assert!(!(s < 0.0), "exp_neg of a negative σ: {s}");
     // e^−104 is below half the smallest subnormal: the result rounds to 0.
     let x = (-s).max(-104.0);
     // Adding 1.5·2^23 rounds to an integer (|x·log2 e| < 2^22), which is

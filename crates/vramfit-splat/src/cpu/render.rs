@@ -9,6 +9,8 @@ use crate::params::Params;
 
 /// Largest supported top-K (the selection lives on the stack).
 pub const MAX_TOP_K: usize = 32;
+// A kept pixel's count is a byte; weights are computed in whole blocks.
+const _: () = assert!(MAX_TOP_K <= u8::MAX as usize && MAX_TOP_K.is_multiple_of(EXP_LANES));
 /// Added to the weight sum before normalising.
 pub const EPSILON: f64 = 1e-4;
 /// Bands (groups of tile rows) the work is split into at most; fixed so
@@ -187,17 +189,17 @@ impl<F: Real> Scratch<F> {
     /// The last selection and its weights `exp(−σ)`.
     fn weighted(&mut self) -> (&TopK<F>, &[F]) {
         let len = self.top.len;
-        if len <= EXP_LANES {
-            // All lanes at once (the ones past `len` are finite leftovers).
-            let sigma: &[F; EXP_LANES] = self.top.sigma[..EXP_LANES].try_into().expect("EXP_LANES ≤ MAX_TOP_K");
-            self.weights[..EXP_LANES].copy_from_slice(&wide(
+        // Whole blocks of lanes (those past `len` hold finite leftovers),
+        // so a weight is the same whatever the pixel's count.
+        for (sigma, w) in self.top.sigma[..len.next_multiple_of(EXP_LANES)]
+            .chunks_exact(EXP_LANES)
+            .zip(self.weights.chunks_exact_mut(EXP_LANES))
+        {
+            let sigma: &[F; EXP_LANES] = sigma.try_into().expect("a block of EXP_LANES");
+            w.copy_from_slice(&wide(
                 #[inline(always)]
                 || F::exp_neg(sigma),
             ));
-        } else {
-            for (w, sigma) in self.weights.iter_mut().zip(&self.top.sigma[..len]) {
-                *w = (-*sigma).exp();
-            }
         }
         (&self.top, &self.weights[..len])
     }
@@ -711,7 +713,7 @@ mod tests {
             .max()
             .unwrap();
         assert!(most > 2 * CHUNK, "{most} candidates in the fullest tile");
-        for top_k in [1, 5, 10] {
+        for top_k in [1, 5, 10, 32] {
             let (kept_render, kept) = render_keeping(&splats, &frame, top_k);
             assert_eq!(kept_render, render(&splats, &frame, top_k));
             assert_eq!(

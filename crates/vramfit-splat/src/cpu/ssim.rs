@@ -80,6 +80,9 @@ fn rows_per_task(w: usize) -> usize {
 /// (the backward uses it that way). Both passes sum a block of output
 /// columns over the taps in registers ([`weighted_rows`]).
 fn blur_rows<F: Real>(h: usize, w: usize, row_of: impl Fn(usize, &mut [F]) + Sync, tmp: &mut [F], out: &mut [F]) {
+    if h * w == 0 {
+        return;
+    }
     let k = window::<F>();
     let r = TAPS / 2;
     let rows = rows_per_task(w);
@@ -242,21 +245,31 @@ pub fn ssim_against<F: Real>(x: &[F], y: &[F], reference: &SsimReference<F>) -> 
 pub fn ssim_against_in<F: Real>(x: &[F], y: &[F], reference: &SsimReference<F>, workspace: &mut SsimWorkspace<F>) -> F {
     let (h, w, c) = (reference.h, reference.w, reference.c);
     check(x, y, h, w, c);
-    workspace.fit(h * w, c);
+    let n = h * w;
+    workspace.fit_stats(n);
     let stats = &mut workspace.stats;
+    // Summed per fixed task, then the tasks in order: the same sum
+    // whatever the thread count (rayon's `sum` splits by the pool).
+    let task = rows_per_task(w) * w.max(1);
     let mut total = 0.0f64;
     for ch in 0..c {
         stats.compute(x, y, reference, ch);
         let r = &reference.planes[ch];
-        total += (0..h * w)
+        let stats = &*stats;
+        let sums: Vec<f64> = (0..n.div_ceil(task))
             .into_par_iter()
-            .map(|i| {
-                let (a1, a2, b1, b2) = stats.terms(r, i);
-                (a1 * a2 / (b1 * b2)).to_f64().unwrap_or(f64::NAN)
+            .map(|t| {
+                (t * task..((t + 1) * task).min(n))
+                    .map(|i| {
+                        let (a1, a2, b1, b2) = stats.terms(r, i);
+                        (a1 * a2 / (b1 * b2)).to_f64().unwrap_or(f64::NAN)
+                    })
+                    .sum::<f64>()
             })
-            .sum::<f64>();
+            .collect();
+        total += sums.iter().sum::<f64>();
     }
-    F::c(total / (h * w * c) as f64)
+    F::c(total / (n * c) as f64)
 }
 
 /// Gradient of `d_ssim · ssim(x, y)` with respect to `x`, `[H, W, C]`.
@@ -295,12 +308,19 @@ pub struct SsimWorkspace<F> {
 impl<F: Real> SsimWorkspace<F> {
     /// Sizes the planes for `n` pixels of `c` channels (a no-op when they are).
     fn fit(&mut self, n: usize, c: usize) {
-        let s = &mut self.stats;
-        let planes = [&mut s.mx, &mut s.exx, &mut s.exy, &mut s.tmp, &mut self.sv];
-        for v in planes.into_iter().chain(&mut self.coeffs).chain(&mut self.g) {
+        self.fit_stats(n);
+        for v in [&mut self.sv].into_iter().chain(&mut self.coeffs).chain(&mut self.g) {
             v.resize(n, F::zero());
         }
         self.d_x.resize(n * c, F::zero());
+    }
+
+    /// Sizes the statistics planes alone (what the value of SSIM needs).
+    fn fit_stats(&mut self, n: usize) {
+        let s = &mut self.stats;
+        for v in [&mut s.mx, &mut s.exx, &mut s.exy, &mut s.tmp] {
+            v.resize(n, F::zero());
+        }
     }
 
     /// The gradient the last [`ssim_and_backward_into`] wrote, `[H, W, C]`.
@@ -331,7 +351,7 @@ pub fn ssim_and_backward_into<F: Real>(
         d_x,
     } = workspace;
     let mut total = 0.0f64;
-    let task = rows_per_task(w) * w;
+    let task = rows_per_task(w) * w.max(1);
     for ch in 0..c {
         stats.compute(x, y, reference, ch);
         let r = &reference.planes[ch];
@@ -381,7 +401,7 @@ pub fn ssim_and_backward_into<F: Real>(
         }
         // dx = g0 + 2·x·g1 + y·g2, into channel ch of d_x.
         let g = &*g;
-        d_x.par_chunks_mut(task * c).enumerate().for_each(|(t, out)| {
+        d_x.par_chunks_mut(task * c.max(1)).enumerate().for_each(|(t, out)| {
             let o = t * task;
             for (j, ((d, xv), yv)) in out
                 .iter_mut()

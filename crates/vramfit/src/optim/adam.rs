@@ -95,6 +95,8 @@ impl Adam {
     /// the f32 operations of [`Adam::update_reference`] in the same order
     /// (its dozen Burn operations cost more in per-operation overhead than
     /// in work on a fit's small tensors): the same result, bit for bit.
+    /// The moments are passed as clones and the fit keeps its parameters,
+    /// so the pass writes copies (of a few small tensors), not in place.
     pub fn update<B: Backend, const D: usize>(
         &self,
         param: Tensor<B, D>,
