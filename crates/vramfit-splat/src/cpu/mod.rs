@@ -71,7 +71,7 @@ impl Real for f32 {
 /// results below the normal range round as subnormals, once.
 #[inline(always)]
 fn exp_neg_f32(s: f32) -> f32 {
-    debug_assert!(!(s < 0.0), "exp_neg of a negative σ: {s}");
+    debug_assert!(s >= 0.0, "exp_neg of a negative or NaN σ: {s}");
     // e^−104 is below half the smallest subnormal: the result rounds to 0.
     let x = (-s).max(-104.0);
     // Adding 1.5·2^23 rounds to an integer (|x·log2 e| < 2^22), which is
