@@ -114,102 +114,181 @@ impl<F: Real> TileCandidates<F> {
         pick(&mut self.c, &|i| p[i].c);
     }
 
-    /// Top-K for the pixel `(x, y)` (which must lie in the gathered tile).
-    /// The candidates' σ are computed a chunk at a time into `scratch` (a
-    /// loop the compiler vectorises), and a chunk is scanned one by one
-    /// only when one of its σ can enter the selection: once K are held,
-    /// most chunks have none, and the per-candidate branch was the cost.
-    /// The candidates are offered in the same order as a plain scan, so
-    /// the selection is the same.
-    #[inline]
-    pub fn select<'s>(&self, top_k: usize, x: usize, y: usize, scratch: &'s mut Scratch<F>) -> &'s TopK<F> {
-        let (px, py) = (F::c(x as f64 + 0.5), F::c(y as f64 + 0.5));
+    /// Top-K of each pixel of the tile row from `(x0, y)`: pixel `x0 + l`'s
+    /// selection goes to lane `l` of `row` (lanes past the frame's edge
+    /// are selected too, and ignored). The row's pixels are selected
+    /// together, one candidate at a time for all of them, with compares and
+    /// blends instead of branches: per pixel, the selection had a
+    /// mispredicted branch every few candidates. The result does not depend
+    /// on the order candidates are offered in ((σ, id) is a total order),
+    /// so it is the same as a plain scan's.
+    fn select_row(&self, top_k: usize, x0: usize, y: usize, row: &mut RowTopK<F>) {
+        wide(
+            #[inline(always)]
+            || self.select_row_here(top_k, x0, y, row),
+        )
+    }
+
+    #[inline(always)]
+    fn select_row_here(&self, top_k: usize, x0: usize, y: usize, row: &mut RowTopK<F>) {
         let half = F::c(0.5);
-        let n = self.cx.len();
-        let Scratch {
-            sigma: scratch, top, ..
-        } = scratch;
-        scratch.clear();
-        // NaN padding: never below a bound, never selected.
-        scratch.resize(n.next_multiple_of(CHUNK), F::nan());
-        for (((((s, cx), cy), a), b), c) in scratch
-            .iter_mut()
-            .zip(&self.cx)
-            .zip(&self.cy)
-            .zip(&self.a)
-            .zip(&self.b)
-            .zip(&self.c)
-        {
-            let dx = *cx - px;
-            let dy = *cy - py;
-            *s = half * *a * dx * dx + half * *c * dy * dy + *b * dx * dy;
-        }
-        top.len = 0;
-        let mut bound = F::infinity();
-        for (chunk_index, chunk) in scratch.chunks_exact(CHUNK).enumerate() {
-            // Branch-free: any σ that may enter (≤: a tie with the bound may win on id).
-            let hit = chunk.iter().fold(false, |any, s| any | (*s <= bound));
-            if !hit {
+        let py = F::c(y as f64 + 0.5);
+        let px: [F; TILE] = std::array::from_fn(|l| F::c((x0 + l) as f64 + 0.5));
+        let RowTopK { sigma, id: ids, .. } = row;
+        let (sigma, ids) = (&mut sigma[..top_k], &mut ids[..top_k]);
+        // Empty slots: any valid σ is below them.
+        sigma.fill([F::infinity(); TILE]);
+        ids.fill([u32::MAX; TILE]);
+        let last = top_k - 1;
+        // Slots from `filled` on are empty in every lane.
+        let mut filled = 0;
+        for (j, &id) in self.ids.iter().enumerate() {
+            let (cx, a, b) = (self.cx[j], self.a[j], self.b[j]);
+            let dy = self.cy[j] - py;
+            let cdy = half * self.c[j] * dy * dy;
+            // σ as a single pixel's would be (same operations, same order);
+            // NaN where it cannot be selected (infinite: zero weight;
+            // rounding-negative: not a weight above 1), which no compare passes.
+            let mut s = [F::zero(); TILE];
+            for (s, px) in s.iter_mut().zip(px) {
+                let dx = cx - px;
+                let v = half * a * dx * dx + cdy + b * dx * dy;
+                *s = if v >= F::zero() && v <= F::max_value() {
+                    v
+                } else {
+                    F::nan()
+                };
+            }
+            if !any_below(&s, id, &sigma[last], &ids[last]) {
                 continue;
             }
-            for (j, &sigma) in chunk.iter().enumerate() {
-                // Infinite σ has zero weight; a rounding-negative σ is not a weight above 1.
-                if sigma <= bound && sigma >= F::zero() && sigma.is_finite() {
-                    let id = self.ids[chunk_index * CHUNK + j];
-                    if top.offer(top_k, sigma, id) {
-                        bound = top.bound(top_k);
-                    }
+            // Down from the first slot empty in every lane (those below it
+            // stay empty): a slot takes the one above it where the candidate
+            // is below that too, else the candidate where it is below this
+            // one; the walk stops where no lane moves further.
+            let first = filled.min(last);
+            filled += 1;
+            for k in (0..=first).rev() {
+                let (upper, lower) = sigma.split_at_mut(k);
+                let (upper_ids, lower_ids) = ids.split_at_mut(k);
+                let (slot, slot_id) = (&mut lower[0], &mut lower_ids[0]);
+                // Slot 0 has nothing above: an empty one is never taken.
+                let (prev, prev_id) = match (upper.last(), upper_ids.last()) {
+                    (Some(p), Some(i)) => (*p, *i),
+                    _ => ([F::neg_infinity(); TILE], [0; TILE]),
+                };
+                let mut moved = false;
+                for l in 0..TILE {
+                    let here = (s[l] < slot[l]) | ((s[l] == slot[l]) & (id < slot_id[l]));
+                    let above = (s[l] < prev[l]) | ((s[l] == prev[l]) & (id < prev_id[l]));
+                    slot[l] = if above {
+                        prev[l]
+                    } else if here {
+                        s[l]
+                    } else {
+                        slot[l]
+                    };
+                    slot_id[l] = if above {
+                        prev_id[l]
+                    } else if here {
+                        id
+                    } else {
+                        slot_id[l]
+                    };
+                    moved |= above;
+                }
+                if !moved {
+                    break;
                 }
             }
         }
-        top
+        for (n, l) in row.len.iter_mut().zip(0..TILE) {
+            *n = row.sigma[..top_k].iter().take_while(|s| s[l] < F::infinity()).count() as u8;
+        }
+        // The weights of the slots some lane uses, a slot (one block of
+        // lanes) at a time: an empty slot's σ is infinite, its weight 0.
+        let used = row.len.iter().copied().max().unwrap_or(0) as usize;
+        for (w, s) in row.weight[..used].iter_mut().zip(&row.sigma) {
+            *w = F::exp_neg(s);
+        }
     }
 }
 
-/// A band's working space for [`TileCandidates::select`], reused from
-/// pixel to pixel: the candidates' σ, the selection and its weights.
+/// Whether `(σ, id)` is below `(slot, slot_id)` in any lane.
+#[inline(always)]
+fn any_below<F: Real>(s: &[F; TILE], id: u32, slot: &[F; TILE], slot_id: &[u32; TILE]) -> bool {
+    let mut any = false;
+    for l in 0..TILE {
+        any |= (s[l] < slot[l]) | ((s[l] == slot[l]) & (id < slot_id[l]));
+    }
+    any
+}
+
+/// The selections of one tile row's pixels, lane by lane: slot k of
+/// pixel `l` is `(sigma[k][l], id[k][l])`, in ascending (σ, id), and its
+/// weight `exp(−σ)`.
 #[derive(Debug)]
-pub struct Scratch<F> {
-    sigma: Vec<F>,
-    top: TopK<F>,
+struct RowTopK<F> {
+    sigma: [[F; TILE]; MAX_TOP_K],
+    id: [[u32; TILE]; MAX_TOP_K],
+    weight: [[F; TILE]; MAX_TOP_K],
+    len: [u8; TILE],
+}
+
+// A row's slot is one block of weights.
+const _: () = assert!(TILE == EXP_LANES);
+
+impl<F: Real> RowTopK<F> {
+    fn new() -> Self {
+        Self {
+            sigma: [[F::zero(); TILE]; MAX_TOP_K],
+            id: [[0; TILE]; MAX_TOP_K],
+            weight: [[F::zero(); TILE]; MAX_TOP_K],
+            len: [0; TILE],
+        }
+    }
+
+    /// Lane `l`'s selection into `pixel`.
+    #[inline]
+    fn lane(&self, l: usize, pixel: &mut Selection<F>) {
+        let len = self.len[l] as usize;
+        for k in 0..len {
+            pixel.ids[k] = self.id[k][l];
+            pixel.weights[k] = self.weight[k][l];
+        }
+        pixel.len = len;
+    }
+}
+
+/// One pixel's selection: the K largest weights `w = exp(−σ)`, found as
+/// the K smallest σ (w is decreasing: the same set without an exp per
+/// candidate), in ascending σ; ties: the lower Gaussian index wins.
+#[derive(Debug)]
+struct Selection<F> {
+    len: usize,
+    ids: [u32; MAX_TOP_K],
     weights: [F; MAX_TOP_K],
 }
 
-impl<F: Real> Default for Scratch<F> {
-    fn default() -> Self {
+impl<F: Real> Selection<F> {
+    fn new() -> Self {
         Self {
-            sigma: Vec::new(),
-            top: TopK::new(),
+            len: 0,
+            ids: [0; MAX_TOP_K],
             weights: [F::zero(); MAX_TOP_K],
         }
     }
-}
 
-impl<F: Real> Scratch<F> {
-    /// The last selection and its weights `exp(−σ)`.
-    fn weighted(&mut self) -> (&TopK<F>, &[F]) {
-        let len = self.top.len;
-        // Whole blocks of lanes (those past `len` hold finite leftovers),
-        // so a weight is the same whatever the pixel's count.
-        for (sigma, w) in self.top.sigma[..len.next_multiple_of(EXP_LANES)]
-            .chunks_exact(EXP_LANES)
-            .zip(self.weights.chunks_exact_mut(EXP_LANES))
-        {
-            let sigma: &[F; EXP_LANES] = sigma.try_into().expect("a block of EXP_LANES");
-            w.copy_from_slice(&wide(
-                #[inline(always)]
-                || F::exp_neg(sigma),
-            ));
-        }
-        (&self.top, &self.weights[..len])
+    /// The selected Gaussians.
+    fn ids(&self) -> &[u32] {
+        &self.ids[..self.len]
+    }
+
+    /// Their weights.
+    fn weights(&self) -> &[F] {
+        &self.weights[..self.len]
     }
 }
-
-/// Candidates tested together in [`TileCandidates::select`]: one vector
-/// of f32. Measured on the fitted sample (render, ms): 25.5 with 16, 25.1
-/// with 8, 24.3 with 4, 25.3 with 2; once the selection is full, a small
-/// chunk leaves fewer candidates to look at one by one.
-const CHUNK: usize = 4;
 
 /// Tiles with more than this many candidates per selected one are pruned.
 const PRUNE_FROM: usize = 2;
@@ -276,87 +355,17 @@ fn tile_survivors<F: Real>(
     out.extend(ids.iter().zip(&bounds).filter(|(_, b)| b.1 <= t).map(|(i, _)| *i));
 }
 
-/// The K largest weights at one pixel, kept as the K smallest exponents
-/// σ (w = exp(−σ) is decreasing, so this is the same set without an exp
-/// per candidate), in ascending σ; ties: the lower Gaussian index wins.
-#[derive(Debug, Clone, Copy)]
-pub struct TopK<F> {
-    sigma: [F; MAX_TOP_K],
-    id: [u32; MAX_TOP_K],
-    len: usize,
-}
-
-impl<F: Real> TopK<F> {
-    fn new() -> Self {
-        Self {
-            sigma: [F::zero(); MAX_TOP_K],
-            id: [0; MAX_TOP_K],
-            len: 0,
-        }
-    }
-
-    /// Largest σ that can still enter (infinite while not full).
-    #[inline]
-    fn bound(&self, k: usize) -> F {
-        if self.len == k {
-            self.sigma[k - 1]
-        } else {
-            F::infinity()
-        }
-    }
-
-    /// Inserts `(σ, id)` if it is among the K smallest so far (by σ, then
-    /// id); true when it entered.
-    #[inline]
-    fn offer(&mut self, k: usize, sigma: F, id: u32) -> bool {
-        if self.len == k {
-            let (s, i) = (self.sigma[k - 1], self.id[k - 1]);
-            if s < sigma || (s == sigma && i < id) {
-                return false;
-            }
-            self.len -= 1;
-        }
-        // Past the larger σ, then past equal σ with larger ids (the list is
-        // in (σ, id) order, so those are next): one comparison per step in
-        // the common case.
-        let mut pos = self.len;
-        while pos > 0 && self.sigma[pos - 1] > sigma {
-            self.sigma[pos] = self.sigma[pos - 1];
-            self.id[pos] = self.id[pos - 1];
-            pos -= 1;
-        }
-        while pos > 0 && self.sigma[pos - 1] == sigma && self.id[pos - 1] > id {
-            self.sigma[pos] = self.sigma[pos - 1];
-            self.id[pos] = self.id[pos - 1];
-            pos -= 1;
-        }
-        self.sigma[pos] = sigma;
-        self.id[pos] = id;
-        self.len += 1;
-        true
-    }
-
-    /// Number selected.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True when no Gaussian covers the pixel.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// `(σ, gaussian id)` of the selected entries, in ascending σ.
-    pub fn entries(&self) -> impl Iterator<Item = (F, u32)> + '_ {
-        (0..self.len).map(move |k| (self.sigma[k], self.id[k]))
-    }
-}
-
 /// Top-K selection for pixel `(x, y)`: `(σ, gaussian id)` in ascending σ.
 pub fn select_top_k<F: Real>(binned: &Binned<F>, frame: &Frame, top_k: usize, x: usize, y: usize) -> Vec<(F, u32)> {
+    check_top_k(top_k);
     let mut tile = TileCandidates::default();
     tile.gather(binned, frame, (y / TILE) * frame.tiles_x() + x / TILE, top_k);
-    tile.select(top_k, x, y, &mut Scratch::default()).entries().collect()
+    let mut row = RowTopK::new();
+    tile.select_row(top_k, x / TILE * TILE, y, &mut row);
+    let l = x % TILE;
+    (0..row.len[l] as usize)
+        .map(|k| (row.sigma[k][l], row.id[k][l]))
+        .collect()
 }
 
 fn check_top_k(top_k: usize) {
@@ -371,19 +380,20 @@ fn band_tiles(frame: &Frame) -> usize {
     frame.tiles_y().div_ceil(MAX_BANDS).max(1)
 }
 
-/// Calls `f(tile, scratch, x, y)` for every pixel of band `band`, tile by
-/// tile, with the tile's candidates for a top-`top_k` selection gathered
-/// (`None`: not gathered, for a pass that selects nothing).
+/// Calls `f(selection, x, y)` for every pixel of band `band`, tile by
+/// tile, with the pixel's top-`top_k` selection (`None`: none, for a pass
+/// that selects nothing; the selection is then empty).
 fn for_each_pixel_in_band<F: Real>(
     binned: &Binned<F>,
     frame: &Frame,
     band: usize,
     top_k: Option<usize>,
-    mut f: impl FnMut(&TileCandidates<F>, &mut Scratch<F>, usize, usize),
+    mut f: impl FnMut(&Selection<F>, usize, usize),
 ) {
     let per = band_tiles(frame);
     let mut tile = TileCandidates::default();
-    let mut scratch = Scratch::default();
+    let mut row = RowTopK::new();
+    let mut selection = Selection::new();
     for ty in band * per..((band + 1) * per).min(frame.tiles_y()) {
         for tx in 0..frame.tiles_x() {
             let index = ty * frame.tiles_x() + tx;
@@ -394,8 +404,14 @@ fn for_each_pixel_in_band<F: Real>(
                 tile.gather(binned, frame, index, k);
             }
             for y in ty * TILE..((ty + 1) * TILE).min(frame.height) {
+                if let Some(k) = top_k {
+                    tile.select_row(k, tx * TILE, y, &mut row);
+                }
                 for x in tx * TILE..((tx + 1) * TILE).min(frame.width) {
-                    f(&tile, &mut scratch, x, y);
+                    if top_k.is_some() {
+                        row.lane(x - tx * TILE, &mut selection);
+                    }
+                    f(&selection, x, y);
                 }
             }
         }
@@ -489,19 +505,17 @@ fn render_into<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize, keep: b
                     kept.ids.reserve_exact(here * top_k);
                     kept.weights.reserve_exact(here * top_k);
                 }
-                for_each_pixel_in_band(&binned, frame, b, Some(top_k), |tile, scratch, x, y| {
-                    tile.select(top_k, x, y, scratch);
-                    let (top, w) = scratch.weighted();
-                    let ids = &top.id[..top.len];
+                for_each_pixel_in_band(&binned, frame, b, Some(top_k), |selection, x, y| {
+                    let (ids, w) = (selection.ids(), selection.weights());
                     if keep {
-                        kept.len.push(top.len as u8);
+                        kept.len.push(ids.len() as u8);
                         // Element by element: a call to memcpy per pixel cost more.
                         for (id, wk) in ids.iter().zip(w) {
                             kept.ids.push(*id);
                             kept.weights.push(*wk);
                         }
                     }
-                    if !top.is_empty() {
+                    if !ids.is_empty() {
                         let p = y * frame.width + x - p0;
                         blend(w, ids, splats.params.color, &mut chunk[p * c..(p + 1) * c]);
                     }
@@ -567,13 +581,11 @@ pub fn render_backward<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize,
     check_top_k(top_k);
     let binned = project_and_bin(splats.params.xy, splats.params.inv_scale, splats.params.theta, frame);
     backward_over_bands(splats, frame, d_out, |band, acc| {
-        for_each_pixel_in_band(&binned, frame, band, Some(top_k), |tile, scratch, x, y| {
-            tile.select(top_k, x, y, scratch);
-            let (top, w) = scratch.weighted();
-            if !top.is_empty() {
+        for_each_pixel_in_band(&binned, frame, band, Some(top_k), |selection, x, y| {
+            if selection.len > 0 {
                 pixel_backward(
-                    &top.id[..top.len],
-                    w,
+                    selection.ids(),
+                    selection.weights(),
                     &binned.projected,
                     splats.params.color,
                     pixel(d_out, frame, splats.channels, x, y),
@@ -601,7 +613,7 @@ pub fn render_backward_kept<F: Real>(splats: &Splats<F>, frame: &Frame, kept: &K
             return;
         };
         let (mut pixel_index, mut at) = (0, 0);
-        for_each_pixel_in_band(&kept.binned, frame, band, None, |_, _, x, y| {
+        for_each_pixel_in_band(&kept.binned, frame, band, None, |_, x, y| {
             let n = kept_band.len[pixel_index] as usize;
             pixel_index += 1;
             let entries = at..at + n;
@@ -712,7 +724,7 @@ mod tests {
             .map(|t| binned.tile(t).len())
             .max()
             .unwrap();
-        assert!(most > 2 * CHUNK, "{most} candidates in the fullest tile");
+        assert!(most > 2 * TILE, "{most} candidates in the fullest tile");
         for top_k in [1, 5, 10, 32] {
             let (kept_render, kept) = render_keeping(&splats, &frame, top_k);
             assert_eq!(kept_render, render(&splats, &frame, top_k));
