@@ -207,7 +207,7 @@ impl<F: Real> TileCandidates<F> {
         }
         // The weights of the slots some lane uses, a slot (one block of
         // lanes) at a time: an empty slot's σ is infinite, its weight 0.
-        let used = row.len.iter().copied().max().unwrap_or(0) as usize;
+        let used = row.used();
         for (w, s) in row.weight[..used].iter_mut().zip(&row.sigma) {
             *w = F::exp_neg(s);
         }
@@ -248,15 +248,21 @@ impl<F: Real> RowTopK<F> {
         }
     }
 
+    /// Slots some lane uses.
+    fn used(&self) -> usize {
+        self.len.iter().copied().max().unwrap_or(0) as usize
+    }
+
     /// Lane `l`'s selection into `pixel`.
     #[inline]
     fn lane(&self, l: usize, pixel: &mut Selection<F>) {
-        let len = self.len[l] as usize;
-        for k in 0..len {
-            pixel.ids[k] = self.id[k][l];
-            pixel.weights[k] = self.weight[k][l];
-        }
-        pixel.len = len;
+        let used = self.used();
+        pixel.take(
+            self.len[l],
+            self.id[..used].as_flattened(),
+            self.weight[..used].as_flattened(),
+            l,
+        );
     }
 }
 
@@ -277,6 +283,18 @@ impl<F: Real> Selection<F> {
             ids: [0; MAX_TOP_K],
             weights: [F::zero(); MAX_TOP_K],
         }
+    }
+
+    /// Lane `l`'s `len` entries of a row's slots (`ids` and `weights`,
+    /// [`TILE`] lanes a slot).
+    #[inline]
+    fn take(&mut self, len: u8, ids: &[u32], weights: &[F], l: usize) {
+        let len = len as usize;
+        for (k, (id, w)) in self.ids[..len].iter_mut().zip(&mut self.weights[..len]).enumerate() {
+            *id = ids[k * TILE + l];
+            *w = weights[k * TILE + l];
+        }
+        self.len = len;
     }
 
     /// The selected Gaussians.
@@ -380,20 +398,20 @@ fn band_tiles(frame: &Frame) -> usize {
     frame.tiles_y().div_ceil(MAX_BANDS).max(1)
 }
 
-/// Calls `f(selection, x, y)` for every pixel of band `band`, tile by
-/// tile, with the pixel's top-`top_k` selection (`None`: none, for a pass
-/// that selects nothing; the selection is then empty).
-fn for_each_pixel_in_band<F: Real>(
+/// Calls `f(row, x0, y, lanes)` for every tile row of band `band`, tile
+/// by tile: the row's pixels are `x0..x0 + lanes` (those in the frame),
+/// and `row` holds their top-`top_k` selections (`None`: nothing is
+/// selected, for a pass that reads a kept selection).
+fn for_each_row_in_band<F: Real>(
     binned: &Binned<F>,
     frame: &Frame,
     band: usize,
     top_k: Option<usize>,
-    mut f: impl FnMut(&Selection<F>, usize, usize),
+    mut f: impl FnMut(&RowTopK<F>, usize, usize, usize),
 ) {
     let per = band_tiles(frame);
     let mut tile = TileCandidates::default();
     let mut row = RowTopK::new();
-    let mut selection = Selection::new();
     for ty in band * per..((band + 1) * per).min(frame.tiles_y()) {
         for tx in 0..frame.tiles_x() {
             let index = ty * frame.tiles_x() + tx;
@@ -403,16 +421,13 @@ fn for_each_pixel_in_band<F: Real>(
             if let Some(k) = top_k {
                 tile.gather(binned, frame, index, k);
             }
+            let x0 = tx * TILE;
+            let lanes = TILE.min(frame.width - x0);
             for y in ty * TILE..((ty + 1) * TILE).min(frame.height) {
                 if let Some(k) = top_k {
-                    tile.select_row(k, tx * TILE, y, &mut row);
+                    tile.select_row(k, x0, y, &mut row);
                 }
-                for x in tx * TILE..((tx + 1) * TILE).min(frame.width) {
-                    if top_k.is_some() {
-                        row.lane(x - tx * TILE, &mut selection);
-                    }
-                    f(&selection, x, y);
-                }
+                f(&row, x0, y, lanes);
             }
         }
     }
@@ -420,10 +435,11 @@ fn for_each_pixel_in_band<F: Real>(
 
 /// Each pixel's selection from a forward render, kept for its backward so
 /// that the backward does not select again (selection is most of the
-/// work): per band, in the order its pixels are visited, each pixel's count
-/// and its (Gaussian id, weight) entries, packed (at most 8·K + 1 bytes per
-/// pixel in f32, 81 at the default K = 10), with the projection it was
-/// made from. Written once and read once in order: nothing is zeroed.
+/// work): per band, tile row by tile row in the order they are visited,
+/// the row's 16 counts and its slots as the selection left them (ids and
+/// weights, lane by lane, as many slots as the row's largest count; at
+/// most 8·K + 1 bytes per pixel in f32), with the projection it was made
+/// from. Written a row at a time and read once in order: nothing is zeroed.
 #[derive(Debug)]
 pub struct Kept<F> {
     bands: Vec<KeptBand<F>>,
@@ -436,6 +452,16 @@ struct KeptBand<F> {
     len: Vec<u8>,
     ids: Vec<u32>,
     weights: Vec<F>,
+}
+
+impl<F: Real> KeptBand<F> {
+    /// Appends a row's selections.
+    fn push(&mut self, row: &RowTopK<F>) {
+        let used = row.used();
+        self.len.extend_from_slice(&row.len);
+        self.ids.extend_from_slice(row.id[..used].as_flattened());
+        self.weights.extend_from_slice(row.weight[..used].as_flattened());
+    }
 }
 
 /// Channels a blend sums in registers; wider colours are summed in place.
@@ -500,24 +526,23 @@ fn render_into<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize, keep: b
                 let p0 = b * band;
                 let mut kept = KeptBand::default();
                 if keep {
-                    let here = chunk.len() / c;
-                    kept.len.reserve_exact(here);
-                    kept.ids.reserve_exact(here * top_k);
-                    kept.weights.reserve_exact(here * top_k);
+                    let rows = chunk.len() / c / frame.width * frame.tiles_x();
+                    kept.len.reserve_exact(rows * TILE);
+                    kept.ids.reserve_exact(rows * TILE * top_k);
+                    kept.weights.reserve_exact(rows * TILE * top_k);
                 }
-                for_each_pixel_in_band(&binned, frame, b, Some(top_k), |selection, x, y| {
-                    let (ids, w) = (selection.ids(), selection.weights());
+                let mut selection = Selection::new();
+                for_each_row_in_band(&binned, frame, b, Some(top_k), |row, x0, y, lanes| {
                     if keep {
-                        kept.len.push(ids.len() as u8);
-                        // Element by element: a call to memcpy per pixel cost more.
-                        for (id, wk) in ids.iter().zip(w) {
-                            kept.ids.push(*id);
-                            kept.weights.push(*wk);
-                        }
+                        kept.push(row);
                     }
-                    if !ids.is_empty() {
-                        let p = y * frame.width + x - p0;
-                        blend(w, ids, splats.params.color, &mut chunk[p * c..(p + 1) * c]);
+                    for l in 0..lanes {
+                        row.lane(l, &mut selection);
+                        if selection.len > 0 {
+                            let p = y * frame.width + x0 + l - p0;
+                            let px = &mut chunk[p * c..(p + 1) * c];
+                            blend(selection.weights(), selection.ids(), splats.params.color, px);
+                        }
                     }
                 });
                 kept
@@ -528,19 +553,18 @@ fn render_into<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize, keep: b
     (out, kept)
 }
 
-/// One pixel's share of the gradients: `ids` and `weights` are its
-/// selection, `g` the gradient of its colour; adds to `acc` (per Gaussian:
+/// One pixel's share of the gradients: `selection` is its selection, `g` the gradient of its colour; adds to `acc` (per Gaussian:
 /// d_cx, d_cy, d_a, d_b, d_c, d_color…).
 #[inline]
 fn pixel_backward<F: Real>(
-    ids: &[u32],
-    weights: &[F],
+    selection: &Selection<F>,
     projected: &[Projected<F>],
     color: &[F],
     g: &[F],
     (x, y): (usize, usize),
     acc: &mut [F],
 ) {
+    let (ids, weights) = (selection.ids(), selection.weights());
     let c = g.len();
     let stride = 5 + c;
     let half = F::c(0.5);
@@ -581,17 +605,15 @@ pub fn render_backward<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize,
     check_top_k(top_k);
     let binned = project_and_bin(splats.params.xy, splats.params.inv_scale, splats.params.theta, frame);
     backward_over_bands(splats, frame, d_out, |band, acc| {
-        for_each_pixel_in_band(&binned, frame, band, Some(top_k), |selection, x, y| {
-            if selection.len > 0 {
-                pixel_backward(
-                    selection.ids(),
-                    selection.weights(),
-                    &binned.projected,
-                    splats.params.color,
-                    pixel(d_out, frame, splats.channels, x, y),
-                    (x, y),
-                    acc,
-                );
+        let mut selection = Selection::new();
+        for_each_row_in_band(&binned, frame, band, Some(top_k), |row, x0, y, lanes| {
+            for l in 0..lanes {
+                row.lane(l, &mut selection);
+                if selection.len > 0 {
+                    let x = x0 + l;
+                    let g = pixel(d_out, frame, splats.channels, x, y);
+                    pixel_backward(&selection, &binned.projected, splats.params.color, g, (x, y), acc);
+                }
             }
         });
     })
@@ -612,25 +634,24 @@ pub fn render_backward_kept<F: Real>(splats: &Splats<F>, frame: &Frame, kept: &K
         let Some(kept_band) = kept.bands.get(band) else {
             return;
         };
-        let (mut pixel_index, mut at) = (0, 0);
-        for_each_pixel_in_band(&kept.binned, frame, band, None, |_, x, y| {
-            let n = kept_band.len[pixel_index] as usize;
-            pixel_index += 1;
-            let entries = at..at + n;
-            at += n;
-            if n > 0 {
-                pixel_backward(
-                    &kept_band.ids[entries.clone()],
-                    &kept_band.weights[entries],
-                    &kept.binned.projected,
-                    splats.params.color,
-                    pixel(d_out, frame, splats.channels, x, y),
-                    (x, y),
-                    acc,
-                );
+        let (mut rows, mut at) = (0, 0);
+        let mut selection = Selection::new();
+        for_each_row_in_band(&kept.binned, frame, band, None, |_, x0, y, lanes| {
+            let len: &[u8; TILE] = kept_band.len[rows * TILE..(rows + 1) * TILE].try_into().expect("a row");
+            rows += 1;
+            let slots = at..at + TILE * *len.iter().max().expect("a row") as usize;
+            at = slots.end;
+            let (ids, weights) = (&kept_band.ids[slots.clone()], &kept_band.weights[slots]);
+            for l in 0..lanes {
+                selection.take(len[l], ids, weights, l);
+                if selection.len > 0 {
+                    let x = x0 + l;
+                    let g = pixel(d_out, frame, splats.channels, x, y);
+                    pixel_backward(&selection, &kept.binned.projected, splats.params.color, g, (x, y), acc);
+                }
             }
         });
-        assert_eq!(pixel_index, kept_band.len.len(), "kept for another frame");
+        assert_eq!(rows * TILE, kept_band.len.len(), "kept for another frame");
     })
 }
 
