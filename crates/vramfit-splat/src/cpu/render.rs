@@ -642,8 +642,8 @@ pub fn render_backward_kept<F: Real>(splats: &Splats<F>, frame: &Frame, kept: &K
             let slots = at..at + TILE * *len.iter().max().expect("a row") as usize;
             at = slots.end;
             let (ids, weights) = (&kept_band.ids[slots.clone()], &kept_band.weights[slots]);
-            for l in 0..lanes {
-                selection.take(len[l], ids, weights, l);
+            for (l, &n) in len[..lanes].iter().enumerate() {
+                selection.take(n, ids, weights, l);
                 if selection.len > 0 {
                     let x = x0 + l;
                     let g = pixel(d_out, frame, splats.channels, x, y);
