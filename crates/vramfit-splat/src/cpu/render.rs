@@ -553,10 +553,29 @@ fn render_into<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize, keep: b
     (out, kept)
 }
 
-/// One pixel's share of the gradients: `selection` is its selection, `g` the gradient of its colour; adds to `acc` (per Gaussian:
-/// d_cx, d_cy, d_a, d_b, d_c, d_color…).
-#[inline]
+/// One pixel's share of the gradients: `selection` is its selection, `g`
+/// the gradient of its colour; adds to `acc` (per Gaussian: d_cx, d_cy,
+/// d_a, d_b, d_c, d_color…).
+#[inline(always)]
 fn pixel_backward<F: Real>(
+    selection: &Selection<F>,
+    projected: &[Projected<F>],
+    color: &[F],
+    g: &[F],
+    xy: (usize, usize),
+    acc: &mut [F],
+) {
+    // Three channels known when compiling: the loops over them unroll.
+    if g.len() == 3 {
+        pixel_backward_in::<F, 3>(selection, projected, color, g, xy, acc);
+    } else {
+        pixel_backward_in::<F, 0>(selection, projected, color, g, xy, acc);
+    }
+}
+
+/// [`pixel_backward`] with `C` channels (0: `g.len()`).
+#[inline(always)]
+fn pixel_backward_in<F: Real, const C: usize>(
     selection: &Selection<F>,
     projected: &[Projected<F>],
     color: &[F],
@@ -565,7 +584,8 @@ fn pixel_backward<F: Real>(
     acc: &mut [F],
 ) {
     let (ids, weights) = (selection.ids(), selection.weights());
-    let c = g.len();
+    let c = if C == 0 { g.len() } else { C };
+    let g = &g[..c];
     let stride = 5 + c;
     let half = F::c(0.5);
     let mut u = [F::zero(); MAX_TOP_K];
