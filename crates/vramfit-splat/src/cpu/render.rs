@@ -253,6 +253,43 @@ impl<F: Real> RowTopK<F> {
         self.len.iter().copied().max().unwrap_or(0) as usize
     }
 
+    /// The normalised blends of the row's pixels into `out` (`[lanes, c]`,
+    /// zeroed; `c` ≤ [`BLEND_LANES`]), all lanes together: the same sums,
+    /// in the same order, as [`blend`]'s for each pixel (a slot past a
+    /// pixel's count adds nothing to it).
+    fn blend(&self, color: &[F], c: usize, out: &mut [F]) {
+        wide(
+            #[inline(always)]
+            || {
+                let mut acc = [[F::zero(); TILE]; BLEND_LANES];
+                let mut sum = [F::zero(); TILE];
+                for k in 0..self.used() {
+                    for (l, sum) in sum.iter_mut().enumerate() {
+                        let taken = k < self.len[l] as usize;
+                        let w = if taken { self.weight[k][l] } else { F::zero() };
+                        *sum = *sum + w;
+                    }
+                    for (ch, acc) in acc[..c].iter_mut().enumerate() {
+                        for (l, acc) in acc.iter_mut().enumerate() {
+                            let taken = k < self.len[l] as usize;
+                            let id = if taken { self.id[k][l] as usize } else { 0 };
+                            let term = self.weight[k][l] * color[id * c + ch];
+                            *acc = *acc + if taken { term } else { F::zero() };
+                        }
+                    }
+                }
+                for (l, px) in out.chunks_exact_mut(c).enumerate() {
+                    if self.len[l] > 0 {
+                        let denom = F::c(EPSILON) + sum[l];
+                        for (p, acc) in px.iter_mut().zip(&acc) {
+                            *p = acc[l] / denom;
+                        }
+                    }
+                }
+            },
+        )
+    }
+
     /// Lane `l`'s selection into `pixel`.
     #[inline]
     fn lane(&self, l: usize, pixel: &mut Selection<F>) {
@@ -536,11 +573,15 @@ fn render_into<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize, keep: b
                     if keep {
                         kept.push(row);
                     }
-                    for l in 0..lanes {
+                    let p = y * frame.width + x0 - p0;
+                    let out = &mut chunk[p * c..(p + lanes) * c];
+                    if c <= BLEND_LANES {
+                        row.blend(splats.params.color, c, out);
+                        return;
+                    }
+                    for (l, px) in out.chunks_exact_mut(c).enumerate() {
                         row.lane(l, &mut selection);
                         if selection.len > 0 {
-                            let p = y * frame.width + x0 + l - p0;
-                            let px = &mut chunk[p * c..(p + 1) * c];
                             blend(selection.weights(), selection.ids(), splats.params.color, px);
                         }
                     }
