@@ -17,7 +17,8 @@ pub trait Real: Float + Send + Sync + Default + std::iter::Sum + std::fmt::Debug
     /// Converts an f64 constant.
     fn c(v: f64) -> Self;
 
-    /// `exp(−s)` of each of `s` (finite, ≥ 0): a selection's weights.
+    /// `exp(−s)` of each of `s` (≥ 0; +∞, an empty slot's, gives 0): a
+    /// selection's weights.
     fn exp_neg(s: &[Self; EXP_LANES]) -> [Self; EXP_LANES] {
         s.map(|v| (-v).exp())
     }
@@ -65,7 +66,7 @@ impl Real for f32 {
     }
 }
 
-/// `exp(−s)` for finite `s ≥ 0`, branch-free: −s = n·ln 2 + r with
+/// `exp(−s)` for `s ≥ 0` (+∞ included: 0), branch-free: −s = n·ln 2 + r with
 /// |r| ≤ ln 2 / 2, e^r from Cephes' `expf` polynomial (its coefficients and
 /// two-part ln 2), and 2^n applied as two exponent-bit halves so that
 /// results below the normal range round as subnormals, once.
@@ -134,6 +135,8 @@ mod tests {
         }
         assert_eq!(f32::exp_neg(&[0.0; EXP_LANES]), [1.0; EXP_LANES]);
         assert_eq!(f32::exp_neg(&[104.0; EXP_LANES]), [0.0; EXP_LANES]);
+        assert_eq!(f32::exp_neg(&[f32::INFINITY; EXP_LANES]), [0.0; EXP_LANES]);
+        assert_eq!(f64::exp_neg(&[f64::INFINITY; EXP_LANES]), [0.0; EXP_LANES]);
         eprintln!("worst {worst} ulp");
     }
 }

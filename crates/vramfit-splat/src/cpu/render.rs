@@ -1,5 +1,7 @@
 //! Tile-based top-K normalised blending: forward and its exact backward,
-//! which recomputes each pixel's top-K instead of storing an index map.
+//! either from the selection the forward kept ([`render_keeping`],
+//! [`render_backward_kept`]) or selecting again ([`render_backward`]).
+//! A tile row's 16 pixels are selected together ([`TileCandidates`]).
 
 use rayon::prelude::*;
 
@@ -9,8 +11,8 @@ use crate::params::Params;
 
 /// Largest supported top-K (the selection lives on the stack).
 pub const MAX_TOP_K: usize = 32;
-// A kept pixel's count is a byte; weights are computed in whole blocks.
-const _: () = assert!(MAX_TOP_K <= u8::MAX as usize && MAX_TOP_K.is_multiple_of(EXP_LANES));
+// A kept pixel's count is a byte.
+const _: () = assert!(MAX_TOP_K <= u8::MAX as usize);
 /// Added to the weight sum before normalising.
 pub const EPSILON: f64 = 1e-4;
 /// Bands (groups of tile rows) the work is split into at most; fixed so
@@ -51,9 +53,9 @@ impl<'a, F> Splats<'a, F> {
 pub type SplatGrads<F> = Params<Vec<F>>;
 
 /// The candidates of one tile gathered into contiguous arrays, so that the
-/// per-pixel loop streams through memory instead of chasing indices.
+/// per-row selection streams through memory instead of chasing indices.
 #[derive(Debug, Default)]
-pub struct TileCandidates<F> {
+struct TileCandidates<F> {
     ids: Vec<u32>,
     /// (σ at the tile's centre, id): the scan order, reused between tiles.
     order: Vec<(F, u32)>,
@@ -68,7 +70,7 @@ impl<F: Real> TileCandidates<F> {
     /// Gathers tile `tile`'s Gaussians (reusing the buffers), without those
     /// that no pixel of the tile can select ([`tile_survivors`]), in their
     /// binned order: every pixel's selection is the one from all of them.
-    pub fn gather(&mut self, binned: &Binned<F>, frame: &Frame, tile: usize, top_k: usize) {
+    fn gather(&mut self, binned: &Binned<F>, frame: &Frame, tile: usize, top_k: usize) {
         let all = binned.tile(tile);
         self.ids.clear();
         if all.len() > PRUNE_FROM * top_k {
@@ -80,9 +82,10 @@ impl<F: Real> TileCandidates<F> {
             self.ids.extend_from_slice(all);
         }
         // Scanned nearest first (σ at the tile's centre), the selection
-        // fills with good candidates and its bound tightens at once, so most
-        // later chunks are skipped; ties are broken by Gaussian id, so the
-        // order of the scan does not change what is selected.
+        // fills with good candidates and its bounds tighten at once, so
+        // most later candidates miss every lane's bound and walks stay
+        // short; ties are broken by Gaussian id, so the order of the scan
+        // does not change what is selected.
         let (tx, ty) = (tile % frame.tiles_x(), tile / frame.tiles_x());
         let (mx, my) = (
             F::c((tx * TILE) as f64 + 0.5 * TILE as f64),
@@ -475,8 +478,9 @@ fn for_each_row_in_band<F: Real>(
 /// work): per band, tile row by tile row in the order they are visited,
 /// the row's 16 counts and its slots as the selection left them (ids and
 /// weights, lane by lane, as many slots as the row's largest count; at
-/// most 8·K + 1 bytes per pixel in f32), with the projection it was made
-/// from. Written a row at a time and read once in order: nothing is zeroed.
+/// most 8·K + 1 bytes per lane in f32, lanes past the frame's edge
+/// included), with the projection it was made from. Written a row at a
+/// time and read once in order: nothing is zeroed.
 #[derive(Debug)]
 pub struct Kept<F> {
     bands: Vec<KeptBand<F>>,
@@ -780,8 +784,8 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
 
     /// The kept selection gives the same render and the same gradients, bit
-    /// for bit, as selecting again (with more candidates per tile than a
-    /// chunk, so that the chunked scan's skipping is exercised).
+    /// for bit, as selecting again (with more candidates in a tile than
+    /// K, so that candidates miss the bound and walks stop early).
     #[test]
     fn the_kept_selection_gives_the_same_render_and_gradients() {
         let mut rng = ChaCha8Rng::seed_from_u64(3);
@@ -815,6 +819,50 @@ mod tests {
                 render_backward(&splats, &frame, top_k, &d_out)
             );
         }
+    }
+
+    /// Exact ties in σ are broken by Gaussian id: every Gaussian has a twin
+    /// with the same parameters (so the same σ at every pixel), against a
+    /// sort of every candidate by (σ, id), for K from 1 to the largest.
+    #[test]
+    fn ties_in_sigma_go_to_the_lower_id() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let (half, w, h) = (60, 40, 35);
+        let mut xy: Vec<f32> = (0..2 * half).map(|_| rng.random_range(0.0..1.0)).collect();
+        let mut inv_scale: Vec<f32> = (0..2 * half).map(|_| 1.0 / rng.random_range(2.0..12.0)).collect();
+        let mut theta: Vec<f32> = (0..half).map(|_| rng.random_range(-3.0..3.0)).collect();
+        xy.extend_from_within(..);
+        inv_scale.extend_from_within(..);
+        theta.extend_from_within(..);
+        let frame = Frame::new(w, h);
+        let binned = project_and_bin(&xy, &inv_scale, &theta, &frame);
+        let mut tied = 0;
+        for top_k in [1, 3, 10, MAX_TOP_K] {
+            for y in 0..h {
+                for x in 0..w {
+                    let (px, py) = (x as f32 + 0.5, y as f32 + 0.5);
+                    let tile = binned.tile((y / TILE) * frame.tiles_x() + x / TILE);
+                    let mut reference: Vec<(f32, u32)> = tile
+                        .iter()
+                        .map(|&id| {
+                            let p = &binned.projected[id as usize];
+                            let (dx, dy) = (p.cx - px, p.cy - py);
+                            (0.5 * p.a * dx * dx + 0.5 * p.c * dy * dy + p.b * dx * dy, id)
+                        })
+                        .filter(|(s, _)| *s >= 0.0 && s.is_finite())
+                        .collect();
+                    reference.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                    reference.truncate(top_k);
+                    tied += reference.windows(2).filter(|p| p[0].0 == p[1].0).count();
+                    assert_eq!(
+                        select_top_k(&binned, &frame, top_k, x, y),
+                        reference,
+                        "pixel ({x}, {y}), K {top_k}"
+                    );
+                }
+            }
+        }
+        assert!(tied > 0, "no tie was selected");
     }
 
     /// Pruning a tile's candidates changes no pixel's selection: against a
