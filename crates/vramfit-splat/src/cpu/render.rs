@@ -182,8 +182,8 @@ impl<F: Real> TileCandidates<F> {
                 };
                 let mut moved = false;
                 for l in 0..TILE {
-                    let here = (s[l] < slot[l]) | ((s[l] == slot[l]) & (id < slot_id[l]));
-                    let above = (s[l] < prev[l]) | ((s[l] == prev[l]) & (id < prev_id[l]));
+                    let here = below(s[l], id, slot[l], slot_id[l]);
+                    let above = below(s[l], id, prev[l], prev_id[l]);
                     slot[l] = if above {
                         prev[l]
                     } else if here {
@@ -217,12 +217,19 @@ impl<F: Real> TileCandidates<F> {
     }
 }
 
+/// Whether `(σ, id)` is below `(slot, slot_id)` in (σ, id) order; no
+/// branch, so that it runs on whole vectors of lanes.
+#[inline(always)]
+fn below<F: Real>(s: F, id: u32, slot: F, slot_id: u32) -> bool {
+    (s < slot) | ((s == slot) & (id < slot_id))
+}
+
 /// Whether `(σ, id)` is below `(slot, slot_id)` in any lane.
 #[inline(always)]
 fn any_below<F: Real>(s: &[F; TILE], id: u32, slot: &[F; TILE], slot_id: &[u32; TILE]) -> bool {
     let mut any = false;
     for l in 0..TILE {
-        any |= (s[l] < slot[l]) | ((s[l] == slot[l]) & (id < slot_id[l]));
+        any |= below(s[l], id, slot[l], slot_id[l]);
     }
     any
 }
@@ -253,7 +260,17 @@ impl<F: Real> RowTopK<F> {
 
     /// Slots some lane uses.
     fn used(&self) -> usize {
-        self.len.iter().copied().max().unwrap_or(0) as usize
+        slots_used(&self.len)
+    }
+
+    /// The row's selections, as the kept selection stores them.
+    fn slots(&self) -> RowSlots<'_, F> {
+        let used = self.used();
+        RowSlots {
+            len: &self.len,
+            ids: self.id[..used].as_flattened(),
+            weights: self.weight[..used].as_flattened(),
+        }
     }
 
     /// The normalised blends of the row's pixels into `out` (`[lanes, c]`,
@@ -292,17 +309,32 @@ impl<F: Real> RowTopK<F> {
             },
         )
     }
+}
 
-    /// Lane `l`'s selection into `pixel`.
+/// Slots some lane of a row uses: its largest count.
+fn slots_used(len: &[u8; TILE]) -> usize {
+    len.iter().copied().max().unwrap_or(0) as usize
+}
+
+/// A tile row's selections: pixel `l` has `len[l]` entries, entry k's id
+/// and weight at `ids[k·TILE + l]` and `weights[k·TILE + l]`.
+#[derive(Debug, Clone, Copy)]
+struct RowSlots<'a, F> {
+    len: &'a [u8; TILE],
+    ids: &'a [u32],
+    weights: &'a [F],
+}
+
+impl<F: Real> RowSlots<'_, F> {
+    /// Pixel `l`'s selection into `pixel`.
     #[inline]
-    fn lane(&self, l: usize, pixel: &mut Selection<F>) {
-        let used = self.used();
-        pixel.take(
-            self.len[l],
-            self.id[..used].as_flattened(),
-            self.weight[..used].as_flattened(),
-            l,
-        );
+    fn take(&self, l: usize, pixel: &mut Selection<F>) {
+        let len = self.len[l] as usize;
+        for (k, (id, w)) in pixel.ids[..len].iter_mut().zip(&mut pixel.weights[..len]).enumerate() {
+            *id = self.ids[k * TILE + l];
+            *w = self.weights[k * TILE + l];
+        }
+        pixel.len = len;
     }
 }
 
@@ -323,18 +355,6 @@ impl<F: Real> Selection<F> {
             ids: [0; MAX_TOP_K],
             weights: [F::zero(); MAX_TOP_K],
         }
-    }
-
-    /// Lane `l`'s `len` entries of a row's slots (`ids` and `weights`,
-    /// [`TILE`] lanes a slot).
-    #[inline]
-    fn take(&mut self, len: u8, ids: &[u32], weights: &[F], l: usize) {
-        let len = len as usize;
-        for (k, (id, w)) in self.ids[..len].iter_mut().zip(&mut self.weights[..len]).enumerate() {
-            *id = ids[k * TILE + l];
-            *w = weights[k * TILE + l];
-        }
-        self.len = len;
     }
 
     /// The selected Gaussians.
@@ -497,11 +517,10 @@ struct KeptBand<F> {
 
 impl<F: Real> KeptBand<F> {
     /// Appends a row's selections.
-    fn push(&mut self, row: &RowTopK<F>) {
-        let used = row.used();
-        self.len.extend_from_slice(&row.len);
-        self.ids.extend_from_slice(row.id[..used].as_flattened());
-        self.weights.extend_from_slice(row.weight[..used].as_flattened());
+    fn push(&mut self, row: RowSlots<'_, F>) {
+        self.len.extend_from_slice(row.len);
+        self.ids.extend_from_slice(row.ids);
+        self.weights.extend_from_slice(row.weights);
     }
 }
 
@@ -575,7 +594,7 @@ fn render_into<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize, keep: b
                 let mut selection = Selection::new();
                 for_each_row_in_band(&binned, frame, b, Some(top_k), |row, x0, y, lanes| {
                     if keep {
-                        kept.push(row);
+                        kept.push(row.slots());
                     }
                     let p = y * frame.width + x0 - p0;
                     let out = &mut chunk[p * c..(p + lanes) * c];
@@ -583,8 +602,9 @@ fn render_into<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize, keep: b
                         row.blend(splats.params.color, c, out);
                         return;
                     }
+                    let slots = row.slots();
                     for (l, px) in out.chunks_exact_mut(c).enumerate() {
-                        row.lane(l, &mut selection);
+                        slots.take(l, &mut selection);
                         if selection.len > 0 {
                             blend(selection.weights(), selection.ids(), splats.params.color, px);
                         }
@@ -672,14 +692,16 @@ pub fn render_backward<F: Real>(splats: &Splats<F>, frame: &Frame, top_k: usize,
     backward_over_bands(splats, frame, d_out, |band, acc| {
         let mut selection = Selection::new();
         for_each_row_in_band(&binned, frame, band, Some(top_k), |row, x0, y, lanes| {
-            for l in 0..lanes {
-                row.lane(l, &mut selection);
-                if selection.len > 0 {
-                    let x = x0 + l;
-                    let g = pixel(d_out, frame, splats.channels, x, y);
-                    pixel_backward(&selection, &binned.projected, splats.params.color, g, (x, y), acc);
-                }
-            }
+            let g = pixels(d_out, frame, splats.channels, (x0, y), lanes);
+            row_backward(
+                row.slots(),
+                (x0, y, lanes),
+                g,
+                splats,
+                &binned.projected,
+                &mut selection,
+                acc,
+            );
         });
     })
 }
@@ -704,26 +726,56 @@ pub fn render_backward_kept<F: Real>(splats: &Splats<F>, frame: &Frame, kept: &K
         for_each_row_in_band(&kept.binned, frame, band, None, |_, x0, y, lanes| {
             let len: &[u8; TILE] = kept_band.len[rows * TILE..(rows + 1) * TILE].try_into().expect("a row");
             rows += 1;
-            let slots = at..at + TILE * *len.iter().max().expect("a row") as usize;
+            let slots = at..at + TILE * slots_used(len);
             at = slots.end;
-            let (ids, weights) = (&kept_band.ids[slots.clone()], &kept_band.weights[slots]);
-            for (l, &n) in len[..lanes].iter().enumerate() {
-                selection.take(n, ids, weights, l);
-                if selection.len > 0 {
-                    let x = x0 + l;
-                    let g = pixel(d_out, frame, splats.channels, x, y);
-                    pixel_backward(&selection, &kept.binned.projected, splats.params.color, g, (x, y), acc);
-                }
-            }
+            let row = RowSlots {
+                len,
+                ids: &kept_band.ids[slots.clone()],
+                weights: &kept_band.weights[slots],
+            };
+            let g = pixels(d_out, frame, splats.channels, (x0, y), lanes);
+            row_backward(
+                row,
+                (x0, y, lanes),
+                g,
+                splats,
+                &kept.binned.projected,
+                &mut selection,
+                acc,
+            );
         });
         assert_eq!(rows * TILE, kept_band.len.len(), "kept for another frame");
     })
 }
 
-/// Pixel `(x, y)`'s `[C]` values of an `[H, W, C]` image.
+/// Adds a tile row's share of the gradients to `acc`, pixel by pixel
+/// ([`pixel_backward`]), from its selections; `g` is the output gradient
+/// of its `lanes` pixels from `(x0, y)` (`[lanes, C]`).
+#[inline(always)]
+fn row_backward<F: Real>(
+    row: RowSlots<'_, F>,
+    (x0, y, lanes): (usize, usize, usize),
+    g: &[F],
+    splats: &Splats<F>,
+    projected: &[Projected<F>],
+    selection: &mut Selection<F>,
+    acc: &mut [F],
+) {
+    let c = splats.channels;
+    for l in 0..lanes {
+        row.take(l, selection);
+        if selection.len > 0 {
+            let g = &g[l * c..(l + 1) * c];
+            pixel_backward(selection, projected, splats.params.color, g, (x0 + l, y), acc);
+        }
+    }
+}
+
+/// Pixels `x0..x0 + n` of row `y` of an `[H, W, C]` image (`[n, C]`).
 #[inline]
-fn pixel<'a, F>(image: &'a [F], frame: &Frame, c: usize, x: usize, y: usize) -> &'a [F] {
-    &image[(y * frame.width + x) * c..(y * frame.width + x + 1) * c]
+fn pixels<'a, F>(image: &'a [F], frame: &Frame, c: usize, (x0, y): (usize, usize), n: usize) -> &'a [F] {
+    let start = y * frame.width + x0;
+    &image[start * c..(start + n) * c]
 }
 
 /// Runs `per_band(band, accumulator)` over the fixed bands in parallel,
