@@ -7,10 +7,18 @@
 #      then the CPU-vs-CUDA quality pair)
 #   3. scripts/gpu-profiler-check.sh (overhead on/off; reserved vs NVML)
 #   4. scripts/transformer-variants.sh cuda
+# The device tool brings back a limited number of files: everything also
+# goes into OUT/all.tgz (run files that are large and not needed dropped).
 # Usage (on the GPU machine, from the repository root, with the binary of
 # `cargo build --release --features cuda -p vramfit-cli` at $VRAMFIT):
 #   VRAMFIT=.gpu/vramfit scripts/gpu-all.sh OUT_DIR
-# Caps in seconds: CAP_KERNELS, CAP_SPLAT, CAP_PROFILER, CAP_TRANSFORMER.
+# Caps in seconds: CAP_KERNELS, CAP_SPLAT, CAP_PROFILER, CAP_TRANSFORMER
+# (60 + 300 + 190 + 160 by default: more than one 600 s device call, so a
+# lease runs it as two calls, PARTS="kernels splat" then
+# PARTS="profiler transformer"; PARTS defaults to all four).
+# Measured on an H100 (2026-11-25): kernels 5 s, splat 184 s with a 30 s
+# per-run cap (three runs cut), profiler about 170 s, transformer about 20 s
+# a variant.
 set -uo pipefail
 out=${1:?usage: scripts/gpu-all.sh OUT_DIR}
 export VRAMFIT=${VRAMFIT:-target/release/vramfit}
@@ -20,23 +28,38 @@ log() { echo "[$(date +%T)] $*" | tee -a "$out/gpu-all.log"; }
 
 { nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; lscpu | head -20; } > "$out/machine.txt" 2>&1
 
+parts=${PARTS:-kernels splat profiler transformer}
+wants() { [[ " $parts " == *" $1 "* ]]; }
+
+if wants kernels; then
 log "check-kernels"
 timeout -k 5 "${CAP_KERNELS:-60}" "$VRAMFIT" check-kernels --device cuda --large --out "$out/check-kernels.json" \
   > "$out/check-kernels.log" 2>&1
 log "check-kernels: exit $?"
+fi
 
+if wants splat; then
 log "splat bench"
-RUN_TIMEOUT=${RUN_TIMEOUT:-30} timeout -k 5 "${CAP_SPLAT:-250}" scripts/gpu-splat-bench.sh "$out/splat" > "$out/splat.log" 2>&1
+RUN_TIMEOUT=${RUN_TIMEOUT:-60} timeout -k 5 "${CAP_SPLAT:-300}" scripts/gpu-splat-bench.sh "$out/splat" > "$out/splat.log" 2>&1
 log "splat bench: exit $?"
+fi
 
+if wants profiler; then
 log "profiler check"
-timeout -k 5 "${CAP_PROFILER:-100}" scripts/gpu-profiler-check.sh "$out/profiler" > "$out/profiler.log" 2>&1
+timeout -k 5 "${CAP_PROFILER:-190}" scripts/gpu-profiler-check.sh "$out/profiler" > "$out/profiler.log" 2>&1
 log "profiler check: exit $?"
+fi
 
+if wants transformer; then
 log "transformer variants"
 # Its run folders under OUT (mktemp honours TMPDIR): a cut run still brings
 # back the summaries of the variants that finished.
 mkdir -p "$out/transformer/runs"
-TMPDIR="$out/transformer/runs" timeout -k 5 "${CAP_TRANSFORMER:-110}" scripts/transformer-variants.sh cuda "$out/transformer/transformer-cuda" \
+TMPDIR="$out/transformer/runs" timeout -k 5 "${CAP_TRANSFORMER:-160}" scripts/transformer-variants.sh cuda "$out/transformer/transformer-cuda" \
   > "$out/transformer.log" 2>&1
 log "transformer variants: exit $?"
+fi
+
+find "$out" \( -name '*.ckpt' -o -name weights.bin -o -name 'events.out.tfevents*' -o -name '*.png' \) -delete
+tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")" && mv "$out.tgz" "$out/all.tgz"
+log "archive: $out/all.tgz"
