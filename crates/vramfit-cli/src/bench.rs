@@ -28,9 +28,8 @@ pub enum Which {
         /// Override one setting, KEY=VALUE with a key of config.toml (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
-        /// Device: cpu; cuda or wgpu in a build with that feature (`--features cuda`, `--features wgpu`).
-        #[arg(long, default_value = "cpu")]
-        device: String,
+        #[command(flatten)]
+        device: crate::device::DeviceArg,
         /// JSON output (a .md table is written beside it).
         #[arg(long, default_value = "bench-results/splat.json")]
         out: PathBuf,
@@ -51,7 +50,7 @@ pub fn run(which: Which) -> Result<()> {
             set,
             device,
             out,
-        } => splat(image, gaussians, steps, &set, &device, out),
+        } => splat(image, gaussians, steps, &set, &device.name, out),
         Which::Plan(args) => crate::plan_bench::run(args),
         Which::PlanSplat(args) => crate::plan_bench_splat::run(args),
     }

@@ -6,6 +6,14 @@ use burn::tensor::backend::AutodiffBackend;
 use vramfit::profile::DeviceMemory;
 use vramfit_splat::op::{FusedLoss, SplatBackend};
 
+/// `--device`, declared once for every command that runs work on one.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DeviceArg {
+    /// Device: cpu; cuda or wgpu in a build with that feature (`--features cuda`, `--features wgpu`).
+    #[arg(long = "device", value_name = "DEVICE", default_value = "cpu")]
+    pub name: String,
+}
+
 /// The devices this build can run on, for messages.
 const BUILT: &str = if cfg!(all(feature = "cuda", feature = "wgpu")) {
     "cpu, cuda or wgpu"
@@ -27,8 +35,21 @@ fn unavailable(device: &str) -> anyhow::Error {
     }
 }
 
-/// Work to run on a backend chosen at run time (`--device`).
+/// Work to run on a training backend chosen at run time (`--device`): the
+/// transformer, the U-Net, their planners.
 pub trait OnBackend {
+    /// What it returns.
+    type Output;
+    /// Runs on backend `B`, device `device`, described as `name`.
+    fn run<B>(self, device: &B::Device, name: String) -> Result<Self::Output>
+    where
+        B: AutodiffBackend,
+        B::InnerBackend: DeviceMemory;
+}
+
+/// Work that also needs the splat fit's kernels on its backend: the fit,
+/// its planner and its benchmark.
+pub trait OnSplatBackend {
     /// What it returns.
     type Output;
     /// Runs on backend `B`, device `device`, described as `name`.
@@ -38,22 +59,37 @@ pub trait OnBackend {
         B::InnerBackend: FusedLoss + DeviceMemory;
 }
 
-/// Runs `work` on the named device: the one place that maps `--device` to a backend.
+/// The one place that maps `--device` to a backend; both kinds of work
+/// are dispatched through it.
+macro_rules! dispatch {
+    ($device:expr, $work:expr) => {
+        match $device {
+            "cpu" => $work.run::<Autodiff<Flex>>(
+                &Default::default(),
+                format!("cpu (burn Flex, {} threads)", rayon_threads()),
+            ),
+            #[cfg(feature = "cuda")]
+            "cuda" => {
+                $work.run::<Autodiff<burn::backend::Cuda>>(&Default::default(), "cuda:0 (burn Cuda; CubeCL)".into())
+            }
+            #[cfg(feature = "wgpu")]
+            "wgpu" => $work.run::<vramfit::backends::Wgpu>(
+                &Default::default(),
+                "wgpu, default adapter (burn CubeBackend<Wgpu>; CubeCL)".into(),
+            ),
+            other => Err(unavailable(other)),
+        }
+    };
+}
+
+/// Runs `work` on the named device.
 pub fn on_device<W: OnBackend>(device: &str, work: W) -> Result<W::Output> {
-    match device {
-        "cpu" => work.run::<Autodiff<Flex>>(
-            &Default::default(),
-            format!("cpu (burn Flex, {} threads)", rayon_threads()),
-        ),
-        #[cfg(feature = "cuda")]
-        "cuda" => work.run::<Autodiff<burn::backend::Cuda>>(&Default::default(), "cuda:0 (burn Cuda; CubeCL)".into()),
-        #[cfg(feature = "wgpu")]
-        "wgpu" => work.run::<Autodiff<vramfit_splat::gpu::backend::WgpuBackend>>(
-            &Default::default(),
-            "wgpu, default adapter (burn CubeBackend<Wgpu>; CubeCL)".into(),
-        ),
-        other => Err(unavailable(other)),
-    }
+    dispatch!(device, work)
+}
+
+/// Runs `work`, which needs the splat kernels, on the named device.
+pub fn on_splat_device<W: OnSplatBackend>(device: &str, work: W) -> Result<W::Output> {
+    dispatch!(device, work)
 }
 
 fn rayon_threads() -> usize {

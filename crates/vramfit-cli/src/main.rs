@@ -12,12 +12,14 @@ use vramfit_splat::gaussians::Gaussians;
 use vramfit_splat::picture::{Picture, check_output_path, save_png, to_rgb8};
 
 mod bench;
+mod budget;
 mod device;
 mod plan;
 mod plan_bench;
 mod plan_bench_splat;
 mod plan_splat;
 mod runs;
+mod show_plan;
 mod train;
 
 // The fit allocates and frees image-sized buffers every step; glibc's
@@ -131,9 +133,8 @@ struct FitArgs {
     /// Continue the run in RUN_DIR from its last checkpoint.
     #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["image", "gaussians", "steps", "seed", "out", "config", "set", "budget"])]
     resume: Option<PathBuf>,
-    /// Device: cpu; cuda or wgpu in a build with that feature (`--features cuda`, `--features wgpu`).
-    #[arg(long, default_value = "cpu")]
-    device: String,
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
     /// Test seam: with --budget, the first plan fails at this step as an out-of-memory would.
     #[arg(long, hide = true, requires = "budget")]
     simulate_oom_at: Option<u64>,
@@ -252,16 +253,16 @@ fn apply_sets(c: FitConfig, sets: &[String]) -> Result<FitConfig> {
 
 fn fit(args: FitArgs) -> Result<()> {
     if let Some(budget) = &args.budget {
-        let budget = plan::Budget::parse(budget, &args.device)?;
+        let budget = budget::Budget::parse(budget, &args.device.name)?;
         let config = resolve(&args.settings)?;
         let out = run_path(&args.out, "fit");
-        return plan_splat::fit_planned(config, budget, out, &args.device, args.simulate_oom_at);
+        return plan_splat::fit_planned(config, budget, out, &args.device.name, args.simulate_oom_at);
     }
     let start = match &args.resume {
         Some(dir) => Start::Resume(dir.clone()),
         None => Start::New(resolve(&args.settings)?, run_path(&args.out, "fit")),
     };
-    runs::run(&args.device, runs::Launch::Fit(start))
+    runs::run(&args.device.name, runs::Launch::Fit(start))
 }
 
 /// `--out`, or the next free `runs/PREFIX-NNN` (claimed atomically when the run starts).

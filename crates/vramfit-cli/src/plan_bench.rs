@@ -13,9 +13,8 @@ use burn::tensor::backend::AutodiffBackend;
 use serde_json::json;
 use vramfit::plan::{Knobs, Measured, Plannable, calibrate};
 use vramfit::profile::{DeviceMemory, human_bytes};
-use vramfit_models::config::TrainConfig;
+use vramfit_models::gpt::TrainConfig;
 use vramfit_models::plan::TransformerTarget;
-use vramfit_splat::op::{FusedLoss, SplatBackend};
 
 use crate::device::{OnBackend, on_device};
 
@@ -31,9 +30,8 @@ pub struct Args {
     /// step times say nothing about a GPU's).
     #[arg(long)]
     no_sweep: bool,
-    /// Device: cpu; cuda or wgpu in a build with that feature.
-    #[arg(long, default_value = "cpu")]
-    device: String,
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
     /// JSON output (a .md table is written beside it).
     #[arg(long, default_value = "bench-results/plan-transformer.json")]
     out: PathBuf,
@@ -42,7 +40,7 @@ pub struct Args {
 pub fn run(args: Args) -> Result<()> {
     let config = crate::train::resolve::<vramfit_models::gpt::GptConfig>(&args.settings)?;
     on_device(
-        &args.device,
+        &args.device.name,
         Bench {
             config,
             fractions: args.budgets,
@@ -71,8 +69,8 @@ impl OnBackend for Bench {
 
     fn run<B>(self, device: &B::Device, name: String) -> Result<()>
     where
-        B: AutodiffBackend + SplatBackend,
-        B::InnerBackend: FusedLoss + DeviceMemory,
+        B: AutodiffBackend,
+        B::InnerBackend: DeviceMemory,
     {
         let batch = self.config.batch_size;
         let mut target = TransformerTarget::<B>::new(self.config.clone(), device)?;
@@ -197,7 +195,7 @@ impl OnBackend for Bench {
                 String::new()
             },
             sweep.len(),
-            vramfit_models::plan::PROBE_STEPS,
+            vramfit::plan::PROBE_STEPS,
             small.as_ref().map_or(String::new(), |s| format!(
                 " Extrapolation: a second calibration at batch {} ({:.1} s) predicts the chosen plans at batch {batch}.",
                 s.probe_batch, s.seconds

@@ -12,13 +12,14 @@ use std::path::PathBuf;
 use anyhow::Result;
 use burn::tensor::backend::AutodiffBackend;
 use serde_json::json;
-use vramfit::plan::{Ladder, Measured, PlanError, calibrate_ladder};
+use vramfit::plan::{Ladder, Measured, PROBE_STEPS, PlanError, calibrate_ladder};
 use vramfit::profile::{DeviceMemory, human_bytes};
 use vramfit_splat::config::FitConfig;
 use vramfit_splat::op::{FusedLoss, SplatBackend};
-use vramfit_splat::plan::{PROBE_STEPS, SplatTarget};
 
-use crate::device::{OnBackend, on_device};
+use vramfit_splat::plan::SplatTarget;
+
+use crate::device::{OnSplatBackend, on_splat_device};
 use crate::plan_bench::write_results;
 
 #[derive(clap::Args)]
@@ -28,9 +29,8 @@ pub struct Args {
     /// Leave out the sweep of every band height.
     #[arg(long)]
     no_sweep: bool,
-    /// Device: cpu; cuda or wgpu in a build with that feature.
-    #[arg(long, default_value = "cpu")]
-    device: String,
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
     /// JSON output (a .md table is written beside it).
     #[arg(long, default_value = "bench-results/plan-splat.json")]
     out: PathBuf,
@@ -38,8 +38,8 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let config = crate::resolve(&args.settings)?;
-    on_device(
-        &args.device,
+    on_splat_device(
+        &args.device.name,
         Bench {
             config,
             sweep: !args.no_sweep,
@@ -62,7 +62,7 @@ fn every_band(rungs: &[usize]) -> Vec<usize> {
     }
 }
 
-impl OnBackend for Bench {
+impl OnSplatBackend for Bench {
     type Output = ();
 
     fn run<B>(self, device: &B::Device, name: String) -> Result<()>

@@ -5,15 +5,16 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::AutodiffBackend;
-use vramfit::plan::{LadderCalibration, LadderChoice, calibrate_ladder};
+use vramfit::plan::{FALLBACKS, LadderCalibration, LadderChoice, Options, PROBE_STEPS, calibrate_ladder, run_plans};
 use vramfit::profile::{DeviceMemory, human_bytes};
 use vramfit::run::RunPath;
+use vramfit::settings::{sets_between, shell_words};
 use vramfit_splat::config::FitConfig;
 use vramfit_splat::op::{FusedLoss, SplatBackend};
-use vramfit_splat::plan::{PROBE_STEPS, SplatTarget, apply, run_planned};
+use vramfit_splat::plan::{SplatTarget, apply};
 
-use crate::device::{OnBackend, on_device};
-use crate::plan::{Budget, budget_and_cards, check_json_folder, check_new_out, check_within, own_flags};
+use crate::budget::{Budget, budget_and_cards, check_json_folder, check_new_out, check_within};
+use crate::device::{OnSplatBackend, on_splat_device};
 
 #[derive(clap::Args)]
 pub struct SplatPlanArgs {
@@ -28,22 +29,21 @@ pub struct SplatPlanArgs {
     /// Write the probes and the plans as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// Device: cpu; cuda or wgpu in a build with that feature.
-    #[arg(long, default_value = "cpu")]
-    device: String,
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
 }
 
 pub fn run(args: SplatPlanArgs) -> Result<()> {
     let config = crate::resolve(&args.settings)?;
-    let (budget, gpus) = budget_and_cards(args.budget.as_deref(), &args.gpus, &args.device)?;
-    on_device(
-        &args.device,
+    let (budget, gpus) = budget_and_cards(args.budget.as_deref(), &args.gpus, &args.device.name)?;
+    on_splat_device(
+        &args.device.name,
         PlanJob {
             config,
             budget,
             gpus,
             json: args.json,
-            device: args.device.clone(),
+            device: args.device.name.clone(),
         },
     )
 }
@@ -57,7 +57,7 @@ struct PlanJob {
     device: String,
 }
 
-impl OnBackend for PlanJob {
+impl OnSplatBackend for PlanJob {
     type Output = ();
 
     fn run<B>(self, device: &B::Device, name: String) -> Result<()>
@@ -66,20 +66,18 @@ impl OnBackend for PlanJob {
         B::InnerBackend: FusedLoss + DeviceMemory,
     {
         check_json_folder(self.json.as_deref())?;
-        let cal = probe::<B>(&self.config, device, &name)?;
+        let mut target = SplatTarget::<B>::new(self.config.clone(), device)?.with_device_name(&name);
+        let cal = probe(&mut target, &name)?;
         let mut out = serde_json::json!({ "device": name, "calibration": cal });
         if let Some(budget) = self.budget {
             let choice = cal.choose(budget.bytes)?;
             print_choice(&cal, &choice, budget);
-            let band = match choice.plans[0].value {
-                0 => String::new(),
-                rows => format!(" --set band_rows={rows}"),
-            };
-            println!(
-                "to run it: vramfit fit {}--device {}{band}",
-                own_flags("splat"),
-                self.device
-            );
+            let winner = apply(&self.config, choice.plans[0].value);
+            let mut args = vec!["--device".to_string(), self.device.clone()];
+            for set in sets_between(&FitConfig::default().to_toml(), &winner.to_toml(), &[]) {
+                args.extend(["--set".to_string(), set]);
+            }
+            println!("to run it: vramfit fit {}", shell_words(&args));
             out["choice"] = serde_json::json!(choice);
         }
         if !self.gpus.is_empty() {
@@ -118,14 +116,13 @@ impl OnBackend for PlanJob {
 }
 
 /// Measures every rung and prints them.
-fn probe<B>(config: &FitConfig, device: &B::Device, name: &str) -> Result<LadderCalibration>
+fn probe<B>(target: &mut SplatTarget<B>, name: &str) -> Result<LadderCalibration>
 where
     B: AutodiffBackend + SplatBackend,
     B::InnerBackend: FusedLoss + DeviceMemory,
 {
-    let mut target = SplatTarget::<B>::new(config.clone(), device)?;
     eprintln!("probing on {name} (one short fit per band height)…");
-    let cal = calibrate_ladder(&mut target)?;
+    let cal = calibrate_ladder(target)?;
     println!(
         "probes: {} of {PROBE_STEPS} steps in {:.1} s, every Gaussian on the device from the first step (peaks: the \
          figure that decides an out-of-memory here)",
@@ -186,9 +183,6 @@ fn print_choice(cal: &LadderCalibration, choice: &LadderChoice, budget: Budget) 
     );
 }
 
-/// Plans kept for fallback after the winner.
-const FALLBACKS: usize = 3;
-
 /// `fit --budget`: plan the band height, write the plan into the run
 /// directory, run the winner, fall back to lower bands on an out-of-memory.
 pub fn fit_planned(
@@ -198,7 +192,7 @@ pub fn fit_planned(
     device: &str,
     simulate_oom_at: Option<u64>,
 ) -> Result<()> {
-    on_device(
+    on_splat_device(
         device,
         PlannedFit {
             config,
@@ -216,7 +210,7 @@ struct PlannedFit {
     simulate_oom_at: Option<u64>,
 }
 
-impl OnBackend for PlannedFit {
+impl OnSplatBackend for PlannedFit {
     type Output = ();
 
     fn run<B>(self, device: &B::Device, name: String) -> Result<()>
@@ -231,7 +225,8 @@ impl OnBackend for PlannedFit {
                 self.config.band_rows
             );
         }
-        let cal = probe::<B>(&self.config, device, &name)?;
+        let mut target = SplatTarget::<B>::new(self.config.clone(), device)?.with_device_name(&name);
+        let cal = probe(&mut target, &name)?;
         let LadderChoice {
             mut plans, why, margin, ..
         } = cal.choose(self.budget.bytes)?;
@@ -259,13 +254,16 @@ impl OnBackend for PlannedFit {
             "probe_seconds": cal.seconds,
         });
         drop(cal);
-        let planned = run_planned::<B>(
+        let options = Options {
+            simulate_oom_at: self.simulate_oom_at,
+            ..Options::new(self.out)
+        };
+        let planned = run_plans(
+            &target,
             &configs,
-            self.out,
-            &record,
-            device,
-            &name,
-            self.simulate_oom_at,
+            record,
+            Some(self.budget.bytes),
+            &options,
             crate::runs::progress(),
         )?;
         for f in &planned.fallbacks {

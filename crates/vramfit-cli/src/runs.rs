@@ -9,12 +9,13 @@ use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
 use vramfit::profile::{DeviceMemory, MemoryReport, human_bytes};
 use vramfit::run::{Event, RunSummary, Start};
-use vramfit_models::config::{TrainConfig, UnetTrainConfig};
+use vramfit_models::gpt::TrainConfig;
 use vramfit_models::job::{Job, TrainSummary};
+use vramfit_models::unet::UnetTrainConfig;
 use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
 use vramfit_splat::op::{FusedLoss, SplatBackend};
 
-use crate::device::{OnBackend, on_device};
+use crate::device::{OnBackend, OnSplatBackend, on_device, on_splat_device};
 
 /// What to run: a workload, new with its settings or resumed.
 pub enum Launch {
@@ -43,12 +44,13 @@ pub enum Done {
     Train(&'static str, RunSummary<TrainSummary>),
 }
 
-struct Drive<O> {
-    launch: Launch,
+/// A fit, driven (it needs the splat kernels on its backend).
+struct DriveFit<O> {
+    start: Start<FitConfig>,
     observe: O,
 }
 
-impl<O: FnMut(Event) -> ControlFlow<()>> OnBackend for Drive<O> {
+impl<O: FnMut(Event) -> ControlFlow<()>> OnSplatBackend for DriveFit<O> {
     type Output = (PathBuf, Option<Done>);
 
     fn run<B>(self, device: &B::Device, name: String) -> Result<(PathBuf, Option<Done>)>
@@ -56,12 +58,27 @@ impl<O: FnMut(Event) -> ControlFlow<()>> OnBackend for Drive<O> {
         B: AutodiffBackend + SplatBackend,
         B::InnerBackend: FusedLoss + DeviceMemory,
     {
+        let (run, w) = vramfit_splat::job::launch::<B>(self.start, device, &name)?;
+        let dir = run.dir().root().to_path_buf();
+        Ok((dir, run.drive(w, self.observe)?.map(Done::Fit)))
+    }
+}
+
+/// A model family's training run, driven.
+struct DriveTrain<O> {
+    launch: Launch,
+    observe: O,
+}
+
+impl<O: FnMut(Event) -> ControlFlow<()>> OnBackend for DriveTrain<O> {
+    type Output = (PathBuf, Option<Done>);
+
+    fn run<B>(self, device: &B::Device, name: String) -> Result<(PathBuf, Option<Done>)>
+    where
+        B: AutodiffBackend,
+        B::InnerBackend: DeviceMemory,
+    {
         Ok(match self.launch {
-            Launch::Fit(start) => {
-                let (run, w) = vramfit_splat::job::launch::<B>(start, device, &name)?;
-                let dir = run.dir().root().to_path_buf();
-                (dir, run.drive(w, self.observe)?.map(Done::Fit))
-            }
             Launch::Transformer(start) => {
                 let (run, w) = vramfit_models::job::launch::<B>(start, device, &name)?;
                 let dir = run.dir().root().to_path_buf();
@@ -72,6 +89,7 @@ impl<O: FnMut(Event) -> ControlFlow<()>> OnBackend for Drive<O> {
                 let dir = run.dir().root().to_path_buf();
                 (dir, run.drive(w, self.observe)?.map(|s| Done::Train("unet", s)))
             }
+            Launch::Fit(_) => unreachable!("a fit is driven by DriveFit"),
         })
     }
 }
@@ -83,7 +101,10 @@ pub fn run_with(
     launch: Launch,
     observe: impl FnMut(Event) -> ControlFlow<()>,
 ) -> Result<(PathBuf, Option<Done>)> {
-    on_device(device, Drive { launch, observe })
+    match launch {
+        Launch::Fit(start) => on_splat_device(device, DriveFit { start, observe }),
+        launch => on_device(device, DriveTrain { launch, observe }),
+    }
 }
 
 /// Runs `launch` on `device` with a progress bar, and prints the summary.

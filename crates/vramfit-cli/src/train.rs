@@ -1,12 +1,22 @@
-//! `vramfit train transformer|unet`: flags → settings → the run driver.
+//! `vramfit train transformer|unet`: flags → settings → the run driver;
+//! with `--budget`, the library's planning pipeline first.
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Result, bail};
+use burn::tensor::backend::AutodiffBackend;
+use vramfit::plan::{FALLBACKS, Options, Runnable, record, run_plans, verify};
+use vramfit::profile::DeviceMemory;
+use vramfit::run::RunPath;
 use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::{Family, ModelSettings};
 use vramfit_models::gpt::GptConfig;
+use vramfit_models::plan::FamilyTarget;
 use vramfit_models::unet::UnetConfig;
+
+use crate::budget::{Budget, check_new_out, check_within};
+use crate::device::{OnBackend, on_device};
+use crate::show_plan::{print_choice, print_verified, probe};
 
 #[derive(clap::Subcommand)]
 pub enum Which {
@@ -36,9 +46,8 @@ pub struct TrainArgs {
         "config", "precision", "checkpoint", "micro_batch", "accumulate", "batch_size", "steps",
         "storage", "moments", "allocator_cleanup", "seed", "out", "set", "budget"])]
     resume: Option<PathBuf>,
-    /// Device: cpu; cuda or wgpu in a build with that feature (`--features cuda`, `--features wgpu`).
-    #[arg(long, default_value = "cpu")]
-    device: String,
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
     /// Test seam: with --budget, the first plan fails at this step as an out-of-memory would.
     #[arg(long, hide = true, requires = "budget")]
     simulate_oom_at: Option<u64>,
@@ -85,6 +94,24 @@ pub struct Settings {
     set: Vec<String>,
 }
 
+impl Settings {
+    /// The technique flags given (the planner's to set with `--budget`).
+    pub fn techniques_given(&self) -> Vec<&'static str> {
+        [
+            ("--precision", self.precision.is_some()),
+            ("--checkpoint", self.checkpoint.is_some()),
+            ("--micro-batch", self.micro_batch.is_some()),
+            ("--accumulate", self.accumulate.is_some()),
+            ("--storage", !self.storage.is_empty()),
+            ("--moments", self.moments.is_some()),
+            ("--allocator-cleanup", self.allocator_cleanup.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
+    }
+}
+
 /// Resolves defaults ← config file ← flags ← `--set`.
 pub fn resolve<M: ModelSettings>(a: &Settings) -> Result<FamilyConfig<M>> {
     let mut c = match &a.config {
@@ -124,19 +151,92 @@ fn run_family<F: Family<D>, const D: usize>(
 ) -> Result<()> {
     if let Some(budget) = &args.budget {
         let config = resolve::<F>(&args.settings)?;
-        let budget = crate::plan::Budget::parse(budget, &args.device)?;
-        return crate::plan::train_planned::<F, D>(
-            config,
-            budget,
-            args.probe_batch,
-            crate::run_path(&args.out, F::NAME),
-            &args.device,
-            args.simulate_oom_at,
+        let budget = crate::budget::Budget::parse(budget, &args.device.name)?;
+        return on_device(
+            &args.device.name,
+            PlannedRun::<F, D> {
+                config,
+                budget,
+                probe_batch: args.probe_batch,
+                out: crate::run_path(&args.out, F::NAME),
+                simulate_oom_at: args.simulate_oom_at,
+                replaced: args.settings.techniques_given(),
+            },
         );
     }
     let start = match &args.resume {
         Some(dir) => vramfit::run::Start::Resume(dir.clone()),
         None => vramfit::run::Start::New(resolve::<F>(&args.settings)?, crate::run_path(&args.out, F::NAME)),
     };
-    crate::runs::run(&args.device, launch(start))
+    crate::runs::run(&args.device.name, launch(start))
+}
+
+/// `train transformer|unet --budget`: plan, write the plan into the run
+/// directory, run the winner, fall back to the next plans on an out-of-memory.
+struct PlannedRun<F: ModelSettings, const D: usize> {
+    config: FamilyConfig<F>,
+    budget: Budget,
+    probe_batch: Option<usize>,
+    out: RunPath,
+    simulate_oom_at: Option<u64>,
+    /// The technique flags the user gave, which the plan replaces.
+    replaced: Vec<&'static str>,
+}
+
+impl<F: Family<D>, const D: usize> OnBackend for PlannedRun<F, D> {
+    type Output = ();
+
+    fn run<B>(self, device: &B::Device, name: String) -> Result<()>
+    where
+        B: AutodiffBackend,
+        B::InnerBackend: DeviceMemory,
+    {
+        check_new_out(&self.out)?;
+        if !self.replaced.is_empty() {
+            eprintln!(
+                "note: with --budget the planner sets the techniques; it replaces {}",
+                self.replaced.join(", ")
+            );
+        }
+        let mut target = FamilyTarget::<B, F, D>::new(self.config.clone(), device)?.with_device_name(&name);
+        let cal = probe(&mut target, self.probe_batch, &name)?;
+        let mut verified = verify(&cal, &mut target, self.budget.bytes)?;
+        print_choice(&cal, &verified.choice, self.budget);
+        print_verified(&verified.choice, &verified.measured);
+        let batch = self.config.batch_size;
+        // On the CPU the budget is the whole heap: the planner's own tables
+        // (hundreds of plans, the probes' records) must not ride along into the run.
+        verified.choice.plans.truncate(1 + FALLBACKS);
+        let kept = verified.choice.plans.clone();
+        let configs: Vec<FamilyConfig<F>> = kept.iter().map(|p| target.settings(&p.knobs)).collect();
+        let mut plan_json = record(&cal, &verified, &name);
+        plan_json["budget_auto"] = serde_json::json!(self.budget.auto);
+        drop((cal, verified));
+        let options = Options {
+            simulate_oom_at: self.simulate_oom_at,
+            ..Options::new(self.out)
+        };
+        let planned = run_plans(
+            &target,
+            &configs,
+            plan_json,
+            Some(self.budget.bytes),
+            &options,
+            crate::runs::progress(),
+        )?;
+        for f in &planned.fallbacks {
+            println!(
+                "fell back from plan {} to plan {} ({}), from the last checkpoint",
+                f.from + 1,
+                f.to + 1,
+                kept[f.to].knobs.describe(batch)
+            );
+        }
+        let Some(summary) = planned.summary else {
+            bail!("the run stopped before its end")
+        };
+        crate::runs::print_train(F::NAME, &summary);
+        crate::runs::print_common(&summary, &planned.dir);
+        check_within(summary.peak_memory_bytes.unwrap_or(0), self.budget.bytes, &planned.dir)
+    }
 }

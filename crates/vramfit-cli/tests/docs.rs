@@ -141,5 +141,9 @@ fn every_documented_command_parses() {
     }
     // The README alone shows seven; a parser that found none would pass.
     assert!(checked >= 15, "only {checked} documented commands found");
-    assert!(failures.is_empty(), "documented commands that no longer parse:\n\n{}", failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "documented commands that no longer parse:\n\n{}",
+        failures.join("\n\n")
+    );
 }

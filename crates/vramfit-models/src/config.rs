@@ -8,21 +8,53 @@ use std::path::{Path, PathBuf};
 
 use burn::tensor::DType;
 use burn::tensor::backend::Backend;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use std::fmt::Debug;
 use vramfit::allocator::CleanupPolicy;
 use vramfit::batch::MicroBatching;
 use vramfit::checkpoint::CheckpointPolicy;
 use vramfit::precision::Precision;
 use vramfit::storage::StoragePolicy;
 
-use crate::family::ModelSettings;
-use crate::gpt::GptConfig;
+/// The `[model]` settings of a family, with its `[task]` settings.
+pub trait ModelSettings:
+    Clone + PartialEq + Debug + Default + Serialize + DeserializeOwned + Send + Sync + 'static
+{
+    /// The `[task]` settings.
+    type Task: Clone + PartialEq + Debug + Default + Serialize + DeserializeOwned + Send + Sync + 'static;
+    /// `vramfit train NAME`; the default run directory's prefix.
+    const NAME: &'static str;
+    /// Kind of the run's checkpoint file.
+    const CHECKPOINT_KIND: &'static str;
+    /// Kind of the finished run's `weights.bin`.
+    const WEIGHTS_KIND: &'static str;
 
-/// The transformer's settings (`vramfit train transformer`).
-pub type TrainConfig = FamilyConfig<GptConfig>;
+    /// Checks the model and task settings together; the error names the setting.
+    fn check(&self, task: &Self::Task) -> Result<(), ConfigError>;
 
-/// The U-Net's settings (`vramfit train unet`).
-pub type UnetTrainConfig = FamilyConfig<crate::unet::UnetConfig>;
+    /// Blocks of the chain (what `checkpoint` marks).
+    fn blocks(&self) -> usize;
+
+    /// The layer that normalises with statistics over a forward pass's
+    /// samples (`BatchNorm`), if the model has one: splitting the batch
+    /// into micro-batches then changes the numerics (the planner says so).
+    fn batch_statistics(&self) -> Option<String> {
+        None
+    }
+
+    /// Blocks that differ, for the planner: per block, its share of the
+    /// activations relative to the mean block and its input's bytes per
+    /// sample in f32 ([`vramfit::plan::Space::block_shapes`]). Empty: equal blocks.
+    fn block_shapes(&self, _task: &Self::Task) -> Vec<(f64, u64)> {
+        Vec::new()
+    }
+
+    /// The family's own defaults of the shared settings (steps, batch, lr).
+    fn defaults(config: FamilyConfig<Self>) -> FamilyConfig<Self> {
+        config
+    }
+}
 
 /// Every setting of a training run of family `M`. Field names are the TOML keys.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -272,6 +304,7 @@ impl<M: ModelSettings> FamilyConfig<M> {
 mod tests {
     use super::*;
     use crate::data::TaskConfig;
+    use crate::gpt::{GptConfig, TrainConfig};
     use burn::backend::Flex;
 
     fn check(c: TrainConfig) -> String {

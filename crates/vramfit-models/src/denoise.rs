@@ -1,5 +1,5 @@
 //! The U-Net's task: denoising crops of the procedural sample image
-//! (`vramfit_splat::sample::procedural`), deterministic per step.
+//! (`vramfit_sample::procedural`), deterministic per step.
 //!
 //! Sample `i` of step `s` is a `resolution²` crop at a position drawn from
 //! `(seed, s, i)`; its input is the crop plus Gaussian noise of σ `noise`,
@@ -82,7 +82,7 @@ impl Denoise {
     /// The source image for `config` with `channels` (1: luminance, 3: RGB).
     pub fn new(config: DenoiseConfig, channels: usize) -> Self {
         let side = config.source.max(config.resolution);
-        let image = vramfit_splat::sample::procedural(side as u32, side as u32);
+        let image = vramfit_sample::procedural(side as u32, side as u32);
         let raw = image.as_raw();
         let value = |p: usize, c: usize| raw[p * 3 + c] as f32 / 255.0;
         let planes = if channels == 1 {

@@ -9,53 +9,11 @@
 //! plain data (settings, checks, the chain's length), its [`Family`] part
 //! builds the network and its data on a backend.
 
-use std::fmt::Debug;
-
 use burn::tensor::backend::AutodiffBackend;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use vramfit::step::Trainable;
 
-use crate::config::{ConfigError, FamilyConfig};
-
-/// The `[model]` settings of a family, with its `[task]` settings.
-pub trait ModelSettings:
-    Clone + PartialEq + Debug + Default + Serialize + DeserializeOwned + Send + Sync + 'static
-{
-    /// The `[task]` settings.
-    type Task: Clone + PartialEq + Debug + Default + Serialize + DeserializeOwned + Send + Sync + 'static;
-    /// `vramfit train NAME`; the default run directory's prefix.
-    const NAME: &'static str;
-    /// Kind of the run's checkpoint file.
-    const CHECKPOINT_KIND: &'static str;
-    /// Kind of the finished run's `weights.bin`.
-    const WEIGHTS_KIND: &'static str;
-
-    /// Checks the model and task settings together; the error names the setting.
-    fn check(&self, task: &Self::Task) -> Result<(), ConfigError>;
-
-    /// Blocks of the chain (what `checkpoint` marks).
-    fn blocks(&self) -> usize;
-
-    /// The layer that normalises with statistics over a forward pass's
-    /// samples (`BatchNorm`), if the model has one: splitting the batch
-    /// into micro-batches then changes the numerics (the planner says so).
-    fn batch_statistics(&self) -> Option<String> {
-        None
-    }
-
-    /// Blocks that differ, for the planner: per block, its share of the
-    /// activations relative to the mean block and its input's bytes per
-    /// sample in f32 ([`vramfit::plan::Space::block_shapes`]). Empty: equal blocks.
-    fn block_shapes(&self, _task: &Self::Task) -> Vec<(f64, u64)> {
-        Vec::new()
-    }
-
-    /// The family's own defaults of the shared settings (steps, batch, lr).
-    fn defaults(config: FamilyConfig<Self>) -> FamilyConfig<Self> {
-        config
-    }
-}
+// The plain-data part lives with the settings it describes.
+pub use crate::config::ModelSettings;
 
 /// Building a family's network and data on a backend; `D` is the rank of
 /// the activations between its blocks.

@@ -17,6 +17,11 @@ use vramfit::checkpoint::Block;
 use vramfit::precision::Autocast;
 use vramfit::step::Trainable;
 
+pub use crate::data::TokenBatch;
+
+/// The transformer's settings (`vramfit train transformer`).
+pub type TrainConfig = crate::config::FamilyConfig<GptConfig>;
+
 /// Model shape.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -278,36 +283,6 @@ pub struct Gpt<B: Backend> {
     /// Before the head.
     pub final_norm: Norm<B>,
     max_frames: usize,
-}
-
-/// Inputs and next-token targets.
-#[derive(Debug, Clone)]
-pub struct TokenBatch<B: Backend> {
-    /// `[batch, tokens]`.
-    pub tokens: Tensor<B, 2, Int>,
-    /// `[batch, tokens]`: the token after each input token.
-    pub targets: Tensor<B, 2, Int>,
-    /// `[batch, frames, frame_dim]`, when the task has frames.
-    pub frames: Option<Tensor<B, 3>>,
-}
-
-impl<B: Backend> TokenBatch<B> {
-    /// Device bytes of the batch's tensors.
-    pub fn bytes(&self) -> u64 {
-        let of = |shape: burn::tensor::Shape, dtype: burn::tensor::DType| (shape.num_elements() * dtype.size()) as u64;
-        of(self.tokens.shape(), self.tokens.dtype())
-            + of(self.targets.shape(), self.targets.dtype())
-            + self.frames.as_ref().map_or(0, |f| of(f.shape(), f.dtype()))
-    }
-
-    /// Samples `range`.
-    pub fn slice(&self, range: std::ops::Range<usize>) -> Self {
-        Self {
-            tokens: self.tokens.clone().slice([range.clone()]),
-            targets: self.targets.clone().slice([range.clone()]),
-            frames: self.frames.clone().map(|f| f.slice([range])),
-        }
-    }
 }
 
 impl<B: Backend> Gpt<B> {

@@ -22,9 +22,9 @@ use vramfit::step::{StepError, StepObserver, Stepper};
 use vramfit::storage::parameter_bytes;
 use vramfit::trainer::{load_state, save_state};
 
-use crate::config::{ConfigError, FamilyConfig, TrainConfig};
+use crate::config::{ConfigError, FamilyConfig};
 use crate::family::Family;
-use crate::gpt::GptConfig;
+use crate::gpt::{GptConfig, TrainConfig};
 use crate::unet::UnetConfig;
 
 /// The transformer's training run.

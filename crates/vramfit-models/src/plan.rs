@@ -6,27 +6,24 @@
 
 use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
-use std::ops::ControlFlow;
-use vramfit::plan::{Knobs, Measured, Plannable, Planned, PlannedRun, Space, measure_run};
+use vramfit::plan::{Knobs, Measured, Plannable, Runnable, SIMULATED_OOM, Space, run_probe};
 use vramfit::precision::Precision;
 use vramfit::profile::DeviceMemory;
-use vramfit::run::{Event, RunError, RunPath};
+use vramfit::run::{Run, RunError, Start};
 use vramfit::step::StepError;
 
 use crate::config::FamilyConfig;
 use crate::family::{Family, ModelSettings};
 use crate::gpt::GptConfig;
-use crate::job::{Job, TrainError, TrainSummary};
+use crate::job::{Job, TrainError};
 use crate::unet::UnetConfig;
-
-/// Steps of one probe (the first one warms up; the median is of the rest).
-pub const PROBE_STEPS: u64 = 5;
 
 /// A run of family `F` with settings `base`, to be planned on `device`.
 pub struct FamilyTarget<B: AutodiffBackend, F: Family<D>, const D: usize> {
     base: FamilyConfig<F>,
     space: Space,
     device: B::Device,
+    device_name: String,
 }
 
 /// The transformer for the planner.
@@ -64,7 +61,14 @@ where
             base,
             space,
             device: device.clone(),
+            device_name: B::name(device),
         })
+    }
+
+    /// The device as a planned run's directory and `plan.json` name it.
+    pub fn with_device_name(mut self, name: &str) -> Self {
+        self.device_name = name.into();
+        self
     }
 }
 
@@ -102,56 +106,48 @@ where
     }
 
     fn measure(&mut self, knobs: &Knobs, batch: usize) -> Result<Measured, String> {
-        // Each probe starts from pools that hold nothing of the previous one.
-        B::memory_cleanup(&self.device);
-        let config = FamilyConfig {
-            steps: PROBE_STEPS,
-            log_every: 1,
-            // Checkpoint writes count towards the peak (host copies): probed when the run makes them.
-            checkpoint_every: if self.base.checkpoint_every > 0 { 2 } else { 0 },
-            profile_every: 1,
-            ..apply(&self.base, knobs, batch, &self.space.storage_groups)
-        };
-        let workload = Job::<B, F, D>::new(config, &self.device).map_err(|e| e.to_string())?;
-        let measured = measure_run(workload);
-        B::memory_cleanup(&self.device);
-        measured
+        run_probe::<B, _, _>(&self.device, |steps| {
+            let config = FamilyConfig {
+                steps,
+                log_every: 1,
+                // Checkpoint writes count towards the peak (host copies): probed when the run makes them.
+                checkpoint_every: if self.base.checkpoint_every > 0 { 2 } else { 0 },
+                profile_every: 1,
+                ..apply(&self.base, knobs, batch, &self.space.storage_groups)
+            };
+            Job::<B, F, D>::new(config, &self.device)
+        })
     }
 }
 
-/// Runs `plans[0]` into `out` (writing `plan` as `plan.json` beside the
-/// settings) and falls back to the next plans on an out-of-memory
-/// ([`PlannedRun`]). `simulate_oom_at` makes plan 0 fail at that step with
-/// the backend's out-of-memory words (a test seam, as [`vramfit::run::FailAt`]).
-pub fn run_planned<B, F: Family<D>, const D: usize>(
-    plans: &[FamilyConfig<F>],
-    out: RunPath,
-    plan: &serde_json::Value,
-    device: &B::Device,
-    device_name: &str,
-    simulate_oom_at: Option<u64>,
-    observe: impl FnMut(Event) -> ControlFlow<()>,
-) -> Result<Planned<TrainSummary>, TrainError>
+/// A planned run of the family: a plan's settings are the base's with its
+/// knobs; a fallback rewrites `config.toml` and resumes the run.
+impl<B, F: Family<D>, const D: usize> Runnable for FamilyTarget<B, F, D>
 where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
 {
-    PlannedRun {
-        plans,
-        to_toml: FamilyConfig::<F>::to_toml,
-        out,
-        record: plan.clone(),
-        simulate_oom_at,
-        oom: |step| {
-            TrainError::Step(StepError::Device {
-                step,
-                reason: "simulated: out of memory (the planner's fallback test seam)".into(),
-            })
-        },
+    type Plan = Knobs;
+    type Settings = FamilyConfig<F>;
+    type Workload = Job<B, F, D>;
+    type Error = TrainError;
+
+    fn settings(&self, knobs: &Knobs) -> FamilyConfig<F> {
+        apply(&self.base, knobs, self.base.batch_size, &self.space.storage_groups)
     }
-    .run(
-        |start| Job::<B, F, D>::launch(start, device, device_name),
-        |e| matches!(e, TrainError::Run(RunError::OutOfMemory(_))),
-        observe,
-    )
+    fn to_toml(settings: &FamilyConfig<F>) -> String {
+        settings.to_toml()
+    }
+    fn launch(&self, start: Start<FamilyConfig<F>>) -> Result<(Run, Job<B, F, D>), TrainError> {
+        Job::<B, F, D>::launch(start, &self.device, &self.device_name)
+    }
+    fn is_oom(error: &TrainError) -> bool {
+        matches!(error, TrainError::Run(RunError::OutOfMemory(_)))
+    }
+    fn simulated_oom(step: u64) -> TrainError {
+        TrainError::Step(StepError::Device {
+            step,
+            reason: SIMULATED_OOM.into(),
+        })
+    }
 }

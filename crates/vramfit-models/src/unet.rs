@@ -42,6 +42,9 @@ use crate::denoise::{Denoise, DenoiseConfig, ImageBatch};
 use crate::family::{Family, ModelSettings};
 use crate::gpt::{constant, normal};
 
+/// The U-Net's settings (`vramfit train unet`).
+pub type UnetTrainConfig = FamilyConfig<UnetConfig>;
+
 const EPS: f64 = 1e-5;
 
 /// Model shape (`[model]` of `vramfit train unet`).

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use burn::backend::{Autodiff, Flex};
 use vramfit::run::{Event, RunPath, RunSummary, Start};
-use vramfit_models::config::TrainConfig;
+use vramfit_models::gpt::TrainConfig;
 use vramfit_models::job::{TrainError, TrainSummary, launch};
 
 type B = Autodiff<Flex>;

@@ -8,7 +8,7 @@ use std::ops::ControlFlow;
 use burn::backend::{Autodiff, Flex};
 use vramfit::profile::{Category, MemoryReport};
 use vramfit::run::{RunPath, Start};
-use vramfit_models::config::TrainConfig;
+use vramfit_models::gpt::TrainConfig;
 use vramfit_models::job::launch;
 
 #[global_allocator]

@@ -12,9 +12,11 @@ use burn::tensor::backend::AutodiffBackend;
 use vramfit::plan::{PlanError, Plannable, calibrate};
 use vramfit::profile::{DeviceMemory, human_bytes};
 use vramfit::run::RunPath;
-use vramfit_models::config::{FamilyConfig, TrainConfig, UnetTrainConfig};
+use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::Family;
-use vramfit_models::plan::{FamilyTarget, apply, run_planned};
+use vramfit_models::gpt::TrainConfig;
+use vramfit_models::plan::{FamilyTarget, apply};
+use vramfit_models::unet::UnetTrainConfig;
 
 #[global_allocator]
 static HEAP: vramfit::heap::Counting<std::alloc::System> = vramfit::heap::Counting(std::alloc::System);
@@ -29,26 +31,27 @@ static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 /// rounded up to a page (up to one more).
 const PREDICTION_TOLERANCE: f64 = 0.10;
 
-fn tolerance(page: u64, measured: u64) -> f64 {
-    PREDICTION_TOLERANCE.max(2.0 * page as f64 / measured as f64)
-}
+/// How far below its measured peak a U-Net plan's prediction may be: the
+/// largest shortfall measured, 11.2 % (2×4 checkpointed plans on threaded
+/// Flex), with room for run-to-run noise.
+const UNET_UNDER: f64 = 0.15;
 
-/// Whether `predicted` is close enough to `measured`: below, within the
-/// tolerance or the calibration's own safety margin, whichever is larger
-/// (an under-prediction risks an out-of-memory, and the margin is what the
-/// planner leaves for it: twice the largest shortfall it measured on its
-/// probes and checks); above, within `over` (an over-prediction costs
-/// headroom, never a failure). On threaded Flex the U-Net's micro-batched,
-/// checkpointed plans come in up to 11 % over their prediction, against a
-/// 14 % margin.
-fn close(predicted: f64, measured: u64, page: u64, over: f64, margin: f64) -> bool {
+/// Whether `predicted` is close enough to `measured`: at most `under` below
+/// it (an under-prediction risks an out-of-memory) and at most `over` above
+/// it (an over-prediction costs headroom, never a failure), or within two
+/// allocator pages where pages are coarser. Both bounds are constants of the
+/// caller, chosen from measured errors, not the calibration's own margin
+/// (which is twice the largest shortfall over these same probes, so a bound
+/// taken from it could not fail).
+fn close(predicted: f64, measured: u64, page: u64, under: f64, over: f64) -> bool {
     let error = predicted / measured as f64 - 1.0;
-    let t = tolerance(page, measured);
-    error >= -t.max(margin) && error <= t.max(over)
+    let pages = 2.0 * page as f64 / measured as f64;
+    error >= -under.max(pages) && error <= over.max(pages)
 }
 
-/// `over`: how far above the measured peak a prediction may be.
-fn plans_fit_their_budgets<B, F: Family<D>, const D: usize>(base: FamilyConfig<F>, over: f64)
+/// `under` and `over`: how far below and above the measured peak a
+/// prediction may be.
+fn plans_fit_their_budgets<B, F: Family<D>, const D: usize>(base: FamilyConfig<F>, under: f64, over: f64)
 where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
@@ -71,7 +74,7 @@ where
     let page = cal.model.page_bytes;
     for r in &cal.checks {
         assert!(
-            close(r.predicted_peak, r.measured.peak_bytes, page, over, cal.margin()),
+            close(r.predicted_peak, r.measured.peak_bytes, page, under, over),
             "{}: predicted {} for {} measured",
             r.name,
             r.predicted_peak,
@@ -119,7 +122,7 @@ where
             budget
         );
         assert!(
-            close(winner.peak_bytes as f64, measured.peak_bytes, page, over, cal.margin()),
+            close(winner.peak_bytes as f64, measured.peak_bytes, page, under, over),
             "prediction off by {:.1} %",
             error * 100.0
         );
@@ -145,13 +148,16 @@ where
         .collect();
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("planned");
-    let planned = run_planned::<B, F, D>(
+    let options = vramfit::plan::Options {
+        simulate_oom_at: Some(3),
+        ..vramfit::plan::Options::new(RunPath::At(out.clone()))
+    };
+    let planned = vramfit::plan::run_plans(
+        &target,
         &plans,
-        RunPath::At(out.clone()),
-        &serde_json::json!({ "budget": budgets[1] }),
-        &device,
-        "test",
-        Some(3),
+        serde_json::json!({ "budget": budgets[1] }),
+        None,
+        &options,
         |_| ControlFlow::Continue(()),
     )
     .unwrap();
@@ -177,7 +183,12 @@ where
 /// The default shape: 18 MiB of heap at its plain step.
 #[test]
 fn flex() {
-    plans_fit_their_budgets::<vramfit::backends::Flex, _, 3>(TrainConfig::default(), PREDICTION_TOLERANCE);
+    // Measured on Flex: every check and plan within 2 % (bench-results/plan-transformer-cpu.md).
+    plans_fit_their_budgets::<vramfit::backends::Flex, _, 3>(
+        TrainConfig::default(),
+        PREDICTION_TOLERANCE,
+        PREDICTION_TOLERANCE,
+    );
 }
 
 /// A U-Net with BatchNorm: every plan that splits the batch says that it
@@ -204,8 +215,9 @@ fn unet_flex() {
     // stage's input in f32, where a U-Net's stages differ by level and keep
     // their inputs in the low type: combinations of precision and
     // checkpointing are over-predicted (measured +11.8 %), which costs
-    // headroom, never an out-of-memory. Under-prediction stays within 10 %.
-    plans_fit_their_budgets::<vramfit::backends::Flex, _, 4>(c, 0.25);
+    // headroom, never an out-of-memory. Under: with Flex threaded, the 2×4
+    // checkpointed plans measured up to 11.2 % over their prediction.
+    plans_fit_their_budgets::<vramfit::backends::Flex, _, 4>(c, UNET_UNDER, 0.25);
 }
 
 /// wgpu's pools reserve whole pages of several MiB: a shape whose plain
@@ -217,5 +229,5 @@ fn wgpu() {
     c.model.width = std::env::var("W").map(|v| v.parse().unwrap()).unwrap_or(128);
     c.task.tokens = std::env::var("T").map(|v| v.parse().unwrap()).unwrap_or(64);
     c.model.context = c.task.tokens;
-    plans_fit_their_budgets::<vramfit::backends::Wgpu, _, 3>(c, PREDICTION_TOLERANCE);
+    plans_fit_their_budgets::<vramfit::backends::Wgpu, _, 3>(c, PREDICTION_TOLERANCE, PREDICTION_TOLERANCE);
 }

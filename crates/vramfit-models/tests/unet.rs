@@ -203,8 +203,8 @@ fn low_precision_training_follows_the_f32_curve<B: AutodiffBackend>() {
 fn a_run_learns_to_denoise_towards_the_floor() {
     use std::ops::ControlFlow;
     use vramfit::run::{RunPath, Start};
-    use vramfit_models::config::UnetTrainConfig;
     use vramfit_models::job::Unet as Job;
+    use vramfit_models::unet::UnetTrainConfig;
     type B = burn::backend::Autodiff<burn::backend::Flex>;
     let tmp = tempfile::tempdir().unwrap();
     let mut c = UnetTrainConfig {

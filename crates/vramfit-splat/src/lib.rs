@@ -33,6 +33,7 @@ pub mod op;
 pub mod params;
 pub mod picture;
 pub mod plan;
-pub mod sample;
+/// The procedural test image (its own crate, which the U-Net uses too).
+pub use vramfit_sample as sample;
 
 pub use error::SplatError;

@@ -10,19 +10,14 @@
 //! against 142 MiB of band scratch at 8K; the tile lists grow with the
 //! band. The CPU path renders the whole image at once: it has one plan.
 
-use std::ops::ControlFlow;
-
 use burn::tensor::backend::AutodiffBackend;
-use vramfit::plan::{Ladder, Measured, Planned, PlannedRun, measure_run};
-use vramfit::run::{Event, RunError, RunPath};
+use vramfit::plan::{Ladder, Measured, Runnable, SIMULATED_OOM, run_probe};
+use vramfit::run::{Run, RunError, Start};
 
 use crate::SplatError;
 use crate::config::FitConfig;
-use crate::job::{Splat, Summary, launch, load_image};
+use crate::job::{Splat, launch, load_image};
 use crate::op::{FusedLoss, SplatBackend};
-
-/// Steps of one probe (the first compiles and warms up; the median is of the rest).
-pub const PROBE_STEPS: u64 = 3;
 
 /// The fit with settings `base`, to be planned on `device`.
 pub struct SplatTarget<B: AutodiffBackend> {
@@ -30,6 +25,7 @@ pub struct SplatTarget<B: AutodiffBackend> {
     width: usize,
     height: usize,
     device: B::Device,
+    device_name: String,
 }
 
 impl<B> SplatTarget<B>
@@ -46,7 +42,14 @@ where
             width: picture.width,
             height: picture.height,
             device: device.clone(),
+            device_name: B::name(device),
         })
+    }
+
+    /// The device as a planned run's directory and `plan.json` name it.
+    pub fn with_device_name(mut self, name: &str) -> Self {
+        self.device_name = name.into();
+        self
     }
 }
 
@@ -72,57 +75,52 @@ where
     }
 
     fn measure(&mut self, band_rows: usize) -> Result<Measured, String> {
-        // Each probe starts from pools that hold nothing of the previous one.
-        B::memory_cleanup(&self.device);
-        let config = FitConfig {
-            steps: PROBE_STEPS,
-            // Every Gaussian from the first step: the run's most.
-            progressive: false,
-            log_every: 1,
-            profile_every: 1,
-            frame_every: 0,
-            // Checkpoint writes count towards the peak: probed when the run makes them.
-            checkpoint_every: if self.base.checkpoint_every > 0 { 2 } else { 0 },
-            ..apply(&self.base, band_rows)
-        };
-        let workload = Splat::<B>::new(config, &self.device).map_err(|e| e.to_string())?;
-        let measured = measure_run(workload);
-        B::memory_cleanup(&self.device);
-        measured
+        run_probe::<B, _, _>(&self.device, |steps| {
+            let config = FitConfig {
+                steps,
+                // Every Gaussian from the first step: the run's most.
+                progressive: false,
+                log_every: 1,
+                profile_every: 1,
+                frame_every: 0,
+                // Checkpoint writes count towards the peak: probed when the run makes them.
+                checkpoint_every: if self.base.checkpoint_every > 0 { 2 } else { 0 },
+                ..apply(&self.base, band_rows)
+            };
+            Splat::<B>::new(config, &self.device)
+        })
     }
 }
 
-/// Runs `plans[0]` into `out` with `plan` as `plan.json`, falling back to
-/// the next plans on an out-of-memory ([`PlannedRun`]). `simulate_oom_at`
-/// makes plan 0 fail at that step (a test seam).
-pub fn run_planned<B>(
-    plans: &[FitConfig],
-    out: RunPath,
-    plan: &serde_json::Value,
-    device: &B::Device,
-    device_name: &str,
-    simulate_oom_at: Option<u64>,
-    observe: impl FnMut(Event) -> ControlFlow<()>,
-) -> Result<Planned<Summary>, SplatError>
+/// A planned fit: a rung's settings are the base's with that band height;
+/// a fallback rewrites `config.toml` and resumes from the last checkpoint.
+impl<B> Runnable for SplatTarget<B>
 where
     B: AutodiffBackend + SplatBackend,
     B::InnerBackend: FusedLoss,
 {
-    PlannedRun {
-        plans,
-        to_toml: FitConfig::to_toml,
-        out,
-        record: plan.clone(),
-        simulate_oom_at,
-        oom: |step| SplatError::Device {
+    type Plan = usize;
+    type Settings = FitConfig;
+    type Workload = Splat<B>;
+    type Error = SplatError;
+
+    fn settings(&self, band_rows: &usize) -> FitConfig {
+        apply(&self.base, *band_rows)
+    }
+    fn to_toml(settings: &FitConfig) -> String {
+        settings.to_toml()
+    }
+    fn launch(&self, start: Start<FitConfig>) -> Result<(Run, Splat<B>), SplatError> {
+        launch::<B>(start, &self.device, &self.device_name)
+    }
+    fn is_oom(error: &SplatError) -> bool {
+        matches!(error, SplatError::Run(RunError::OutOfMemory(_)))
+    }
+    fn simulated_oom(step: u64) -> SplatError {
+        SplatError::Device {
             step,
             phase: "forward_backward",
-            message: "simulated: out of memory (the planner's fallback test seam)".into(),
-        },
+            message: SIMULATED_OOM.into(),
+        }
     }
-    .run(
-        |start| launch::<B>(start, device, device_name),
-        |e| matches!(e, SplatError::Run(RunError::OutOfMemory(_))),
-        observe,
-    )
 }

@@ -50,10 +50,13 @@ fn autodiff_gradients_are_the_cpu_twins() {
     let target_t = Tensor::<Ad, 3>::from_data(TensorData::new(target.clone(), [h, w, 3]), &d);
 
     // Loss = ssim(render, target): the op's gradients must be the twins'.
+    // The graph is built and differentiated under the process's graph lock.
+    let graph = vramfit::grads::graph_lock();
     let render = op::render(&params, &spec);
     let render_host = host(render.clone().inner());
     let loss = op::ssim(render, target_t);
     let grads = loss.backward();
+    drop(graph);
     let d_render = ssim_backward(&render_host, &target, h, w, 3, 1.0f32);
     let expected = render_backward(&Splats::new(&host_params, 3), &spec.frame, 10, &d_render);
     let got = params.map(|p| host(p.grad(&grads).unwrap()));

@@ -1,8 +1,10 @@
 //! Your own Burn model, planned into a memory budget and run there.
 //!
 //! A residual MLP, not one of vramfit's models, says how it is laid out
-//! (`prelude → blocks → head`); the planner probes it, picks the fastest
-//! plan that fits, and the run driver runs it with the profiler on.
+//! (`prelude → blocks → head`); one call ([`run_within`]) probes it, picks
+//! the fastest plan that fits the budget, verifies it at the run's batch,
+//! and runs it held to the budget, falling back to the next plan from the
+//! last checkpoint on an out-of-memory (simulated here).
 //! `cargo run --release -p vramfit --example plan_my_model`
 
 use std::ops::{ControlFlow, Range};
@@ -14,10 +16,10 @@ use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use vramfit::checkpoint::Block;
-use vramfit::plan::{Knobs, PlanError, calibrate};
+use vramfit::plan::{BudgetError, Knobs, Options, PlanError, Plannable, run_within};
 use vramfit::precision::Autocast;
 use vramfit::profile::human_bytes;
-use vramfit::run::{Run, RunPath};
+use vramfit::run::RunPath;
 use vramfit::step::Trainable;
 use vramfit::trainer::{Schedule, TrainerTarget};
 
@@ -118,60 +120,63 @@ fn main() {
         steps: 12,
         batch_size: 256,
         lr: 1e-3,
-        checkpoint_every: 0,
+        checkpoint_every: 2,
         profile_every: 4,
     };
-
-    // ---- the planner: about ten lines ----
     let mut target = TrainerTarget::new(make, Arc::new(batch::<B>), schedule, &device);
-    let cal = calibrate(&mut target, None).expect("the probes run");
-    for r in &cal.checks {
+    // A card a tenth smaller than the plain step needs.
+    let plain = target
+        .measure(&Knobs::base(6, 256), 256)
+        .expect("a probe runs")
+        .peak_bytes;
+    let budget = plain * 9 / 10;
+
+    // ---- the planner: one call ----
+    let dir = std::env::temp_dir().join(format!("vramfit-example-{}", std::process::id()));
+    let options = Options {
+        // The test seam: the first plan fails with an out-of-memory at step
+        // 3, to show the run falling back to the next plan from its checkpoint.
+        simulate_oom_at: Some(3),
+        ..Options::new(RunPath::At(dir.clone()))
+    };
+    let within = run_within(&mut target, budget, "cpu", &options, |_| ControlFlow::Continue(()))
+        .expect("a run within the budget");
+    let (choice, planned) = (&within.verified.choice, &within.planned);
+    println!("plain step: {}; budget {}", human_bytes(plain), human_bytes(budget));
+    println!("plan: {} ({})", choice.plans[0].knobs.describe(256), choice.why);
+    println!(
+        "verified at the run's batch: {}",
+        human_bytes(within.verified.measured.peak_bytes)
+    );
+    for f in &planned.fallbacks {
         println!(
-            "{}: measured {} predicted {}",
-            r.name,
-            human_bytes(r.measured.peak_bytes),
-            human_bytes(r.predicted_peak as u64)
+            "fell back to plan {}: {}",
+            f.to + 1,
+            choice.plans[f.to].knobs.describe(256)
         );
     }
-    let plain = cal.predict(&Knobs::base(6, 256)).0 as u64;
-    // A card with two thirds of what the plain step needs. Where no plan
-    // fits that (this model is mostly parameters and Adam state, and the
-    // matrix library's per-thread buffers grow with the thread count), the
-    // planner names the least budget that works, as it would for a user.
-    let budget = match cal.choose(plain * 2 / 3) {
-        Ok(_) => plain * 2 / 3,
-        Err(PlanError::Infeasible { smallest_bytes, .. }) => {
-            println!(
-                "two thirds of the plain step is too little; the least that works: {}",
-                human_bytes(smallest_bytes)
-            );
-            smallest_bytes
-        }
-        Err(e) => panic!("{e}"),
-    };
-    let choice = cal.choose(budget).expect("a plan fits the budget the planner named");
-    let winner = &choice.plans[0];
-    println!("plain step: {}; budget {}", human_bytes(plain), human_bytes(budget));
-    println!("plan: {} ({})", winner.knobs.describe(256), choice.why);
-
-    let dir = std::env::temp_dir().join(format!("vramfit-example-{}", std::process::id()));
-    let run = Run::create(&RunPath::At(dir.clone()), "", "cpu").expect("a fresh directory");
-    let trainer = target.trainer(&winner.knobs).expect("the plan's settings are valid");
-    let summary = run
-        .drive(trainer, |_| ControlFlow::Continue(()))
-        .expect("the run finishes")
-        .unwrap();
+    let summary = planned.summary.as_ref().expect("the run finished");
     let peak = summary.peak_memory_bytes.expect("the heap is counted");
     println!(
-        "ran {} steps: loss {:.3}, peak {} (predicted {}), within the budget: {}",
+        "ran {} steps: loss {:.3}, peak {}, within the budget: {}",
         summary.steps,
         summary.workload.final_loss,
         human_bytes(peak),
-        human_bytes(winner.peak_bytes),
         peak <= budget
     );
+    assert_eq!(planned.fallbacks.len(), 1, "the simulated out-of-memory fell back once");
+    assert_eq!(summary.steps, 12);
     assert!(peak <= budget, "the plan stayed within its budget");
     std::fs::remove_dir_all(&dir).ok();
+
+    // A budget nothing fits is an error that names one that works.
+    let tiny = Options::new(RunPath::At(dir.join("never")));
+    match run_within(&mut target, plain / 10, "cpu", &tiny, |_| ControlFlow::Continue(())) {
+        Err(BudgetError::Plan(e @ PlanError::Infeasible { .. })) => println!("{} bytes: {e}", plain / 10),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a tenth of the plain step cannot fit"),
+    }
+    assert!(!dir.exists(), "nothing was created for the infeasible budget");
 }
 
 #[cfg(test)]

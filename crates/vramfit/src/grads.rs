@@ -9,6 +9,22 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 
+/// Serialises building an autodiff graph and running its backward across
+/// the threads of a process. Burn 0.21 keeps one graph table per process and
+/// every `backward()` sweeps all of it for graphs that look unused; an
+/// operation such as `Tensor::cat` drops its inputs' reference counts
+/// before registering its own step, so a sweep from another thread in that
+/// window frees steps of a graph still being built and part of its gradient
+/// is silently lost (tracel-ai/burn#5573). [`crate::step::Stepper`] holds
+/// this from a micro-batch's first forward operation to the end of its
+/// backward; code that differentiates beside it in other threads (tests
+/// computing reference gradients) takes it too. Not reentrant.
+pub fn graph_lock() -> std::sync::MutexGuard<'static, ()> {
+    static GRAPHS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    // A panic while holding it leaves nothing half-done that the lock guards.
+    GRAPHS.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Adds every gradient in `from` into `into` (a missing entry is inserted).
 pub fn add_into<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,

@@ -71,6 +71,65 @@ pub fn apply_sets<T: DeserializeOwned>(resolved_toml: &str, sets: &[String]) -> 
     Ok(applied)
 }
 
+/// The `--set KEY=VALUE` arguments that turn `defaults_toml` into
+/// `resolved_toml` (both the TOML of one settings type): one per leaf
+/// setting that differs, dotted for tables, sorted by key, `skip`ped
+/// keys left out. [`apply_sets`] of them on the defaults gives the resolved
+/// settings back: this is how a command prints "the command that runs it"
+/// from what it resolved, whatever mix of file, flags and `--set` it came from.
+pub fn sets_between(defaults_toml: &str, resolved_toml: &str, skip: &[&str]) -> Vec<String> {
+    fn walk(
+        prefix: &str,
+        resolved: &toml::Table,
+        defaults: Option<&toml::Table>,
+        skip: &[&str],
+        out: &mut Vec<String>,
+    ) {
+        for (key, value) in resolved {
+            let path = if prefix.is_empty() {
+                key.clone()
+            } else {
+                format!("{prefix}.{key}")
+            };
+            if skip.contains(&path.as_str()) {
+                continue;
+            }
+            let default = defaults.and_then(|d| d.get(key));
+            match value {
+                toml::Value::Table(t) => walk(&path, t, default.and_then(|d| d.as_table()), skip, out),
+                v if Some(v) == default => {}
+                toml::Value::String(text)
+                    if !text.is_empty()
+                        && text.chars().all(|c| c.is_ascii_alphanumeric() || "_-./:".contains(c))
+                        && toml::from_str::<toml::Table>(&format!("v = {text}")).is_err() =>
+                {
+                    out.push(format!("{path}={text}"))
+                }
+                v => out.push(format!("{path}={v}")),
+            }
+        }
+    }
+    let table = |text: &str| toml::from_str::<toml::Table>(text).unwrap_or_default();
+    let mut out = Vec::new();
+    walk("", &table(resolved_toml), Some(&table(defaults_toml)), skip, &mut out);
+    out
+}
+
+/// `args` as a shell would need them: single-quoted where a character
+/// would be read by the shell.
+pub fn shell_words(args: &[String]) -> String {
+    args.iter()
+        .map(|a| {
+            if a.chars().all(|c| c.is_ascii_alphanumeric() || "_-./:=,".contains(c)) {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     #[derive(Debug, serde::Deserialize)]
@@ -135,5 +194,23 @@ mod tests {
                 "{args:?}: {msg}"
             );
         }
+    }
+
+    #[test]
+    fn sets_between_give_the_resolved_settings_back() {
+        let defaults = "steps = 1\nseed = 2\nname = \"a\"\n\n[model]\nwidth = 8\n";
+        let resolved = "steps = 1\nseed = 7\nname = \"b c\"\n\n[model]\nwidth = 16\n";
+        let sets = super::sets_between(defaults, resolved, &[]);
+        assert_eq!(sets, ["model.width=16", "name=\"b c\"", "seed=7"]);
+        let back: toml::Table = super::apply_sets(defaults, &sets).unwrap().unwrap();
+        assert_eq!(back, toml::from_str::<toml::Table>(resolved).unwrap());
+        assert_eq!(
+            super::sets_between(defaults, resolved, &["seed", "model.width"]),
+            ["name=\"b c\""]
+        );
+        assert_eq!(
+            super::shell_words(&["--set".into(), "name=\"b c\"".into(), "x=1".into()]),
+            "--set 'name=\"b c\"' x=1"
+        );
     }
 }

@@ -17,10 +17,10 @@ use crate::allocator::{Cleanup, CleanupPolicy};
 use crate::batch::MicroBatching;
 use crate::optim::{AdamConfig, AdamSnapshot, ModuleAdam};
 use crate::params::{Snapshot, describe, restore, snapshot};
-use crate::plan::{Knobs, Measured, Plannable, Space, measure_run};
+use crate::plan::{Knobs, Measured, Plannable, Runnable, SIMULATED_OOM, Space, run_probe};
 use crate::precision::{Autocast, LossScaler, Precision, ScalerConfig, ScalerState};
 use crate::profile::{Accounted, DeviceMemory, MemoryReport, MemorySource, NamedTensor};
-use crate::run::{ArrayFile, Cadence, DeviceFailure, Finished, RunStats, StepRecord, Workload};
+use crate::run::{ArrayFile, Cadence, DeviceFailure, Finished, Run, RunError, RunStats, Start, StepRecord, Workload};
 use crate::step::{StepError, StepObserver, Stepper, Trainable};
 use crate::storage::{StoragePolicy, parameter_bytes};
 
@@ -301,7 +301,7 @@ where
         crate::params::named_tensors(&self.model)
     }
     fn advice(&self, _: &MemoryReport) -> Vec<String> {
-        vec!["plan it into a budget: vramfit::plan::calibrate with a TrainerTarget, then Calibration::choose".into()]
+        vec!["plan it into a budget: vramfit::plan::run_within with a TrainerTarget".into()]
     }
     fn device_failure(error: &TrainerError) -> Option<DeviceFailure> {
         match error {
@@ -330,9 +330,6 @@ pub struct TrainerTarget<B: AutodiffBackend, M: Trainable<B, D>, const D: usize>
     space: Space,
     device: B::Device,
 }
-
-/// Steps of one probe (the first one warms up; the median is of the rest).
-pub const PROBE_STEPS: u64 = 5;
 
 impl<B, M, const D: usize> TrainerTarget<B, M, D>
 where
@@ -398,25 +395,72 @@ where
     }
 
     fn measure(&mut self, knobs: &Knobs, batch: usize) -> Result<Measured, String> {
-        B::memory_cleanup(&self.device);
-        let schedule = Schedule {
-            steps: PROBE_STEPS,
-            batch_size: batch,
-            // Checkpoint writes count towards the peak (host copies): probed when the run makes them.
-            checkpoint_every: if self.schedule.checkpoint_every > 0 { 2 } else { 0 },
-            profile_every: 1,
-            ..self.schedule.clone()
-        };
-        let trainer = Trainer::new(
-            (self.make)(&self.device),
-            self.batches.clone(),
-            schedule,
-            knobs,
-            &self.device,
-        )
-        .map_err(|e| e.to_string())?;
-        let measured = measure_run(trainer);
-        B::memory_cleanup(&self.device);
-        measured
+        run_probe::<B, _, _>(&self.device, |steps| {
+            let schedule = Schedule {
+                steps,
+                batch_size: batch,
+                // Checkpoint writes count towards the peak (host copies): probed when the run makes them.
+                checkpoint_every: if self.schedule.checkpoint_every > 0 { 2 } else { 0 },
+                profile_every: 1,
+                ..self.schedule.clone()
+            };
+            Trainer::new(
+                (self.make)(&self.device),
+                self.batches.clone(),
+                schedule,
+                knobs,
+                &self.device,
+            )
+        })
+    }
+}
+
+/// A planned run of the user's model: its settings are the plan's knobs
+/// (`config.toml` holds them, so a fallback rewrites them and resumes).
+impl<B, M, const D: usize> Runnable for TrainerTarget<B, M, D>
+where
+    B: AutodiffBackend,
+    B::InnerBackend: DeviceMemory,
+    M: Trainable<B, D>,
+{
+    type Plan = Knobs;
+    type Settings = Knobs;
+    type Workload = Trainer<B, M, D>;
+    type Error = RunError;
+
+    fn settings(&self, knobs: &Knobs) -> Knobs {
+        knobs.clone()
+    }
+    fn to_toml(knobs: &Knobs) -> String {
+        toml::to_string(knobs).expect("knobs are plain data")
+    }
+    fn launch(&self, start: Start<Knobs>) -> Result<(Run, Self::Workload), RunError> {
+        let device = B::name(&self.device);
+        let trainer = |knobs: &Knobs| self.trainer(knobs).map_err(|e| RunError::Workload(Box::new(e)));
+        match start {
+            Start::New(knobs, out) => {
+                let workload = trainer(&knobs)?;
+                Ok((Run::create(&out, &Self::to_toml(&knobs), &device)?, workload))
+            }
+            Start::Resume(dir) => {
+                let (run, text) = Run::open(&dir, &device)?;
+                let knobs: Knobs = toml::from_str(&text).map_err(|e| {
+                    RunError::Workload(Box::new(TrainerError::Setting(format!(
+                        "{}: not a plan's knobs: {e}",
+                        dir.join("config.toml").display()
+                    ))))
+                })?;
+                Ok((run, trainer(&knobs)?))
+            }
+        }
+    }
+    fn is_oom(error: &RunError) -> bool {
+        matches!(error, RunError::OutOfMemory(_))
+    }
+    fn simulated_oom(step: u64) -> TrainerError {
+        TrainerError::Step(StepError::Device {
+            step,
+            reason: SIMULATED_OOM.into(),
+        })
     }
 }

@@ -7,17 +7,16 @@
 use std::hint::black_box;
 
 use burn::backend::{Autodiff, Flex};
-use burn::module::{Module, Param};
 use burn::prelude::*;
 use burn::tensor::FloatDType;
-use burn::tensor::backend::AutodiffBackend;
 use vramfit::allocator::{Cleanup, CleanupPolicy};
 use vramfit::batch::MicroBatching;
-use vramfit::checkpoint::Block;
 use vramfit::optim::{AdamConfig, ModuleAdam};
 use vramfit::precision::{Autocast, Precision};
 use vramfit::profile::{Accounted, Category, HeapSource, Profiler};
-use vramfit::step::{Probe, Stepper, Trainable};
+use vramfit::step::{Probe, Stepper};
+
+mod common;
 
 #[global_allocator]
 static HEAP: vramfit::heap::Counting<std::alloc::System> = vramfit::heap::Counting(std::alloc::System);
@@ -82,60 +81,11 @@ fn synthetic_model() {
     drop((params, adam, input, grads));
 }
 
-/// A chain of `[n, n]` linear maps: each block keeps its `[b, n]` input for backward.
-#[derive(Module, Debug)]
-struct Linear<B: Backend> {
-    w: Param<Tensor<B, 2>>,
-}
-
-impl<B: Backend> Block<B, 2> for Linear<B> {
-    fn forward(&self, x: Tensor<B, 2>, _: &Autocast) -> Tensor<B, 2> {
-        x.matmul(self.w.val())
-    }
-}
-
-#[derive(Module, Debug)]
-struct Chain<B: Backend> {
-    blocks: Vec<Linear<B>>,
-}
-
-impl<B: AutodiffBackend> Trainable<B, 2> for Chain<B> {
-    type Batch = Tensor<B, 2>;
-    type Block = Linear<B>;
-
-    fn micro_batch(batch: &Self::Batch, range: std::ops::Range<usize>) -> Self::Batch {
-        batch.clone().slice([range])
-    }
-    fn batch_bytes(batch: &Self::Batch) -> u64 {
-        (batch.shape().num_elements() * 4) as u64
-    }
-    fn prelude(&self, batch: &Self::Batch, _: &Autocast) -> Tensor<B, 2> {
-        batch.clone()
-    }
-    fn blocks(&self) -> &[Linear<B>] {
-        &self.blocks
-    }
-    fn head(&self, x: Tensor<B, 2>, _: &Self::Batch, _: &Autocast) -> Tensor<B, 1> {
-        x.sum()
-    }
-}
-
 fn burn_chain() {
     type A = Autodiff<Flex>;
     let (k, b, n) = (6usize, 128usize, 256usize);
     let device = Default::default();
-    let scale = 1.0 / (n as f64).sqrt();
-    let model = Chain::<A> {
-        blocks: (0..k)
-            .map(|_| Linear {
-                w: Param::from_tensor(Tensor::random(
-                    [n, n],
-                    burn::tensor::Distribution::Normal(0.0, scale),
-                    &device,
-                )),
-            })
-            .collect(),
-    };
+    let model = common::chain::<A>(k, n, &device);
     let x = Tensor::<A, 2>::random([b, n], burn::tensor::Distribution::Default, &device);
     let mut stepper = Stepper::<A> {
         autocast: Autocast::new(Precision::F32),

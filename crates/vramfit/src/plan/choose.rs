@@ -59,6 +59,17 @@ pub enum PlanError {
         /// What went wrong.
         why: String,
     },
+    /// The plans that fit by prediction measured over the budget when verified.
+    #[error(
+        "no plan measured within {budget} bytes when verified at the run's batch: {rejected}. Raise the budget by a \
+         few per cent"
+    )]
+    Unverified {
+        /// The budget (bytes).
+        budget: u64,
+        /// Each plan tried, predicted and measured.
+        rejected: String,
+    },
     /// Nothing fits the budget.
     #[error(
         "no plan fits {budget}: the leanest plan, {knobs}, is predicted to peak at {least}; with the {margin:.0} % \

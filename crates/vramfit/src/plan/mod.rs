@@ -21,10 +21,11 @@
 //!    Numerically exact plans (checkpointing, micro-batching, cleanup) win
 //!    over plans that change the numerics (lower precision, low-precision
 //!    storage or moments) unless no exact plan fits.
-//! 4. The caller verifies the winner with one more probe and falls back to
-//!    the next plan if it measures over the budget; a run that still runs
-//!    out of memory falls back to the next plan from its last checkpoint
-//!    ([`with_fallback`]).
+//! 4. [`verify`] probes the winner at the run's own batch and falls back to
+//!    the next plan if it measures over the budget; [`run_plans`] runs it
+//!    held to the budget and, on an out-of-memory (or the budget passed),
+//!    falls back to the next plan from its last checkpoint. [`run_within`]
+//!    does all four in one call for a [`Runnable`] target.
 //!
 //! A workload whose memory knob is one ordered setting (the splat fit's
 //! band height) is planned by [`ladder`] instead: every rung of a doubling
@@ -40,14 +41,19 @@ pub mod chain;
 mod choose;
 pub mod ladder;
 mod model;
+mod pipeline;
 mod planned;
 mod probe;
 
 pub use choose::{Choice, Plan, PlanError, Preset, presets};
 pub use ladder::{Ladder, LadderCalibration, LadderChoice, LadderPreset, Rung, calibrate_ladder};
 pub use model::{Delta, Model, ProbeRecord};
+pub use pipeline::{
+    BudgetError, FALLBACKS, Options, Runnable, SIMULATED_OOM, VERIFY_TRIES, Verified, WithinBudget, record, run_plans,
+    run_within, verify,
+};
 pub use planned::{Planned, PlannedRun};
-pub use probe::measure_run;
+pub use probe::{PROBE_STEPS, measure_run, run_probe};
 
 use serde::{Deserialize, Serialize};
 

@@ -34,6 +34,9 @@ pub struct PlannedRun<'a, C, W: Workload> {
     pub simulate_oom_at: Option<u64>,
     /// The workload's error for a device out-of-memory at a step (for the seam).
     pub oom: fn(u64) -> W::Error,
+    /// The budget each attempt is held to ([`Run::with_budget`]): going past
+    /// it falls back as an out-of-memory does. `None`: only the device's limit.
+    pub budget: Option<u64>,
 }
 
 impl<C: Clone, W: Workload> PlannedRun<'_, C, W> {
@@ -74,6 +77,10 @@ impl<C: Clone, W: Workload> PlannedRun<'_, C, W> {
                     _ => Start::New(self.plans[i].clone(), self.out.clone()),
                 };
                 let (run, workload) = launch(start)?;
+                let run = match self.budget {
+                    Some(bytes) => run.with_budget(bytes),
+                    None => run,
+                };
                 if !resumed {
                     write_record(run.dir().root(), &self.record)?;
                     dir = Some(run.dir().root().to_path_buf());

@@ -6,11 +6,32 @@ use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use burn::tensor::backend::Backend;
+
 use super::Measured;
 use crate::profile::MemoryReport;
 use crate::run::{Run, RunPath, Workload};
 
 static PROBES: AtomicU64 = AtomicU64::new(0);
+
+/// Steps of every probe, whatever the workload: the first compiles kernels
+/// and warms the allocator's pools, the step time is the median of the
+/// other three, and the peak is the high-water of all four.
+pub const PROBE_STEPS: u64 = 4;
+
+/// The probe ritual every planning target shares: pools emptied, the
+/// workload `make` builds for [`PROBE_STEPS`] steps driven to its end
+/// ([`measure_run`]), pools emptied again, so no probe inherits another's
+/// pages and the run after the probes starts clean.
+pub fn run_probe<B: Backend, W: Workload, E: std::fmt::Display>(
+    device: &B::Device,
+    make: impl FnOnce(u64) -> Result<W, E>,
+) -> Result<Measured, String> {
+    B::memory_cleanup(device);
+    let measured = make(PROBE_STEPS).map_err(|e| e.to_string()).and_then(measure_run);
+    B::memory_cleanup(device);
+    measured
+}
 
 /// Drives `workload` (built for a few steps) to its end in a temporary run
 /// directory and returns its OOM-deciding peak and median step time.

@@ -22,7 +22,7 @@ use serde_json::json;
 
 use super::{ArrayFile, EventWriter, RunDir, RunDirError, atomic_write, checkpoint_name, checkpoints_newest_first};
 use crate::profile::{Accounted, MemoryReport, MemorySource, NamedTensor, Profiler, oom_report, out_of_memory};
-use crate::step::{Probe, StepObserver};
+use crate::step::{DeviceFailure, Probe, StepObserver};
 
 /// Checkpoints kept on disk (the newest ones).
 pub const KEEP_CHECKPOINTS: usize = 2;
@@ -83,17 +83,6 @@ pub struct Finished<S> {
     pub summary: S,
     /// Files to write (name, bytes), e.g. `gaussians.vfg`, `weights.bin`.
     pub files: Vec<(String, Vec<u8>)>,
-}
-
-/// A step that failed on the device: where, and what the backend said.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DeviceFailure {
-    /// Step (1-based).
-    pub step: u64,
-    /// Phase in which the failure surfaced.
-    pub phase: String,
-    /// The backend's words.
-    pub message: String,
 }
 
 /// What the run driver needs of a workload.
@@ -248,6 +237,17 @@ pub struct OutOfMemoryError {
     pub advice: String,
 }
 
+/// A run held to a budget ([`Run::with_budget`]) whose deciding figure went past it.
+#[derive(Debug, thiserror::Error)]
+#[error("{figure} reached {bytes} bytes at step {step} ({phase}), over the run's budget of {budget} bytes")]
+struct OverBudget {
+    step: u64,
+    phase: String,
+    figure: String,
+    bytes: u64,
+    budget: u64,
+}
+
 fn write_err(path: &Path) -> impl Fn(std::io::Error) -> RunError + '_ {
     move |e| RunError::Write {
         path: path.into(),
@@ -290,6 +290,7 @@ pub struct Run {
     dir: RunDir,
     device: String,
     resume: bool,
+    budget: Option<u64>,
 }
 
 impl Run {
@@ -305,6 +306,7 @@ impl Run {
             dir,
             device: device.into(),
             resume: false,
+            budget: None,
         })
     }
 
@@ -325,6 +327,7 @@ impl Run {
             dir,
             device: device.into(),
             resume: true,
+            budget: None,
         };
         Ok((run, text))
     }
@@ -332,6 +335,17 @@ impl Run {
     /// The run directory.
     pub fn dir(&self) -> &RunDir {
         &self.dir
+    }
+
+    /// Holds the run to `bytes` of the figure that decides an out-of-memory
+    /// on its backend: a step that takes the figure's high-water mark past
+    /// it ends the run as an out-of-memory would (`oom.json`,
+    /// [`RunError::OutOfMemory`]), so a planned run falls back to its next
+    /// plan instead of finding out after the run that the plan did not hold.
+    /// A backend without such a figure is not held.
+    pub fn with_budget(mut self, bytes: u64) -> Self {
+        self.budget = Some(bytes);
+        self
     }
 
     /// Restores `workload` from the newest checkpoint that reads back;
@@ -430,7 +444,10 @@ impl Run {
         let report = session.memory_report(&workload);
         let _ = self.dir.write("memory.json", &pretty(&report));
         let result = match result {
-            Err(RunError::Workload(e)) => Err(self.device_error(&workload, e, &session.profiler, &report)),
+            Err(RunError::Workload(e)) => match e.downcast::<OverBudget>() {
+                Ok(over) => Err(self.over_budget(&workload, *over, &session.profiler, &report)),
+                Err(e) => Err(self.device_error(&workload, e, &session.profiler, &report)),
+            },
             other => other,
         };
         match result {
@@ -445,6 +462,47 @@ impl Run {
                 Err(e)
             }
         }
+    }
+
+    /// A run held to a budget that went past it: `oom.json` and the error
+    /// of an out-of-memory, the request being what the budget did not hold.
+    fn over_budget<W: Workload>(
+        &self,
+        workload: &W,
+        over: OverBudget,
+        profiler: &Profiler,
+        report: &MemoryReport,
+    ) -> RunError {
+        let tensors = workload.tensors();
+        let mut oom = oom_report(
+            &over.to_string(),
+            "",
+            over.step,
+            &over.phase,
+            profiler.records(),
+            &tensors,
+        );
+        oom.json["headline"] = json!(report.headline);
+        oom.json["advice"] = json!(report.advice);
+        oom.json["budget_bytes"] = json!(over.budget);
+        if let Err(e) = self.dir.write("oom.json", &pretty(&oom.json)) {
+            return e.into();
+        }
+        RunError::OutOfMemory(Box::new(OutOfMemoryError {
+            step: over.step,
+            phase: over.phase.clone(),
+            requested: format!(
+                ": {} reached {} bytes, over the run's budget of {} bytes",
+                over.figure, over.bytes, over.budget
+            ),
+            largest: oom.largest,
+            report: self.dir.path("oom.json"),
+            advice: if report.advice.is_empty() {
+                String::new()
+            } else {
+                format!(" To use less: {}", report.advice.join("; "))
+            },
+        }))
     }
 
     /// An out-of-memory gets `oom.json` and a message with the breakdown;
@@ -542,6 +600,17 @@ impl Session<'_> {
                 })
                 .map_err(|e| RunError::Workload(Box::new(e)))?;
             self.step_ms.push(t0.elapsed().as_secs_f64() * 1e3);
+            if let (Some(budget), Some(h)) = (self.run.budget, self.profiler.headline())
+                && h.bytes > budget
+            {
+                return Err(RunError::Workload(Box::new(OverBudget {
+                    step: h.step,
+                    phase: h.label(),
+                    figure: h.figure,
+                    bytes: h.bytes,
+                    budget,
+                })));
+            }
             if r.loss.is_finite() {
                 self.losses = (self.losses.0.or(Some(r.loss)), Some(r.loss));
             }

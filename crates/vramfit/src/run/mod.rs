@@ -14,7 +14,9 @@ pub use dir::{
 };
 pub use tensorboard::{EventWriter, crc32c};
 
+// Built by a step (crate::step), reported by the driver.
+pub use crate::step::DeviceFailure;
 pub use driver::{
-    Cadence, DeviceFailure, Event, FailAt, Finished, KEEP_CHECKPOINTS, OutOfMemoryError, Run, RunError, RunPath,
-    RunStats, RunSummary, Start, StepRecord, Workload, categories_at_peak,
+    Cadence, Event, FailAt, Finished, KEEP_CHECKPOINTS, OutOfMemoryError, Run, RunError, RunPath, RunStats, RunSummary,
+    Start, StepRecord, Workload, categories_at_peak,
 };

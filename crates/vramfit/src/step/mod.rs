@@ -140,14 +140,25 @@ pub enum StepError {
     },
 }
 
+/// A step that failed on the device: where, and what the backend said.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceFailure {
+    /// Step (1-based).
+    pub step: u64,
+    /// Phase in which the failure surfaced.
+    pub phase: String,
+    /// The backend's words.
+    pub message: String,
+}
+
 /// Below this the f16 loss scale cannot rescue anything (f16's smallest subnormal is 2⁻²⁴).
 const MIN_SCALE: f64 = 1.0 / (1u64 << 24) as f64;
 
 impl StepError {
     /// The device failure this is, for the run driver's out-of-memory report.
-    pub fn device_failure(&self) -> Option<crate::run::DeviceFailure> {
+    pub fn device_failure(&self) -> Option<DeviceFailure> {
         match self {
-            Self::Device { step, reason } => Some(crate::run::DeviceFailure {
+            Self::Device { step, reason } => Some(DeviceFailure {
                 step: *step,
                 phase: "step".into(),
                 message: reason.clone(),
@@ -215,6 +226,9 @@ impl<B: AutodiffBackend> Stepper<B> {
             let micro = M::micro_batch(batch, range);
             let index = split.then_some(i);
             let held = acc.bytes(model);
+            // From the first forward op to the end of the backward: another
+            // thread's backward must not sweep this graph while it is built.
+            let graph = crate::grads::graph_lock();
             let (value, grads) = if checkpointing {
                 let input = model.prelude(&micro, &self.autocast);
                 forward_backward(
@@ -232,6 +246,7 @@ impl<B: AutodiffBackend> Stepper<B> {
                 let value = scaled.clone().inner();
                 (value, GradientsParams::from_grads(scaled.backward(), model))
             };
+            drop(graph);
             let fresh = crate::grads::bytes(model, &grads);
             observer.phase("backward", index, &|| walked(held + fresh));
             acc.add(model, grads);

@@ -1,0 +1,325 @@
+//! The (batched) matrix product written straight into its result, operands read where they lie.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// `a · b` for `a: [.., m, k]`, `b: [.., k, n]` with the same leading
+/// (batch) dimensions. On the CPU backend the products are written
+/// straight into the result's own `Vec<f32>`: Flex's matmul makes every
+/// result with `FlexTensor::empty`, a zeroed byte vector that
+/// `Bytes::from_bytes_vec` then copies into a 16-byte aligned allocation
+/// (a `Vec<u8>` reports alignment 1), a memset and a memcpy per product
+/// that were 8 % of the transformer's step. Broadcast batch dimensions
+/// and other backends and types use Burn's matmul.
+pub fn matmul<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> Tensor<B, D> {
+    let same_batch = a.dims()[..D - 2] == b.dims()[..D - 2];
+    match (on_cpu(a), on_cpu(b)) {
+        (Ok(a), Ok(b)) if same_batch => back(matmul_cpu(a, b)),
+        (a, b) => {
+            let a = a.map_or_else(|t| t, back);
+            let b = b.map_or_else(|t| t, back);
+            a.matmul(b)
+        }
+    }
+}
+
+/// Batched matrices as gemm reads them: each `[rows, cols]` matrix (as
+/// used) `size` values after the previous one, its elements `rs` apart
+/// down a column and `cs` apart along a row.
+#[derive(Clone, Copy)]
+pub(super) struct Operand<'a> {
+    pub(super) values: &'a [f32],
+    pub(super) size: usize,
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    pub(super) rs: isize,
+    pub(super) cs: isize,
+}
+
+impl<'a> Operand<'a> {
+    /// Row-major matrices of `rows × cols`.
+    pub(super) fn plain(values: &'a [f32], rows: usize, cols: usize) -> Self {
+        Self {
+            values,
+            size: rows * cols,
+            rows,
+            cols,
+            rs: cols as isize,
+            cs: 1,
+        }
+    }
+
+    /// The same matrices used transposed.
+    pub(super) fn t(self) -> Self {
+        Self {
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+            ..self
+        }
+    }
+
+    /// Values from the first element of a matrix to its last, inclusive.
+    pub(super) fn extent(&self) -> usize {
+        (self.rows - 1) * self.rs.unsigned_abs() + (self.cols - 1) * self.cs.unsigned_abs() + 1
+    }
+}
+
+/// A Flex tensor's `[batch.., rows, cols]` matrices, read where they lie
+/// when each is stored row major or transposed (a `swap_dims` of the last
+/// two axes, as attention's `kᵀ`) and the batch is packed, or, for a
+/// single matrix, when its rows are further apart than its width (a
+/// `narrow` of the columns, as one of q, k, v's blocks of the joint
+/// weight); copied to row major otherwise.
+pub(super) struct Matrices<'a> {
+    pub(super) values: std::borrow::Cow<'a, [f32]>,
+    pub(super) batch: usize,
+    pub(super) rows: usize,
+    pub(super) cols: usize,
+    /// Stored as row-major `[cols, rows]` matrices.
+    pub(super) transposed: bool,
+    /// Values between consecutive stored rows.
+    pub(super) stored_row_stride: usize,
+}
+
+impl<'a> Matrices<'a> {
+    pub(super) fn of(t: &'a FlexTensor) -> Self {
+        let (batch, rows, cols) = matrices(t);
+        let copied = |t: &'a FlexTensor| Self {
+            values: values(t),
+            batch,
+            rows,
+            cols,
+            transposed: false,
+            stored_row_stride: cols,
+        };
+        if batch * rows * cols == 0 {
+            return copied(t);
+        }
+        let layout = t.layout();
+        let (dims, strides) = (layout.shape().to_vec(), layout.strides());
+        let d = dims.len();
+        let stride_is = |axis: usize, expected: usize| dims[axis] == 1 || strides[axis] == expected as isize;
+        // Row stride of the stored rows: the matrix's width, or more for
+        // a single matrix.
+        let (transposed, stored_row_stride) = if stride_is(d - 1, 1) && stride_is(d - 2, cols) {
+            (false, cols)
+        } else if stride_is(d - 2, 1) && stride_is(d - 1, rows) {
+            (true, rows)
+        } else if batch == 1 && strides[d - 1] == 1 && strides[d - 2] >= cols as isize {
+            (false, strides[d - 2] as usize)
+        } else if batch == 1 && strides[d - 2] == 1 && strides[d - 1] >= rows as isize {
+            (true, strides[d - 1] as usize)
+        } else {
+            return copied(t);
+        };
+        let mut expected = rows * cols;
+        let mut packed = true;
+        for axis in (0..d - 2).rev() {
+            packed &= stride_is(axis, expected);
+            expected *= dims[axis];
+        }
+        let (stored_rows, stored_cols) = if transposed { (cols, rows) } else { (rows, cols) };
+        let extent = (batch - 1) * rows * cols + (stored_rows - 1) * stored_row_stride + stored_cols;
+        let start = layout.start_offset();
+        match t.storage::<f32>().get(start..start + extent) {
+            Some(values) if packed => Self {
+                values: std::borrow::Cow::Borrowed(values),
+                batch,
+                rows,
+                cols,
+                transposed,
+                stored_row_stride,
+            },
+            _ => copied(t),
+        }
+    }
+
+    pub(super) fn operand(&self) -> Operand<'_> {
+        let stored = Operand {
+            values: &self.values,
+            size: self.rows * self.cols,
+            rows: self.rows,
+            cols: self.cols,
+            rs: self.stored_row_stride as isize,
+            cs: 1,
+        };
+        if self.transposed {
+            Operand {
+                rows: self.cols,
+                cols: self.rows,
+                ..stored
+            }
+            .t()
+        } else {
+            stored
+        }
+    }
+}
+
+/// `lhs · rhs` for each of `batch` pairs, into a new row-major
+/// `[batch, lhs.rows, rhs.cols]` vector.
+pub(super) fn gemm_products(batch: usize, lhs: Operand, rhs: Operand) -> Vec<f32> {
+    gemm_products_onto(batch, lhs, rhs, None)
+}
+
+/// [`gemm_products`], each result row added onto `bias` (`rhs.cols`
+/// values) when given: gemm starts from the bias rows instead of a separate
+/// pass that adds them afterwards.
+pub(super) fn gemm_products_onto(batch: usize, lhs: Operand, rhs: Operand, bias: Option<&[f32]>) -> Vec<f32> {
+    let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
+    assert!(rhs.rows == k && bias.is_none_or(|b| b.len() == n), "operand shapes");
+    if k == 0 || m * n == 0 {
+        return match bias {
+            Some(b) => b.repeat(batch * m),
+            None => vec![0.0; batch * m * n],
+        };
+    }
+    // Strides are never negative here (`Matrices::of` and `plain` make
+    // none), so every value gemm reads lies in `values` when this holds.
+    let fits =
+        |o: &Operand| o.rs >= 0 && o.cs >= 0 && (batch == 0 || o.values.len() >= (batch - 1) * o.size + o.extent());
+    assert!(fits(&lhs) && fits(&rhs), "operand values");
+    // Flex's thresholds: threads inside one product from about 192³
+    // multiply-adds; else one product per task when there are several.
+    let large = m * n * k >= 192 * 192 * 192;
+    let one = |i: usize, dst: &mut [std::mem::MaybeUninit<f32>], parallelism| {
+        if let Some(bias) = bias {
+            for row in dst.chunks_mut(n) {
+                for (d, &b) in row.iter_mut().zip(bias) {
+                    d.write(b);
+                }
+            }
+        }
+        // SAFETY: `dst` has room for the m·n values of product `i`, written
+        // in row-major order (row stride n, column stride 1), read only
+        // when the bias rows were written into it just above (`read_dst`);
+        // product `i`'s operands lie inside the slices at the given strides
+        // (matrix `i` starts `i·size` in, lengths asserted above).
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                dst.as_mut_ptr().cast::<f32>(),
+                1,
+                n as isize,
+                bias.is_some(),
+                lhs.values.as_ptr().add(i * lhs.size),
+                lhs.cs,
+                lhs.rs,
+                rhs.values.as_ptr().add(i * rhs.size),
+                rhs.cs,
+                rhs.rs,
+                if bias.is_some() { 1.0 } else { 0.0 },
+                1.0,
+                false,
+                false,
+                false,
+                parallelism,
+            );
+        }
+    };
+    let mut out = Vec::<f32>::with_capacity(batch * m * n);
+    let spare = &mut out.spare_capacity_mut()[..batch * m * n];
+    if large || batch == 1 {
+        let parallelism = if large {
+            gemm::Parallelism::Rayon(0)
+        } else {
+            gemm::Parallelism::None
+        };
+        for (i, dst) in spare.chunks_mut(m * n).enumerate() {
+            one(i, dst, parallelism);
+        }
+    } else {
+        spare
+            .par_chunks_mut(m * n)
+            .enumerate()
+            .for_each(|(i, dst)| one(i, dst, gemm::Parallelism::None));
+    }
+    // SAFETY: every product wrote all of its m·n values above.
+    unsafe { out.set_len(batch * m * n) };
+    out
+}
+
+/// (batch, rows, columns) of a Flex tensor of matrices.
+pub(super) fn matrices(t: &FlexTensor) -> (usize, usize, usize) {
+    let dims = t.layout().shape().to_vec();
+    let d = dims.len();
+    (dims[..d - 2].iter().product(), dims[d - 2], dims[d - 1])
+}
+
+/// `p · q` for each of `like`'s `batch` matrices, as a tensor of `like`'s
+/// shape whose matrices lie as `like`'s do: a gradient shaped like a
+/// transposed view is computed as `qᵀ · pᵀ` and viewed transposed, so the
+/// `swap_dims` backward that follows gets a row-major tensor, not a copy
+/// to make.
+pub(super) fn product_like(p: Operand, q: Operand, like: &Matrices, shape: burn::tensor::Shape) -> FlexTensor {
+    if like.transposed {
+        let d = shape.num_dims();
+        let mut stored = shape.clone();
+        (stored[d - 2], stored[d - 1]) = (shape[d - 1], shape[d - 2]);
+        flex(gemm_products(like.batch, q.t(), p.t()), stored).transpose(d - 2, d - 1)
+    } else {
+        flex(gemm_products(like.batch, p, q), shape)
+    }
+}
+
+/// The gradients of `a · b` from the output's row-major `g`, for the
+/// parents that want them: `da = g · bᵀ`, `db = aᵀ · g`.
+pub(super) fn product_backward(
+    a: &FlexTensor,
+    b: &FlexTensor,
+    g: &[f32],
+    [pa, pb]: [Option<NodeId>; 2],
+    grads: &mut Gradients,
+) {
+    let (ma, mb) = (Matrices::of(a), Matrices::of(b));
+    let g = Operand::plain(g, ma.rows, mb.cols);
+    if let Some(id) = pa {
+        let da = product_like(g, mb.operand().t(), &ma, a.layout().shape().clone());
+        grads.register::<Flex>(id, da);
+    }
+    if let Some(id) = pb {
+        let db = product_like(ma.operand().t(), g, &mb, b.layout().shape().clone());
+        grads.register::<Flex>(id, db);
+    }
+}
+
+pub(super) fn matmul_cpu<const D: usize>(a: Tensor<Cpu, D>, b: Tensor<Cpu, D>) -> Tensor<Cpu, D> {
+    #[derive(Debug)]
+    struct Matmul;
+
+    impl Backward<Flex, 2> for Matmul {
+        type State = (FlexTensor, FlexTensor);
+
+        fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+            let g = grads.consume::<Flex>(&ops.node);
+            let (a, b) = ops.state;
+            let [pa, pb] = ops.parents.map(|p| p.map(|node| node.id));
+            product_backward(&a, &b, &values(&g), [pa, pb], grads);
+        }
+    }
+
+    let forward = |a: &FlexTensor, b: &FlexTensor| {
+        let (ma, mb) = (Matrices::of(a), Matrices::of(b));
+        assert_eq!(ma.cols, mb.rows, "matmul: inner dimensions {} and {}", ma.cols, mb.rows);
+        let mut shape = a.layout().shape().clone();
+        shape[D - 1] = mb.cols;
+        flex(gemm_products(ma.batch, ma.operand(), mb.operand()), shape)
+    };
+    let (a, b) = (a.into_primitive().tensor(), b.into_primitive().tensor());
+    let out = match Matmul
+        .prepare::<NoCheckpointing>([a.node.clone(), b.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let y = forward(&a.primitive, &b.primitive);
+            prep.finish((a.primitive, b.primitive), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(forward(&a.primitive, &b.primitive)),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}

@@ -1,0 +1,319 @@
+//! The fused operations against Burn's own, in value and gradient.
+
+use super::*;
+use burn::tensor::Distribution;
+
+fn close(a: Vec<f32>, b: Vec<f32>, tol: f32, what: &str) {
+    assert_eq!(a.len(), b.len(), "{what}: lengths");
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+        .fold(0.0f32, f32::max);
+    assert!(worst <= tol, "{what}: largest relative difference {worst:e} > {tol:e}");
+    assert!(
+        b.iter().any(|v| v.abs() > 1e-3),
+        "{what}: all ~0, the case tests nothing"
+    );
+}
+
+fn host<const D: usize>(t: Tensor<Cpu, D>) -> Vec<f32> {
+    t.into_data().into_vec::<f32>().unwrap()
+}
+
+/// The fused softmax's value and gradient are Burn's decomposed ones, on
+/// a non-contiguous input (a transposed view, as attention makes).
+/// The gemm products' value and both gradients are Burn's matmul's, on
+/// transposed (non-contiguous) operands: 2-D, with shapes large enough
+/// for gemm's threads, and batched as attention's.
+#[test]
+fn matmul_matches_burns() {
+    let d = Default::default();
+    for (m, k, n) in [(37, 19, 23), (256, 200, 192)] {
+        let a = Tensor::<Cpu, 2>::random([k, m], Distribution::Normal(0.0, 1.0), &d).require_grad();
+        let b = Tensor::<Cpu, 2>::random([k, n], Distribution::Normal(0.0, 1.0), &d).require_grad();
+        let up = Tensor::<Cpu, 2>::random([m, n], Distribution::Normal(0.0, 1.0), &d);
+        let view = |t: Tensor<Cpu, 2>| t.transpose();
+        check_matmul(&a, &b, up, view, |t| t, "2-D");
+    }
+    let a = Tensor::<Cpu, 4>::random([2, 3, 9, 5], Distribution::Normal(0.0, 1.0), &d).require_grad();
+    let b = Tensor::<Cpu, 4>::random([2, 3, 7, 5], Distribution::Normal(0.0, 1.0), &d).require_grad();
+    let up = Tensor::<Cpu, 4>::random([2, 3, 9, 7], Distribution::Normal(0.0, 1.0), &d);
+    check_matmul(&a, &b, up, |t| t, |t| t.swap_dims(2, 3), "batched");
+    // A transposed block of columns: the stored rows further apart than their width.
+    let a = Tensor::<Cpu, 2>::random([37, 19], Distribution::Normal(0.0, 1.0), &d).require_grad();
+    let b = Tensor::<Cpu, 2>::random([23, 19 + 5], Distribution::Normal(0.0, 1.0), &d).require_grad();
+    let up = Tensor::<Cpu, 2>::random([37, 23], Distribution::Normal(0.0, 1.0), &d);
+    let block = |t: Tensor<Cpu, 2>| t.narrow(1, 1, 19).transpose();
+    check_matmul(&a, &b, up, |t| t, block, "transposed column block");
+    // A batch read from an offset into its buffer (a narrow of the batch axis).
+    let a = Tensor::<Cpu, 4>::random([4, 3, 9, 5], Distribution::Normal(0.0, 1.0), &d).require_grad();
+    let b = Tensor::<Cpu, 4>::random([2, 3, 5, 7], Distribution::Normal(0.0, 1.0), &d).require_grad();
+    let up = Tensor::<Cpu, 4>::random([2, 3, 9, 7], Distribution::Normal(0.0, 1.0), &d);
+    check_matmul(&a, &b, up, |t| t.narrow(0, 1, 2), |t| t, "batch at an offset");
+}
+
+fn check_matmul<const D: usize>(
+    a: &Tensor<Cpu, D>,
+    b: &Tensor<Cpu, D>,
+    up: Tensor<Cpu, D>,
+    view_a: impl Fn(Tensor<Cpu, D>) -> Tensor<Cpu, D>,
+    view_b: impl Fn(Tensor<Cpu, D>) -> Tensor<Cpu, D>,
+    what: &str,
+) {
+    let _graph = crate::grads::graph_lock(); // other tests differentiate in parallel
+    let fused = matmul(view_a(a.clone()), view_b(b.clone()));
+    let reference = view_a(a.clone()).matmul(view_b(b.clone()));
+    close(host(fused.clone()), host(reference.clone()), 1e-5, what);
+    let g_fused = (fused * up.clone()).sum().backward();
+    let g_ref = (reference * up).sum().backward();
+    for (t, side) in [(a, "d_a"), (b, "d_b")] {
+        close(
+            t.grad(&g_fused).unwrap().into_data().into_vec().unwrap(),
+            t.grad(&g_ref).unwrap().into_data().into_vec().unwrap(),
+            1e-5,
+            &format!("{what} {side}"),
+        );
+    }
+}
+
+/// The bias-seeded product and its three gradients are Burn's matmul
+/// and broadcast add's: small, and large enough for gemm's threads and
+/// its blocking over the inner dimension; x a transposed view, the
+/// weight a block of columns of a wider one (rows further apart than
+/// its width, read in place).
+#[test]
+fn linear_matches_burns_matmul_and_add() {
+    let _graph = crate::grads::graph_lock(); // other tests differentiate in parallel
+    let d = Default::default();
+    for (rows, inputs, outputs) in [(37, 19, 23), (300, 600, 257)] {
+        let x = Tensor::<Cpu, 2>::random([inputs, rows], Distribution::Normal(0.0, 1.0), &d).require_grad();
+        let wide = Tensor::<Cpu, 2>::random([inputs, outputs + 9], Distribution::Normal(0.0, 1.0), &d).require_grad();
+        let w = || wide.clone().narrow(1, 4, outputs);
+        let bias = Tensor::<Cpu, 1>::random([outputs], Distribution::Normal(0.0, 1.0), &d).require_grad();
+        let up = Tensor::<Cpu, 2>::random([rows, outputs], Distribution::Normal(0.0, 1.0), &d);
+        // One graph at a time: a backward consumes the graph of every
+        // node it reaches.
+        let fused = linear(x.clone().transpose(), w(), bias.clone());
+        let y_fused = host(fused.clone());
+        let g_fused = (fused * up.clone()).sum().backward();
+        let reference = x.clone().transpose().matmul(w()) + bias.clone().unsqueeze::<2>();
+        let y_ref = host(reference.clone());
+        let g_ref = (reference * up).sum().backward();
+        let what = format!("{rows}×{inputs}×{outputs}");
+        close(y_fused, y_ref, 1e-5, &what);
+        let grad = |g: &Gradients, t: &Tensor<Cpu, 2>| t.grad(g).unwrap().into_data().into_vec().unwrap();
+        close(grad(&g_fused, &x), grad(&g_ref, &x), 1e-5, &format!("{what} d_x"));
+        close(grad(&g_fused, &wide), grad(&g_ref, &wide), 1e-5, &format!("{what} d_w"));
+        close(
+            bias.grad(&g_fused).unwrap().into_data().into_vec().unwrap(),
+            bias.grad(&g_ref).unwrap().into_data().into_vec().unwrap(),
+            1e-5,
+            &format!("{what} d_bias"),
+        );
+    }
+}
+
+/// Row-major, transposed and column-block matrices are read where they
+/// lie; a layout gemm cannot stride through is copied.
+#[test]
+fn matrices_are_read_in_place_where_they_lie() {
+    let d = Default::default();
+    let t = Tensor::<Flex, 4>::random([2, 3, 5, 7], Distribution::Default, &d);
+    let w = Tensor::<Flex, 2>::random([6, 12], Distribution::Default, &d);
+    let cases = [
+        (t.clone().into_primitive().tensor(), true, false, "row major"),
+        (t.clone().swap_dims(2, 3).into_primitive().tensor(), true, true, "kᵀ"),
+        (
+            w.clone().narrow(1, 4, 4).into_primitive().tensor(),
+            true,
+            false,
+            "column block",
+        ),
+        (
+            w.transpose().narrow(0, 4, 4).into_primitive().tensor(),
+            true,
+            true,
+            "its transpose",
+        ),
+        (
+            t.clone().narrow(0, 1, 1).into_primitive().tensor(),
+            true,
+            false,
+            "a batch at an offset",
+        ),
+        (
+            t.swap_dims(1, 2).into_primitive().tensor(),
+            false,
+            false,
+            "heads swapped",
+        ),
+    ];
+    for (tensor, in_place, transposed, what) in cases {
+        let m = Matrices::of(&tensor);
+        let borrowed = matches!(m.values, std::borrow::Cow::Borrowed(_));
+        assert_eq!((borrowed, m.transposed), (in_place, transposed), "{what}");
+    }
+}
+
+#[test]
+fn causal_softmax_matches_burns_operations() {
+    let _graph = crate::grads::graph_lock(); // other tests differentiate in parallel
+    let d = Default::default();
+    let x = Tensor::<Cpu, 4>::random([2, 3, 7, 7], Distribution::Normal(0.0, 2.0), &d).require_grad();
+    let up = Tensor::<Cpu, 4>::random([2, 3, 7, 7], Distribution::Normal(0.0, 1.0), &d);
+    let view = |x: Tensor<Cpu, 4>| x.swap_dims(2, 3);
+    let fused = causal_softmax(view(x.clone()), 0.3);
+    let reference = causal_softmax_reference(view(x.clone()), 0.3);
+    close(host(fused.clone()), host(reference.clone()), 1e-6, "softmax");
+    let g_fused = x.grad(&(fused * up.clone()).sum().backward()).unwrap();
+    let g_ref = x.grad(&(reference * up).sum().backward()).unwrap();
+    close(
+        g_fused.into_data().into_vec().unwrap(),
+        g_ref.into_data().into_vec().unwrap(),
+        1e-5,
+        "softmax gradient",
+    );
+}
+
+/// The fused layer norm's value and its three gradients are Burn's
+/// decomposed ones, on rows more than one task long.
+#[test]
+fn layer_norm_matches_burns_operations() {
+    let _graph = crate::grads::graph_lock(); // other tests differentiate in parallel
+    let d = Default::default();
+    let x = Tensor::<Cpu, 3>::random([3, 40, 24], Distribution::Normal(0.5, 2.0), &d).require_grad();
+    let gamma = Tensor::<Cpu, 1>::random([24], Distribution::Normal(1.0, 0.3), &d).require_grad();
+    let beta = Tensor::<Cpu, 1>::random([24], Distribution::Normal(0.0, 0.3), &d).require_grad();
+    let up = Tensor::<Cpu, 3>::random([3, 40, 24], Distribution::Normal(0.0, 1.0), &d);
+    let fused = layer_norm(x.clone(), gamma.clone(), beta.clone(), 1e-5);
+    let reference = layer_norm_reference(x.clone(), gamma.clone(), beta.clone(), 1e-5);
+    close(host(fused.clone()), host(reference.clone()), 1e-5, "layer norm");
+    let gf = (fused * up.clone()).sum().backward();
+    let gr = (reference * up).sum().backward();
+    let v = |t: Tensor<Flex, 3>| t.into_data().into_vec::<f32>().unwrap();
+    let v1 = |t: Tensor<Flex, 1>| t.into_data().into_vec::<f32>().unwrap();
+    close(v(x.grad(&gf).unwrap()), v(x.grad(&gr).unwrap()), 1e-4, "d_x");
+    close(
+        v1(gamma.grad(&gf).unwrap()),
+        v1(gamma.grad(&gr).unwrap()),
+        1e-4,
+        "d_gamma",
+    );
+    close(v1(beta.grad(&gf).unwrap()), v1(beta.grad(&gr).unwrap()), 1e-4, "d_beta");
+}
+
+/// Other types take Burn's operations: f64 values are not truncated.
+#[test]
+fn other_types_keep_burns_operations() {
+    let d = Default::default();
+    let x = Tensor::<Cpu, 2>::from_floats([[0.1, 0.2], [0.3, 0.4]], &d).cast(burn::tensor::FloatDType::F64);
+    assert_eq!(x.dtype(), DType::F64);
+    let y = causal_softmax(x.clone(), 1.0);
+    assert_eq!(y.dtype(), DType::F64);
+    assert_eq!(
+        y.into_data().into_vec::<f64>().unwrap(),
+        host_f64(causal_softmax_reference(x, 1.0))
+    );
+}
+
+/// Splitting a narrowed view (as q, k and v are cut from one
+/// projection) and merging back give Burn's reshapes and permutations,
+/// values and gradients.
+#[test]
+fn head_split_and_merge_match_burns_operations() {
+    let _graph = crate::grads::graph_lock(); // other tests differentiate in parallel
+    let d = Default::default();
+    let qkv = Tensor::<Cpu, 3>::random([2, 5, 3 * 12], Distribution::Normal(0.0, 1.0), &d).require_grad();
+    let up = Tensor::<Cpu, 3>::random([2, 5, 12], Distribution::Normal(0.0, 1.0), &d);
+    let scale = Tensor::<Cpu, 4>::random([2, 3, 5, 4], Distribution::Normal(0.0, 1.0), &d);
+    let run = |fused: bool| {
+        let view = qkv.clone().narrow(2, 12, 12);
+        let heads = if fused {
+            split_heads(view, 3)
+        } else {
+            view.reshape([2, 5, 3, 4]).swap_dims(1, 2)
+        };
+        assert_eq!(heads.dims(), [2, 3, 5, 4]);
+        let mixed = heads * scale.clone();
+        let merged = if fused {
+            merge_heads(mixed)
+        } else {
+            mixed.swap_dims(1, 2).reshape([2, 5, 12])
+        };
+        let grads = (merged.clone() * up.clone()).sum().backward();
+        (
+            host(merged),
+            qkv.grad(&grads).unwrap().into_data().into_vec::<f32>().unwrap(),
+        )
+    };
+    let ((fv, fg), (rv, rg)) = (run(true), run(false));
+    assert_eq!(fv, rv, "values");
+    assert_eq!(fg, rg, "gradients");
+    assert!(
+        rg.iter().any(|v| *v != 0.0) && rg.contains(&0.0),
+        "only the narrowed third has gradients"
+    );
+}
+
+/// The vectorisable erf and exp against libm's, over their whole range.
+#[test]
+fn erf_and_exp_approximations_are_close_to_libm() {
+    let (mut erf_err, mut exp_rel) = (0.0f64, 0.0f64);
+    for i in -600_000i32..=600_000 {
+        let x = i as f64 * 1e-5;
+        erf_err = erf_err.max((erf_fast(x as f32) as f64 - libm_erf(x)).abs());
+        let y = -(i.abs() as f32) * 1.45e-4; // 0 … −87
+        exp_rel = exp_rel.max(((exp_nonpositive(y) as f64) / (y as f64).exp() - 1.0).abs());
+    }
+    assert!(erf_err < 6e-7, "erf: largest error {erf_err:e}");
+    assert!(exp_rel < 5e-7, "exp: largest relative error {exp_rel:e}");
+}
+
+/// erf in f64 from its series and continued fraction (the test's oracle).
+fn libm_erf(x: f64) -> f64 {
+    let a = x.abs();
+    let v = if a < 2.5 {
+        // Maclaurin series: converges fast here.
+        let (mut term, mut sum, mut n) = (a, a, 0.0f64);
+        while term.abs() > 1e-17 * sum.abs() {
+            n += 1.0;
+            term *= -a * a / n;
+            sum += term / (2.0 * n + 1.0);
+        }
+        sum * std::f64::consts::FRAC_2_SQRT_PI
+    } else {
+        // erfc by its continued fraction, evaluated from the tail.
+        let mut f = 0.0f64;
+        for k in (1..60).rev() {
+            f = (k as f64 / 2.0) / (a + f);
+        }
+        1.0 - (-a * a).exp() / (a + f) / std::f64::consts::PI.sqrt()
+    };
+    v.copysign(x)
+}
+
+/// The fused GELU's value and gradient are Burn's (libm erf) within
+/// the approximation's error.
+#[test]
+fn gelu_matches_burns_operation() {
+    let _graph = crate::grads::graph_lock(); // other tests differentiate in parallel
+    let d = Default::default();
+    let x = Tensor::<Cpu, 2>::random([64, 300], Distribution::Normal(0.0, 3.0), &d).require_grad();
+    let up = Tensor::<Cpu, 2>::random([64, 300], Distribution::Normal(0.0, 1.0), &d);
+    let fused = gelu(x.clone());
+    let reference = burn::tensor::activation::gelu(x.clone());
+    close(host(fused.clone()), host(reference.clone()), 2e-6, "gelu");
+    let gf = x.grad(&(fused * up.clone()).sum().backward()).unwrap();
+    let gr = x.grad(&(reference * up).sum().backward()).unwrap();
+    close(
+        gf.into_data().into_vec().unwrap(),
+        gr.into_data().into_vec().unwrap(),
+        2e-6,
+        "gelu gradient",
+    );
+}
+
+fn host_f64<const D: usize>(t: Tensor<Cpu, D>) -> Vec<f64> {
+    t.into_data().into_vec::<f64>().unwrap()
+}
