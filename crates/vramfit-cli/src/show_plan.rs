@@ -133,7 +133,7 @@ fn flags<M: ModelSettings>(c: &FamilyConfig<M>) -> String {
         c.batch_size, c.micro_batch, c.accumulate, c.precision, c.checkpoint, c.moments, c.allocator_cleanup
     );
     for s in &c.storage {
-        f.push_str(&format!(" --storage '{s}'"));
+        f.push_str(&format!(" --storage {}", shell_words(std::slice::from_ref(s))));
     }
     f
 }

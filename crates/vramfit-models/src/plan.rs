@@ -139,6 +139,8 @@ where
         settings.to_toml()
     }
     fn launch(&self, start: Start<FamilyConfig<F>>) -> Result<(Run, Job<B, F, D>), TrainError> {
+        // A fallback starts from pools that hold nothing of the failed attempt.
+        B::memory_cleanup(&self.device);
         Job::<B, F, D>::launch(start, &self.device, &self.device_name)
     }
     fn is_oom(error: &TrainError) -> bool {

@@ -111,6 +111,8 @@ where
         settings.to_toml()
     }
     fn launch(&self, start: Start<FitConfig>) -> Result<(Run, Splat<B>), SplatError> {
+        // A fallback starts from pools that hold nothing of the failed attempt.
+        B::memory_cleanup(&self.device);
         launch::<B>(start, &self.device, &self.device_name)
     }
     fn is_oom(error: &SplatError) -> bool {

@@ -120,7 +120,7 @@ pub fn sets_between(defaults_toml: &str, resolved_toml: &str, skip: &[&str]) -> 
 pub fn shell_words(args: &[String]) -> String {
     args.iter()
         .map(|a| {
-            if a.chars().all(|c| c.is_ascii_alphanumeric() || "_-./:=,".contains(c)) {
+            if !a.is_empty() && a.chars().all(|c| c.is_ascii_alphanumeric() || "_-./:=,".contains(c)) {
                 a.clone()
             } else {
                 format!("'{}'", a.replace('\'', "'\\''"))
@@ -212,5 +212,6 @@ mod tests {
             super::shell_words(&["--set".into(), "name=\"b c\"".into(), "x=1".into()]),
             "--set 'name=\"b c\"' x=1"
         );
+        assert_eq!(super::shell_words(&["".into(), "it's".into()]), "'' 'it'\\''s'");
     }
 }

@@ -435,6 +435,9 @@ where
         toml::to_string(knobs).expect("knobs are plain data")
     }
     fn launch(&self, start: Start<Knobs>) -> Result<(Run, Self::Workload), RunError> {
+        // A fallback starts from pools that hold nothing of the failed attempt:
+        // on CubeCL reserved bytes only shrink on a cleanup, and they are the budget's figure.
+        B::memory_cleanup(&self.device);
         let device = B::name(&self.device);
         let trainer = |knobs: &Knobs| self.trainer(knobs).map_err(|e| RunError::Workload(Box::new(e)));
         match start {

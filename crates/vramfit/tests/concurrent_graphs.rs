@@ -83,11 +83,19 @@ fn gradients_are_exact_beside_concurrent_backward_passes() {
 /// gradient (2026-11-25). Kept as the proof that the test above can fail.
 #[test]
 fn without_the_lock_gradients_are_lost() {
-    let failures = rounds_beside_sweepers(false, 200);
+    // Up to 1,000 rounds, so that a machine where the window is rarer still
+    // shows it; when Burn fixes the race this fails, and the lock can go.
+    let mut failures = rounds_beside_sweepers(false, 200);
+    if failures.is_empty() {
+        failures = rounds_beside_sweepers(false, 800);
+    }
     eprintln!(
-        "{} of 200 rounds failed: {:?}",
+        "{} rounds failed: {:?}",
         failures.len(),
         failures.iter().take(3).collect::<Vec<_>>()
     );
-    assert!(!failures.is_empty(), "the race did not show in 200 rounds");
+    assert!(
+        !failures.is_empty(),
+        "the race did not show in 1,000 rounds: has Burn fixed it? Then graph_lock can go"
+    );
 }

@@ -40,7 +40,8 @@ pub trait Runnable {
     /// `settings` as `config.toml`.
     fn to_toml(settings: &Self::Settings) -> String;
     /// A new run (`Start::New`) or the run in a directory resumed with the
-    /// settings written there (`Start::Resume`), with its workload.
+    /// settings written there (`Start::Resume`), with its workload. Empties
+    /// the device's pools first: a fallback's budget is read from them.
     fn launch(&self, start: Start<Self::Settings>) -> Result<(Run, Self::Workload), Self::Error>;
     /// True when `error` is a device out-of-memory (or a budget passed).
     fn is_oom(error: &Self::Error) -> bool;

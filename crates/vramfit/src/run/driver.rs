@@ -342,7 +342,9 @@ impl Run {
     /// it ends the run as an out-of-memory would (`oom.json`,
     /// [`RunError::OutOfMemory`]), so a planned run falls back to its next
     /// plan instead of finding out after the run that the plan did not hold.
-    /// A backend without such a figure is not held.
+    /// A backend without such a figure is not held. The steps are held; the
+    /// final evaluation after the last step is not (a run that passes the
+    /// budget there has finished: its summary's peak says so).
     pub fn with_budget(mut self, bytes: u64) -> Self {
         self.budget = Some(bytes);
         self
