@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use burn::tensor::backend::AutodiffBackend;
-use vramfit::plan::{FALLBACKS, LadderCalibration, LadderChoice, Options, PROBE_STEPS, calibrate_ladder, run_plans};
+use vramfit::plan::{FALLBACKS, LadderCalibration, LadderChoice, PROBE_STEPS, calibrate_ladder};
 use vramfit::profile::{DeviceMemory, human_bytes};
 use vramfit::run::RunPath;
 use vramfit::settings::{sets_between, shell_words};
@@ -13,7 +13,7 @@ use vramfit_splat::config::FitConfig;
 use vramfit_splat::op::{FusedLoss, SplatBackend};
 use vramfit_splat::plan::{SplatTarget, apply};
 
-use crate::budget::{Budget, budget_and_cards, check_json_folder, check_new_out, check_within};
+use crate::budget::{Budget, budget_and_cards, check_json_folder, check_new_out, check_within, run_with_fallbacks};
 use crate::device::{OnSplatBackend, on_splat_device};
 
 #[derive(clap::Args)]
@@ -254,31 +254,17 @@ impl OnSplatBackend for PlannedFit {
             "probe_seconds": cal.seconds,
         });
         drop(cal);
-        let options = Options {
-            simulate_oom_at: self.simulate_oom_at,
-            ..Options::new(self.out)
-        };
-        let planned = run_plans(
+        let (summary, dir) = run_with_fallbacks(
             &target,
             &configs,
             record,
-            Some(self.budget.bytes),
-            &options,
-            crate::runs::progress(),
+            self.budget,
+            self.out,
+            self.simulate_oom_at,
+            |i| format!("band_rows {}", plans[i].value),
         )?;
-        for f in &planned.fallbacks {
-            println!(
-                "fell back from plan {} to plan {} (band_rows {}), from the last checkpoint",
-                f.from + 1,
-                f.to + 1,
-                plans[f.to].value
-            );
-        }
-        let Some(summary) = planned.summary else {
-            bail!("the run stopped before its end")
-        };
         crate::runs::print_fit(&summary, false);
-        crate::runs::print_common(&summary, &planned.dir);
-        check_within(summary.peak_memory_bytes.unwrap_or(0), self.budget.bytes, &planned.dir)
+        crate::runs::print_common(&summary, &dir);
+        check_within(summary.peak_memory_bytes.unwrap_or(0), self.budget.bytes, &dir)
     }
 }

@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use burn::tensor::backend::AutodiffBackend;
-use vramfit::plan::{FALLBACKS, Options, Runnable, record, run_plans, verify};
+use vramfit::plan::{FALLBACKS, Runnable, record, verify};
 use vramfit::profile::DeviceMemory;
 use vramfit::run::RunPath;
 use vramfit_models::config::FamilyConfig;
@@ -14,7 +14,7 @@ use vramfit_models::gpt::GptConfig;
 use vramfit_models::plan::FamilyTarget;
 use vramfit_models::unet::UnetConfig;
 
-use crate::budget::{Budget, check_new_out, check_within};
+use crate::budget::{Budget, check_new_out, check_within, run_with_fallbacks};
 use crate::device::{OnBackend, on_device};
 use crate::show_plan::{print_choice, print_verified, probe};
 
@@ -212,31 +212,17 @@ impl<F: Family<D>, const D: usize> OnBackend for PlannedRun<F, D> {
         let mut plan_json = record(&cal, &verified, &name);
         plan_json["budget_auto"] = serde_json::json!(self.budget.auto);
         drop((cal, verified));
-        let options = Options {
-            simulate_oom_at: self.simulate_oom_at,
-            ..Options::new(self.out)
-        };
-        let planned = run_plans(
+        let (summary, dir) = run_with_fallbacks(
             &target,
             &configs,
             plan_json,
-            Some(self.budget.bytes),
-            &options,
-            crate::runs::progress(),
+            self.budget,
+            self.out,
+            self.simulate_oom_at,
+            |i| kept[i].knobs.describe(batch),
         )?;
-        for f in &planned.fallbacks {
-            println!(
-                "fell back from plan {} to plan {} ({}), from the last checkpoint",
-                f.from + 1,
-                f.to + 1,
-                kept[f.to].knobs.describe(batch)
-            );
-        }
-        let Some(summary) = planned.summary else {
-            bail!("the run stopped before its end")
-        };
         crate::runs::print_train(F::NAME, &summary);
-        crate::runs::print_common(&summary, &planned.dir);
-        check_within(summary.peak_memory_bytes.unwrap_or(0), self.budget.bytes, &planned.dir)
+        crate::runs::print_common(&summary, &dir);
+        check_within(summary.peak_memory_bytes.unwrap_or(0), self.budget.bytes, &dir)
     }
 }

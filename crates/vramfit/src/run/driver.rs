@@ -475,36 +475,19 @@ impl Run {
         profiler: &Profiler,
         report: &MemoryReport,
     ) -> RunError {
-        let tensors = workload.tensors();
-        let mut oom = oom_report(
-            &over.to_string(),
-            "",
-            over.step,
-            &over.phase,
-            profiler.records(),
-            &tensors,
+        let requested = format!(
+            ": {} reached {} bytes, over the run's budget of {} bytes",
+            over.figure, over.bytes, over.budget
         );
-        oom.json["headline"] = json!(report.headline);
-        oom.json["advice"] = json!(report.advice);
-        oom.json["budget_bytes"] = json!(over.budget);
-        if let Err(e) = self.dir.write("oom.json", &pretty(&oom.json)) {
-            return e.into();
-        }
-        RunError::OutOfMemory(Box::new(OutOfMemoryError {
+        let at = OutOfMemoryAt {
+            error: over.to_string(),
+            message: String::new(),
             step: over.step,
-            phase: over.phase.clone(),
-            requested: format!(
-                ": {} reached {} bytes, over the run's budget of {} bytes",
-                over.figure, over.bytes, over.budget
-            ),
-            largest: oom.largest,
-            report: self.dir.path("oom.json"),
-            advice: if report.advice.is_empty() {
-                String::new()
-            } else {
-                format!(" To use less: {}", report.advice.join("; "))
-            },
-        }))
+            phase: over.phase,
+            requested: Some(requested),
+            budget: Some(over.budget),
+        };
+        self.out_of_memory_error(workload, at, profiler, report)
     }
 
     /// An out-of-memory gets `oom.json` and a message with the breakdown;
@@ -522,24 +505,40 @@ impl Run {
         if out_of_memory(&failure.message).is_none() {
             return RunError::Workload(error);
         }
+        let at = OutOfMemoryAt {
+            error: error.to_string(),
+            message: failure.message,
+            step: failure.step,
+            phase: failure.phase,
+            requested: None,
+            budget: None,
+        };
+        self.out_of_memory_error(workload, at, profiler, report)
+    }
+
+    /// Writes `oom.json` (the last records, the largest tensors, the
+    /// headline and advice) and returns the out-of-memory error that names it.
+    fn out_of_memory_error<W: Workload>(
+        &self,
+        workload: &W,
+        at: OutOfMemoryAt,
+        profiler: &Profiler,
+        report: &MemoryReport,
+    ) -> RunError {
         let tensors = workload.tensors();
-        let mut oom = oom_report(
-            &error.to_string(),
-            &failure.message,
-            failure.step,
-            &failure.phase,
-            profiler.records(),
-            &tensors,
-        );
+        let mut oom = oom_report(&at.error, &at.message, at.step, &at.phase, profiler.records(), &tensors);
         oom.json["headline"] = json!(report.headline);
         oom.json["advice"] = json!(report.advice);
+        if let Some(budget) = at.budget {
+            oom.json["budget_bytes"] = json!(budget);
+        }
         if let Err(e) = self.dir.write("oom.json", &pretty(&oom.json)) {
             return e.into();
         }
         RunError::OutOfMemory(Box::new(OutOfMemoryError {
-            step: failure.step,
-            phase: failure.phase,
-            requested: oom.requested,
+            step: at.step,
+            phase: at.phase,
+            requested: at.requested.unwrap_or(oom.requested),
             largest: oom.largest,
             report: self.dir.path("oom.json"),
             advice: if report.advice.is_empty() {
@@ -549,6 +548,20 @@ impl Run {
             },
         }))
     }
+}
+
+/// Where an out-of-memory happened, for [`Run::out_of_memory_error`].
+struct OutOfMemoryAt {
+    /// The error, in words.
+    error: String,
+    /// The backend's words (empty for a budget passed).
+    message: String,
+    step: u64,
+    phase: String,
+    /// What was asked for, in words, when the backend's message does not say it.
+    requested: Option<String>,
+    /// The run's budget, when that is what was passed.
+    budget: Option<u64>,
 }
 
 /// One session of a run: from start or resume to the end or a stop.
