@@ -194,15 +194,7 @@ fn a_killed_fit_resumes_to_the_same_gaussians() {
     );
 
     // metrics.jsonl holds each logged step once, in order.
-    let steps: Vec<u64> = std::fs::read_to_string(d.join("killed/metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
-                .as_u64()
-                .unwrap()
-        })
-        .collect();
+    let steps = vramfit::run::logged_steps(&d.join("killed")).unwrap();
     assert!(steps.windows(2).all(|w| w[0] < w[1]), "{steps:?}");
 
     // A finished run is not resumed again.

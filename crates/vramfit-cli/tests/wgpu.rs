@@ -234,14 +234,6 @@ fn a_planned_wgpu_fit_takes_a_band_that_fits_and_falls_back_on_out_of_memory() {
     assert!(bands.len() >= 2 && bands.windows(2).all(|w| w[1] < w[0]), "{bands:?}");
     let config = std::fs::read_to_string(d.join("planned/config.toml")).unwrap();
     assert!(config.contains(&format!("band_rows = {}", bands[1])), "{config}");
-    let steps: Vec<u64> = std::fs::read_to_string(d.join("planned/metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
-                .as_u64()
-                .unwrap()
-        })
-        .collect();
+    let steps = vramfit::run::logged_steps(&d.join("planned")).unwrap();
     assert_eq!(steps, (1..=8).collect::<Vec<_>>(), "every step once");
 }

@@ -163,15 +163,7 @@ where
     .unwrap();
     assert_eq!(planned.fallbacks.len(), 1, "{:?}", planned.fallbacks);
     assert_eq!(planned.summary.as_ref().unwrap().steps, 6);
-    let steps: Vec<u64> = std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
-                .as_u64()
-                .unwrap()
-        })
-        .collect();
+    let steps = vramfit::run::logged_steps(&out).unwrap();
     assert_eq!(steps, (1..=6).collect::<Vec<_>>(), "every step once");
     let record: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("plan.json")).unwrap()).unwrap();
     assert_eq!(record["running"], 1);

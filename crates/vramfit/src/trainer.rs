@@ -374,10 +374,15 @@ where
 
     /// The trainer for a full run with `knobs`.
     pub fn trainer(&self, knobs: &Knobs) -> Result<Trainer<B, M, D>, TrainerError> {
+        self.trainer_on(knobs, self.schedule.clone())
+    }
+
+    /// A fresh model trained with `knobs` on `schedule`.
+    fn trainer_on(&self, knobs: &Knobs, schedule: Schedule) -> Result<Trainer<B, M, D>, TrainerError> {
         Trainer::new(
             (self.make)(&self.device),
             self.batches.clone(),
-            self.schedule.clone(),
+            schedule,
             knobs,
             &self.device,
         )
@@ -404,13 +409,7 @@ where
                 profile_every: 1,
                 ..self.schedule.clone()
             };
-            Trainer::new(
-                (self.make)(&self.device),
-                self.batches.clone(),
-                schedule,
-                knobs,
-                &self.device,
-            )
+            self.trainer_on(knobs, schedule)
         })
     }
 }

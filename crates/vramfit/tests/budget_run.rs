@@ -98,15 +98,7 @@ fn a_run_past_its_budget_ends_as_an_out_of_memory_and_a_planned_run_falls_back()
     let summary = planned.summary.unwrap();
     assert_eq!(summary.steps, 6);
     assert!(summary.peak_memory_bytes.unwrap() <= budget);
-    let steps: Vec<u64> = std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["step"]
-                .as_u64()
-                .unwrap()
-        })
-        .collect();
+    let steps = vramfit::run::logged_steps(&out).unwrap();
     assert_eq!(steps, (1..=6).collect::<Vec<_>>(), "every step once");
     let settings: Knobs = toml::from_str(&std::fs::read_to_string(out.join("config.toml")).unwrap()).unwrap();
     assert_eq!(settings.micro_batch, batch / 4, "the run continued under the lean plan");

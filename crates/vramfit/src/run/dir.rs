@@ -106,6 +106,24 @@ fn write_all(f: &mut File, bytes: &[u8]) -> io::Result<()> {
 }
 
 // Test seam: a simulated full disk after `n` more bytes on this thread.
+/// The `step` of one `metrics.jsonl` line.
+fn line_step(line: &str) -> Option<u64> {
+    serde_json::from_str::<serde_json::Value>(line)
+        .ok()
+        .and_then(|v| v.get("step").and_then(|s| s.as_u64()))
+}
+
+/// The steps `run_dir/metrics.jsonl` logged, in file order; an error names
+/// a line that is not a logged step.
+pub fn logged_steps(run_dir: &Path) -> Result<Vec<u64>, String> {
+    let path = run_dir.join("metrics.jsonl");
+    let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| line_step(l).ok_or_else(|| format!("{} line {}: no step: {l}", path.display(), i + 1)))
+        .collect()
+}
+
 #[cfg(test)]
 thread_local! {
     static DISK_LEFT: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
@@ -399,12 +417,7 @@ impl RunDir {
             let kept: String = fs::read_to_string(&p)
                 .unwrap_or_default()
                 .lines()
-                .filter(|l| {
-                    serde_json::from_str::<serde_json::Value>(l)
-                        .ok()
-                        .and_then(|v| v.get("step").and_then(|s| s.as_u64()))
-                        .is_some_and(|s| s <= limit)
-                })
+                .filter(|l| line_step(l).is_some_and(|s| s <= limit))
                 .map(|l| format!("{l}\n"))
                 .collect();
             atomic_write(&p, kept.as_bytes()).map_err(io_err(&p))?;

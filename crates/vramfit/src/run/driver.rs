@@ -615,7 +615,9 @@ impl Session<'_> {
                 })
                 .map_err(|e| RunError::Workload(Box::new(e)))?;
             self.step_ms.push(t0.elapsed().as_secs_f64() * 1e3);
-            if let (Some(budget), Some(h)) = (self.run.budget, self.profiler.headline())
+            // The headline (a few strings) is built only for a run that has a budget.
+            if let Some(budget) = self.run.budget
+                && let Some(h) = self.profiler.headline()
                 && h.bytes > budget
             {
                 return Err(RunError::Workload(Box::new(OverBudget {

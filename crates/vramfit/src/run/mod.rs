@@ -10,7 +10,8 @@ mod tensorboard;
 
 pub use arrays::{ArrayFile, ArrayFileError};
 pub use dir::{
-    LOCK_FILE, RunDir, RunDirError, atomic_write, checkpoint_name, checkpoints_newest_first, next_free_run_dir,
+    LOCK_FILE, RunDir, RunDirError, atomic_write, checkpoint_name, checkpoints_newest_first, logged_steps,
+    next_free_run_dir,
 };
 pub use tensorboard::{EventWriter, crc32c};
 
