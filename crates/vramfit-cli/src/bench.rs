@@ -7,9 +7,12 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use serde_json::json;
+use vramfit_models::gpt::GptConfig;
 use vramfit_splat::baseline::bicubic_at_equal_storage;
 use vramfit_splat::config::FitConfig;
 use vramfit_splat::job::load_image;
+
+use crate::plan::Action;
 
 #[derive(Subcommand)]
 pub enum Which {
@@ -36,9 +39,9 @@ pub enum Which {
     },
     /// The planner on the transformer: predicted vs measured peaks at budgets
     /// from infeasible to ample, the chosen plan against an exhaustive sweep.
-    Plan(crate::plan_bench::Args),
+    Plan(crate::plan_bench::Args<crate::flags::TrainSettings>),
     /// The band-height planner against a sweep of every band height on the splat fit.
-    PlanSplat(crate::plan_bench_splat::Args),
+    PlanSplat(crate::plan_bench::Args<crate::flags::FitSettings>),
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -51,8 +54,16 @@ pub fn run(which: Which) -> Result<()> {
             device,
             out,
         } => splat(image, gaussians, steps, &set, &device.name, out),
-        Which::Plan(args) => crate::plan_bench::run(args),
-        Which::PlanSplat(args) => crate::plan_bench_splat::run(args),
+        Which::Plan(args) => {
+            let config = crate::flags::resolve_train::<GptConfig>(args.settings())?;
+            let (request, device) = args.request(serde_json::to_value(&config)?, "transformer");
+            crate::plan::model::<GptConfig, 3>(config, device, Action::Bench(request))
+        }
+        Which::PlanSplat(args) => {
+            let config = crate::flags::resolve_fit(args.settings())?;
+            let (request, device) = args.request(serde_json::to_value(&config)?, "splat");
+            crate::plan::splat(config, device, Action::Bench(request))
+        }
     }
 }
 
@@ -81,7 +92,7 @@ fn splat(
     }
     config.gaussians = gaussians.unwrap_or(config.gaussians);
     config.steps = steps.unwrap_or(config.steps);
-    let mut config = crate::apply_sets(config, set)?;
+    let mut config = crate::flags::apply_sets(config, set)?;
     config.frame_every = 0;
     config.checkpoint_every = 0;
     let scratch = std::env::temp_dir().join(format!("vramfit-bench-{}", std::process::id()));

@@ -3,11 +3,9 @@
 //! sizes from `--gpus`, output paths refused before any probe runs, the
 //! run's peak against its budget.
 
-use std::path::PathBuf;
-
 use anyhow::{Context, Result, bail};
-use vramfit::plan::{Options, Runnable, parse_bytes, run_plans};
-use vramfit::run::{RunPath, RunSummary, Workload};
+use vramfit::plan::parse_bytes;
+use vramfit::run::RunPath;
 
 /// A budget in the device's OOM-deciding figure.
 #[derive(Debug, Clone, Copy)]
@@ -102,46 +100,4 @@ pub(crate) fn check_within(peak: u64, budget: u64, dir: &std::path::Path) -> Res
         );
     }
     Ok(())
-}
-
-/// Runs `configs` (the winner first, then its fallbacks) into `out` with
-/// `record` as `plan.json`, held to `budget`, with the progress bar; prints
-/// each fallback (`describe(i)`: plan `i` in words). Returns the run's
-/// summary and directory.
-pub(crate) fn run_with_fallbacks<T: Runnable>(
-    target: &T,
-    configs: &[T::Settings],
-    record: serde_json::Value,
-    budget: Budget,
-    out: RunPath,
-    simulate_oom_at: Option<u64>,
-    describe: impl Fn(usize) -> String,
-) -> Result<(RunSummary<<T::Workload as Workload>::Summary>, PathBuf)>
-where
-    T::Error: std::error::Error + Send + Sync + 'static,
-{
-    let options = Options {
-        simulate_oom_at,
-        ..Options::new(out)
-    };
-    let planned = run_plans(
-        target,
-        configs,
-        record,
-        Some(budget.bytes),
-        &options,
-        crate::runs::progress(),
-    )?;
-    for f in &planned.fallbacks {
-        println!(
-            "fell back from plan {} to plan {} ({}), from the last checkpoint",
-            f.from + 1,
-            f.to + 1,
-            describe(f.to)
-        );
-    }
-    let Some(summary) = planned.summary else {
-        bail!("the run stopped before its end")
-    };
-    Ok((summary, planned.dir))
 }

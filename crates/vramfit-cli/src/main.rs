@@ -7,17 +7,15 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use vramfit::run::{RunPath, Start};
 use vramfit_splat::budget::check_size_here;
-use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
 use vramfit_splat::gaussians::Gaussians;
-use vramfit_splat::picture::{Picture, check_output_path, save_png, to_rgb8};
+use vramfit_splat::picture::{check_output_path, save_png, to_rgb8};
 
 mod bench;
 mod budget;
 mod device;
+mod flags;
 mod plan;
 mod plan_bench;
-mod plan_bench_splat;
-mod plan_splat;
 mod runs;
 mod show_plan;
 mod train;
@@ -122,7 +120,7 @@ enum Command {
 #[derive(clap::Args)]
 struct FitArgs {
     #[command(flatten)]
-    settings: FitSettings,
+    settings: flags::FitSettings,
     /// Plan the fit into this memory budget first (6GiB, 512MiB, 1.5GB, bytes, or
     /// auto: free memory): the planner sets the band height (band_rows).
     #[arg(long)]
@@ -140,28 +138,6 @@ struct FitArgs {
     simulate_oom_at: Option<u64>,
 }
 
-/// A fit's settings as flags (shared by `fit` and `plan splat`).
-#[derive(clap::Args)]
-pub(crate) struct FitSettings {
-    /// PNG or JPEG to fit.
-    image: Option<PathBuf>,
-    /// Final number of Gaussians (e.g. 20000 or 2e4).
-    #[arg(long, value_parser = parse_count::<usize>)]
-    gaussians: Option<usize>,
-    /// Most optimiser steps (e.g. 10000 or 1e4).
-    #[arg(long, value_parser = parse_count::<u64>)]
-    steps: Option<u64>,
-    /// Seed of every random choice.
-    #[arg(long)]
-    seed: Option<u64>,
-    /// TOML file of settings (keys as in a run's config.toml); flags override it.
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// Override one setting, KEY=VALUE with a key of config.toml (repeatable).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    set: Vec<String>,
-}
-
 fn parse_size(s: &str) -> Result<(u32, u32), String> {
     let (w, h) = s
         .split_once(['x', 'X'])
@@ -171,26 +147,6 @@ fn parse_size(s: &str) -> Result<(u32, u32), String> {
         (Some(w), Some(h)) => Ok((w, h)),
         _ => Err(format!("'{s}' is not WIDTHxHEIGHT with positive integers")),
     }
-}
-
-/// A whole number, also written like `2e4` or `1.5e6` (clap puts the flag
-/// in front of the message; the settings' checks bound it further).
-pub(crate) fn parse_count<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
-    let t = s.trim().replace('_', "");
-    let too_large = || format!("'{s}' is too large for a count (at most {})", u64::MAX);
-    let value = match t.parse::<u64>() {
-        Ok(v) => v,
-        Err(_) => match t.parse::<f64>() {
-            Ok(v) if v.is_finite() && v >= 0.0 && v.fract() == 0.0 => {
-                if v >= u64::MAX as f64 {
-                    return Err(too_large());
-                }
-                v as u64
-            }
-            _ => return Err(format!("'{s}' is not a whole number; write e.g. 20000 or 2e4")),
-        },
-    };
-    T::try_from(value).map_err(|_| too_large())
 }
 
 fn main() {
@@ -225,42 +181,27 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-/// Resolves defaults ← config file ← flags.
-pub(crate) fn resolve(args: &FitSettings) -> Result<FitConfig> {
-    let mut c = match &args.config {
-        Some(path) => FitConfig::load(path)?,
-        None => FitConfig::default(),
-    };
-    if let Some(image) = &args.image {
-        c.image = image.display().to_string();
-    }
-    c.gaussians = args.gaussians.unwrap_or(c.gaussians);
-    c.steps = args.steps.unwrap_or(c.steps);
-    c.seed = args.seed.unwrap_or(c.seed);
-    let c = apply_sets(c, &args.set)?;
-    if c.image != BUILTIN_SAMPLE
-        && let Ok(true) = Picture::has_alpha(Path::new(&c.image))
-    {
-        eprintln!("note: {} has an alpha channel; it is ignored (fitted as RGB)", c.image);
-    }
-    Ok(c)
-}
-
-/// Applies `--set KEY=VALUE` overrides; an error names the argument.
-fn apply_sets(c: FitConfig, sets: &[String]) -> Result<FitConfig> {
-    Ok(vramfit::settings::apply_sets(&c.to_toml(), sets)?.unwrap_or(c))
-}
-
 fn fit(args: FitArgs) -> Result<()> {
     if let Some(budget) = &args.budget {
         let budget = budget::Budget::parse(budget, &args.device.name)?;
-        let config = resolve(&args.settings)?;
-        let out = run_path(&args.out, "fit");
-        return plan_splat::fit_planned(config, budget, out, &args.device.name, args.simulate_oom_at);
+        let config = flags::resolve_fit(&args.settings)?;
+        if config.band_rows != 0 {
+            eprintln!(
+                "note: with --budget the planner sets the band height; it replaces band_rows = {}",
+                config.band_rows
+            );
+        }
+        let action = plan::Action::Run {
+            budget,
+            probe_batch: None,
+            out: run_path(&args.out, "fit"),
+            simulate_oom_at: args.simulate_oom_at,
+        };
+        return plan::splat(config, &args.device.name, action);
     }
     let start = match &args.resume {
         Some(dir) => Start::Resume(dir.clone()),
-        None => Start::New(resolve(&args.settings)?, run_path(&args.out, "fit")),
+        None => Start::New(flags::resolve_fit(&args.settings)?, run_path(&args.out, "fit")),
     };
     runs::run(&args.device.name, runs::Launch::Fit(start))
 }

@@ -1,44 +1,54 @@
-//! `vramfit plan transformer|unet|splat`: probes, the fitted model, the
-//! ranked plans, the winner verified by one more probe, and the preset
-//! table per card size. (`train --budget` runs a plan: `train.rs`.)
+//! Every planning command, for every workload, through the library's one
+//! pipeline (`vramfit::plan`): `vramfit plan transformer|unet|splat`
+//! (probes, the winner verified, presets per card size), the planned runs
+//! `train … --budget` and `fit --budget` (plan, verify, run with
+//! fallbacks), and `bench plan…` (`plan_bench.rs`). The workloads differ
+//! only in the target the library builds and in how a run is printed
+//! ([`Planned`]); the strategies only in how they are printed
+//! ([`Show`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use burn::tensor::backend::AutodiffBackend;
-use vramfit::plan::{Verified, presets, verify};
-use vramfit::profile::{DeviceMemory, human_bytes};
+use vramfit::plan::{FALLBACKS, Options, Runnable, Strategy, Verified, record, run_plans, verify};
+use vramfit::profile::DeviceMemory;
+use vramfit::run::{RunPath, RunSummary, Workload};
 use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::{Family, ModelSettings};
 use vramfit_models::gpt::GptConfig;
-use vramfit_models::plan::{FamilyTarget, apply};
+use vramfit_models::plan::FamilyTarget;
 use vramfit_models::unet::UnetConfig;
+use vramfit_splat::config::FitConfig;
+use vramfit_splat::op::{FusedLoss, SplatBackend};
+use vramfit_splat::plan::SplatTarget;
 
-use crate::budget::{Budget, budget_and_cards, check_json_folder};
-use crate::device::{OnBackend, on_device};
-use crate::show_plan::{print_choice, print_verified, probe, train_command};
+use crate::budget::{Budget, budget_and_cards, check_json_folder, check_new_out, check_within};
+use crate::device::{OnBackend, OnSplatBackend, on_device, on_splat_device};
+use crate::plan_bench::Benched;
+use crate::show_plan::{Show, fit_command, train_command};
 
 #[derive(clap::Subcommand)]
 pub enum Which {
     /// Plan the transformer (same settings flags as `vramfit train transformer`).
-    Transformer(PlanArgs),
+    Transformer(PlanArgs<crate::flags::TrainSettings>),
     /// Plan the U-Net (same settings flags as `vramfit train unet`).
-    Unet(PlanArgs),
+    Unet(PlanArgs<crate::flags::TrainSettings>),
     /// Plan a splat fit's band height (same settings flags as `vramfit fit`).
-    Splat(crate::plan_splat::SplatPlanArgs),
+    Splat(PlanArgs<crate::flags::FitSettings>),
 }
 
 #[derive(clap::Args)]
-pub struct PlanArgs {
+pub struct PlanArgs<S: clap::Args> {
     #[command(flatten)]
-    settings: crate::train::Settings,
+    settings: S,
     /// Memory budget: 6GiB, 512MiB, 1.5GB, a number of bytes, or auto (free memory).
     #[arg(long)]
     budget: Option<String>,
     /// Card sizes in GiB for a preset table, e.g. 8,16,24,48,80.
     #[arg(long, value_delimiter = ',')]
     gpus: Vec<f64>,
-    /// Probe at this effective batch and extrapolate to the run's.
+    /// Probe at this effective batch and extrapolate to the run's (transformer, U-Net).
     #[arg(long)]
     probe_batch: Option<usize>,
     /// Write the probes, the model and the plans as JSON here.
@@ -48,40 +58,77 @@ pub struct PlanArgs {
     device: crate::device::DeviceArg,
 }
 
-pub fn run(which: Which) -> Result<()> {
-    match which {
-        Which::Transformer(args) => plan_family::<GptConfig, 3>(args),
-        Which::Unet(args) => plan_family::<UnetConfig, 4>(args),
-        Which::Splat(args) => crate::plan_splat::run(args),
+impl<S: clap::Args> PlanArgs<S> {
+    fn action(&self) -> Result<Action> {
+        let (budget, gpus) = budget_and_cards(self.budget.as_deref(), &self.gpus, &self.device.name)?;
+        Ok(Action::Show {
+            budget,
+            gpus,
+            probe_batch: self.probe_batch,
+            json: self.json.clone(),
+            device: self.device.name.clone(),
+        })
     }
 }
 
-fn plan_family<F: Family<D>, const D: usize>(args: PlanArgs) -> Result<()> {
-    let config = crate::train::resolve::<F>(&args.settings)?;
-    let (budget, gpus) = budget_and_cards(args.budget.as_deref(), &args.gpus, &args.device.name)?;
-    on_device(
-        &args.device.name,
-        PlanJob::<F, D> {
-            config,
-            budget,
-            gpus,
-            probe_batch: args.probe_batch,
-            json: args.json,
-            device: args.device.name.clone(),
-        },
-    )
+pub fn run(which: Which) -> Result<()> {
+    match which {
+        Which::Transformer(args) => model::<GptConfig, 3>(
+            crate::flags::resolve_train(&args.settings)?,
+            &args.device.name,
+            args.action()?,
+        ),
+        Which::Unet(args) => model::<UnetConfig, 4>(
+            crate::flags::resolve_train(&args.settings)?,
+            &args.device.name,
+            args.action()?,
+        ),
+        Which::Splat(args) => splat(
+            crate::flags::resolve_fit(&args.settings)?,
+            &args.device.name,
+            args.action()?,
+        ),
+    }
 }
 
-struct PlanJob<F: ModelSettings, const D: usize> {
+/// What a planning command does once its target is built on the device.
+pub enum Action {
+    /// `vramfit plan`: the probes, the winner verified, a preset table.
+    Show {
+        budget: Option<Budget>,
+        gpus: Vec<u64>,
+        probe_batch: Option<usize>,
+        json: Option<PathBuf>,
+        /// The `--device` given, for the command that runs the plan.
+        device: String,
+    },
+    /// `train … --budget`, `fit --budget`: plan, verify, run with fallbacks.
+    Run {
+        budget: Budget,
+        probe_batch: Option<usize>,
+        out: RunPath,
+        simulate_oom_at: Option<u64>,
+    },
+    /// `bench plan`, `bench plan-splat`.
+    Bench(crate::plan_bench::Request),
+}
+
+/// Runs `action` on a model family with settings `config` on `device`.
+pub fn model<F: Family<D>, const D: usize>(config: FamilyConfig<F>, device: &str, action: Action) -> Result<()> {
+    on_device(device, OnModel::<F, D> { config, action })
+}
+
+/// Runs `action` on a splat fit with settings `config` on `device`.
+pub fn splat(config: FitConfig, device: &str, action: Action) -> Result<()> {
+    on_splat_device(device, OnSplat { config, action })
+}
+
+struct OnModel<F: ModelSettings, const D: usize> {
     config: FamilyConfig<F>,
-    budget: Option<Budget>,
-    gpus: Vec<u64>,
-    probe_batch: Option<usize>,
-    json: Option<PathBuf>,
-    device: String,
+    action: Action,
 }
 
-impl<F: Family<D>, const D: usize> OnBackend for PlanJob<F, D> {
+impl<F: Family<D>, const D: usize> OnBackend for OnModel<F, D> {
     type Output = ();
 
     fn run<B>(self, device: &B::Device, name: String) -> Result<()>
@@ -89,59 +136,189 @@ impl<F: Family<D>, const D: usize> OnBackend for PlanJob<F, D> {
         B: AutodiffBackend,
         B::InnerBackend: DeviceMemory,
     {
-        check_json_folder(self.json.as_deref())?;
-        let mut target = FamilyTarget::<B, F, D>::new(self.config.clone(), device)?.with_device_name(&name);
-        let cal = probe(&mut target, self.probe_batch, &name)?;
-        let mut out = serde_json::json!({ "device": name, "calibration": cal });
-        if let Some(budget) = self.budget {
-            let Verified {
-                choice,
-                measured: verified,
-            } = verify(&cal, &mut target, budget.bytes)?;
-            print_choice(&cal, &choice, budget);
-            print_verified(&choice, &verified);
-            let winner = apply(
-                &self.config,
-                &choice.plans[0].knobs,
-                self.config.batch_size,
-                &cal.space.storage_groups,
-            );
-            println!("to run it: {}", train_command(&winner, &self.device));
-            out["choice"] = serde_json::json!(choice);
-            out["verified"] = serde_json::json!(verified);
-        }
-        if !self.gpus.is_empty() {
-            let table = presets(&cal, &self.gpus);
-            println!(
-                "\npreset table for this shape (calibrated on {name}; peaks in its OOM-deciding figure; \
-                 model error on unseen combinations ±{:.1} %):",
-                cal.peak_error * 100.0
-            );
-            println!("  {:>8}  {:>10}  {:>9}  plan", "card", "peak", "step ms");
-            for p in &table {
-                match &p.plan {
-                    Some(plan) => println!(
-                        "  {:>8}  {:>10}  {:>9.1}  {}{}",
-                        human_bytes(p.budget),
-                        human_bytes(plan.peak_bytes),
-                        plan.step_ms,
-                        plan.knobs.describe(cal.space.batch),
-                        if plan.exact() { "" } else { " (changes numerics)" }
-                    ),
-                    None => println!(
-                        "  {:>8}  nothing fits: {}",
-                        human_bytes(p.budget),
-                        p.error.as_deref().unwrap_or("")
-                    ),
-                }
-            }
-            out["presets"] = serde_json::json!(table);
-        }
-        if let Some(path) = &self.json {
-            vramfit::run::atomic_write(path, &serde_json::to_vec_pretty(&out)?)
-                .with_context(|| format!("writing {}", path.display()))?;
-            println!("wrote {}", path.display());
-        }
-        Ok(())
+        self.action.check()?;
+        let mut target = FamilyTarget::<B, F, D>::new(self.config, device)?.with_device_name(&name);
+        self.action.on(&mut target, &name)
     }
+}
+
+struct OnSplat {
+    config: FitConfig,
+    action: Action,
+}
+
+impl OnSplatBackend for OnSplat {
+    type Output = ();
+
+    fn run<B>(self, device: &B::Device, name: String) -> Result<()>
+    where
+        B: AutodiffBackend + SplatBackend,
+        B::InnerBackend: FusedLoss + DeviceMemory,
+    {
+        self.action.check()?;
+        let mut target = SplatTarget::<B>::new(self.config, device)?.with_device_name(&name);
+        self.action.on(&mut target, &name)
+    }
+}
+
+/// A workload the planning commands serve: the command that runs a plan's
+/// settings, and how a finished run is printed.
+pub trait Planned:
+    Runnable<Strategy: Benched, Settings: serde::Serialize, Error: std::error::Error + Send + Sync + 'static>
+{
+    /// The `vramfit` command that runs `settings` on `device`.
+    fn command(settings: &Self::Settings, device: &str) -> String;
+    /// Prints a finished planned run.
+    fn print(summary: &RunSummary<<Self::Workload as Workload>::Summary>, dir: &Path);
+}
+
+impl<B, F: Family<D>, const D: usize> Planned for FamilyTarget<B, F, D>
+where
+    B: AutodiffBackend,
+    B::InnerBackend: DeviceMemory,
+{
+    fn command(settings: &FamilyConfig<F>, device: &str) -> String {
+        train_command(settings, device)
+    }
+    fn print(summary: &RunSummary<<Self::Workload as Workload>::Summary>, dir: &Path) {
+        crate::runs::print_train(F::NAME, summary);
+        crate::runs::print_common(summary, dir);
+    }
+}
+
+impl<B> Planned for SplatTarget<B>
+where
+    B: AutodiffBackend + SplatBackend,
+    B::InnerBackend: FusedLoss + DeviceMemory,
+{
+    fn command(settings: &FitConfig, device: &str) -> String {
+        fit_command(settings, device)
+    }
+    fn print(summary: &RunSummary<<Self::Workload as Workload>::Summary>, dir: &Path) {
+        crate::runs::print_fit(summary, false);
+        crate::runs::print_common(summary, dir);
+    }
+}
+
+impl Action {
+    /// Refuses output paths before anything is probed.
+    fn check(&self) -> Result<()> {
+        match self {
+            Action::Show { json, .. } => check_json_folder(json.as_deref()),
+            Action::Run { out, .. } => check_new_out(out),
+            Action::Bench(_) => Ok(()),
+        }
+    }
+
+    fn on<T: Planned>(self, target: &mut T, name: &str) -> Result<()> {
+        match self {
+            Action::Show {
+                budget,
+                gpus,
+                probe_batch,
+                json,
+                device,
+            } => show(target, budget, &gpus, probe_batch, json.as_deref(), &device, name),
+            Action::Run {
+                budget,
+                probe_batch,
+                out,
+                simulate_oom_at,
+            } => run_planned(target, budget, probe_batch, out, simulate_oom_at, name),
+            Action::Bench(request) => crate::plan_bench::bench(target, request, name),
+        }
+    }
+}
+
+/// `vramfit plan`: probes, the winner verified (with a budget), the preset
+/// table (with card sizes), all as JSON too.
+fn show<T: Planned>(
+    target: &mut T,
+    budget: Option<Budget>,
+    gpus: &[u64],
+    probe_batch: Option<usize>,
+    json: Option<&Path>,
+    device: &str,
+    name: &str,
+) -> Result<()> {
+    let cal = T::Strategy::probe(target.target(), probe_batch, name)?;
+    let mut out = serde_json::json!({ "device": name, "calibration": cal });
+    if let Some(budget) = budget {
+        let Verified { choice, measured } = verify(&cal, target.target(), budget.bytes)?;
+        cal.print_choice(&choice, budget);
+        cal.print_verified(&choice, &measured);
+        println!(
+            "to run it: {}",
+            T::command(&target.settings(&choice.plans[0].setting), device)
+        );
+        out["choice"] = serde_json::json!(choice);
+        out["verified"] = serde_json::json!(measured);
+    }
+    if !gpus.is_empty() {
+        let table = cal.presets(gpus);
+        cal.print_presets(&table, name);
+        out["presets"] = serde_json::json!(table);
+    }
+    if let Some(path) = json {
+        vramfit::run::atomic_write(path, &serde_json::to_vec_pretty(&out)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// A planned run: plan, verify, write `plan.json` into the run directory,
+/// run the winner held to the budget, fall back to the next plans from the
+/// last checkpoint on an out-of-memory; then the run's peak against the
+/// budget.
+fn run_planned<T: Planned>(
+    target: &mut T,
+    budget: Budget,
+    probe_batch: Option<usize>,
+    out: RunPath,
+    simulate_oom_at: Option<u64>,
+    name: &str,
+) -> Result<()> {
+    let cal = T::Strategy::probe(target.target(), probe_batch, name)?;
+    let mut verified = verify(&cal, target.target(), budget.bytes)?;
+    cal.print_choice(&verified.choice, budget);
+    cal.print_verified(&verified.choice, &verified.measured);
+    // On the CPU the budget is the whole heap: the planner's own tables
+    // (hundreds of plans, the probes' records) must not ride along into the run.
+    verified.choice.plans.truncate(1 + FALLBACKS);
+    let kept: Vec<String> = verified.choice.plans.iter().map(|p| cal.describe(&p.setting)).collect();
+    let settings: Vec<T::Settings> = verified
+        .choice
+        .plans
+        .iter()
+        .map(|p| target.settings(&p.setting))
+        .collect();
+    let mut plan_json = record(&cal, &verified, name);
+    plan_json["budget_auto"] = serde_json::json!(budget.auto);
+    drop((cal, verified));
+    let options = Options {
+        simulate_oom_at,
+        ..Options::new(out)
+    };
+    let planned = run_plans(
+        target,
+        &settings,
+        plan_json,
+        Some(budget.bytes),
+        &options,
+        crate::runs::progress(),
+    )?;
+    for f in &planned.fallbacks {
+        println!(
+            "fell back from plan {} to plan {} ({}), from the last checkpoint",
+            f.from + 1,
+            f.to + 1,
+            kept[f.to]
+        );
+    }
+    let Some(summary) = planned.summary else {
+        bail!("the run stopped before its end")
+    };
+    T::print(&summary, &planned.dir);
+    check_within(summary.peak_memory_bytes.unwrap_or(0), budget.bytes, &planned.dir)
 }

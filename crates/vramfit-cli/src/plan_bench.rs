@@ -1,29 +1,29 @@
-//! `vramfit bench plan`: the planner against measurement on the
-//! transformer. At budgets from infeasible to ample it reports the
-//! predicted and measured peak of the chosen plan, the chosen plan's
-//! measured step time against the best plan of an exhaustive sweep that
-//! measured within the budget (measured again beside the chosen one), the
-//! probing time, and the extrapolation
-//! error of a calibration at a quarter of the batch.
+//! `vramfit bench plan` (the transformer's knob model) and `bench
+//! plan-splat` (the splat fit's band-height ladder): the planner against
+//! measurement, one benchmark for both strategies. At budgets from
+//! infeasible to ample it runs the chosen plan and reports its planned and
+//! measured peak; an exhaustive sweep finds the fastest plan that measured
+//! within each budget, which is then measured again beside the chosen one
+//! (the minimum of many noisy timings is biased low: the ratio is of two
+//! measurements taken under the same conditions). The knob model adds the
+//! extrapolation error of a calibration at a quarter of the batch.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use burn::tensor::backend::AutodiffBackend;
 use serde_json::json;
-use vramfit::plan::{Knobs, Measured, Plannable, calibrate};
-use vramfit::profile::{DeviceMemory, human_bytes};
-use vramfit_models::gpt::TrainConfig;
-use vramfit_models::plan::TransformerTarget;
+use vramfit::plan::{Calibration, Knobs, LadderCalibration, Measured, PROBE_STEPS, PlanError, Runnable, Strategy};
+use vramfit::profile::human_bytes;
 
-use crate::device::{OnBackend, on_device};
+use crate::show_plan::Show;
 
 #[derive(clap::Args)]
-pub struct Args {
+pub struct Args<S: clap::Args> {
     #[command(flatten)]
-    settings: crate::train::Settings,
-    /// Budgets as fractions of the plain step's predicted peak (an
-    /// infeasible one, under the leanest plan, is always added).
+    settings: S,
+    /// Budgets as fractions of the peak of the plan that turns no knob (the
+    /// knob model's plain step, the ladder's top rung), besides an
+    /// infeasible one and, for a ladder, each rung's level.
     #[arg(long, value_delimiter = ',', default_value = "0.5,0.65,0.8,1.0,1.5")]
     budgets: Vec<f64>,
     /// Leave out the exhaustive sweep (memory only: on a software device
@@ -32,186 +32,295 @@ pub struct Args {
     no_sweep: bool,
     #[command(flatten)]
     device: crate::device::DeviceArg,
-    /// JSON output (a .md table is written beside it).
-    #[arg(long, default_value = "bench-results/plan-transformer.json")]
-    out: PathBuf,
+    /// JSON output, a .md table written beside it (default:
+    /// bench-results/plan-WORKLOAD.json).
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
-pub fn run(args: Args) -> Result<()> {
-    let config = crate::train::resolve::<vramfit_models::gpt::GptConfig>(&args.settings)?;
-    on_device(
-        &args.device.name,
-        Bench {
-            config,
-            fractions: args.budgets,
-            sweep: !args.no_sweep,
-            out: args.out,
-        },
-    )
-}
-
-struct Bench {
-    config: TrainConfig,
+/// What the benchmark was asked for.
+pub struct Request {
     fractions: Vec<f64>,
     sweep: bool,
-    out: PathBuf,
+    out: Option<PathBuf>,
+    /// The resolved settings, for the record.
+    config: serde_json::Value,
+    /// The workload's name, for the file names.
+    workload: String,
 }
 
-/// One swept plan and what it measured.
-#[derive(serde::Serialize)]
-struct Swept {
-    knobs: Knobs,
-    measured: Measured,
-}
-
-impl OnBackend for Bench {
-    type Output = ();
-
-    fn run<B>(self, device: &B::Device, name: String) -> Result<()>
-    where
-        B: AutodiffBackend,
-        B::InnerBackend: DeviceMemory,
-    {
-        let batch = self.config.batch_size;
-        let mut target = TransformerTarget::<B>::new(self.config.clone(), device)?;
-        eprintln!("calibrating…");
-        let cal = calibrate(&mut target, None)?;
-        let quarter = (1..=batch / 4)
-            .rev()
-            .find(|d| batch.is_multiple_of(*d))
-            .filter(|d| *d >= 2);
-        let small = match quarter {
-            Some(p) => {
-                eprintln!("calibrating at batch {p} (for the extrapolation error)…");
-                Some(calibrate(&mut target, Some(p))?)
-            }
-            None => None,
+impl<S: clap::Args> Args<S> {
+    /// The request for settings `config` (resolved from `self.settings`)
+    /// of workload `workload`, and the device.
+    pub fn request(&self, config: serde_json::Value, workload: &str) -> (Request, &str) {
+        let request = Request {
+            fractions: self.budgets.clone(),
+            sweep: !self.no_sweep,
+            out: self.out.clone(),
+            config,
+            workload: workload.into(),
         };
+        (request, &self.device.name)
+    }
 
-        // The sweep: precision × micro-batch × checkpointed blocks × cleanup.
-        let space = cal.space.clone();
-        let mut sweep = Vec::new();
-        for &precision in space.precisions.iter().filter(|_| self.sweep) {
-            for micro_batch in space.micro_batches() {
-                for k in 0..=space.blocks {
+    /// The settings flags.
+    pub fn settings(&self) -> &S {
+        &self.settings
+    }
+}
+
+/// What the benchmark needs of a strategy beyond planning.
+pub trait Benched: Show {
+    /// Every setting of the exhaustive sweep.
+    fn sweep(&self) -> Vec<Self::Setting>;
+    /// The budgets to plan for, ascending: an infeasible one first, then
+    /// `fractions` of the peak of the plan that turns no knob.
+    fn budgets(&self, fractions: &[f64]) -> Vec<u64>;
+    /// True when `setting` keeps the numerics (a numerically exact winner
+    /// is compared with exact swept plans only).
+    fn exact(&self, setting: &Self::Setting) -> bool;
+    /// The calibration and the sweep in words.
+    fn summary(&self, swept: usize) -> String;
+    /// A second calibration that extrapolates, to measure its error (the
+    /// knob model's at a quarter of the batch), or none.
+    fn extrapolating(&self, _target: &mut Self::Target) -> Result<Option<Self>, PlanError> {
+        Ok(None)
+    }
+    /// The peak this calibration predicts for `setting`.
+    fn predicted_peak(&self, setting: &Self::Setting) -> f64;
+    /// This calibration, made by [`Benched::extrapolating`], in words.
+    fn as_extrapolation(&self) -> String {
+        String::new()
+    }
+}
+
+impl Benched for Calibration {
+    /// Precision × micro-batch × checkpointed blocks × cleanup.
+    fn sweep(&self) -> Vec<Knobs> {
+        let s = &self.space;
+        let mut out = Vec::new();
+        for &precision in &s.precisions {
+            for micro_batch in s.micro_batches() {
+                for k in 0..=s.blocks {
                     for cleanup in [false, true] {
-                        let knobs = Knobs {
+                        out.push(Knobs {
                             precision,
-                            checkpointed: (0..space.blocks).map(|i| i < k).collect(),
+                            checkpointed: (0..s.blocks).map(|i| i < k).collect(),
                             micro_batch,
                             cleanup,
-                            ..Knobs::base(space.blocks, batch)
-                        };
-                        eprintln!("sweep {}: {}", sweep.len() + 1, knobs.describe(batch));
-                        let measured = target.measure(&knobs, batch).map_err(anyhow::Error::msg)?;
-                        sweep.push(Swept { knobs, measured });
+                            ..Knobs::base(s.blocks, s.batch)
+                        });
                     }
                 }
             }
         }
+        out
+    }
 
-        let plain = cal.predict(&Knobs::base(space.blocks, batch)).0;
-        let mut budgets: Vec<u64> = vec![(cal.leanest().peak_bytes as f64 * 0.8) as u64];
-        budgets.extend(self.fractions.iter().map(|f| (plain * f) as u64));
-        let mut rows = Vec::new();
-        let mut table = String::from(
-            "| budget | chosen plan | predicted peak | measured peak | error | within | step ms | best swept plan within budget | its step ms (sweep, measured again) | chosen / best (again) | extrapolated peak (probes at ¼ batch) | extrapolation error |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|\n",
-        );
-        for budget in budgets {
-            let choice = match cal.choose(budget) {
-                Ok(c) => c,
-                Err(e) => {
-                    table.push_str(&format!(
-                        "| {} | infeasible: {e} | | | | | | | | | | |\n",
-                        human_bytes(budget)
-                    ));
-                    rows.push(json!({ "budget": budget, "error": e.to_string() }));
-                    continue;
-                }
-            };
-            let winner = &choice.plans[0];
-            let measured = target.measure(&winner.knobs, batch).map_err(anyhow::Error::msg)?;
-            let error = winner.peak_bytes as f64 / measured.peak_bytes as f64 - 1.0;
-            let fits: Vec<&Swept> = sweep.iter().filter(|s| s.measured.peak_bytes <= budget).collect();
-            let exact = |s: &&Swept| s.knobs.precision == vramfit::precision::Precision::F32;
-            let best = fits
-                .iter()
-                .filter(|s| !winner.exact() || exact(s))
-                .min_by(|a, b| a.measured.step_ms.total_cmp(&b.measured.step_ms));
-            // The minimum of many noisy timings is biased low: the best swept
-            // plan is measured again beside the chosen one, and the ratio is of those two.
-            let again = match best {
-                Some(b) => Some(target.measure(&b.knobs, batch).map_err(anyhow::Error::msg)?),
-                None => None,
-            };
-            let extrapolated = small.as_ref().map(|s| s.predict(&winner.knobs).0);
-            table.push_str(&format!(
-                "| {} | {} | {} | {} | {:+.1} % | {} | {:.1} | {} | {} | {} | {} | {} |\n",
-                human_bytes(budget),
-                winner.knobs.describe(batch),
-                human_bytes(winner.peak_bytes),
-                human_bytes(measured.peak_bytes),
-                error * 100.0,
-                if measured.peak_bytes <= budget { "yes" } else { "NO" },
-                measured.step_ms,
-                match best {
-                    Some(b) => b.knobs.describe(batch),
-                    None if sweep.is_empty() => "not swept".into(),
-                    None => "none fits".into(),
-                },
-                match (best, again) {
-                    (Some(b), Some(a)) => format!("{:.1}, again {:.1}", b.measured.step_ms, a.step_ms),
-                    _ => String::new(),
-                },
-                again.map_or("".into(), |a| format!("{:.2}", measured.step_ms / a.step_ms)),
-                extrapolated.map_or("".into(), |e| human_bytes(e as u64)),
-                extrapolated.map_or("".into(), |e| format!(
-                    "{:+.1} %",
-                    (e / measured.peak_bytes as f64 - 1.0) * 100.0
-                )),
-            ));
-            rows.push(json!({
-                "budget": budget, "chosen": winner, "measured": measured, "error": error,
-                "best_swept": best.map(|b| json!({ "knobs": b.knobs, "measured": b.measured })),
-                "best_swept_again": again,
-                "extrapolated_peak": extrapolated,
-            }));
-        }
-        let command = std::env::args().collect::<Vec<_>>().join(" ");
-        let summary = format!(
-            "Device: {name}. Peaks are the figure that decides an out-of-memory there (measured). \
-             Calibration: {} probes in {:.1} s; model error on the combinations it was not fitted on: peak ±{:.1} %, \
-             time ±{:.1} %; margin {:.0} %{}. Sweep: {} plans (precision × micro-batch × checkpointed blocks × cleanup; \
-             none with --no-sweep), each measured for {} steps; storage and moment precision are not swept.{}\n",
-            cal.probes.len() + cal.checks.len(),
-            cal.seconds,
-            cal.peak_error * 100.0,
-            cal.time_error * 100.0,
-            cal.margin() * 100.0,
-            if cal.model.page_bytes > 1 {
-                format!("; allocator pages {}", human_bytes(cal.model.page_bytes))
+    fn budgets(&self, fractions: &[f64]) -> Vec<u64> {
+        let plain = self.predict(&Knobs::base(self.space.blocks, self.space.batch)).0;
+        let mut budgets = vec![(self.leanest().peak_bytes as f64 * 0.8) as u64];
+        budgets.extend(fractions.iter().map(|f| (plain * f) as u64));
+        budgets
+    }
+
+    fn exact(&self, knobs: &Knobs) -> bool {
+        knobs.quality_costs(&self.space).is_empty()
+    }
+
+    fn summary(&self, swept: usize) -> String {
+        format!(
+            "Calibration: {} probes in {:.1} s; model error on the combinations it was not fitted on: peak ±{:.1} %, \
+             time ±{:.1} %; margin {:.0} %{}. Sweep: {swept} plans (precision × micro-batch × checkpointed blocks × \
+             cleanup; none with --no-sweep), each measured for {PROBE_STEPS} steps; storage and moment precision are \
+             not swept.",
+            self.probes.len() + self.checks.len(),
+            self.seconds,
+            self.peak_error * 100.0,
+            self.time_error * 100.0,
+            self.margin() * 100.0,
+            if self.model.page_bytes > 1 {
+                format!("; allocator pages {}", human_bytes(self.model.page_bytes))
             } else {
                 String::new()
             },
-            sweep.len(),
-            vramfit::plan::PROBE_STEPS,
-            small.as_ref().map_or(String::new(), |s| format!(
-                " Extrapolation: a second calibration at batch {} ({:.1} s) predicts the chosen plans at batch {batch}.",
-                s.probe_batch, s.seconds
-            )),
-        );
-        println!("{summary}\n{table}");
-        let record = json!({
-            "bench": "plan-transformer", "command": command, "device": name, "config": self.config,
-            "calibration": cal, "calibration_quarter_batch": small, "sweep": sweep, "budgets": rows,
-        });
-        write_results(
-            &self.out,
-            &record,
-            &format!("Command: `{command}`\n\n{summary}\n{table}"),
         )
     }
+
+    fn extrapolating(&self, target: &mut Self::Target) -> Result<Option<Self>, PlanError> {
+        let batch = self.space.batch;
+        let Some(quarter) = (1..=batch / 4)
+            .rev()
+            .find(|d| batch.is_multiple_of(*d))
+            .filter(|d| *d >= 2)
+        else {
+            return Ok(None);
+        };
+        eprintln!("calibrating at batch {quarter} (for the extrapolation error)…");
+        Self::calibrate(target, Some(quarter)).map(Some)
+    }
+
+    fn predicted_peak(&self, knobs: &Knobs) -> f64 {
+        self.predict(knobs).0
+    }
+
+    fn as_extrapolation(&self) -> String {
+        format!(
+            " Extrapolation: a second calibration at batch {} ({:.1} s) predicts the chosen plans at batch {}.",
+            self.probe_batch, self.seconds, self.space.batch
+        )
+    }
+}
+
+impl Benched for LadderCalibration {
+    /// Every tile multiple (16 rows) up to the ladder's top, not only its doublings.
+    fn sweep(&self) -> Vec<usize> {
+        match self.rungs.as_slice() {
+            [one] if one.value == 0 => vec![0],
+            rungs => (16..=rungs.last().map_or(16, |r| r.value)).step_by(16).collect(),
+        }
+    }
+
+    fn budgets(&self, fractions: &[f64]) -> Vec<u64> {
+        let least = self.rungs[0].peak_bytes;
+        let top = self.rungs.last().map_or(least, |r| r.peak_bytes);
+        let mut budgets = vec![least * 4 / 5];
+        let mut levels: Vec<u64> = self.rungs.iter().map(|r| r.peak_bytes).collect();
+        levels.dedup();
+        budgets.extend(levels.iter().map(|l| (*l as f64 * (1.0 + self.margin())).ceil() as u64));
+        budgets.push(2 * top);
+        budgets.extend(fractions.iter().map(|f| (top as f64 * f) as u64));
+        budgets.sort_unstable();
+        budgets.dedup();
+        budgets
+    }
+
+    fn exact(&self, _: &usize) -> bool {
+        true
+    }
+
+    fn summary(&self, swept: usize) -> String {
+        format!(
+            "Calibration: {} rungs ({:?}) and a repeat of the largest, {PROBE_STEPS} steps each, in {:.1} s; repeat \
+             {:.2} % off, margin {:.0} %; time fit a + b/{} within {:.1} % of the rungs. Sweep: {swept} settings (every \
+             multiple of 16 rows up to the top rung).",
+            self.rungs.len(),
+            self.rungs.iter().map(|r| r.value).collect::<Vec<_>>(),
+            self.seconds,
+            self.repeat_error * 100.0,
+            self.margin() * 100.0,
+            self.knob,
+            self.time_error * 100.0,
+        )
+    }
+
+    fn predicted_peak(&self, value: &usize) -> f64 {
+        self.rungs
+            .iter()
+            .find(|r| r.value == *value)
+            .map_or(f64::NAN, |r| r.peak_bytes as f64)
+    }
+}
+
+/// One swept setting and what it measured.
+#[derive(serde::Serialize)]
+struct Swept<S> {
+    setting: S,
+    measured: Measured,
+}
+
+/// The benchmark on a built target (`crate::plan::Action::Bench`).
+pub fn bench<T: Runnable<Strategy: Benched>>(target: &mut T, request: Request, name: &str) -> Result<()> {
+    eprintln!("calibrating…");
+    let cal = T::Strategy::calibrate(target.target(), None)?;
+    let small = cal.extrapolating(target.target())?;
+    let measure = |target: &mut T, setting: &_| cal.measure(target.target(), setting).map_err(anyhow::Error::msg);
+    let mut sweep = Vec::new();
+    for setting in cal.sweep().into_iter().filter(|_| request.sweep) {
+        eprintln!("sweep {}: {}", sweep.len() + 1, cal.describe(&setting));
+        let measured = measure(target, &setting)?;
+        sweep.push(Swept { setting, measured });
+    }
+    let mut rows = Vec::new();
+    let mut table = String::from(
+        "| budget | chosen plan | planned peak | measured peak | error | within | step ms | fastest swept plan within \
+         budget | its step ms (sweep, measured again) | chosen / fastest (again) | extrapolated peak | extrapolation \
+         error |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for budget in cal.budgets(&request.fractions) {
+        let choice = match cal.choose(budget) {
+            Ok(c) => c,
+            Err(e) => {
+                let named = match &e {
+                    PlanError::Infeasible { smallest, .. } => format!("names {smallest}"),
+                    other => other.to_string(),
+                };
+                table.push_str(&format!(
+                    "| {} | infeasible: {named} | | | | | | | | | | |\n",
+                    human_bytes(budget)
+                ));
+                rows.push(json!({ "budget": budget, "error": e.to_string() }));
+                continue;
+            }
+        };
+        let winner = &choice.plans[0];
+        let measured = measure(target, &winner.setting)?;
+        let error = winner.peak_bytes as f64 / measured.peak_bytes as f64 - 1.0;
+        let best = sweep
+            .iter()
+            .filter(|s| s.measured.peak_bytes <= budget && (!winner.exact() || cal.exact(&s.setting)))
+            .min_by(|a, b| a.measured.step_ms.total_cmp(&b.measured.step_ms));
+        let again = match best {
+            Some(b) => Some(measure(target, &b.setting)?),
+            None => None,
+        };
+        let extrapolated = small.as_ref().map(|s| s.predicted_peak(&winner.setting));
+        table.push_str(&format!(
+            "| {} | {} | {} | {} | {:+.1} % | {} | {:.1} | {} | {} | {} | {} | {} |\n",
+            human_bytes(budget),
+            cal.describe(&winner.setting),
+            human_bytes(winner.peak_bytes),
+            human_bytes(measured.peak_bytes),
+            error * 100.0,
+            if measured.peak_bytes <= budget { "yes" } else { "NO" },
+            measured.step_ms,
+            match best {
+                Some(b) => cal.describe(&b.setting),
+                None if sweep.is_empty() => "not swept".into(),
+                None => "none fits".into(),
+            },
+            match (best, again) {
+                (Some(b), Some(a)) => format!("{:.1}, again {:.1}", b.measured.step_ms, a.step_ms),
+                _ => String::new(),
+            },
+            again.map_or(String::new(), |a| format!("{:.2}", measured.step_ms / a.step_ms)),
+            extrapolated.map_or(String::new(), |e| human_bytes(e as u64)),
+            extrapolated.map_or(String::new(), |e| format!(
+                "{:+.1} %",
+                (e / measured.peak_bytes as f64 - 1.0) * 100.0
+            )),
+        ));
+        rows.push(json!({
+            "budget": budget, "chosen": winner, "why": choice.why, "measured": measured, "error": error,
+            "best_swept": best, "best_swept_again": again, "extrapolated_peak": extrapolated,
+        }));
+    }
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let summary = format!(
+        "Device: {name}. Peaks are the figure that decides an out-of-memory there (measured). {}{}\n",
+        cal.summary(sweep.len()),
+        small.as_ref().map_or(String::new(), |s| s.as_extrapolation()),
+    );
+    println!("{summary}\n{table}");
+    let bench = format!("plan-{}", request.workload);
+    let record = json!({
+        "bench": bench, "command": command, "device": name, "config": request.config,
+        "calibration": cal, "extrapolating_calibration": small, "sweep": sweep, "budgets": rows,
+    });
+    let out = request
+        .out
+        .unwrap_or_else(|| PathBuf::from(format!("bench-results/{bench}.json")));
+    write_results(&out, &record, &format!("Command: `{command}`\n\n{summary}\n{table}"))
 }
 
 /// Writes a benchmark's JSON record at `out` and its Markdown beside it.

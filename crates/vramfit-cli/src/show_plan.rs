@@ -1,109 +1,213 @@
-//! What the planner found, printed: the probes and the model's measured
-//! error, the ranked plans and the winner, its verification, and the flags
-//! that run a plan.
+//! What the planner found, printed, for either strategy: the probes and
+//! their measured error, the ranked plans and the winner, its
+//! verification, the preset table, and the command that runs a plan.
 
 use anyhow::Result;
-use vramfit::plan::{Calibration, Choice, Plan, Plannable, calibrate};
+use vramfit::plan::{Calibration, Choice, LadderCalibration, Measured, PROBE_STEPS, Preset, Strategy};
 use vramfit::profile::human_bytes;
 use vramfit::settings::{sets_between, shell_words};
 use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::ModelSettings;
+use vramfit_splat::config::FitConfig;
 
 use crate::budget::Budget;
 
-/// Calibrates and prints the probes and the model's measured error.
-pub fn probe(target: &mut dyn Plannable, probe_batch: Option<usize>, device: &str) -> Result<Calibration> {
-    eprintln!("probing on {device} (one short run per knob)…");
-    let cal = calibrate(target, probe_batch)?;
-    println!(
-        "{} probes of {} steps in {:.1} s at batch {} (peaks: the figure that decides an out-of-memory here)",
-        cal.probes.len() + cal.checks.len(),
-        vramfit::plan::PROBE_STEPS,
-        cal.seconds,
-        cal.probe_batch
-    );
-    println!(
-        "  {:<30} {:<48} {:>10} {:>10} {:>9}",
-        "probe", "knobs", "measured", "model", "step ms"
-    );
-    for r in cal.probes.iter().chain(&cal.checks) {
-        println!(
-            "  {:<30} {:<48} {:>10} {:>10} {:>9.1}",
-            r.name,
-            r.knobs.describe(r.batch),
-            human_bytes(r.measured.peak_bytes),
-            human_bytes(r.predicted_peak as u64),
-            r.measured.step_ms
-        );
+/// How a strategy's calibration is printed.
+pub trait Show: Strategy {
+    /// What the probes are, for the line that starts them.
+    const PROBES: &'static str;
+
+    /// The probes, what they measured, and the strategy's measured error.
+    fn print_probes(&self);
+    /// The accuracy of a preset table's peaks, in words.
+    fn accuracy(&self) -> String;
+
+    /// Calibrates `target` and prints its probes.
+    fn probe(target: &mut Self::Target, probe_batch: Option<usize>, device: &str) -> Result<Self> {
+        eprintln!("probing on {device} ({})…", Self::PROBES);
+        let cal = Self::calibrate(target, probe_batch)?;
+        cal.print_probes();
+        Ok(cal)
     }
-    println!(
-        "model error on the combinations it was not fitted on: peak ±{:.1} % (at most {:.1} % under), time ±{:.1} %; \
-         safety margin {:.0} %{}",
-        cal.peak_error * 100.0,
-        cal.shortfall * 100.0,
-        cal.time_error * 100.0,
-        cal.margin() * 100.0,
-        if cal.model.page_bytes > 1 {
-            format!(
-                "; the allocator reserves whole pages of {}",
-                human_bytes(cal.model.page_bytes)
-            )
-        } else {
-            String::new()
+
+    /// The plans that fit (the best eight) and the winner.
+    fn print_choice(&self, choice: &Choice<Self::Setting>, budget: Budget) {
+        println!(
+            "\nbudget {}{}: {}",
+            human_bytes(budget.bytes),
+            if budget.auto {
+                " (auto: heap in use + free memory)"
+            } else {
+                ""
+            },
+            match choice.plans.len() {
+                1 => "1 plan fits:".to_string(),
+                n => format!("{n} plans fit; the best {}:", n.min(8)),
+            }
+        );
+        println!(
+            "  {:>2}  {:>10}  {:>9}  {:<56}  numerics",
+            "#", "peak", "step ms", "plan"
+        );
+        for (i, p) in choice.plans.iter().take(8).enumerate() {
+            println!(
+                "  {:>2}  {:>10}  {:>9.1}  {:<56}  {}",
+                i + 1,
+                human_bytes(p.peak_bytes),
+                p.step_ms,
+                self.describe(&p.setting),
+                if p.exact() {
+                    "exact".into()
+                } else {
+                    p.quality.join("; ")
+                }
+            );
         }
-    );
-    Ok(cal)
-}
+        println!("winner: {} — {}", self.describe(&choice.plans[0].setting), choice.why);
+    }
 
-pub fn print_choice(cal: &Calibration, choice: &Choice, budget: Budget) {
-    let batch = cal.space.batch;
-    println!(
-        "\nbudget {}{}: {} plans fit; the best {}:",
-        human_bytes(budget.bytes),
-        if budget.auto {
-            " (auto: heap in use + free memory)"
-        } else {
-            ""
-        },
-        choice.plans.len(),
-        choice.plans.len().min(8)
-    );
-    println!(
-        "  {:>2}  {:>10}  {:>9}  {:<56}  numerics",
-        "#", "peak", "step ms", "knobs"
-    );
-    for (i, p) in choice.plans.iter().take(8).enumerate() {
+    /// The winner's verification probe.
+    fn print_verified(&self, choice: &Choice<Self::Setting>, v: &Measured) {
         println!(
-            "  {:>2}  {:>10}  {:>9.1}  {:<56}  {}",
-            i + 1,
-            human_bytes(p.peak_bytes),
-            p.step_ms,
-            p.knobs.describe(batch),
-            quality(p)
+            "verified: a probe of the winner at the run's shape measured {} ({} bytes; planned {}), {:.1} ms per step",
+            human_bytes(v.peak_bytes),
+            v.peak_bytes,
+            human_bytes(choice.plans[0].peak_bytes),
+            v.step_ms
         );
     }
-    println!("winner: {} — {}", choice.plans[0].knobs.describe(batch), choice.why);
-}
 
-pub fn print_verified(choice: &Choice, v: &vramfit::plan::Measured) {
-    println!(
-        "verified: a probe of the winner at the run's batch measured {} ({} bytes; predicted {}), {:.1} ms per step",
-        human_bytes(v.peak_bytes),
-        v.peak_bytes,
-        human_bytes(choice.plans[0].peak_bytes),
-        v.step_ms
-    );
-}
-
-fn quality(p: &Plan) -> String {
-    if p.exact() {
-        "exact".into()
-    } else {
-        p.quality.join("; ")
+    /// The preset table, one card size a row.
+    fn print_presets(&self, table: &[Preset<Self::Setting>], device: &str) {
+        println!(
+            "\npreset table (calibrated on {device}; peaks in its OOM-deciding figure; {}):",
+            self.accuracy()
+        );
+        println!("  {:>8}  {:>10}  {:>9}  plan", "card", "peak", "step ms");
+        for p in table {
+            match &p.plan {
+                Some(plan) => println!(
+                    "  {:>8}  {:>10}  {:>9.1}  {}{}",
+                    human_bytes(p.budget),
+                    human_bytes(plan.peak_bytes),
+                    plan.step_ms,
+                    self.describe(&plan.setting),
+                    if plan.exact() { "" } else { " (changes numerics)" }
+                ),
+                None => println!(
+                    "  {:>8}  nothing fits: {}",
+                    human_bytes(p.budget),
+                    p.error.as_deref().unwrap_or("")
+                ),
+            }
+        }
     }
 }
 
-/// Settings the technique flags ([`flags`]) give; the rest go as `--set`.
+impl Show for Calibration {
+    const PROBES: &'static str = "one short run per knob";
+
+    fn print_probes(&self) {
+        println!(
+            "{} probes of {PROBE_STEPS} steps in {:.1} s at batch {} (peaks: the figure that decides an out-of-memory \
+             here)",
+            self.probes.len() + self.checks.len(),
+            self.seconds,
+            self.probe_batch
+        );
+        println!(
+            "  {:<30} {:<48} {:>10} {:>10} {:>9}",
+            "probe", "knobs", "measured", "model", "step ms"
+        );
+        for r in self.probes.iter().chain(&self.checks) {
+            println!(
+                "  {:<30} {:<48} {:>10} {:>10} {:>9.1}",
+                r.name,
+                r.knobs.describe(r.batch),
+                human_bytes(r.measured.peak_bytes),
+                human_bytes(r.predicted_peak as u64),
+                r.measured.step_ms
+            );
+        }
+        println!(
+            "model error on the combinations it was not fitted on: peak ±{:.1} % (at most {:.1} % under), time \
+             ±{:.1} %; safety margin {:.0} %{}",
+            self.peak_error * 100.0,
+            self.shortfall * 100.0,
+            self.time_error * 100.0,
+            self.margin() * 100.0,
+            if self.model.page_bytes > 1 {
+                format!(
+                    "; the allocator reserves whole pages of {}",
+                    human_bytes(self.model.page_bytes)
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+
+    fn accuracy(&self) -> String {
+        format!(
+            "model error on unseen combinations ±{:.1} %; margin {:.0} %",
+            self.peak_error * 100.0,
+            self.margin() * 100.0
+        )
+    }
+}
+
+impl Show for LadderCalibration {
+    const PROBES: &'static str = "one short run per rung";
+
+    fn print_probes(&self) {
+        println!(
+            "probes: {} of {PROBE_STEPS} steps in {:.1} s at the run's shape (peaks: the figure that decides an \
+             out-of-memory here)",
+            self.rungs.len() + usize::from(self.repeat.is_some()),
+            self.seconds
+        );
+        println!(
+            "  {:>9}  {:>10}  {:>10}  {:>9}  {:>9}",
+            self.knob, "measured", "planned", "step ms", "fitted"
+        );
+        for r in &self.rungs {
+            println!(
+                "  {:>9}  {:>10}  {:>10}  {:>9.1}  {:>9.1}",
+                if r.value == 0 {
+                    "whole".to_string()
+                } else {
+                    r.value.to_string()
+                },
+                human_bytes(r.measured.peak_bytes),
+                human_bytes(r.peak_bytes),
+                r.measured.step_ms,
+                r.step_ms
+            );
+        }
+        match self.repeat {
+            Some(again) => println!(
+                "the largest rung measured again: {} ({:.2} % off); time fit a + b/{} within {:.1} % of the probes; \
+                 safety margin {:.0} %",
+                human_bytes(again.peak_bytes),
+                self.repeat_error * 100.0,
+                self.knob,
+                self.time_error * 100.0,
+                self.margin() * 100.0
+            ),
+            None => println!(
+                "this device has no {} knob: one plan; safety margin {:.0} %",
+                self.knob,
+                self.margin() * 100.0
+            ),
+        }
+    }
+
+    fn accuracy(&self) -> String {
+        format!("each rung measured; margin {:.0} %", self.margin() * 100.0)
+    }
+}
+
+/// Settings the technique flags ([`train_flags`]) give; the rest go as `--set`.
 const TECHNIQUE_KEYS: [&str; 8] = [
     "precision",
     "checkpoint",
@@ -123,11 +227,11 @@ pub fn train_command<M: ModelSettings>(c: &FamilyConfig<M>, device: &str) -> Str
     for set in sets_between(&FamilyConfig::<M>::default().to_toml(), &c.to_toml(), &TECHNIQUE_KEYS) {
         args.extend(["--set".to_string(), set]);
     }
-    format!("vramfit train {} {} {}", M::NAME, shell_words(&args), flags(c))
+    format!("vramfit train {} {} {}", M::NAME, shell_words(&args), train_flags(c))
 }
 
 /// The `train` flags that give `c`'s techniques.
-fn flags<M: ModelSettings>(c: &FamilyConfig<M>) -> String {
+fn train_flags<M: ModelSettings>(c: &FamilyConfig<M>) -> String {
     let mut f = format!(
         "--batch-size {} --micro-batch {} --accumulate {} --precision {} --checkpoint {} --moments {} --allocator-cleanup {}",
         c.batch_size, c.micro_batch, c.accumulate, c.precision, c.checkpoint, c.moments, c.allocator_cleanup
@@ -136,4 +240,14 @@ fn flags<M: ModelSettings>(c: &FamilyConfig<M>) -> String {
         f.push_str(&format!(" --storage {}", shell_words(std::slice::from_ref(s))));
     }
     f
+}
+
+/// The `vramfit fit` command that runs `c` on `device`: every setting that
+/// differs from the defaults as `--set`.
+pub fn fit_command(c: &FitConfig, device: &str) -> String {
+    let mut args = vec!["--device".to_string(), device.to_string()];
+    for set in sets_between(&FitConfig::default().to_toml(), &c.to_toml(), &[]) {
+        args.extend(["--set".to_string(), set]);
+    }
+    format!("vramfit fit {}", shell_words(&args))
 }

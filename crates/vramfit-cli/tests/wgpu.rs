@@ -229,7 +229,7 @@ fn a_planned_wgpu_fit_takes_a_band_that_fits_and_falls_back_on_out_of_memory() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|p| p["value"].as_u64().unwrap())
+        .map(|p| p["setting"].as_u64().unwrap())
         .collect();
     assert!(bands.len() >= 2 && bands.windows(2).all(|w| w[1] < w[0]), "{bands:?}");
     let config = std::fs::read_to_string(d.join("planned/config.toml")).unwrap();

@@ -6,7 +6,7 @@
 
 use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
-use vramfit::plan::{Knobs, Measured, Plannable, Runnable, SIMULATED_OOM, Space, run_probe};
+use vramfit::plan::{Calibration, Knobs, Measured, Plannable, Runnable, SIMULATED_OOM, Space, run_probe};
 use vramfit::precision::Precision;
 use vramfit::profile::DeviceMemory;
 use vramfit::run::{Run, RunError, Start};
@@ -127,11 +127,14 @@ where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
 {
-    type Plan = Knobs;
+    type Strategy = Calibration;
     type Settings = FamilyConfig<F>;
     type Workload = Job<B, F, D>;
     type Error = TrainError;
 
+    fn target(&mut self) -> &mut (dyn Plannable + 'static) {
+        self
+    }
     fn settings(&self, knobs: &Knobs) -> FamilyConfig<F> {
         apply(&self.base, knobs, self.base.batch_size, &self.space.storage_groups)
     }

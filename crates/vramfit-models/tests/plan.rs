@@ -9,7 +9,7 @@ use std::ops::ControlFlow;
 use std::sync::Mutex;
 
 use burn::tensor::backend::AutodiffBackend;
-use vramfit::plan::{PlanError, Plannable, calibrate};
+use vramfit::plan::{PlanError, Plannable, Strategy, calibrate};
 use vramfit::profile::{DeviceMemory, human_bytes};
 use vramfit::run::RunPath;
 use vramfit_models::config::FamilyConfig;
@@ -104,12 +104,12 @@ where
     for budget in budgets {
         let choice = cal.choose(budget).unwrap();
         let winner = &choice.plans[0];
-        let measured = run(&winner.knobs);
+        let measured = run(&winner.setting);
         let error = winner.peak_bytes as f64 / measured.peak_bytes as f64 - 1.0;
         eprintln!(
             "budget {:>10}: {} · predicted {} · measured {} ({:+.1} %)",
             human_bytes(budget),
-            winner.knobs.describe(base.batch_size),
+            winner.setting.describe(base.batch_size),
             human_bytes(winner.peak_bytes),
             human_bytes(measured.peak_bytes),
             error * 100.0
@@ -117,7 +117,7 @@ where
         assert!(
             measured.peak_bytes <= budget,
             "plan {} measured {} over the budget {}",
-            winner.knobs.describe(base.batch_size),
+            winner.setting.describe(base.batch_size),
             measured.peak_bytes,
             budget
         );
@@ -126,7 +126,7 @@ where
             "prediction off by {:.1} %",
             error * 100.0
         );
-        chosen.push(winner.knobs.clone());
+        chosen.push(winner.setting.clone());
     }
     // With an ample budget nothing slower than the plain step is chosen
     // (times within the probes' resolution count as equal).
@@ -143,7 +143,7 @@ where
             steps: 6,
             log_every: 1,
             checkpoint_every: 2,
-            ..apply(&base, &p.knobs, base.batch_size, &groups)
+            ..apply(&base, &p.setting, base.batch_size, &groups)
         })
         .collect();
     let tmp = tempfile::tempdir().unwrap();

@@ -11,7 +11,7 @@
 //! band. The CPU path renders the whole image at once: it has one plan.
 
 use burn::tensor::backend::AutodiffBackend;
-use vramfit::plan::{Ladder, Measured, Runnable, SIMULATED_OOM, run_probe};
+use vramfit::plan::{Ladder, LadderCalibration, Measured, Runnable, SIMULATED_OOM, run_probe};
 use vramfit::run::{Run, RunError, Start};
 
 use crate::SplatError;
@@ -99,11 +99,14 @@ where
     B: AutodiffBackend + SplatBackend,
     B::InnerBackend: FusedLoss,
 {
-    type Plan = usize;
+    type Strategy = LadderCalibration;
     type Settings = FitConfig;
     type Workload = Splat<B>;
     type Error = SplatError;
 
+    fn target(&mut self) -> &mut (dyn Ladder + 'static) {
+        self
+    }
     fn settings(&self, band_rows: &usize) -> FitConfig {
         apply(&self.base, *band_rows)
     }

@@ -9,7 +9,7 @@ use std::ops::ControlFlow;
 use std::path::Path;
 
 use burn::tensor::backend::AutodiffBackend;
-use vramfit::plan::{Ladder, PlanError, calibrate_ladder};
+use vramfit::plan::{Ladder, PlanError, Strategy, calibrate_ladder};
 use vramfit::profile::human_bytes;
 use vramfit::run::RunPath;
 use vramfit_splat::config::FitConfig;
@@ -107,12 +107,12 @@ where
     for budget in budgets {
         let choice = cal.choose(budget).unwrap();
         let winner = &choice.plans[0];
-        let measured = target.measure(winner.value).unwrap();
+        let measured = target.measure(winner.setting).unwrap();
         let error = winner.peak_bytes as f64 / measured.peak_bytes as f64 - 1.0;
         eprintln!(
             "budget {:>10}: band_rows {} · planned {} · measured {} ({:+.1} %) — {}",
             human_bytes(budget),
-            winner.value,
+            winner.setting,
             human_bytes(winner.peak_bytes),
             human_bytes(measured.peak_bytes),
             error * 100.0,
@@ -121,12 +121,12 @@ where
         assert!(
             measured.peak_bytes <= budget,
             "band_rows {} measured {} over the budget {budget}",
-            winner.value,
+            winner.setting,
             measured.peak_bytes
         );
         assert!(error.abs() <= TOLERANCE, "planned peak off by {:.1} %", error * 100.0);
         // The fallbacks hold less, each below the one before (one plan on a one-rung device).
-        assert!(choice.plans.windows(2).all(|w| w[1].value < w[0].value));
+        assert!(choice.plans.windows(2).all(|w| w[1].setting < w[0].setting));
         assert!(rungs.len() > 1 || choice.plans.len() == 1);
     }
     // An ample budget takes a band predicted as fast as the fastest rung.
@@ -136,7 +136,7 @@ where
 
     // A fit whose plan runs out of memory at step 3 falls back to the next
     // band and finishes with every step (one rung: the error stands).
-    let plans: Vec<FitConfig> = ample.plans.iter().take(2).map(|r| apply(&base, r.value)).collect();
+    let plans: Vec<FitConfig> = ample.plans.iter().take(2).map(|r| apply(&base, r.setting)).collect();
     let out = tmp.path().join("planned");
     let options = vramfit::plan::Options {
         simulate_oom_at: Some(3),

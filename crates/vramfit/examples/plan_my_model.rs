@@ -143,7 +143,7 @@ fn main() {
         .expect("a run within the budget");
     let (choice, planned) = (&within.verified.choice, &within.planned);
     println!("plain step: {}; budget {}", human_bytes(plain), human_bytes(budget));
-    println!("plan: {} ({})", choice.plans[0].knobs.describe(256), choice.why);
+    println!("plan: {} ({})", choice.plans[0].setting.describe(256), choice.why);
     println!(
         "verified at the run's batch: {}",
         human_bytes(within.verified.measured.peak_bytes)
@@ -152,7 +152,7 @@ fn main() {
         println!(
             "fell back to plan {}: {}",
             f.to + 1,
-            choice.plans[f.to].knobs.describe(256)
+            choice.plans[f.to].setting.describe(256)
         );
     }
     let summary = planned.summary.as_ref().expect("the run finished");

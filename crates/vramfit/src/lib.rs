@@ -24,7 +24,8 @@
 //! use burn::{backend::{Autodiff, Flex}, nn::{Linear, LinearConfig}, prelude::*};
 //! use burn::tensor::backend::AutodiffBackend;
 //! use vramfit::{checkpoint::Block, precision::Autocast, step::Trainable};
-//! use vramfit::run::{Run, RunPath};
+//! use vramfit::plan::{Options, run_within};
+//! use vramfit::run::RunPath;
 //! use vramfit::trainer::{Schedule, TrainerTarget};
 //!
 //! #[global_allocator] // on the CPU the heap decides an out-of-memory: count it
@@ -69,11 +70,13 @@
 //! let schedule = Schedule { steps: 100, batch_size: 256, lr: 1e-3, checkpoint_every: 0, profile_every: 10 };
 //!
 //! let mut target = TrainerTarget::new(make, batches, schedule, &device);
-//! let cal = vramfit::plan::calibrate(&mut target, None)?; // one short probe per knob
-//! let choice = cal.choose(48 << 20)?; // the plans that fit 48 MiB, best first
-//! println!("{} because {}", choice.plans[0].knobs.describe(256), choice.why);
-//! let run = Run::create(&RunPath::At("runs/mine".into()), "", "cpu")?;
-//! let summary = run.drive(target.trainer(&choice.plans[0].knobs)?, |_| ControlFlow::Continue(()))?;
+//! // Probe (one short run per knob), choose the fastest plan that fits
+//! // 48 MiB, verify it at the run's batch, run it held to the budget, and
+//! // fall back to the next plan from the last checkpoint on an out-of-memory.
+//! let options = Options::new(RunPath::At("runs/mine".into()));
+//! let within = run_within(&mut target, 48 << 20, "cpu", &options, |_| ControlFlow::Continue(()))?;
+//! let choice = &within.verified.choice;
+//! println!("{} because {}", choice.plans[0].setting.describe(256), choice.why);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 

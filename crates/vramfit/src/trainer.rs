@@ -17,7 +17,7 @@ use crate::allocator::{Cleanup, CleanupPolicy};
 use crate::batch::MicroBatching;
 use crate::optim::{AdamConfig, AdamSnapshot, ModuleAdam};
 use crate::params::{Snapshot, describe, restore, snapshot};
-use crate::plan::{Knobs, Measured, Plannable, Runnable, SIMULATED_OOM, Space, run_probe};
+use crate::plan::{Calibration, Knobs, Measured, Plannable, Runnable, SIMULATED_OOM, Space, run_probe};
 use crate::precision::{Autocast, LossScaler, Precision, ScalerConfig, ScalerState};
 use crate::profile::{Accounted, DeviceMemory, MemoryReport, MemorySource, NamedTensor};
 use crate::run::{ArrayFile, Cadence, DeviceFailure, Finished, Run, RunError, RunStats, Start, StepRecord, Workload};
@@ -420,13 +420,16 @@ impl<B, M, const D: usize> Runnable for TrainerTarget<B, M, D>
 where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
-    M: Trainable<B, D>,
+    M: Trainable<B, D> + 'static,
 {
-    type Plan = Knobs;
+    type Strategy = Calibration;
     type Settings = Knobs;
     type Workload = Trainer<B, M, D>;
     type Error = RunError;
 
+    fn target(&mut self) -> &mut (dyn Plannable + 'static) {
+        self
+    }
     fn settings(&self, knobs: &Knobs) -> Knobs {
         knobs.clone()
     }

@@ -2,94 +2,12 @@
 //! than checkpointing, each with the checkpoint set of least
 //! recomputation that fits what is left, ranked by predicted step time.
 
-use serde::{Deserialize, Serialize};
-
 use super::chain::{least_peak, optimal};
-use super::{Calibration, Knobs};
+use super::{Calibration, Choice, Knobs, Plan, PlanError, Strategy};
 use crate::profile::human_bytes;
 
 /// Predicted times this close are treated as equal (the probes' resolution).
 const TIME_NOISE: f64 = super::model::TIME_RESOLUTION;
-
-/// One plan: knobs and what the model predicts for them.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Plan {
-    /// The knobs.
-    pub knobs: Knobs,
-    /// Predicted peak of the OOM-deciding figure (bytes).
-    pub peak_bytes: u64,
-    /// Predicted step time (ms).
-    pub step_ms: f64,
-    /// What it changes in the numerics (empty: exact up to summation order).
-    pub quality: Vec<String>,
-}
-
-impl Plan {
-    /// True when the plan keeps the numerics (up to summation order).
-    pub fn exact(&self) -> bool {
-        self.quality.is_empty()
-    }
-}
-
-/// The plans that fit a budget, best first, and why the first won.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Choice {
-    /// The budget (bytes).
-    pub budget: u64,
-    /// The safety margin applied to predicted peaks.
-    pub margin: f64,
-    /// Plans that fit, the winner first: numerically exact plans by
-    /// predicted time, then the others by predicted time.
-    pub plans: Vec<Plan>,
-    /// Why the winner won, in words.
-    pub why: String,
-}
-
-/// Why no plan could be made.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum PlanError {
-    /// A setting of the planner.
-    #[error("{0}")]
-    Setting(String),
-    /// A probe failed.
-    #[error("the probe {probe} failed: {why}")]
-    Probe {
-        /// Which probe, with its knobs.
-        probe: String,
-        /// What went wrong.
-        why: String,
-    },
-    /// The plans that fit by prediction measured over the budget when verified.
-    #[error(
-        "no plan measured within {budget} bytes when verified at the run's batch: {rejected}. Raise the budget by a \
-         few per cent"
-    )]
-    Unverified {
-        /// The budget (bytes).
-        budget: u64,
-        /// Each plan tried, predicted and measured.
-        rejected: String,
-    },
-    /// Nothing fits the budget.
-    #[error(
-        "no plan fits {budget}: the leanest plan, {knobs}, is predicted to peak at {least}; with the {margin:.0} % \
-         safety margin, rounded up to a MiB, a budget that works is {smallest} (--budget {smallest_bytes})"
-    )]
-    Infeasible {
-        /// The budget, in words.
-        budget: String,
-        /// The least predicted peak, in words.
-        least: String,
-        /// The plan reaching it.
-        knobs: String,
-        /// Safety margin in percent.
-        margin: f64,
-        /// The smallest budget that works, in words.
-        smallest: String,
-        /// The same in bytes.
-        smallest_bytes: u64,
-    },
-}
 
 /// Each combination of the non-checkpoint knobs the space allows.
 fn combinations(c: &Calibration) -> Vec<Knobs> {
@@ -117,19 +35,18 @@ fn combinations(c: &Calibration) -> Vec<Knobs> {
 }
 
 impl Calibration {
-    fn plan(&self, knobs: Knobs) -> Plan {
+    fn plan(&self, knobs: Knobs) -> Plan<Knobs> {
         let (peak, ms) = self.predict(&knobs);
         Plan {
             quality: knobs.quality_costs(&self.space),
-            knobs,
+            setting: knobs,
             peak_bytes: peak.max(0.0).ceil() as u64,
             step_ms: ms,
         }
     }
 
-    /// The plans that fit `budget` with the margin, best first, or the
-    /// smallest budget that works.
-    pub fn choose(&self, budget: u64) -> Result<Choice, PlanError> {
+    /// [`Strategy::choose`] for the knob model.
+    pub(super) fn choose_knobs(&self, budget: u64) -> Result<Choice<Knobs>, PlanError> {
         let margin = self.margin();
         let usable = self.model.pages_down(budget as f64 / (1.0 + margin));
         let chain = self.model.chain();
@@ -156,7 +73,7 @@ impl Calibration {
             .iter()
             .enumerate()
             .take_while(|(_, p)| p.exact() == class && p.step_ms <= limit)
-            .min_by_key(|(_, p)| p.knobs.turned(self.space.batch))
+            .min_by_key(|(_, p)| p.setting.turned(self.space.batch))
             .map_or(0, |(i, _)| i);
         let winner = plans.remove(pick);
         plans.insert(0, winner);
@@ -196,7 +113,7 @@ impl Calibration {
     }
 
     /// The plan with the least predicted peak.
-    pub fn leanest(&self) -> Plan {
+    pub fn leanest(&self) -> Plan<Knobs> {
         let chain = self.model.chain();
         let least = least_peak(&chain);
         combinations(self)
@@ -218,7 +135,7 @@ impl Calibration {
         PlanError::Infeasible {
             budget: human_bytes(budget),
             least: human_bytes(lean.peak_bytes),
-            knobs: lean.knobs.describe(self.space.batch),
+            knobs: lean.setting.describe(self.space.batch),
             margin: margin * 100.0,
             smallest: human_bytes(smallest),
             smallest_bytes: smallest,
@@ -226,44 +143,10 @@ impl Calibration {
     }
 }
 
-/// One card size's plan (or the smallest budget that works).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Preset {
-    /// The card's memory (bytes).
-    pub budget: u64,
-    /// The winner, if anything fits.
-    pub plan: Option<Plan>,
-    /// Plans that fit.
-    pub fitting: usize,
-    /// Why nothing fits, where nothing does.
-    pub error: Option<String>,
-}
-
-/// The winner for each budget (card sizes): the preset table.
-pub fn presets(c: &Calibration, budgets: &[u64]) -> Vec<Preset> {
-    budgets
-        .iter()
-        .map(|&budget| match c.choose(budget) {
-            Ok(choice) => Preset {
-                budget,
-                fitting: choice.plans.len(),
-                plan: choice.plans.into_iter().next(),
-                error: None,
-            },
-            Err(e) => Preset {
-                budget,
-                plan: None,
-                fitting: 0,
-                error: Some(e.to_string()),
-            },
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use crate::plan::chain::BlockCost;
-    use crate::plan::{Calibration, Delta, Knobs, Model, Space};
+    use crate::plan::{Calibration, Delta, Knobs, Model, Space, Strategy};
     use crate::precision::Precision;
 
     fn calibration() -> Calibration {
@@ -330,7 +213,7 @@ mod tests {
         let c = calibration();
         let plain = c.predict(&Knobs::base(4, 16)).0;
         let ample = c.choose(10 * plain as u64).unwrap();
-        assert_eq!(ample.plans[0].knobs, Knobs::base(4, 16));
+        assert_eq!(ample.plans[0].setting, Knobs::base(4, 16));
         let mut budgets = Vec::new();
         for f in [0.9, 0.7, 0.5, 0.4] {
             let budget = (plain * f) as u64;
@@ -339,7 +222,7 @@ mod tests {
                     for p in &choice.plans {
                         assert!(p.peak_bytes as f64 * (1.0 + choice.margin) <= budget as f64 + 1.0);
                     }
-                    budgets.push((f, choice.plans[0].knobs.describe(16)));
+                    budgets.push((f, choice.plans[0].setting.describe(16)));
                 }
                 Err(e) => budgets.push((f, e.to_string())),
             }

@@ -23,7 +23,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Measured, PlanError};
+use super::{Choice, Measured, Plan, PlanError, Strategy};
 use crate::profile::human_bytes;
 
 /// A workload with one ordered memory knob, for the planner.
@@ -85,31 +85,6 @@ pub struct LadderCalibration {
     pub time_error: f64,
     /// Seconds spent probing.
     pub seconds: f64,
-}
-
-/// The plan for a budget.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LadderChoice {
-    /// The budget (bytes).
-    pub budget: u64,
-    /// The safety margin applied to the rungs' peaks.
-    pub margin: f64,
-    /// The rungs that fit, the winner first, then the others from the largest down
-    /// (the fallbacks: each holds less than the one before).
-    pub plans: Vec<Rung>,
-    /// Why the winner won, in words.
-    pub why: String,
-}
-
-/// A row of a preset table.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LadderPreset {
-    /// The card's budget (bytes).
-    pub budget: u64,
-    /// The winner, if anything fits.
-    pub plan: Option<Rung>,
-    /// Why nothing fits.
-    pub error: Option<String>,
 }
 
 /// Step times this close to the fastest count as equal (the probes' resolution).
@@ -195,15 +170,11 @@ fn fit_inverse(values: &[usize], measured: &[Measured]) -> (f64, f64) {
 }
 
 impl LadderCalibration {
-    /// Twice the repeat's relative difference, at least 3 %.
-    pub fn margin(&self) -> f64 {
-        (2.0 * self.repeat_error).max(0.03)
-    }
-
     /// The rungs whose peak plus the margin is within `budget`: the winner
     /// is, among those within the probes' time resolution of the fastest by
     /// the fitted time, the one holding least memory (the faster of equals).
-    pub fn choose(&self, budget: u64) -> Result<LadderChoice, PlanError> {
+    /// [`Strategy::choose`] for the ladder.
+    pub(super) fn choose_rung(&self, budget: u64) -> Result<Choice<usize>, PlanError> {
         let margin = self.margin();
         let fits = |r: &&Rung| r.peak_bytes as f64 * (1.0 + margin) <= budget as f64;
         let mut plans: Vec<Rung> = self.rungs.iter().filter(fits).rev().cloned().collect();
@@ -255,31 +226,22 @@ impl LadderCalibration {
         // Fallbacks: the rungs below the winner, largest first.
         plans.retain(|r| r.value < winner.value);
         plans.insert(0, winner);
-        Ok(LadderChoice {
+        // A rung keeps the numerics: the band height changes only the order of sums.
+        let plans = plans
+            .into_iter()
+            .map(|r| Plan {
+                setting: r.value,
+                peak_bytes: r.peak_bytes,
+                step_ms: r.step_ms,
+                quality: Vec::new(),
+            })
+            .collect();
+        Ok(Choice {
             budget,
             margin,
             plans,
             why,
         })
-    }
-
-    /// The winner for each budget.
-    pub fn presets(&self, budgets: &[u64]) -> Vec<LadderPreset> {
-        budgets
-            .iter()
-            .map(|&budget| match self.choose(budget) {
-                Ok(c) => LadderPreset {
-                    budget,
-                    plan: c.plans.into_iter().next(),
-                    error: None,
-                },
-                Err(e) => LadderPreset {
-                    budget,
-                    plan: None,
-                    error: Some(e.to_string()),
-                },
-            })
-            .collect()
     }
 }
 
@@ -341,11 +303,11 @@ mod tests {
         // Ample: the largest; between: the largest that fits; fallbacks descend.
         let c = cal.choose(1 << 30).unwrap();
         assert_eq!(
-            c.plans.iter().map(|r| r.value).collect::<Vec<_>>(),
+            c.plans.iter().map(|r| r.setting).collect::<Vec<_>>(),
             vec![112, 64, 32, 16]
         );
         let c = cal.choose(100 * mib).unwrap();
-        assert_eq!(c.plans.iter().map(|r| r.value).collect::<Vec<_>>(), vec![32, 16]);
+        assert_eq!(c.plans.iter().map(|r| r.setting).collect::<Vec<_>>(), vec![32, 16]);
         // Every plan's peak with the margin is within the budget.
         for budget in [40 * mib, 60 * mib, 150 * mib, 200 * mib] {
             for r in cal.choose(budget).unwrap().plans {
@@ -357,7 +319,7 @@ mod tests {
         let PlanError::Infeasible { smallest_bytes, .. } = e else {
             panic!("{e}")
         };
-        assert_eq!(cal.choose(smallest_bytes).unwrap().plans[0].value, 16);
+        assert_eq!(cal.choose(smallest_bytes).unwrap().plans[0].setting, 16);
         assert!(cal.choose(smallest_bytes - (1 << 20)).is_err());
     }
 
@@ -389,6 +351,6 @@ mod tests {
         );
         // Equal times: the leanest rung wins (of equal peaks, the larger setting).
         let c = cal.choose(1000).unwrap();
-        assert_eq!((c.plans[0].value, c.plans[0].peak_bytes), (2, 300));
+        assert_eq!((c.plans[0].setting, c.plans[0].peak_bytes), (2, 300));
     }
 }

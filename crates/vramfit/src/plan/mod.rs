@@ -13,7 +13,7 @@
 //!    and cleanup add, and a time model of the same form. Two further
 //!    probes of combinations it did not fit on measure its prediction
 //!    error.
-//! 3. [`Calibration::choose`] enumerates every combination of the other
+//! 3. Choosing ([`Strategy::choose`]) enumerates every combination of the other
 //!    knobs, and for each the checkpoint set with the least recomputation
 //!    that fits what is left ([`chain::optimal`], exact), keeps the plans
 //!    whose predicted peak plus a margin (from the measured error) is
@@ -30,8 +30,9 @@
 //! A workload whose memory knob is one ordered setting (the splat fit's
 //! band height) is planned by [`ladder`] instead: every rung of a doubling
 //! ladder is measured, because a paged allocator makes its peak a step
-//! function. Both kinds of plan run through [`PlannedRun`], which falls
-//! back on an out-of-memory.
+//! function. Both are a [`Strategy`] with the same result types
+//! ([`Plan`], [`Choice`], [`Preset`]), so steps 4 on, the CLI and the
+//! benchmarks are written once for both.
 //!
 //! Budgets are in the backend's OOM-deciding figure: heap bytes of the
 //! process on the CPU (the counting allocator), the allocator's reserved
@@ -44,16 +45,17 @@ mod model;
 mod pipeline;
 mod planned;
 mod probe;
+mod strategy;
 
-pub use choose::{Choice, Plan, PlanError, Preset, presets};
-pub use ladder::{Ladder, LadderCalibration, LadderChoice, LadderPreset, Rung, calibrate_ladder};
+pub use ladder::{Ladder, LadderCalibration, Rung, calibrate_ladder};
 pub use model::{Delta, Model, ProbeRecord};
 pub use pipeline::{
-    BudgetError, FALLBACKS, Options, Runnable, SIMULATED_OOM, VERIFY_TRIES, Verified, WithinBudget, record, run_plans,
-    run_within, verify,
+    BudgetError, FALLBACKS, Options, Runnable, SIMULATED_OOM, Setting, VERIFY_TRIES, Verified, Within, WithinBudget,
+    record, run_plans, run_within, verify,
 };
 pub use planned::{Planned, PlannedRun};
 pub use probe::{PROBE_STEPS, measure_run, run_probe};
+pub use strategy::{Choice, Plan, PlanError, Preset, Strategy};
 
 use serde::{Deserialize, Serialize};
 
@@ -268,14 +270,6 @@ pub struct Calibration {
 }
 
 impl Calibration {
-    /// The safety margin on predicted peaks: twice the largest shortfall
-    /// measured on the probes and checks, at least 3 %. (Predictions above the
-    /// measurement cost memory, not safety; on a paged allocator they are
-    /// mostly the rounding up to whole pages.)
-    pub fn margin(&self) -> f64 {
-        (2.0 * self.shortfall).max(0.03)
-    }
-
     /// Predicted peak bytes and step ms of `knobs` at the workload's batch.
     pub fn predict(&self, knobs: &Knobs) -> (f64, f64) {
         self.model.predict(knobs, self.space.batch)

@@ -1,15 +1,16 @@
-//! From a budget to a run within it: probe ([`calibrate`]), choose
-//! ([`Calibration::choose`]), verify the winner with a probe at the run's
-//! own batch ([`verify`]), keep fallbacks, write `plan.json`, and run the
-//! winner held to the budget, falling back to the next plan from the last
-//! checkpoint on an out-of-memory ([`run_plans`]). [`run_within`] is all of
-//! it in one call; the CLI calls the steps one by one to print between them.
+//! From a budget to a run within it, for either strategy: probe
+//! ([`Strategy::calibrate`]), choose ([`Strategy::choose`]), verify the
+//! winner with a probe at the run's own shape ([`verify`]), keep fallbacks,
+//! write `plan.json`, and run the winner held to the budget, falling back
+//! to the next plan from the last checkpoint on an out-of-memory
+//! ([`run_plans`]). [`run_within`] is all of it in one call; the CLI calls
+//! the steps one by one to print between them.
 
 use std::ops::ControlFlow;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Calibration, Choice, Knobs, Measured, PlanError, Plannable, Planned, PlannedRun, calibrate};
+use super::{Choice, Measured, PlanError, Planned, PlannedRun, Strategy};
 use crate::run::{Event, Run, RunError, RunPath, Start, Workload};
 
 /// Plans a verification may measure over the budget before the planner gives up.
@@ -26,8 +27,9 @@ pub const SIMULATED_OOM: &str = "simulated: out of memory (the planner's fallbac
 /// a plan gives, and a run opened with its workload, new or resumed in its
 /// directory under another plan after an out-of-memory.
 pub trait Runnable {
-    /// What a plan sets: [`Knobs`] for the knob model, a rung for a ladder.
-    type Plan;
+    /// How it is planned: [`super::Calibration`] (the knob model) or
+    /// [`super::LadderCalibration`].
+    type Strategy: Strategy;
     /// A run's settings (what its `config.toml` holds).
     type Settings: Clone;
     /// The workload a run drives.
@@ -35,8 +37,10 @@ pub trait Runnable {
     /// Its errors, a run's among them.
     type Error: From<RunError> + std::fmt::Display;
 
-    /// The settings that run `plan` at the run's own shape.
-    fn settings(&self, plan: &Self::Plan) -> Self::Settings;
+    /// Itself as the strategy probes it.
+    fn target(&mut self) -> &mut <Self::Strategy as Strategy>::Target;
+    /// The settings that run a plan's `setting` at the run's own shape.
+    fn settings(&self, setting: &Setting<Self>) -> Self::Settings;
     /// `settings` as `config.toml`.
     fn to_toml(settings: &Self::Settings) -> String;
     /// A new run (`Start::New`) or the run in a directory resumed with the
@@ -50,28 +54,31 @@ pub trait Runnable {
     fn simulated_oom(step: u64) -> <Self::Workload as Workload>::Error;
 }
 
-/// A choice whose winner a probe at the run's own batch measured within
+/// What a plan of target `T` sets.
+pub type Setting<T> = <<T as Runnable>::Strategy as Strategy>::Setting;
+
+/// A choice whose winner a probe at the run's own shape measured within
 /// the budget.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Verified {
+#[serde(bound = "S: Serialize + serde::de::DeserializeOwned")]
+pub struct Verified<S> {
     /// The plans that fit, the verified winner first (plans measured over
     /// the budget removed, `why` saying so).
-    pub choice: Choice,
+    pub choice: Choice<S>,
     /// The winner's verification probe.
     pub measured: Measured,
 }
 
-/// [`Calibration::choose`] for `budget`, its winner verified by a probe at
-/// the run's batch: a winner measured over the budget is dropped and the
+/// [`Strategy::choose`] for `budget`, its winner verified by a probe at
+/// the run's shape: a winner measured over the budget is dropped and the
 /// next one tried, [`VERIFY_TRIES`] at most.
-pub fn verify(cal: &Calibration, target: &mut dyn Plannable, budget: u64) -> Result<Verified, PlanError> {
+pub fn verify<S: Strategy>(cal: &S, target: &mut S::Target, budget: u64) -> Result<Verified<S::Setting>, PlanError> {
     let mut choice = cal.choose(budget)?;
-    let batch = cal.space.batch;
     let mut rejected = Vec::new();
     while rejected.len() < VERIFY_TRIES {
         let Some(winner) = choice.plans.first() else { break };
-        let measured = target.measure(&winner.knobs, batch).map_err(|why| PlanError::Probe {
-            probe: format!("verifying {}", winner.knobs.describe(batch)),
+        let measured = cal.measure(target, &winner.setting).map_err(|why| PlanError::Probe {
+            probe: format!("verifying {}", cal.describe(&winner.setting)),
             why,
         })?;
         if measured.peak_bytes <= budget {
@@ -88,7 +95,7 @@ pub fn verify(cal: &Calibration, target: &mut dyn Plannable, budget: u64) -> Res
         }
         rejected.push(format!(
             "{}: predicted {} bytes, measured {}",
-            winner.knobs.describe(batch),
+            cal.describe(&winner.setting),
             winner.peak_bytes,
             measured.peak_bytes
         ));
@@ -101,22 +108,22 @@ pub fn verify(cal: &Calibration, target: &mut dyn Plannable, budget: u64) -> Res
 }
 
 /// `plan.json`'s body for a verified choice: the budget, the winner and
-/// its fallbacks, the verification, the model and its measured error.
-pub fn record(cal: &Calibration, verified: &Verified, device: &str) -> serde_json::Value {
+/// its fallbacks, the verification, and the strategy's account of its
+/// probes and measured error ([`Strategy::account`]).
+pub fn record<S: Strategy>(cal: &S, verified: &Verified<S::Setting>, device: &str) -> serde_json::Value {
     let kept = &verified.choice.plans[..verified.choice.plans.len().min(1 + FALLBACKS)];
-    serde_json::json!({
+    let mut record = serde_json::json!({
         "budget_bytes": verified.choice.budget,
         "device": device,
         "why": verified.choice.why,
         "margin": verified.choice.margin,
         "plans": kept,
         "verified": verified.measured,
-        "model": cal.model,
-        "model_peak_error": cal.peak_error,
-        "model_time_error": cal.time_error,
-        "probes": cal.probes.len() + cal.checks.len(),
-        "probe_seconds": cal.seconds,
-    })
+    });
+    if let (Some(record), serde_json::Value::Object(account)) = (record.as_object_mut(), cal.account()) {
+        record.extend(account);
+    }
+    record
 }
 
 /// How a planned run is run.
@@ -178,12 +185,15 @@ pub fn run_plans<T: Runnable>(
 }
 
 /// A run within a budget and how it was planned.
-pub struct WithinBudget<S> {
+pub struct WithinBudget<P, S> {
     /// The verified choice (the winner and its fallbacks).
-    pub verified: Verified,
+    pub verified: Verified<P>,
     /// The run.
     pub planned: Planned<S>,
 }
+
+/// What [`run_within`] gives for target `T`.
+pub type Within<T> = WithinBudget<Setting<T>, <<T as Runnable>::Workload as Workload>::Summary>;
 
 /// The one call: probe `target`, choose the fastest plan that fits
 /// `budget` bytes of the device's deciding figure, verify it, and run it
@@ -195,19 +205,19 @@ pub fn run_within<T>(
     device: &str,
     options: &Options,
     observe: impl FnMut(Event) -> ControlFlow<()>,
-) -> Result<WithinBudget<<T::Workload as Workload>::Summary>, BudgetError<T::Error>>
+) -> Result<Within<T>, BudgetError<T::Error>>
 where
-    T: Plannable + Runnable<Plan = Knobs>,
+    T: Runnable,
     T::Error: std::fmt::Debug,
 {
-    let cal = calibrate(target, options.probe_batch)?;
-    let mut verified = verify(&cal, target, budget)?;
+    let cal = T::Strategy::calibrate(target.target(), options.probe_batch)?;
+    let mut verified = verify(&cal, target.target(), budget)?;
     verified.choice.plans.truncate(1 + FALLBACKS);
     let plans: Vec<T::Settings> = verified
         .choice
         .plans
         .iter()
-        .map(|p| target.settings(&p.knobs))
+        .map(|p| target.settings(&p.setting))
         .collect();
     let record = record(&cal, &verified, device);
     // On the CPU the budget is the whole heap: the probes' records do not ride along.

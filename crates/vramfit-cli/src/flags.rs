@@ -1,0 +1,166 @@
+//! The settings flags of the workloads, each defined once and resolved
+//! once (defaults ← config file ← flags ← `--set`): a model family's
+//! (`train`, `plan transformer|unet`, `bench plan`) and a fit's (`fit`,
+//! `plan splat`, `bench plan-splat`). Commands read the resolved settings,
+//! never the raw flags again.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Result;
+use vramfit_models::config::FamilyConfig;
+use vramfit_models::family::ModelSettings;
+use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
+use vramfit_splat::picture::Picture;
+
+/// A family's settings as flags (shared by `train` and `plan`).
+#[derive(clap::Args)]
+pub struct TrainSettings {
+    /// TOML file of settings (keys as in a run's config.toml); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Matrix-work precision: f32, bf16 or f16 (f16 uses dynamic loss scaling).
+    #[arg(long)]
+    precision: Option<String>,
+    /// Block activation checkpointing: none, all, every:K, auto (√n), list:I,J.
+    #[arg(long)]
+    checkpoint: Option<String>,
+    /// Samples per forward/backward.
+    #[arg(long)]
+    micro_batch: Option<usize>,
+    /// Micro-batches per optimiser step (micro_batch × accumulate = batch_size).
+    #[arg(long)]
+    accumulate: Option<usize>,
+    /// Samples per optimiser step.
+    #[arg(long)]
+    batch_size: Option<usize>,
+    /// Optimiser steps (e.g. 1000 or 1e3).
+    #[arg(long, value_parser = parse_count::<u64>)]
+    steps: Option<u64>,
+    /// Store a parameter group in low precision, PREFIX:TYPE (repeatable), e.g. token_embedding:bf16, stages:bf16.
+    #[arg(long, value_name = "PREFIX:TYPE")]
+    storage: Vec<String>,
+    /// Adam moments' type: f32 or bf16.
+    #[arg(long)]
+    moments: Option<String>,
+    /// Allocator cleanup: never, step, every:N.
+    #[arg(long)]
+    allocator_cleanup: Option<String>,
+    /// Seed of the weights.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Override one setting, KEY=VALUE (dotted keys reach tables: model.width=128) (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+}
+
+impl TrainSettings {
+    /// The technique flags given (the planner's to set with `--budget`).
+    pub fn techniques_given(&self) -> Vec<&'static str> {
+        [
+            ("--precision", self.precision.is_some()),
+            ("--checkpoint", self.checkpoint.is_some()),
+            ("--micro-batch", self.micro_batch.is_some()),
+            ("--accumulate", self.accumulate.is_some()),
+            ("--storage", !self.storage.is_empty()),
+            ("--moments", self.moments.is_some()),
+            ("--allocator-cleanup", self.allocator_cleanup.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, given)| given.then_some(flag))
+        .collect()
+    }
+}
+
+/// Resolves defaults ← config file ← flags ← `--set`.
+pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig<M>> {
+    let mut c = match &a.config {
+        Some(path) => FamilyConfig::<M>::load(path)?,
+        None => FamilyConfig::<M>::default(),
+    };
+    let or = |flag: &Option<String>, value: &mut String| {
+        if let Some(f) = flag {
+            *value = f.clone();
+        }
+    };
+    or(&a.precision, &mut c.precision);
+    or(&a.checkpoint, &mut c.checkpoint);
+    or(&a.moments, &mut c.moments);
+    or(&a.allocator_cleanup, &mut c.allocator_cleanup);
+    c.batch_size = a.batch_size.unwrap_or(c.batch_size);
+    c.micro_batch = a.micro_batch.unwrap_or(c.micro_batch);
+    c.accumulate = a.accumulate.unwrap_or(c.accumulate);
+    c.steps = a.steps.unwrap_or(c.steps);
+    c.seed = a.seed.unwrap_or(c.seed);
+    if !a.storage.is_empty() {
+        c.storage = a.storage.clone();
+    }
+    Ok(vramfit::settings::apply_sets(&c.to_toml(), &a.set)?.unwrap_or(c))
+}
+
+/// A fit's settings as flags (shared by `fit` and `plan splat`).
+#[derive(clap::Args)]
+pub struct FitSettings {
+    /// PNG or JPEG to fit.
+    image: Option<PathBuf>,
+    /// Final number of Gaussians (e.g. 20000 or 2e4).
+    #[arg(long, value_parser = parse_count::<usize>)]
+    gaussians: Option<usize>,
+    /// Most optimiser steps (e.g. 10000 or 1e4).
+    #[arg(long, value_parser = parse_count::<u64>)]
+    steps: Option<u64>,
+    /// Seed of every random choice.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// TOML file of settings (keys as in a run's config.toml); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Override one setting, KEY=VALUE with a key of config.toml (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+}
+
+/// Resolves defaults ← config file ← flags.
+pub fn resolve_fit(args: &FitSettings) -> Result<FitConfig> {
+    let mut c = match &args.config {
+        Some(path) => FitConfig::load(path)?,
+        None => FitConfig::default(),
+    };
+    if let Some(image) = &args.image {
+        c.image = image.display().to_string();
+    }
+    c.gaussians = args.gaussians.unwrap_or(c.gaussians);
+    c.steps = args.steps.unwrap_or(c.steps);
+    c.seed = args.seed.unwrap_or(c.seed);
+    let c = apply_sets(c, &args.set)?;
+    if c.image != BUILTIN_SAMPLE
+        && let Ok(true) = Picture::has_alpha(Path::new(&c.image))
+    {
+        eprintln!("note: {} has an alpha channel; it is ignored (fitted as RGB)", c.image);
+    }
+    Ok(c)
+}
+
+/// Applies `--set KEY=VALUE` overrides; an error names the argument.
+pub fn apply_sets(c: FitConfig, sets: &[String]) -> Result<FitConfig> {
+    Ok(vramfit::settings::apply_sets(&c.to_toml(), sets)?.unwrap_or(c))
+}
+
+/// A whole number, also written like `2e4` or `1.5e6` (clap puts the flag
+/// in front of the message; the settings' checks bound it further).
+pub fn parse_count<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
+    let t = s.trim().replace('_', "");
+    let too_large = || format!("'{s}' is too large for a count (at most {})", u64::MAX);
+    let value = match t.parse::<u64>() {
+        Ok(v) => v,
+        Err(_) => match t.parse::<f64>() {
+            Ok(v) if v.is_finite() && v >= 0.0 && v.fract() == 0.0 => {
+                if v >= u64::MAX as f64 {
+                    return Err(too_large());
+                }
+                v as u64
+            }
+            _ => return Err(format!("'{s}' is not a whole number; write e.g. 20000 or 2e4")),
+        },
+    };
+    T::try_from(value).map_err(|_| too_large())
+}
