@@ -9,9 +9,11 @@ use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
 use vramfit::profile::{DeviceMemory, MemoryReport, human_bytes};
 use vramfit::run::{Event, RunSummary, Start};
-use vramfit_models::gpt::TrainConfig;
-use vramfit_models::job::{Job, TrainSummary};
-use vramfit_models::unet::UnetTrainConfig;
+use vramfit_models::config::FamilyConfig;
+use vramfit_models::family::{Family, ModelSettings};
+use vramfit_models::gpt::{GptConfig, TrainConfig};
+use vramfit_models::job::TrainSummary;
+use vramfit_models::unet::{UnetConfig, UnetTrainConfig};
 use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
 use vramfit_splat::op::{FusedLoss, SplatBackend};
 
@@ -65,12 +67,12 @@ impl<O: FnMut(Event) -> ControlFlow<()>> OnSplatBackend for DriveFit<O> {
 }
 
 /// A model family's training run, driven.
-struct DriveTrain<O> {
-    launch: Launch,
+struct DriveTrain<F: ModelSettings, const D: usize, O> {
+    start: Start<FamilyConfig<F>>,
     observe: O,
 }
 
-impl<O: FnMut(Event) -> ControlFlow<()>> OnBackend for DriveTrain<O> {
+impl<F: Family<D>, const D: usize, O: FnMut(Event) -> ControlFlow<()>> OnBackend for DriveTrain<F, D, O> {
     type Output = (PathBuf, Option<Done>);
 
     fn run<B>(self, device: &B::Device, name: String) -> Result<(PathBuf, Option<Done>)>
@@ -78,19 +80,9 @@ impl<O: FnMut(Event) -> ControlFlow<()>> OnBackend for DriveTrain<O> {
         B: AutodiffBackend,
         B::InnerBackend: DeviceMemory,
     {
-        Ok(match self.launch {
-            Launch::Transformer(start) => {
-                let (run, w) = vramfit_models::job::launch::<B>(start, device, &name)?;
-                let dir = run.dir().root().to_path_buf();
-                (dir, run.drive(w, self.observe)?.map(|s| Done::Train("transformer", s)))
-            }
-            Launch::Unet(start) => {
-                let (run, w) = Job::<B, _, 4>::launch(start, device, &name)?;
-                let dir = run.dir().root().to_path_buf();
-                (dir, run.drive(w, self.observe)?.map(|s| Done::Train("unet", s)))
-            }
-            Launch::Fit(_) => unreachable!("a fit is driven by DriveFit"),
-        })
+        let (run, w) = vramfit_models::job::start::<B, F, D>(self.start, device, &name)?;
+        let dir = run.dir().root().to_path_buf();
+        Ok((dir, run.drive(w, self.observe)?.map(|s| Done::Train(F::NAME, s))))
     }
 }
 
@@ -103,7 +95,8 @@ pub fn run_with(
 ) -> Result<(PathBuf, Option<Done>)> {
     match launch {
         Launch::Fit(start) => on_splat_device(device, DriveFit { start, observe }),
-        launch => on_device(device, DriveTrain { launch, observe }),
+        Launch::Transformer(start) => on_device(device, DriveTrain::<GptConfig, 3, _> { start, observe }),
+        Launch::Unet(start) => on_device(device, DriveTrain::<UnetConfig, 4, _> { start, observe }),
     }
 }
 
@@ -189,7 +182,7 @@ pub(crate) fn print_fit(s: &RunSummary<vramfit_splat::job::Summary>, resumed: bo
 
 pub(crate) fn print_train(name: &str, s: &RunSummary<TrainSummary>) {
     let t = &s.workload;
-    let field = |key: &str| t.family.get(key).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
+    let field = |key: &str| t.extra.get(key).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
     println!("trained {name} on {}: {}", s.device, t.techniques);
     let (loss, throughput) = if name == "unet" {
         (

@@ -11,6 +11,7 @@ use vramfit::precision::Precision;
 use vramfit::profile::DeviceMemory;
 use vramfit::run::{Run, RunError, Start};
 use vramfit::step::StepError;
+use vramfit::trainer::TrainerError;
 
 use crate::config::FamilyConfig;
 use crate::family::{Family, ModelSettings};
@@ -115,7 +116,7 @@ where
                 profile_every: 1,
                 ..apply(&self.base, knobs, batch, &self.space.storage_groups)
             };
-            Job::<B, F, D>::new(config, &self.device)
+            crate::job::build::<B, F, D>(config, &self.device)
         })
     }
 }
@@ -144,13 +145,13 @@ where
     fn launch(&self, start: Start<FamilyConfig<F>>) -> Result<(Run, Job<B, F, D>), TrainError> {
         // A fallback starts from pools that hold nothing of the failed attempt.
         B::memory_cleanup(&self.device);
-        Job::<B, F, D>::launch(start, &self.device, &self.device_name)
+        crate::job::start::<B, F, D>(start, &self.device, &self.device_name)
     }
     fn is_oom(error: &TrainError) -> bool {
         matches!(error, TrainError::Run(RunError::OutOfMemory(_)))
     }
-    fn simulated_oom(step: u64) -> TrainError {
-        TrainError::Step(StepError::Device {
+    fn simulated_oom(step: u64) -> TrainerError {
+        TrainerError::Step(StepError::Device {
             step,
             reason: SIMULATED_OOM.into(),
         })

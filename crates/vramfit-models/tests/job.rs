@@ -194,7 +194,7 @@ fn a_device_out_of_memory_writes_oom_json_keeps_the_checkpoints_and_resumes() {
         inner: workload,
         step: 6,
         fail: |step| {
-            TrainError::Step(StepError::Device {
+            vramfit::trainer::TrainerError::Step(StepError::Device {
                 step,
                 reason: OOM.into(),
             })

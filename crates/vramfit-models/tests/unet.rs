@@ -203,7 +203,7 @@ fn low_precision_training_follows_the_f32_curve<B: AutodiffBackend>() {
 fn a_run_learns_to_denoise_towards_the_floor() {
     use std::ops::ControlFlow;
     use vramfit::run::{RunPath, Start};
-    use vramfit_models::job::Unet as Job;
+    use vramfit_models::unet::UnetConfig;
     use vramfit_models::unet::UnetTrainConfig;
     type B = burn::backend::Autodiff<burn::backend::Flex>;
     let tmp = tempfile::tempdir().unwrap();
@@ -213,14 +213,14 @@ fn a_run_learns_to_denoise_towards_the_floor() {
         ..Default::default()
     };
     (c.task.resolution, c.task.source, c.model.width, c.model.depth) = (16, 64, 8, 2);
-    let (run, job) = Job::<B>::launch(
+    let (run, job) = vramfit_models::job::start::<B, UnetConfig, 4>(
         Start::New(c, RunPath::At(tmp.path().join("r"))),
         &Default::default(),
         "cpu",
     )
     .unwrap();
     let s = run.drive(job, |_| ControlFlow::Continue(())).unwrap().unwrap().workload;
-    let field = |k: &str| s.family[k].as_f64().unwrap();
+    let field = |k: &str| s.extra[k].as_f64().unwrap();
     let (floor, identity, eval) = (field("noise_floor"), field("identity_loss"), field("eval_loss"));
     eprintln!(
         "U-Net 120 steps: final loss {:.5}, eval {eval:.5}, floor {floor:.5}, noisy input {identity:.5}",

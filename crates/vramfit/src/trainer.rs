@@ -3,9 +3,11 @@
 //! the knobs of a plan. This is how a Burn user profiles their model and
 //! plans it into a memory budget without writing a workload.
 //!
-//! The state it snapshots (parameters, Adam moments and step, the loss
-//! scaler) is written and read by [`save_state`] and [`load_state`], which
-//! the transformer workload uses too.
+//! [`Trainer`] is the one workload of every trainable model: the built-in
+//! transformer and U-Net are trainers too, on their own [`Course`] (a
+//! learning-rate schedule, their summary fields and advice). The state it
+//! snapshots (parameters, Adam moments and step, the loss scaler, the
+//! recent losses) is written and read by [`save_state`] and [`load_state`].
 
 use std::sync::Arc;
 
@@ -143,25 +145,115 @@ pub fn stepper_for<B: AutodiffBackend>(knobs: &Knobs, batch: usize, groups: &[St
     (stepper, storage)
 }
 
-/// A user's model trained with a plan's knobs: a [`Workload`].
-pub struct Trainer<B: AutodiffBackend, M: Trainable<B, D>, const D: usize> {
+/// What a model's training run adds to the trainer's loop: its batches,
+/// and hooks with defaults (a constant learning rate, no summary fields of
+/// its own, no final weights file). A user's model needs only its batches:
+/// [`Batches`] is a course. The transformer and the U-Net are courses with
+/// a warm-up and cosine schedule, their floors and throughput, and advice
+/// in their flags (`vramfit_models::job`).
+pub trait Course<B: AutodiffBackend, M: Trainable<B, D>, const D: usize> {
+    /// Batch `step` (1-based) of `size` samples: the same for a given step
+    /// whatever the run's history, so a resumed run sees the batches it
+    /// would have seen.
+    fn batch(&self, step: u64, size: usize, device: &B::Device) -> M::Batch;
+    /// The learning rate at `step` (default: the schedule's, constant).
+    fn lr(&self, schedule: &Schedule, _step: u64) -> f64 {
+        schedule.lr
+    }
+    /// Steps between metric lines (default: every step).
+    fn log_every(&self) -> u64 {
+        1
+    }
+    /// The kind stored in its checkpoints.
+    fn checkpoint_kind(&self) -> &'static str {
+        CHECKPOINT_KIND
+    }
+    /// The kind of a final `weights.bin`, or `None` for none (the default).
+    fn weights_kind(&self) -> Option<&'static str> {
+        None
+    }
+    /// Its own fields of `summary.json` (a floor, a throughput, an
+    /// evaluation) for `model` after a run at `median_step_ms` per step.
+    fn summary(
+        &self,
+        _model: &M,
+        _batching: &MicroBatching,
+        _median_step_ms: f64,
+        _device: &B::Device,
+    ) -> serde_json::Map<String, serde_json::Value> {
+        serde_json::Map::new()
+    }
+    /// What to turn to lower the peak of `report`.
+    fn advice(&self, _report: &MemoryReport, _batching: &MicroBatching) -> Vec<String> {
+        vec!["plan it into a budget: vramfit::plan::run_within with a TrainerTarget".into()]
+    }
+}
+
+impl<B, M, const D: usize> Course<B, M, D> for Batches<B, M::Batch>
+where
+    B: AutodiffBackend,
+    M: Trainable<B, D>,
+{
+    fn batch(&self, step: u64, size: usize, device: &B::Device) -> M::Batch {
+        self(step, size, device)
+    }
+}
+
+/// The techniques a plan's knobs give, as `summary.json` and the settings
+/// files name them.
+pub fn techniques(knobs: &Knobs, batch: usize, groups: &[String]) -> serde_json::Value {
+    json!({
+        "precision": knobs.precision.name(),
+        "checkpoint": knobs.checkpoint_setting(),
+        "micro_batch": knobs.micro_batch,
+        "accumulate": batch / knobs.micro_batch.max(1),
+        "storage": groups[..knobs.low_storage.min(groups.len())].iter().map(|g| format!("{g}:bf16")).collect::<Vec<_>>(),
+        "moments": if knobs.low_moments { "bf16" } else { "f32" },
+        "allocator_cleanup": if knobs.cleanup { "step" } else { "never" },
+    })
+}
+
+/// A model trained by a [`Stepper`] on a [`Course`]: the one [`Workload`]
+/// of every trainable model, a user's and the built-in ones alike.
+pub struct Trainer<B, M, const D: usize, C = Batches<B, <M as Trainable<B, D>>::Batch>>
+where
+    B: AutodiffBackend,
+    M: Trainable<B, D>,
+{
     model: M,
     stepper: Stepper<B>,
-    batches: Batches<B, M::Batch>,
+    course: C,
     schedule: Schedule,
-    last_loss: f64,
+    /// The techniques in words, for `summary.json`.
+    techniques: serde_json::Value,
+    /// Losses of the last (up to) 10 steps, for `final_loss` (kept across resumes).
+    recent: Vec<f64>,
     device: B::Device,
 }
 
-/// The trainer's fields of `summary.json`.
+/// A training run's fields of `summary.json`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct TrainerSummary {
-    /// Loss of the last step.
+pub struct TrainSummary {
+    /// Mean loss over the last 10 optimiser steps.
     pub final_loss: f64,
+    /// Steps skipped by the loss scaler.
+    pub skipped_steps: u64,
+    /// Final loss scale (1 without a scaler).
+    pub loss_scale: f64,
+    /// Precision, checkpointing, batch split, storage, moments, cleanup.
+    pub techniques: serde_json::Value,
     /// Bytes of parameters as stored.
     pub parameter_bytes: u64,
     /// Bytes of Adam moments.
     pub optimizer_state_bytes: u64,
+    /// Allocator cleanups done (last session).
+    pub cleanup_calls: u64,
+    /// Seconds spent in them.
+    pub cleanup_seconds: f64,
+    /// The course's own fields ([`Course::summary`]): the transformer's
+    /// `entropy_floor` and `tokens_per_second`, for example.
+    #[serde(flatten)]
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Why a trainer stopped.
@@ -194,15 +286,16 @@ pub fn parameter_groups<B: burn::tensor::backend::Backend, M: burn::module::Modu
     groups
 }
 
-impl<B, M, const D: usize> Trainer<B, M, D>
+impl<B, M, const D: usize, C> Trainer<B, M, D, C>
 where
     B: AutodiffBackend,
     M: Trainable<B, D>,
+    C: Course<B, M, D>,
 {
-    /// `model` trained with `knobs` on `batches`.
+    /// `model` trained with a plan's `knobs` on `course`.
     pub fn new(
         model: M,
-        batches: Batches<B, M::Batch>,
+        course: C,
         schedule: Schedule,
         knobs: &Knobs,
         device: &B::Device,
@@ -223,37 +316,68 @@ where
         let groups: Vec<String> = parameter_groups(&model).into_iter().map(|(g, _)| g).collect();
         let (stepper, storage) = stepper_for::<B>(knobs, schedule.batch_size, &groups);
         let model = storage.apply(model).map_err(|e| TrainerError::Setting(e.to_string()))?;
-        Ok(Self {
+        let techniques = techniques(knobs, schedule.batch_size, &groups);
+        Ok(Self::with_stepper(model, course, schedule, stepper, techniques, device))
+    }
+
+    /// `model` (its storage policy applied) trained by `stepper` on
+    /// `course`; `techniques` name the stepper's settings for `summary.json`.
+    pub fn with_stepper(
+        model: M,
+        course: C,
+        schedule: Schedule,
+        stepper: Stepper<B>,
+        techniques: serde_json::Value,
+        device: &B::Device,
+    ) -> Self {
+        Self {
             model,
             stepper,
-            batches,
+            course,
             schedule,
-            last_loss: f64::NAN,
+            techniques,
+            recent: Vec::new(),
             device: device.clone(),
-        })
+        }
     }
 
     /// The model.
     pub fn model(&self) -> &M {
         &self.model
     }
+
+    /// The schedule.
+    pub fn schedule(&self) -> &Schedule {
+        &self.schedule
+    }
+
+    /// Parameters, Adam state and the recent losses as one array file of `kind`.
+    fn to_array_file(&self, kind: &str) -> ArrayFile {
+        save_state(
+            kind,
+            &self.model,
+            &self.stepper,
+            json!({ "recent_losses": self.recent }),
+        )
+    }
 }
 
-impl<B, M, const D: usize> Workload for Trainer<B, M, D>
+impl<B, M, const D: usize, C> Workload for Trainer<B, M, D, C>
 where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
     M: Trainable<B, D>,
+    C: Course<B, M, D>,
 {
-    type Summary = TrainerSummary;
+    type Summary = TrainSummary;
     type Error = TrainerError;
 
     fn checkpoint_kind(&self) -> &'static str {
-        CHECKPOINT_KIND
+        self.course.checkpoint_kind()
     }
     fn cadence(&self) -> Cadence {
         Cadence {
-            log_every: 1,
+            log_every: self.course.log_every(),
             checkpoint_every: self.schedule.checkpoint_every,
             profile_every: self.schedule.profile_every,
             profile_sample_ms: 2,
@@ -268,40 +392,64 @@ where
     fn total_steps(&self) -> u64 {
         self.schedule.steps
     }
-    fn finished(&self) -> bool {
-        self.stepper.attempts >= self.schedule.steps
-    }
     fn accounted(&self) -> Accounted {
         self.stepper.accounted(&self.model)
     }
     fn step(&mut self, observer: &mut dyn StepObserver) -> Result<StepRecord, TrainerError> {
         let step = self.stepper.attempts + 1;
-        let batch = (self.batches)(step, self.schedule.batch_size, &self.device);
+        let batch = self.course.batch(step, self.schedule.batch_size, &self.device);
+        let lr = self.course.lr(&self.schedule, step);
         let (model, out) = self
             .stepper
-            .step(self.model.clone(), &batch, self.schedule.lr, &self.device, observer)?;
+            .step(self.model.clone(), &batch, lr, &self.device, observer)?;
         self.model = model;
-        self.last_loss = out.loss;
+        self.recent.push(out.loss);
+        if self.recent.len() > 10 {
+            self.recent.remove(0);
+        }
+        let skipped = self.stepper.scaler.as_ref().map_or(0, |s| s.state().skipped_steps);
+        let mut metrics = serde_json::Map::new();
+        metrics.insert("lr".into(), json!(lr));
+        metrics.insert("loss_scale".into(), json!(out.scale));
+        metrics.insert("stepped".into(), json!(out.stepped));
+        metrics.insert("cleanup_seconds".into(), json!(out.cleanup_seconds));
         Ok(StepRecord {
             step,
             loss: out.loss,
+            metrics,
+            scalars: vec![
+                ("lr".into(), lr),
+                ("loss_scale".into(), out.scale),
+                ("skipped_steps".into(), skipped as f64),
+            ],
+            notable: !out.stepped,
             status: format!("loss {:.4}", out.loss),
-            ..Default::default()
+            notes: if out.stepped {
+                Vec::new()
+            } else {
+                vec![format!(
+                    "step {step}: inf/NaN gradients at loss scale {}: step skipped, scale halved",
+                    out.scale
+                )]
+            },
+            files: Vec::new(),
         })
     }
     fn snapshot(&self) -> Result<ArrayFile, TrainerError> {
-        Ok(save_state(CHECKPOINT_KIND, &self.model, &self.stepper, json!({})))
+        Ok(self.to_array_file(self.course.checkpoint_kind()))
     }
     fn restore(&mut self, file: &ArrayFile) -> Result<(), TrainerError> {
         self.model =
             load_state(file, self.model.clone(), &mut self.stepper, &self.device).map_err(TrainerError::Checkpoint)?;
+        self.recent =
+            serde_json::from_value(file.meta.get("recent_losses").cloned().unwrap_or_default()).unwrap_or_default();
         Ok(())
     }
     fn tensors(&self) -> Vec<NamedTensor> {
         crate::params::named_tensors(&self.model)
     }
-    fn advice(&self, _: &MemoryReport) -> Vec<String> {
-        vec!["plan it into a budget: vramfit::plan::run_within with a TrainerTarget".into()]
+    fn advice(&self, report: &MemoryReport) -> Vec<String> {
+        self.course.advice(report, &self.stepper.batching)
     }
     fn device_failure(error: &TrainerError) -> Option<DeviceFailure> {
         match error {
@@ -309,15 +457,27 @@ where
             _ => None,
         }
     }
-    fn finish(&mut self, _: &RunStats) -> Result<Finished<TrainerSummary>, TrainerError> {
-        Ok(Finished {
-            summary: TrainerSummary {
-                final_loss: self.last_loss,
-                parameter_bytes: parameter_bytes(&self.model),
-                optimizer_state_bytes: self.stepper.optimizer.state_bytes(),
-            },
-            files: Vec::new(),
-        })
+    fn finish(&mut self, stats: &RunStats) -> Result<Finished<TrainSummary>, TrainerError> {
+        let s = &self.stepper;
+        let summary = TrainSummary {
+            final_loss: self.recent.iter().sum::<f64>() / self.recent.len().max(1) as f64,
+            skipped_steps: s.scaler.as_ref().map_or(0, |x| x.state().skipped_steps),
+            loss_scale: s.scaler.as_ref().map_or(1.0, |x| x.scale()),
+            techniques: self.techniques.clone(),
+            parameter_bytes: parameter_bytes(&self.model),
+            optimizer_state_bytes: s.optimizer.state_bytes(),
+            cleanup_calls: s.cleanup.calls(),
+            cleanup_seconds: s.cleanup.spent().as_secs_f64(),
+            extra: self
+                .course
+                .summary(&self.model, &s.batching, stats.median_step_ms, &self.device),
+        };
+        // No wall time in the weights: a resumed run writes the same bytes.
+        let files = match self.course.weights_kind() {
+            Some(kind) => vec![("weights.bin".into(), self.to_array_file(kind).to_bytes())],
+            None => Vec::new(),
+        };
+        Ok(Finished { summary, files })
     }
 }
 

@@ -102,8 +102,11 @@ pub trait Workload {
     fn steps_done(&self) -> u64;
     /// The step budget.
     fn total_steps(&self) -> u64;
-    /// True when the run is over (budget spent or stopped early).
-    fn finished(&self) -> bool;
+    /// True when the run is over (default: the step budget spent; a
+    /// workload that stops early says so here).
+    fn finished(&self) -> bool {
+        self.steps_done() >= self.total_steps()
+    }
     /// What it holds between steps (parameters, optimiser state, inputs).
     fn accounted(&self) -> Accounted;
     /// One step; reports the end of each phase to `observer`.
@@ -112,12 +115,22 @@ pub trait Workload {
     fn snapshot(&self) -> Result<ArrayFile, Self::Error>;
     /// Restores a snapshot taken by [`Workload::snapshot`] with the same settings.
     fn restore(&mut self, file: &ArrayFile) -> Result<(), Self::Error>;
-    /// Its tensors by name and category, largest first.
-    fn tensors(&self) -> Vec<NamedTensor>;
-    /// What to turn to lower the peak of `report`, most effective first.
-    fn advice(&self, report: &MemoryReport) -> Vec<String>;
-    /// The device failure inside `error`, if it is one.
-    fn device_failure(error: &Self::Error) -> Option<DeviceFailure>;
+    /// Its tensors by name and category, largest first, for the memory
+    /// report's table (default: none named).
+    fn tensors(&self) -> Vec<NamedTensor> {
+        Vec::new()
+    }
+    /// What to turn to lower the peak of `report`, most effective first
+    /// (default: no advice).
+    fn advice(&self, _report: &MemoryReport) -> Vec<String> {
+        Vec::new()
+    }
+    /// The device failure inside `error`, if it is one (default: none is;
+    /// a workload whose device can fail must say, or an out-of-memory is
+    /// reported as a plain error).
+    fn device_failure(_error: &Self::Error) -> Option<DeviceFailure> {
+        None
+    }
     /// Ends the run: its summary fields and final files.
     fn finish(&mut self, stats: &RunStats) -> Result<Finished<Self::Summary>, Self::Error>;
 }
