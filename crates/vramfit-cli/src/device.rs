@@ -1,6 +1,6 @@
 //! Picks the backend for `--device` and runs work on it.
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::AutodiffBackend;
 use vramfit::profile::DeviceMemory;
@@ -26,7 +26,7 @@ const BUILT: &str = if cfg!(all(feature = "cuda", feature = "wgpu")) {
 };
 
 /// The error for a device this build lacks or does not know.
-fn unavailable(device: &str) -> anyhow::Error {
+pub(crate) fn unavailable(device: &str) -> anyhow::Error {
     match device {
         "cuda" | "wgpu" => anyhow::anyhow!(
             "this vramfit was built without {device}; rebuild with `cargo build --release -p vramfit-cli --features {device}` (this build runs on {BUILT})"
@@ -94,80 +94,4 @@ pub fn on_splat_device<W: OnSplatBackend>(device: &str, work: W) -> Result<W::Ou
 
 fn rayon_threads() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
-}
-
-/// `vramfit check-kernels`: the GPU kernels against their CPU twins on
-/// random cases; prints a table, writes JSON to `out`, fails on any case
-/// outside tolerance.
-pub fn check_kernels(device: &str, large: bool, out: Option<std::path::PathBuf>) -> Result<()> {
-    match device {
-        #[cfg(feature = "cuda")]
-        "cuda" => kernel_check::run::<cubecl::cuda::CudaRuntime>(large, out),
-        #[cfg(feature = "wgpu")]
-        "wgpu" => kernel_check::run::<cubecl::wgpu::WgpuRuntime>(large, out),
-        "cpu" => bail!("check-kernels compares GPU kernels with their CPU twins; give --device cuda or wgpu"),
-        other => {
-            let _ = (large, out);
-            Err(unavailable(other))
-        }
-    }
-}
-
-#[cfg(any(feature = "cuda", feature = "wgpu"))]
-mod kernel_check {
-    use anyhow::{Result, anyhow, bail};
-    use cubecl::Runtime;
-    use vramfit_splat::gpu::check::{Case, run_case, standard_cases};
-
-    pub fn run<R: Runtime>(large: bool, out: Option<std::path::PathBuf>) -> Result<()> {
-        let client = R::client(&Default::default());
-        let mut cases = standard_cases();
-        if large {
-            let case = |width, height, gaussians, band_rows, seed| Case {
-                width,
-                height,
-                gaussians,
-                band_rows,
-                top_k: 10,
-                seed,
-            };
-            cases.extend([
-                case(1000, 700, 3000, 64, 11),
-                case(1921, 1081, 5000, 200, 13),
-                case(2048, 2048, 10_000, 0, 12),
-            ]);
-        }
-        println!(
-            "| size | Gaussians | band rows | forward max abs | loss rel | grad rel (xy, inv_scale, theta, color) | pass |"
-        );
-        println!("|---|---|---|---|---|---|---|");
-        let mut reports = Vec::new();
-        for c in &cases {
-            let r = run_case(&client, c).map_err(|e| anyhow!("device failure: {e}"))?;
-            println!(
-                "| {}×{} | {} | {} | {:.1e} | {:.1e} | {:.1e}, {:.1e}, {:.1e}, {:.1e} | {} |",
-                c.width,
-                c.height,
-                c.gaussians,
-                r.band_rows_used,
-                r.forward_max_abs,
-                r.loss_rel,
-                r.grad_rel[0],
-                r.grad_rel[1],
-                r.grad_rel[2],
-                r.grad_rel[3],
-                if r.passes() { "yes" } else { "NO" }
-            );
-            reports.push(r);
-        }
-        if let Some(path) = out {
-            vramfit::run::atomic_write(&path, serde_json::to_string_pretty(&reports)?.as_bytes())?;
-        }
-        let failed = reports.iter().filter(|r| !r.passes()).count();
-        if failed > 0 {
-            bail!("{failed} of {} cases outside tolerance", reports.len());
-        }
-        println!("all {} cases within tolerance", reports.len());
-        Ok(())
-    }
 }

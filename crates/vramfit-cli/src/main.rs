@@ -5,14 +5,16 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use vramfit::run::{RunPath, Start};
+use vramfit::run::RunPath;
 use vramfit_splat::budget::check_size_here;
 use vramfit_splat::gaussians::Gaussians;
 use vramfit_splat::picture::{check_output_path, save_png, to_rgb8};
 
 mod bench;
 mod budget;
+mod check_kernels;
 mod device;
+mod fit;
 mod flags;
 mod plan;
 mod plan_bench;
@@ -61,7 +63,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Fit an image with 2D Gaussians (no IMAGE: the built-in sample).
-    Fit(FitArgs),
+    Fit(fit::FitArgs),
     /// Render a Gaussians file at any resolution.
     Render {
         /// A `gaussians.vfg` file from a fit's run directory.
@@ -117,27 +119,6 @@ enum Command {
     },
 }
 
-#[derive(clap::Args)]
-struct FitArgs {
-    #[command(flatten)]
-    settings: flags::FitSettings,
-    /// Plan the fit into this memory budget first (6GiB, 512MiB, 1.5GB, bytes, or
-    /// auto: free memory): the planner sets the band height (band_rows).
-    #[arg(long)]
-    budget: Option<String>,
-    /// Run directory (default: the next free runs/fit-NNN).
-    #[arg(long)]
-    out: Option<PathBuf>,
-    /// Continue the run in RUN_DIR from its last checkpoint.
-    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["image", "gaussians", "steps", "seed", "out", "config", "set", "budget"])]
-    resume: Option<PathBuf>,
-    #[command(flatten)]
-    device: crate::device::DeviceArg,
-    /// Test seam: with --budget, the first plan fails at this step as an out-of-memory would.
-    #[arg(long, hide = true, requires = "budget")]
-    simulate_oom_at: Option<u64>,
-}
-
 fn parse_size(s: &str) -> Result<(u32, u32), String> {
     let (w, h) = s
         .split_once(['x', 'X'])
@@ -159,7 +140,7 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Fit(args) => fit(args),
+        Command::Fit(args) => fit::run(args),
         Command::Render {
             gaussians,
             size,
@@ -174,36 +155,11 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Bench { which } => bench::run(which),
-        Command::CheckKernels { device, large, out } => device::check_kernels(&device, large, out),
+        Command::CheckKernels { device, large, out } => check_kernels::run(&device, large, out),
         Command::Train { which } => train::run(which),
         Command::Plan { which } => plan::run(which),
         Command::Report { run_dir } => report(&run_dir),
     }
-}
-
-fn fit(args: FitArgs) -> Result<()> {
-    if let Some(budget) = &args.budget {
-        let budget = budget::Budget::parse(budget, &args.device.name)?;
-        let config = flags::resolve_fit(&args.settings)?;
-        if config.band_rows != 0 {
-            eprintln!(
-                "note: with --budget the planner sets the band height; it replaces band_rows = {}",
-                config.band_rows
-            );
-        }
-        let action = plan::Action::Run {
-            budget,
-            probe_batch: None,
-            out: run_path(&args.out, "fit"),
-            simulate_oom_at: args.simulate_oom_at,
-        };
-        return plan::splat(config, &args.device.name, action);
-    }
-    let start = match &args.resume {
-        Some(dir) => Start::Resume(dir.clone()),
-        None => Start::New(flags::resolve_fit(&args.settings)?, run_path(&args.out, "fit")),
-    };
-    runs::run(&args.device.name, runs::Launch::Fit(start))
 }
 
 /// `--out`, or the next free `runs/PREFIX-NNN` (claimed atomically when the run starts).

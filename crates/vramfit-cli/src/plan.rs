@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::AutodiffBackend;
-use vramfit::plan::{FALLBACKS, Options, Runnable, Strategy, Verified, record, run_plans, verify};
+use vramfit::plan::{Found, Options, Runnable, Strategy, Verified, run_within_showing, verify};
 use vramfit::profile::DeviceMemory;
 use vramfit::run::{RunPath, RunSummary, Workload};
 use vramfit_models::config::FamilyConfig;
@@ -267,10 +267,11 @@ fn show<T: Planned>(
     Ok(())
 }
 
-/// A planned run: plan, verify, write `plan.json` into the run directory,
-/// run the winner held to the budget, fall back to the next plans from the
-/// last checkpoint on an out-of-memory; then the run's peak against the
-/// budget.
+/// A planned run through the library's one call
+/// ([`vramfit::plan::run_within_showing`]): plan, verify, write `plan.json`
+/// into the run directory, run the winner held to the budget, fall back to
+/// the next plans from the last checkpoint on an out-of-memory; printed as
+/// it goes, then the run's peak against the budget.
 fn run_planned<T: Planned>(
     target: &mut T,
     budget: Budget,
@@ -279,35 +280,24 @@ fn run_planned<T: Planned>(
     simulate_oom_at: Option<u64>,
     name: &str,
 ) -> Result<()> {
-    let cal = T::Strategy::probe(target.target(), probe_batch, name)?;
-    let mut verified = verify(&cal, target.target(), budget.bytes)?;
-    cal.print_choice(&verified.choice, budget);
-    cal.print_verified(&verified.choice, &verified.measured);
-    // On the CPU the budget is the whole heap: the planner's own tables
-    // (hundreds of plans, the probes' records) must not ride along into the run.
-    verified.choice.plans.truncate(1 + FALLBACKS);
-    let kept: Vec<String> = verified.choice.plans.iter().map(|p| cal.describe(&p.setting)).collect();
-    let settings: Vec<T::Settings> = verified
-        .choice
-        .plans
-        .iter()
-        .map(|p| target.settings(&p.setting))
-        .collect();
-    let mut plan_json = record(&cal, &verified, name);
-    plan_json["budget_auto"] = serde_json::json!(budget.auto);
-    drop((cal, verified));
-    let options = Options {
+    let mut options = Options {
+        probe_batch,
         simulate_oom_at,
         ..Options::new(out)
     };
-    let planned = run_plans(
-        target,
-        &settings,
-        plan_json,
-        Some(budget.bytes),
-        &options,
-        crate::runs::progress(),
-    )?;
+    options.record_extra.insert("budget_auto".into(), budget.auto.into());
+    let mut kept = Vec::new();
+    let show = |found: Found<'_, T::Strategy>| match found {
+        Found::Probing => eprintln!("probing on {name} ({})…", <T::Strategy as Show>::PROBES),
+        Found::Calibrated(cal) => cal.print_probes(),
+        Found::Verified(cal, v) => {
+            cal.print_choice(&v.choice, budget);
+            cal.print_verified(&v.choice, &v.measured);
+            kept = v.choice.plans.iter().map(|p| cal.describe(&p.setting)).collect();
+        }
+    };
+    let within = run_within_showing(target, budget.bytes, name, &options, show, crate::runs::progress())?;
+    let planned = within.planned;
     for f in &planned.fallbacks {
         println!(
             "fell back from plan {} to plan {} ({}), from the last checkpoint",

@@ -50,8 +50,8 @@ mod strategy;
 pub use ladder::{Ladder, LadderCalibration, Rung, calibrate_ladder};
 pub use model::{Delta, Model, ProbeRecord};
 pub use pipeline::{
-    BudgetError, FALLBACKS, Options, Runnable, SIMULATED_OOM, Setting, VERIFY_TRIES, Verified, Within, WithinBudget,
-    record, run_plans, run_within, verify,
+    BudgetError, FALLBACKS, Found, Options, Runnable, SIMULATED_OOM, Setting, VERIFY_TRIES, Verified, Within,
+    WithinBudget, record, run_plans, run_within, run_within_showing, verify,
 };
 pub use planned::{Planned, PlannedRun};
 pub use probe::{PROBE_STEPS, measure_run, run_probe};

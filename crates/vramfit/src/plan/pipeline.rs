@@ -136,6 +136,8 @@ pub struct Options {
     /// Test seam: the first plan fails with the backend's out-of-memory at
     /// this step, to exercise the fallback.
     pub simulate_oom_at: Option<u64>,
+    /// Fields added to `plan.json` (the CLI's `budget_auto`).
+    pub record_extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Options {
@@ -145,6 +147,7 @@ impl Options {
             probe_batch: None,
             out,
             simulate_oom_at: None,
+            record_extra: serde_json::Map::new(),
         }
     }
 }
@@ -195,6 +198,16 @@ pub struct WithinBudget<P, S> {
 /// What [`run_within`] gives for target `T`.
 pub type Within<T> = WithinBudget<Setting<T>, <<T as Runnable>::Workload as Workload>::Summary>;
 
+/// What [`run_within_showing`] has found, stage by stage, before the run.
+pub enum Found<'a, S: Strategy> {
+    /// The probes are about to start.
+    Probing,
+    /// The probes ran: the calibration.
+    Calibrated(&'a S),
+    /// The plans that fit, the winner verified at the run's shape.
+    Verified(&'a S, &'a Verified<S::Setting>),
+}
+
 /// The one call: probe `target`, choose the fastest plan that fits
 /// `budget` bytes of the device's deciding figure, verify it, and run it
 /// with [`FALLBACKS`] fallbacks, held to the budget; `plan.json` in the run
@@ -210,8 +223,30 @@ where
     T: Runnable,
     T::Error: std::fmt::Debug,
 {
+    run_within_showing(target, budget, device, options, |_| {}, observe)
+}
+
+/// [`run_within`], telling `show` what it found at each stage (the CLI
+/// prints the probes, the plans and the verification from it).
+pub fn run_within_showing<T>(
+    target: &mut T,
+    budget: u64,
+    device: &str,
+    options: &Options,
+    mut show: impl FnMut(Found<'_, T::Strategy>),
+    observe: impl FnMut(Event) -> ControlFlow<()>,
+) -> Result<Within<T>, BudgetError<T::Error>>
+where
+    T: Runnable,
+    T::Error: std::fmt::Debug,
+{
+    show(Found::Probing);
     let cal = T::Strategy::calibrate(target.target(), options.probe_batch)?;
+    show(Found::Calibrated(&cal));
     let mut verified = verify(&cal, target.target(), budget)?;
+    show(Found::Verified(&cal, &verified));
+    // On the CPU the budget is the whole heap: the planner's own tables
+    // (hundreds of plans, the probes' records) must not ride along into the run.
     verified.choice.plans.truncate(1 + FALLBACKS);
     let plans: Vec<T::Settings> = verified
         .choice
@@ -219,8 +254,10 @@ where
         .iter()
         .map(|p| target.settings(&p.setting))
         .collect();
-    let record = record(&cal, &verified, device);
-    // On the CPU the budget is the whole heap: the probes' records do not ride along.
+    let mut record = record(&cal, &verified, device);
+    if let Some(fields) = record.as_object_mut() {
+        fields.extend(options.record_extra.clone());
+    }
     drop(cal);
     let planned = run_plans(target, &plans, record, Some(budget), options, observe).map_err(BudgetError::Run)?;
     Ok(WithinBudget { verified, planned })
