@@ -24,25 +24,13 @@ pub fn run(device: &str, large: bool, out: Option<std::path::PathBuf>) -> Result
 mod kernel_check {
     use anyhow::{Result, anyhow, bail};
     use cubecl::Runtime;
-    use vramfit_splat::gpu::check::{Case, run_case, standard_cases};
+    use vramfit_splat::gpu::check::{large_cases, run_case, standard_cases};
 
     pub fn run<R: Runtime>(large: bool, out: Option<std::path::PathBuf>) -> Result<()> {
         let client = R::client(&Default::default());
         let mut cases = standard_cases();
         if large {
-            let case = |width, height, gaussians, band_rows, seed| Case {
-                width,
-                height,
-                gaussians,
-                band_rows,
-                top_k: 10,
-                seed,
-            };
-            cases.extend([
-                case(1000, 700, 3000, 64, 11),
-                case(1921, 1081, 5000, 200, 13),
-                case(2048, 2048, 10_000, 0, 12),
-            ]);
+            cases.extend(large_cases());
         }
         println!(
             "| size | Gaussians | band rows | forward max abs | loss rel | grad rel (xy, inv_scale, theta, color) | pass |"

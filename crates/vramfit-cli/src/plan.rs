@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::AutodiffBackend;
-use vramfit::plan::{Found, Options, Runnable, Strategy, Verified, run_within_showing, verify};
+use vramfit::plan::{FALLBACKS, Found, Options, Runnable, Strategy, Verified, run_within_showing, verify};
 use vramfit::profile::DeviceMemory;
 use vramfit::run::{RunPath, RunSummary, Workload};
 use vramfit_models::config::FamilyConfig;
@@ -293,7 +293,13 @@ fn run_planned<T: Planned>(
         Found::Verified(cal, v) => {
             cal.print_choice(&v.choice, budget);
             cal.print_verified(&v.choice, &v.measured);
-            kept = v.choice.plans.iter().map(|p| cal.describe(&p.setting)).collect();
+            kept = v
+                .choice
+                .plans
+                .iter()
+                .take(1 + FALLBACKS)
+                .map(|p| cal.describe(&p.setting))
+                .collect();
         }
     };
     let within = run_within_showing(target, budget.bytes, name, &options, show, crate::runs::progress())?;

@@ -167,17 +167,13 @@ impl Show for LadderCalibration {
             self.seconds
         );
         println!(
-            "  {:>9}  {:>10}  {:>10}  {:>9}  {:>9}",
-            self.knob, "measured", "planned", "step ms", "fitted"
+            "  {:<24}  {:>10}  {:>10}  {:>9}  {:>9}",
+            "rung", "measured", "planned", "step ms", "fitted"
         );
         for r in &self.rungs {
             println!(
-                "  {:>9}  {:>10}  {:>10}  {:>9.1}  {:>9.1}",
-                if r.value == 0 {
-                    "whole".to_string()
-                } else {
-                    r.value.to_string()
-                },
+                "  {:<24}  {:>10}  {:>10}  {:>9.1}  {:>9.1}",
+                self.describe(&r.value),
                 human_bytes(r.measured.peak_bytes),
                 human_bytes(r.peak_bytes),
                 r.measured.step_ms,

@@ -15,7 +15,7 @@ use vramfit::precision::{Autocast, LossScaler, ScalerConfig};
 use vramfit::profile::{Category, MemoryReport};
 use vramfit::run::{Run, RunError, Start, categories_at_peak};
 use vramfit::step::{Stepper, Trainable};
-use vramfit::trainer::{Course, Schedule, Trainer, TrainerError};
+use vramfit::trainer::{Course, Schedule, Trainer};
 
 pub use vramfit::trainer::TrainSummary;
 
@@ -39,13 +39,10 @@ pub enum TrainError {
     /// A setting.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// The run driver (directory, files, out-of-memory).
+    /// The run driver (directory, files, out-of-memory; the trainer's own
+    /// errors, a step's or a checkpoint's, come through it).
     #[error(transparent)]
     Run(#[from] RunError),
-    /// The trainer (a step's non-finite loss, collapsed scale or device
-    /// failure; a checkpoint that does not fit).
-    #[error(transparent)]
-    Trainer(#[from] TrainerError),
 }
 
 /// What a family adds to the trainer: its settings and its task's data.
@@ -181,9 +178,13 @@ pub fn build<B: AutodiffBackend, F: Family<D>, const D: usize>(
         data: config.model.data(&config.task),
         config,
     };
-    Ok(Trainer::with_stepper(
-        model, course, schedule, stepper, techniques, device,
-    ))
+    // The settings were resolved to a consistent step: this only restates it.
+    Trainer::with_stepper(model, course, schedule, stepper, techniques, device).map_err(|e| {
+        TrainError::Config(ConfigError::Invalid {
+            name: "techniques",
+            why: e.to_string(),
+        })
+    })
 }
 
 /// Starts a new run of family `F`, or opens a run directory to resume it

@@ -74,6 +74,15 @@ where
         <B::InnerBackend as FusedLoss>::fused_band_rungs(self.width, self.height)
     }
 
+    fn describe(&self, band_rows: usize) -> String {
+        match band_rows {
+            // The only rung where the device has no banded render (the CPU).
+            0 if self.rungs() == [0] => "band_rows 0 (the whole image at once)".into(),
+            0 => "band_rows 0 (the default band)".into(),
+            rows => format!("band_rows {rows}"),
+        }
+    }
+
     fn measure(&mut self, band_rows: usize) -> Result<Measured, String> {
         run_probe::<B, _, _>(&self.device, |steps| {
             let config = FitConfig {

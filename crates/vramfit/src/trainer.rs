@@ -41,7 +41,7 @@ pub struct Schedule {
     pub steps: u64,
     /// Samples per optimiser step.
     pub batch_size: usize,
-    /// Adam's learning rate (constant).
+    /// Adam's learning rate (constant unless the [`Course`] schedules it).
     pub lr: f64,
     /// Steps between checkpoints (0: none).
     pub checkpoint_every: u64,
@@ -214,7 +214,9 @@ pub fn techniques(knobs: &Knobs, batch: usize, groups: &[String]) -> serde_json:
 }
 
 /// A model trained by a [`Stepper`] on a [`Course`]: the one [`Workload`]
-/// of every trainable model, a user's and the built-in ones alike.
+/// of every trainable model, a user's and the built-in ones alike. Every
+/// step logs its learning rate, loss scale and cleanup time; `final_loss`
+/// is the mean of the last 10 steps (kept across a resume).
 pub struct Trainer<B, M, const D: usize, C = Batches<B, <M as Trainable<B, D>>::Batch>>
 where
     B: AutodiffBackend,
@@ -270,6 +272,28 @@ pub enum TrainerError {
     Checkpoint(String),
 }
 
+/// A micro-batch that divides the batch, and one checkpoint mark per block.
+fn check<B: AutodiffBackend, M: Trainable<B, D>, const D: usize>(
+    micro_batch: usize,
+    marks: usize,
+    model: &M,
+    schedule: &Schedule,
+) -> Result<(), TrainerError> {
+    if micro_batch == 0 || !schedule.batch_size.is_multiple_of(micro_batch) {
+        return Err(TrainerError::Setting(format!(
+            "micro-batch {micro_batch} does not divide the batch {}",
+            schedule.batch_size
+        )));
+    }
+    if marks != model.blocks().len() {
+        return Err(TrainerError::Setting(format!(
+            "{marks} checkpoint marks for {} blocks",
+            model.blocks().len()
+        )));
+    }
+    Ok(())
+}
+
 /// The model's top-level parameter groups, largest first, with their bytes.
 pub fn parameter_groups<B: burn::tensor::backend::Backend, M: burn::module::Module<B>>(
     model: &M,
@@ -300,28 +324,18 @@ where
         knobs: &Knobs,
         device: &B::Device,
     ) -> Result<Self, TrainerError> {
-        if knobs.micro_batch == 0 || !schedule.batch_size.is_multiple_of(knobs.micro_batch) {
-            return Err(TrainerError::Setting(format!(
-                "micro-batch {} does not divide the batch {}",
-                knobs.micro_batch, schedule.batch_size
-            )));
-        }
-        if knobs.checkpointed.len() != model.blocks().len() {
-            return Err(TrainerError::Setting(format!(
-                "{} checkpoint marks for {} blocks",
-                knobs.checkpointed.len(),
-                model.blocks().len()
-            )));
-        }
+        check(knobs.micro_batch, knobs.checkpointed.len(), &model, &schedule)?;
         let groups: Vec<String> = parameter_groups(&model).into_iter().map(|(g, _)| g).collect();
         let (stepper, storage) = stepper_for::<B>(knobs, schedule.batch_size, &groups);
         let model = storage.apply(model).map_err(|e| TrainerError::Setting(e.to_string()))?;
         let techniques = techniques(knobs, schedule.batch_size, &groups);
-        Ok(Self::with_stepper(model, course, schedule, stepper, techniques, device))
+        Self::with_stepper(model, course, schedule, stepper, techniques, device)
     }
 
     /// `model` (its storage policy applied) trained by `stepper` on
     /// `course`; `techniques` name the stepper's settings for `summary.json`.
+    /// The same checks as [`Trainer::new`]: the micro-batch divides the
+    /// batch, one checkpoint mark per block.
     pub fn with_stepper(
         model: M,
         course: C,
@@ -329,8 +343,16 @@ where
         stepper: Stepper<B>,
         techniques: serde_json::Value,
         device: &B::Device,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, TrainerError> {
+        let b = &stepper.batching;
+        if b.micro_batch * b.accumulate != schedule.batch_size {
+            return Err(TrainerError::Setting(format!(
+                "micro-batch {} × {} accumulated is not the batch {}",
+                b.micro_batch, b.accumulate, schedule.batch_size
+            )));
+        }
+        check(b.micro_batch, stepper.checkpointed.len(), &model, &schedule)?;
+        Ok(Self {
             model,
             stepper,
             course,
@@ -338,7 +360,12 @@ where
             techniques,
             recent: Vec::new(),
             device: device.clone(),
-        }
+        })
+    }
+
+    /// The course.
+    pub fn course(&self) -> &C {
+        &self.course
     }
 
     /// The model.

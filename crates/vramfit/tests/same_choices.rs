@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use serde_json::Value;
-use vramfit::plan::{Calibration, Knobs, LadderCalibration, Strategy};
+use vramfit::plan::{Calibration, Knobs, LadderCalibration, Plan, Strategy};
 
 fn recorded(name: &str) -> Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -57,7 +57,12 @@ fn the_knob_model_chooses_what_earlier_builds_chose_from_their_calibrations() {
 fn the_ladder_chooses_what_an_earlier_build_chose_from_its_calibration() {
     let record = recorded("splat-wgpu-at-dda3f9c");
     let cal: LadderCalibration = serde_json::from_value(record["calibration"].clone()).expect("a calibration");
-    let rows = choices(&record, |c| c["value"].as_u64().expect("a rung") as usize);
+    // Read as today's plan type: the record's winner is a rung, its setting `value`.
+    let rows = choices(&record, |c| {
+        serde_json::from_value::<Plan<usize>>(c.clone())
+            .expect("a plan")
+            .setting
+    });
     assert!(rows.iter().filter(|(_, c)| c.is_some()).count() >= 3);
     for (budget, then) in rows {
         let now = cal.choose(budget).ok().map(|c| c.plans[0].setting);

@@ -66,17 +66,32 @@ impl CaseReport {
     }
 }
 
-/// The cases the check runs: sizes that are and are not tile multiples,
-/// one band and many (bands of 16 and 32 rows exercise the halo).
-pub fn standard_cases() -> Vec<Case> {
-    let c = |width, height, gaussians, band_rows, seed| Case {
+/// A case blending the top 10 Gaussians per pixel.
+fn case(width: usize, height: usize, gaussians: usize, band_rows: usize, seed: u64) -> Case {
+    Case {
         width,
         height,
         gaussians,
         band_rows,
         top_k: 10,
         seed,
-    };
+    }
+}
+
+/// Image-sized cases (`check-kernels --large`): odd sizes, many bands, and
+/// 2048² with 10,000 Gaussians in one band.
+pub fn large_cases() -> Vec<Case> {
+    vec![
+        case(1000, 700, 3000, 64, 11),
+        case(1921, 1081, 5000, 200, 13),
+        case(2048, 2048, 10_000, 0, 12),
+    ]
+}
+
+/// The cases the check runs: sizes that are and are not tile multiples,
+/// one band and many (bands of 16 and 32 rows exercise the halo).
+pub fn standard_cases() -> Vec<Case> {
+    let c = case;
     vec![
         c(16, 16, 8, 0, 1),
         c(40, 24, 30, 0, 2),

@@ -35,6 +35,11 @@ pub trait Ladder {
     fn rungs(&self) -> Vec<usize>;
     /// Runs a few steps with the knob at `value` and measures them.
     fn measure(&mut self, value: usize) -> Result<Measured, String>;
+    /// The setting `value` in words, for tables (a workload whose value 0
+    /// means something special says what).
+    fn describe(&self, value: usize) -> String {
+        format!("{} {value}", self.knob())
+    }
 }
 
 /// The settings `1·start, 2·start, 4·start, …` up to `most` (included,
@@ -60,6 +65,9 @@ pub fn doubling(start: usize, most: usize, unit: usize) -> Vec<usize> {
 pub struct Rung {
     /// The knob's value.
     pub value: usize,
+    /// The value in words ([`Ladder::describe`]).
+    #[serde(default)]
+    pub label: String,
     /// What the probe measured.
     pub measured: Measured,
     /// The peak planned with: the largest measured at this rung or below (bytes).
@@ -127,6 +135,7 @@ pub fn calibrate_ladder(target: &mut dyn Ladder) -> Result<LadderCalibration, Pl
         });
         rungs.push(Rung {
             value,
+            label: target.describe(value),
             measured: *m,
             peak_bytes: most,
             step_ms: fitted_ms(time_fit, value),
@@ -170,10 +179,10 @@ fn fit_inverse(values: &[usize], measured: &[Measured]) -> (f64, f64) {
 }
 
 impl LadderCalibration {
-    /// The rungs whose peak plus the margin is within `budget`: the winner
-    /// is, among those within the probes' time resolution of the fastest by
-    /// the fitted time, the one holding least memory (the faster of equals).
-    /// [`Strategy::choose`] for the ladder.
+    /// [`Strategy::choose`] for the ladder: the rungs whose peak plus the
+    /// margin is within `budget`; the winner is, among those within the
+    /// probes' time resolution of the fastest by the fitted time, the one
+    /// holding least memory (the faster of equals).
     pub(super) fn choose_rung(&self, budget: u64) -> Result<Choice<usize>, PlanError> {
         let margin = self.margin();
         let fits = |r: &&Rung| r.peak_bytes as f64 * (1.0 + margin) <= budget as f64;
@@ -184,7 +193,7 @@ impl LadderCalibration {
             return Err(PlanError::Infeasible {
                 budget: human_bytes(budget),
                 least: human_bytes(least.peak_bytes),
-                knobs: format!("{} = {}", self.knob, least.value),
+                knobs: self.describe(&least.value),
                 margin: margin * 100.0,
                 smallest: human_bytes(smallest),
                 smallest_bytes: smallest,

@@ -3,8 +3,9 @@
 //! winner with a probe at the run's own shape ([`verify`]), keep fallbacks,
 //! write `plan.json`, and run the winner held to the budget, falling back
 //! to the next plan from the last checkpoint on an out-of-memory
-//! ([`run_plans`]). [`run_within`] is all of it in one call; the CLI calls
-//! the steps one by one to print between them.
+//! ([`run_plans`]). [`run_within`] is all of it in one call;
+//! [`run_within_showing`] the same, telling its caller what it found at
+//! each stage (the CLI prints from it).
 
 use std::ops::ControlFlow;
 
@@ -136,7 +137,8 @@ pub struct Options {
     /// Test seam: the first plan fails with the backend's out-of-memory at
     /// this step, to exercise the fallback.
     pub simulate_oom_at: Option<u64>,
-    /// Fields added to `plan.json` (the CLI's `budget_auto`).
+    /// Fields added to `plan.json` (the CLI's `budget_auto`); a name the
+    /// planner writes itself is left as the planner wrote it.
     pub record_extra: serde_json::Map<String, serde_json::Value>,
 }
 
@@ -248,6 +250,7 @@ where
     // On the CPU the budget is the whole heap: the planner's own tables
     // (hundreds of plans, the probes' records) must not ride along into the run.
     verified.choice.plans.truncate(1 + FALLBACKS);
+    verified.choice.plans.shrink_to_fit();
     let plans: Vec<T::Settings> = verified
         .choice
         .plans
@@ -256,7 +259,10 @@ where
         .collect();
     let mut record = record(&cal, &verified, device);
     if let Some(fields) = record.as_object_mut() {
-        fields.extend(options.record_extra.clone());
+        for (key, value) in &options.record_extra {
+            // The planner's own fields win: an extra field only adds.
+            fields.entry(key.clone()).or_insert_with(|| value.clone());
+        }
     }
     drop(cal);
     let planned = run_plans(target, &plans, record, Some(budget), options, observe).map_err(BudgetError::Run)?;

@@ -16,13 +16,17 @@ use super::{Calibration, Knobs, Ladder, LadderCalibration, Measured, Plannable};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(bound = "S: Serialize + DeserializeOwned")]
 pub struct Plan<S> {
-    /// What the plan sets: [`Knobs`], or a ladder's rung.
+    /// What the plan sets: [`Knobs`], or a ladder's rung. (Records written
+    /// before the two strategies shared this type named it `knobs` or
+    /// `value`; both still read.)
+    #[serde(alias = "knobs", alias = "value")]
     pub setting: S,
     /// Predicted peak of the OOM-deciding figure (bytes).
     pub peak_bytes: u64,
     /// Predicted step time (ms).
     pub step_ms: f64,
     /// What it changes in the numerics (empty: exact up to summation order).
+    #[serde(default)]
     pub quality: Vec<String>,
 }
 
@@ -211,10 +215,10 @@ impl Strategy for LadderCalibration {
         target.measure(*value)
     }
     fn describe(&self, value: &usize) -> String {
-        match value {
-            0 => format!("{} 0 (automatic)", self.knob),
-            v => format!("{} {v}", self.knob),
-        }
+        self.rungs
+            .iter()
+            .find(|r| r.value == *value && !r.label.is_empty())
+            .map_or_else(|| format!("{} {value}", self.knob), |r| r.label.clone())
     }
     fn account(&self) -> serde_json::Value {
         serde_json::json!({
