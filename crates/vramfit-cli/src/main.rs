@@ -19,6 +19,7 @@ mod flags;
 mod plan;
 mod plan_bench;
 mod runs;
+mod sample;
 mod show_plan;
 mod train;
 
@@ -82,14 +83,8 @@ enum Command {
         /// A run directory (with memory.json).
         run_dir: PathBuf,
     },
-    /// Write the deterministic procedural test image.
-    Sample {
-        /// Size, WIDTHxHEIGHT (up to 16K and beyond).
-        #[arg(long, value_parser = parse_size, default_value = "1024x1024")]
-        size: (u32, u32),
-        /// Output PNG.
-        out: PathBuf,
-    },
+    /// Write the procedural test image, or (`sample scene DIR`) the built-in 3D scene as a COLMAP dataset.
+    Sample(sample::SampleArgs),
     /// Train a workload with the memory techniques (see `vramfit train transformer --help`).
     Train {
         #[command(subcommand)]
@@ -119,7 +114,7 @@ enum Command {
     },
 }
 
-fn parse_size(s: &str) -> Result<(u32, u32), String> {
+pub(crate) fn parse_size(s: &str) -> Result<(u32, u32), String> {
     let (w, h) = s
         .split_once(['x', 'X'])
         .ok_or_else(|| format!("'{s}' is not WIDTHxHEIGHT (e.g. 1920x1080)"))?;
@@ -147,13 +142,7 @@ fn run(cli: Cli) -> Result<()> {
             top_k,
             out,
         } => render(&gaussians, size, top_k, &out),
-        Command::Sample { size, out } => {
-            check_output_path(&out)?;
-            check_size_here("the sample image", size.0, size.1, vramfit_splat::sample::bytes_needed)?;
-            save_png(&out, &vramfit_splat::sample::procedural(size.0, size.1))?;
-            println!("wrote {} ({}x{})", out.display(), size.0, size.1);
-            Ok(())
-        }
+        Command::Sample(args) => sample::run(args),
         Command::Bench { which } => bench::run(which),
         Command::CheckKernels { device, large, out } => check_kernels::run(&device, large, out),
         Command::Train { which } => train::run(which),

@@ -1058,3 +1058,40 @@ fn train_unet_killed_resumes_to_identical_weights_and_refuses_bad_shapes() {
         assert!(!d.join("bad").exists(), "{args:?} left a run directory behind");
     }
 }
+
+/// `sample scene DIR` writes the built-in 3D scene as a COLMAP text
+/// dataset that reads back; it refuses a folder that holds anything; a bare
+/// `sample` says what to give.
+#[test]
+fn sample_scene_writes_a_colmap_dataset_and_refuses_to_overwrite() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let args = [
+        "sample", "scene", "scene", "--views", "9", "--size", "32x24", "--points", "40",
+    ];
+    let o = run(&args, dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("9 views") && out.contains("2 held out"), "{out}");
+    let data = vramfit_scene::colmap::read(&dir.join("scene")).expect("it reads back");
+    assert_eq!((data.views.len(), data.points.len()), (9, 40));
+    assert_eq!((data.views[0].camera.width, data.views[0].camera.height), (32, 24));
+    let before = std::fs::read(dir.join("scene/sparse/0/images.txt")).unwrap();
+    let o = run(&args, dir);
+    assert!(
+        !o.status.success() && stderr(&o).contains("already exists"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(
+        std::fs::read(dir.join("scene/sparse/0/images.txt")).unwrap(),
+        before,
+        "nothing was overwritten"
+    );
+    let o = run(&["sample"], dir);
+    assert!(
+        !o.status.success() && stderr(&o).contains("sample scene DIR"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -3,6 +3,12 @@
 //! closely. Built as the 2D fitter was: a CPU twin of the renderer first
 //! ([`cpu`]), generic over the float type so that its backward is proven
 //! against finite differences in f64; the CubeCL kernels, the training
-//! loop and the data formats come on top of it.
+//! loop come on top of it. The data: views with cameras and sparse points
+//! ([`dataset`]), read and written in COLMAP's text format ([`colmap`]),
+//! and a built-in synthetic scene rendered by an independent ray caster
+//! ([`synthetic`]).
 
+pub mod colmap;
 pub mod cpu;
+pub mod dataset;
+pub mod synthetic;

@@ -1,0 +1,101 @@
+//! `vramfit sample`: the deterministic procedural test image at any size,
+//! and `vramfit sample scene DIR`: the built-in 3D scene (ray-cast views,
+//! cameras, sparse points) written as a COLMAP text dataset.
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use vramfit_splat::budget::check_size_here;
+use vramfit_splat::picture::{check_output_path, save_png};
+
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct SampleArgs {
+    #[command(subcommand)]
+    what: Option<What>,
+    /// Size, WIDTHxHEIGHT (up to 16K and beyond).
+    #[arg(long, value_parser = crate::parse_size, default_value = "1024x1024")]
+    size: (u32, u32),
+    /// Output PNG.
+    out: Option<PathBuf>,
+}
+
+#[derive(clap::Subcommand)]
+enum What {
+    /// The built-in 3D scene as a COLMAP text dataset: DIR/images/*.png and
+    /// DIR/sparse/0/{cameras,images,points3D}.txt.
+    Scene {
+        /// A new folder (or an empty one).
+        dir: PathBuf,
+        /// Views around the objects (every 8th is held out for evaluation).
+        #[arg(long, default_value_t = 24)]
+        views: usize,
+        /// Image size, WIDTHxHEIGHT.
+        #[arg(long, value_parser = crate::parse_size, default_value = "96x72")]
+        size: (u32, u32),
+        /// Sparse points seeding the Gaussians.
+        #[arg(long, default_value_t = 2000)]
+        points: usize,
+    },
+}
+
+pub fn run(args: SampleArgs) -> Result<()> {
+    match (args.what, args.out) {
+        (
+            Some(What::Scene {
+                dir,
+                views,
+                size,
+                points,
+            }),
+            _,
+        ) => scene(dir, views, size, points),
+        (None, Some(out)) => {
+            check_output_path(&out)?;
+            check_size_here(
+                "the sample image",
+                args.size.0,
+                args.size.1,
+                vramfit_splat::sample::bytes_needed,
+            )?;
+            save_png(&out, &vramfit_splat::sample::procedural(args.size.0, args.size.1))?;
+            println!("wrote {} ({}x{})", out.display(), args.size.0, args.size.1);
+            Ok(())
+        }
+        (None, None) => bail!(
+            "give an output PNG (vramfit sample --size 1024x1024 OUT.png), or `vramfit sample scene DIR` for the \
+             built-in 3D scene"
+        ),
+    }
+}
+
+fn scene(dir: PathBuf, views: usize, (width, height): (u32, u32), points: usize) -> Result<()> {
+    if dir.exists() && (!dir.is_dir() || std::fs::read_dir(&dir)?.next().is_some()) {
+        bail!(
+            "{} already exists and is not an empty folder: give a new folder (nothing was written)",
+            dir.display()
+        );
+    }
+    if views == 0 || points == 0 {
+        bail!("--views and --points must be at least 1");
+    }
+    let spec = vramfit_scene::synthetic::Spec {
+        views,
+        width: width as usize,
+        height: height as usize,
+        points,
+    };
+    let data = vramfit_scene::synthetic::dataset(&spec);
+    vramfit_scene::colmap::write(&dir, &data)?;
+    let (train, held) = data.split();
+    println!(
+        "wrote {}: {} views of {width}x{height} ({} for training, {} held out: every 8th), {} sparse points, as a \
+         COLMAP text model (sparse/0/) and images/",
+        dir.display(),
+        data.views.len(),
+        train.len(),
+        held.len(),
+        data.points.len()
+    );
+    Ok(())
+}

@@ -1,0 +1,74 @@
+//! A scene's data: views (a camera and its image) and the sparse points
+//! that seed the Gaussians, with the split into training and held-out
+//! views that 3DGS papers report on (every 8th view held out).
+
+use std::path::PathBuf;
+
+use crate::cpu::camera::Camera;
+
+/// Every `HOLD_OUT_EVERY`-th view (by name order, starting with the
+/// first) is held out for evaluation, as in the 3DGS papers.
+pub const HOLD_OUT_EVERY: usize = 8;
+
+/// One photograph and the camera that took it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct View {
+    /// Its file name (relative to the images folder).
+    pub name: String,
+    /// Its camera.
+    pub camera: Camera,
+    /// Its pixels: f32 RGB in `[0, 1]`, row by row.
+    pub image: Vec<f32>,
+}
+
+/// A sparse point of the reconstruction.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Point {
+    /// Position in the world.
+    pub position: [f64; 3],
+    /// Colour.
+    pub color: [u8; 3],
+}
+
+/// Views and points.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dataset {
+    /// The views, ordered by name.
+    pub views: Vec<View>,
+    /// The sparse points (may be empty: Gaussians then start at random
+    /// inside the cameras' bounds).
+    pub points: Vec<Point>,
+}
+
+impl Dataset {
+    /// Indices of the training views and of the held-out views.
+    pub fn split(&self) -> (Vec<usize>, Vec<usize>) {
+        (0..self.views.len()).partition(|i| i % HOLD_OUT_EVERY != 0)
+    }
+}
+
+/// Why a dataset cannot be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum DatasetError {
+    /// A file could not be read or written.
+    #[error("{path}: {why}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        why: String,
+    },
+    /// A line of a text file is not what its format says.
+    #[error("{path}, line {line}: {why}")]
+    Line {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong and what was expected.
+        why: String,
+    },
+    /// The data does not hold together.
+    #[error("{0}")]
+    Invalid(String),
+}

@@ -1,0 +1,155 @@
+//! The built-in scene and COLMAP's text format: the scene is
+//! deterministic and shows its objects, a dataset written in COLMAP's
+//! format reads back as it was (images to 8 bits), the held-out split is
+//! every 8th view, and bad datasets get errors that name the problem.
+
+use std::path::Path;
+
+use vramfit_scene::colmap;
+use vramfit_scene::dataset::Dataset;
+use vramfit_scene::synthetic::{SKY, Spec, dataset};
+
+fn small() -> Spec {
+    Spec {
+        views: 9,
+        width: 32,
+        height: 24,
+        points: 50,
+    }
+}
+
+#[test]
+fn the_built_in_scene_is_deterministic_and_shows_its_objects() {
+    let a = dataset(&small());
+    assert_eq!(a, dataset(&small()), "the same scene every time");
+    assert_eq!((a.views.len(), a.points.len()), (9, 50));
+    for v in &a.views {
+        let (w, h) = (v.camera.width, v.camera.height);
+        let centre = 3 * ((h / 2) * w + w / 2);
+        let px = &v.image[centre..centre + 3];
+        assert!(
+            px.iter().zip(SKY).any(|(p, s)| (*p as f64 - s).abs() > 0.05),
+            "{}: the cameras look at the objects, not the sky: {px:?}",
+            v.name
+        );
+    }
+    // Every point is in front of some camera and inside its image.
+    for p in &a.points {
+        let seen = a.views.iter().any(|v| {
+            let c = &v.camera;
+            let q: Vec<f64> = (0..3)
+                .map(|i| (0..3).map(|k| c.rotation[i][k] * p.position[k]).sum::<f64>() + c.translation[i])
+                .collect();
+            let (u, w) = (c.fx * q[0] / q[2] + c.cx, c.fy * q[1] / q[2] + c.cy);
+            q[2] > 0.0 && (0.0..c.width as f64).contains(&u) && (0.0..c.height as f64).contains(&w)
+        });
+        assert!(seen, "point {:?} is seen by no camera", p.position);
+    }
+}
+
+#[test]
+fn a_colmap_dataset_reads_back_as_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let written = dataset(&small());
+    colmap::write(tmp.path(), &written).unwrap();
+    let read = colmap::read(tmp.path()).unwrap();
+    assert_eq!(read.views.len(), written.views.len());
+    for (r, w) in read.views.iter().zip(&written.views) {
+        assert_eq!(r.name, w.name);
+        let (rc, wc) = (&r.camera, &w.camera);
+        assert_eq!((rc.width, rc.height), (wc.width, wc.height));
+        for (a, b) in [(rc.fx, wc.fx), (rc.fy, wc.fy), (rc.cx, wc.cx), (rc.cy, wc.cy)] {
+            assert!((a - b).abs() < 1e-9, "{a} vs {b}");
+        }
+        for i in 0..3 {
+            assert!((rc.translation[i] - wc.translation[i]).abs() < 1e-9);
+            for k in 0..3 {
+                assert!(
+                    (rc.rotation[i][k] - wc.rotation[i][k]).abs() < 1e-9,
+                    "{:?} vs {:?}",
+                    rc.rotation,
+                    wc.rotation
+                );
+            }
+        }
+        let worst = r
+            .image
+            .iter()
+            .zip(&w.image)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(worst <= 0.5 / 255.0 + 1e-6, "{}: 8-bit rounding only, {worst}", r.name);
+    }
+    assert_eq!(read.points.len(), written.points.len());
+    for (r, w) in read.points.iter().zip(&written.points) {
+        assert_eq!(r.color, w.color);
+        assert!((0..3).all(|i| (r.position[i] - w.position[i]).abs() < 1e-12));
+    }
+    let (train, held) = read.split();
+    assert_eq!(held, vec![0, 8], "every 8th view, from the first");
+    assert_eq!(train.len(), 7);
+}
+
+fn edit(path: &Path, from: &str, to: &str) {
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(text.contains(from), "{from} in {}", path.display());
+    std::fs::write(path, text.replacen(from, to, 1)).unwrap();
+}
+
+fn error(dir: &Path) -> String {
+    let e = colmap::read(dir)
+        .map(|d: Dataset| d.views.len())
+        .unwrap_err()
+        .to_string();
+    eprintln!("{e}");
+    e
+}
+
+#[test]
+fn bad_datasets_are_refused_with_what_is_wrong() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fresh = |name: &str| {
+        let dir = tmp.path().join(name);
+        colmap::write(&dir, &dataset(&small())).unwrap();
+        dir
+    };
+    let model = |dir: &Path, file: &str| dir.join("sparse/0").join(file);
+
+    let d = fresh("model");
+    edit(&model(&d, "cameras.txt"), "1 PINHOLE", "1 OPENCV");
+    let e = error(&d);
+    assert!(
+        e.contains("OPENCV") && e.contains("PINHOLE") && e.contains("line"),
+        "{e}"
+    );
+
+    let d = fresh("missing");
+    std::fs::remove_file(d.join("images/view_003.png")).unwrap();
+    let e = error(&d);
+    assert!(e.contains("view_003.png") && e.contains("missing"), "{e}");
+
+    let d = fresh("size");
+    let other = Spec { width: 16, ..small() };
+    let small_views = dataset(&other);
+    let img = vramfit_splat::picture::to_rgb8(16, 24, &small_views.views[2].image);
+    vramfit_splat::picture::save_png(&d.join("images/view_002.png"), &img).unwrap();
+    let e = error(&d);
+    assert!(e.contains("16x24") && e.contains("32x24"), "{e}");
+
+    let d = fresh("nan");
+    let points = model(&d, "points3D.txt");
+    let text = std::fs::read_to_string(&points).unwrap();
+    let second = text.lines().nth(2).unwrap().to_string();
+    let mut fields: Vec<&str> = second.split(' ').collect();
+    fields[2] = "nan";
+    edit(&points, &second, &fields.join(" "));
+    let e = error(&d);
+    assert!(e.contains("points3D.txt, line 3") && e.contains("finite"), "{e}");
+
+    let d = fresh("empty");
+    std::fs::write(model(&d, "images.txt"), "# no images\n").unwrap();
+    assert!(error(&d).contains("no images"));
+
+    let e = error(&tmp.path().join("nothing-here"));
+    assert!(e.contains("no COLMAP text model"), "{e}");
+}
