@@ -11,4 +11,7 @@
 pub mod colmap;
 pub mod cpu;
 pub mod dataset;
+pub mod job;
+pub mod ply;
 pub mod synthetic;
+pub mod train;

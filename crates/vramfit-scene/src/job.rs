@@ -1,0 +1,334 @@
+//! A scene fit as a workload of the run driver ([`vramfit::run::Workload`]):
+//! its settings (`config.toml`), its step in two phases for the profiler
+//! (`forward_backward`, `optimizer`), its state (the parameter groups,
+//! Adam's moments, the step) for checkpoints and an exact resume, and its
+//! files: `gaussians.ply` in the layout 3DGS viewers read, and the
+//! held-out PSNR in `summary.json`.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use vramfit::profile::{Accounted, Category, HeapSource, MemorySource, NamedTensor};
+use vramfit::run::{ArrayFile, Cadence, Finished, Run, RunError, RunStats, Start, StepRecord, Workload};
+use vramfit::step::StepObserver;
+
+use crate::dataset::{Dataset, DatasetError};
+use crate::synthetic::{SKY, Spec};
+use crate::train::{Fit, GROUPS, LearningRates, Settings};
+
+const CHECKPOINT_KIND: &str = "vramfit.scene.checkpoint";
+
+/// The built-in scene's name in place of a dataset folder.
+pub const BUILTIN: &str = "builtin";
+
+/// Every setting of a scene fit; the keys of its `config.toml`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SceneConfig {
+    /// A COLMAP text dataset's folder, or `builtin`.
+    pub dataset: String,
+    /// The built-in scene's views, image width and height, sparse points.
+    pub views: usize,
+    /// Built-in scene: image width.
+    pub width: usize,
+    /// Built-in scene: image height.
+    pub height: usize,
+    /// Built-in scene: sparse points.
+    pub points: usize,
+    /// Optimiser steps (one view each).
+    pub steps: u64,
+    /// Final SH degree, 0–3.
+    pub sh_degree: usize,
+    /// Steps between raising the SH degree by one.
+    pub sh_every: u64,
+    /// The colour behind the Gaussians (default: the built-in scene's sky, else black).
+    pub background: Option<[f32; 3]>,
+    /// Steps between metric lines.
+    pub log_every: u64,
+    /// Steps between checkpoints (0: none).
+    pub checkpoint_every: u64,
+    /// Steps between memory records (0: none).
+    pub profile_every: u64,
+}
+
+impl Default for SceneConfig {
+    fn default() -> Self {
+        let spec = Spec::default();
+        Self {
+            dataset: BUILTIN.into(),
+            views: spec.views,
+            width: spec.width,
+            height: spec.height,
+            points: spec.points,
+            steps: 3_000,
+            sh_degree: 3,
+            sh_every: 500,
+            background: None,
+            log_every: 50,
+            checkpoint_every: 500,
+            profile_every: 100,
+        }
+    }
+}
+
+impl SceneConfig {
+    /// Parses TOML; `path` names the source in errors.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Self, SceneError> {
+        vramfit::settings::from_toml(text).map_err(|why| SceneError::Setting(format!("{}: {why}", path.display())))
+    }
+
+    /// As TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("settings are plain data")
+    }
+
+    fn check(&self) -> Result<(), SceneError> {
+        let bad = |name: &str, why: &str| Err(SceneError::Setting(format!("{name}: {why}")));
+        if self.steps == 0 {
+            return bad("steps", "must be at least 1");
+        }
+        if self.sh_degree > 3 {
+            return bad("sh_degree", "must be 0, 1, 2 or 3");
+        }
+        if self.sh_every == 0 || self.log_every == 0 {
+            return bad("sh_every and log_every", "must be at least 1");
+        }
+        if self.dataset == BUILTIN && (self.views < 2 || self.width < 8 || self.height < 8 || self.points == 0) {
+            return bad(
+                "views, width, height, points",
+                "the built-in scene needs at least 2 views of 8x8 and 1 point",
+            );
+        }
+        Ok(())
+    }
+
+    /// The dataset these settings name.
+    pub fn dataset(&self) -> Result<Dataset, SceneError> {
+        if self.dataset == BUILTIN {
+            return Ok(crate::synthetic::dataset(&Spec {
+                views: self.views,
+                width: self.width,
+                height: self.height,
+                points: self.points,
+            }));
+        }
+        Ok(crate::colmap::read(Path::new(&self.dataset))?)
+    }
+
+    fn settings(&self) -> Settings {
+        Settings {
+            steps: self.steps,
+            sh_degree: self.sh_degree,
+            sh_every: self.sh_every,
+            background: self.background.unwrap_or(if self.dataset == BUILTIN {
+                SKY.map(|v| v as f32)
+            } else {
+                [0.0; 3]
+            }),
+            lr: LearningRates::default(),
+        }
+    }
+}
+
+/// Why a scene fit stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SceneError {
+    /// A setting.
+    #[error("{0}")]
+    Setting(String),
+    /// The dataset.
+    #[error(transparent)]
+    Dataset(#[from] DatasetError),
+    /// The run driver.
+    #[error(transparent)]
+    Run(#[from] RunError),
+    /// A checkpoint that does not fit this fit.
+    #[error("checkpoint does not match the scene: {0}")]
+    Checkpoint(String),
+}
+
+/// A scene fit's fields of `summary.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SceneSummary {
+    /// Mean PSNR over the held-out views at the end (dB).
+    pub held_out_psnr_db: f64,
+    /// The same for the Gaussians as seeded, before any step (dB).
+    pub initial_psnr_db: f64,
+    /// Views trained on and held out.
+    pub views: [usize; 2],
+    /// Gaussians.
+    pub gaussians: usize,
+    /// Final SH degree.
+    pub sh_degree: usize,
+    /// Bytes of each parameter group (f32).
+    pub parameter_bytes: serde_json::Map<String, serde_json::Value>,
+    /// Loss of the last step.
+    pub final_loss: f64,
+}
+
+/// The workload.
+pub struct SceneJob {
+    config: SceneConfig,
+    fit: Fit,
+    initial_psnr: f64,
+}
+
+impl SceneJob {
+    /// Reads the dataset and seeds the Gaussians.
+    pub fn new(config: SceneConfig) -> Result<Self, SceneError> {
+        config.check()?;
+        let fit = Fit::new(config.dataset()?, config.settings())?;
+        let initial_psnr = fit.held_out_psnr();
+        Ok(Self {
+            config,
+            fit,
+            initial_psnr,
+        })
+    }
+
+    /// The fit.
+    pub fn fit(&self) -> &Fit {
+        &self.fit
+    }
+}
+
+/// Starts a new scene fit, or opens a run directory to resume it.
+pub fn launch(start: Start<SceneConfig>, device_name: &str) -> Result<(Run, SceneJob), SceneError> {
+    match start {
+        Start::New(mut config, out) => {
+            // An absolute dataset path, so that `--resume` works from any directory.
+            if config.dataset != BUILTIN
+                && let Ok(abs) = std::fs::canonicalize(&config.dataset)
+            {
+                config.dataset = abs.display().to_string();
+            }
+            let job = SceneJob::new(config)?;
+            let run = Run::create(&out, &job.config.to_toml(), device_name)?;
+            Ok((run, job))
+        }
+        Start::Resume(dir) => {
+            let (run, text) = Run::open(&dir, device_name)?;
+            let config = SceneConfig::from_toml(&text, &PathBuf::from(&dir).join("config.toml"))?;
+            Ok((run, SceneJob::new(config)?))
+        }
+    }
+}
+
+fn bytes(values: usize) -> u64 {
+    4 * values as u64
+}
+
+impl Workload for SceneJob {
+    type Summary = SceneSummary;
+    type Error = SceneError;
+
+    fn checkpoint_kind(&self) -> &'static str {
+        CHECKPOINT_KIND
+    }
+    fn cadence(&self) -> Cadence {
+        Cadence {
+            log_every: self.config.log_every,
+            checkpoint_every: self.config.checkpoint_every,
+            profile_every: self.config.profile_every,
+            profile_sample_ms: 2,
+        }
+    }
+    fn memory_source(&self) -> Box<dyn MemorySource> {
+        // The CPU twin's arrays live on the process heap.
+        HeapSource::if_installed()
+    }
+    fn steps_done(&self) -> u64 {
+        self.fit.step
+    }
+    fn total_steps(&self) -> u64 {
+        self.config.steps
+    }
+    fn accounted(&self) -> Accounted {
+        let params: usize = self.fit.params.groups().iter().map(|g| g.len()).sum();
+        let images: usize = self.fit.data().views.iter().map(|v| v.image.len()).sum();
+        Accounted {
+            parameters: bytes(params),
+            gradients: 0,
+            optimizer_state: bytes(2 * params),
+            inputs: bytes(images),
+            workspace: 0,
+            activations: None,
+        }
+    }
+    fn step(&mut self, observer: &mut dyn StepObserver) -> Result<StepRecord, SceneError> {
+        let grads = self.fit.forward_backward();
+        let held = self.accounted();
+        let with_grads = Accounted {
+            gradients: held.parameters,
+            ..held
+        };
+        observer.phase("forward_backward", None, &|| with_grads);
+        self.fit.optimize(&grads);
+        drop(grads);
+        observer.phase("optimizer", None, &|| held);
+        let loss = self.fit.last_loss as f64;
+        let mut metrics = serde_json::Map::new();
+        metrics.insert("sh_degree".into(), json!(self.fit.active_degree(self.fit.step)));
+        Ok(StepRecord {
+            step: self.fit.step,
+            loss,
+            metrics,
+            status: format!("loss {loss:.4}"),
+            ..Default::default()
+        })
+    }
+    fn snapshot(&self) -> Result<ArrayFile, SceneError> {
+        let mut file = ArrayFile::new(CHECKPOINT_KIND, json!({ "step": self.fit.step }));
+        for ((name, group), (m, v)) in GROUPS.iter().zip(self.fit.params.groups()).zip(self.fit.moments()) {
+            file.insert(&format!("param/{name}"), vec![group.len()], group.clone());
+            file.insert(&format!("adam_m/{name}"), vec![m.len()], m.to_vec());
+            file.insert(&format!("adam_v/{name}"), vec![v.len()], v.to_vec());
+        }
+        Ok(file)
+    }
+    fn restore(&mut self, file: &ArrayFile) -> Result<(), SceneError> {
+        let get = |key: String| {
+            file.get(&key)
+                .map(<[f32]>::to_vec)
+                .ok_or_else(|| SceneError::Checkpoint(format!("{key} is missing")))
+        };
+        let mut params = self.fit.params.clone();
+        let mut moments = Vec::new();
+        for (name, group) in GROUPS.iter().zip(params.groups_mut()) {
+            *group = get(format!("param/{name}"))?;
+            moments.push((get(format!("adam_m/{name}"))?, get(format!("adam_v/{name}"))?));
+        }
+        let step = file.meta.get("step").and_then(|s| s.as_u64()).unwrap_or(0);
+        self.fit.restore(params, moments, step).map_err(SceneError::Checkpoint)
+    }
+    fn tensors(&self) -> Vec<NamedTensor> {
+        let mut out: Vec<NamedTensor> = GROUPS
+            .iter()
+            .zip(self.fit.params.groups())
+            .map(|(name, g)| NamedTensor::new(*name, bytes(g.len()), Category::Parameters))
+            .collect();
+        out.sort_by_key(|t| std::cmp::Reverse(t.bytes));
+        out
+    }
+    fn finish(&mut self, _: &RunStats) -> Result<Finished<SceneSummary>, SceneError> {
+        let (train, held) = self.fit.data().split();
+        let summary = SceneSummary {
+            held_out_psnr_db: self.fit.held_out_psnr(),
+            initial_psnr_db: self.initial_psnr,
+            views: [train.len(), held.len()],
+            gaussians: self.fit.params.len(),
+            sh_degree: self.config.sh_degree,
+            parameter_bytes: GROUPS
+                .iter()
+                .zip(self.fit.params.groups())
+                .map(|(n, g)| (n.to_string(), json!(bytes(g.len()))))
+                .collect(),
+            final_loss: self.fit.last_loss as f64,
+        };
+        Ok(Finished {
+            summary,
+            files: vec![("gaussians.ply".into(), crate::ply::encode(&self.fit.params))],
+        })
+    }
+}

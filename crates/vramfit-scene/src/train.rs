@@ -1,0 +1,431 @@
+//! Fitting a scene's Gaussians to its training views on the CPU twin, as
+//! 3DGS trains them (without densification yet): one view a step, loss
+//! `(1 − λ) L1 + λ (1 − SSIM)` with λ = 0.2, Adam with the reference
+//! learning rates per parameter group (positions scaled by the scene's
+//! extent and decayed exponentially over the run), the SH degree raised by
+//! one every `sh_every` steps, Gaussians seeded from the sparse points.
+//! The SH "rest" coefficients are held at the final degree from the start;
+//! a band not yet active is zero and receives no update, which renders
+//! exactly as the lower degree does.
+
+use vramfit_splat::cpu::ssim::ssim_and_backward;
+
+use crate::cpu::camera::Camera;
+use crate::cpu::render::{Scene, SceneGrads, render, render_backward};
+use crate::cpu::sh::{MAX_DEGREE, coefficients};
+use crate::dataset::{Dataset, DatasetError};
+
+/// Weight of the SSIM term in the loss.
+pub const LAMBDA_SSIM: f32 = 0.2;
+/// A seeded Gaussian's opacity.
+pub const INITIAL_OPACITY: f32 = 0.1;
+/// SH degree-0 constant: a coefficient `c` gives colour `C0 · c + 0.5`.
+const C0: f32 = 0.282_094_8;
+
+/// The parameter groups' names, as memory reports and checkpoints name them.
+pub const GROUPS: [&str; 6] = ["means", "log_scales", "rotations", "opacity", "sh_dc", "sh_rest"];
+
+/// Learning rates per parameter group (the 3DGS reference's defaults).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LearningRates {
+    /// Positions at the first step, times the scene's extent.
+    pub means: f32,
+    /// Positions at the last step, times the extent (exponential in between).
+    pub means_final: f32,
+    /// Log scales.
+    pub log_scales: f32,
+    /// Rotations.
+    pub rotations: f32,
+    /// Opacity logits.
+    pub opacity: f32,
+    /// Degree-0 SH.
+    pub sh_dc: f32,
+    /// Higher SH (a twentieth of the degree-0 rate).
+    pub sh_rest: f32,
+}
+
+impl Default for LearningRates {
+    fn default() -> Self {
+        Self {
+            means: 1.6e-4,
+            means_final: 1.6e-6,
+            log_scales: 5e-3,
+            rotations: 1e-3,
+            opacity: 0.05,
+            sh_dc: 2.5e-3,
+            sh_rest: 2.5e-3 / 20.0,
+        }
+    }
+}
+
+/// How a scene is fitted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// Optimiser steps (one view each).
+    pub steps: u64,
+    /// The final SH degree (0–3).
+    pub sh_degree: usize,
+    /// Steps between raising the SH degree by one.
+    pub sh_every: u64,
+    /// The colour behind the Gaussians.
+    pub background: [f32; 3],
+    /// Learning rates.
+    pub lr: LearningRates,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            steps: 30_000,
+            sh_degree: 3,
+            sh_every: 1_000,
+            background: [0.0; 3],
+            lr: LearningRates::default(),
+        }
+    }
+}
+
+/// The Gaussians as parameter arrays (the groups of [`Scene`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Params {
+    /// Means.
+    pub means: Vec<f32>,
+    /// Log scales.
+    pub log_scales: Vec<f32>,
+    /// Rotations (w, x, y, z).
+    pub rotations: Vec<f32>,
+    /// Opacity logits.
+    pub opacity_logits: Vec<f32>,
+    /// Degree-0 SH.
+    pub sh_dc: Vec<f32>,
+    /// The other SH, at the final degree.
+    pub sh_rest: Vec<f32>,
+    /// The final degree `sh_rest` is laid out for.
+    pub degree: usize,
+}
+
+impl Params {
+    /// Gaussians seeded from the sparse points of `data`: at each point,
+    /// its colour, round with the scale of the mean distance to its three
+    /// nearest neighbours, opacity [`INITIAL_OPACITY`].
+    pub fn from_points(data: &Dataset, degree: usize) -> Result<Self, DatasetError> {
+        if degree > MAX_DEGREE {
+            return Err(DatasetError::Invalid(format!(
+                "SH degree {degree} is above {MAX_DEGREE}: give 0 to {MAX_DEGREE}"
+            )));
+        }
+        let points = &data.points;
+        if points.is_empty() {
+            return Err(DatasetError::Invalid(
+                "the dataset has no sparse points to seed the Gaussians from".into(),
+            ));
+        }
+        let n = points.len();
+        let mut log_scales = Vec::with_capacity(3 * n);
+        for (i, p) in points.iter().enumerate() {
+            let mut nearest = [f64::INFINITY; 3];
+            for (j, q) in points.iter().enumerate() {
+                if i == j {
+                    continue;
+                }
+                let d2: f64 = (0..3).map(|k| (p.position[k] - q.position[k]).powi(2)).sum();
+                if d2 < nearest[2] {
+                    nearest[2] = d2;
+                    nearest.sort_by(f64::total_cmp);
+                }
+            }
+            let finite: Vec<f64> = nearest.into_iter().filter(|d| d.is_finite()).collect();
+            let mean = if finite.is_empty() {
+                1e-2
+            } else {
+                finite.iter().sum::<f64>() / finite.len() as f64
+            };
+            let scale = mean.max(1e-7).sqrt().ln() as f32;
+            log_scales.extend([scale; 3]);
+        }
+        let logit = (INITIAL_OPACITY / (1.0 - INITIAL_OPACITY)).ln();
+        Ok(Self {
+            means: points.iter().flat_map(|p| p.position.map(|v| v as f32)).collect(),
+            log_scales,
+            rotations: (0..n).flat_map(|_| [1.0, 0.0, 0.0, 0.0]).collect(),
+            opacity_logits: vec![logit; n],
+            sh_dc: points
+                .iter()
+                .flat_map(|p| p.color.map(|c| (c as f32 / 255.0 - 0.5) / C0))
+                .collect(),
+            sh_rest: vec![0.0; n * 3 * (coefficients(degree) - 1)],
+            degree,
+        })
+    }
+
+    /// The scene these parameters describe, rendered at their final degree.
+    pub fn scene(&self) -> Scene<'_, f32> {
+        Scene {
+            means: &self.means,
+            log_scales: &self.log_scales,
+            rotations: &self.rotations,
+            opacity_logits: &self.opacity_logits,
+            sh_dc: &self.sh_dc,
+            sh_rest: &self.sh_rest,
+            degree: self.degree,
+        }
+    }
+
+    /// Gaussians.
+    pub fn len(&self) -> usize {
+        self.opacity_logits.len()
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.opacity_logits.is_empty()
+    }
+
+    /// The groups in [`GROUPS`]' order.
+    pub fn groups(&self) -> [&Vec<f32>; 6] {
+        [
+            &self.means,
+            &self.log_scales,
+            &self.rotations,
+            &self.opacity_logits,
+            &self.sh_dc,
+            &self.sh_rest,
+        ]
+    }
+
+    /// The groups in [`GROUPS`]' order, to change.
+    pub fn groups_mut(&mut self) -> [&mut Vec<f32>; 6] {
+        [
+            &mut self.means,
+            &mut self.log_scales,
+            &mut self.rotations,
+            &mut self.opacity_logits,
+            &mut self.sh_dc,
+            &mut self.sh_rest,
+        ]
+    }
+}
+
+/// Adam's moments for one group.
+#[derive(Debug, Clone, PartialEq)]
+struct Moments {
+    m: Vec<f32>,
+    v: Vec<f32>,
+}
+
+/// The scene's extent: 1.1 × the largest distance of a training camera's
+/// centre from their mean (the positions' learning rate scales with it).
+pub fn extent(cameras: &[&Camera]) -> f32 {
+    let n = cameras.len().max(1) as f64;
+    let centres: Vec<[f64; 3]> = cameras.iter().map(|c| c.center()).collect();
+    let mean: [f64; 3] = std::array::from_fn(|k| centres.iter().map(|c| c[k]).sum::<f64>() / n);
+    let far = centres
+        .iter()
+        .map(|c| (0..3).map(|k| (c[k] - mean[k]).powi(2)).sum::<f64>().sqrt())
+        .fold(0.0, f64::max);
+    (1.1 * far.max(1e-6)) as f32
+}
+
+/// A fit in progress: the dataset, the parameters, their Adam state and
+/// the step.
+pub struct Fit {
+    data: Dataset,
+    settings: Settings,
+    train: Vec<usize>,
+    held_out: Vec<usize>,
+    extent: f32,
+    /// The parameters.
+    pub params: Params,
+    moments: Vec<Moments>,
+    /// Steps done.
+    pub step: u64,
+    /// The loss of the last step.
+    pub last_loss: f32,
+}
+
+/// PSNR of `x` against `y` (values in [0, 1]).
+pub fn psnr(x: &[f32], y: &[f32]) -> f64 {
+    let mse = x.iter().zip(y).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>() / x.len().max(1) as f64;
+    10.0 * (1.0 / mse.max(1e-12)).log10()
+}
+
+impl Fit {
+    /// A fit of `data` seeded from its sparse points.
+    pub fn new(data: Dataset, settings: Settings) -> Result<Self, DatasetError> {
+        let params = Params::from_points(&data, settings.sh_degree)?;
+        let (train, held_out) = data.split();
+        if train.is_empty() {
+            return Err(DatasetError::Invalid(
+                "no training views: the dataset needs at least two views".into(),
+            ));
+        }
+        let cameras: Vec<&Camera> = train.iter().map(|&i| &data.views[i].camera).collect();
+        let extent = extent(&cameras);
+        let moments = params
+            .groups()
+            .iter()
+            .map(|g| Moments {
+                m: vec![0.0; g.len()],
+                v: vec![0.0; g.len()],
+            })
+            .collect();
+        Ok(Self {
+            extent,
+            data,
+            settings,
+            train,
+            held_out,
+            params,
+            moments,
+            step: 0,
+            last_loss: f32::NAN,
+        })
+    }
+
+    /// The SH degree in use at step `step` (1-based).
+    pub fn active_degree(&self, step: u64) -> usize {
+        let raised = (step.saturating_sub(1) / self.settings.sh_every.max(1)) as usize;
+        raised.min(self.settings.sh_degree)
+    }
+
+    /// One step on the next training view; returns the loss.
+    pub fn step(&mut self) -> f32 {
+        let grads = self.forward_backward();
+        self.optimize(&grads);
+        self.last_loss
+    }
+
+    /// The first half of a step: render the next training view, the loss
+    /// and every parameter's gradient (the step counter advances).
+    pub fn forward_backward(&mut self) -> SceneGrads<f32> {
+        self.step += 1;
+        let view = &self.data.views[self.train[(self.step as usize - 1) % self.train.len()]];
+        let camera = &view.camera;
+        let background = self.settings.background;
+        let scene = self.params.scene();
+        let rendered = render(&scene, camera, background);
+        let n = rendered.image.len() as f32;
+        let (h, w) = (camera.height, camera.width);
+        let (ssim, d_ssim) = ssim_and_backward(&rendered.image, &view.image, h, w, 3, -LAMBDA_SSIM);
+        let l1: f32 = rendered
+            .image
+            .iter()
+            .zip(&view.image)
+            .map(|(x, y)| (x - y).abs())
+            .sum::<f32>()
+            / n;
+        let d_image: Vec<f32> = rendered
+            .image
+            .iter()
+            .zip(&view.image)
+            .zip(&d_ssim)
+            .map(|((x, y), s)| (1.0 - LAMBDA_SSIM) * (x - y).signum() / n + s)
+            .collect();
+        let mut grads = render_backward(&scene, camera, background, &rendered, &d_image);
+        self.mask_inactive_bands(&mut grads);
+        self.last_loss = (1.0 - LAMBDA_SSIM) * l1 + LAMBDA_SSIM * (1.0 - ssim);
+        grads
+    }
+
+    /// The second half: Adam on every group.
+    pub fn optimize(&mut self, grads: &SceneGrads<f32>) {
+        self.adam(grads);
+    }
+
+    /// The dataset.
+    pub fn data(&self) -> &Dataset {
+        &self.data
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Adam's first and second moments, group by group in [`GROUPS`]' order.
+    pub fn moments(&self) -> Vec<(&[f32], &[f32])> {
+        self.moments.iter().map(|m| (m.m.as_slice(), m.v.as_slice())).collect()
+    }
+
+    /// Restores Adam's moments (as [`Fit::moments`] gives them) and the step;
+    /// an error names a group whose length does not fit.
+    pub fn restore(&mut self, params: Params, moments: Vec<(Vec<f32>, Vec<f32>)>, step: u64) -> Result<(), String> {
+        for (i, (g, (m, v))) in params.groups().iter().zip(&moments).enumerate() {
+            if g.len() != self.params.groups()[i].len() || m.len() != g.len() || v.len() != g.len() {
+                return Err(format!(
+                    "{}: {} values in the checkpoint, {} in this fit",
+                    GROUPS[i],
+                    g.len(),
+                    self.params.groups()[i].len()
+                ));
+            }
+        }
+        self.params = params;
+        self.moments = moments.into_iter().map(|(m, v)| Moments { m, v }).collect();
+        self.step = step;
+        Ok(())
+    }
+
+    /// Zeroes the gradients of the SH bands above the degree in use.
+    fn mask_inactive_bands(&self, grads: &mut SceneGrads<f32>) {
+        let active = 3 * (coefficients(self.active_degree(self.step)) - 1);
+        let per = 3 * (coefficients(self.params.degree) - 1);
+        if per == 0 {
+            return;
+        }
+        for block in grads.sh_rest.chunks_mut(per) {
+            block[active..].fill(0.0);
+        }
+    }
+
+    fn adam(&mut self, grads: &SceneGrads<f32>) {
+        const BETA1: f32 = 0.9;
+        const BETA2: f32 = 0.999;
+        const EPS: f32 = 1e-15;
+        let lr = self.settings.lr;
+        let t = (self.step as f32 / self.settings.steps.max(1) as f32).min(1.0);
+        let means_lr = (lr.means.ln() * (1.0 - t) + lr.means_final.ln() * t).exp() * self.extent;
+        let rates = [means_lr, lr.log_scales, lr.rotations, lr.opacity, lr.sh_dc, lr.sh_rest];
+        let gs = [
+            &grads.means,
+            &grads.log_scales,
+            &grads.rotations,
+            &grads.opacity_logits,
+            &grads.sh_dc,
+            &grads.sh_rest,
+        ];
+        let (c1, c2) = (1.0 - BETA1.powi(self.step as i32), 1.0 - BETA2.powi(self.step as i32));
+        for (((group, m), g), rate) in self
+            .params
+            .groups_mut()
+            .into_iter()
+            .zip(&mut self.moments)
+            .zip(gs)
+            .zip(rates)
+        {
+            for i in 0..group.len() {
+                m.m[i] = BETA1 * m.m[i] + (1.0 - BETA1) * g[i];
+                m.v[i] = BETA2 * m.v[i] + (1.0 - BETA2) * g[i] * g[i];
+                group[i] -= rate * (m.m[i] / c1) / ((m.v[i] / c2).sqrt() + EPS);
+            }
+        }
+    }
+
+    /// Mean PSNR over the held-out views (the training views when none is held out).
+    pub fn held_out_psnr(&self) -> f64 {
+        let views = if self.held_out.is_empty() {
+            &self.train
+        } else {
+            &self.held_out
+        };
+        let scene = self.params.scene();
+        let total: f64 = views
+            .iter()
+            .map(|&i| {
+                let v = &self.data.views[i];
+                psnr(&render(&scene, &v.camera, self.settings.background).image, &v.image)
+            })
+            .sum();
+        total / views.len() as f64
+    }
+}
