@@ -20,6 +20,7 @@ mod plan;
 mod plan_bench;
 mod runs;
 mod sample;
+mod scene;
 mod show_plan;
 mod train;
 
@@ -85,6 +86,8 @@ enum Command {
     },
     /// Write the procedural test image, or (`sample scene DIR`) the built-in 3D scene as a COLMAP dataset.
     Sample(sample::SampleArgs),
+    /// Fit a 3D Gaussian scene (SH colour) to a COLMAP dataset's views (none: the built-in scene).
+    Scene(scene::SceneArgs),
     /// Train a workload with the memory techniques (see `vramfit train transformer --help`).
     Train {
         #[command(subcommand)]
@@ -143,6 +146,7 @@ fn run(cli: Cli) -> Result<()> {
             out,
         } => render(&gaussians, size, top_k, &out),
         Command::Sample(args) => sample::run(args),
+        Command::Scene(args) => scene::run(args),
         Command::Bench { which } => bench::run(which),
         Command::CheckKernels { device, large, out } => check_kernels::run(&device, large, out),
         Command::Train { which } => train::run(which),

@@ -1095,3 +1095,59 @@ fn sample_scene_writes_a_colmap_dataset_and_refuses_to_overwrite() {
         stderr(&o)
     );
 }
+
+/// `vramfit scene` fits a COLMAP dataset that `sample scene` wrote and
+/// states the held-out PSNR; a folder without a model and a GPU device are
+/// refused with what to do, leaving no run directory.
+#[test]
+fn scene_fits_a_sampled_dataset_and_refuses_bad_input() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let o = run(
+        &[
+            "sample", "scene", "data", "--views", "9", "--size", "32x24", "--points", "150",
+        ],
+        dir,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(
+        &[
+            "scene",
+            "data",
+            "--steps",
+            "40",
+            "--out",
+            "fitted",
+            "--set",
+            "log_every=10",
+        ],
+        dir,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("held-out PSNR") && out.contains("150 Gaussians"), "{out}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("fitted/summary.json")).unwrap()).unwrap();
+    let (end, start) = (
+        summary["held_out_psnr_db"].as_f64().unwrap(),
+        summary["initial_psnr_db"].as_f64().unwrap(),
+    );
+    assert!(end > start, "{start} → {end}");
+    assert!(dir.join("fitted/gaussians.ply").is_file());
+
+    std::fs::create_dir(dir.join("empty")).unwrap();
+    let o = run(&["scene", "empty", "--out", "bad"], dir);
+    assert!(
+        !o.status.success() && stderr(&o).contains("no COLMAP text model"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!dir.join("bad").exists(), "no run directory for a refused dataset");
+    let o = run(&["scene", "data", "--device", "wgpu", "--out", "bad"], dir);
+    assert!(
+        !o.status.success() && stderr(&o).contains("--device cpu"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!dir.join("bad").exists());
+}

@@ -1,0 +1,92 @@
+//! `vramfit scene [DATASET]`: a 3D Gaussian scene (SH colour) fitted to a
+//! COLMAP text dataset's views, or to the built-in scene, through the run
+//! driver; new or resumed. The CPU twin runs it (the GPU kernels are next).
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use vramfit::run::Start;
+use vramfit_scene::job::{BUILTIN, SceneConfig, launch};
+
+#[derive(clap::Args)]
+pub struct SceneArgs {
+    /// A COLMAP text dataset's folder (sparse/0/*.txt and images/); none: the built-in scene.
+    dataset: Option<PathBuf>,
+    /// Optimiser steps, one view each (e.g. 3000 or 3e3).
+    #[arg(long, value_parser = crate::flags::parse_count::<u64>)]
+    steps: Option<u64>,
+    /// Final SH degree, 0 to 3 (raised from 0 every sh_every steps).
+    #[arg(long)]
+    sh_degree: Option<usize>,
+    /// TOML file of settings (keys as in a run's config.toml); flags override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Override one setting, KEY=VALUE with a key of config.toml (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Run directory (default: the next free runs/scene-NNN).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Continue the run in RUN_DIR from its last checkpoint.
+    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["dataset", "steps", "sh_degree", "config", "set", "out"])]
+    resume: Option<PathBuf>,
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
+}
+
+pub fn run(args: SceneArgs) -> Result<()> {
+    if args.device.name != "cpu" {
+        bail!(
+            "the scene workload runs on the CPU so far (its renderer's CPU twin); its GPU kernels come next: give \
+             --device cpu"
+        );
+    }
+    let start = match &args.resume {
+        Some(dir) => Start::Resume(dir.clone()),
+        None => Start::New(resolve(&args)?, crate::run_path(&args.out, "scene")),
+    };
+    let (run, job) = launch(start, "cpu (the scene renderer's CPU twin)")?;
+    let dir = run.dir().root().to_path_buf();
+    let Some(summary) = run.drive(job, crate::runs::progress())? else {
+        bail!("the run stopped before its end")
+    };
+    let s = &summary.workload;
+    println!(
+        "fitted {} Gaussians (SH degree {}) to {} views, {} held out",
+        s.gaussians, s.sh_degree, s.views[0], s.views[1]
+    );
+    println!(
+        "  held-out PSNR {:.2} dB (the seeded Gaussians: {:.2} dB) · final loss {:.4} · {} steps · {:.1} s · {:.1} ms \
+         per step (median)",
+        s.held_out_psnr_db,
+        s.initial_psnr_db,
+        s.final_loss,
+        summary.steps,
+        summary.wall_seconds,
+        summary.median_step_ms
+    );
+    crate::runs::print_common(&summary, &dir);
+    Ok(())
+}
+
+/// Defaults ← config file ← flags ← `--set`.
+fn resolve(args: &SceneArgs) -> Result<SceneConfig> {
+    let mut c = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("{}: cannot read it: {e}", path.display()))?;
+            SceneConfig::from_toml(&text, path)?
+        }
+        None => SceneConfig::default(),
+    };
+    if let Some(d) = &args.dataset {
+        c.dataset = d.display().to_string();
+    }
+    c.steps = args.steps.unwrap_or(c.steps);
+    c.sh_degree = args.sh_degree.unwrap_or(c.sh_degree);
+    let c = vramfit::settings::apply_sets(&c.to_toml(), &args.set)?.unwrap_or(c);
+    if c.dataset == BUILTIN && args.dataset.is_some() {
+        bail!("'{BUILTIN}' names the built-in scene: give no dataset for it, or a folder's path");
+    }
+    Ok(c)
+}
