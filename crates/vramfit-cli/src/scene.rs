@@ -18,6 +18,9 @@ pub struct SceneArgs {
     /// Final SH degree, 0 to 3 (raised from 0 every sh_every steps).
     #[arg(long)]
     sh_degree: Option<usize>,
+    /// The most Gaussians the fit may hold: densification never exceeds it.
+    #[arg(long, value_parser = crate::flags::parse_count::<usize>)]
+    max_gaussians: Option<usize>,
     /// TOML file of settings (keys as in a run's config.toml); flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -28,7 +31,7 @@ pub struct SceneArgs {
     #[arg(long)]
     out: Option<PathBuf>,
     /// Continue the run in RUN_DIR from its last checkpoint.
-    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["dataset", "steps", "sh_degree", "config", "set", "out"])]
+    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["dataset", "steps", "sh_degree", "max_gaussians", "config", "set", "out"])]
     resume: Option<PathBuf>,
     #[command(flatten)]
     device: crate::device::DeviceArg,
@@ -54,6 +57,15 @@ pub fn run(args: SceneArgs) -> Result<()> {
     println!(
         "fitted {} Gaussians (SH degree {}) to {} views, {} held out",
         s.gaussians, s.sh_degree, s.views[0], s.views[1]
+    );
+    let [cloned, split, pruned, capped] = s.densified;
+    println!(
+        "  densified: {cloned} cloned, {split} split, {pruned} pruned{}",
+        if capped > 0 {
+            format!(", {capped} candidates left out at the cap (--max-gaussians)")
+        } else {
+            String::new()
+        }
     );
     println!(
         "  held-out PSNR {:.2} dB (the seeded Gaussians: {:.2} dB) · final loss {:.4} · {} steps · {:.1} s · {:.1} ms \
@@ -84,6 +96,7 @@ fn resolve(args: &SceneArgs) -> Result<SceneConfig> {
     }
     c.steps = args.steps.unwrap_or(c.steps);
     c.sh_degree = args.sh_degree.unwrap_or(c.sh_degree);
+    c.max_gaussians = args.max_gaussians.unwrap_or(c.max_gaussians);
     let c = vramfit::settings::apply_sets(&c.to_toml(), &args.set)?.unwrap_or(c);
     if c.dataset == BUILTIN && args.dataset.is_some() {
         bail!("'{BUILTIN}' names the built-in scene: give no dataset for it, or a folder's path");

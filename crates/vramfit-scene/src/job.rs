@@ -14,6 +14,7 @@ use vramfit::run::{ArrayFile, Cadence, Finished, Run, RunError, RunStats, Start,
 use vramfit::step::StepObserver;
 
 use crate::dataset::{Dataset, DatasetError};
+use crate::densify::{Densify, Stats};
 use crate::synthetic::{SKY, Spec};
 use crate::train::{Fit, GROUPS, LearningRates, Settings};
 
@@ -44,6 +45,19 @@ pub struct SceneConfig {
     pub sh_every: u64,
     /// The colour behind the Gaussians (default: the built-in scene's sky, else black).
     pub background: Option<[f32; 3]>,
+    /// The most Gaussians the fit may hold (densification never exceeds it;
+    /// more sparse points than this seed an evenly spaced subset).
+    pub max_gaussians: usize,
+    /// First step that densifies.
+    pub densify_from: u64,
+    /// No densification from this step on.
+    pub densify_until: u64,
+    /// Steps between densifications (0: none).
+    pub densify_every: u64,
+    /// Mean screen-position gradient (NDC units) that makes a Gaussian grow.
+    pub densify_grad_threshold: f32,
+    /// Steps between opacity resets (0: none).
+    pub opacity_reset_every: u64,
     /// Steps between metric lines.
     pub log_every: u64,
     /// Steps between checkpoints (0: none).
@@ -65,6 +79,12 @@ impl Default for SceneConfig {
             sh_degree: 3,
             sh_every: 500,
             background: None,
+            max_gaussians: 50_000,
+            densify_from: 200,
+            densify_until: 1_500,
+            densify_every: 100,
+            densify_grad_threshold: 2e-4,
+            opacity_reset_every: 1_000,
             log_every: 50,
             checkpoint_every: 500,
             profile_every: 100,
@@ -90,6 +110,12 @@ impl SceneConfig {
         }
         if self.sh_degree > 3 {
             return bad("sh_degree", "must be 0, 1, 2 or 3");
+        }
+        if self.max_gaussians == 0 {
+            return bad("max_gaussians", "must be at least 1");
+        }
+        if !(self.densify_grad_threshold.is_finite() && self.densify_grad_threshold > 0.0) {
+            return bad("densify_grad_threshold", "must be a positive number");
         }
         if self.sh_every == 0 || self.log_every == 0 {
             return bad("sh_every and log_every", "must be at least 1");
@@ -127,6 +153,15 @@ impl SceneConfig {
                 [0.0; 3]
             }),
             lr: LearningRates::default(),
+            densify: Densify {
+                from: self.densify_from,
+                until: self.densify_until,
+                every: self.densify_every,
+                grad_threshold: self.densify_grad_threshold,
+                reset_every: self.opacity_reset_every,
+                max_gaussians: self.max_gaussians,
+                ..Densify::default()
+            },
         }
     }
 }
@@ -157,8 +192,11 @@ pub struct SceneSummary {
     pub initial_psnr_db: f64,
     /// Views trained on and held out.
     pub views: [usize; 2],
-    /// Gaussians.
+    /// Gaussians at the end.
     pub gaussians: usize,
+    /// Densification over the fit's last session: cloned, split, pruned,
+    /// and candidates left out at the cap.
+    pub densified: [usize; 4],
     /// Final SH degree.
     pub sh_degree: usize,
     /// Bytes of each parameter group (f32).
@@ -270,6 +308,7 @@ impl Workload for SceneJob {
         let loss = self.fit.last_loss as f64;
         let mut metrics = serde_json::Map::new();
         metrics.insert("sh_degree".into(), json!(self.fit.active_degree(self.fit.step)));
+        metrics.insert("gaussians".into(), json!(self.fit.params.len()));
         Ok(StepRecord {
             step: self.fit.step,
             loss,
@@ -285,6 +324,10 @@ impl Workload for SceneJob {
             file.insert(&format!("adam_m/{name}"), vec![m.len()], m.to_vec());
             file.insert(&format!("adam_v/{name}"), vec![v.len()], v.to_vec());
         }
+        let s = &self.fit.stats;
+        for (name, values) in [("grad", &s.grad), ("seen", &s.seen), ("max_radius", &s.max_radius)] {
+            file.insert(&format!("densify/{name}"), vec![values.len()], values.clone());
+        }
         Ok(file)
     }
     fn restore(&mut self, file: &ArrayFile) -> Result<(), SceneError> {
@@ -299,8 +342,15 @@ impl Workload for SceneJob {
             *group = get(format!("param/{name}"))?;
             moments.push((get(format!("adam_m/{name}"))?, get(format!("adam_v/{name}"))?));
         }
+        let stats = Stats {
+            grad: get("densify/grad".into())?,
+            seen: get("densify/seen".into())?,
+            max_radius: get("densify/max_radius".into())?,
+        };
         let step = file.meta.get("step").and_then(|s| s.as_u64()).unwrap_or(0);
-        self.fit.restore(params, moments, step).map_err(SceneError::Checkpoint)
+        self.fit
+            .restore(params, moments, stats, step)
+            .map_err(SceneError::Checkpoint)
     }
     fn tensors(&self) -> Vec<NamedTensor> {
         let mut out: Vec<NamedTensor> = GROUPS
@@ -318,6 +368,10 @@ impl Workload for SceneJob {
             initial_psnr_db: self.initial_psnr,
             views: [train.len(), held.len()],
             gaussians: self.fit.params.len(),
+            densified: {
+                let d = &self.fit.densified;
+                [d.cloned, d.split, d.pruned, d.capped]
+            },
             sh_degree: self.config.sh_degree,
             parameter_bytes: GROUPS
                 .iter()

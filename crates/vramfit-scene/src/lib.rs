@@ -11,6 +11,7 @@
 pub mod colmap;
 pub mod cpu;
 pub mod dataset;
+pub mod densify;
 pub mod job;
 pub mod ply;
 pub mod synthetic;

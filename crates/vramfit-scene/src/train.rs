@@ -14,6 +14,7 @@ use crate::cpu::camera::Camera;
 use crate::cpu::render::{Scene, SceneGrads, render, render_backward};
 use crate::cpu::sh::{MAX_DEGREE, coefficients};
 use crate::dataset::{Dataset, DatasetError};
+use crate::densify::{Densify, Report, Row, Stats, apply, apply_params, plan};
 
 /// Weight of the SSIM term in the loss.
 pub const LAMBDA_SSIM: f32 = 0.2;
@@ -71,6 +72,8 @@ pub struct Settings {
     pub background: [f32; 3],
     /// Learning rates.
     pub lr: LearningRates,
+    /// Growing and pruning, and the cap on the number of Gaussians.
+    pub densify: Densify,
 }
 
 impl Default for Settings {
@@ -81,6 +84,7 @@ impl Default for Settings {
             sh_every: 1_000,
             background: [0.0; 3],
             lr: LearningRates::default(),
+            densify: Densify::default(),
         }
     }
 }
@@ -108,13 +112,24 @@ impl Params {
     /// Gaussians seeded from the sparse points of `data`: at each point,
     /// its colour, round with the scale of the mean distance to its three
     /// nearest neighbours, opacity [`INITIAL_OPACITY`].
-    pub fn from_points(data: &Dataset, degree: usize) -> Result<Self, DatasetError> {
+    /// At most `cap` of them: when the dataset has more points, an evenly
+    /// spaced subset.
+    pub fn from_points(data: &Dataset, degree: usize, cap: usize) -> Result<Self, DatasetError> {
         if degree > MAX_DEGREE {
             return Err(DatasetError::Invalid(format!(
                 "SH degree {degree} is above {MAX_DEGREE}: give 0 to {MAX_DEGREE}"
             )));
         }
-        let points = &data.points;
+        if cap == 0 {
+            return Err(DatasetError::Invalid("the cap on Gaussians must be at least 1".into()));
+        }
+        let all = &data.points;
+        let points: Vec<crate::dataset::Point> = if all.len() > cap {
+            (0..cap).map(|k| all[k * all.len() / cap]).collect()
+        } else {
+            all.clone()
+        };
+        let points = &points;
         if points.is_empty() {
             return Err(DatasetError::Invalid(
                 "the dataset has no sparse points to seed the Gaussians from".into(),
@@ -181,6 +196,11 @@ impl Params {
         self.opacity_logits.is_empty()
     }
 
+    /// Values a Gaussian in each group, in [`GROUPS`]' order.
+    pub fn widths(&self) -> [usize; 6] {
+        [3, 3, 4, 1, 3, 3 * (coefficients(self.degree) - 1)]
+    }
+
     /// The groups in [`GROUPS`]' order.
     pub fn groups(&self) -> [&Vec<f32>; 6] {
         [
@@ -241,6 +261,10 @@ pub struct Fit {
     pub step: u64,
     /// The loss of the last step.
     pub last_loss: f32,
+    /// What densification reads, since the last one.
+    pub stats: Stats,
+    /// What densification has done over the fit (this session).
+    pub densified: Report,
 }
 
 /// PSNR of `x` against `y` (values in [0, 1]).
@@ -252,7 +276,7 @@ pub fn psnr(x: &[f32], y: &[f32]) -> f64 {
 impl Fit {
     /// A fit of `data` seeded from its sparse points.
     pub fn new(data: Dataset, settings: Settings) -> Result<Self, DatasetError> {
-        let params = Params::from_points(&data, settings.sh_degree)?;
+        let params = Params::from_points(&data, settings.sh_degree, settings.densify.max_gaussians)?;
         let (train, held_out) = data.split();
         if train.is_empty() {
             return Err(DatasetError::Invalid(
@@ -261,6 +285,7 @@ impl Fit {
         }
         let cameras: Vec<&Camera> = train.iter().map(|&i| &data.views[i].camera).collect();
         let extent = extent(&cameras);
+        let n = params.len();
         let moments = params
             .groups()
             .iter()
@@ -279,6 +304,8 @@ impl Fit {
             moments,
             step: 0,
             last_loss: f32::NAN,
+            stats: Stats::new(n),
+            densified: Report::default(),
         })
     }
 
@@ -322,14 +349,72 @@ impl Fit {
             .map(|((x, y), s)| (1.0 - LAMBDA_SSIM) * (x - y).signum() / n + s)
             .collect();
         let mut grads = render_backward(&scene, camera, background, &rendered, &d_image);
+        if self.step < self.settings.densify.until {
+            for (i, p) in rendered.projected.iter().enumerate() {
+                if let Some(p) = p {
+                    let g = [grads.screen_means[2 * i], grads.screen_means[2 * i + 1]];
+                    self.stats.add(i, g, p.radius as f32, w, h);
+                }
+            }
+        }
         self.mask_inactive_bands(&mut grads);
         self.last_loss = (1.0 - LAMBDA_SSIM) * l1 + LAMBDA_SSIM * (1.0 - ssim);
         grads
     }
 
-    /// The second half: Adam on every group.
+    /// The second half: Adam on every group, then densification and the
+    /// opacity reset when their step has come.
     pub fn optimize(&mut self, grads: &SceneGrads<f32>) {
         self.adam(grads);
+        let (d, step) = (self.settings.densify, self.step);
+        if step >= d.from && step < d.until && d.every > 0 && step.is_multiple_of(d.every) {
+            self.densify(step > d.reset_every && d.reset_every > 0);
+        }
+        if d.reset_every > 0 && step < d.until && step.is_multiple_of(d.reset_every) {
+            self.reset_opacity();
+        }
+    }
+
+    /// Grows and prunes the Gaussians ([`crate::densify`]); the moments of
+    /// new ones start at zero, the statistics start over.
+    fn densify(&mut self, prune_large: bool) {
+        let (rows, report) = plan(
+            &self.params,
+            &self.stats,
+            &self.settings.densify,
+            self.extent,
+            prune_large,
+        );
+        self.params = apply_params(&self.params, &rows, self.step);
+        let widths = self.params.widths();
+        for (m, width) in self.moments.iter_mut().zip(widths) {
+            let fresh = |_: &[f32], _: usize, _: u8| Vec::new();
+            m.m = apply(&m.m, width, &rows, true, fresh);
+            m.v = apply(&m.v, width, &rows, true, fresh);
+        }
+        self.stats = Stats::new(rows.len());
+        let t = &mut self.densified;
+        (t.cloned, t.split, t.pruned, t.capped) = (
+            t.cloned + report.cloned,
+            t.split + report.split,
+            t.pruned + report.pruned,
+            t.capped + report.capped,
+        );
+        debug_assert!(
+            rows.iter()
+                .all(|r| !matches!(r, Row::Keep(i) if *i >= rows.len() + report.pruned + report.split))
+        );
+    }
+
+    /// Opacities lowered to 0.01 (the larger ones), their moments cleared.
+    fn reset_opacity(&mut self) {
+        let ceiling = (0.01f32 / 0.99).ln();
+        for v in &mut self.params.opacity_logits {
+            *v = v.min(ceiling);
+        }
+        let m = &mut self.moments[3];
+        m.m.fill(0.0);
+        m.v.fill(0.0);
     }
 
     /// The dataset.
@@ -347,21 +432,36 @@ impl Fit {
         self.moments.iter().map(|m| (m.m.as_slice(), m.v.as_slice())).collect()
     }
 
-    /// Restores Adam's moments (as [`Fit::moments`] gives them) and the step;
-    /// an error names a group whose length does not fit.
-    pub fn restore(&mut self, params: Params, moments: Vec<(Vec<f32>, Vec<f32>)>, step: u64) -> Result<(), String> {
-        for (i, (g, (m, v))) in params.groups().iter().zip(&moments).enumerate() {
-            if g.len() != self.params.groups()[i].len() || m.len() != g.len() || v.len() != g.len() {
+    /// Restores the parameters, Adam's moments (as [`Fit::moments`] gives
+    /// them), the densification statistics and the step of a checkpoint
+    /// (the number of Gaussians may differ from the seeded fit's); an error
+    /// names a group whose length does not fit the others.
+    pub fn restore(
+        &mut self,
+        params: Params,
+        moments: Vec<(Vec<f32>, Vec<f32>)>,
+        stats: Stats,
+        step: u64,
+    ) -> Result<(), String> {
+        let n = params.len();
+        for (i, (g, width)) in params.groups().iter().zip(params.widths()).enumerate() {
+            let (m, v) = &moments[i];
+            if g.len() != n * width || m.len() != g.len() || v.len() != g.len() {
                 return Err(format!(
-                    "{}: {} values in the checkpoint, {} in this fit",
+                    "{}: {} values (moments {} and {}) for {n} Gaussians of {width}",
                     GROUPS[i],
                     g.len(),
-                    self.params.groups()[i].len()
+                    m.len(),
+                    v.len()
                 ));
             }
         }
+        if [stats.grad.len(), stats.seen.len(), stats.max_radius.len()] != [n; 3] {
+            return Err(format!("densification statistics for other than {n} Gaussians"));
+        }
         self.params = params;
         self.moments = moments.into_iter().map(|(m, v)| Moments { m, v }).collect();
+        self.stats = stats;
         self.step = step;
         Ok(())
     }

@@ -60,3 +60,56 @@ fn a_fit_is_deterministic() {
     };
     assert_eq!(run(), run());
 }
+
+#[test]
+fn densification_grows_to_the_cap_and_never_past_it() {
+    let data = dataset(&Spec {
+        views: 9,
+        width: 32,
+        height: 24,
+        points: 120,
+    });
+    let cap = 157;
+    let mut s = settings(60);
+    s.densify = vramfit_scene::densify::Densify {
+        from: 5,
+        until: 100,
+        every: 5,
+        // Every drawn Gaussian is a candidate: only the cap holds the count.
+        grad_threshold: 1e-12,
+        reset_every: 0,
+        max_gaussians: cap,
+        ..Default::default()
+    };
+    let mut fit = Fit::new(data.clone(), s.clone()).unwrap();
+    let mut most = 0;
+    for _ in 0..60 {
+        fit.step();
+        let n = fit.params.len();
+        most = most.max(n);
+        assert!(n <= cap, "{n} Gaussians past the cap of {cap}");
+        let p = &fit.params;
+        assert_eq!(
+            [
+                p.means.len(),
+                p.log_scales.len(),
+                p.rotations.len(),
+                p.sh_dc.len(),
+                p.sh_rest.len()
+            ],
+            [3 * n, 3 * n, 4 * n, 3 * n, 45 * n],
+            "every group the same Gaussians"
+        );
+    }
+    let d = fit.densified;
+    eprintln!(
+        "most {most}; cloned {}, split {}, pruned {}, left out at the cap {}",
+        d.cloned, d.split, d.pruned, d.capped
+    );
+    assert_eq!(most, cap, "grew to the cap");
+    assert!(d.capped > 0 && d.cloned + d.split >= cap - 120);
+
+    // A cap below the sparse points seeds an evenly spaced subset.
+    s.densify.max_gaussians = 50;
+    assert_eq!(Fit::new(data, s).unwrap().params.len(), 50);
+}

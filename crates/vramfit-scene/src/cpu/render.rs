@@ -121,6 +121,9 @@ pub struct SceneGrads<F> {
     pub sh_dc: Vec<F>,
     /// The other SH.
     pub sh_rest: Vec<F>,
+    /// The gradient with respect to each Gaussian's screen mean (x, y in
+    /// pixels; zero where not drawn): what densification reads.
+    pub screen_means: Vec<F>,
 }
 
 /// The backward of [`render`] for a gradient `d_image` on its image.
@@ -151,6 +154,7 @@ pub fn render_backward<F: Real>(
         opacity_logits: vec![zero; n],
         sh_dc: vec![zero; 3 * n],
         sh_rest: vec![zero; r * n],
+        screen_means: vec![zero; 2 * n],
     };
     for (i, d) in screen.iter().enumerate() {
         if rendered.projected[i].is_none() {
@@ -168,6 +172,7 @@ pub fn render_backward<F: Real>(
         out.log_scales[3 * i..3 * i + 3].copy_from_slice(&g.log_scale);
         out.rotations[4 * i..4 * i + 4].copy_from_slice(&g.rotation);
         out.opacity_logits[i] = g.opacity_logit;
+        out.screen_means[2 * i..2 * i + 2].copy_from_slice(&d.mean);
     }
     out
 }
