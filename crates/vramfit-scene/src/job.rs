@@ -79,7 +79,7 @@ impl Default for SceneConfig {
             sh_degree: 3,
             sh_every: 500,
             background: None,
-            max_gaussians: 50_000,
+            max_gaussians: 6_000,
             densify_from: 200,
             densify_until: 1_500,
             densify_every: 100,
