@@ -11,7 +11,8 @@
 //! first until the cap is reached. Every `reset_every` steps the
 //! opacities are lowered to 0.01 (their Adam moments cleared).
 
-use crate::train::Params;
+use crate::cpu::project::rotation_matrix;
+use crate::params::Params;
 
 /// When and how to densify.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -213,7 +214,8 @@ pub fn apply_params(p: &Params, rows: &[Row], step: u64) -> Params {
     let means = apply(&p.means, 3, rows, false, |m, i, k| {
         let s: Vec<f32> = p.log_scales[3 * i..3 * i + 3].iter().map(|v| v.exp()).collect();
         let q = &p.rotations[4 * i..4 * i + 4];
-        let r = rotation(q);
+        let norm = q.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
+        let r = rotation_matrix([q[0] / norm, q[1] / norm, q[2] / norm, q[3] / norm]);
         let z: Vec<f32> = (0..3).map(|a| normal(step, i, k, a) * s[a]).collect();
         (0..3)
             .map(|a| m[a] + (0..3).map(|b| r[a][b] * z[b]).sum::<f32>())
@@ -230,27 +232,4 @@ pub fn apply_params(p: &Params, rows: &[Row], step: u64) -> Params {
         sh_rest: apply(&p.sh_rest, rest, rows, false, copy),
         degree: p.degree,
     }
-}
-
-/// The rotation matrix of quaternion `q` (w, x, y, z), normalised.
-fn rotation(q: &[f32]) -> [[f32; 3]; 3] {
-    let n = q.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
-    let [w, x, y, z] = [q[0] / n, q[1] / n, q[2] / n, q[3] / n];
-    [
-        [
-            1.0 - 2.0 * (y * y + z * z),
-            2.0 * (x * y - w * z),
-            2.0 * (x * z + w * y),
-        ],
-        [
-            2.0 * (x * y + w * z),
-            1.0 - 2.0 * (x * x + z * z),
-            2.0 * (y * z - w * x),
-        ],
-        [
-            2.0 * (x * z - w * y),
-            2.0 * (y * z + w * x),
-            1.0 - 2.0 * (x * x + y * y),
-        ],
-    ]
 }

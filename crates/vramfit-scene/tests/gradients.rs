@@ -212,14 +212,7 @@ fn render_backward_matches_finite_differences() {
         );
         assert!(rendered.bins.intersections() > 9, "the Gaussians overlap tiles");
         let grads = render_backward(&scene(&params, degree), &cam, background, &rendered, &weights);
-        let analytic = [
-            &grads.means,
-            &grads.log_scales,
-            &grads.rotations,
-            &grads.opacity_logits,
-            &grads.sh_dc,
-            &grads.sh_rest,
-        ];
+        let analytic = grads.groups();
         let names = ["means", "log_scales", "rotations", "opacity_logits", "sh_dc", "sh_rest"];
         for (group, name) in names.iter().enumerate() {
             let num = numeric(&params[group], |x| {

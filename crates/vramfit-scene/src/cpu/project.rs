@@ -97,7 +97,7 @@ fn mat3<F: Real>(c: &[[f64; 3]; 3]) -> M3<F> {
 }
 
 /// The rotation matrix of unit quaternion (w, x, y, z).
-fn rotation_matrix<F: Real>([w, x, y, z]: [F; 4]) -> M3<F> {
+pub fn rotation_matrix<F: Real>([w, x, y, z]: [F; 4]) -> M3<F> {
     let (one, two) = (F::one(), F::c(2.0));
     [
         [

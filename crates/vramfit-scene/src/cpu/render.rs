@@ -126,6 +126,20 @@ pub struct SceneGrads<F> {
     pub screen_means: Vec<F>,
 }
 
+impl<F> SceneGrads<F> {
+    /// The parameter groups' gradients, in the order of [`Scene`]'s fields.
+    pub fn groups(&self) -> [&Vec<F>; 6] {
+        [
+            &self.means,
+            &self.log_scales,
+            &self.rotations,
+            &self.opacity_logits,
+            &self.sh_dc,
+            &self.sh_rest,
+        ]
+    }
+}
+
 /// The backward of [`render`] for a gradient `d_image` on its image.
 pub fn render_backward<F: Real>(
     scene: &Scene<F>,
