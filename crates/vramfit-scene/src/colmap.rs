@@ -91,7 +91,8 @@ fn model_folder(dir: &Path) -> Result<PathBuf, DatasetError> {
     }
     Err(DatasetError::Invalid(format!(
         "{}: no COLMAP text model (cameras.txt, images.txt, points3D.txt) in sparse/0/, sparse/ or the folder itself; \
-         a binary model (.bin) can be converted with `colmap model_converter --output_type TXT`",
+         a binary model (.bin) can be converted with `colmap model_converter --output_type TXT`; a NeRF-synthetic \
+         dataset has transforms_train.json",
         dir.display()
     )))
 }
@@ -289,7 +290,11 @@ pub fn read(dir: &Path) -> Result<Dataset, DatasetError> {
             points.push(Point { position, color });
         }
     }
-    Ok(Dataset { views, points })
+    Ok(Dataset {
+        views,
+        points,
+        held_out: None,
+    })
 }
 
 /// Writes `data` as a COLMAP text model in `dir/sparse/0/` with its images

@@ -38,12 +38,21 @@ pub struct Dataset {
     /// The sparse points (may be empty: Gaussians then start at random
     /// inside the cameras' bounds).
     pub points: Vec<Point>,
+    /// The held-out views, where the dataset names them (NeRF-synthetic's
+    /// test frames); `None`: every 8th view.
+    pub held_out: Option<Vec<usize>>,
 }
 
 impl Dataset {
     /// Indices of the training views and of the held-out views.
     pub fn split(&self) -> (Vec<usize>, Vec<usize>) {
-        (0..self.views.len()).partition(|i| i % HOLD_OUT_EVERY != 0)
+        match &self.held_out {
+            Some(held) => (
+                (0..self.views.len()).filter(|i| !held.contains(i)).collect(),
+                held.clone(),
+            ),
+            None => (0..self.views.len()).partition(|i| i % HOLD_OUT_EVERY != 0),
+        }
     }
 }
 

@@ -27,7 +27,8 @@ pub const BUILTIN: &str = "builtin";
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct SceneConfig {
-    /// A COLMAP text dataset's folder, or `builtin`.
+    /// A COLMAP text dataset's folder, a NeRF-synthetic one (with
+    /// `transforms_train.json`), or `builtin`.
     pub dataset: String,
     /// The built-in scene's views, image width and height, sparse points.
     pub views: usize,
@@ -139,7 +140,11 @@ impl SceneConfig {
                 points: self.points,
             }));
         }
-        Ok(crate::colmap::read(Path::new(&self.dataset))?)
+        let dir = Path::new(&self.dataset);
+        if dir.join("transforms_train.json").is_file() {
+            return Ok(crate::nerf::read(dir)?);
+        }
+        Ok(crate::colmap::read(dir)?)
     }
 
     fn settings(&self) -> Settings {

@@ -13,6 +13,7 @@ pub mod cpu;
 pub mod dataset;
 pub mod densify;
 pub mod job;
+pub mod nerf;
 pub mod params;
 pub mod ply;
 pub mod synthetic;

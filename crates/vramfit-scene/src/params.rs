@@ -4,7 +4,7 @@
 
 use crate::cpu::render::Scene;
 use crate::cpu::sh::{MAX_DEGREE, coefficients};
-use crate::dataset::{Dataset, DatasetError};
+use crate::dataset::{Dataset, DatasetError, Point};
 
 /// The parameter groups' names, as memory reports and checkpoints name them.
 pub const GROUPS: [&str; 6] = ["means", "log_scales", "rotations", "opacity", "sh_dc", "sh_rest"];
@@ -13,6 +13,66 @@ pub const GROUPS: [&str; 6] = ["means", "log_scales", "rotations", "opacity", "s
 pub const INITIAL_OPACITY: f32 = 0.1;
 /// SH degree-0 constant: a coefficient `c` gives colour `C0 · c + 0.5`.
 const C0: f32 = 0.282_094_8;
+
+/// Points seeded at random where a dataset has none (NeRF-synthetic).
+pub const RANDOM_POINTS: usize = 10_000;
+
+/// `count` grey points, uniform in a cube around the point the cameras
+/// look at (least squares over their optical axes), of half-side a third
+/// of the cameras' mean distance to it: where the scene must be.
+fn random_points(data: &Dataset, count: usize) -> Result<Vec<Point>, DatasetError> {
+    let cameras: Vec<&crate::cpu::camera::Camera> = data.views.iter().map(|v| &v.camera).collect();
+    // Σ (I − d dᵀ) p = Σ (I − d dᵀ) c over the axes (centre c, direction d).
+    let (mut a, mut b) = ([[0.0f64; 3]; 3], [0.0f64; 3]);
+    for cam in &cameras {
+        let (c, d) = (cam.center(), cam.rotation[2]);
+        for i in 0..3 {
+            for j in 0..3 {
+                let m = f64::from(i == j) - d[i] * d[j];
+                a[i][j] += m;
+                b[i] += m * c[j];
+            }
+        }
+    }
+    let det = |m: &[[f64; 3]; 3]| {
+        m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0])
+    };
+    let d = det(&a);
+    if cameras.len() < 2 || d.abs() < 1e-9 {
+        return Err(DatasetError::Invalid(
+            "no sparse points, and the cameras do not look at a common place to seed Gaussians around".into(),
+        ));
+    }
+    // Cramer's rule.
+    let target: [f64; 3] = std::array::from_fn(|k| {
+        let mut m = a;
+        for i in 0..3 {
+            m[i][k] = b[i];
+        }
+        det(&m) / d
+    });
+    let mean_distance = cameras
+        .iter()
+        .map(|c| (0..3).map(|i| (c.center()[i] - target[i]).powi(2)).sum::<f64>().sqrt())
+        .sum::<f64>()
+        / cameras.len() as f64;
+    let half = mean_distance / 3.0;
+    let mut state = 0x5EED_u64;
+    let mut uniform = || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    };
+    Ok((0..count)
+        .map(|_| Point {
+            position: std::array::from_fn(|i| target[i] + half * (2.0 * uniform() - 1.0)),
+            color: [128; 3],
+        })
+        .collect())
+}
 
 /// The Gaussians as parameter arrays (the groups of [`Scene`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -34,7 +94,9 @@ pub struct Params {
 }
 
 impl Params {
-    /// Gaussians seeded from the sparse points of `data`: at each point,
+    /// Gaussians seeded from the sparse points of `data` (a dataset without
+    /// any, NeRF-synthetic's, gets [`RANDOM_POINTS`] grey ones at random
+    /// where its cameras look): at each point,
     /// its colour, round with the scale of the mean distance to its three
     /// nearest neighbours, opacity [`INITIAL_OPACITY`].
     /// At most `cap` of them: when the dataset has more points, an evenly
@@ -48,7 +110,13 @@ impl Params {
         if cap == 0 {
             return Err(DatasetError::Invalid("the cap on Gaussians must be at least 1".into()));
         }
-        let all = &data.points;
+        let random;
+        let all = if data.points.is_empty() {
+            random = random_points(data, cap.min(RANDOM_POINTS))?;
+            &random
+        } else {
+            &data.points
+        };
         let points: Vec<crate::dataset::Point> = if all.len() > cap {
             (0..cap).map(|k| all[k * all.len() / cap]).collect()
         } else {

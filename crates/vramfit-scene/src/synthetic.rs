@@ -267,5 +267,6 @@ pub fn dataset(spec: &Spec) -> Dataset {
     Dataset {
         views,
         points: points(spec.points, &texture),
+        held_out: None,
     }
 }

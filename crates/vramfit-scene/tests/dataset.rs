@@ -153,3 +153,89 @@ fn bad_datasets_are_refused_with_what_is_wrong() {
     let e = error(&tmp.path().join("nothing-here"));
     assert!(e.contains("no COLMAP text model"), "{e}");
 }
+
+/// Writes `data` in the NeRF-synthetic layout: the first `train` views in
+/// transforms_train.json, the rest in transforms_test.json, RGBA PNGs.
+fn write_nerf(dir: &Path, data: &Dataset, train: usize) {
+    std::fs::create_dir_all(dir.join("images")).unwrap();
+    let frames = |range: std::ops::Range<usize>| -> Vec<serde_json::Value> {
+        range
+            .map(|i| {
+                let v = &data.views[i];
+                let (r, c) = (&v.camera.rotation, v.camera.center());
+                // COLMAP's world-to-camera → OpenGL camera-to-world (y and z flipped).
+                let m: Vec<Vec<f64>> = (0..3)
+                    .map(|k| vec![r[0][k], -r[1][k], -r[2][k], c[k]])
+                    .chain([vec![0.0, 0.0, 0.0, 1.0]])
+                    .collect();
+                let name = format!("images/{}", v.name.trim_end_matches(".png"));
+                let rgba: Vec<u8> = v
+                    .image
+                    .chunks(3)
+                    .flat_map(|p| [p[0], p[1], p[2], 1.0].map(|x| (x * 255.0).round() as u8))
+                    .collect();
+                image::RgbaImage::from_raw(v.camera.width as u32, v.camera.height as u32, rgba)
+                    .unwrap()
+                    .save(dir.join(format!("{name}.png")))
+                    .unwrap();
+                serde_json::json!({ "file_path": name, "transform_matrix": m })
+            })
+            .collect()
+    };
+    let c = &data.views[0].camera;
+    let fov = 2.0 * (c.width as f64 / (2.0 * c.fx)).atan();
+    for (file, range) in [
+        ("transforms_train.json", 0..train),
+        ("transforms_test.json", train..data.views.len()),
+    ] {
+        let json = serde_json::json!({ "camera_angle_x": fov, "frames": frames(range) });
+        std::fs::write(dir.join(file), serde_json::to_vec_pretty(&json).unwrap()).unwrap();
+    }
+}
+
+#[test]
+fn a_nerf_synthetic_dataset_loads_and_seeds_where_the_cameras_look() {
+    let tmp = tempfile::tempdir().unwrap();
+    let written = dataset(&small());
+    write_nerf(tmp.path(), &written, 6);
+    let read = vramfit_scene::nerf::read(tmp.path()).unwrap();
+    assert_eq!(read.views.len(), 9);
+    assert!(read.points.is_empty());
+    for (r, w) in read.views.iter().zip(&written.views) {
+        let (rc, wc) = (&r.camera, &w.camera);
+        assert!((rc.fx - wc.fx).abs() < 1e-9 && (rc.cx - wc.cx).abs() < 1e-12);
+        for i in 0..3 {
+            assert!((rc.translation[i] - wc.translation[i]).abs() < 1e-9);
+            for k in 0..3 {
+                assert!((rc.rotation[i][k] - wc.rotation[i][k]).abs() < 1e-9);
+            }
+        }
+        let worst = r
+            .image
+            .iter()
+            .zip(&w.image)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(worst <= 0.5 / 255.0 + 1e-6, "{worst}");
+    }
+    assert_eq!(read.split().1, vec![6, 7, 8], "the test frames are held out");
+    // No points: Gaussians at random around where the cameras look (the
+    // built-in cameras aim at (0, 0, 0.35)).
+    let p = vramfit_scene::params::Params::from_points(&read, 3, 500).unwrap();
+    assert_eq!(p.len(), 500);
+    let mean: Vec<f32> = (0..3)
+        .map(|k| p.means.iter().skip(k).step_by(3).sum::<f32>() / 500.0)
+        .collect();
+    assert!(
+        (mean[0].abs() < 0.15) && (mean[1].abs() < 0.15) && ((mean[2] - 0.35).abs() < 0.15),
+        "{mean:?}"
+    );
+    // A dataset without frames is refused.
+    std::fs::write(
+        tmp.path().join("transforms_test.json"),
+        r#"{"camera_angle_x": 0.8, "frames": []}"#,
+    )
+    .unwrap();
+    let e = vramfit_scene::nerf::read(tmp.path()).unwrap_err().to_string();
+    assert!(e.contains("transforms_test.json") && e.contains("no frames"), "{e}");
+}

@@ -1,0 +1,130 @@
+//! The NeRF-synthetic layout: `transforms_train.json` and
+//! `transforms_test.json` beside the images, each with `camera_angle_x`
+//! (the horizontal field of view) and `frames` of `file_path` (without its
+//! `.png`) and a 4×4 camera-to-world `transform_matrix` in OpenGL's axes
+//! (y up, z backwards: flipped here to COLMAP's y down, z forwards). The
+//! images are RGBA, composited over black; the test frames are the
+//! held-out views. There are no sparse points: the Gaussians start at
+//! random inside the cameras' bounds ([`crate::params`]).
+
+use std::path::Path;
+
+use crate::cpu::camera::Camera;
+use crate::dataset::{Dataset, DatasetError, View};
+
+fn bad(path: &Path, why: impl Into<String>) -> DatasetError {
+    DatasetError::Invalid(format!("{}: {}", path.display(), why.into()))
+}
+
+/// The frames of one `transforms_*.json`.
+fn frames(dir: &Path, file: &str) -> Result<Vec<View>, DatasetError> {
+    let path = dir.join(file);
+    let text = std::fs::read_to_string(&path).map_err(|e| DatasetError::File {
+        path: path.clone(),
+        why: e.to_string(),
+    })?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(&path, format!("not JSON: {e}")))?;
+    let fov = json["camera_angle_x"]
+        .as_f64()
+        .filter(|f| f.is_finite() && *f > 0.0 && *f < std::f64::consts::PI)
+        .ok_or_else(|| {
+            bad(
+                &path,
+                "camera_angle_x (the horizontal field of view, radians) is missing or not in (0, π)",
+            )
+        })?;
+    let list = json["frames"]
+        .as_array()
+        .filter(|f| !f.is_empty())
+        .ok_or_else(|| bad(&path, "no frames: `frames` must list the views"))?;
+    let mut views = Vec::with_capacity(list.len());
+    for (k, frame) in list.iter().enumerate() {
+        let name = frame["file_path"]
+            .as_str()
+            .ok_or_else(|| bad(&path, format!("frame {k} has no file_path")))?;
+        let m: Vec<Vec<f64>> = frame["transform_matrix"]
+            .as_array()
+            .map(|rows| {
+                rows.iter()
+                    .map(|r| {
+                        r.as_array()
+                            .map(|r| r.iter().filter_map(|v| v.as_f64()).collect())
+                            .unwrap_or_default()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if m.len() < 3
+            || m.iter()
+                .take(3)
+                .any(|r| r.len() != 4 || r.iter().any(|v| !v.is_finite()))
+        {
+            return Err(bad(
+                &path,
+                format!("frame {k}: transform_matrix must be 4×4 finite numbers"),
+            ));
+        }
+        let file = dir.join(if Path::new(name).extension().is_some() {
+            name.to_string()
+        } else {
+            format!("{name}.png")
+        });
+        let image = image::open(&file).map_err(|e| DatasetError::File {
+            path: file.clone(),
+            why: format!("cannot read the image frame {k} names: {e}"),
+        })?;
+        let rgba = image.to_rgba32f();
+        let (width, height) = (rgba.width() as usize, rgba.height() as usize);
+        let pixels = rgba
+            .pixels()
+            .flat_map(|p| {
+                let [r, g, b, a] = p.0;
+                [r * a, g * a, b * a]
+            })
+            .collect();
+        // Camera-to-world in OpenGL axes → COLMAP's: flip the y and z axes.
+        let rot_c2w: [[f64; 3]; 3] = std::array::from_fn(|i| [m[i][0], -m[i][1], -m[i][2]]);
+        let centre = [m[0][3], m[1][3], m[2][3]];
+        let rotation: [[f64; 3]; 3] = std::array::from_fn(|i| std::array::from_fn(|j| rot_c2w[j][i]));
+        let translation = std::array::from_fn(|i| -(0..3).map(|j| rotation[i][j] * centre[j]).sum::<f64>());
+        let focal = 0.5 * width as f64 / (0.5 * fov).tan();
+        views.push(View {
+            name: name.to_string(),
+            camera: Camera {
+                width,
+                height,
+                fx: focal,
+                fy: focal,
+                cx: width as f64 / 2.0,
+                cy: height as f64 / 2.0,
+                rotation,
+                translation,
+            },
+            image: pixels,
+        });
+    }
+    Ok(views)
+}
+
+/// Reads a NeRF-synthetic dataset: the train frames, then the test frames
+/// (held out; a dataset without `transforms_test.json` holds out every
+/// 8th view).
+pub fn read(dir: &Path) -> Result<Dataset, DatasetError> {
+    if !dir.join("transforms_train.json").is_file() {
+        return Err(bad(dir, "no transforms_train.json: not a NeRF-synthetic dataset"));
+    }
+    let mut views = frames(dir, "transforms_train.json")?;
+    let held_out = if dir.join("transforms_test.json").is_file() {
+        let test = frames(dir, "transforms_test.json")?;
+        let first = views.len();
+        views.extend(test);
+        Some((first..views.len()).collect())
+    } else {
+        None
+    };
+    Ok(Dataset {
+        views,
+        points: Vec::new(),
+        held_out,
+    })
+}
