@@ -18,6 +18,9 @@ pub struct SceneArgs {
     /// Final SH degree, 0 to 3 (raised from 0 every sh_every steps).
     #[arg(long)]
     sh_degree: Option<usize>,
+    /// Each view at 1/K of its size (for large photographs).
+    #[arg(long, value_name = "K")]
+    downscale: Option<usize>,
     /// The most Gaussians the fit may hold: densification never exceeds it.
     #[arg(long, value_parser = crate::flags::parse_count::<usize>)]
     max_gaussians: Option<usize>,
@@ -31,7 +34,7 @@ pub struct SceneArgs {
     #[arg(long)]
     out: Option<PathBuf>,
     /// Continue the run in RUN_DIR from its last checkpoint.
-    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["dataset", "steps", "sh_degree", "max_gaussians", "config", "set", "out"])]
+    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["dataset", "steps", "sh_degree", "downscale", "max_gaussians", "config", "set", "out"])]
     resume: Option<PathBuf>,
     #[command(flatten)]
     device: crate::device::DeviceArg,
@@ -97,6 +100,7 @@ fn resolve(args: &SceneArgs) -> Result<SceneConfig> {
     c.steps = args.steps.unwrap_or(c.steps);
     c.sh_degree = args.sh_degree.unwrap_or(c.sh_degree);
     c.max_gaussians = args.max_gaussians.unwrap_or(c.max_gaussians);
+    c.downscale = args.downscale.unwrap_or(c.downscale);
     let c = vramfit::settings::apply_sets(&c.to_toml(), &args.set)?.unwrap_or(c);
     if c.dataset == BUILTIN && args.dataset.is_some() {
         bail!("'{BUILTIN}' names the built-in scene: give no dataset for it, or a folder's path");

@@ -44,6 +44,42 @@ pub struct Dataset {
 }
 
 impl Dataset {
+    /// Every view at `1/k` of its size (each pixel the mean of a `k × k`
+    /// block; the intrinsics scaled alike), for photographs larger than a
+    /// fit needs; `k = 1` leaves them as they are.
+    pub fn downscaled(mut self, k: usize) -> Result<Self, DatasetError> {
+        if k <= 1 {
+            return Ok(self);
+        }
+        for v in &mut self.views {
+            let (w, h) = (v.camera.width / k, v.camera.height / k);
+            if w < 8 || h < 8 {
+                return Err(DatasetError::Invalid(format!(
+                    "{}: {}x{} downscaled by {k} is {w}x{h}, below 8x8: give a smaller downscale",
+                    v.name, v.camera.width, v.camera.height
+                )));
+            }
+            let stride = v.camera.width;
+            let mut image = Vec::with_capacity(3 * w * h);
+            for y in 0..h {
+                for x in 0..w {
+                    for ch in 0..3 {
+                        let sum: f32 = (0..k)
+                            .flat_map(|dy| (0..k).map(move |dx| (dx, dy)))
+                            .map(|(dx, dy)| v.image[3 * ((y * k + dy) * stride + x * k + dx) + ch])
+                            .sum();
+                        image.push(sum / (k * k) as f32);
+                    }
+                }
+            }
+            let c = &mut v.camera;
+            let f = k as f64;
+            (c.width, c.height, c.fx, c.fy, c.cx, c.cy) = (w, h, c.fx / f, c.fy / f, c.cx / f, c.cy / f);
+            v.image = image;
+        }
+        Ok(self)
+    }
+
     /// Indices of the training views and of the held-out views.
     pub fn split(&self) -> (Vec<usize>, Vec<usize>) {
         match &self.held_out {

@@ -38,6 +38,8 @@ pub struct SceneConfig {
     pub height: usize,
     /// Built-in scene: sparse points.
     pub points: usize,
+    /// Each view at 1/downscale of its size (1: as it is).
+    pub downscale: usize,
     /// Optimiser steps (one view each).
     pub steps: u64,
     /// Final SH degree, 0–3.
@@ -76,6 +78,7 @@ impl Default for SceneConfig {
             width: spec.width,
             height: spec.height,
             points: spec.points,
+            downscale: 1,
             steps: 3_000,
             sh_degree: 3,
             sh_every: 500,
@@ -112,6 +115,9 @@ impl SceneConfig {
         if self.sh_degree > 3 {
             return bad("sh_degree", "must be 0, 1, 2 or 3");
         }
+        if self.downscale == 0 {
+            return bad("downscale", "must be at least 1 (1: the images as they are)");
+        }
         if self.max_gaussians == 0 {
             return bad("max_gaussians", "must be at least 1");
         }
@@ -130,21 +136,24 @@ impl SceneConfig {
         Ok(())
     }
 
-    /// The dataset these settings name.
+    /// The dataset these settings name, downscaled as they say.
     pub fn dataset(&self) -> Result<Dataset, SceneError> {
-        if self.dataset == BUILTIN {
-            return Ok(crate::synthetic::dataset(&Spec {
+        let data = if self.dataset == BUILTIN {
+            crate::synthetic::dataset(&Spec {
                 views: self.views,
                 width: self.width,
                 height: self.height,
                 points: self.points,
-            }));
-        }
-        let dir = Path::new(&self.dataset);
-        if dir.join("transforms_train.json").is_file() {
-            return Ok(crate::nerf::read(dir)?);
-        }
-        Ok(crate::colmap::read(dir)?)
+            })
+        } else {
+            let dir = Path::new(&self.dataset);
+            if dir.join("transforms_train.json").is_file() {
+                crate::nerf::read(dir)?
+            } else {
+                crate::colmap::read(dir)?
+            }
+        };
+        Ok(data.downscaled(self.downscale)?)
     }
 
     fn settings(&self) -> Settings {

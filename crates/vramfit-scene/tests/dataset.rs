@@ -239,3 +239,20 @@ fn a_nerf_synthetic_dataset_loads_and_seeds_where_the_cameras_look() {
     let e = vramfit_scene::nerf::read(tmp.path()).unwrap_err().to_string();
     assert!(e.contains("transforms_test.json") && e.contains("no frames"), "{e}");
 }
+
+#[test]
+fn downscaling_averages_blocks_and_scales_the_intrinsics() {
+    let data = dataset(&small());
+    let half = data.clone().downscaled(2).unwrap();
+    let (v, h) = (&data.views[4], &half.views[4]);
+    assert_eq!((h.camera.width, h.camera.height), (16, 12));
+    assert_eq!((h.camera.fx, h.camera.cx), (v.camera.fx / 2.0, v.camera.cx / 2.0));
+    assert_eq!(h.camera.rotation, v.camera.rotation, "the pose is unchanged");
+    // Pixel (3, 5), green: the mean of its 2×2 block.
+    let at = |img: &[f32], w: usize, x: usize, y: usize| img[3 * (y * w + x) + 1];
+    let want =
+        (at(&v.image, 32, 6, 10) + at(&v.image, 32, 7, 10) + at(&v.image, 32, 6, 11) + at(&v.image, 32, 7, 11)) / 4.0;
+    assert!((at(&h.image, 16, 3, 5) - want).abs() < 1e-6);
+    let e = data.downscaled(4).unwrap_err().to_string();
+    assert!(e.contains("below 8x8"), "{e}");
+}
