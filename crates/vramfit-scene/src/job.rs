@@ -61,6 +61,8 @@ pub struct SceneConfig {
     pub densify_grad_threshold: f32,
     /// Steps between opacity resets (0: none).
     pub opacity_reset_every: u64,
+    /// Steps between frames of the first held-out view in `frames/` (0: none).
+    pub frame_every: u64,
     /// Steps between metric lines.
     pub log_every: u64,
     /// Steps between checkpoints (0: none).
@@ -89,6 +91,7 @@ impl Default for SceneConfig {
             densify_every: 100,
             densify_grad_threshold: 2e-4,
             opacity_reset_every: 1_000,
+            frame_every: 250,
             log_every: 50,
             checkpoint_every: 500,
             profile_every: 100,
@@ -323,11 +326,21 @@ impl Workload for SceneJob {
         let mut metrics = serde_json::Map::new();
         metrics.insert("sh_degree".into(), json!(self.fit.active_degree(self.fit.step)));
         metrics.insert("gaussians".into(), json!(self.fit.params.len()));
+        let step = self.fit.step;
+        let mut files = Vec::new();
+        if self.config.frame_every > 0 && (step.is_multiple_of(self.config.frame_every) || step == self.config.steps) {
+            let (_, held) = self.fit.data().split();
+            if let Some(&view) = held.first() {
+                let png = self.fit.render_view(view).map_err(SceneError::Setting)?;
+                files.push((format!("frames/step-{step:08}.png"), png));
+            }
+        }
         Ok(StepRecord {
             step: self.fit.step,
             loss,
             metrics,
             status: format!("loss {loss:.4}"),
+            files,
             ..Default::default()
         })
     }

@@ -360,6 +360,14 @@ impl Fit {
         }
     }
 
+    /// View `index` rendered by the current Gaussians, as PNG bytes.
+    pub fn render_view(&self, index: usize) -> Result<Vec<u8>, String> {
+        let v = &self.data.views[index];
+        let image = render(&self.params.scene(), &v.camera, self.settings.background).image;
+        let rgb = vramfit_splat::picture::to_rgb8(v.camera.width, v.camera.height, &image);
+        vramfit_splat::picture::encode_png(&rgb).map_err(|e| e.to_string())
+    }
+
     /// Mean PSNR over the held-out views (the training views when none is held out).
     pub fn held_out_psnr(&self) -> f64 {
         let views = if self.held_out.is_empty() {

@@ -26,6 +26,7 @@ fn config() -> SceneConfig {
         densify_grad_threshold: 1e-6,
         opacity_reset_every: 0,
         max_gaussians: 260,
+        frame_every: 30,
         ..SceneConfig::default()
     }
 }
@@ -55,6 +56,8 @@ fn a_scene_fit_runs_states_its_psnr_and_resumes_exactly() {
         memory.contains("sh_rest") && memory.contains("sh_dc"),
         "groups named in the report"
     );
+    let frames = std::fs::read_dir(whole.join("frames")).unwrap().count();
+    assert!(frames >= 1, "frames of a held-out view");
     let ply = std::fs::read(whole.join("gaussians.ply")).unwrap();
     let header_end = ply.windows(11).position(|w| w == b"end_header\n").unwrap() + 11;
     // x y z, nx ny nz, 3 dc, 45 rest, opacity, 3 scales, 4 rotations: 62 floats.
