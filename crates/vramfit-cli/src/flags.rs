@@ -46,7 +46,7 @@ pub struct TrainSettings {
     #[arg(long)]
     allocator_cleanup: Option<String>,
     /// Seed of the weights.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_count::<u64>)]
     seed: Option<u64>,
     /// Override one setting, KEY=VALUE (dotted keys reach tables: model.width=128) (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -109,7 +109,7 @@ pub struct FitSettings {
     #[arg(long, value_parser = parse_count::<u64>)]
     steps: Option<u64>,
     /// Seed of every random choice.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_count::<u64>)]
     seed: Option<u64>,
     /// TOML file of settings (keys as in a run's config.toml); flags override it.
     #[arg(long)]
@@ -149,7 +149,10 @@ pub fn apply_sets(c: FitConfig, sets: &[String]) -> Result<FitConfig> {
 /// in front of the message; the settings' checks bound it further).
 pub fn parse_count<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
     let t = s.trim().replace('_', "");
-    let too_large = || format!("'{s}' is too large for a count (at most {})", u64::MAX);
+    // Settings files (TOML) hold signed 64-bit integers: a larger value
+    // could not be written into the run's config.toml.
+    const MOST: u64 = i64::MAX as u64;
+    let too_large = || format!("'{s}' is too large: at most {MOST}");
     let value = match t.parse::<u64>() {
         Ok(v) => v,
         Err(_) => match t.parse::<f64>() {
@@ -162,5 +165,8 @@ pub fn parse_count<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
             _ => return Err(format!("'{s}' is not a whole number; write e.g. 20000 or 2e4")),
         },
     };
+    if value > MOST {
+        return Err(too_large());
+    }
     T::try_from(value).map_err(|_| too_large())
 }

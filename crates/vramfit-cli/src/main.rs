@@ -130,10 +130,41 @@ pub(crate) fn parse_size(s: &str) -> Result<(u32, u32), String> {
 
 fn main() {
     keep_freed_pages();
-    if let Err(e) = run(Cli::parse()) {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
+    // A closed or full stdout (`vramfit … | head -1`, `> /dev/full`) makes
+    // `println!` panic; by then the work is done and its files written.
+    // Say so in one line instead of a panic (exit 101).
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if stdout_failure(info.payload()).is_none() {
+            default_hook(info);
+        }
+    }));
+    let cli = Cli::parse();
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli))) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
+        Err(payload) => match stdout_failure(payload.as_ref()) {
+            // The reader went away (`| head`): what it wanted, it has.
+            Some(why) if why.contains("Broken pipe") => std::process::exit(0),
+            Some(why) => {
+                eprintln!("error: cannot write to standard output ({why}); the command's files are written");
+                std::process::exit(1);
+            }
+            None => std::panic::resume_unwind(payload),
+        },
     }
+}
+
+/// The reason in a panic raised by a failed write to stdout (`println!`).
+fn stdout_failure(payload: &(dyn std::any::Any + Send)) -> Option<String> {
+    let text = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())?;
+    text.strip_prefix("failed printing to stdout: ").map(str::to_string)
 }
 
 fn run(cli: Cli) -> Result<()> {

@@ -1151,3 +1151,49 @@ fn scene_fits_a_sampled_dataset_and_refuses_bad_input() {
     );
     assert!(!dir.join("bad").exists());
 }
+
+/// A full or closed stdout ends the command without a panic, its files
+/// written; numbers that a settings file cannot hold are refused up front.
+#[test]
+fn a_full_or_closed_stdout_and_huge_numbers_do_not_panic() {
+    use std::process::Stdio;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let o = vramfit()
+        .args(["sample", "--size", "32x32", "a.png"])
+        .current_dir(dir)
+        .stdout(Stdio::from(full))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("cannot write to standard output") && !stderr(&o).contains("panicked"));
+    assert!(dir.join("a.png").is_file(), "the work is saved");
+    // The reader closes before the command prints (the image takes a while).
+    let mut child = vramfit()
+        .args(["sample", "--size", "2500x2500", "b.png"])
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    assert!(o.status.success() && !stderr(&o).contains("panicked"), "{}", stderr(&o));
+    assert!(dir.join("b.png").is_file());
+    let huge: [&[&str]; 4] = [
+        &["fit", "--seed", "18446744073709551615"],
+        &["fit", "--steps", "1e19"],
+        &["fit", "--gaussians", "1e19"],
+        &["train", "transformer", "--seed", "9223372036854775808"],
+    ];
+    for args in huge {
+        let o = run(args, dir);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("too large: at most 9223372036854775807"),
+            "{}",
+            stderr(&o)
+        );
+    }
+}
