@@ -86,20 +86,9 @@ fn frames(dir: &Path, file: &str) -> Result<Vec<View>, DatasetError> {
         let rot_c2w: [[f64; 3]; 3] = std::array::from_fn(|i| [m[i][0], -m[i][1], -m[i][2]]);
         let centre = [m[0][3], m[1][3], m[2][3]];
         let rotation: [[f64; 3]; 3] = std::array::from_fn(|i| std::array::from_fn(|j| rot_c2w[j][i]));
-        let translation = std::array::from_fn(|i| -(0..3).map(|j| rotation[i][j] * centre[j]).sum::<f64>());
-        let focal = 0.5 * width as f64 / (0.5 * fov).tan();
         views.push(View {
             name: name.to_string(),
-            camera: Camera {
-                width,
-                height,
-                fx: focal,
-                fy: focal,
-                cx: width as f64 / 2.0,
-                cy: height as f64 / 2.0,
-                rotation,
-                translation,
-            },
+            camera: Camera::centred(width, height, fov, rotation, centre),
             image: pixels,
         });
     }

@@ -72,12 +72,7 @@ fn a_colmap_dataset_reads_back_as_written() {
                 );
             }
         }
-        let worst = r
-            .image
-            .iter()
-            .zip(&w.image)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
+        let worst = largest_difference(&r.image, &w.image);
         assert!(worst <= 0.5 / 255.0 + 1e-6, "{}: 8-bit rounding only, {worst}", r.name);
     }
     assert_eq!(read.points.len(), written.points.len());
@@ -88,6 +83,11 @@ fn a_colmap_dataset_reads_back_as_written() {
     let (train, held) = read.split();
     assert_eq!(held, vec![0, 8], "every 8th view, from the first");
     assert_eq!(train.len(), 7);
+}
+
+/// The largest difference between two images' values.
+fn largest_difference(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 fn edit(path: &Path, from: &str, to: &str) {
@@ -210,12 +210,7 @@ fn a_nerf_synthetic_dataset_loads_and_seeds_where_the_cameras_look() {
                 assert!((rc.rotation[i][k] - wc.rotation[i][k]).abs() < 1e-9);
             }
         }
-        let worst = r
-            .image
-            .iter()
-            .zip(&w.image)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
+        let worst = largest_difference(&r.image, &w.image);
         assert!(worst <= 0.5 / 255.0 + 1e-6, "{worst}");
     }
     assert_eq!(read.split().1, vec![6, 7, 8], "the test frames are held out");

@@ -51,8 +51,14 @@ impl Camera {
         // Image y points down (≈ −up) and x × y = z: x = down × forward.
         let right = unit(cross([-up[0], -up[1], -up[2]], forward));
         let down = cross(forward, right);
-        let rotation = [right, down, forward];
-        let translation = std::array::from_fn(|i| -(0..3).map(|j| rotation[i][j] * eye[j]).sum::<f64>());
+        Self::centred(width, height, fov_x, [right, down, forward], eye)
+    }
+
+    /// A camera with square pixels and the principal point at the image's
+    /// centre, horizontal field of view `fov_x` (radians), world-to-camera
+    /// `rotation` and centre `centre` in the world.
+    pub fn centred(width: usize, height: usize, fov_x: f64, rotation: [[f64; 3]; 3], centre: [f64; 3]) -> Self {
+        let translation = std::array::from_fn(|i| -(0..3).map(|j| rotation[i][j] * centre[j]).sum::<f64>());
         let f = width as f64 / (2.0 * (fov_x / 2.0).tan());
         Self {
             width,
