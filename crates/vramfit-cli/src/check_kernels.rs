@@ -24,21 +24,25 @@ pub fn run(device: &str, large: bool, out: Option<std::path::PathBuf>) -> Result
 mod kernel_check {
     use anyhow::{Result, anyhow, bail};
     use cubecl::Runtime;
-    use vramfit_splat::gpu::check::{large_cases, run_case, standard_cases};
+    use vramfit_scene::gpu::check as scene;
+    use vramfit_splat::gpu::check as image;
 
     pub fn run<R: Runtime>(large: bool, out: Option<std::path::PathBuf>) -> Result<()> {
         let client = R::client(&Default::default());
-        let mut cases = standard_cases();
+        let mut cases = image::standard_cases();
+        let mut scene_cases = scene::standard_cases();
         if large {
-            cases.extend(large_cases());
+            cases.extend(image::large_cases());
+            scene_cases.extend(scene::large_cases());
         }
+        println!("The image fit's kernels (2D Gaussians):\n");
         println!(
             "| size | Gaussians | band rows | forward max abs | loss rel | grad rel (xy, inv_scale, theta, color) | pass |"
         );
         println!("|---|---|---|---|---|---|---|");
         let mut reports = Vec::new();
         for c in &cases {
-            let r = run_case(&client, c).map_err(|e| anyhow!("device failure: {e}"))?;
+            let r = image::run_case(&client, c).map_err(|e| anyhow!("device failure: {e}"))?;
             println!(
                 "| {}×{} | {} | {} | {:.1e} | {:.1e} | {:.1e}, {:.1e}, {:.1e}, {:.1e} | {} |",
                 c.width,
@@ -55,14 +59,41 @@ mod kernel_check {
             );
             reports.push(r);
         }
+        println!("\nThe scene renderer's kernels (3D Gaussians, SH):\n");
+        println!(
+            "| size | Gaussians | SH degree | intersections (GPU, CPU) | forward max abs | values off by > 1e-4 | grad rel (means, log_scales, rotations, opacity, sh_dc, sh_rest, screen) | pass |"
+        );
+        println!("|---|---|---|---|---|---|---|---|");
+        let mut scene_reports = Vec::new();
+        for c in &scene_cases {
+            let r = scene::run_case::<R>(&Default::default(), c).map_err(|e| anyhow!("device failure: {e}"))?;
+            let grads: Vec<String> = r.grad_rel.iter().map(|g| format!("{g:.1e}")).collect();
+            println!(
+                "| {}×{} | {} | {} | {}, {} | {:.1e} | {} | {} | {} |",
+                c.width,
+                c.height,
+                c.gaussians,
+                c.degree,
+                r.intersections[0],
+                r.intersections[1],
+                r.forward_max_abs,
+                r.forward_values_over_1e4,
+                grads.join(", "),
+                if r.passes() { "yes" } else { "NO" }
+            );
+            scene_reports.push(r);
+        }
         if let Some(path) = out {
-            vramfit::run::atomic_write(&path, serde_json::to_string_pretty(&reports)?.as_bytes())?;
+            let json = serde_json::json!({ "image": reports, "scene": scene_reports });
+            vramfit::run::atomic_write(&path, serde_json::to_string_pretty(&json)?.as_bytes())?;
         }
-        let failed = reports.iter().filter(|r| !r.passes()).count();
+        let total = reports.len() + scene_reports.len();
+        let failed =
+            reports.iter().filter(|r| !r.passes()).count() + scene_reports.iter().filter(|r| !r.passes()).count();
         if failed > 0 {
-            bail!("{failed} of {} cases outside tolerance", reports.len());
+            bail!("{failed} of {total} cases outside tolerance");
         }
-        println!("all {} cases within tolerance", reports.len());
+        println!("\nall {total} cases within tolerance");
         Ok(())
     }
 }

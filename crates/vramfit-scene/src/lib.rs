@@ -12,6 +12,8 @@ pub mod colmap;
 pub mod cpu;
 pub mod dataset;
 pub mod densify;
+#[cfg(feature = "gpu")]
+pub mod gpu;
 pub mod job;
 pub mod nerf;
 pub mod params;

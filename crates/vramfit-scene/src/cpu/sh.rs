@@ -16,16 +16,20 @@ pub fn coefficients(degree: usize) -> usize {
     (degree + 1) * (degree + 1)
 }
 
-const C0: f64 = 0.282_094_791_773_878_14;
-const C1: f64 = 0.488_602_511_902_919_9;
-const C2: [f64; 5] = [
+/// The degree-0 normalisation.
+pub const C0: f64 = 0.282_094_791_773_878_14;
+/// The degree-1 normalisation.
+pub const C1: f64 = 0.488_602_511_902_919_9;
+/// The degree-2 normalisations.
+pub const C2: [f64; 5] = [
     1.092_548_430_592_079_2,
     -1.092_548_430_592_079_2,
     0.315_391_565_252_520_05,
     -1.092_548_430_592_079_2,
     0.546_274_215_296_039_6,
 ];
-const C3: [f64; 7] = [
+/// The degree-3 normalisations.
+pub const C3: [f64; 7] = [
     -0.590_043_589_926_643_5,
     2.890_611_442_640_554,
     -0.457_045_799_464_465_8,

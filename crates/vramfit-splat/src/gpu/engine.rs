@@ -92,7 +92,7 @@ fn as_u32_bytes(v: &[u32]) -> &[u8] {
 }
 
 /// Launch grid for `elems` units of [`UNITS`] per cube.
-fn grid(elems: usize) -> CubeCount {
+pub fn grid(elems: usize) -> CubeCount {
     let cubes = elems.div_ceil(UNITS as usize).max(1);
     if cubes <= MAX_CUBES_X {
         CubeCount::Static(cubes as u32, 1, 1)
@@ -108,7 +108,8 @@ fn cubes_of(count: &CubeCount) -> usize {
     }
 }
 
-fn dim() -> CubeDim {
+/// A 1-D cube of [`UNITS`] units.
+pub fn dim() -> CubeDim {
     CubeDim::new_1d(UNITS)
 }
 

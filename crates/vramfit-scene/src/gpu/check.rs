@@ -1,0 +1,217 @@
+//! The scene renderer's kernels against the CPU twin on random scenes:
+//! the image, every parameter group's gradient and the screen means'
+//! gradient, in f32 on both sides. Run by the wgpu test in CI and by
+//! `vramfit check-kernels` on the GPU machine.
+
+use cubecl::prelude::*;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+use super::engine::Renderer;
+use crate::cpu::camera::Camera;
+use crate::cpu::render::{Scene, render, render_backward};
+use crate::cpu::sh::coefficients;
+
+/// One random problem.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Case {
+    /// Image width.
+    pub width: usize,
+    /// Image height.
+    pub height: usize,
+    /// Gaussians.
+    pub gaussians: usize,
+    /// SH degree.
+    pub degree: usize,
+    /// Seed of the scene and of the image gradient.
+    pub seed: u64,
+}
+
+/// How the GPU compared with the CPU twin on one case.
+#[derive(Debug, Clone, Serialize)]
+pub struct CaseReport {
+    /// The case.
+    pub case: Case,
+    /// Tile intersections on the GPU and on the CPU.
+    pub intersections: [usize; 2],
+    /// Largest |GPU − CPU| of the image.
+    pub forward_max_abs: f64,
+    /// Image values differing by more than 1e-4.
+    pub forward_values_over_1e4: usize,
+    /// max |GPU − CPU| / max |CPU| per group (means, log_scales, rotations,
+    /// opacity_logits, sh_dc, sh_rest), then the screen means.
+    pub grad_rel: [f64; 7],
+    /// True when any GPU output was NaN or infinite.
+    pub non_finite: bool,
+}
+
+impl CaseReport {
+    /// True when the GPU agrees with the CPU within the check's tolerances.
+    ///
+    /// Both sides compute in f32, but `exp` and the order of additions
+    /// differ between devices by an ulp or so, which can flip one of the
+    /// renderer's discrete decisions at a pixel (an α crossing 1/255, the
+    /// transmittance crossing 10⁻⁴, a radius crossing a tile edge). Where no
+    /// image value differs by more than 1e-4, no flip happened and every
+    /// gradient must agree to 1e-4 of its group's largest; where some did,
+    /// at most one value in 1,000 may, by at most 0.02 (one α of 1/255 on a
+    /// colour of up to about 4), and the gradients to 1e-2.
+    pub fn passes(&self) -> bool {
+        let [gpu, cpu] = self.intersections;
+        let values = 3 * self.case.width * self.case.height;
+        let flips = self.forward_values_over_1e4;
+        let grad_tolerance = if flips == 0 { 1e-4 } else { 1e-2 };
+        !self.non_finite
+            && gpu.abs_diff(cpu) <= cpu / 1000
+            && flips <= 3 + values / 1000
+            && self.forward_max_abs < 0.02
+            && self.grad_rel.iter().all(|r| *r < grad_tolerance)
+    }
+}
+
+/// The cases the check runs: every SH degree, sizes that are and are not
+/// tile multiples, a few Gaussians to a few thousand (long tile lists, so
+/// the depth sort runs many stages).
+pub fn standard_cases() -> Vec<Case> {
+    let c = |width, height, gaussians, degree, seed| Case {
+        width,
+        height,
+        gaussians,
+        degree,
+        seed,
+    };
+    vec![
+        c(16, 16, 6, 0, 1),
+        c(40, 28, 30, 1, 2),
+        c(61, 47, 200, 2, 3),
+        c(64, 48, 400, 3, 4),
+        c(97, 80, 2000, 3, 5),
+    ]
+}
+
+/// Image-sized cases (`check-kernels --large`).
+pub fn large_cases() -> Vec<Case> {
+    vec![
+        Case {
+            width: 640,
+            height: 480,
+            gaussians: 20_000,
+            degree: 3,
+            seed: 11,
+        },
+        Case {
+            width: 1297,
+            height: 731,
+            gaussians: 100_000,
+            degree: 3,
+            seed: 12,
+        },
+    ]
+}
+
+/// The camera of every case: looking at the origin from about 4 units.
+pub fn case_camera(case: &Case) -> Camera {
+    Camera::look_at(
+        [0.3, -4.0, 1.0],
+        [0.0; 3],
+        [0.0, 0.0, 1.0],
+        case.width,
+        case.height,
+        0.9,
+    )
+}
+
+/// A random scene around the origin (overlapping, rotated, anisotropic;
+/// some Gaussians behind the camera, some over the image's edges) as the
+/// six groups in [`Scene`]'s order.
+pub fn random_scene(case: &Case) -> [Vec<f32>; 6] {
+    let mut rng = ChaCha8Rng::seed_from_u64(case.seed);
+    let n = case.gaussians;
+    let rest = 3 * (coefficients(case.degree) - 1);
+    let mut means: Vec<f32> = (0..3 * n).map(|_| rng.random_range(-1.6..1.6)).collect();
+    // Behind the camera (it sits at y = −4 looking along +y), every 50th.
+    for i in (0..n).step_by(50) {
+        means[3 * i + 1] = -6.0;
+    }
+    // Smaller Gaussians in larger scenes keep the tile lists in proportion.
+    let shrink = (n as f32 / 30.0).max(1.0).log10() * 0.5;
+    let log_scales = (0..3 * n).map(|_| rng.random_range(-2.6..-1.4) - shrink).collect();
+    let rotations = (0..4 * n).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let opacity = (0..n).map(|_| rng.random_range(-2.0..4.0)).collect();
+    let dc = (0..3 * n).map(|_| rng.random_range(-1.0..1.5)).collect();
+    let sh_rest = (0..rest * n).map(|_| rng.random_range(-0.4..0.4)).collect();
+    [means, log_scales, rotations, opacity, dc, sh_rest]
+}
+
+/// The groups as a [`Scene`].
+pub fn scene<'a>(p: &'a [Vec<f32>; 6], degree: usize) -> Scene<'a, f32> {
+    Scene {
+        means: &p[0],
+        log_scales: &p[1],
+        rotations: &p[2],
+        opacity_logits: &p[3],
+        sh_dc: &p[4],
+        sh_rest: &p[5],
+        degree,
+    }
+}
+
+fn max_abs(v: &[f32]) -> f64 {
+    v.iter().fold(0.0f64, |m, x| m.max(x.abs() as f64))
+}
+
+fn rel(gpu: &[f32], cpu: &[f32]) -> f64 {
+    let diff = gpu
+        .iter()
+        .zip(cpu)
+        .fold(0.0f64, |m, (a, b)| m.max((*a as f64 - *b as f64).abs()));
+    if max_abs(cpu) == 0.0 { diff } else { diff / max_abs(cpu) }
+}
+
+/// Runs one case on `device` and compares with the CPU twin.
+pub fn run_case<R: Runtime>(device: &R::Device, case: &Case) -> Result<CaseReport, String> {
+    let params = random_scene(case);
+    let s = scene(&params, case.degree);
+    let camera = case_camera(case);
+    let background = [0.2, 0.1, 0.3];
+    let mut rng = ChaCha8Rng::seed_from_u64(case.seed ^ 0x5eed);
+    let d_image: Vec<f32> = (0..3 * case.width * case.height)
+        .map(|_| rng.random_range(-1.0..1.0))
+        .collect();
+
+    let cpu = render(&s, &camera, background);
+    let cpu_grads = render_backward(&s, &camera, background, &cpu, &d_image);
+
+    let renderer = Renderer::<R>::new(device);
+    let buffers = renderer.upload(&s);
+    let drawn = renderer.render(&buffers, &camera, background)?;
+    let intersections = drawn.intersections;
+    drop(drawn);
+    let (image, grads) = renderer.render_and_backward_host(&s, &camera, background, &d_image)?;
+
+    let cpu_groups = cpu_grads.groups();
+    let gpu_groups = grads.groups();
+    let mut grad_rel = [0.0; 7];
+    for g in 0..6 {
+        grad_rel[g] = rel(gpu_groups[g], cpu_groups[g]);
+    }
+    grad_rel[6] = rel(&grads.screen_means, &cpu_grads.screen_means);
+    let diffs: Vec<f64> = image
+        .iter()
+        .zip(&cpu.image)
+        .map(|(a, b)| (*a as f64 - *b as f64).abs())
+        .collect();
+    let non_finite = image
+        .iter()
+        .chain(gpu_groups.iter().flat_map(|g| g.iter()))
+        .any(|v| !v.is_finite());
+    Ok(CaseReport {
+        case: *case,
+        intersections: [intersections, cpu.bins.intersections()],
+        forward_max_abs: diffs.iter().copied().fold(0.0, f64::max),
+        forward_values_over_1e4: diffs.iter().filter(|d| **d > 1e-4).count(),
+        grad_rel,
+        non_finite,
+    })
+}

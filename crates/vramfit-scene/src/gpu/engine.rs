@@ -1,0 +1,365 @@
+//! The renderer on a CubeCL runtime: the scene's parameter groups live in
+//! device buffers; a render projects every Gaussian, bins the tiles (the
+//! 2D fitter's kernels), orders each tile by depth and composites; the
+//! backward walks the same lists back to front into a per-Gaussian
+//! accumulator and chains it to the parameters.
+//!
+//! What a render keeps for its backward, and its size (`N` Gaussians, `P`
+//! pixels, `I` tile intersections, `T` tiles): the projected Gaussians
+//! (10 floats and a 4-int tile rectangle each: 56 N bytes), the tiles'
+//! offsets (4 (T + 1)), the sorted ids (4 I), and per pixel the final
+//! transmittance and the entries walked (8 P); the image itself is 12 P.
+//! The backward adds its accumulator (9 floats a Gaussian: 36 N) and the
+//! parameters' gradients. Nothing is kept per (pixel, Gaussian) pair.
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use vramfit_splat::gpu::engine::{dim, grid};
+use vramfit_splat::gpu::kernels::project::{count_pairs, exclusive_scan, scatter_pairs};
+
+use super::kernels::{self, PROJECTED, SCREEN_GRADS, UNITS, camera_array};
+use crate::cpu::camera::Camera;
+use crate::cpu::render::{Scene, SceneGrads};
+
+/// A device failure (out of memory, lost device), as the runtime said it.
+pub type DeviceError = String;
+
+/// The scene's parameter groups on the device, in [`Scene`]'s order.
+pub struct SceneBuffers {
+    /// means, log_scales, rotations, opacity_logits, sh_dc, sh_rest.
+    pub groups: [Handle; 6],
+    /// Gaussians.
+    pub n: usize,
+    /// SH degree.
+    pub degree: usize,
+}
+
+impl SceneBuffers {
+    /// Floats a Gaussian holds in each group.
+    pub fn widths(&self) -> [usize; 6] {
+        [3, 3, 4, 1, 3, 3 * (crate::cpu::sh::coefficients(self.degree) - 1)]
+    }
+}
+
+/// One rendered view on the device and what its backward needs.
+pub struct Drawn {
+    camera: Handle,
+    projected: Handle,
+    rect: Handle,
+    offsets: Handle,
+    ids: Handle,
+    /// The image, `[H, W, 3]`.
+    pub image: Handle,
+    final_t: Handle,
+    walked: Handle,
+    /// Tile intersections (entries of all the tiles' lists).
+    pub intersections: usize,
+    width: usize,
+    height: usize,
+    background: [f32; 3],
+}
+
+/// Renders scenes and their backward on one device.
+pub struct Renderer<R: Runtime> {
+    client: ComputeClient<R>,
+}
+
+fn array<R: Runtime>(h: &Handle, len: usize) -> ArrayArg<R> {
+    // SAFETY: every buffer here is allocated with at least `len` elements of
+    // the kernel's element type (f32 or u32, 4 bytes), and launches are checked.
+    unsafe { ArrayArg::from_raw_parts(h.clone(), len.max(1)) }
+}
+
+impl<R: Runtime> Renderer<R> {
+    /// A renderer on `device`.
+    pub fn new(device: &R::Device) -> Self {
+        Self {
+            client: R::client(device),
+        }
+    }
+
+    fn empty(&self, elems: usize) -> Handle {
+        self.client.empty(elems.max(1) * 4)
+    }
+
+    fn zeros_f32(&self, elems: usize) -> Handle {
+        let h = self.empty(elems);
+        vramfit_splat::gpu::kernels::fill_f32::launch::<R>(
+            &self.client,
+            grid(elems),
+            dim(),
+            array(&h, elems),
+            0.0,
+            elems as u32,
+        );
+        h
+    }
+
+    fn zeros_u32(&self, elems: usize) -> Handle {
+        let h = self.empty(elems);
+        vramfit_splat::gpu::kernels::fill_u32::launch::<R>(
+            &self.client,
+            grid(elems),
+            dim(),
+            array(&h, elems),
+            0,
+            elems as u32,
+        );
+        h
+    }
+
+    /// Uploads a host scene.
+    pub fn upload(&self, scene: &Scene<f32>) -> SceneBuffers {
+        let up = |v: &[f32]| {
+            if v.is_empty() {
+                self.empty(1)
+            } else {
+                self.client.create_from_slice(f32::as_bytes(v))
+            }
+        };
+        SceneBuffers {
+            groups: [
+                up(scene.means),
+                up(scene.log_scales),
+                up(scene.rotations),
+                up(scene.opacity_logits),
+                up(scene.sh_dc),
+                up(scene.sh_rest),
+            ],
+            n: scene.len(),
+            degree: scene.degree,
+        }
+    }
+
+    fn group(&self, s: &SceneBuffers, g: usize) -> ArrayArg<R> {
+        array(&s.groups[g], s.n * s.widths()[g])
+    }
+
+    /// Renders `s` through `camera` over `background`.
+    pub fn render(&self, s: &SceneBuffers, camera: &Camera, background: [f32; 3]) -> Result<Drawn, DeviceError> {
+        let n = s.n;
+        let (tiles_x, tiles_y) = camera.tiles();
+        let tiles = tiles_x * tiles_y;
+        let pixels = camera.width * camera.height;
+        let cam = self.client.create_from_slice(f32::as_bytes(&camera_array(camera)));
+        let projected = self.empty(PROJECTED as usize * n);
+        let rect = self.empty(4 * n);
+        kernels::project::project::launch::<R>(
+            &self.client,
+            grid(n),
+            dim(),
+            self.group(s, 0),
+            self.group(s, 1),
+            self.group(s, 2),
+            self.group(s, 3),
+            self.group(s, 4),
+            self.group(s, 5),
+            array(&cam, kernels::CAMERA),
+            array(&projected, PROJECTED as usize * n),
+            array(&rect, 4 * n),
+            n as u32,
+            tiles_x as u32,
+            tiles_y as u32,
+            s.degree as u32,
+        );
+        // Binning: count, scan, scatter (the 2D fitter's kernels, all tile rows).
+        let counts = self.zeros_u32(tiles);
+        count_pairs::launch::<R>(
+            &self.client,
+            grid(n),
+            dim(),
+            array(&rect, 4 * n),
+            array(&counts, tiles),
+            n as u32,
+            tiles_x as u32,
+            0,
+            tiles_y as u32,
+        );
+        let offsets = self.empty(tiles + 1);
+        exclusive_scan::launch::<R>(
+            &self.client,
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_1d(UNITS),
+            array(&counts, tiles),
+            array(&offsets, tiles + 1),
+            tiles as u32,
+        );
+        let read = self.client.read_one(offsets.clone()).map_err(|e| e.to_string())?;
+        let intersections = u32::from_bytes(&read)[tiles] as usize;
+        let ids = self.empty(intersections);
+        let fill = self.zeros_u32(tiles);
+        scatter_pairs::launch::<R>(
+            &self.client,
+            grid(n),
+            dim(),
+            array(&rect, 4 * n),
+            array(&offsets, tiles + 1),
+            array(&fill, tiles),
+            array(&ids, intersections),
+            n as u32,
+            tiles_x as u32,
+            0,
+            tiles_y as u32,
+        );
+        let per_tile = CubeCount::Static(tiles_x as u32, tiles_y as u32, 1);
+        kernels::raster::sort_tiles::launch::<R>(
+            &self.client,
+            per_tile.clone(),
+            CubeDim::new_1d(UNITS),
+            array(&offsets, tiles + 1),
+            array(&ids, intersections),
+            array(&projected, PROJECTED as usize * n),
+            tiles_x as u32,
+        );
+        let image = self.empty(3 * pixels);
+        let final_t = self.empty(pixels);
+        let walked = self.empty(pixels);
+        kernels::raster::composite::launch::<R>(
+            &self.client,
+            per_tile,
+            CubeDim::new_1d(UNITS),
+            array(&offsets, tiles + 1),
+            array(&ids, intersections),
+            array(&projected, PROJECTED as usize * n),
+            array(&image, 3 * pixels),
+            array(&final_t, pixels),
+            array(&walked, pixels),
+            background[0],
+            background[1],
+            background[2],
+            camera.width as u32,
+            camera.height as u32,
+            tiles_x as u32,
+        );
+        Ok(Drawn {
+            camera: cam,
+            projected,
+            rect,
+            offsets,
+            ids,
+            image,
+            final_t,
+            walked,
+            intersections,
+            width: camera.width,
+            height: camera.height,
+            background,
+        })
+    }
+
+    /// The backward of `drawn` (a render of `s`) for `d_image` (`[H, W, 3]`
+    /// on the device): the gradients of the six groups, in [`Scene`]'s
+    /// order, and of the screen means (2 a Gaussian).
+    pub fn backward(&self, s: &SceneBuffers, drawn: &Drawn, d_image: &Handle) -> ([Handle; 6], Handle) {
+        let n = s.n;
+        let pixels = drawn.width * drawn.height;
+        let tiles_x = drawn.width.div_ceil(kernels::TILE as usize);
+        let tiles_y = drawn.height.div_ceil(kernels::TILE as usize);
+        let tiles = tiles_x * tiles_y;
+        let acc = self.zeros_f32(SCREEN_GRADS as usize * n);
+        kernels::raster::composite_backward::launch::<R>(
+            &self.client,
+            CubeCount::Static(tiles_x as u32, tiles_y as u32, 1),
+            CubeDim::new_1d(UNITS),
+            array(&drawn.offsets, tiles + 1),
+            array(&drawn.ids, drawn.intersections),
+            array(&drawn.projected, PROJECTED as usize * n),
+            array(&drawn.final_t, pixels),
+            array(&drawn.walked, pixels),
+            array(d_image, 3 * pixels),
+            array(&acc, SCREEN_GRADS as usize * n),
+            drawn.background[0],
+            drawn.background[1],
+            drawn.background[2],
+            drawn.width as u32,
+            drawn.height as u32,
+            tiles_x as u32,
+        );
+        let widths = s.widths();
+        let grads: [Handle; 6] = std::array::from_fn(|g| self.empty(n * widths[g]));
+        let screen = self.empty(2 * n);
+        let out = |g: usize| array::<R>(&grads[g], n * widths[g]);
+        kernels::project::project_backward::launch::<R>(
+            &self.client,
+            grid(n),
+            dim(),
+            self.group(s, 0),
+            self.group(s, 1),
+            self.group(s, 2),
+            self.group(s, 3),
+            self.group(s, 4),
+            self.group(s, 5),
+            array(&drawn.camera, kernels::CAMERA),
+            array(&drawn.rect, 4 * n),
+            array(&acc, SCREEN_GRADS as usize * n),
+            out(0),
+            out(1),
+            out(2),
+            out(3),
+            out(4),
+            out(5),
+            array(&screen, 2 * n),
+            n as u32,
+            s.degree as u32,
+        );
+        (grads, screen)
+    }
+
+    /// Uploads host floats.
+    pub fn upload_f32(&self, v: &[f32]) -> Handle {
+        if v.is_empty() {
+            self.empty(1)
+        } else {
+            self.client.create_from_slice(f32::as_bytes(v))
+        }
+    }
+
+    /// Reads `len` floats of a buffer back to the host.
+    pub fn download(&self, h: &Handle, len: usize) -> Result<Vec<f32>, DeviceError> {
+        let bytes = self.client.read_one(h.clone()).map_err(|e| e.to_string())?;
+        let mut v = f32::from_bytes(&bytes).to_vec();
+        v.truncate(len);
+        Ok(v)
+    }
+
+    /// Renders a host scene and reads the image back.
+    pub fn render_host(
+        &self,
+        scene: &Scene<f32>,
+        camera: &Camera,
+        background: [f32; 3],
+    ) -> Result<Vec<f32>, DeviceError> {
+        let s = self.upload(scene);
+        let drawn = self.render(&s, camera, background)?;
+        self.download(&drawn.image, 3 * camera.width * camera.height)
+    }
+
+    /// Renders a host scene, runs the backward for the host `d_image`, and
+    /// reads the image and every gradient back.
+    pub fn render_and_backward_host(
+        &self,
+        scene: &Scene<f32>,
+        camera: &Camera,
+        background: [f32; 3],
+        d_image: &[f32],
+    ) -> Result<(Vec<f32>, SceneGrads<f32>), DeviceError> {
+        let s = self.upload(scene);
+        let drawn = self.render(&s, camera, background)?;
+        let d = self.upload_f32(d_image);
+        let (g, screen) = self.backward(&s, &drawn, &d);
+        let widths = s.widths();
+        let get = |i: usize| self.download(&g[i], s.n * widths[i]);
+        Ok((
+            self.download(&drawn.image, 3 * camera.width * camera.height)?,
+            SceneGrads {
+                means: get(0)?,
+                log_scales: get(1)?,
+                rotations: get(2)?,
+                opacity_logits: get(3)?,
+                sh_dc: get(4)?,
+                sh_rest: get(5)?,
+                screen_means: self.download(&screen, 2 * s.n)?,
+            },
+        ))
+    }
+}

@@ -1,0 +1,11 @@
+//! The GPU path of the renderer: CubeCL kernels ([`kernels`]), twins of
+//! [`crate::cpu`] stage by stage, put together by [`engine::Renderer`]
+//! (generic over CubeCL runtimes: CUDA in production, wgpu so that the
+//! check against the twin runs on a software Vulkan device in CI), and the
+//! check itself ([`check`]).
+
+pub mod check;
+pub mod engine;
+pub mod kernels;
+
+pub use engine::{DeviceError, Drawn, Renderer, SceneBuffers};
