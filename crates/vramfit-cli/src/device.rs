@@ -92,6 +92,36 @@ pub fn on_splat_device<W: OnSplatBackend>(device: &str, work: W) -> Result<W::Ou
     dispatch!(device, work)
 }
 
+/// Where a scene fit runs for `--device`: the scene's state lives in the
+/// renderer's own CubeCL buffers, not in Burn tensors, so it has this
+/// dispatch of its own (the same devices, the same allocator reading).
+pub fn scene_placement(device: &str) -> Result<vramfit_scene::job::Placement> {
+    match device {
+        "cpu" => Ok(vramfit_scene::job::Placement::cpu()),
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            let d: <burn::backend::Cuda as burn::tensor::backend::Backend>::Device = Default::default();
+            let memory = d.clone();
+            Ok(vramfit_scene::gpu::fit::placement::<cubecl::cuda::CudaRuntime>(
+                &d,
+                "cuda:0",
+                move || <burn::backend::Cuda as DeviceMemory>::memory_source(&memory),
+            ))
+        }
+        #[cfg(feature = "wgpu")]
+        "wgpu" => {
+            let d: <vramfit::backends::Wgpu as burn::tensor::backend::Backend>::Device = Default::default();
+            let memory = d.clone();
+            Ok(vramfit_scene::gpu::fit::placement::<cubecl::wgpu::WgpuRuntime>(
+                &d,
+                "wgpu, default adapter",
+                move || <vramfit::backends::Wgpu as DeviceMemory>::memory_source(&memory),
+            ))
+        }
+        other => Err(unavailable(other)),
+    }
+}
+
 fn rayon_threads() -> usize {
     std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
 }

@@ -1,6 +1,7 @@
 //! `vramfit scene [DATASET]`: a 3D Gaussian scene (SH colour) fitted to a
 //! COLMAP text dataset's views, or to the built-in scene, through the run
-//! driver; new or resumed. The CPU twin runs it (the GPU kernels are next).
+//! driver; new or resumed; on the renderer's CPU twin or, with its state in
+//! device buffers, on its CubeCL kernels (`--device wgpu|cuda`).
 
 use std::path::PathBuf;
 
@@ -41,17 +42,12 @@ pub struct SceneArgs {
 }
 
 pub fn run(args: SceneArgs) -> Result<()> {
-    if args.device.name != "cpu" {
-        bail!(
-            "the scene workload runs on the CPU so far (its renderer's CPU twin); its GPU kernels come next: give \
-             --device cpu"
-        );
-    }
+    let placement = crate::device::scene_placement(&args.device.name)?;
     let start = match &args.resume {
         Some(dir) => Start::Resume(dir.clone()),
         None => Start::New(resolve(&args)?, crate::run_path(&args.out, "scene")),
     };
-    let (run, job) = launch(start, "cpu (the scene renderer's CPU twin)")?;
+    let (run, job) = launch(start, placement)?;
     let dir = run.dir().root().to_path_buf();
     let Some(summary) = run.drive(job, crate::runs::progress())? else {
         bail!("the run stopped before its end")

@@ -1143,9 +1143,9 @@ fn scene_fits_a_sampled_dataset_and_refuses_bad_input() {
         stderr(&o)
     );
     assert!(!dir.join("bad").exists(), "no run directory for a refused dataset");
-    let o = run(&["scene", "data", "--device", "wgpu", "--out", "bad"], dir);
+    let o = run(&["scene", "data", "--device", "tpu", "--out", "bad"], dir);
     assert!(
-        !o.status.success() && stderr(&o).contains("--device cpu"),
+        !o.status.success() && stderr(&o).contains("unknown --device 'tpu'"),
         "{}",
         stderr(&o)
     );

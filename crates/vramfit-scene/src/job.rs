@@ -16,7 +16,7 @@ use vramfit::step::StepObserver;
 use crate::dataset::{Dataset, DatasetError};
 use crate::densify::{Densify, Stats};
 use crate::synthetic::{SKY, Spec};
-use crate::train::{Fit, GROUPS, LearningRates, Settings};
+use crate::train::{Fit, GROUPS, LearningRates, SceneDevice, Settings, State};
 
 const CHECKPOINT_KIND: &str = "vramfit.scene.checkpoint";
 
@@ -198,6 +198,30 @@ pub enum SceneError {
     /// A checkpoint that does not fit this fit.
     #[error("checkpoint does not match the scene: {0}")]
     Checkpoint(String),
+    /// The device running the fit failed (out of memory, lost device).
+    #[error("device: {0}")]
+    Device(String),
+}
+
+/// Where a scene fit runs: the CPU twin, or a device holding its state.
+pub struct Placement {
+    /// The device running the steps (`None`: the CPU twin).
+    pub device: Option<Box<dyn SceneDevice>>,
+    /// The profiler's reading of where the fit's memory lives.
+    pub memory: Box<dyn Fn() -> Box<dyn MemorySource>>,
+    /// What runs it, for reports.
+    pub name: String,
+}
+
+impl Placement {
+    /// The CPU twin: the arrays live on the process heap.
+    pub fn cpu() -> Self {
+        Self {
+            device: None,
+            memory: Box::new(HeapSource::if_installed),
+            name: "cpu (the scene renderer's CPU twin)".into(),
+        }
+    }
 }
 
 /// A scene fit's fields of `summary.json`.
@@ -227,18 +251,23 @@ pub struct SceneJob {
     config: SceneConfig,
     fit: Fit,
     initial_psnr: f64,
+    memory: Box<dyn Fn() -> Box<dyn MemorySource>>,
 }
 
 impl SceneJob {
     /// Reads the dataset and seeds the Gaussians.
-    pub fn new(config: SceneConfig) -> Result<Self, SceneError> {
+    pub fn new(config: SceneConfig, placement: Placement) -> Result<Self, SceneError> {
         config.check()?;
-        let fit = Fit::new(config.dataset()?, config.settings())?;
-        let initial_psnr = fit.held_out_psnr();
+        let mut fit = Fit::new(config.dataset()?, config.settings())?;
+        if let Some(device) = placement.device {
+            fit = fit.on_device(device).map_err(SceneError::Device)?;
+        }
+        let initial_psnr = fit.held_out_psnr().map_err(SceneError::Device)?;
         Ok(Self {
             config,
             fit,
             initial_psnr,
+            memory: placement.memory,
         })
     }
 
@@ -246,10 +275,23 @@ impl SceneJob {
     pub fn fit(&self) -> &Fit {
         &self.fit
     }
+
+    /// Floats a Gaussian holds in each group (the SH rest at the final degree).
+    fn widths(&self) -> [usize; 6] {
+        [
+            3,
+            3,
+            4,
+            1,
+            3,
+            3 * (crate::cpu::sh::coefficients(self.config.sh_degree) - 1),
+        ]
+    }
 }
 
 /// Starts a new scene fit, or opens a run directory to resume it.
-pub fn launch(start: Start<SceneConfig>, device_name: &str) -> Result<(Run, SceneJob), SceneError> {
+pub fn launch(start: Start<SceneConfig>, placement: Placement) -> Result<(Run, SceneJob), SceneError> {
+    let device_name = placement.name.clone();
     match start {
         Start::New(mut config, out) => {
             // An absolute dataset path, so that `--resume` works from any directory.
@@ -258,14 +300,14 @@ pub fn launch(start: Start<SceneConfig>, device_name: &str) -> Result<(Run, Scen
             {
                 config.dataset = abs.display().to_string();
             }
-            let job = SceneJob::new(config)?;
-            let run = Run::create(&out, &job.config.to_toml(), device_name)?;
+            let job = SceneJob::new(config, placement)?;
+            let run = Run::create(&out, &job.config.to_toml(), &device_name)?;
             Ok((run, job))
         }
         Start::Resume(dir) => {
-            let (run, text) = Run::open(&dir, device_name)?;
+            let (run, text) = Run::open(&dir, &device_name)?;
             let config = SceneConfig::from_toml(&text, &PathBuf::from(&dir).join("config.toml"))?;
-            Ok((run, SceneJob::new(config)?))
+            Ok((run, SceneJob::new(config, placement)?))
         }
     }
 }
@@ -290,8 +332,7 @@ impl Workload for SceneJob {
         }
     }
     fn memory_source(&self) -> Box<dyn MemorySource> {
-        // The CPU twin's arrays live on the process heap.
-        HeapSource::if_installed()
+        (self.memory)()
     }
     fn steps_done(&self) -> u64 {
         self.fit.step
@@ -300,7 +341,18 @@ impl Workload for SceneJob {
         self.config.steps
     }
     fn accounted(&self) -> Accounted {
-        let params: usize = self.fit.params.groups().iter().map(|g| g.len()).sum();
+        if let Some([parameters, gradients, optimizer_state, workspace]) = self.fit.device_bytes() {
+            // The views stay on the host; the loss reads them there.
+            return Accounted {
+                parameters,
+                gradients,
+                optimizer_state,
+                inputs: 0,
+                workspace,
+                activations: None,
+            };
+        }
+        let params = self.fit.len() * self.widths().iter().sum::<usize>();
         let images: usize = self.fit.data().views.iter().map(|v| v.image.len()).sum();
         Accounted {
             parameters: bytes(params),
@@ -312,20 +364,23 @@ impl Workload for SceneJob {
         }
     }
     fn step(&mut self, observer: &mut dyn StepObserver) -> Result<StepRecord, SceneError> {
-        let grads = self.fit.forward_backward();
+        self.fit.forward_backward().map_err(SceneError::Device)?;
         let held = self.accounted();
         let with_grads = Accounted {
             gradients: held.parameters,
             ..held
         };
         observer.phase("forward_backward", None, &|| with_grads);
-        self.fit.optimize(&grads);
-        drop(grads);
+        self.fit.optimize().map_err(SceneError::Device)?;
+        let held = Accounted {
+            gradients: 0,
+            ..self.accounted()
+        };
         observer.phase("optimizer", None, &|| held);
         let loss = self.fit.last_loss as f64;
         let mut metrics = serde_json::Map::new();
         metrics.insert("sh_degree".into(), json!(self.fit.active_degree(self.fit.step)));
-        metrics.insert("gaussians".into(), json!(self.fit.params.len()));
+        metrics.insert("gaussians".into(), json!(self.fit.len()));
         let step = self.fit.step;
         let mut files = Vec::new();
         if self.config.frame_every > 0 && (step.is_multiple_of(self.config.frame_every) || step == self.config.steps) {
@@ -346,12 +401,13 @@ impl Workload for SceneJob {
     }
     fn snapshot(&self) -> Result<ArrayFile, SceneError> {
         let mut file = ArrayFile::new(CHECKPOINT_KIND, json!({ "step": self.fit.step }));
-        for ((name, group), (m, v)) in GROUPS.iter().zip(self.fit.params.groups()).zip(self.fit.moments()) {
+        let state = self.fit.state().map_err(SceneError::Device)?;
+        for ((name, group), (m, v)) in GROUPS.iter().zip(state.params.groups()).zip(&state.moments) {
             file.insert(&format!("param/{name}"), vec![group.len()], group.clone());
             file.insert(&format!("adam_m/{name}"), vec![m.len()], m.to_vec());
             file.insert(&format!("adam_v/{name}"), vec![v.len()], v.to_vec());
         }
-        let s = &self.fit.stats;
+        let s = &state.stats;
         for (name, values) in [("grad", &s.grad), ("seen", &s.seen), ("max_radius", &s.max_radius)] {
             file.insert(&format!("densify/{name}"), vec![values.len()], values.clone());
         }
@@ -363,7 +419,7 @@ impl Workload for SceneJob {
                 .map(<[f32]>::to_vec)
                 .ok_or_else(|| SceneError::Checkpoint(format!("{key} is missing")))
         };
-        let mut params = self.fit.params.clone();
+        let mut params = self.fit.params().map_err(SceneError::Device)?.clone();
         let mut moments = Vec::new();
         for (name, group) in GROUPS.iter().zip(params.groups_mut()) {
             *group = get(format!("param/{name}"))?;
@@ -376,25 +432,27 @@ impl Workload for SceneJob {
         };
         let step = file.meta.get("step").and_then(|s| s.as_u64()).unwrap_or(0);
         self.fit
-            .restore(params, moments, stats, step)
+            .restore(State { params, moments, stats }, step)
             .map_err(SceneError::Checkpoint)
     }
     fn tensors(&self) -> Vec<NamedTensor> {
+        let n = self.fit.len();
         let mut out: Vec<NamedTensor> = GROUPS
             .iter()
-            .zip(self.fit.params.groups())
-            .map(|(name, g)| NamedTensor::new(*name, bytes(g.len()), Category::Parameters))
+            .zip(self.widths())
+            .map(|(name, w)| NamedTensor::new(*name, bytes(n * w), Category::Parameters))
             .collect();
         out.sort_by_key(|t| std::cmp::Reverse(t.bytes));
         out
     }
     fn finish(&mut self, _: &RunStats) -> Result<Finished<SceneSummary>, SceneError> {
         let (train, held) = self.fit.data().split();
+        let params = self.fit.params().map_err(SceneError::Device)?;
         let summary = SceneSummary {
-            held_out_psnr_db: self.fit.held_out_psnr(),
+            held_out_psnr_db: self.fit.held_out_psnr().map_err(SceneError::Device)?,
             initial_psnr_db: self.initial_psnr,
             views: [train.len(), held.len()],
-            gaussians: self.fit.params.len(),
+            gaussians: params.len(),
             densified: {
                 let d = &self.fit.densified;
                 [d.cloned, d.split, d.pruned, d.capped]
@@ -402,14 +460,14 @@ impl Workload for SceneJob {
             sh_degree: self.config.sh_degree,
             parameter_bytes: GROUPS
                 .iter()
-                .zip(self.fit.params.groups())
+                .zip(params.groups())
                 .map(|(n, g)| (n.to_string(), json!(bytes(g.len()))))
                 .collect(),
             final_loss: self.fit.last_loss as f64,
         };
         Ok(Finished {
             summary,
-            files: vec![("gaussians.ply".into(), crate::ply::encode(&self.fit.params))],
+            files: vec![("gaussians.ply".into(), crate::ply::encode(&params))],
         })
     }
 }

@@ -8,6 +8,8 @@
 //! a band not yet active is zero and receives no update, which renders
 //! exactly as the lower degree does.
 
+use std::cell::{Cell, Ref, RefCell};
+
 use vramfit_splat::cpu::ssim::ssim_and_backward;
 
 use crate::cpu::camera::Camera;
@@ -82,11 +84,63 @@ impl Default for Settings {
     }
 }
 
-/// Adam's moments for one group.
+/// A fit's state between steps, on the host: the parameters, Adam's first
+/// and second moments (group by group in [`GROUPS`]' order) and what
+/// densification reads.
 #[derive(Debug, Clone, PartialEq)]
-struct Moments {
-    m: Vec<f32>,
-    v: Vec<f32>,
+pub struct State {
+    /// The parameters.
+    pub params: Params,
+    /// Adam's (m, v) per group.
+    pub moments: Vec<(Vec<f32>, Vec<f32>)>,
+    /// Densification's statistics since the last densification.
+    pub stats: Stats,
+}
+
+/// A device that holds a fit's state between steps and runs its steps (the
+/// CubeCL renderer: `crate::gpu::fit`). The host copy in [`Fit`] is then
+/// brought up to date only when something reads it.
+pub trait SceneDevice {
+    /// What the device is, for reports.
+    fn name(&self) -> String;
+    /// Replaces the device's state with `state`.
+    fn load(&mut self, state: &State) -> Result<(), String>;
+    /// Copies the device's state into `state`.
+    fn store(&self, state: &mut State) -> Result<(), String>;
+    /// The image of the current Gaussians through `camera`.
+    fn render(&self, camera: &Camera, background: [f32; 3]) -> Result<Vec<f32>, String>;
+    /// Renders one view, computes the loss against `target` and keeps every
+    /// parameter's gradient; adds densification's statistics when `stats`.
+    /// Returns the loss.
+    fn forward_backward(
+        &mut self,
+        camera: &Camera,
+        background: [f32; 3],
+        target: &[f32],
+        stats: bool,
+    ) -> Result<f32, String>;
+    /// One Adam step on every group with the kept gradients (`rates` per
+    /// group, bias corrections `c1`, `c2`; SH rest values at or past
+    /// `active_rest` of each Gaussian's take no gradient).
+    fn optimize(&mut self, rates: [f32; 6], c1: f32, c2: f32, active_rest: usize) -> Result<(), String>;
+    /// Device bytes held now by each category: parameters, gradients,
+    /// optimizer state, workspace (the render's buffers).
+    fn held_bytes(&self) -> [u64; 4];
+}
+
+/// The loss `(1 − λ) L1 + λ (1 − SSIM)` of `image` against `target`
+/// (`[H, W, 3]`) and its gradient with respect to `image`.
+pub fn loss_and_gradient(image: &[f32], target: &[f32], width: usize, height: usize) -> (f32, Vec<f32>) {
+    let n = image.len() as f32;
+    let (ssim, d_ssim) = ssim_and_backward(image, target, height, width, 3, -LAMBDA_SSIM);
+    let l1: f32 = image.iter().zip(target).map(|(x, y)| (x - y).abs()).sum::<f32>() / n;
+    let d_image = image
+        .iter()
+        .zip(target)
+        .zip(&d_ssim)
+        .map(|((x, y), s)| (1.0 - LAMBDA_SSIM) * (x - y).signum() / n + s)
+        .collect();
+    ((1.0 - LAMBDA_SSIM) * l1 + LAMBDA_SSIM * (1.0 - ssim), d_image)
 }
 
 /// The scene's extent: 1.1 × the largest distance of a training camera's
@@ -102,23 +156,25 @@ pub fn extent(cameras: &[&Camera]) -> f32 {
     (1.1 * far.max(1e-6)) as f32
 }
 
-/// A fit in progress: the dataset, the parameters, their Adam state and
-/// the step.
+/// A fit in progress: the dataset, the state (on the host, or on a device
+/// with a host copy kept up to date on demand) and the step.
 pub struct Fit {
     data: Dataset,
     settings: Settings,
     train: Vec<usize>,
     held_out: Vec<usize>,
     extent: f32,
-    /// The parameters.
-    pub params: Params,
-    moments: Vec<Moments>,
+    state: RefCell<State>,
+    device: Option<Box<dyn SceneDevice>>,
+    /// The host copy is behind the device's state.
+    stale: Cell<bool>,
+    /// The CPU path's gradients between the two halves of a step.
+    grads: Option<SceneGrads<f32>>,
+    gaussians: usize,
     /// Steps done.
     pub step: u64,
     /// The loss of the last step.
     pub last_loss: f32,
-    /// What densification reads, since the last one.
-    pub stats: Stats,
     /// What densification has done over the fit (this session).
     pub densified: Report,
 }
@@ -130,7 +186,7 @@ pub fn psnr(x: &[f32], y: &[f32]) -> f64 {
 }
 
 impl Fit {
-    /// A fit of `data` seeded from its sparse points.
+    /// A fit of `data` seeded from its sparse points, on the CPU.
     pub fn new(data: Dataset, settings: Settings) -> Result<Self, DatasetError> {
         let params = Params::from_points(&data, settings.sh_degree, settings.densify.max_gaussians)?;
         let (train, held_out) = data.split();
@@ -145,10 +201,7 @@ impl Fit {
         let moments = params
             .groups()
             .iter()
-            .map(|g| Moments {
-                m: vec![0.0; g.len()],
-                v: vec![0.0; g.len()],
-            })
+            .map(|g| (vec![0.0; g.len()], vec![0.0; g.len()]))
             .collect();
         Ok(Self {
             extent,
@@ -156,13 +209,70 @@ impl Fit {
             settings,
             train,
             held_out,
-            params,
-            moments,
+            state: RefCell::new(State {
+                params,
+                moments,
+                stats: Stats::new(n),
+            }),
+            device: None,
+            stale: Cell::new(false),
+            grads: None,
+            gaussians: n,
             step: 0,
             last_loss: f32::NAN,
-            stats: Stats::new(n),
             densified: Report::default(),
         })
+    }
+
+    /// Moves the fit's state to `device`, which runs its steps from now on.
+    pub fn on_device(mut self, mut device: Box<dyn SceneDevice>) -> Result<Self, String> {
+        self.sync()?;
+        device.load(&self.state.borrow())?;
+        self.device = Some(device);
+        Ok(self)
+    }
+
+    /// The device running the steps (`None`: the CPU twin).
+    pub fn device_name(&self) -> Option<String> {
+        self.device.as_ref().map(|d| d.name())
+    }
+
+    /// Device bytes by category (parameters, gradients, optimizer state,
+    /// workspace) when a device runs the fit.
+    pub fn device_bytes(&self) -> Option<[u64; 4]> {
+        self.device.as_ref().map(|d| d.held_bytes())
+    }
+
+    /// Brings the host copy up to date with the device.
+    fn sync(&self) -> Result<(), String> {
+        if self.stale.get()
+            && let Some(d) = &self.device
+        {
+            d.store(&mut self.state.borrow_mut())?;
+            self.stale.set(false);
+        }
+        Ok(())
+    }
+
+    /// The state (read from the device first when one runs the fit).
+    pub fn state(&self) -> Result<Ref<'_, State>, String> {
+        self.sync()?;
+        Ok(self.state.borrow())
+    }
+
+    /// The parameters (read from the device first when one runs the fit).
+    pub fn params(&self) -> Result<Ref<'_, Params>, String> {
+        Ok(Ref::map(self.state()?, |s| &s.params))
+    }
+
+    /// Gaussians now.
+    pub fn len(&self) -> usize {
+        self.gaussians
+    }
+
+    /// True when no Gaussian is left.
+    pub fn is_empty(&self) -> bool {
+        self.gaussians == 0
     }
 
     /// The SH degree in use at step `step` (1-based).
@@ -172,83 +282,106 @@ impl Fit {
     }
 
     /// One step on the next training view; returns the loss.
-    pub fn step(&mut self) -> f32 {
-        let grads = self.forward_backward();
-        self.optimize(&grads);
-        self.last_loss
+    pub fn step(&mut self) -> Result<f32, String> {
+        self.forward_backward()?;
+        self.optimize()?;
+        Ok(self.last_loss)
     }
 
     /// The first half of a step: render the next training view, the loss
-    /// and every parameter's gradient (the step counter advances).
-    pub fn forward_backward(&mut self) -> SceneGrads<f32> {
+    /// and every parameter's gradient, kept for [`Fit::optimize`] (the
+    /// step counter advances).
+    pub fn forward_backward(&mut self) -> Result<(), String> {
         self.step += 1;
         let view = &self.data.views[self.train[(self.step as usize - 1) % self.train.len()]];
         let camera = &view.camera;
         let background = self.settings.background;
-        let scene = self.params.scene();
+        let stats = self.step < self.settings.densify.until;
+        if let Some(device) = &mut self.device {
+            self.last_loss = device.forward_backward(camera, background, &view.image, stats)?;
+            self.stale.set(true);
+            return Ok(());
+        }
+        let state = &mut *self.state.borrow_mut();
+        let scene = state.params.scene();
         let rendered = render(&scene, camera, background);
-        let n = rendered.image.len() as f32;
-        let (h, w) = (camera.height, camera.width);
-        let (ssim, d_ssim) = ssim_and_backward(&rendered.image, &view.image, h, w, 3, -LAMBDA_SSIM);
-        let l1: f32 = rendered
-            .image
-            .iter()
-            .zip(&view.image)
-            .map(|(x, y)| (x - y).abs())
-            .sum::<f32>()
-            / n;
-        let d_image: Vec<f32> = rendered
-            .image
-            .iter()
-            .zip(&view.image)
-            .zip(&d_ssim)
-            .map(|((x, y), s)| (1.0 - LAMBDA_SSIM) * (x - y).signum() / n + s)
-            .collect();
+        let (loss, d_image) = loss_and_gradient(&rendered.image, &view.image, camera.width, camera.height);
         let mut grads = render_backward(&scene, camera, background, &rendered, &d_image);
-        if self.step < self.settings.densify.until {
+        if stats {
             for (i, p) in rendered.projected.iter().enumerate() {
                 if let Some(p) = p {
                     let g = [grads.screen_means[2 * i], grads.screen_means[2 * i + 1]];
-                    self.stats.add(i, g, p.radius as f32, w, h);
+                    state.stats.add(i, g, p.radius as f32, camera.width, camera.height);
                 }
             }
         }
-        self.mask_inactive_bands(&mut grads);
-        self.last_loss = (1.0 - LAMBDA_SSIM) * l1 + LAMBDA_SSIM * (1.0 - ssim);
-        grads
+        mask_inactive_bands(&mut grads.sh_rest, self.rest_active(), state.params.widths()[5]);
+        self.grads = Some(grads);
+        self.last_loss = loss;
+        Ok(())
+    }
+
+    /// SH rest values of a Gaussian in use at the current step.
+    fn rest_active(&self) -> usize {
+        3 * (coefficients(self.active_degree(self.step)) - 1)
     }
 
     /// The second half: Adam on every group, then densification and the
     /// opacity reset when their step has come.
-    pub fn optimize(&mut self, grads: &SceneGrads<f32>) {
-        self.adam(grads);
+    pub fn optimize(&mut self) -> Result<(), String> {
+        const BETA1: f32 = 0.9;
+        const BETA2: f32 = 0.999;
+        let lr = self.settings.lr;
+        let t = (self.step as f32 / self.settings.steps.max(1) as f32).min(1.0);
+        let means_lr = (lr.means.ln() * (1.0 - t) + lr.means_final.ln() * t).exp() * self.extent;
+        let rates = [means_lr, lr.log_scales, lr.rotations, lr.opacity, lr.sh_dc, lr.sh_rest];
+        let (c1, c2) = (1.0 - BETA1.powi(self.step as i32), 1.0 - BETA2.powi(self.step as i32));
+        let active = self.rest_active();
+        if let Some(device) = &mut self.device {
+            device.optimize(rates, c1, c2, active)?;
+        } else {
+            let grads = self.grads.take().ok_or("optimize before forward_backward")?;
+            adam(&mut self.state.borrow_mut(), &grads, rates, c1, c2);
+        }
         let (d, step) = (self.settings.densify, self.step);
-        if step >= d.from && step < d.until && d.every > 0 && step.is_multiple_of(d.every) {
-            self.densify(step > d.reset_every && d.reset_every > 0);
+        let densify = step >= d.from && step < d.until && d.every > 0 && step.is_multiple_of(d.every);
+        let reset = d.reset_every > 0 && step < d.until && step.is_multiple_of(d.reset_every);
+        if densify || reset {
+            self.sync()?;
+            if densify {
+                self.densify(step > d.reset_every && d.reset_every > 0);
+            }
+            if reset {
+                reset_opacity(&mut self.state.borrow_mut());
+            }
+            if let Some(device) = &mut self.device {
+                device.load(&self.state.borrow())?;
+            }
         }
-        if d.reset_every > 0 && step < d.until && step.is_multiple_of(d.reset_every) {
-            self.reset_opacity();
-        }
+        Ok(())
     }
 
-    /// Grows and prunes the Gaussians ([`crate::densify`]); the moments of
-    /// new ones start at zero, the statistics start over.
+    /// Grows and prunes the Gaussians ([`crate::densify`]) on the host
+    /// copy; the moments of new ones start at zero, the statistics start
+    /// over.
     fn densify(&mut self, prune_large: bool) {
+        let state = &mut *self.state.borrow_mut();
         let (rows, report) = plan(
-            &self.params,
-            &self.stats,
+            &state.params,
+            &state.stats,
             &self.settings.densify,
             self.extent,
             prune_large,
         );
-        self.params = apply_params(&self.params, &rows, self.step);
-        let widths = self.params.widths();
-        for (m, width) in self.moments.iter_mut().zip(widths) {
+        state.params = apply_params(&state.params, &rows, self.step);
+        let widths = state.params.widths();
+        for ((m, v), width) in state.moments.iter_mut().zip(widths) {
             let fresh = |_: &[f32], _: usize, _: u8| Vec::new();
-            m.m = apply(&m.m, width, &rows, true, fresh);
-            m.v = apply(&m.v, width, &rows, true, fresh);
+            *m = apply(m, width, &rows, true, fresh);
+            *v = apply(v, width, &rows, true, fresh);
         }
-        self.stats = Stats::new(rows.len());
+        state.stats = Stats::new(rows.len());
+        self.gaussians = rows.len();
         let t = &mut self.densified;
         (t.cloned, t.split, t.pruned, t.capped) = (
             t.cloned + report.cloned,
@@ -262,17 +395,6 @@ impl Fit {
         );
     }
 
-    /// Opacities lowered to 0.01 (the larger ones), their moments cleared.
-    fn reset_opacity(&mut self) {
-        let ceiling = (0.01f32 / 0.99).ln();
-        for v in &mut self.params.opacity_logits {
-            *v = v.min(ceiling);
-        }
-        let m = &mut self.moments[3];
-        m.m.fill(0.0);
-        m.v.fill(0.0);
-    }
-
     /// The dataset.
     pub fn data(&self) -> &Dataset {
         &self.data
@@ -283,25 +405,13 @@ impl Fit {
         &self.settings
     }
 
-    /// Adam's first and second moments, group by group in [`GROUPS`]' order.
-    pub fn moments(&self) -> Vec<(&[f32], &[f32])> {
-        self.moments.iter().map(|m| (m.m.as_slice(), m.v.as_slice())).collect()
-    }
-
-    /// Restores the parameters, Adam's moments (as [`Fit::moments`] gives
-    /// them), the densification statistics and the step of a checkpoint
-    /// (the number of Gaussians may differ from the seeded fit's); an error
-    /// names a group whose length does not fit the others.
-    pub fn restore(
-        &mut self,
-        params: Params,
-        moments: Vec<(Vec<f32>, Vec<f32>)>,
-        stats: Stats,
-        step: u64,
-    ) -> Result<(), String> {
-        let n = params.len();
-        for (i, (g, width)) in params.groups().iter().zip(params.widths()).enumerate() {
-            let (m, v) = &moments[i];
+    /// Restores the state and the step of a checkpoint (the number of
+    /// Gaussians may differ from the seeded fit's); an error names a group
+    /// whose length does not fit the others.
+    pub fn restore(&mut self, state: State, step: u64) -> Result<(), String> {
+        let n = state.params.len();
+        for (i, (g, width)) in state.params.groups().iter().zip(state.params.widths()).enumerate() {
+            let (m, v) = &state.moments[i];
             if g.len() != n * width || m.len() != g.len() || v.len() != g.len() {
                 return Err(format!(
                     "{}: {} values (moments {} and {}) for {n} Gaussians of {width}",
@@ -312,77 +422,91 @@ impl Fit {
                 ));
             }
         }
-        if [stats.grad.len(), stats.seen.len(), stats.max_radius.len()] != [n; 3] {
+        let s = &state.stats;
+        if [s.grad.len(), s.seen.len(), s.max_radius.len()] != [n; 3] {
             return Err(format!("densification statistics for other than {n} Gaussians"));
         }
-        self.params = params;
-        self.moments = moments.into_iter().map(|(m, v)| Moments { m, v }).collect();
-        self.stats = stats;
+        if let Some(device) = &mut self.device {
+            device.load(&state)?;
+        }
+        *self.state.borrow_mut() = state;
+        self.stale.set(false);
+        self.gaussians = n;
         self.step = step;
         Ok(())
     }
 
-    /// Zeroes the gradients of the SH bands above the degree in use.
-    fn mask_inactive_bands(&self, grads: &mut SceneGrads<f32>) {
-        let active = 3 * (coefficients(self.active_degree(self.step)) - 1);
-        let per = 3 * (coefficients(self.params.degree) - 1);
-        if per == 0 {
-            return;
-        }
-        for block in grads.sh_rest.chunks_mut(per) {
-            block[active..].fill(0.0);
-        }
-    }
-
-    fn adam(&mut self, grads: &SceneGrads<f32>) {
-        const BETA1: f32 = 0.9;
-        const BETA2: f32 = 0.999;
-        const EPS: f32 = 1e-15;
-        let lr = self.settings.lr;
-        let t = (self.step as f32 / self.settings.steps.max(1) as f32).min(1.0);
-        let means_lr = (lr.means.ln() * (1.0 - t) + lr.means_final.ln() * t).exp() * self.extent;
-        let rates = [means_lr, lr.log_scales, lr.rotations, lr.opacity, lr.sh_dc, lr.sh_rest];
-        let gs = grads.groups();
-        let (c1, c2) = (1.0 - BETA1.powi(self.step as i32), 1.0 - BETA2.powi(self.step as i32));
-        for (((group, m), g), rate) in self
-            .params
-            .groups_mut()
-            .into_iter()
-            .zip(&mut self.moments)
-            .zip(gs)
-            .zip(rates)
-        {
-            for i in 0..group.len() {
-                m.m[i] = BETA1 * m.m[i] + (1.0 - BETA1) * g[i];
-                m.v[i] = BETA2 * m.v[i] + (1.0 - BETA2) * g[i] * g[i];
-                group[i] -= rate * (m.m[i] / c1) / ((m.v[i] / c2).sqrt() + EPS);
-            }
+    /// The image of view `index` by the current Gaussians.
+    fn render_image(&self, index: usize) -> Result<Vec<f32>, String> {
+        let v = &self.data.views[index];
+        match &self.device {
+            Some(d) => d.render(&v.camera, self.settings.background),
+            None => Ok(render(&self.state.borrow().params.scene(), &v.camera, self.settings.background).image),
         }
     }
 
     /// View `index` rendered by the current Gaussians, as PNG bytes.
     pub fn render_view(&self, index: usize) -> Result<Vec<u8>, String> {
         let v = &self.data.views[index];
-        let image = render(&self.params.scene(), &v.camera, self.settings.background).image;
+        let image = self.render_image(index)?;
         let rgb = vramfit_splat::picture::to_rgb8(v.camera.width, v.camera.height, &image);
         vramfit_splat::picture::encode_png(&rgb).map_err(|e| e.to_string())
     }
 
     /// Mean PSNR over the held-out views (the training views when none is held out).
-    pub fn held_out_psnr(&self) -> f64 {
+    pub fn held_out_psnr(&self) -> Result<f64, String> {
         let views = if self.held_out.is_empty() {
             &self.train
         } else {
             &self.held_out
         };
-        let scene = self.params.scene();
-        let total: f64 = views
-            .iter()
-            .map(|&i| {
-                let v = &self.data.views[i];
-                psnr(&render(&scene, &v.camera, self.settings.background).image, &v.image)
-            })
-            .sum();
-        total / views.len() as f64
+        let mut total = 0.0;
+        for &i in views {
+            total += psnr(&self.render_image(i)?, &self.data.views[i].image);
+        }
+        Ok(total / views.len() as f64)
     }
+}
+
+/// Zeroes the gradients of the SH bands above those in use: `active` of
+/// each Gaussian's `per` rest values.
+fn mask_inactive_bands(sh_rest: &mut [f32], active: usize, per: usize) {
+    if per == 0 {
+        return;
+    }
+    for block in sh_rest.chunks_mut(per) {
+        block[active..].fill(0.0);
+    }
+}
+
+/// One Adam step of every group on the host.
+fn adam(state: &mut State, grads: &SceneGrads<f32>, rates: [f32; 6], c1: f32, c2: f32) {
+    const BETA1: f32 = 0.9;
+    const BETA2: f32 = 0.999;
+    const EPS: f32 = 1e-15;
+    for (((group, (m, v)), g), rate) in state
+        .params
+        .groups_mut()
+        .into_iter()
+        .zip(&mut state.moments)
+        .zip(grads.groups())
+        .zip(rates)
+    {
+        for i in 0..group.len() {
+            m[i] = BETA1 * m[i] + (1.0 - BETA1) * g[i];
+            v[i] = BETA2 * v[i] + (1.0 - BETA2) * g[i] * g[i];
+            group[i] -= rate * (m[i] / c1) / ((v[i] / c2).sqrt() + EPS);
+        }
+    }
+}
+
+/// Opacities lowered to 0.01 (the larger ones), their moments cleared.
+fn reset_opacity(state: &mut State) {
+    let ceiling = (0.01f32 / 0.99).ln();
+    for v in &mut state.params.opacity_logits {
+        *v = v.min(ceiling);
+    }
+    let (m, v) = &mut state.moments[3];
+    m.fill(0.0);
+    v.fill(0.0);
 }

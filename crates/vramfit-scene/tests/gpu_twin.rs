@@ -22,3 +22,166 @@ fn scene_kernels_match_the_cpu_twin() {
     }
     assert!(failed.is_empty(), "cases outside tolerance: {failed:#?}");
 }
+
+/// The whole fit with its state on the device (parameters, gradients,
+/// Adam's moments and densification's statistics in device buffers;
+/// densification and an opacity reset on the way, which move the state to
+/// the host and back) follows the CPU fit of the same scene, step by step.
+#[test]
+fn a_scene_fit_on_wgpu_follows_the_cpu_fit() {
+    use vramfit_scene::densify::Densify;
+    use vramfit_scene::gpu::fit::DeviceFit;
+    use vramfit_scene::synthetic::{SKY, Spec, dataset};
+    use vramfit_scene::train::{Fit, Settings};
+
+    let data = dataset(&Spec {
+        views: 17,
+        width: 48,
+        height: 36,
+        points: 600,
+    });
+    let steps = 240;
+    let settings = Settings {
+        steps,
+        sh_every: 60,
+        background: SKY.map(|v| v as f32),
+        densify: Densify {
+            from: 50,
+            every: 50,
+            reset_every: 150,
+            until: 200,
+            ..Densify::default()
+        },
+        ..Settings::default()
+    };
+    let mut cpu = Fit::new(data.clone(), settings.clone()).unwrap();
+    let device = DeviceFit::<WgpuRuntime>::new(&WgpuDevice::default(), "wgpu");
+    let mut gpu = Fit::new(data, settings).unwrap().on_device(Box::new(device)).unwrap();
+    let start = [cpu.held_out_psnr().unwrap(), gpu.held_out_psnr().unwrap()];
+    assert!((start[0] - start[1]).abs() < 1e-3, "the same seeded scene: {start:?}");
+    let mut counts = Vec::new();
+    for step in 1..=steps {
+        let (c, g) = (cpu.step().unwrap(), gpu.step().unwrap());
+        if step <= 10 {
+            assert!(
+                (c - g).abs() <= 1e-4 * c.abs(),
+                "step {step}: loss {c} on the CPU, {g} on wgpu"
+            );
+        }
+        if step % 50 == 0 {
+            counts.push((cpu.len(), gpu.len()));
+        }
+    }
+    let end = [cpu.held_out_psnr().unwrap(), gpu.held_out_psnr().unwrap()];
+    eprintln!("held-out PSNR: start {start:?}, end {end:?}; Gaussians (cpu, wgpu) every 50 steps: {counts:?}");
+    assert!(end[1] > start[1] + 1.0, "the wgpu fit learns: {start:?} → {end:?}");
+    assert!(
+        (end[0] - end[1]).abs() < 0.3,
+        "the wgpu fit ends where the CPU's does: {end:?}"
+    );
+    assert!(
+        counts.iter().any(|(c, _)| *c != counts[0].0) || counts[0].0 != 600,
+        "densification ran: {counts:?}"
+    );
+    for (c, g) in &counts {
+        assert!(c.abs_diff(*g) * 50 <= *c, "Gaussian counts {c} and {g} within 2 %");
+    }
+    // The host copy a checkpoint reads is the device's state.
+    let params = gpu.params().unwrap();
+    assert_eq!(params.len(), gpu.len());
+    assert!(params.means.iter().all(|v| v.is_finite()));
+}
+
+/// The scene fit on wgpu through the run driver: the profiler reads the
+/// device's allocator (its reserved high-water is the headline), the memory
+/// report names the parameter groups, and a run stopped after a checkpoint
+/// resumes from the checkpointed state on the device. (The backward's
+/// atomic additions make two wgpu runs differ in the last bits, so the
+/// resumed run is compared within a tolerance, not bit for bit as on the
+/// CPU.)
+#[test]
+fn a_wgpu_scene_run_profiles_the_allocator_and_resumes() {
+    use std::ops::ControlFlow;
+    use vramfit::profile::CubeAllocator;
+    use vramfit::run::{Event, RunPath, Start};
+    use vramfit_scene::gpu::fit::placement;
+    use vramfit_scene::job::{Placement, SceneConfig, launch};
+
+    let on_wgpu = || -> Placement {
+        placement::<WgpuRuntime>(&WgpuDevice::default(), "wgpu", || {
+            Box::new(CubeAllocator::<WgpuRuntime>::new(
+                &WgpuDevice::default(),
+                "wgpu",
+                Err("no driver reading on wgpu".into()),
+            ))
+        })
+    };
+    let config = SceneConfig {
+        views: 9,
+        width: 32,
+        height: 24,
+        points: 200,
+        steps: 40,
+        sh_every: 10,
+        log_every: 5,
+        checkpoint_every: 20,
+        profile_every: 10,
+        densify_from: 10,
+        densify_every: 10,
+        densify_until: 30,
+        densify_grad_threshold: 1e-6,
+        opacity_reset_every: 0,
+        max_gaussians: 260,
+        frame_every: 0,
+        ..SceneConfig::default()
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let whole = tmp.path().join("whole");
+    let (run, job) = launch(Start::New(config.clone(), RunPath::At(whole.clone())), on_wgpu()).unwrap();
+    let summary = run
+        .drive(job, |_| ControlFlow::Continue(()))
+        .unwrap()
+        .expect("finished");
+    let s = &summary.workload;
+    assert!(s.held_out_psnr_db > s.initial_psnr_db, "{s:?}");
+    assert!(
+        s.gaussians > 200 && s.gaussians <= 260,
+        "densified within the cap: {}",
+        s.gaussians
+    );
+    let memory: serde_json::Value = serde_json::from_slice(&std::fs::read(whole.join("memory.json")).unwrap()).unwrap();
+    assert!(
+        memory["source"].as_str().unwrap().contains("wgpu allocator"),
+        "{}",
+        memory["source"]
+    );
+    assert_eq!(memory["headline"]["figure"], "allocator reserved bytes");
+    let text = memory.to_string();
+    assert!(
+        text.contains("sh_rest") && text.contains("sh_dc"),
+        "groups named in the report"
+    );
+    // The device holds at least the parameters, gradients and moments it declares.
+    let n = s.gaussians as u64;
+    let declared = 4 * n * (3 + 3 + 4 + 1 + 3 + 45) * 4;
+    let peak = summary.peak_memory_bytes.expect("the allocator was read");
+    assert!(peak >= declared, "{peak} < {declared}");
+
+    let cut = tmp.path().join("cut");
+    let (run, job) = launch(Start::New(config, RunPath::At(cut.clone())), on_wgpu()).unwrap();
+    let stopped = run
+        .drive(job, |e| match e {
+            Event::Checkpoint(_) => ControlFlow::Break(()),
+            _ => ControlFlow::Continue(()),
+        })
+        .unwrap();
+    assert!(stopped.is_none(), "stopped before the end");
+    let (run, job) = launch(Start::Resume(cut.clone()), on_wgpu()).unwrap();
+    let resumed = run
+        .drive(job, |_| ControlFlow::Continue(()))
+        .unwrap()
+        .expect("finished");
+    assert_eq!(resumed.steps, 40);
+    let (a, b) = (resumed.workload.held_out_psnr_db, s.held_out_psnr_db);
+    assert!((a - b).abs() < 0.05, "resumed {a:.4} dB, whole run {b:.4} dB");
+}

@@ -6,7 +6,7 @@
 use std::ops::ControlFlow;
 
 use vramfit::run::{Event, RunPath, Start};
-use vramfit_scene::job::{SceneConfig, launch};
+use vramfit_scene::job::{Placement, SceneConfig, launch};
 
 fn config() -> SceneConfig {
     SceneConfig {
@@ -35,7 +35,7 @@ fn config() -> SceneConfig {
 fn a_scene_fit_runs_states_its_psnr_and_resumes_exactly() {
     let tmp = tempfile::tempdir().unwrap();
     let whole = tmp.path().join("whole");
-    let (run, job) = launch(Start::New(config(), RunPath::At(whole.clone())), "cpu").unwrap();
+    let (run, job) = launch(Start::New(config(), RunPath::At(whole.clone())), Placement::cpu()).unwrap();
     let summary = run
         .drive(job, |_| ControlFlow::Continue(()))
         .unwrap()
@@ -65,7 +65,7 @@ fn a_scene_fit_runs_states_its_psnr_and_resumes_exactly() {
 
     // Stopped just after the checkpoint at step 20, then resumed.
     let cut = tmp.path().join("cut");
-    let (run, job) = launch(Start::New(config(), RunPath::At(cut.clone())), "cpu").unwrap();
+    let (run, job) = launch(Start::New(config(), RunPath::At(cut.clone())), Placement::cpu()).unwrap();
     let stopped = run
         .drive(job, |e| match e {
             Event::Checkpoint(_) => ControlFlow::Break(()),
@@ -73,7 +73,7 @@ fn a_scene_fit_runs_states_its_psnr_and_resumes_exactly() {
         })
         .unwrap();
     assert!(stopped.is_none(), "stopped before the end");
-    let (run, job) = launch(Start::Resume(cut.clone()), "cpu").unwrap();
+    let (run, job) = launch(Start::Resume(cut.clone()), Placement::cpu()).unwrap();
     assert_eq!(job.fit().step, 0, "restored by the driver, not yet");
     let resumed = run
         .drive(job, |_| ControlFlow::Continue(()))

@@ -6,7 +6,7 @@
 //!
 //! What a render keeps for its backward, and its size (`N` Gaussians, `P`
 //! pixels, `I` tile intersections, `T` tiles): the projected Gaussians
-//! (10 floats and a 4-int tile rectangle each: 56 N bytes), the tiles'
+//! (11 floats and a 4-int tile rectangle each: 60 N bytes), the tiles'
 //! offsets (4 (T + 1)), the sorted ids (4 I), and per pixel the final
 //! transmittance and the entries walked (8 P); the image itself is 12 P.
 //! The backward adds its accumulator (9 floats a Gaussian: 36 N) and the
@@ -44,8 +44,8 @@ impl SceneBuffers {
 /// One rendered view on the device and what its backward needs.
 pub struct Drawn {
     camera: Handle,
-    projected: Handle,
-    rect: Handle,
+    pub(crate) projected: Handle,
+    pub(crate) rect: Handle,
     offsets: Handle,
     ids: Handle,
     /// The image, `[H, W, 3]`.
@@ -54,20 +54,31 @@ pub struct Drawn {
     walked: Handle,
     /// Tile intersections (entries of all the tiles' lists).
     pub intersections: usize,
-    width: usize,
-    height: usize,
+    pub(crate) width: usize,
+    pub(crate) height: usize,
     background: [f32; 3],
 }
 
 /// Renders scenes and their backward on one device.
 pub struct Renderer<R: Runtime> {
-    client: ComputeClient<R>,
+    pub(crate) client: ComputeClient<R>,
 }
 
-fn array<R: Runtime>(h: &Handle, len: usize) -> ArrayArg<R> {
+pub(crate) fn array<R: Runtime>(h: &Handle, len: usize) -> ArrayArg<R> {
     // SAFETY: every buffer here is allocated with at least `len` elements of
     // the kernel's element type (f32 or u32, 4 bytes), and launches are checked.
     unsafe { ArrayArg::from_raw_parts(h.clone(), len.max(1)) }
+}
+
+impl Drawn {
+    /// Device bytes of the render's buffers for `n` Gaussians: projected
+    /// Gaussians and rectangles, tile offsets and counters, the sorted ids,
+    /// the image and what each pixel keeps.
+    pub fn bytes(&self, n: usize) -> u64 {
+        let pixels = self.width * self.height;
+        let tiles = self.width.div_ceil(kernels::TILE as usize) * self.height.div_ceil(kernels::TILE as usize);
+        4 * ((PROJECTED as usize + 4) * n + 3 * tiles + 1 + self.intersections + 5 * pixels + kernels::CAMERA) as u64
+    }
 }
 
 impl<R: Runtime> Renderer<R> {
@@ -78,11 +89,11 @@ impl<R: Runtime> Renderer<R> {
         }
     }
 
-    fn empty(&self, elems: usize) -> Handle {
+    pub(crate) fn empty(&self, elems: usize) -> Handle {
         self.client.empty(elems.max(1) * 4)
     }
 
-    fn zeros_f32(&self, elems: usize) -> Handle {
+    pub(crate) fn zeros_f32(&self, elems: usize) -> Handle {
         let h = self.empty(elems);
         vramfit_splat::gpu::kernels::fill_f32::launch::<R>(
             &self.client,

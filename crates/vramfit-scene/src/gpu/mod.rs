@@ -2,10 +2,11 @@
 //! [`crate::cpu`] stage by stage, put together by [`engine::Renderer`]
 //! (generic over CubeCL runtimes: CUDA in production, wgpu so that the
 //! check against the twin runs on a software Vulkan device in CI), and the
-//! check itself ([`check`]).
+//! check itself ([`check`]); [`fit`] keeps a fit's state on the device.
 
 pub mod check;
 pub mod engine;
+pub mod fit;
 pub mod kernels;
 
 pub use engine::{DeviceError, Drawn, Renderer, SceneBuffers};

@@ -1,7 +1,8 @@
 //! The renderer's CubeCL kernels, split as the CPU twin is: spherical
 //! harmonics ([`sh`]), one Gaussian projected and its backward
 //! ([`project`]), and the tiles' depth order, compositing and its backward
-//! ([`raster`]). Tile binning (count, scan, scatter) is the 2D fitter's
+//! ([`raster`]), and Adam and densification's statistics ([`train`]).
+//! Tile binning (count, scan, scatter) is the 2D fitter's
 //! ([`vramfit_splat::gpu::kernels::project`]): one implementation for both.
 //!
 //! Arrays are flat f32 unless named otherwise. The constants are the CPU
@@ -10,6 +11,7 @@
 pub mod project;
 pub mod raster;
 pub mod sh;
+pub mod train;
 
 use crate::cpu::{project as cpu_project, raster as cpu_raster};
 
@@ -19,8 +21,8 @@ pub const TILE: u32 = crate::cpu::TILE as u32;
 pub const UNITS: u32 = TILE * TILE;
 
 /// Floats per projected Gaussian: depth, screen mean (2), conic (3),
-/// opacity, colour (3).
-pub const PROJECTED: u32 = 10;
+/// opacity, colour (3), radius in pixels.
+pub const PROJECTED: u32 = 11;
 /// Floats per Gaussian of the compositing backward's accumulator: screen
 /// mean (2), conic (3), opacity, colour (3).
 pub const SCREEN_GRADS: u32 = 9;

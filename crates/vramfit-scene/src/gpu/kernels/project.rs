@@ -152,8 +152,8 @@ fn geometry(
     ok
 }
 
-/// Projects each Gaussian: `projected[10i..]` = depth, screen mean, conic,
-/// opacity, colour (see [`PROJECTED`]); `rect[4i..]` = tiles `[x0, x1) ×
+/// Projects each Gaussian: `projected[11i..]` = depth, screen mean, conic,
+/// opacity, colour, radius (see [`PROJECTED`]); `rect[4i..]` = tiles `[x0, x1) ×
 /// [y0, y1)`, empty when not drawn. See `cpu::project::project`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
@@ -200,6 +200,7 @@ pub fn project(
             projected[o + 4] = -b / det;
             projected[o + 5] = a / det;
             projected[o + 6] = 1.0 / (1.0 + f32::exp(-opacity_logits[iu]));
+            projected[o + 10] = radius;
             // The colour seen from the camera's centre.
             let vx = means[3 * iu] - cam[18];
             let vy = means[3 * iu + 1] - cam[19];
