@@ -100,7 +100,7 @@ pub fn scene_placement(device: &str) -> Result<vramfit_scene::job::Placement> {
         "cpu" => Ok(vramfit_scene::job::Placement::cpu()),
         #[cfg(feature = "cuda")]
         "cuda" => {
-            let d: <burn::backend::Cuda as burn::tensor::backend::Backend>::Device = Default::default();
+            let d = burn::backend::cuda::CudaDevice::default();
             let memory = d.clone();
             Ok(vramfit_scene::gpu::fit::placement::<cubecl::cuda::CudaRuntime>(
                 &d,
@@ -110,7 +110,7 @@ pub fn scene_placement(device: &str) -> Result<vramfit_scene::job::Placement> {
         }
         #[cfg(feature = "wgpu")]
         "wgpu" => {
-            let d: <vramfit::backends::Wgpu as burn::tensor::backend::Backend>::Device = Default::default();
+            let d = burn::backend::wgpu::WgpuDevice::default();
             let memory = d.clone();
             Ok(vramfit_scene::gpu::fit::placement::<cubecl::wgpu::WgpuRuntime>(
                 &d,
