@@ -42,6 +42,10 @@ pub enum Which {
     Plan(crate::plan_bench::Args<crate::flags::TrainSettings>),
     /// The band-height planner against a sweep of every band height on the splat fit.
     PlanSplat(crate::plan_bench::Args<crate::flags::FitSettings>),
+    /// What a 3D scene takes in device memory (wgpu, CUDA): bytes per
+    /// Gaussian by category at each count and SH degree, one render's and
+    /// one backward's buffers, measured against the layout's prediction.
+    SceneMemory(crate::bench_scene::Args),
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -59,6 +63,7 @@ pub fn run(which: Which) -> Result<()> {
             let (request, device) = args.request(serde_json::to_value(&config)?, "transformer");
             crate::plan::model::<GptConfig, 3>(config, device, Action::Bench(request))
         }
+        Which::SceneMemory(args) => crate::bench_scene::run(args),
         Which::PlanSplat(args) => {
             let config = crate::flags::resolve_fit(args.settings())?;
             let (request, device) = args.request(serde_json::to_value(&config)?, "splat");

@@ -11,6 +11,7 @@ use vramfit_splat::gaussians::Gaussians;
 use vramfit_splat::picture::{check_output_path, save_png, to_rgb8};
 
 mod bench;
+mod bench_scene;
 mod budget;
 mod check_kernels;
 mod device;

@@ -185,3 +185,37 @@ fn a_wgpu_scene_run_profiles_the_allocator_and_resumes() {
     let (a, b) = (resumed.workload.held_out_psnr_db, s.held_out_psnr_db);
     assert!((a - b).abs() < 0.05, "resumed {a:.4} dB, whole run {b:.4} dB");
 }
+
+/// The device memory of a scene is what its count, SH degree, image and
+/// tile intersections say, to the allocator's 32-byte rounding of each
+/// buffer: the SH rest coefficients are their own group of
+/// 4 · 3 · ((degree + 1)² − 1) bytes a Gaussian.
+#[test]
+fn a_scenes_device_memory_is_what_its_layout_says() {
+    use vramfit_scene::gpu::memory::{cases, measure};
+    for case in cases(&[3000], &[0, 1, 3], 96, 64) {
+        let r = measure::<WgpuRuntime>(&WgpuDevice::default(), &case).unwrap();
+        let n = case.gaussians as u64;
+        let rest = r.groups.iter().find(|(g, _)| g == "sh_rest").unwrap().1;
+        let per = 4 * 3 * ((case.degree as u64 + 1).pow(2) - 1);
+        assert!(
+            rest == per * n || (per == 0 && rest <= 32),
+            "sh_rest {rest} B for {n} Gaussians"
+        );
+        assert_eq!(r.groups.iter().find(|(g, _)| g == "means").unwrap().1, 12 * n);
+        for (stage, buffers) in [(r.parameters, 6), (r.optimizer, 15), (r.render, 8), (r.backward, 9)] {
+            assert!(
+                stage.measured.abs_diff(stage.predicted) <= 32 * buffers,
+                "{stage:?} in {r:?}"
+            );
+        }
+        assert!(r.intersections > 0 && r.reserved >= r.in_use);
+    }
+    // A group larger than the device's largest buffer is refused before any
+    // allocation (the allocator would abort the process).
+    let limit = vramfit_scene::gpu::Renderer::<WgpuRuntime>::new(&WgpuDevice::default()).largest_buffer();
+    let n = (limit / (45 * 4) + 1) as usize;
+    let big = cases(&[n], &[3], 64, 48)[0];
+    let e = measure::<WgpuRuntime>(&WgpuDevice::default(), &big).unwrap_err();
+    assert!(e.contains("device's largest") && e.contains("SH degree"), "{e}");
+}

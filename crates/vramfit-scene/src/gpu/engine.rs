@@ -119,6 +119,42 @@ impl<R: Runtime> Renderer<R> {
         h
     }
 
+    /// The largest buffer the device's allocator can hand out (on wgpu the
+    /// storage-binding limit, 128 MiB by default; far more on CUDA).
+    pub fn largest_buffer(&self) -> u64 {
+        self.client.properties().memory.max_page_size
+    }
+
+    /// An error naming `what` when one buffer of `bytes` is more than the
+    /// device can allocate (the allocator would abort the process).
+    pub fn check_buffer(&self, what: &str, bytes: u64) -> Result<(), DeviceError> {
+        let limit = self.largest_buffer();
+        if bytes > limit {
+            return Err(format!(
+                "{what} needs one buffer of {:.1} MiB, more than this device's largest ({:.1} MiB): use fewer \
+                 Gaussians, a lower SH degree or a smaller image, or a device with larger buffers (CUDA)",
+                bytes as f64 / (1u64 << 20) as f64,
+                limit as f64 / (1u64 << 20) as f64
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks that every per-Gaussian and per-pixel buffer of a scene of
+    /// `n` Gaussians of `widths` floats a group, rendered at `pixels`, fits
+    /// one device buffer.
+    pub fn check_scene(&self, n: usize, widths: [usize; 6], pixels: usize) -> Result<(), DeviceError> {
+        let widest = widths
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0)
+            .max(SCREEN_GRADS as usize)
+            .max(PROJECTED as usize);
+        self.check_buffer(&format!("a scene of {n} Gaussians"), 4 * (n * widest) as u64)?;
+        self.check_buffer(&format!("an image of {pixels} pixels"), 12 * pixels as u64)
+    }
+
     /// Uploads a host scene.
     pub fn upload(&self, scene: &Scene<f32>) -> SceneBuffers {
         let up = |v: &[f32]| {
@@ -149,6 +185,7 @@ impl<R: Runtime> Renderer<R> {
     /// Renders `s` through `camera` over `background`.
     pub fn render(&self, s: &SceneBuffers, camera: &Camera, background: [f32; 3]) -> Result<Drawn, DeviceError> {
         let n = s.n;
+        self.check_scene(n, s.widths(), camera.width * camera.height)?;
         let (tiles_x, tiles_y) = camera.tiles();
         let tiles = tiles_x * tiles_y;
         let pixels = camera.width * camera.height;
@@ -197,6 +234,7 @@ impl<R: Runtime> Renderer<R> {
         );
         let read = self.client.read_one(offsets.clone()).map_err(|e| e.to_string())?;
         let intersections = u32::from_bytes(&read)[tiles] as usize;
+        self.check_buffer(&format!("{intersections} tile intersections"), 4 * intersections as u64)?;
         let ids = self.empty(intersections);
         let fill = self.zeros_u32(tiles);
         scatter_pairs::launch::<R>(
@@ -340,6 +378,7 @@ impl<R: Runtime> Renderer<R> {
         camera: &Camera,
         background: [f32; 3],
     ) -> Result<Vec<f32>, DeviceError> {
+        self.check_scene(scene.len(), widths_of(scene), camera.width * camera.height)?;
         let s = self.upload(scene);
         let drawn = self.render(&s, camera, background)?;
         self.download(&drawn.image, 3 * camera.width * camera.height)
@@ -354,6 +393,7 @@ impl<R: Runtime> Renderer<R> {
         background: [f32; 3],
         d_image: &[f32],
     ) -> Result<(Vec<f32>, SceneGrads<f32>), DeviceError> {
+        self.check_scene(scene.len(), widths_of(scene), camera.width * camera.height)?;
         let s = self.upload(scene);
         let drawn = self.render(&s, camera, background)?;
         let d = self.upload_f32(d_image);
@@ -373,4 +413,9 @@ impl<R: Runtime> Renderer<R> {
             },
         ))
     }
+}
+
+/// Floats a Gaussian of `scene` holds in each group.
+fn widths_of(scene: &Scene<f32>) -> [usize; 6] {
+    [3, 3, 4, 1, 3, scene.rest_per_gaussian()]
 }

@@ -55,6 +55,7 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
 
     fn load(&mut self, state: &State) -> Result<(), String> {
         let r = &self.renderer;
+        r.check_scene(state.params.len(), state.params.widths(), 0)?;
         self.scene = Some(r.upload(&state.params.scene()));
         self.moments = state
             .moments

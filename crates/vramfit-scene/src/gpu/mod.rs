@@ -2,11 +2,13 @@
 //! [`crate::cpu`] stage by stage, put together by [`engine::Renderer`]
 //! (generic over CubeCL runtimes: CUDA in production, wgpu so that the
 //! check against the twin runs on a software Vulkan device in CI), and the
-//! check itself ([`check`]); [`fit`] keeps a fit's state on the device.
+//! check itself ([`check`]); [`fit`] keeps a fit's state on the device; [`memory`]
+//! measures what a scene takes there.
 
 pub mod check;
 pub mod engine;
 pub mod fit;
 pub mod kernels;
+pub mod memory;
 
 pub use engine::{DeviceError, Drawn, Renderer, SceneBuffers};

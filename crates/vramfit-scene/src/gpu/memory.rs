@@ -1,0 +1,172 @@
+//! What a scene takes in device memory, measured on the CubeCL allocator:
+//! its parameters group by group, Adam's moments with densification's
+//! statistics, one render's buffers and the backward's, each read as the
+//! growth of the allocator's bytes in use when it is created, beside what
+//! the layout predicts (the count, the SH degree, the image and the tile
+//! intersections), and the reserved bytes after the step (the deciding
+//! figure; the pools only grow between cleanups).
+
+use cubecl::prelude::*;
+use serde::Serialize;
+
+use super::check::{Case, case_camera, random_scene, scene};
+use super::engine::Renderer;
+use crate::train::GROUPS;
+
+/// One measurement.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct MemoryCase {
+    /// Gaussians.
+    pub gaussians: usize,
+    /// SH degree.
+    pub degree: usize,
+    /// Image width.
+    pub width: usize,
+    /// Image height.
+    pub height: usize,
+}
+
+/// Bytes measured (allocator bytes in use added) and predicted (from the
+/// layout), for one stage.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Stage {
+    /// Measured.
+    pub measured: u64,
+    /// Predicted.
+    pub predicted: u64,
+}
+
+/// What one case took.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryRow {
+    /// The case.
+    pub case: MemoryCase,
+    /// Tile intersections of the render.
+    pub intersections: usize,
+    /// Each parameter group (in [`GROUPS`]' order), measured.
+    pub groups: Vec<(String, u64)>,
+    /// All parameters.
+    pub parameters: Stage,
+    /// Adam's two moments and densification's three statistics.
+    pub optimizer: Stage,
+    /// The render's buffers kept for the backward (projected Gaussians,
+    /// rectangles, tile offsets, sorted ids, image, per-pixel state).
+    pub render: Stage,
+    /// The backward's results: the gradients, the screen means' gradients,
+    /// and the image gradient it read.
+    pub backward: Stage,
+    /// Allocator reserved bytes after the step.
+    pub reserved: u64,
+    /// Allocator bytes in use at the end (everything above alive).
+    pub in_use: u64,
+}
+
+/// The cases for `counts` × `degrees` at `width` × `height`.
+pub fn cases(counts: &[usize], degrees: &[usize], width: usize, height: usize) -> Vec<MemoryCase> {
+    counts
+        .iter()
+        .flat_map(|&gaussians| {
+            degrees.iter().map(move |&degree| MemoryCase {
+                gaussians,
+                degree,
+                width,
+                height,
+            })
+        })
+        .collect()
+}
+
+/// Measures `case` on `device`: a random scene (the kernel check's) seen
+/// through the check's camera.
+pub fn measure<R: Runtime>(device: &R::Device, case: &MemoryCase) -> Result<MemoryRow, String> {
+    let check = Case {
+        width: case.width,
+        height: case.height,
+        gaussians: case.gaussians,
+        degree: case.degree,
+        seed: 7,
+    };
+    let params = random_scene(&check);
+    let s = scene(&params, case.degree);
+    let camera = case_camera(&check);
+    let renderer = Renderer::<R>::new(device);
+    renderer.check_scene(
+        case.gaussians,
+        [3, 3, 4, 1, 3, s.rest_per_gaussian()],
+        case.width * case.height,
+    )?;
+    let client = R::client(device);
+    client.memory_cleanup();
+    let in_use = || -> Result<u64, String> { client.memory_usage().map(|u| u.bytes_in_use).map_err(|e| e.to_string()) };
+    let n = case.gaussians as u64;
+    let start = in_use()?;
+
+    let mut groups = Vec::new();
+    let mut handles = Vec::new();
+    let mut before = start;
+    for (name, values) in GROUPS.iter().zip(&params) {
+        handles.push(renderer.upload_f32(values));
+        let now = in_use()?;
+        groups.push((name.to_string(), now - before));
+        before = now;
+    }
+    let values: u64 = params.iter().map(|g| g.len() as u64).sum();
+    let parameters = Stage {
+        measured: before - start,
+        predicted: 4 * values,
+    };
+    drop(handles);
+    let at = in_use()?;
+    let buffers = renderer.upload(&s);
+    let after_params = in_use()?;
+    let moments: Vec<_> = params
+        .iter()
+        .flat_map(|g| {
+            [
+                renderer.upload_f32(&vec![0.0; g.len()]),
+                renderer.upload_f32(&vec![0.0; g.len()]),
+            ]
+        })
+        .chain((0..3).map(|_| renderer.upload_f32(&vec![0.0; case.gaussians])))
+        .collect();
+    let after_moments = in_use()?;
+    let optimizer = Stage {
+        measured: after_moments - after_params,
+        predicted: 8 * values + 12 * n,
+    };
+
+    let drawn = renderer.render(&buffers, &camera, [0.0; 3])?;
+    let after_render = in_use()?;
+    let pixels = (case.width * case.height) as u64;
+    let render = Stage {
+        measured: after_render - after_moments,
+        // `Drawn::bytes` without the tile counters, which the render frees.
+        predicted: drawn.bytes(case.gaussians) - 4 * 2 * camera_tiles(case) as u64,
+    };
+    let d_image = renderer.upload_f32(&vec![1e-3; 3 * case.width * case.height]);
+    let (grads, screen) = renderer.backward(&buffers, &drawn, &d_image);
+    let after_backward = in_use()?;
+    let backward = Stage {
+        measured: after_backward - after_render,
+        predicted: 4 * values + 8 * n + 12 * pixels,
+    };
+    let usage = client.memory_usage().map_err(|e| e.to_string())?;
+    let row = MemoryRow {
+        case: *case,
+        intersections: drawn.intersections,
+        groups,
+        parameters,
+        optimizer,
+        render,
+        backward,
+        reserved: usage.bytes_reserved,
+        in_use: usage.bytes_in_use - at,
+    };
+    drop((grads, screen, d_image, drawn, moments, buffers));
+    Ok(row)
+}
+
+fn camera_tiles(case: &MemoryCase) -> usize {
+    let t = super::kernels::TILE as usize;
+    case.width.div_ceil(t) * case.height.div_ceil(t)
+}
