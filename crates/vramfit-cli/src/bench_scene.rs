@@ -6,8 +6,6 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use serde_json::json;
-use vramfit_scene::gpu::memory::{MemoryCase, MemoryRow};
 
 /// The benchmark's arguments.
 #[derive(clap::Args)]
@@ -35,64 +33,14 @@ pub fn run(args: Args) -> Result<()> {
     if args.gaussians.contains(&0) {
         bail!("--gaussians: a count must be positive");
     }
-    check_out(&args.out)?;
-    let (w, h) = (args.size.0 as usize, args.size.1 as usize);
-    let cases = vramfit_scene::gpu::memory::cases(&args.gaussians, &args.sh_degrees, w, h);
-    let rows = measure(&args.device.name, &cases)?;
-    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    let per = |b: u64, n: usize| b as f64 / n as f64;
-    let mut table = String::from(
-        "| Gaussians | SH degree | parameters MiB (B/Gaussian) | sh_rest B/Gaussian | Adam + statistics MiB (B/Gaussian) | gradients + image gradient MiB | render MiB (intersections) | predicted − measured, all stages | in use MiB | reserved MiB |\n|---|---|---|---|---|---|---|---|---|---|\n",
-    );
-    let mut skipped = Vec::new();
-    for (case, row) in &rows {
-        let r = match row {
-            Ok(r) => r,
-            Err(why) => {
-                table.push_str(&format!(
-                    "| {} | {} | does not fit: {why} | | | | | | | |\n",
-                    case.gaussians, case.degree
-                ));
-                skipped.push(json!({ "case": case, "why": why }));
-                continue;
-            }
-        };
-        let n = r.case.gaussians;
-        let stages = [r.parameters, r.optimizer, r.render, r.backward];
-        let off: i64 = stages.iter().map(|s| s.predicted as i64 - s.measured as i64).sum();
-        let rest = r.groups.iter().find(|(g, _)| g == "sh_rest").map_or(0, |g| g.1);
-        table.push_str(&format!(
-            "| {n} | {} | {:.1} ({:.0}) | {:.0} | {:.1} ({:.0}) | {:.1} | {:.1} ({}) | {off} B | {:.1} | {:.1} |\n",
-            r.case.degree,
-            mib(r.parameters.measured),
-            per(r.parameters.measured, n),
-            per(rest, n),
-            mib(r.optimizer.measured),
-            per(r.optimizer.measured, n),
-            mib(r.backward.measured),
-            mib(r.render.measured),
-            r.intersections,
-            mib(r.in_use),
-            mib(r.reserved),
-        ));
+    if args.device.name == "cpu" {
+        bail!("bench scene-memory measures a device's allocator; give --device wgpu or cuda");
     }
-    println!("{table}");
-    let command = std::env::args().collect::<Vec<_>>().join(" ");
-    let record = json!({
-        "bench": "scene-memory",
-        "command": command,
-        "device": args.device.name,
-        "measured": "allocator bytes in use added by each stage; reserved after the step",
-        "rows": rows.iter().filter_map(|(_, r)| r.as_ref().ok()).collect::<Vec<_>>(),
-        "did_not_fit": skipped,
-    });
-    vramfit::run::atomic_write(&args.out, serde_json::to_string_pretty(&record)?.as_bytes())
-        .with_context(|| format!("writing {}", args.out.display()))?;
-    let md = args.out.with_extension("md");
-    vramfit::run::atomic_write(&md, format!("Command: `{command}`\n\n{table}").as_bytes())
-        .with_context(|| format!("writing {}", md.display()))?;
-    println!("wrote {} and {}", args.out.display(), md.display());
-    Ok(())
+    check_out(&args.out)?;
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    return device::measure_and_write(args);
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    Err(crate::device::unavailable(&args.device.name))
 }
 
 /// Refuses an output path that cannot be written before any measurement.
@@ -109,35 +57,104 @@ fn check_out(out: &Path) -> Result<()> {
     Ok(())
 }
 
-type Row = (MemoryCase, Result<MemoryRow, String>);
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+mod device {
+    use anyhow::{Context, Result};
+    use serde_json::json;
+    use vramfit_scene::gpu::memory::{MemoryCase, MemoryRow};
 
-/// Measures every case; a case whose buffers the device cannot allocate is
-/// kept with the reason, any other device failure ends the benchmark.
-fn measure(device: &str, cases: &[MemoryCase]) -> Result<Vec<Row>> {
-    let each = |f: &dyn Fn(&MemoryCase) -> Result<MemoryRow, String>| {
-        cases
-            .iter()
-            .map(|c| {
-                eprintln!("measuring {} Gaussians, SH degree {}…", c.gaussians, c.degree);
-                match f(c) {
-                    Err(e) if !e.contains("device's largest") => Err(anyhow::anyhow!("device failure: {e}")),
-                    r => Ok((*c, r)),
+    use super::Args;
+
+    pub(super) fn measure_and_write(args: Args) -> Result<()> {
+        let (w, h) = (args.size.0 as usize, args.size.1 as usize);
+        let cases = vramfit_scene::gpu::memory::cases(&args.gaussians, &args.sh_degrees, w, h);
+        let rows = measure(&args.device.name, &cases)?;
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let per = |b: u64, n: usize| b as f64 / n as f64;
+        let mut table = String::from(
+            "| Gaussians | SH degree | parameters MiB (B/Gaussian) | sh_rest B/Gaussian | Adam + statistics MiB (B/Gaussian) | gradients + image gradient MiB | render MiB (intersections) | predicted − measured, all stages | in use MiB | reserved MiB |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        );
+        let mut skipped = Vec::new();
+        for (case, row) in &rows {
+            let r = match row {
+                Ok(r) => r,
+                Err(why) => {
+                    table.push_str(&format!(
+                        "| {} | {} | does not fit: {why} | | | | | | | |\n",
+                        case.gaussians, case.degree
+                    ));
+                    skipped.push(json!({ "case": case, "why": why }));
+                    continue;
                 }
-            })
-            .collect::<Result<Vec<_>>>()
-    };
-    match device {
-        #[cfg(feature = "wgpu")]
-        "wgpu" => each(&|c| vramfit_scene::gpu::memory::measure::<cubecl::wgpu::WgpuRuntime>(&Default::default(), c)),
-        #[cfg(feature = "cuda")]
-        "cuda" => each(&|c| vramfit_scene::gpu::memory::measure::<cubecl::cuda::CudaRuntime>(&Default::default(), c)),
-        "cpu" => {
-            let _ = each;
-            bail!("bench scene-memory measures a device's allocator; give --device wgpu or cuda")
+            };
+            let n = r.case.gaussians;
+            let stages = [r.parameters, r.optimizer, r.render, r.backward];
+            let off: i64 = stages.iter().map(|s| s.predicted as i64 - s.measured as i64).sum();
+            let rest = r.groups.iter().find(|(g, _)| g == "sh_rest").map_or(0, |g| g.1);
+            table.push_str(&format!(
+                "| {n} | {} | {:.1} ({:.0}) | {:.0} | {:.1} ({:.0}) | {:.1} | {:.1} ({}) | {off} B | {:.1} | {:.1} |\n",
+                r.case.degree,
+                mib(r.parameters.measured),
+                per(r.parameters.measured, n),
+                per(rest, n),
+                mib(r.optimizer.measured),
+                per(r.optimizer.measured, n),
+                mib(r.backward.measured),
+                mib(r.render.measured),
+                r.intersections,
+                mib(r.in_use),
+                mib(r.reserved),
+            ));
         }
-        other => {
-            let _ = each;
-            Err(crate::device::unavailable(other))
+        println!("{table}");
+        let command = std::env::args().collect::<Vec<_>>().join(" ");
+        let record = json!({
+            "bench": "scene-memory",
+            "command": command,
+            "device": args.device.name,
+            "measured": "allocator bytes in use added by each stage; reserved after the step",
+            "rows": rows.iter().filter_map(|(_, r)| r.as_ref().ok()).collect::<Vec<_>>(),
+            "did_not_fit": skipped,
+        });
+        vramfit::run::atomic_write(&args.out, serde_json::to_string_pretty(&record)?.as_bytes())
+            .with_context(|| format!("writing {}", args.out.display()))?;
+        let md = args.out.with_extension("md");
+        vramfit::run::atomic_write(&md, format!("Command: `{command}`\n\n{table}").as_bytes())
+            .with_context(|| format!("writing {}", md.display()))?;
+        println!("wrote {} and {}", args.out.display(), md.display());
+        Ok(())
+    }
+
+    type Row = (MemoryCase, Result<MemoryRow, String>);
+
+    /// Measures every case; a case whose buffers the device cannot allocate is
+    /// kept with the reason, any other device failure ends the benchmark.
+    fn measure(device: &str, cases: &[MemoryCase]) -> Result<Vec<Row>> {
+        let each = |f: &dyn Fn(&MemoryCase) -> Result<MemoryRow, String>| {
+            cases
+                .iter()
+                .map(|c| {
+                    eprintln!("measuring {} Gaussians, SH degree {}…", c.gaussians, c.degree);
+                    match f(c) {
+                        Err(e) if !e.contains("device's largest") => Err(anyhow::anyhow!("device failure: {e}")),
+                        r => Ok((*c, r)),
+                    }
+                })
+                .collect::<Result<Vec<_>>>()
+        };
+        match device {
+            #[cfg(feature = "wgpu")]
+            "wgpu" => {
+                each(&|c| vramfit_scene::gpu::memory::measure::<cubecl::wgpu::WgpuRuntime>(&Default::default(), c))
+            }
+            #[cfg(feature = "cuda")]
+            "cuda" => {
+                each(&|c| vramfit_scene::gpu::memory::measure::<cubecl::cuda::CudaRuntime>(&Default::default(), c))
+            }
+            other => {
+                let _ = each;
+                Err(crate::device::unavailable(other))
+            }
         }
     }
 }
