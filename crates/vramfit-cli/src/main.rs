@@ -80,6 +80,16 @@ enum Command {
         /// Output PNG.
         out: PathBuf,
     },
+    /// Render one view of a fitted 3D scene from its run directory's newest checkpoint.
+    RenderScene {
+        /// A `vramfit scene` run directory.
+        run_dir: PathBuf,
+        /// The view to render (0-based, in the dataset's order).
+        #[arg(long, default_value_t = 0)]
+        view: usize,
+        /// Output PNG.
+        out: PathBuf,
+    },
     /// Print a run's memory breakdown and write RUN_DIR/memory.html.
     Report {
         /// A run directory (with memory.json).
@@ -177,6 +187,7 @@ fn run(cli: Cli) -> Result<()> {
             top_k,
             out,
         } => render(&gaussians, size, top_k, &out),
+        Command::RenderScene { run_dir, view, out } => scene::render(&run_dir, view, &out),
         Command::Sample(args) => sample::run(args),
         Command::Scene(args) => scene::run(args),
         Command::Bench { which } => bench::run(which),

@@ -67,9 +67,10 @@ pub fn run(args: SceneArgs) -> Result<()> {
         }
     );
     println!(
-        "  held-out PSNR {:.2} dB (the seeded Gaussians: {:.2} dB) · final loss {:.4} · {} steps · {:.1} s · {:.1} ms \
-         per step (median)",
+        "  held-out PSNR {:.2} dB, SSIM {:.3} (the seeded Gaussians: {:.2} dB) · final loss {:.4} · {} steps · {:.1} s · \
+         {:.1} ms per step (median)",
         s.held_out_psnr_db,
+        s.held_out_ssim,
         s.initial_psnr_db,
         s.final_loss,
         summary.steps,
@@ -77,6 +78,22 @@ pub fn run(args: SceneArgs) -> Result<()> {
         summary.median_step_ms
     );
     crate::runs::print_common(&summary, &dir);
+    Ok(())
+}
+
+/// `vramfit render-scene RUN_DIR --view K OUT.png`.
+pub fn render(run_dir: &std::path::Path, view: usize, out: &std::path::Path) -> Result<()> {
+    vramfit_splat::picture::check_output_path(out)?;
+    let r = vramfit_scene::job::render_run_view(run_dir, view)?;
+    vramfit::run::atomic_write(out, &r.png).map_err(|e| anyhow::anyhow!("{}: cannot write it: {e}", out.display()))?;
+    println!(
+        "wrote {}: view {view} of {} ({}) at step {}, PSNR {:.2} dB against the view's image",
+        out.display(),
+        r.views,
+        if r.held_out { "held out" } else { "a training view" },
+        r.step,
+        r.psnr_db
+    );
     Ok(())
 }
 

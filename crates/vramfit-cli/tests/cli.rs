@@ -2,6 +2,7 @@
 //! that names the problem and leaves no run directory behind; a killed fit
 //! resumes to the same result; render and sample produce what they say.
 
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -1097,8 +1098,10 @@ fn sample_scene_writes_a_colmap_dataset_and_refuses_to_overwrite() {
 }
 
 /// `vramfit scene` fits a COLMAP dataset that `sample scene` wrote and
-/// states the held-out PSNR; a folder without a model and a GPU device are
-/// refused with what to do, leaving no run directory.
+/// states the held-out PSNR, and `render-scene` draws a view of the result;
+/// a folder without a model and an unknown device are refused with what to
+/// do, leaving no run directory, and `render-scene` refuses a view that is
+/// not there, a name not ending in .png and a folder that is not a run.
 #[test]
 fn scene_fits_a_sampled_dataset_and_refuses_bad_input() {
     let tmp = tempfile::tempdir().unwrap();
@@ -1134,6 +1137,26 @@ fn scene_fits_a_sampled_dataset_and_refuses_bad_input() {
     );
     assert!(end > start, "{start} → {end}");
     assert!(dir.join("fitted/gaussians.ply").is_file());
+    let o = run(&["render-scene", "fitted", "--view", "0", "view0.png"], dir);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && text.contains("held out") && text.contains("PSNR"),
+        "{text}{}",
+        stderr(&o)
+    );
+    assert!(std::fs::read(dir.join("view0.png")).unwrap().starts_with(b"\x89PNG"));
+    for (args, says) in [
+        (&["render-scene", "fitted", "--view", "999", "v.png"][..], "--view 999"),
+        (&["render-scene", "fitted", "v.jpg"][..], "ending in .png"),
+        (&["render-scene", "empty-run", "v.png"][..], "config.toml"),
+    ] {
+        let o = run(args, dir);
+        assert!(
+            !o.status.success() && stderr(&o).contains(says),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
 
     std::fs::create_dir(dir.join("empty")).unwrap();
     let o = run(&["scene", "empty", "--out", "bad"], dir);
@@ -1196,4 +1219,81 @@ fn a_full_or_closed_stdout_and_huge_numbers_do_not_panic() {
             stderr(&o)
         );
     }
+}
+
+/// An output path is never replaced when it is not a regular file (the
+/// write-then-rename would replace a device or a pipe), and an image is
+/// never written under a name that says another format.
+#[test]
+fn outputs_never_replace_devices_or_misname_images() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let fifo = dir.join("pipe.png");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let o = run(&["sample", "--size", "16x16", "pipe.png"], dir);
+    assert!(
+        !o.status.success() && stderr(&o).contains("not a regular file"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        std::fs::metadata(&fifo).unwrap().file_type().is_fifo(),
+        "the pipe is still a pipe"
+    );
+    for name in ["out.jpg", "out.bmp", "out.txt", "out"] {
+        let o = run(&["sample", "--size", "16x16", name], dir);
+        assert!(
+            !o.status.success() && stderr(&o).contains("ending in .png"),
+            "{name}: {}",
+            stderr(&o)
+        );
+        assert!(!dir.join(name).exists(), "{name} was not written");
+    }
+    assert!(run(&["sample", "--size", "16x16", "out.PNG"], dir).status.success());
+}
+
+/// A scene fit killed with SIGKILL after a checkpoint resumes to the same
+/// Gaussians, bit for bit, as the uninterrupted fit (densification,
+/// statistics and Adam's state included).
+#[test]
+fn a_killed_scene_fit_resumes_to_the_same_gaussians() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let o = run(
+        &[
+            "sample", "scene", "data", "--views", "9", "--size", "32x24", "--points", "150",
+        ],
+        d,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let args = |out: &'static str| -> Vec<&'static str> {
+        vec![
+            "scene",
+            "data",
+            "--steps",
+            "300",
+            "--out",
+            out,
+            "--set",
+            "checkpoint_every=40",
+            "--set",
+            "densify_from=20",
+            "--set",
+            "densify_every=20",
+            "--set",
+            "densify_until=200",
+            "--set",
+            "frame_every=0",
+        ]
+    };
+    let o = run(&args("whole"), d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let whole = std::fs::read(d.join("whole/gaussians.ply")).unwrap();
+    kill_after_a_checkpoint(&args("killed"), d, &d.join("killed"));
+    let o = run(&["scene", "--resume", "killed"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        std::fs::read(d.join("killed/gaussians.ply")).unwrap() == whole,
+        "the resumed scene differs from the uninterrupted one"
+    );
 }

@@ -10,7 +10,7 @@
 
 use std::cell::{Cell, Ref, RefCell};
 
-use vramfit_splat::cpu::ssim::ssim_and_backward;
+use vramfit_splat::cpu::ssim::{ssim, ssim_and_backward};
 
 use crate::cpu::camera::Camera;
 use crate::cpu::render::{SceneGrads, render, render_backward};
@@ -436,8 +436,8 @@ impl Fit {
         Ok(())
     }
 
-    /// The image of view `index` by the current Gaussians.
-    fn render_image(&self, index: usize) -> Result<Vec<f32>, String> {
+    /// The image of view `index` by the current Gaussians (`[H, W, 3]`).
+    pub fn render_image(&self, index: usize) -> Result<Vec<f32>, String> {
         let v = &self.data.views[index];
         match &self.device {
             Some(d) => d.render(&v.camera, self.settings.background),
@@ -453,16 +453,34 @@ impl Fit {
         vramfit_splat::picture::encode_png(&rgb).map_err(|e| e.to_string())
     }
 
-    /// Mean PSNR over the held-out views (the training views when none is held out).
-    pub fn held_out_psnr(&self) -> Result<f64, String> {
-        let views = if self.held_out.is_empty() {
+    /// The views evaluated: the held-out ones (the training views when none is held out).
+    fn evaluated(&self) -> &[usize] {
+        if self.held_out.is_empty() {
             &self.train
         } else {
             &self.held_out
-        };
+        }
+    }
+
+    /// Mean PSNR over the held-out views (the training views when none is held out).
+    pub fn held_out_psnr(&self) -> Result<f64, String> {
+        let views = self.evaluated();
         let mut total = 0.0;
         for &i in views {
             total += psnr(&self.render_image(i)?, &self.data.views[i].image);
+        }
+        Ok(total / views.len() as f64)
+    }
+
+    /// Mean SSIM (11×11 Gaussian window, as the 3DGS papers report it) over
+    /// the same views, the render clamped to [0, 1] as an image file holds it.
+    pub fn held_out_ssim(&self) -> Result<f64, String> {
+        let views = self.evaluated();
+        let mut total = 0.0;
+        for &i in views {
+            let v = &self.data.views[i];
+            let image: Vec<f32> = self.render_image(i)?.iter().map(|x| x.clamp(0.0, 1.0)).collect();
+            total += ssim(&image, &v.image, v.camera.height, v.camera.width, 3) as f64;
         }
         Ok(total / views.len() as f64)
     }

@@ -46,6 +46,7 @@ fn a_scene_fit_runs_states_its_psnr_and_resumes_exactly() {
         s.held_out_psnr_db, s.initial_psnr_db, s.gaussians
     );
     assert!(s.held_out_psnr_db > s.initial_psnr_db, "{s:?}");
+    assert!(s.held_out_ssim > 0.0 && s.held_out_ssim < 1.0, "SSIM stated: {s:?}");
     let n = s.gaussians as u64;
     assert!(n > 200 && n <= 260, "densified within the cap: {n}");
     // Degree 3: 45 rest coefficients a Gaussian, 4 bytes each.
@@ -62,6 +63,16 @@ fn a_scene_fit_runs_states_its_psnr_and_resumes_exactly() {
     let header_end = ply.windows(11).position(|w| w == b"end_header\n").unwrap() + 11;
     // x y z, nx ny nz, 3 dc, 45 rest, opacity, 3 scales, 4 rotations: 62 floats.
     assert_eq!(ply.len() - header_end, n as usize * 62 * 4);
+    // The file reads back to the same Gaussians, and `render-scene` draws
+    // the end of the run from it.
+    let decoded = vramfit_scene::ply::decode(&ply).unwrap();
+    assert_eq!(vramfit_scene::ply::encode(&decoded), ply);
+    let view = vramfit_scene::job::render_run_view(&whole, 0).unwrap();
+    assert_eq!(view.step, 60);
+    assert!(view.held_out && view.png.starts_with(b"\x89PNG"));
+    assert!(view.psnr_db > s.initial_psnr_db - 3.0, "{}", view.psnr_db);
+    let cut_ply = vramfit_scene::ply::decode(&ply[..ply.len() - 4]).unwrap_err();
+    assert!(cut_ply.contains("cut"), "{cut_ply}");
 
     // Stopped just after the checkpoint at step 20, then resumed.
     let cut = tmp.path().join("cut");
@@ -86,4 +97,5 @@ fn a_scene_fit_runs_states_its_psnr_and_resumes_exactly() {
         "the resumed fit ends with the same Gaussians"
     );
     assert_eq!(resumed.workload.held_out_psnr_db, s.held_out_psnr_db);
+    assert_eq!(resumed.workload.held_out_ssim, s.held_out_ssim);
 }

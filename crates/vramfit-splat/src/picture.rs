@@ -143,6 +143,23 @@ pub fn check_output_path(path: &Path) -> Result<(), SplatError> {
             why: "it is a directory; give a file name, e.g. DIR/out.png".into(),
         });
     }
+    // PNG is what is written: another extension would misname the file.
+    let png = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    if !png {
+        return Err(SplatError::Write {
+            path: path.into(),
+            why: "images are written as PNG: give a name ending in .png".into(),
+        });
+    }
+    if let Ok(meta) = std::fs::metadata(path)
+        && !meta.is_file()
+    {
+        return Err(SplatError::Write {
+            path: path.into(),
+            why: "it is not a regular file (a device, pipe or socket), which writing would replace: give a file path"
+                .into(),
+        });
+    }
     Ok(())
 }
 

@@ -67,7 +67,25 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RunDirError + '_ {
 /// directory, flushed and synced, then renamed over the target. A crash
 /// leaves either the old file or the new one, never a torn one; a failure
 /// (a full disk, a directory in the way) removes the temporary file again.
+/// A target that exists and is not a regular file (a device such as
+/// `/dev/null`, a pipe, a socket) is refused: the rename would replace it.
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    if let Ok(meta) = fs::metadata(path)
+        && !meta.is_file()
+    {
+        let what = if meta.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file (a device, pipe or socket)"
+        };
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is {what}; vramfit writes files by replacing them, which would replace it: give a file path",
+                path.display()
+            ),
+        ));
+    }
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
