@@ -97,5 +97,14 @@ fn scene(dir: PathBuf, views: usize, (width, height): (u32, u32), points: usize)
         held.len(),
         data.points.len()
     );
+    let sky = vramfit_scene::synthetic::SKY;
+    println!(
+        "fit it as the built-in scene is fitted (its sky is the background; a COLMAP dataset's default is black): \
+         vramfit scene {} --set 'background=[{}, {}, {}]'",
+        dir.display(),
+        sky[0],
+        sky[1],
+        sky[2]
+    );
     Ok(())
 }
