@@ -3,9 +3,10 @@
 //! under test) so that fitting it measures the splats, not agreement with
 //! themselves.
 //!
-//! A textured ground square, a textured sphere (both carry the procedural
-//! sample's content) and a glossy red sphere with a specular highlight
-//! that moves with the viewpoint, so that the SH degree matters. Cameras
+//! A textured ground square with a broad sheen, a textured sphere (both
+//! carry the procedural sample's content) and a glossy red sphere with a
+//! specular highlight; the sheen and the highlight move with the
+//! viewpoint, so that the SH degree matters. Cameras
 //! circle the objects at varying heights, looking at their middle; the
 //! sparse points are samples of the visible surfaces with their diffuse
 //! colour, as a structure-from-motion run would give.
@@ -46,8 +47,12 @@ const GROUND_HALF: f64 = 2.0;
 const TEXTURED: ([f64; 3], f64) = ([-0.6, 0.3, 0.5], 0.5);
 const GLOSSY: ([f64; 3], f64) = ([0.7, -0.35, 0.4], 0.4);
 const GLOSSY_ALBEDO: [f64; 3] = [0.75, 0.2, 0.15];
-const SPECULAR: f64 = 0.6;
-const SHININESS: i32 = 24;
+/// The red sphere's highlight: strength and Phong exponent.
+const SPHERE_GLOSS: (f64, i32) = (0.8, 12);
+/// The ground's broad sheen: seen from every camera over much of the
+/// image, it changes with the viewpoint, which SH degrees above 0 fit and
+/// degree 0 cannot.
+const GROUND_GLOSS: (f64, i32) = (0.35, 4);
 
 fn dot(a: [f64; 3], b: [f64; 3]) -> f64 {
     a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
@@ -58,12 +63,13 @@ fn unit(a: [f64; 3]) -> [f64; 3] {
     a.map(|v| v / n)
 }
 
-/// What a ray hits: distance, normal, albedo, and whether it is glossy.
+/// What a ray hits: distance, normal, albedo, and its gloss (specular
+/// strength and Phong exponent), if any.
 struct Hit {
     t: f64,
     normal: [f64; 3],
     albedo: [f64; 3],
-    glossy: bool,
+    gloss: Option<(f64, i32)>,
 }
 
 fn texel(texture: &RgbImage, u: f64, v: f64) -> [f64; 3] {
@@ -111,7 +117,7 @@ fn hit(origin: [f64; 3], dir: [f64; 3], texture: &RgbImage) -> Option<Hit> {
                 t,
                 normal: [0.0, 0.0, 1.0],
                 albedo: texel(texture, u, v),
-                glossy: false,
+                gloss: Some(GROUND_GLOSS),
             });
         }
     }
@@ -122,7 +128,7 @@ fn hit(origin: [f64; 3], dir: [f64; 3], texture: &RgbImage) -> Option<Hit> {
             t,
             normal: n,
             albedo: texel(texture, u, v),
-            glossy: false,
+            gloss: None,
         });
     }
     if let Some((t, n)) = sphere(origin, dir, GLOSSY) {
@@ -130,7 +136,7 @@ fn hit(origin: [f64; 3], dir: [f64; 3], texture: &RgbImage) -> Option<Hit> {
             t,
             normal: n,
             albedo: GLOSSY_ALBEDO,
-            glossy: true,
+            gloss: Some(SPHERE_GLOSS),
         });
     }
     best
@@ -149,12 +155,12 @@ fn shade(origin: [f64; 3], dir: [f64; 3], texture: &RgbImage) -> [f64; 3] {
         return SKY;
     };
     let mut c = diffuse(h.albedo, h.normal);
-    if h.glossy {
+    if let Some((specular, shininess)) = h.gloss {
         let light = unit(LIGHT);
         let nl = dot(h.normal, light);
         let reflected = [0, 1, 2].map(|i| 2.0 * nl * h.normal[i] - light[i]);
         let to_eye = dir.map(|v| -v);
-        let highlight = SPECULAR * dot(reflected, to_eye).max(0.0).powi(SHININESS);
+        let highlight = specular * dot(reflected, to_eye).max(0.0).powi(shininess);
         c = c.map(|v| (v + highlight).min(1.0));
     }
     c
