@@ -7,6 +7,7 @@ use cubecl::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
+use vramfit_splat::gpu::check::max_relative_error;
 
 use super::engine::Renderer;
 use crate::cpu::camera::Camera;
@@ -157,18 +158,6 @@ pub fn scene<'a>(p: &'a [Vec<f32>; 6], degree: usize) -> Scene<'a, f32> {
     }
 }
 
-fn max_abs(v: &[f32]) -> f64 {
-    v.iter().fold(0.0f64, |m, x| m.max(x.abs() as f64))
-}
-
-fn rel(gpu: &[f32], cpu: &[f32]) -> f64 {
-    let diff = gpu
-        .iter()
-        .zip(cpu)
-        .fold(0.0f64, |m, (a, b)| m.max((*a as f64 - *b as f64).abs()));
-    if max_abs(cpu) == 0.0 { diff } else { diff / max_abs(cpu) }
-}
-
 /// Runs one case on `device` and compares with the CPU twin.
 pub fn run_case<R: Runtime>(device: &R::Device, case: &Case) -> Result<CaseReport, String> {
     let params = random_scene(case);
@@ -194,9 +183,9 @@ pub fn run_case<R: Runtime>(device: &R::Device, case: &Case) -> Result<CaseRepor
     let gpu_groups = grads.groups();
     let mut grad_rel = [0.0; 7];
     for g in 0..6 {
-        grad_rel[g] = rel(gpu_groups[g], cpu_groups[g]);
+        grad_rel[g] = max_relative_error(gpu_groups[g], cpu_groups[g]);
     }
-    grad_rel[6] = rel(&grads.screen_means, &cpu_grads.screen_means);
+    grad_rel[6] = max_relative_error(&grads.screen_means, &cpu_grads.screen_means);
     let diffs: Vec<f64> = image
         .iter()
         .zip(&cpu.image)

@@ -10,7 +10,9 @@
 use cubecl::prelude::*;
 
 use super::sh::{basis, coefficients, color_backward, raw_channel};
-use super::{LOW_PASS, NEAR, PROJECTED, SCREEN_GRADS, TILE};
+use vramfit_splat::gpu::kernels::project::write_tile_rect;
+
+use super::{LOW_PASS, NEAR, PROJECTED, SCREEN_GRADS};
 
 // The layout of the intermediates `geometry` writes.
 const G_P: usize = 0; // camera-space mean (3)
@@ -177,10 +179,9 @@ pub fn project(
         let iu = i as usize;
         let mut g = Array::<f32>::new(GEOMETRY);
         let ok = geometry(means, log_scales, rotations, cam, iu, &mut g);
-        let mut x0 = 0u32;
-        let mut x1 = 0u32;
-        let mut y0 = 0u32;
-        let mut y1 = 0u32;
+        let mut radius = 0.0f32;
+        let mut mx = 0.0f32;
+        let mut my = 0.0f32;
         if ok {
             let a = g[G_COV];
             let b = g[G_COV + 1];
@@ -188,10 +189,10 @@ pub fn project(
             let det = g[G_DET];
             let mid = 0.5 * (a + c);
             let lambda = mid + f32::sqrt(f32::max(mid * mid - det, 0.1));
-            let radius = f32::ceil(3.0 * f32::sqrt(lambda));
+            radius = f32::ceil(3.0 * f32::sqrt(lambda));
             let z = g[G_P + 2];
-            let mx = cam[12] * g[G_P] / z + cam[14];
-            let my = cam[13] * g[G_P + 1] / z + cam[15];
+            mx = cam[12] * g[G_P] / z + cam[14];
+            my = cam[13] * g[G_P + 1] / z + cam[15];
             let o = PROJECTED as usize * iu;
             projected[o] = z;
             projected[o + 1] = mx;
@@ -213,27 +214,10 @@ pub fn project(
             for ch in 0..3usize {
                 projected[o + 7 + ch] = f32::max(raw_channel(sh_dc, sh_rest, iu, ch, &bs, degree), 0.0);
             }
-            let tile = TILE as f32;
-            let tx = tiles_x as f32;
-            let ty = tiles_y as f32;
-            // A radius that is not a number (an overflowed covariance) draws nothing.
-            if radius >= 1.0 && radius < 3.0e38 {
-                x0 = u32::cast_from(f32::clamp(f32::floor((mx - radius) / tile), 0.0, tx));
-                x1 = u32::cast_from(f32::clamp(f32::ceil((mx + radius) / tile), 0.0, tx));
-                y0 = u32::cast_from(f32::clamp(f32::floor((my - radius) / tile), 0.0, ty));
-                y1 = u32::cast_from(f32::clamp(f32::ceil((my + radius) / tile), 0.0, ty));
-            }
-            if x0 >= x1 || y0 >= y1 {
-                x0 = 0;
-                x1 = 0;
-                y0 = 0;
-                y1 = 0;
-            }
         }
-        rect[4 * iu] = x0;
-        rect[4 * iu + 1] = x1;
-        rect[4 * iu + 2] = y0;
-        rect[4 * iu + 3] = y1;
+        // A radius that is not a number (an overflowed covariance) draws nothing.
+        let valid = ok && radius >= 1.0 && radius < 3.0e38;
+        write_tile_rect(rect, iu, mx, my, radius, valid, tiles_x, tiles_y);
     }
 }
 

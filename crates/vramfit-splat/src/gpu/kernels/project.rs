@@ -54,39 +54,60 @@ pub fn project(
         conic[5 * iu + 2] = a;
         conic[5 * iu + 3] = b;
         conic[5 * iu + 4] = c;
-        let mut x0 = 0u32;
-        let mut x1 = 0u32;
-        let mut y0 = 0u32;
-        let mut y1 = 0u32;
         let det_x = a * c - b * b;
         let det_sigma = 1.0 / det_x;
-        if det_x > 0.0 && finite(det_sigma) && det_sigma > 1e-12 && finite(cx) && finite(cy) {
+        let mut r = 0.0f32;
+        let valid = det_x > 0.0 && finite(det_sigma) && det_sigma > 1e-12 && finite(cx) && finite(cy);
+        if valid {
             let s11 = c * det_sigma;
             let s22 = a * det_sigma;
             let m = 0.5 * (s11 + s22);
             let lambda = m + f32::sqrt(f32::max(m * m - det_sigma, 0.1));
-            let r = f32::ceil(3.0 * f32::sqrt(lambda));
-            if finite(r) {
-                let tile = TILE as f32;
-                let tx = tiles_x as f32;
-                let ty = tiles_y as f32;
-                x0 = u32::cast_from(f32::clamp(f32::floor((cx - r) / tile), 0.0, tx));
-                x1 = u32::cast_from(f32::clamp(f32::ceil((cx + r) / tile), 0.0, tx));
-                y0 = u32::cast_from(f32::clamp(f32::floor((cy - r) / tile), 0.0, ty));
-                y1 = u32::cast_from(f32::clamp(f32::ceil((cy + r) / tile), 0.0, ty));
-                if x0 >= x1 || y0 >= y1 {
-                    x0 = 0;
-                    x1 = 0;
-                    y0 = 0;
-                    y1 = 0;
-                }
-            }
+            r = f32::ceil(3.0 * f32::sqrt(lambda));
         }
-        rect[4 * iu] = x0;
-        rect[4 * iu + 1] = x1;
-        rect[4 * iu + 2] = y0;
-        rect[4 * iu + 3] = y1;
+        write_tile_rect(rect, iu, cx, cy, r, valid && finite(r), tiles_x, tiles_y);
     }
+}
+
+/// Writes the tiles `[x0, x1) × [y0, y1)` that a disc of `radius` pixels
+/// around (`cx`, `cy`) touches into `rect[4i..]`, clamped to the screen;
+/// an empty rectangle (all zero) when `valid` is false or nothing is on
+/// screen. Shared by the 2D fitter's and the 3D scene's projections.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn write_tile_rect(
+    rect: &mut Array<u32>,
+    i: usize,
+    cx: f32,
+    cy: f32,
+    radius: f32,
+    valid: bool,
+    tiles_x: u32,
+    tiles_y: u32,
+) {
+    let mut x0 = 0u32;
+    let mut x1 = 0u32;
+    let mut y0 = 0u32;
+    let mut y1 = 0u32;
+    if valid {
+        let tile = TILE as f32;
+        let tx = tiles_x as f32;
+        let ty = tiles_y as f32;
+        x0 = u32::cast_from(f32::clamp(f32::floor((cx - radius) / tile), 0.0, tx));
+        x1 = u32::cast_from(f32::clamp(f32::ceil((cx + radius) / tile), 0.0, tx));
+        y0 = u32::cast_from(f32::clamp(f32::floor((cy - radius) / tile), 0.0, ty));
+        y1 = u32::cast_from(f32::clamp(f32::ceil((cy + radius) / tile), 0.0, ty));
+        if x0 >= x1 || y0 >= y1 {
+            x0 = 0;
+            x1 = 0;
+            y0 = 0;
+            y1 = 0;
+        }
+    }
+    rect[4 * i] = x0;
+    rect[4 * i + 1] = x1;
+    rect[4 * i + 2] = y0;
+    rect[4 * i + 3] = y1;
 }
 
 /// Counts the (Gaussian, tile) pairs of each tile in tile rows
