@@ -91,6 +91,10 @@ fn splat(
     device: &str,
     out: PathBuf,
 ) -> Result<()> {
+    if let Some(dir) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("--out: creating {}", dir.display()))?;
+    }
+    crate::budget::check_writable("--out", &out)?;
     let mut config = FitConfig::default();
     if let Some(i) = image {
         config.image = i;

@@ -38,6 +38,10 @@ impl Budget {
     }
 }
 
+/// The largest card `--gpus` takes, GiB (1 PiB: far beyond any card, and
+/// well inside the byte counts' range).
+const MAX_CARD_GIB: f64 = 1_048_576.0;
+
 /// `--budget` and `--gpus` (GiB) read, at least one given; cards in bytes, each once.
 pub(crate) fn budget_and_cards(budget: Option<&str>, gpus: &[f64], device: &str) -> Result<(Option<Budget>, Vec<u64>)> {
     let budget = budget.map(|b| Budget::parse(b, device)).transpose()?;
@@ -47,10 +51,10 @@ pub(crate) fn budget_and_cards(budget: Option<&str>, gpus: &[f64], device: &str)
     let mut cards: Vec<u64> = gpus
         .iter()
         .map(|g| {
-            if g.is_finite() && *g > 0.0 {
+            if g.is_finite() && *g > 0.0 && *g <= MAX_CARD_GIB {
                 Ok((g * (1u64 << 30) as f64) as u64)
             } else {
-                bail!("--gpus {g}: card sizes are positive numbers of GiB, e.g. 8,16,24")
+                bail!("--gpus {g}: card sizes are positive numbers of GiB up to {MAX_CARD_GIB} (1 PiB), e.g. 8,16,24")
             }
         })
         .collect::<Result<_>>()?;
@@ -59,17 +63,38 @@ pub(crate) fn budget_and_cards(budget: Option<&str>, gpus: &[f64], device: &str)
     Ok((budget, cards))
 }
 
-/// Refuses a `--json` path whose folder does not exist, before any probe.
+/// Refuses a `--json` path that cannot be written, before any probe: its
+/// folder missing or not writable, or the path a directory.
 pub(crate) fn check_json_folder(json: Option<&std::path::Path>) -> Result<()> {
-    if let Some(dir) = json.and_then(|j| j.parent()).filter(|d| !d.as_os_str().is_empty())
-        && !dir.is_dir()
-    {
+    let Some(json) = json else { return Ok(()) };
+    check_writable("--json", json)
+}
+
+/// Refuses an output file path that cannot be written, before the work
+/// that produces it: a directory, a folder that does not exist or cannot
+/// be written (tried with a probe file, which is removed).
+pub(crate) fn check_writable(flag: &str, path: &std::path::Path) -> Result<()> {
+    if path.is_dir() {
         bail!(
-            "--json: the folder {} does not exist (nothing was probed)",
-            dir.display()
+            "{flag} {}: is a directory; give a file name (nothing was run)",
+            path.display()
         );
     }
-    Ok(())
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    if !dir.is_dir() {
+        bail!("{flag}: the folder {} does not exist (nothing was run)", dir.display());
+    }
+    let probe = dir.join(format!(".vramfit-write-probe-{}", std::process::id()));
+    match std::fs::File::create(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => bail!("{flag}: cannot write in {} ({e}; nothing was run)", dir.display()),
+    }
 }
 
 /// Refuses an existing `--out`, before any probe.

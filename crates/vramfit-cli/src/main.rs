@@ -218,8 +218,33 @@ fn report(dir: &Path) -> Result<()> {
             dir.display()
         )
     })?;
+    // Schema and version first: a report of another version may parse with
+    // fields that mean something else.
+    let head: serde_json::Value = serde_json::from_slice(&bytes).with_context(|| {
+        format!(
+            "{} is not JSON: the file is damaged or not a memory report",
+            path.display()
+        )
+    })?;
+    let (schema, version) = (head["schema"].as_str(), head["version"].as_u64());
+    if schema != Some("vramfit.memory") {
+        bail!(
+            "{} is not a vramfit memory report (schema {}, expected vramfit.memory)",
+            path.display(),
+            schema.map_or("missing".into(), |s| format!("'{s}'"))
+        );
+    }
+    if version != Some(vramfit::profile::REPORT_VERSION as u64) {
+        bail!(
+            "{} is a memory report of version {}, and this vramfit reads version {}: read it with the vramfit that \
+             wrote it",
+            path.display(),
+            version.map_or("(missing)".into(), |v| v.to_string()),
+            vramfit::profile::REPORT_VERSION
+        );
+    }
     let report: vramfit::profile::MemoryReport =
-        serde_json::from_slice(&bytes).with_context(|| format!("{} is not a vramfit memory report", path.display()))?;
+        serde_json::from_value(head).with_context(|| format!("{} is not a vramfit memory report", path.display()))?;
     print!("{}", report.table());
     let html = dir.join("memory.html");
     let title = dir

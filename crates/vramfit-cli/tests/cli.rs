@@ -1297,3 +1297,60 @@ fn a_killed_scene_fit_resumes_to_the_same_gaussians() {
         "the resumed scene differs from the uninterrupted one"
     );
 }
+
+/// Resume, report and output checks refuse what cannot work, with what to
+/// do: a run whose checkpoints folder is gone is not restarted from step 0;
+/// `report` refuses a memory report of another schema or version; `--gpus`
+/// refuses a card size no card has; `--json` and `--out` that are folders
+/// are refused before any work.
+#[test]
+fn resume_report_and_outputs_refuse_what_cannot_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (_, cfg) = setup(d);
+    let cfg = cfg.to_str().unwrap();
+    kill_after_a_checkpoint(&["fit", "--config", cfg, "--out", "run"], d, &d.join("run"));
+    std::fs::remove_dir_all(d.join("run/checkpoints")).unwrap();
+    let o = run(&["fit", "--resume", "run"], d);
+    assert!(
+        !o.status.success() && stderr(&o).contains("checkpoints folder") && stderr(&o).contains("Nothing was changed"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!d.join("run/checkpoints").exists(), "nothing was recreated");
+
+    std::fs::create_dir(d.join("rep")).unwrap();
+    for (text, says) in [
+        (r#"{"schema": "vramfit.memory", "version": 999}"#, "version 999"),
+        (r#"{"schema": "other", "version": 4}"#, "not a vramfit memory report"),
+        ("not json", "is not JSON"),
+    ] {
+        std::fs::write(d.join("rep/memory.json"), text).unwrap();
+        let o = run(&["report", "rep"], d);
+        assert!(
+            !o.status.success() && stderr(&o).contains(says),
+            "{text}: {}",
+            stderr(&o)
+        );
+    }
+
+    let o = run(&["plan", "transformer", "--gpus", "8,1e20"], d);
+    assert!(
+        !o.status.success() && stderr(&o).contains("up to 1048576"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::create_dir(d.join("folder")).unwrap();
+    let o = run(&["plan", "transformer", "--gpus", "8", "--json", "folder"], d);
+    assert!(
+        !o.status.success() && stderr(&o).contains("is a directory"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["bench", "splat", "--steps", "5", "--out", "folder"], d);
+    assert!(
+        !o.status.success() && stderr(&o).contains("is a directory"),
+        "{}",
+        stderr(&o)
+    );
+}

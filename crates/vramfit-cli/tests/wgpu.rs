@@ -187,7 +187,11 @@ fn check_kernels_passes_on_wgpu_and_cpu_is_refused() {
     ));
     assert!(text.contains("cases within tolerance"), "{text}");
     let reports = json(&tmp.path().join("check.json"));
-    assert!(reports.as_array().unwrap().len() >= 7);
+    assert!(reports["image"].as_array().unwrap().len() >= 7);
+    assert!(
+        reports["scene"].as_array().unwrap().len() >= 5,
+        "the scene renderer's cases too"
+    );
     let o = run(&["check-kernels", "--device", "cpu"], tmp.path());
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--device cuda or wgpu"));
 }

@@ -27,48 +27,7 @@ pub const CHANNELS: usize = 3;
 impl Picture {
     /// Decodes PNG or JPEG bytes; `path` names the source in errors.
     pub fn decode(bytes: &[u8], path: &Path) -> Result<Self, SplatError> {
-        let reader = ImageReader::new(std::io::Cursor::new(bytes))
-            .with_guessed_format()
-            .map_err(|e| SplatError::ImageUnreadable {
-                path: path.into(),
-                cause: e,
-            })?;
-        let Some(format) = reader.format() else {
-            return Err(SplatError::ImageUnsupported {
-                path: path.into(),
-                detail: "not a recognised image format".into(),
-            });
-        };
-        if !matches!(format, ImageFormat::Png | ImageFormat::Jpeg) {
-            return Err(SplatError::ImageUnsupported {
-                path: path.into(),
-                detail: format!("{format:?}"),
-            });
-        }
-        // The decoders fill a cut-short image's missing part with grey
-        // without a word: refuse it before decoding.
-        let complete = if format == ImageFormat::Png {
-            png_complete(bytes)
-        } else {
-            jpeg_complete(bytes)
-        };
-        if let Err(detail) = complete {
-            return Err(SplatError::ImageCorrupt {
-                path: path.into(),
-                detail,
-            });
-        }
-        let img = reader.decode().map_err(|e| match e {
-            ImageError::Unsupported(u) => SplatError::ImageUnsupported {
-                path: path.into(),
-                detail: u.to_string(),
-            },
-            other => SplatError::ImageCorrupt {
-                path: path.into(),
-                detail: other.to_string(),
-            },
-        })?;
-        Ok(Self::from_rgb8(&img.to_rgb8()))
+        Ok(Self::from_rgb8(&decode_rgb8(bytes, path)?))
     }
 
     /// Reads and decodes a file.
@@ -267,6 +226,68 @@ pub fn psnr(x: &[f32], y: &[f32]) -> f64 {
     if mse == 0.0 { f64::INFINITY } else { -10.0 * mse.log10() }
 }
 
+/// The most bytes an image's decoder may allocate: 4 GiB holds a
+/// 32768 × 32768 RGB image, beyond the 16K images the GPU path exists for
+/// (the decoder's default, 512 MiB, refuses a 13,400² PNG), and a header
+/// claiming more is refused before anything is allocated.
+pub const MAX_DECODE_BYTES: u64 = 4 << 30;
+
+/// Decodes PNG or JPEG bytes to 8-bit RGB; `path` names the source in errors.
+pub fn decode_rgb8(bytes: &[u8], path: &Path) -> Result<RgbImage, SplatError> {
+    let mut reader = ImageReader::new(std::io::Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| SplatError::ImageUnreadable {
+            path: path.into(),
+            cause: e,
+        })?;
+    let Some(format) = reader.format() else {
+        return Err(SplatError::ImageUnsupported {
+            path: path.into(),
+            detail: "not a recognised image format".into(),
+        });
+    };
+    if !matches!(format, ImageFormat::Png | ImageFormat::Jpeg) {
+        return Err(SplatError::ImageUnsupported {
+            path: path.into(),
+            detail: format!("{format:?}"),
+        });
+    }
+    // The decoders fill a cut-short image's missing part with grey
+    // without a word: refuse it before decoding.
+    let complete = if format == ImageFormat::Png {
+        png_complete(bytes)
+    } else {
+        jpeg_complete(bytes)
+    };
+    if let Err(detail) = complete {
+        return Err(SplatError::ImageCorrupt {
+            path: path.into(),
+            detail,
+        });
+    }
+    let mut limits = image::Limits::default();
+    limits.max_alloc = Some(MAX_DECODE_BYTES);
+    reader.limits(limits);
+    let img = reader.decode().map_err(|e| match e {
+        ImageError::Unsupported(u) => SplatError::ImageUnsupported {
+            path: path.into(),
+            detail: u.to_string(),
+        },
+        ImageError::Limits(l) => SplatError::ImageUnsupported {
+            path: path.into(),
+            detail: format!(
+                "decoding it needs more than {} GiB ({l}); give a smaller image",
+                MAX_DECODE_BYTES >> 30
+            ),
+        },
+        other => SplatError::ImageCorrupt {
+            path: path.into(),
+            detail: other.to_string(),
+        },
+    })?;
+    Ok(img.to_rgb8())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -276,6 +297,37 @@ mod tests {
         let mut bytes = Vec::new();
         img.write_to(&mut std::io::Cursor::new(&mut bytes), format).unwrap();
         bytes
+    }
+
+    /// A valid image larger than the decoder's default allocation limit
+    /// (512 MiB: 13,400² RGB is 538.7 MB) decodes; one whose header claims
+    /// more than [`MAX_DECODE_BYTES`] is refused as too large, not corrupt.
+    #[test]
+    fn large_images_decode_and_absurd_ones_are_refused_by_size() {
+        let side = 13_400;
+        let img = RgbImage::new(side, side);
+        let mut bytes = Vec::new();
+        img.write_to(&mut std::io::Cursor::new(&mut bytes), ImageFormat::Png)
+            .unwrap();
+        drop(img);
+        let decoded = decode_rgb8(&bytes, Path::new("big.png")).unwrap();
+        assert_eq!(decoded.dimensions(), (side, side));
+        drop(decoded);
+        // The same stream with the header's size raised to 40,000² (4.8 GB of RGB).
+        let mut claimed = bytes.clone();
+        claimed[16..20].copy_from_slice(&40_000u32.to_be_bytes());
+        claimed[20..24].copy_from_slice(&40_000u32.to_be_bytes());
+        // The IHDR chunk's CRC-32 (IEEE) over its type and data, bit by bit.
+        let crc = !claimed[12..29].iter().fold(!0u32, |mut c, &byte| {
+            c ^= byte as u32;
+            for _ in 0..8 {
+                c = if c & 1 == 1 { (c >> 1) ^ 0xEDB8_8320 } else { c >> 1 };
+            }
+            c
+        });
+        claimed[29..33].copy_from_slice(&crc.to_be_bytes());
+        let e = decode_rgb8(&claimed, Path::new("claimed.png")).unwrap_err().to_string();
+        assert!(e.contains("GiB"), "{e}");
     }
 
     #[test]

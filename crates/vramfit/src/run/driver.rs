@@ -216,6 +216,17 @@ pub enum RunError {
     /// The device ran out of memory; `oom.json` holds the breakdown.
     #[error(transparent)]
     OutOfMemory(Box<OutOfMemoryError>),
+    /// The run directory has no checkpoints folder: resuming would start
+    /// over and then fail at the first checkpoint.
+    #[error(
+        "cannot resume {dir}: its checkpoints folder {dir}/checkpoints is missing (a run keeps its checkpoints \
+         there). Nothing was changed. Restore the folder to resume, or start a new run with the same settings \
+         (`--config {dir}/config.toml`)"
+    )]
+    CheckpointsMissing {
+        /// The run directory.
+        dir: PathBuf,
+    },
     /// Checkpoints exist but none reads back: the run will not silently start over.
     #[error(
         "cannot resume {dir}: no checkpoint reads back ({why}). Nothing was changed. Start a new run with the same \
@@ -402,7 +413,11 @@ impl Run {
             }
             return Ok((wall, notes));
         }
-        if found.is_empty() {
+        if found.is_empty() && !self.dir.checkpoints().is_dir() {
+            Err(RunError::CheckpointsMissing {
+                dir: self.dir.root().into(),
+            })
+        } else if found.is_empty() {
             Ok((
                 0.0,
                 vec!["no checkpoint had been written yet: starting from step 0".into()],
