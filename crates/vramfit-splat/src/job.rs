@@ -216,11 +216,17 @@ where
 
     fn advice(&self, report: &MemoryReport) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
+        let used = <B::InnerBackend as FusedLoss>::fused_band_rows_used(self.fit.target());
+        let rungs = <B::InnerBackend as FusedLoss>::fused_band_rungs(self.picture.width, self.picture.height);
+        let band = match lower_band(used, &rungs) {
+            Some(rows) => format!(
+                "workspace: lower the band height (--set band_rows={rows}, from {used}; the scratch scales with it)"
+            ),
+            None => format!("workspace: the band is at its lowest height ({used} rows); fewer pixels lower it"),
+        };
         for (c, _) in categories_at_peak(report) {
             let a = match c {
-                Category::Workspace => {
-                    "workspace: lower the band height (--set band_rows=64; the scratch scales with it)"
-                }
+                Category::Workspace => band.as_str(),
                 Category::Cached => {
                     "cached: the allocator reserves whole pages of its pools; its page sizes are not a vramfit setting yet, \
                      and lowering band_rows lowers it only when the scratch spans several pages"
@@ -271,5 +277,31 @@ where
                 ("render.png".into(), encode_png(&to_rgb8(w, h, &render))?),
             ],
         })
+    }
+}
+
+/// The next band height below `used` rows among `rungs` (ascending): the
+/// advice to lower the workspace never names a taller band.
+pub fn lower_band(used: usize, rungs: &[usize]) -> Option<usize> {
+    rungs.iter().copied().filter(|r| *r < used).max()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lower_band;
+
+    /// The band the advice names is always lower than the one in use
+    /// (issue 29: a fit at 32 rows was told to set 64), and none is named
+    /// at the lowest.
+    #[test]
+    fn the_band_advice_never_raises_the_band() {
+        let rungs = [16, 32, 64, 128, 256];
+        assert_eq!(lower_band(32, &rungs), Some(16));
+        assert_eq!(lower_band(256, &rungs), Some(128));
+        assert_eq!(lower_band(96, &rungs), Some(64));
+        assert_eq!(lower_band(16, &rungs), None);
+        for used in [16, 32, 48, 64, 200, 256] {
+            assert!(lower_band(used, &rungs).is_none_or(|r| r < used));
+        }
     }
 }

@@ -180,6 +180,12 @@ pub trait FusedLoss: SplatBackend {
         0
     }
 
+    /// Rows per band of the banded loss (0 where there are no bands: the
+    /// host computes the whole image at once).
+    fn fused_band_rows_used(_target: &Self::Target) -> usize {
+        0
+    }
+
     /// Loss parts of the unclamped render and the gradients of
     /// `L1 + ssim_weight·(1 − SSIM)` for the four parameter tensors.
     fn fused_loss_and_grads(

@@ -108,6 +108,10 @@ macro_rules! cube_fused_loss {
                 target.workspace_bytes()
             }
 
+            fn fused_band_rows_used(target: &Self::Target) -> usize {
+                target.band_rows()
+            }
+
             fn fused_loss_and_grads(
                 params: SplatPrimitives<Self>,
                 target: &Self::Target,
