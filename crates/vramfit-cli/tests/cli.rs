@@ -1354,3 +1354,78 @@ fn resume_report_and_outputs_refuse_what_cannot_work() {
         stderr(&o)
     );
 }
+
+/// A resume checks what the run depends on: an edit of `config.toml` that
+/// contradicts the checkpoint is refused with the keys named (a cadence, a
+/// learning rate and a longer run may change), and so is another image
+/// under the same path.
+#[test]
+fn a_resume_refuses_edited_settings_and_a_changed_image() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (img, cfg) = setup(d);
+    let cfg = cfg.to_str().unwrap();
+    kill_after_a_checkpoint(&["fit", "--config", cfg, "--out", "run"], d, &d.join("run"));
+    let config = d.join("run/config.toml");
+    let original = std::fs::read_to_string(&config).unwrap();
+    let edited = original
+        .replace("gaussians = 120", "gaussians = 100")
+        .replace("steps = 400", "steps = 5");
+    assert_ne!(edited, original, "the test edits two keys");
+    std::fs::write(&config, &edited).unwrap();
+    let o = run(&["fit", "--resume", "run"], d);
+    let e = stderr(&o);
+    assert!(
+        !o.status.success()
+            && e.contains("gaussians: 120 → 100")
+            && e.contains("steps: 400 → 5 (the checkpoint is at step"),
+        "{e}"
+    );
+    // The image mirrored: the same size and path, other content.
+    std::fs::write(&config, &original).unwrap();
+    let mirrored = image::open(&img).unwrap().fliph().to_rgb8();
+    let saved = std::fs::read(&img).unwrap();
+    mirrored.save(&img).unwrap();
+    let o = run(&["fit", "--resume", "run"], d);
+    assert!(
+        !o.status.success() && stderr(&o).contains("another image of the same size"),
+        "{}",
+        stderr(&o)
+    );
+    // The image back, a cadence changed, the run extended: it resumes.
+    std::fs::write(&img, saved).unwrap();
+    let extended = original
+        .replace("log_every = 10", "log_every = 20")
+        .replace("steps = 400", "steps = 420");
+    std::fs::write(&config, extended).unwrap();
+    let o = run(&["fit", "--resume", "run"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// A run whose memory report cannot be written at its end (here a folder
+/// stands where `memory.json` goes, as a full disk would fail the write)
+/// does not exit 0 as finished: it names the file and how to continue, and
+/// resuming once the way is clear finishes it.
+#[test]
+fn a_run_that_cannot_write_its_memory_report_does_not_pass_as_finished() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (_, cfg) = setup(d);
+    kill_after_a_checkpoint(
+        &["fit", "--config", cfg.to_str().unwrap(), "--out", "run"],
+        d,
+        &d.join("run"),
+    );
+    std::fs::create_dir(d.join("run/memory.json")).unwrap();
+    let o = run(&["fit", "--resume", "run"], d);
+    let e = stderr(&o);
+    assert!(
+        !o.status.success() && e.contains("memory.json") && e.contains("--resume"),
+        "{e}"
+    );
+    assert!(!d.join("run/summary.json").exists(), "not marked finished");
+    std::fs::remove_dir(d.join("run/memory.json")).unwrap();
+    let o = run(&["fit", "--resume", "run"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(d.join("run/memory.json").is_file() && d.join("run/summary.json").is_file());
+}

@@ -78,6 +78,8 @@ where
     step: u64,
     schedule: Schedule,
     device: B::Device,
+    /// [`fingerprint`] of the image, kept in checkpoints.
+    image_fingerprint: u64,
 }
 
 /// Parameter `p`'s host values as an `[N, width]` tensor.
@@ -115,6 +117,7 @@ where
             },
             target: <B::InnerBackend as FusedLoss>::fused_target(picture, config.top_k, config.band_rows, device),
             blurred_target: init::blur(picture, init::blur_size(picture.width, picture.height)),
+            image_fingerprint: fingerprint(picture),
             params,
             moments,
             adam: Adam::new(AdamConfig::default()),
@@ -421,6 +424,7 @@ where
                 "lr_scale": s.lr_scale, "decayed": s.decayed, "stall": s.stall,
                 "best_psnr": finite_or_null(s.best_psnr), "best_ssim": finite_or_null(s.best_ssim), "stopped": s.stopped,
                 "width": self.spec.frame.width, "height": self.spec.frame.height,
+                "image_fingerprint": format!("{:016x}", self.image_fingerprint),
             }),
         );
         for (p, t) in self.params.iter() {
@@ -462,6 +466,16 @@ where
         if (u("width")? as usize, u("height")? as usize) != (picture.width, picture.height) {
             return Err(invalid("it was written for an image of another size".into()));
         }
+        // Checkpoints from before the fingerprint was kept have none.
+        if let Some(then) = m.get("image_fingerprint").and_then(|v| v.as_str())
+            && then != format!("{:016x}", fingerprint(picture))
+        {
+            return Err(invalid(
+                "it was written for another image of the same size: the image's content changed since (put the \
+                 original back to resume, or start a new run)"
+                    .into(),
+            ));
+        }
         fit.step = u("step")?;
         fit.adam.step = u("adam_step")?;
         fit.schedule = Schedule {
@@ -495,4 +509,17 @@ fn finite_or_null(v: f64) -> serde_json::Value {
     } else {
         serde_json::Value::Null
     }
+}
+
+/// FNV-1a over a picture's values: tells a resume whether the image is the
+/// one the run was fitting (its path alone does not).
+pub fn fingerprint(picture: &Picture) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for v in &picture.data {
+        for byte in v.to_bits().to_le_bytes() {
+            h ^= byte as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
 }

@@ -77,6 +77,8 @@ impl<C: Clone, W: Workload> PlannedRun<'_, C, W> {
                     _ => Start::New(self.plans[i].clone(), self.out.clone()),
                 };
                 let (run, workload) = launch(start)?;
+                // A fallback continues the run under the next plan's settings.
+                let run = if resumed { run.with_new_settings() } else { run };
                 let run = match self.budget {
                     Some(bytes) => run.with_budget(bytes),
                     None => run,

@@ -227,6 +227,23 @@ pub enum RunError {
         /// The run directory.
         dir: PathBuf,
     },
+    /// `config.toml` was edited since the checkpoint in a way that would not
+    /// continue the same run.
+    #[error(
+        "cannot resume {dir}: config.toml was edited since {checkpoint}, and the run would not continue as it \
+         was: {keys}. Nothing was changed. Put the values back to resume, or start a new run with the edited \
+         settings (`--config {dir}/config.toml`). A resume may change the cadences (log_every, check_every, \
+         frame_every, checkpoint_every, profile_every), the learning rates, and `steps` to no fewer than the \
+         checkpoint's"
+    )]
+    ConfigEdited {
+        /// The run directory.
+        dir: PathBuf,
+        /// The checkpoint resumed from.
+        checkpoint: String,
+        /// Each edited key, `key: then → now`.
+        keys: String,
+    },
     /// Checkpoints exist but none reads back: the run will not silently start over.
     #[error(
         "cannot resume {dir}: no checkpoint reads back ({why}). Nothing was changed. Start a new run with the same \
@@ -315,6 +332,12 @@ pub struct Run {
     device: String,
     resume: bool,
     budget: Option<u64>,
+    /// `config.toml` as the run holds it: checkpoints keep a copy, so that a
+    /// resume can tell an edit that contradicts them.
+    config: String,
+    /// Settings changed on purpose since the checkpoint (the planner's
+    /// fallback to its next plan): not refused.
+    new_settings: bool,
 }
 
 impl Run {
@@ -331,6 +354,8 @@ impl Run {
             device: device.into(),
             resume: false,
             budget: None,
+            config: config_toml.into(),
+            new_settings: false,
         })
     }
 
@@ -352,6 +377,8 @@ impl Run {
             device: device.into(),
             resume: true,
             budget: None,
+            config: text.clone(),
+            new_settings: false,
         };
         Ok((run, text))
     }
@@ -359,6 +386,14 @@ impl Run {
     /// The run directory.
     pub fn dir(&self) -> &RunDir {
         &self.dir
+    }
+
+    /// Resumes under settings that differ from the checkpoint's on purpose
+    /// (the planner's fallback continues a run under its next plan), where a
+    /// plain resume refuses an edited `config.toml`.
+    pub fn with_new_settings(mut self) -> Self {
+        self.new_settings = true;
+        self
     }
 
     /// Holds the run to `bytes` of the figure that decides an out-of-memory
@@ -399,6 +434,23 @@ impl Run {
                     continue;
                 }
             };
+            if let Some(then) = file.meta.get("config_toml").and_then(|v| v.as_str())
+                && !self.new_settings
+            {
+                let step = name
+                    .trim_start_matches("step-")
+                    .trim_end_matches(".ckpt")
+                    .parse::<u64>()
+                    .unwrap_or(0);
+                let keys = contradicting_keys(then, &self.config, step);
+                if !keys.is_empty() {
+                    return Err(RunError::ConfigEdited {
+                        dir: self.dir.root().into(),
+                        checkpoint: name,
+                        keys: keys.join("; "),
+                    });
+                }
+            }
             workload.restore(&file).map_err(|e| RunError::Workload(Box::new(e)))?;
             let wall = file.meta.get("wall_seconds").and_then(|v| v.as_f64()).unwrap_or(0.0);
             let mut notes: Vec<String> = refused
@@ -470,9 +522,22 @@ impl Run {
             Ok(false) => Ok(None),
             Err(e) => Err(e),
         };
-        // The memory report is written however the run ended.
+        // The memory report is written however the run ended; a run that
+        // finished without it does not say it finished (a full disk must not
+        // pass silently: `report` needs the file).
         let report = session.memory_report(&workload);
-        let _ = self.dir.write("memory.json", &pretty(&report));
+        let written = self.dir.write("memory.json", &pretty(&report));
+        let result = match (result, written) {
+            (Ok(Some(_)), Err(e)) => Err(RunError::Write {
+                path: self.dir.path("memory.json"),
+                why: format!(
+                    "{e}. The run's steps are done, but without its memory report it is not marked finished: free \
+                     space and resume it (`--resume {}`), which repeats the steps after its last checkpoint",
+                    self.dir.root().display()
+                ),
+            }),
+            (result, _) => result,
+        };
         let result = match result {
             Err(RunError::Workload(e)) => match e.downcast::<OverBudget>() {
                 Ok(over) => Err(self.over_budget(&workload, *over, &session.profiler, &report)),
@@ -681,6 +746,7 @@ impl Session<'_> {
             if c.checkpoint_every > 0 && step.is_multiple_of(c.checkpoint_every) && !w.finished() {
                 let mut file = w.snapshot().map_err(|e| RunError::Workload(Box::new(e)))?;
                 file.meta["wall_seconds"] = json!(self.wall());
+                file.meta["config_toml"] = json!(self.run.config);
                 let path = dir.checkpoints().join(checkpoint_name(step));
                 atomic_write(&path, &file.to_bytes()).map_err(write_err(&path))?;
                 for old in checkpoints_newest_first(&dir.checkpoints())
@@ -862,5 +928,65 @@ impl<W: Workload> Workload for FailAt<W> {
     }
     fn finish(&mut self, stats: &RunStats) -> Result<Finished<W::Summary>, W::Error> {
         self.inner.finish(stats)
+    }
+}
+
+/// Settings a resume may change: how often things are logged, checked,
+/// drawn, checkpointed and profiled (the run's trajectory does not depend
+/// on them); the learning rates (what the advice for a diverging run says
+/// to lower before resuming); and `steps`, to no fewer than the
+/// checkpoint's step (a run may be extended, not cut below where it is).
+const CADENCE_KEYS: [&str; 5] = [
+    "log_every",
+    "check_every",
+    "frame_every",
+    "checkpoint_every",
+    "profile_every",
+];
+
+fn may_change(key: &str, now: Option<&toml::Value>, step: u64) -> bool {
+    let learning_rate = key == "lr" || key.starts_with("lr_") || key.ends_with("_lr") || key.contains("learning_rate");
+    let longer = key == "steps" && now.and_then(|v| v.as_integer()).is_some_and(|s| s >= step as i64);
+    CADENCE_KEYS.contains(&key) || learning_rate || longer
+}
+
+/// The keys (dotted paths) whose values differ between two `config.toml`
+/// texts in a way a resume from the checkpoint of `step` cannot honour, as
+/// `key: then → now`; a text that does not parse is compared whole.
+fn contradicting_keys(then: &str, now: &str, step: u64) -> Vec<String> {
+    if then == now {
+        return Vec::new();
+    }
+    let (Ok(a), Ok(b)) = (then.parse::<toml::Table>(), now.parse::<toml::Table>()) else {
+        return vec!["the file (it no longer parses as it did)".into()];
+    };
+    let mut out = Vec::new();
+    diff_tables("", &a, &b, step, &mut out);
+    out
+}
+
+fn diff_tables(prefix: &str, a: &toml::Table, b: &toml::Table, step: u64, out: &mut Vec<String>) {
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    for key in keys {
+        let path = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        match (a.get(key), b.get(key)) {
+            (Some(toml::Value::Table(x)), Some(toml::Value::Table(y))) => diff_tables(&path, x, y, step, out),
+            (x, y) if x != y && !may_change(key, y, step) => {
+                let show = |v: Option<&toml::Value>| v.map_or("(absent)".to_string(), |v| v.to_string());
+                let why = if key == "steps" {
+                    format!(" (the checkpoint is at step {step})")
+                } else {
+                    String::new()
+                };
+                out.push(format!("{path}: {} → {}{why}", show(x), show(y)));
+            }
+            _ => {}
+        }
     }
 }
