@@ -147,15 +147,27 @@ impl ArrayFile {
         let mut at = 16 + len;
         let mut arrays = BTreeMap::new();
         for e in header.arrays {
-            let n: usize = e.shape.iter().product();
+            // A damaged header can claim any shape: its byte count is checked
+            // against the file before anything is allocated.
+            let bytes = e
+                .shape
+                .iter()
+                .try_fold(4usize, |n, &d| n.checked_mul(d))
+                .and_then(|n| at.checked_add(n).map(|end| (n, end)));
+            let Some((_, end)) = bytes else {
+                return Err(bad(&format!(
+                    "array '{}' has an impossible shape {:?}",
+                    e.name, e.shape
+                )));
+            };
             let raw = body
-                .get(at..at + 4 * n)
+                .get(at..end)
                 .ok_or_else(|| bad(&format!("array '{}' runs past the end", e.name)))?;
             let values = raw
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
                 .collect();
-            at += 4 * n;
+            at = end;
             arrays.insert(e.name, (e.shape, values));
         }
         if at != body.len() {
