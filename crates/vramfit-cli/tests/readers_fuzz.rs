@@ -64,7 +64,7 @@ fn mutate(rng: &mut ChaCha8Rng, input: &[u8]) -> Vec<u8> {
 
 /// An array file's checksum made right again (FNV-1a over the body, the
 /// format's own), so that mutations reach the header.
-fn fix_checksum(v: &mut Vec<u8>) {
+fn fix_checksum(v: &mut [u8]) {
     if v.len() < 8 {
         return;
     }
