@@ -34,7 +34,7 @@ pub struct TrainSettings {
     #[arg(long)]
     batch_size: Option<usize>,
     /// Optimiser steps (e.g. 1000 or 1e3).
-    #[arg(long, value_parser = parse_count::<u64>)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_count::<u64>)]
     steps: Option<u64>,
     /// Store a parameter group in low precision, PREFIX:TYPE (repeatable), e.g. token_embedding:bf16, stages:bf16.
     #[arg(long, value_name = "PREFIX:TYPE")]
@@ -46,7 +46,7 @@ pub struct TrainSettings {
     #[arg(long)]
     allocator_cleanup: Option<String>,
     /// Seed of the weights.
-    #[arg(long, value_parser = parse_count::<u64>)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_count::<u64>)]
     seed: Option<u64>,
     /// Override one setting, KEY=VALUE (dotted keys reach tables: model.width=128) (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -103,13 +103,13 @@ pub struct FitSettings {
     /// PNG or JPEG to fit.
     image: Option<PathBuf>,
     /// Final number of Gaussians (e.g. 20000 or 2e4).
-    #[arg(long, value_parser = parse_count::<usize>)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_count::<usize>)]
     gaussians: Option<usize>,
     /// Most optimiser steps (e.g. 10000 or 1e4).
-    #[arg(long, value_parser = parse_count::<u64>)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_count::<u64>)]
     steps: Option<u64>,
     /// Seed of every random choice.
-    #[arg(long, value_parser = parse_count::<u64>)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_count::<u64>)]
     seed: Option<u64>,
     /// TOML file of settings (keys as in a run's config.toml); flags override it.
     #[arg(long)]
@@ -153,6 +153,11 @@ pub fn parse_count<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
     // could not be written into the run's config.toml.
     const MOST: u64 = i64::MAX as u64;
     let too_large = || format!("'{s}' is too large: at most {MOST}");
+    if t.starts_with('-') && t.len() > 1 {
+        return Err(format!(
+            "'{s}' is negative: give a count of 0 or more, e.g. 20000 or 2e4"
+        ));
+    }
     let value = match t.parse::<u64>() {
         Ok(v) => v,
         Err(_) => match t.parse::<f64>() {

@@ -14,7 +14,7 @@ pub struct SceneArgs {
     /// A COLMAP text dataset's folder (sparse/0/*.txt and images/); none: the built-in scene.
     dataset: Option<PathBuf>,
     /// Optimiser steps, one view each (e.g. 3000 or 3e3).
-    #[arg(long, value_parser = crate::flags::parse_count::<u64>)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::flags::parse_count::<u64>)]
     steps: Option<u64>,
     /// Final SH degree, 0 to 3 (raised from 0 every sh_every steps).
     #[arg(long)]
@@ -23,7 +23,7 @@ pub struct SceneArgs {
     #[arg(long, value_name = "K")]
     downscale: Option<usize>,
     /// The most Gaussians the fit may hold: densification never exceeds it.
-    #[arg(long, value_parser = crate::flags::parse_count::<usize>)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::flags::parse_count::<usize>)]
     max_gaussians: Option<usize>,
     /// TOML file of settings (keys as in a run's config.toml); flags override it.
     #[arg(long)]

@@ -1429,3 +1429,23 @@ fn a_run_that_cannot_write_its_memory_report_does_not_pass_as_finished() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(d.join("run/memory.json").is_file() && d.join("run/summary.json").is_file());
 }
+
+/// A negative count is refused as negative, not with clap's tip to write
+/// `-- -5` (which cannot work), on every command that takes counts.
+#[test]
+fn negative_counts_are_refused_as_negative() {
+    let tmp = tempfile::tempdir().unwrap();
+    for args in [
+        &["fit", "--steps", "-5"][..],
+        &["fit", "--gaussians", "-1e3"][..],
+        &["scene", "--max-gaussians", "-2"][..],
+        &["train", "transformer", "--steps", "-1"][..],
+    ] {
+        let o = run(args, tmp.path());
+        let e = stderr(&o);
+        assert!(
+            !o.status.success() && e.contains("is negative") && !e.contains("-- -"),
+            "{args:?}: {e}"
+        );
+    }
+}
