@@ -819,6 +819,37 @@ fn counts_written_like_floats_are_read_or_refused_clearly() {
     assert!(o.status.success(), "{}", stderr(&o));
     let config = std::fs::read_to_string(d.join("ok/config.toml")).unwrap();
     assert!(config.contains("gaussians = 50\nsteps = 2\n"), "{config}");
+    // `--set` reads counts as the flags do, and says what is wrong in words.
+    let o = run(
+        &[
+            "fit",
+            img,
+            "--set",
+            "gaussians=5e1",
+            "--set",
+            "steps=2e0",
+            "--out",
+            "set",
+        ],
+        d,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let config = std::fs::read_to_string(d.join("set/config.toml")).unwrap();
+    assert!(config.contains("gaussians = 50\nsteps = 2\n"), "{config}");
+    for (set, says) in [
+        (
+            "steps=2.5",
+            "a fractional number `2.5`, expected a whole number of 0 or more",
+        ),
+        ("steps=-5", "expected a whole number of 0 or more"),
+    ] {
+        let o = run(&["fit", img, "--set", set, "--out", "bad-set"], d);
+        let e = stderr(&o);
+        assert!(
+            !o.status.success() && e.contains(says) && !e.contains("u64"),
+            "{set}: {e}"
+        );
+    }
 }
 
 #[test]

@@ -62,10 +62,20 @@ pub fn apply_sets<T: DeserializeOwned>(resolved_toml: &str, sets: &[String]) -> 
                 _ => return Err(fail(format!("`{part}` is a value, not a table of settings"))),
             };
         }
+        // A count written as `1e3` (as its flag accepts) is a TOML float:
+        // where the setting holds a whole number, a whole float is one.
+        let value = match (at.get(last), value) {
+            (Some(toml::Value::Integer(_)), toml::Value::Float(f))
+                if f.is_finite() && f.fract() == 0.0 && f.abs() < i64::MAX as f64 =>
+            {
+                toml::Value::Integer(f as i64)
+            }
+            (_, v) => v,
+        };
         at.insert(last.to_string(), value);
         let parsed = toml::Value::Table(table.clone())
             .try_into::<T>()
-            .map_err(|e| fail(e.message().to_string()))?;
+            .map_err(|e| fail(in_words(e.message())))?;
         applied = Some(parsed);
     }
     Ok(applied)
@@ -130,6 +140,23 @@ pub fn shell_words(args: &[String]) -> String {
         .join(" ")
 }
 
+/// A settings error with Rust's type names put in the user's words.
+fn in_words(message: &str) -> String {
+    [
+        ("expected u64", "expected a whole number of 0 or more"),
+        ("expected usize", "expected a whole number of 0 or more"),
+        ("expected u32", "expected a whole number of 0 or more"),
+        ("expected u8", "expected a whole number from 0 to 255"),
+        ("expected i64", "expected a whole number"),
+        ("expected f64", "expected a number"),
+        ("expected f32", "expected a number"),
+        ("floating point", "a fractional number"),
+        ("invalid value: integer", "the number"),
+    ]
+    .iter()
+    .fold(message.to_string(), |m, (from, to)| m.replace(from, to))
+}
+
 #[cfg(test)]
 mod tests {
     #[derive(Debug, serde::Deserialize)]
@@ -177,6 +204,9 @@ mod tests {
             }
         );
         assert!(super::apply_sets::<Nested>(base, &[]).unwrap().is_none());
+        // A count written as its flag accepts it, `1e1`, is the whole number.
+        let e: Nested = super::apply_sets(base, &sets(&["steps=1e1"])).unwrap().unwrap();
+        assert_eq!(e.steps, 10);
         for (args, start, also) in [
             (&["seed=5", "stepz=3"][..], "--set stepz=3: ", "unknown field `stepz`"),
             (
@@ -184,7 +214,12 @@ mod tests {
                 "--set steps=many: ",
                 "invalid type: string \"many\"",
             ),
-            (&["model.width=-1"][..], "--set model.width=-1: ", "invalid value"),
+            (
+                &["model.width=-1"][..],
+                "--set model.width=-1: ",
+                "expected a whole number of 0 or more",
+            ),
+            (&["steps=2.5"][..], "--set steps=2.5: ", "a fractional number `2.5`"),
             (&["seed.x=1"][..], "--set seed.x=1: ", "`seed` is a value"),
             (&["seed"][..], "--set seed: ", "expected KEY=VALUE"),
         ] {
