@@ -211,6 +211,14 @@ pub(crate) fn run_path(out: &Option<PathBuf>, prefix: &str) -> RunPath {
 
 fn report(dir: &Path) -> Result<()> {
     let path = dir.join("memory.json");
+    if !path.exists() && dir.join("config.toml").is_file() {
+        bail!(
+            "{} has no memory report yet: a run writes memory.json when it ends, stops or fails; wait for it to \
+             end, or resume it (`--resume {}`)",
+            dir.display(),
+            dir.display()
+        );
+    }
     let bytes = std::fs::read(&path).with_context(|| {
         format!(
             "cannot read {}: is {} a vramfit run directory?",

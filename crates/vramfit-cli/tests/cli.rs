@@ -1350,6 +1350,15 @@ fn resume_report_and_outputs_refuse_what_cannot_work() {
     );
     assert!(!d.join("run/checkpoints").exists(), "nothing was recreated");
 
+    // A run that has not ended yet: said so, with what to do.
+    std::fs::create_dir(d.join("unfinished")).unwrap();
+    std::fs::write(d.join("unfinished/config.toml"), "steps = 5\n").unwrap();
+    let o = run(&["report", "unfinished"], d);
+    assert!(
+        !o.status.success() && stderr(&o).contains("no memory report yet"),
+        "{}",
+        stderr(&o)
+    );
     std::fs::create_dir(d.join("rep")).unwrap();
     for (text, says) in [
         (r#"{"schema": "vramfit.memory", "version": 999}"#, "version 999"),
