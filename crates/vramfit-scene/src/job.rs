@@ -281,14 +281,7 @@ impl SceneJob {
 
     /// Floats a Gaussian holds in each group (the SH rest at the final degree).
     fn widths(&self) -> [usize; 6] {
-        [
-            3,
-            3,
-            4,
-            1,
-            3,
-            3 * (crate::cpu::sh::coefficients(self.config.sh_degree) - 1),
-        ]
+        crate::cpu::render::group_widths(self.config.sh_degree)
     }
 }
 

@@ -191,7 +191,7 @@ impl Params {
 
     /// Values a Gaussian in each group, in [`GROUPS`]' order.
     pub fn widths(&self) -> [usize; 6] {
-        [3, 3, 4, 1, 3, 3 * (coefficients(self.degree) - 1)]
+        crate::cpu::render::group_widths(self.degree)
     }
 
     /// The groups in [`GROUPS`]' order.

@@ -28,6 +28,12 @@ pub struct Scene<'a, F> {
     pub degree: usize,
 }
 
+/// Floats a Gaussian holds in each group, in [`Scene`]'s order, at SH
+/// `degree`: the one table of the groups' widths.
+pub fn group_widths(degree: usize) -> [usize; 6] {
+    [3, 3, 4, 1, 3, 3 * (coefficients(degree) - 1)]
+}
+
 impl<'a, F: Real> Scene<'a, F> {
     /// Gaussians.
     pub fn len(&self) -> usize {
@@ -41,7 +47,12 @@ impl<'a, F: Real> Scene<'a, F> {
 
     /// SH "rest" values a Gaussian holds.
     pub fn rest_per_gaussian(&self) -> usize {
-        3 * (coefficients(self.degree) - 1)
+        self.widths()[5]
+    }
+
+    /// Floats a Gaussian holds in each group ([`group_widths`]).
+    pub fn widths(&self) -> [usize; 6] {
+        group_widths(self.degree)
     }
 
     /// Panics with the group's name when an array's length does not fit

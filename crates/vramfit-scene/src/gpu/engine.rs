@@ -37,7 +37,7 @@ pub struct SceneBuffers {
 impl SceneBuffers {
     /// Floats a Gaussian holds in each group.
     pub fn widths(&self) -> [usize; 6] {
-        [3, 3, 4, 1, 3, 3 * (crate::cpu::sh::coefficients(self.degree) - 1)]
+        crate::cpu::render::group_widths(self.degree)
     }
 }
 
@@ -371,19 +371,6 @@ impl<R: Runtime> Renderer<R> {
         Ok(v)
     }
 
-    /// Renders a host scene and reads the image back.
-    pub fn render_host(
-        &self,
-        scene: &Scene<f32>,
-        camera: &Camera,
-        background: [f32; 3],
-    ) -> Result<Vec<f32>, DeviceError> {
-        self.check_scene(scene.len(), widths_of(scene), camera.width * camera.height)?;
-        let s = self.upload(scene);
-        let drawn = self.render(&s, camera, background)?;
-        self.download(&drawn.image, 3 * camera.width * camera.height)
-    }
-
     /// Renders a host scene, runs the backward for the host `d_image`, and
     /// reads the image and every gradient back.
     pub fn render_and_backward_host(
@@ -393,7 +380,7 @@ impl<R: Runtime> Renderer<R> {
         background: [f32; 3],
         d_image: &[f32],
     ) -> Result<(Vec<f32>, SceneGrads<f32>), DeviceError> {
-        self.check_scene(scene.len(), widths_of(scene), camera.width * camera.height)?;
+        self.check_scene(scene.len(), scene.widths(), camera.width * camera.height)?;
         let s = self.upload(scene);
         let drawn = self.render(&s, camera, background)?;
         let d = self.upload_f32(d_image);
@@ -413,9 +400,4 @@ impl<R: Runtime> Renderer<R> {
             },
         ))
     }
-}
-
-/// Floats a Gaussian of `scene` holds in each group.
-fn widths_of(scene: &Scene<f32>) -> [usize; 6] {
-    [3, 3, 4, 1, 3, scene.rest_per_gaussian()]
 }

@@ -90,11 +90,7 @@ pub fn measure<R: Runtime>(device: &R::Device, case: &MemoryCase) -> Result<Memo
     let s = scene(&params, case.degree);
     let camera = case_camera(&check);
     let renderer = Renderer::<R>::new(device);
-    renderer.check_scene(
-        case.gaussians,
-        [3, 3, 4, 1, 3, s.rest_per_gaussian()],
-        case.width * case.height,
-    )?;
+    renderer.check_scene(case.gaussians, s.widths(), case.width * case.height)?;
     let client = R::client(device);
     client.memory_cleanup();
     let in_use = || -> Result<u64, String> { client.memory_usage().map(|u| u.bytes_in_use).map_err(|e| e.to_string()) };
@@ -141,7 +137,7 @@ pub fn measure<R: Runtime>(device: &R::Device, case: &MemoryCase) -> Result<Memo
     let render = Stage {
         measured: after_render - after_moments,
         // `Drawn::bytes` without the tile counters, which the render frees.
-        predicted: drawn.bytes(case.gaussians) - 4 * 2 * camera_tiles(case) as u64,
+        predicted: drawn.bytes(case.gaussians) - 4 * 2 * (camera.tiles().0 * camera.tiles().1) as u64,
     };
     let d_image = renderer.upload_f32(&vec![1e-3; 3 * case.width * case.height]);
     let (grads, screen) = renderer.backward(&buffers, &drawn, &d_image);
@@ -164,9 +160,4 @@ pub fn measure<R: Runtime>(device: &R::Device, case: &MemoryCase) -> Result<Memo
     };
     drop((grads, screen, d_image, drawn, moments, buffers));
     Ok(row)
-}
-
-fn camera_tiles(case: &MemoryCase) -> usize {
-    let t = super::kernels::TILE as usize;
-    case.width.div_ceil(t) * case.height.div_ceil(t)
 }
