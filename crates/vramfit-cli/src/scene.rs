@@ -39,10 +39,14 @@ pub struct SceneArgs {
     resume: Option<PathBuf>,
     #[command(flatten)]
     device: crate::device::DeviceArg,
+    /// Where Adam's moments live with --device wgpu|cuda: device, or host
+    /// (host memory, updated by the CPU; the same parameters, less device memory).
+    #[arg(long, default_value = "device", value_parser = clap::value_parser!(vramfit::optim::Moments))]
+    moments: vramfit::optim::Moments,
 }
 
 pub fn run(args: SceneArgs) -> Result<()> {
-    let placement = crate::device::scene_placement(&args.device.name)?;
+    let placement = crate::device::scene_placement(&args.device.name, args.moments)?;
     let start = match &args.resume {
         Some(dir) => Start::Resume(dir.clone()),
         None => Start::New(resolve(&args)?, crate::run_path(&args.out, "scene")),

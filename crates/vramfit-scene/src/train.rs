@@ -19,6 +19,15 @@ use crate::dataset::{Dataset, DatasetError};
 use crate::densify::{Densify, Report, Row, Stats, apply, apply_params, plan};
 pub use crate::params::{GROUPS, INITIAL_OPACITY, Params};
 
+/// Adam's constants (the 3DGS reference's ε), for the CPU twin and for
+/// moments kept on the host; the device kernel
+/// (`crate::gpu::kernels::train::adam`) writes the same arithmetic.
+pub const ADAM: vramfit::optim::HostAdam = vramfit::optim::HostAdam {
+    beta1: 0.9,
+    beta2: 0.999,
+    eps: 1e-15,
+};
+
 /// Weight of the SSIM term in the loss.
 pub const LAMBDA_SSIM: f32 = 0.2;
 /// Learning rates per parameter group (the 3DGS reference's defaults).
@@ -329,8 +338,8 @@ impl Fit {
     /// The second half: Adam on every group, then densification and the
     /// opacity reset when their step has come.
     pub fn optimize(&mut self) -> Result<(), String> {
-        const BETA1: f32 = 0.9;
-        const BETA2: f32 = 0.999;
+        const BETA1: f32 = ADAM.beta1;
+        const BETA2: f32 = ADAM.beta2;
         let lr = self.settings.lr;
         let t = (self.step as f32 / self.settings.steps.max(1) as f32).min(1.0);
         let means_lr = (lr.means.ln() * (1.0 - t) + lr.means_final.ln() * t).exp() * self.extent;
@@ -488,7 +497,7 @@ impl Fit {
 
 /// Zeroes the gradients of the SH bands above those in use: `active` of
 /// each Gaussian's `per` rest values.
-fn mask_inactive_bands(sh_rest: &mut [f32], active: usize, per: usize) {
+pub(crate) fn mask_inactive_bands(sh_rest: &mut [f32], active: usize, per: usize) {
     if per == 0 {
         return;
     }
@@ -499,9 +508,6 @@ fn mask_inactive_bands(sh_rest: &mut [f32], active: usize, per: usize) {
 
 /// One Adam step of every group on the host.
 fn adam(state: &mut State, grads: &SceneGrads<f32>, rates: [f32; 6], c1: f32, c2: f32) {
-    const BETA1: f32 = 0.9;
-    const BETA2: f32 = 0.999;
-    const EPS: f32 = 1e-15;
     for (((group, (m, v)), g), rate) in state
         .params
         .groups_mut()
@@ -510,11 +516,7 @@ fn adam(state: &mut State, grads: &SceneGrads<f32>, rates: [f32; 6], c1: f32, c2
         .zip(grads.groups())
         .zip(rates)
     {
-        for i in 0..group.len() {
-            m[i] = BETA1 * m[i] + (1.0 - BETA1) * g[i];
-            v[i] = BETA2 * v[i] + (1.0 - BETA2) * g[i] * g[i];
-            group[i] -= rate * (m[i] / c1) / ((v[i] / c2).sqrt() + EPS);
-        }
+        ADAM.step(group, g, m, v, rate, c1, c2);
     }
 }
 

@@ -23,6 +23,66 @@ fn scene_kernels_match_the_cpu_twin() {
     assert!(failed.is_empty(), "cases outside tolerance: {failed:#?}");
 }
 
+/// The device's Adam kernel and the host's Adam (what `--moments host`
+/// runs) give the same parameters and moments, to the last ulp, over 20
+/// steps of gradients spanning nine decades.
+#[test]
+fn host_adam_matches_the_device_kernel() {
+    use vramfit_scene::gpu::check::check_adam;
+    let report = check_adam::<WgpuRuntime>(&WgpuDevice::default(), 10_000, 20).unwrap();
+    eprintln!("{report:?}");
+    assert!(report.passes(), "{report:?}");
+}
+
+/// The backward taken chunk by chunk (as with the moments on the host)
+/// gives the whole backward's gradients bit for bit: each Gaussian's
+/// gradient reads only its own parameters and accumulator.
+#[test]
+fn a_chunked_backward_equals_the_whole() {
+    use vramfit_scene::gpu::check::{Case, case_camera, random_scene, scene};
+    use vramfit_scene::gpu::engine::Renderer;
+
+    let case = Case {
+        width: 40,
+        height: 28,
+        gaussians: 300,
+        degree: 3,
+        seed: 5,
+    };
+    let params = random_scene(&case);
+    let s = scene(&params, case.degree);
+    let camera = case_camera(&case);
+    let r = Renderer::<WgpuRuntime>::new(&WgpuDevice::default());
+    let buffers = r.upload(&s);
+    let drawn = r.render(&buffers, &camera, [0.1, 0.2, 0.3]).unwrap();
+    let d_image = r.upload_f32(&(0..3 * 40 * 28).map(|i| ((i as f32) * 0.7).sin()).collect::<Vec<_>>());
+    let acc = r.backward_screen(&drawn, &d_image);
+    let widths = buffers.widths();
+    let screen_whole = r.upload_f32(&vec![0.0; 2 * case.gaussians]);
+    let whole = r.backward_params(&buffers, &drawn, &acc, &screen_whole, 0, case.gaussians);
+    let screen_parts = r.upload_f32(&vec![0.0; 2 * case.gaussians]);
+    let mut parts: Vec<Vec<f32>> = vec![Vec::new(); 6];
+    for first in (0..case.gaussians).step_by(64) {
+        let count = 64.min(case.gaussians - first);
+        let part = r.backward_params(&buffers, &drawn, &acc, &screen_parts, first, count);
+        for g in 0..6 {
+            parts[g].extend(r.download(&part[g], count * widths[g]).unwrap());
+        }
+    }
+    for g in 0..6 {
+        let w = r.download(&whole[g], case.gaussians * widths[g]).unwrap();
+        assert!(w.iter().any(|v| *v != 0.0), "group {g} has gradients");
+        assert_eq!(
+            w.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            parts[g].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "group {g}"
+        );
+    }
+    let a = r.download(&screen_whole, 2 * case.gaussians).unwrap();
+    let b = r.download(&screen_parts, 2 * case.gaussians).unwrap();
+    assert_eq!(a, b, "screen gradients");
+}
+
 /// The whole fit with its state on the device (parameters, gradients,
 /// Adam's moments and densification's statistics in device buffers;
 /// densification and an opacity reset on the way, which move the state to
@@ -108,7 +168,7 @@ fn a_wgpu_scene_run_profiles_the_allocator_and_resumes() {
     use vramfit_scene::job::{Placement, SceneConfig, launch};
 
     let on_wgpu = || -> Placement {
-        placement::<WgpuRuntime>(&WgpuDevice::default(), "wgpu", || {
+        placement::<WgpuRuntime>(&WgpuDevice::default(), "wgpu", vramfit::optim::Moments::Device, || {
             Box::new(CubeAllocator::<WgpuRuntime>::new(
                 &WgpuDevice::default(),
                 "wgpu",

@@ -204,3 +204,104 @@ pub fn run_case<R: Runtime>(device: &R::Device, case: &Case) -> Result<CaseRepor
         non_finite,
     })
 }
+
+/// How the device's Adam kernel compared with the host's ([`crate::train::ADAM`],
+/// what `--moments host` runs) over a few steps from the same values.
+#[derive(Debug, Clone, Serialize)]
+pub struct AdamReport {
+    /// Values updated.
+    pub values: usize,
+    /// Steps taken.
+    pub steps: usize,
+    /// Largest distance between the two results in units in the last
+    /// place (parameters and both moments, after the last step).
+    pub max_ulps: u32,
+    /// Values whose parameter differs at all.
+    pub differing: usize,
+}
+
+impl AdamReport {
+    /// True when the two agree to the last ulp.
+    pub fn passes(&self) -> bool {
+        self.max_ulps <= 1
+    }
+}
+
+/// Distance of two finite floats in units in the last place.
+fn ulps(a: f32, b: f32) -> u32 {
+    let key = |x: f32| {
+        let bits = x.to_bits() as i64;
+        if bits & (1 << 31) != 0 {
+            -(bits & 0x7fff_ffff)
+        } else {
+            bits
+        }
+    };
+    (key(a) - key(b)).unsigned_abs().min(u32::MAX as u64) as u32
+}
+
+/// Runs `steps` Adam steps of `values` random parameters on the device and
+/// on the host, a fresh random gradient each step (spanning 1e-8 to 10, and
+/// exact zeros), and compares parameters and moments.
+pub fn check_adam<R: Runtime>(device: &R::Device, values: usize, steps: usize) -> Result<AdamReport, String> {
+    use super::kernels::train::adam;
+    use crate::train::ADAM;
+    use vramfit_splat::gpu::engine::{dim, grid};
+
+    let renderer = Renderer::<R>::new(device);
+    let mut rng = ChaCha8Rng::seed_from_u64(27);
+    let mut p: Vec<f32> = (0..values).map(|_| rng.random_range(-3.0..3.0)).collect();
+    let (mut m, mut v) = (vec![0.0f32; values], vec![0.0f32; values]);
+    let (dp, dm, dv) = (
+        renderer.upload_f32(&p),
+        renderer.upload_f32(&m),
+        renderer.upload_f32(&v),
+    );
+    for t in 1..=steps as i32 {
+        let g: Vec<f32> = (0..values)
+            .map(|i| {
+                if i % 97 == 0 {
+                    0.0
+                } else {
+                    let scale = 10f32.powf(rng.random_range(-8.0..1.0));
+                    scale * rng.random_range(-1.0..1.0)
+                }
+            })
+            .collect();
+        let lr = 1e-3 * t as f32;
+        let (c1, c2) = (1.0 - ADAM.beta1.powi(t), 1.0 - ADAM.beta2.powi(t));
+        let dg = renderer.upload_f32(&g);
+        adam::launch::<R>(
+            &renderer.client,
+            grid(values),
+            dim(),
+            super::engine::array(&dp, values),
+            super::engine::array(&dg, values),
+            super::engine::array(&dm, values),
+            super::engine::array(&dv, values),
+            lr,
+            c1,
+            c2,
+            values as u32,
+            0,
+            0,
+        );
+        ADAM.step(&mut p, &g, &mut m, &mut v, lr, c1, c2);
+    }
+    let (gp, gm, gv) = (
+        renderer.download(&dp, values)?,
+        renderer.download(&dm, values)?,
+        renderer.download(&dv, values)?,
+    );
+    let max_ulps = [(&gp, &p), (&gm, &m), (&gv, &v)]
+        .iter()
+        .flat_map(|(a, b)| a.iter().zip(b.iter()).map(|(x, y)| ulps(*x, *y)))
+        .max()
+        .unwrap_or(0);
+    Ok(AdamReport {
+        values,
+        steps,
+        max_ulps,
+        differing: gp.iter().zip(&p).filter(|(a, b)| a.to_bits() != b.to_bits()).count(),
+    })
+}

@@ -54,10 +54,15 @@ pub struct Drawn {
     walked: Handle,
     /// Tile intersections (entries of all the tiles' lists).
     pub intersections: usize,
+    pub(crate) gaussians: usize,
     pub(crate) width: usize,
     pub(crate) height: usize,
     background: [f32; 3],
 }
+
+/// Gaussians a backward chunk starts at a multiple of: buffers are bound
+/// at byte offsets, which devices want aligned to 256 bytes (64 floats).
+pub const CHUNK_ALIGN: usize = 64;
 
 /// Renders scenes and their backward on one device.
 pub struct Renderer<R: Runtime> {
@@ -290,6 +295,7 @@ impl<R: Runtime> Renderer<R> {
             final_t,
             walked,
             intersections,
+            gaussians: n,
             width: camera.width,
             height: camera.height,
             background,
@@ -300,7 +306,17 @@ impl<R: Runtime> Renderer<R> {
     /// on the device): the gradients of the six groups, in [`Scene`]'s
     /// order, and of the screen means (2 a Gaussian).
     pub fn backward(&self, s: &SceneBuffers, drawn: &Drawn, d_image: &Handle) -> ([Handle; 6], Handle) {
-        let n = s.n;
+        let acc = self.backward_screen(drawn, d_image);
+        let screen = self.empty(2 * s.n);
+        let grads = self.backward_params(s, drawn, &acc, &screen, 0, s.n);
+        (grads, screen)
+    }
+
+    /// The first half of the backward: each Gaussian's gradient with
+    /// respect to its screen-space quantities ([`SCREEN_GRADS`] floats a
+    /// Gaussian), accumulated over the pixels it covers.
+    pub fn backward_screen(&self, drawn: &Drawn, d_image: &Handle) -> Handle {
+        let n = drawn.gaussians;
         let pixels = drawn.width * drawn.height;
         let tiles_x = drawn.width.div_ceil(kernels::TILE as usize);
         let tiles_y = drawn.height.div_ceil(kernels::TILE as usize);
@@ -324,34 +340,82 @@ impl<R: Runtime> Renderer<R> {
             drawn.height as u32,
             tiles_x as u32,
         );
+        acc
+    }
+
+    /// The second half for Gaussians `first .. first + count`: the six
+    /// groups' gradients of those Gaussians only (new buffers of `count`
+    /// Gaussians, so a fit can take them chunk by chunk), and their screen
+    /// means' gradients written into `screen` (2 floats a Gaussian, all
+    /// `n`). Each Gaussian's gradient reads only its own parameters and
+    /// accumulator, so chunks are independent. `first` must be a multiple
+    /// of [`CHUNK_ALIGN`] (buffers are bound at byte offsets).
+    pub fn backward_params(
+        &self,
+        s: &SceneBuffers,
+        drawn: &Drawn,
+        acc: &Handle,
+        screen: &Handle,
+        first: usize,
+        count: usize,
+    ) -> [Handle; 6] {
+        assert!(
+            first.is_multiple_of(CHUNK_ALIGN) && first + count <= s.n,
+            "backward chunk {first}+{count} of {}",
+            s.n
+        );
         let widths = s.widths();
-        let grads: [Handle; 6] = std::array::from_fn(|g| self.empty(n * widths[g]));
-        let screen = self.empty(2 * n);
-        let out = |g: usize| array::<R>(&grads[g], n * widths[g]);
+        let grads: [Handle; 6] = std::array::from_fn(|g| self.empty(count * widths[g]));
+        let at = |h: &Handle, width: usize| {
+            let h = h.clone().offset_start((4 * first * width) as u64);
+            array::<R>(&h, count * width)
+        };
+        let out = |g: usize| array::<R>(&grads[g], count * widths[g]);
         kernels::project::project_backward::launch::<R>(
             &self.client,
-            grid(n),
+            grid(count),
             dim(),
-            self.group(s, 0),
-            self.group(s, 1),
-            self.group(s, 2),
-            self.group(s, 3),
-            self.group(s, 4),
-            self.group(s, 5),
+            at(&s.groups[0], widths[0]),
+            at(&s.groups[1], widths[1]),
+            at(&s.groups[2], widths[2]),
+            at(&s.groups[3], widths[3]),
+            at(&s.groups[4], widths[4]),
+            at(&s.groups[5], widths[5]),
             array(&drawn.camera, kernels::CAMERA),
-            array(&drawn.rect, 4 * n),
-            array(&acc, SCREEN_GRADS as usize * n),
+            at(&drawn.rect, 4),
+            at(acc, SCREEN_GRADS as usize),
             out(0),
             out(1),
             out(2),
             out(3),
             out(4),
             out(5),
-            array(&screen, 2 * n),
-            n as u32,
+            at(screen, 2),
+            count as u32,
             s.degree as u32,
         );
-        (grads, screen)
+        grads
+    }
+
+    /// Writes host floats into `dst` from element `first` on, through a
+    /// staging buffer of `values`' size (the destination is not
+    /// reallocated). `first` must be a multiple of 64 elements (bindings
+    /// start at 256-byte boundaries).
+    pub fn write_at(&self, dst: &Handle, first: usize, values: &[f32]) {
+        assert!(first.is_multiple_of(64), "write at element {first}");
+        if values.is_empty() {
+            return;
+        }
+        let staged = self.upload_f32(values);
+        let dst = dst.clone().offset_start(4 * first as u64);
+        kernels::train::copy::launch::<R>(
+            &self.client,
+            grid(values.len()),
+            dim(),
+            array(&dst, values.len()),
+            array(&staged, values.len()),
+            values.len() as u32,
+        );
     }
 
     /// Uploads host floats.

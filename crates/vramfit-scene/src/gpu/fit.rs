@@ -4,41 +4,88 @@
 //! (L1 + SSIM) runs on the host: the image goes down and its gradient up,
 //! 24 bytes a pixel each step (the 2D fitter's banded SSIM kernels are
 //! written for its own renderer; sharing them is a next step).
+//!
+//! With [`Moments::Host`] Adam's moments stay in host memory: the backward
+//! runs chunk by chunk ([`CHUNK`] Gaussians), each chunk's gradients come
+//! down, and Adam runs on the host ([`vramfit::optim::HostAdam`], the same arithmetic as
+//! the device kernel), which writes the parameters back chunk by chunk. The
+//! device then holds the parameters, one chunk's gradients, the render and
+//! densification's statistics: 484 of a degree-3 Gaussian's 968 bytes of
+//! state (parameters, gradients, moments) leave it, and so do all but one
+//! chunk of the gradients.
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
+use vramfit::optim::Moments;
 use vramfit::profile::MemorySource;
 use vramfit_splat::gpu::engine::{dim, grid};
 
 use super::engine::{Renderer, SceneBuffers, array};
 use super::kernels::{PROJECTED, train};
 use crate::cpu::camera::Camera;
-use crate::train::{SceneDevice, State, loss_and_gradient};
+use crate::train::{ADAM, SceneDevice, State, loss_and_gradient, mask_inactive_bands};
+
+/// Gaussians per chunk of the backward when the moments are on the host
+/// (a multiple of [`super::engine::CHUNK_ALIGN`]): 15 MiB of gradients at
+/// SH degree 3.
+pub const CHUNK: usize = 1 << 16;
+
+/// The moments and the parameters' mirror when Adam runs on the host.
+struct HostSide {
+    /// The parameters, as on the device (only Adam changes them).
+    params: Vec<Vec<f32>>,
+    moments: Vec<(Vec<f32>, Vec<f32>)>,
+    /// The last backward's gradients.
+    grads: Option<Vec<Vec<f32>>>,
+}
 
 /// The fit's state on one device.
 pub struct DeviceFit<R: Runtime> {
     renderer: Renderer<R>,
     label: &'static str,
     scene: Option<SceneBuffers>,
+    /// Adam's moments on the device (empty when they are on the host).
     moments: Vec<[Handle; 2]>,
+    host: Option<HostSide>,
     stats: Vec<Handle>,
     grads: Option<[Handle; 6]>,
     workspace: u64,
+    /// Bytes copied between host and device by the last step.
+    moved: u64,
 }
 
 impl<R: Runtime> DeviceFit<R> {
-    /// An empty state on `device`, named `label` in reports; a fit's
-    /// [`crate::train::Fit::on_device`] loads it.
+    /// An empty state on `device`, named `label` in reports, with Adam's
+    /// moments on the device; a fit's [`crate::train::Fit::on_device`]
+    /// loads it.
     pub fn new(device: &R::Device, label: &'static str) -> Self {
+        Self::with_moments(device, label, Moments::Device)
+    }
+
+    /// The same with Adam's moments where `moments` says.
+    pub fn with_moments(device: &R::Device, label: &'static str, moments: Moments) -> Self {
         Self {
             renderer: Renderer::new(device),
             label,
             scene: None,
             moments: Vec::new(),
+            host: (moments == Moments::Host).then(|| HostSide {
+                params: Vec::new(),
+                moments: Vec::new(),
+                grads: None,
+            }),
             stats: Vec::new(),
             grads: None,
             workspace: 0,
+            moved: 0,
         }
+    }
+
+    /// Bytes copied between host and device by the last step (the loss's
+    /// image and gradient; with the moments on the host also every
+    /// gradient down and every parameter up).
+    pub fn moved_bytes(&self) -> u64 {
+        self.moved
     }
 
     fn loaded(&self) -> Result<&SceneBuffers, String> {
@@ -50,24 +97,39 @@ impl<R: Runtime> DeviceFit<R> {
 
 impl<R: Runtime> SceneDevice for DeviceFit<R> {
     fn name(&self) -> String {
-        format!("{} (the scene renderer's CubeCL kernels)", self.label)
+        let at = if self.host.is_some() {
+            ", Adam's moments on the host"
+        } else {
+            ""
+        };
+        format!("{} (the scene renderer's CubeCL kernels{at})", self.label)
     }
 
     fn load(&mut self, state: &State) -> Result<(), String> {
         let r = &self.renderer;
         r.check_scene(state.params.len(), state.params.widths(), 0)?;
+        // The old state goes first: the device never holds two.
+        self.scene = None;
+        self.moments.clear();
+        self.stats.clear();
+        self.grads = None;
         self.scene = Some(r.upload(&state.params.scene()));
-        self.moments = state
-            .moments
-            .iter()
-            .map(|(m, v)| [r.upload_f32(m), r.upload_f32(v)])
-            .collect();
+        if let Some(host) = &mut self.host {
+            host.params = state.params.groups().iter().map(|g| g.to_vec()).collect();
+            host.moments = state.moments.clone();
+            host.grads = None;
+        } else {
+            self.moments = state
+                .moments
+                .iter()
+                .map(|(m, v)| [r.upload_f32(m), r.upload_f32(v)])
+                .collect();
+        }
         let s = &state.stats;
         self.stats = [&s.grad, &s.seen, &s.max_radius]
             .iter()
             .map(|v| r.upload_f32(v))
             .collect();
-        self.grads = None;
         Ok(())
     }
 
@@ -75,12 +137,19 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
         let s = self.loaded()?;
         let widths = s.widths();
         let r = &self.renderer;
-        for (g, (group, h)) in state.params.groups_mut().into_iter().zip(&s.groups).enumerate() {
-            *group = r.download(h, s.n * widths[g])?;
-        }
-        for (g, ((m, v), [hm, hv])) in state.moments.iter_mut().zip(&self.moments).enumerate() {
-            *m = r.download(hm, s.n * widths[g])?;
-            *v = r.download(hv, s.n * widths[g])?;
+        if let Some(host) = &self.host {
+            for (group, values) in state.params.groups_mut().into_iter().zip(&host.params) {
+                group.clone_from(values);
+            }
+            state.moments.clone_from(&host.moments);
+        } else {
+            for (g, (group, h)) in state.params.groups_mut().into_iter().zip(&s.groups).enumerate() {
+                *group = r.download(h, s.n * widths[g])?;
+            }
+            for (g, ((m, v), [hm, hv])) in state.moments.iter_mut().zip(&self.moments).enumerate() {
+                *m = r.download(hm, s.n * widths[g])?;
+                *v = r.download(hv, s.n * widths[g])?;
+            }
         }
         let st = &mut state.stats;
         for (values, h) in [&mut st.grad, &mut st.seen, &mut st.max_radius]
@@ -104,14 +173,42 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
         target: &[f32],
         stats: bool,
     ) -> Result<f32, String> {
-        let s = self.loaded()?;
+        let s = self.scene.as_ref().ok_or("the scene is not on the device")?;
         let r = &self.renderer;
         let n = s.n;
         let drawn = r.render(s, camera, background)?;
         let image = r.download(&drawn.image, 3 * camera.width * camera.height)?;
         let (loss, d_image) = loss_and_gradient(&image, target, camera.width, camera.height);
+        let pixels = camera.width * camera.height;
         let d_image = r.upload_f32(&d_image);
-        let (grads, screen) = r.backward(s, &drawn, &d_image);
+        let mut moved = 24 * pixels as u64;
+        let mut chunk_bytes = 0;
+        let (grads, screen) = match &mut self.host {
+            None => {
+                let (grads, screen) = r.backward(s, &drawn, &d_image);
+                (Some(grads), screen)
+            }
+            Some(host) => {
+                // Chunk by chunk: each chunk's gradients come down before
+                // the next chunk's are made.
+                let widths = s.widths();
+                let acc = r.backward_screen(&drawn, &d_image);
+                let screen = r.empty(2 * n);
+                let mut down: Vec<Vec<f32>> = widths.iter().map(|w| Vec::with_capacity(n * w)).collect();
+                for first in (0..n).step_by(CHUNK) {
+                    let count = CHUNK.min(n - first);
+                    let part = r.backward_params(s, &drawn, &acc, &screen, first, count);
+                    for (g, h) in part.iter().enumerate() {
+                        down[g].extend(r.download(h, count * widths[g])?);
+                    }
+                }
+                let values: usize = widths.iter().map(|w| w * n).sum();
+                moved += 4 * values as u64;
+                chunk_bytes = 4 * CHUNK.min(n) as u64 * widths.iter().sum::<usize>() as u64;
+                host.grads = Some(down);
+                (None, screen)
+            }
+        };
         if stats {
             train::accumulate_stats::launch::<R>(
                 &r.client,
@@ -129,17 +226,35 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
             );
         }
         // The render's buffers, the image gradient, the backward's
-        // accumulator (9 floats a Gaussian) and the screen gradients.
-        let step_bytes = drawn.bytes(n) + 12 * (camera.width * camera.height) as u64 + 44 * n as u64;
+        // accumulator (9 floats a Gaussian), the screen gradients, and with
+        // the moments on the host one chunk's gradients.
+        let step_bytes = drawn.bytes(n) + 12 * pixels as u64 + 44 * n as u64 + chunk_bytes;
         self.workspace = self.workspace.max(step_bytes);
-        self.grads = Some(grads);
+        self.grads = grads;
+        self.moved = moved;
         Ok(loss)
     }
 
     fn optimize(&mut self, rates: [f32; 6], c1: f32, c2: f32, active_rest: usize) -> Result<(), String> {
-        let grads = self.grads.take().ok_or("optimize before forward_backward")?;
-        let s = self.loaded()?;
+        let s = self.scene.as_ref().ok_or("the scene is not on the device")?;
         let widths = s.widths();
+        if let Some(host) = &mut self.host {
+            let mut grads = host.grads.take().ok_or("optimize before forward_backward")?;
+            mask_inactive_bands(&mut grads[5], active_rest, widths[5]);
+            for g in 0..6 {
+                let (m, v) = &mut host.moments[g];
+                ADAM.step(&mut host.params[g], &grads[g], m, v, rates[g], c1, c2);
+                // Back chunk by chunk: the device never holds a second copy of a group.
+                let span = CHUNK * widths[g];
+                for (k, part) in host.params[g].chunks(span.max(1)).enumerate() {
+                    self.renderer.write_at(&s.groups[g], k * span, part);
+                }
+            }
+            let values: usize = widths.iter().map(|w| w * s.n).sum();
+            self.moved += 4 * values as u64;
+            return Ok(());
+        }
+        let grads = self.grads.take().ok_or("optimize before forward_backward")?;
         for g in 0..6 {
             let len = s.n * widths[g];
             let per = if g == 5 { widths[5] } else { 0 };
@@ -166,8 +281,9 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
         let Some(s) = &self.scene else { return [0; 4] };
         let values: u64 = s.widths().iter().map(|w| (w * s.n) as u64).sum();
         let grads = if self.grads.is_some() { 4 * values } else { 0 };
-        // Adam's two moments, and densification's three statistics.
-        [4 * values, grads, 8 * values + 12 * s.n as u64, self.workspace]
+        // Adam's two moments (unless on the host), and densification's three statistics.
+        let moments = if self.host.is_some() { 0 } else { 8 * values };
+        [4 * values, grads, moments + 12 * s.n as u64, self.workspace]
     }
 }
 
@@ -176,9 +292,10 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
 pub fn placement<R: Runtime>(
     device: &R::Device,
     label: &'static str,
+    moments: Moments,
     memory: impl Fn() -> Box<dyn MemorySource> + 'static,
 ) -> crate::job::Placement {
-    let fit = DeviceFit::<R>::new(device, label);
+    let fit = DeviceFit::<R>::with_moments(device, label, moments);
     crate::job::Placement {
         name: fit.name(),
         device: Some(Box::new(fit)),

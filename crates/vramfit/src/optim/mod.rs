@@ -6,8 +6,10 @@
 
 mod adam;
 mod flex_pass;
+mod host_adam;
 
 pub use adam::{Adam, AdamConfig, AdamMoments};
+pub use host_adam::{HostAdam, Moments};
 
 mod module_adam;
 

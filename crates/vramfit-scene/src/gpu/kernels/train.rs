@@ -41,6 +41,15 @@ pub fn adam(
     }
 }
 
+/// `dst[0..len) = src[0..len)` (a staged upload into part of a buffer).
+#[cube(launch)]
+pub fn copy(dst: &mut Array<f32>, src: &Array<f32>, len: u32) {
+    let i = ABSOLUTE_POS as u32;
+    if i < len {
+        dst[i as usize] = src[i as usize];
+    }
+}
+
 /// Adds one view's statistics for each drawn Gaussian: the norm of its
 /// screen mean's gradient (in normalised device coordinates: pixels × half
 /// the side), one more view seen, and its largest radius.
