@@ -34,10 +34,15 @@
 //! ([`Plan`], [`Choice`], [`Preset`]), so steps 4 on, the CLI and the
 //! benchmarks are written once for both.
 //!
+//! A workload whose memory grows with a count (a scene's Gaussians) is
+//! planned by [`capacity`]: each storage variant is probed at a few
+//! counts and a line fitted; the plan is the largest count that fits.
+//!
 //! Budgets are in the backend's OOM-deciding figure: heap bytes of the
 //! process on the CPU (the counting allocator), the allocator's reserved
 //! bytes on CubeCL (wgpu, CUDA).
 
+pub mod capacity;
 pub mod chain;
 mod choose;
 pub mod ladder;
@@ -47,6 +52,7 @@ mod planned;
 mod probe;
 mod strategy;
 
+pub use capacity::{Capacity, CapacityCalibration, Counted, Line, Variant, calibrate_capacity};
 pub use ladder::{Ladder, LadderCalibration, Rung, calibrate_ladder};
 pub use model::{Delta, Model, ProbeRecord};
 pub use pipeline::{

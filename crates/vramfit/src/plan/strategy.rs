@@ -10,7 +10,9 @@ use std::fmt::Debug;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::{Calibration, Knobs, Ladder, LadderCalibration, Measured, Plannable};
+use super::{
+    Calibration, Capacity, CapacityCalibration, Counted, Knobs, Ladder, LadderCalibration, Measured, Plannable,
+};
 
 /// One plan: what it sets and what the strategy predicts for it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -227,6 +229,41 @@ impl Strategy for LadderCalibration {
             "repeat_error": self.repeat_error,
             "time_error": self.time_error,
             "probes": self.rungs.len() + usize::from(self.repeat.is_some()),
+            "probe_seconds": self.seconds,
+        })
+    }
+}
+
+impl Strategy for CapacityCalibration {
+    type Setting = Counted;
+    type Target = dyn Capacity;
+
+    fn calibrate(target: &mut (dyn Capacity + 'static), probe_batch: Option<usize>) -> Result<Self, PlanError> {
+        if let Some(batch) = probe_batch {
+            return Err(PlanError::Setting(format!(
+                "a probe batch ({batch}) does not apply to {}: each variant is probed at several counts",
+                target.knob()
+            )));
+        }
+        super::calibrate_capacity(target)
+    }
+    fn choose(&self, budget: u64) -> Result<Choice<Counted>, PlanError> {
+        self.choose_count(budget)
+    }
+    fn margin(&self) -> f64 {
+        CapacityCalibration::margin(self)
+    }
+    fn measure(&self, target: &mut (dyn Capacity + 'static), setting: &Counted) -> Result<Measured, String> {
+        target.measure(&setting.variant, setting.count)
+    }
+    fn describe(&self, setting: &Counted) -> String {
+        format!("{}, {} {}", setting.variant, self.knob, setting.count)
+    }
+    fn account(&self) -> serde_json::Value {
+        serde_json::json!({
+            "knob": self.knob,
+            "lines": self.lines,
+            "probes": self.lines.iter().map(|l| l.probes.len()).sum::<usize>(),
             "probe_seconds": self.seconds,
         })
     }

@@ -1,0 +1,441 @@
+//! Planning a count: how many of a workload's elements (a scene's
+//! Gaussians) fit a budget, in each of its storage variants (Adam's
+//! moments on the device or the host, the SH degree).
+//!
+//! Why a line: a step's memory is a fixed part (the image, the render's
+//! per-pixel buffers, kernels) plus bytes per element (parameters,
+//! gradients, moments, the render's per-element buffers and, in
+//! proportion, tile intersections). Measured on the CubeCL allocator the
+//! in-use bytes follow the layout to the allocator's 32-byte rounding
+//! (`bench scene-memory`); the reserved bytes, which decide an
+//! out-of-memory, add pages. So each variant is probed at a few counts,
+//! a least-squares line is fitted, and it is then raised until no probe
+//! lies above it (a prediction is never below a measurement it was made
+//! from). The margin is twice the line's largest relative residual, at
+//! least 3 %. The largest count that fits is where the line plus the
+//! margin meets the budget; the winner is verified by a probe at that
+//! count ([`super::verify`]).
+//!
+//! Ranking: plans that keep the count the user asked for come first,
+//! exact variants before those that change numerics or the model, each by
+//! predicted step time; then plans at a lower count, largest first. A
+//! variant that changes the model (a lower SH degree) is offered only when
+//! the workload lists it, which it does only when the user allowed its
+//! measured quality cost.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Choice, Measured, Plan, PlanError};
+use crate::profile::human_bytes;
+
+/// One way to store the workload, for the planner.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Variant {
+    /// Its name, as plans and tables show it (`moments host`).
+    pub name: String,
+    /// What it changes in the numerics or the model (empty: exact).
+    pub quality: Vec<String>,
+    /// The most elements the device can hold in it at all (its largest
+    /// buffer), `usize::MAX` where nothing but memory limits it.
+    pub limit: usize,
+}
+
+/// A workload whose memory grows with a count, for the planner.
+pub trait Capacity {
+    /// The count's name (its key in the workload's settings).
+    fn knob(&self) -> String;
+    /// The count the user asked for: no plan exceeds it.
+    fn wanted(&self) -> usize;
+    /// The smallest count worth running (a plan below it does not fit).
+    fn least(&self) -> usize {
+        1
+    }
+    /// The variants the plan may use (only those the user allows).
+    fn variants(&self) -> Vec<Variant>;
+    /// The counts to probe each variant at, ascending (two at least).
+    fn probe_counts(&self) -> Vec<usize>;
+    /// Runs a step or two of `variant` holding `count` elements and
+    /// measures them.
+    fn measure(&mut self, variant: &str, count: usize) -> Result<Measured, String>;
+}
+
+/// What a capacity plan sets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counted {
+    /// The variant's name.
+    pub variant: String,
+    /// The count.
+    pub count: usize,
+}
+
+/// One variant's probes and fitted lines.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Line {
+    /// The variant.
+    pub variant: Variant,
+    /// Each probe: the count and what it measured.
+    pub probes: Vec<(usize, Measured)>,
+    /// Peak bytes `a + b · count`: (a, b), raised above every probe.
+    pub bytes: (f64, f64),
+    /// Largest relative residual of the least-squares line on the probes.
+    pub error: f64,
+    /// Step time `c + d · count` in ms: (c, d).
+    pub time: (f64, f64),
+}
+
+impl Line {
+    /// Predicted peak at `count` (bytes).
+    pub fn peak(&self, count: usize) -> u64 {
+        (self.bytes.0 + self.bytes.1 * count as f64).max(0.0).ceil() as u64
+    }
+
+    /// Predicted step time at `count` (ms).
+    pub fn step_ms(&self, count: usize) -> f64 {
+        (self.time.0 + self.time.1 * count as f64).max(0.0)
+    }
+
+    /// The largest count whose peak with `margin` is within `budget`
+    /// (capped by the variant's limit), or 0.
+    pub fn largest(&self, budget: u64, margin: f64) -> usize {
+        let (a, b) = self.bytes;
+        let room = budget as f64 / (1.0 + margin) - a;
+        let most = if b <= 0.0 {
+            if room >= 0.0 { usize::MAX } else { 0 }
+        } else if room <= 0.0 {
+            0
+        } else {
+            (room / b).floor().min(usize::MAX as f64) as usize
+        };
+        most.min(self.variant.limit)
+    }
+}
+
+/// The measured lines of every variant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CapacityCalibration {
+    /// The count's name.
+    pub knob: String,
+    /// The count the user asked for.
+    pub wanted: usize,
+    /// The smallest count worth running.
+    pub least: usize,
+    /// One line per variant, in the workload's order.
+    pub lines: Vec<Line>,
+    /// Seconds spent probing.
+    pub seconds: f64,
+}
+
+/// Least squares of `y = a + b x`.
+fn fit_line(points: &[(f64, f64)]) -> (f64, f64) {
+    let n = points.len() as f64;
+    let (mx, my) = (
+        points.iter().map(|p| p.0).sum::<f64>() / n,
+        points.iter().map(|p| p.1).sum::<f64>() / n,
+    );
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx) * (p.0 - mx)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let b = if sxx > 0.0 { sxy / sxx } else { 0.0 };
+    (my - b * mx, b)
+}
+
+/// Probes every variant at every count (after an uncounted warm-up) and
+/// fits its lines.
+pub fn calibrate_capacity(target: &mut dyn Capacity) -> Result<CapacityCalibration, PlanError> {
+    let started = Instant::now();
+    let knob = target.knob();
+    let counts = target.probe_counts();
+    if counts.len() < 2 || counts.windows(2).any(|w| w[0] >= w[1]) || counts[0] == 0 {
+        return Err(PlanError::Setting(format!(
+            "the {knob} counts to probe must be two or more, positive and ascending: {counts:?}"
+        )));
+    }
+    let variants = target.variants();
+    if variants.is_empty() {
+        return Err(PlanError::Setting(format!("no variant to plan {knob} with")));
+    }
+    let mut lines = Vec::with_capacity(variants.len());
+    for (i, variant) in variants.into_iter().enumerate() {
+        let mut probe = |count: usize| {
+            target.measure(&variant.name, count).map_err(|why| PlanError::Probe {
+                probe: format!("{}, {knob} {count}", variant.name),
+                why,
+            })
+        };
+        if i == 0 {
+            // A first run pays for what later runs reuse (compiled kernels).
+            probe(counts[0])?;
+        }
+        let mut probes = Vec::with_capacity(counts.len());
+        for &c in counts.iter().filter(|&&c| c <= variant.limit) {
+            probes.push((c, probe(c)?));
+        }
+        if probes.len() < 2 {
+            continue;
+        }
+        let bytes: Vec<(f64, f64)> = probes.iter().map(|(c, m)| (*c as f64, m.peak_bytes as f64)).collect();
+        let (a, b) = fit_line(&bytes);
+        let error = bytes
+            .iter()
+            .map(|(x, y)| (a + b * x - y).abs() / y.max(1.0))
+            .fold(0.0, f64::max);
+        let raise = bytes.iter().map(|(x, y)| y - (a + b * x)).fold(0.0, f64::max);
+        let times: Vec<(f64, f64)> = probes.iter().map(|(c, m)| (*c as f64, m.step_ms)).collect();
+        lines.push(Line {
+            variant,
+            probes,
+            bytes: (a + raise, b),
+            error,
+            time: fit_line(&times),
+        });
+    }
+    if lines.is_empty() {
+        return Err(PlanError::Setting(format!(
+            "no variant can hold two of the probe counts {counts:?}: the device's largest buffer is too small"
+        )));
+    }
+    Ok(CapacityCalibration {
+        knob,
+        wanted: target.wanted(),
+        least: target.least(),
+        lines,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+impl CapacityCalibration {
+    /// Twice the largest residual of any line, at least 3 %.
+    pub fn margin(&self) -> f64 {
+        (2.0 * self.lines.iter().map(|l| l.error).fold(0.0, f64::max)).max(0.03)
+    }
+
+    /// The line of `variant`.
+    pub fn line(&self, variant: &str) -> Option<&Line> {
+        self.lines.iter().find(|l| l.variant.name == variant)
+    }
+
+    /// For each variant, the largest count within `budget` with the margin
+    /// (not capped by what the user asked for): a preset table's row.
+    pub fn largest(&self, budget: u64) -> Vec<(String, usize)> {
+        let margin = self.margin();
+        self.lines
+            .iter()
+            .map(|l| (l.variant.name.clone(), l.largest(budget, margin)))
+            .collect()
+    }
+
+    fn plan(&self, line: &Line, count: usize) -> Plan<Counted> {
+        let mut quality = line.variant.quality.clone();
+        if count < self.wanted {
+            quality.push(format!("{} {count} instead of {}", self.knob, self.wanted));
+        }
+        Plan {
+            setting: Counted {
+                variant: line.variant.name.clone(),
+                count,
+            },
+            peak_bytes: line.peak(count),
+            step_ms: line.step_ms(count),
+            quality,
+        }
+    }
+
+    /// [`super::Strategy::choose`] for counts: each variant at the largest
+    /// count that fits (at most the one asked for), ranked as the module
+    /// says.
+    pub(super) fn choose_count(&self, budget: u64) -> Result<Choice<Counted>, PlanError> {
+        let margin = self.margin();
+        let mut plans: Vec<(bool, Plan<Counted>)> = self
+            .lines
+            .iter()
+            .filter_map(|l| {
+                let count = l.largest(budget, margin).min(self.wanted);
+                (count >= self.least.min(self.wanted)).then(|| (l.variant.quality.is_empty(), self.plan(l, count)))
+            })
+            .collect();
+        if plans.is_empty() {
+            let least = self.least.min(self.wanted);
+            let (line, peak) = self
+                .lines
+                .iter()
+                .map(|l| (l, l.peak(least)))
+                .min_by_key(|(_, p)| *p)
+                .expect("at least one line");
+            let smallest = ((peak as f64 * (1.0 + margin)) / (1 << 20) as f64).ceil() as u64 * (1 << 20);
+            return Err(PlanError::Infeasible {
+                budget: human_bytes(budget),
+                least: human_bytes(peak),
+                knobs: format!("{}, {} {least}", line.variant.name, self.knob),
+                margin: margin * 100.0,
+                smallest: human_bytes(smallest),
+                smallest_bytes: smallest,
+            });
+        }
+        plans.sort_by(|(ea, a), (eb, b)| {
+            let key = |exact: bool, p: &Plan<Counted>| (p.setting.count < self.wanted, !exact);
+            key(*ea, a)
+                .cmp(&key(*eb, b))
+                .then(b.setting.count.cmp(&a.setting.count))
+                .then(a.step_ms.total_cmp(&b.step_ms))
+        });
+        let plans: Vec<Plan<Counted>> = plans.into_iter().map(|(_, p)| p).collect();
+        let w = &plans[0];
+        let why = if w.setting.count >= self.wanted {
+            format!(
+                "holds the {} {} asked for, predicted fastest of the plans that do ({:.1} ms per step), peak {} with a \
+                 {:.0} % margin",
+                self.wanted,
+                self.knob,
+                w.step_ms,
+                human_bytes(w.peak_bytes),
+                margin * 100.0
+            )
+        } else {
+            format!(
+                "no plan holds the {} {} asked for within {}; this one holds the most, {}, peak {} with a {:.0} % \
+                 margin",
+                self.wanted,
+                self.knob,
+                human_bytes(budget),
+                w.setting.count,
+                human_bytes(w.peak_bytes),
+                margin * 100.0
+            )
+        };
+        Ok(Choice {
+            budget,
+            margin,
+            plans,
+            why,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 50 MiB fixed and 1,000 bytes an element (device moments) or 500
+    /// (host moments, 30 % slower), in pages of 32 MiB.
+    struct Scene {
+        allow_degree: bool,
+    }
+
+    fn law(per: u64, count: usize) -> u64 {
+        let page = 32u64 << 20;
+        ((50u64 << 20) + per * count as u64).div_ceil(page) * page
+    }
+
+    impl Capacity for Scene {
+        fn knob(&self) -> String {
+            "max_gaussians".into()
+        }
+        fn wanted(&self) -> usize {
+            1_000_000
+        }
+        fn variants(&self) -> Vec<Variant> {
+            let mut v = vec![
+                Variant {
+                    name: "moments device".into(),
+                    quality: vec![],
+                    limit: usize::MAX,
+                },
+                Variant {
+                    name: "moments host".into(),
+                    quality: vec![],
+                    limit: usize::MAX,
+                },
+            ];
+            if self.allow_degree {
+                v.push(Variant {
+                    name: "degree 2".into(),
+                    quality: vec!["SH degree 2 instead of 3".into()],
+                    limit: usize::MAX,
+                });
+            }
+            v
+        }
+        fn probe_counts(&self) -> Vec<usize> {
+            vec![100_000, 200_000, 400_000]
+        }
+        fn measure(&mut self, variant: &str, count: usize) -> Result<Measured, String> {
+            let (per, ms) = match variant {
+                "moments device" => (1000, 1.0),
+                "moments host" => (500, 1.3),
+                _ => (300, 0.9),
+            };
+            let peak = law(per, count);
+            Ok(Measured {
+                peak_bytes: peak,
+                step_peak_bytes: peak,
+                rest_peak_bytes: 0,
+                step_ms: ms * count as f64 / 1e5,
+                seconds: 0.0,
+            })
+        }
+    }
+
+    #[test]
+    fn the_count_that_fits_is_never_above_a_measurement_and_close_to_it() {
+        let cal = calibrate_capacity(&mut Scene { allow_degree: false }).unwrap();
+        for budget_mib in [300u64, 600, 1200] {
+            let budget = budget_mib << 20;
+            for (variant, count) in cal.largest(budget) {
+                let per = if variant == "moments device" { 1000 } else { 500 };
+                assert!(
+                    law(per, count) <= budget,
+                    "{variant} at {count} measures within {budget_mib} MiB"
+                );
+                // The largest count that measures within the budget, by search.
+                let best = (count..count * 2)
+                    .rev()
+                    .step_by(1000)
+                    .find(|&c| law(per, c) <= budget)
+                    .unwrap();
+                assert!(count as f64 >= 0.8 * best as f64, "{variant}: {count} against {best}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_count_asked_for_wins_then_the_largest() {
+        let cal = calibrate_capacity(&mut Scene { allow_degree: false }).unwrap();
+        // Ample: both hold a million; device moments are faster.
+        let c = cal.choose_count(4 << 30).unwrap();
+        assert_eq!(c.plans[0].setting.variant, "moments device");
+        assert_eq!(c.plans[0].setting.count, 1_000_000);
+        assert!(c.plans[0].exact());
+        // 700 MiB: only host moments hold a million.
+        let c = cal.choose_count(700 << 20).unwrap();
+        assert_eq!(c.plans[0].setting.variant, "moments host");
+        assert_eq!(c.plans[0].setting.count, 1_000_000);
+        // 400 MiB: nothing holds a million; the most is on host moments,
+        // and the plan says it lowers the count.
+        let c = cal.choose_count(400 << 20).unwrap();
+        assert_eq!(c.plans[0].setting.variant, "moments host");
+        assert!(c.plans[0].setting.count < 1_000_000);
+        assert!(c.plans[0].quality[0].contains("instead of 1000000"), "{:?}", c.plans[0]);
+        // Too small: names a budget that works.
+        match cal.choose_count(40 << 20) {
+            Err(PlanError::Infeasible { smallest_bytes, .. }) => {
+                assert!(cal.choose_count(smallest_bytes).is_ok())
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_model_change_is_ranked_after_exact_plans_at_the_same_count() {
+        let cal = calibrate_capacity(&mut Scene { allow_degree: true }).unwrap();
+        let c = cal.choose_count(4 << 30).unwrap();
+        // The degree-2 variant is fastest but changes the model.
+        assert_eq!(c.plans[0].setting.variant, "moments device");
+        assert_eq!(c.plans.last().unwrap().setting.variant, "degree 2");
+        // Where only it holds the count asked for, it wins, saying so.
+        let c = cal.choose_count(450 << 20).unwrap();
+        assert_eq!(c.plans[0].setting.variant, "degree 2");
+        assert_eq!(c.plans[0].setting.count, 1_000_000);
+        assert_eq!(c.plans[0].quality, vec!["SH degree 2 instead of 3".to_string()]);
+    }
+}
