@@ -42,6 +42,10 @@ pub enum Which {
     Plan(crate::plan_bench::Args<crate::flags::TrainSettings>),
     /// The band-height planner against a sweep of every band height on the splat fit.
     PlanSplat(crate::plan_bench::Args<crate::flags::FitSettings>),
+    /// The scene planner (wgpu, CUDA) against a sweep of Gaussian counts:
+    /// at budgets from infeasible to ample, the chosen count measured, and
+    /// the largest count of its variant that measured within the budget.
+    PlanScene(crate::plan_bench::Args<crate::scene::SceneSettings>),
     /// What a 3D scene takes in device memory (wgpu, CUDA): bytes per
     /// Gaussian by category at each count and SH degree, one render's and
     /// one backward's buffers, measured against the layout's prediction.
@@ -64,6 +68,11 @@ pub fn run(which: Which) -> Result<()> {
             crate::plan::model::<GptConfig, 3>(config, device, Action::Bench(request))
         }
         Which::SceneMemory(args) => crate::bench_scene::run(args),
+        Which::PlanScene(args) => {
+            let config = crate::scene::resolve(args.settings())?;
+            let (request, device) = args.request(serde_json::to_value(&config)?, "scene");
+            crate::plan::scene(args.settings(), device, Action::Bench(request))
+        }
         Which::PlanSplat(args) => {
             let config = crate::flags::resolve_fit(args.settings())?;
             let (request, device) = args.request(serde_json::to_value(&config)?, "splat");

@@ -95,12 +95,8 @@ pub fn on_splat_device<W: OnSplatBackend>(device: &str, work: W) -> Result<W::Ou
 /// Where a scene fit runs for `--device`: the scene's state lives in the
 /// renderer's own CubeCL buffers, not in Burn tensors, so it has this
 /// dispatch of its own (the same devices, the same allocator reading).
-pub fn scene_placement(device: &str, moments: vramfit::optim::Moments) -> Result<vramfit_scene::job::Placement> {
+pub fn scene_placement(device: &str) -> Result<vramfit_scene::job::Placement> {
     match device {
-        "cpu" if moments == vramfit::optim::Moments::Host => anyhow::bail!(
-            "--moments host moves Adam's state off a GPU; on the CPU (--device cpu) it is in host memory already. \
-             Use --moments host with --device wgpu or cuda"
-        ),
         "cpu" => Ok(vramfit_scene::job::Placement::cpu()),
         #[cfg(feature = "cuda")]
         "cuda" => {
@@ -109,7 +105,6 @@ pub fn scene_placement(device: &str, moments: vramfit::optim::Moments) -> Result
             Ok(vramfit_scene::gpu::fit::placement::<cubecl::cuda::CudaRuntime>(
                 &d,
                 "cuda:0",
-                moments,
                 move || <burn::backend::Cuda as DeviceMemory>::memory_source(&memory),
             ))
         }
@@ -120,7 +115,6 @@ pub fn scene_placement(device: &str, moments: vramfit::optim::Moments) -> Result
             Ok(vramfit_scene::gpu::fit::placement::<cubecl::wgpu::WgpuRuntime>(
                 &d,
                 "wgpu, default adapter",
-                moments,
                 move || <vramfit::backends::Wgpu as DeviceMemory>::memory_source(&memory),
             ))
         }

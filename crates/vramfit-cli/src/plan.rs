@@ -36,6 +36,9 @@ pub enum Which {
     Unet(PlanArgs<crate::flags::TrainSettings>),
     /// Plan a splat fit's band height (same settings flags as `vramfit fit`).
     Splat(PlanArgs<crate::flags::FitSettings>),
+    /// Plan a 3D scene fit (--device wgpu|cuda): how many Gaussians fit, with
+    /// Adam's moments on the device or the host (same settings flags as `vramfit scene`).
+    Scene(PlanArgs<crate::scene::SceneSettings>),
 }
 
 #[derive(clap::Args)]
@@ -88,6 +91,54 @@ pub fn run(which: Which) -> Result<()> {
             &args.device.name,
             args.action()?,
         ),
+        Which::Scene(args) => scene(&args.settings, &args.device.name, args.action()?),
+    }
+}
+
+/// Runs `action` on a scene fit with `settings` on `device` (a CubeCL
+/// device: the plan is of its allocator).
+pub fn scene(settings: &crate::scene::SceneSettings, device: &str, action: Action) -> Result<()> {
+    let config = crate::scene::resolve(settings)?;
+    let allow = settings.allow_quality_loss();
+    let counts = settings.probe_gaussians().to_vec();
+    if device == "cpu" {
+        bail!(
+            "planning a scene fits it into a GPU's memory: give --device wgpu or cuda (the CPU twin's state is on \
+             the heap, which it does not plan)"
+        );
+    }
+    action.check()?;
+    let placement = crate::device::scene_placement(device)?;
+    let name = placement.name.clone();
+    let again = device.to_string();
+    let place = move || crate::device::scene_placement(&again).expect("the device opened for the probes opens again");
+    match device {
+        #[cfg(feature = "wgpu")]
+        "wgpu" => {
+            let mut target = vramfit_scene::gpu::plan::SceneTarget::<cubecl::wgpu::WgpuRuntime>::new(
+                config,
+                &Default::default(),
+                allow,
+                counts,
+                place,
+            )?;
+            action.on(&mut target, &name)
+        }
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            let mut target = vramfit_scene::gpu::plan::SceneTarget::<cubecl::cuda::CudaRuntime>::new(
+                config,
+                &Default::default(),
+                allow,
+                counts,
+                place,
+            )?;
+            action.on(&mut target, &name)
+        }
+        other => {
+            drop((config, allow, counts, place, name));
+            Err(crate::device::unavailable(other))
+        }
     }
 }
 
@@ -200,6 +251,16 @@ where
     }
 }
 
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+impl<R: cubecl::Runtime> Planned for vramfit_scene::gpu::plan::SceneTarget<R> {
+    fn command(settings: &vramfit_scene::job::SceneConfig, device: &str) -> String {
+        crate::show_plan::scene_command(settings, device)
+    }
+    fn print(summary: &RunSummary<<Self::Workload as Workload>::Summary>, dir: &Path) {
+        crate::scene::print(summary, dir);
+    }
+}
+
 impl Action {
     /// Refuses output paths before anything is probed.
     fn check(&self) -> Result<()> {
@@ -258,6 +319,9 @@ fn show<T: Planned>(
         let table = cal.presets(gpus);
         cal.print_presets(&table, name);
         out["presets"] = serde_json::json!(table);
+        if let Some(extra) = cal.presets_json(gpus) {
+            out["presets_largest"] = extra;
+        }
     }
     if let Some(path) = json {
         vramfit::run::atomic_write(path, &serde_json::to_vec_pretty(&out)?)

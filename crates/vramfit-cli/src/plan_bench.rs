@@ -12,7 +12,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use serde_json::json;
-use vramfit::plan::{Calibration, Knobs, LadderCalibration, Measured, PROBE_STEPS, PlanError, Runnable, Strategy};
+use vramfit::plan::{
+    Calibration, CapacityCalibration, Counted, Knobs, LadderCalibration, Measured, PROBE_STEPS, PlanError, Runnable,
+    Strategy,
+};
 use vramfit::profile::human_bytes;
 
 use crate::show_plan::Show;
@@ -88,6 +91,21 @@ pub trait Benched: Show {
     }
     /// The peak this calibration predicts for `setting`.
     fn predicted_peak(&self, setting: &Self::Setting) -> f64;
+    /// Whether swept `candidate` is compared with the chosen `winner`
+    /// (besides measuring within the budget and its exactness).
+    fn comparable(&self, _winner: &Self::Setting, _candidate: &Self::Setting) -> bool {
+        true
+    }
+    /// The best swept plan within a budget is the least of this: by
+    /// default its measured step time.
+    fn swept_rank(&self, _setting: &Self::Setting, measured: &Measured) -> f64 {
+        measured.step_ms
+    }
+    /// The winner against the best swept plan, where a step-time ratio
+    /// does not say how close it came.
+    fn versus(&self, _winner: &Self::Setting, _best: &Self::Setting) -> Option<String> {
+        None
+    }
     /// This calibration, made by [`Benched::extrapolating`], in words.
     fn as_extrapolation(&self) -> String {
         String::new()
@@ -222,6 +240,83 @@ impl Benched for LadderCalibration {
     }
 }
 
+impl Benched for CapacityCalibration {
+    /// Every variant at counts 8 % apart, from the count asked for down to
+    /// the smallest probe.
+    fn sweep(&self) -> Vec<Counted> {
+        let smallest = self
+            .lines
+            .iter()
+            .flat_map(|l| l.probes.first().map(|p| p.0))
+            .min()
+            .unwrap_or(1);
+        let mut out = Vec::new();
+        for l in &self.lines {
+            let mut count = self.wanted.min(l.variant.limit) as f64;
+            while count >= smallest as f64 {
+                out.push(Counted {
+                    variant: l.variant.name.clone(),
+                    count: count as usize,
+                });
+                count *= 0.92;
+            }
+        }
+        out
+    }
+
+    /// An infeasible budget, then `fractions` of the first variant's peak
+    /// at the count asked for.
+    fn budgets(&self, fractions: &[f64]) -> Vec<u64> {
+        let least = self.least.min(self.wanted);
+        let lowest = self.lines.iter().map(|l| l.peak(least)).min().unwrap_or(0);
+        let top = self.lines[0].peak(self.wanted) as f64;
+        let mut budgets = vec![lowest * 4 / 5];
+        budgets.extend(fractions.iter().map(|f| (top * f) as u64));
+        budgets
+    }
+
+    fn exact(&self, setting: &Counted) -> bool {
+        self.line(&setting.variant).is_some_and(|l| l.variant.quality.is_empty())
+    }
+
+    fn summary(&self, swept: usize) -> String {
+        format!(
+            "Calibration: {} variants probed at {:?} {} in {:.1} s; margin {:.0} %. Sweep: {swept} settings (each \
+             variant at counts 8 % apart up to the {} asked for).",
+            self.lines.len(),
+            self.lines.first().map(|l| l.probes.iter().map(|p| p.0).collect::<Vec<_>>()),
+            self.knob,
+            self.seconds,
+            self.margin() * 100.0,
+            self.wanted,
+        )
+    }
+
+    fn predicted_peak(&self, setting: &Counted) -> f64 {
+        self.line(&setting.variant).map_or(f64::NAN, |l| l.peak(setting.count) as f64)
+    }
+
+    /// The same variant: the question is how close to its largest count
+    /// within the budget the plan came.
+    fn comparable(&self, winner: &Counted, candidate: &Counted) -> bool {
+        winner.variant == candidate.variant
+    }
+
+    /// The largest count is best.
+    fn swept_rank(&self, setting: &Counted, _: &Measured) -> f64 {
+        -(setting.count as f64)
+    }
+
+    fn versus(&self, winner: &Counted, best: &Counted) -> Option<String> {
+        Some(format!(
+            "{} {} = {:.3} × the largest swept within",
+            self.knob,
+            winner.count,
+            winner.count as f64 / best.count.max(1) as f64
+        ))
+    }
+}
+
 /// One swept setting and what it measured.
 #[derive(serde::Serialize)]
 struct Swept<S> {
@@ -268,8 +363,15 @@ pub fn bench<T: Runnable<Strategy: Benched>>(target: &mut T, request: Request, n
         let error = winner.peak_bytes as f64 / measured.peak_bytes as f64 - 1.0;
         let best = sweep
             .iter()
-            .filter(|s| s.measured.peak_bytes <= budget && (!winner.exact() || cal.exact(&s.setting)))
-            .min_by(|a, b| a.measured.step_ms.total_cmp(&b.measured.step_ms));
+            .filter(|s| {
+                s.measured.peak_bytes <= budget
+                    && (!winner.exact() || cal.exact(&s.setting))
+                    && cal.comparable(&winner.setting, &s.setting)
+            })
+            .min_by(|a, b| {
+                cal.swept_rank(&a.setting, &a.measured)
+                    .total_cmp(&cal.swept_rank(&b.setting, &b.measured))
+            });
         let again = match best {
             Some(b) => Some(measure(target, &b.setting)?),
             None => None,
@@ -293,7 +395,10 @@ pub fn bench<T: Runnable<Strategy: Benched>>(target: &mut T, request: Request, n
                 (Some(b), Some(a)) => format!("{:.1}, again {:.1}", b.measured.step_ms, a.step_ms),
                 _ => String::new(),
             },
-            again.map_or(String::new(), |a| format!("{:.2}", measured.step_ms / a.step_ms)),
+            match best.and_then(|b| cal.versus(&winner.setting, &b.setting)) {
+                Some(words) => words,
+                None => again.map_or(String::new(), |a| format!("{:.2}", measured.step_ms / a.step_ms)),
+            },
             extrapolated.map_or(String::new(), |e| human_bytes(e as u64)),
             extrapolated.map_or(String::new(), |e| format!(
                 "{:+.1} %",

@@ -9,8 +9,9 @@ use anyhow::{Result, bail};
 use vramfit::run::Start;
 use vramfit_scene::job::{BUILTIN, SceneConfig, launch};
 
+/// A scene fit's settings, for `vramfit scene` and `vramfit plan scene`.
 #[derive(clap::Args)]
-pub struct SceneArgs {
+pub struct SceneSettings {
     /// A COLMAP text dataset's folder (sparse/0/*.txt and images/); none: the built-in scene.
     dataset: Option<PathBuf>,
     /// Optimiser steps, one view each (e.g. 3000 or 3e3).
@@ -22,40 +23,110 @@ pub struct SceneArgs {
     /// Each view at 1/K of its size (for large photographs).
     #[arg(long, value_name = "K")]
     downscale: Option<usize>,
-    /// The most Gaussians the fit may hold: densification never exceeds it.
+    /// The most Gaussians the fit may hold: densification never exceeds it
+    /// (with a budget: the most the planner may set).
     #[arg(long, allow_negative_numbers = true, value_parser = crate::flags::parse_count::<usize>)]
     max_gaussians: Option<usize>,
+    /// Where Adam's moments live with --device wgpu|cuda: device, or host
+    /// (host memory, updated by the CPU; the same parameters, less device
+    /// memory). The config key `moments`.
+    #[arg(long)]
+    moments: Option<vramfit::optim::Moments>,
     /// TOML file of settings (keys as in a run's config.toml); flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Override one setting, KEY=VALUE with a key of config.toml (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
+    /// Planning: let the planner lower the SH degree where the quality it
+    /// costs, as measured on the built-in scene, is at most this (e.g. 0.3dB).
+    #[arg(long, value_name = "DB", value_parser = parse_db)]
+    allow_quality_loss: Option<f64>,
+    /// Planning: the Gaussian counts each variant is probed at.
+    #[arg(long, value_delimiter = ',', default_values_t = [25_000usize, 50_000, 100_000])]
+    probe_gaussians: Vec<usize>,
+}
+
+impl SceneSettings {
+    /// The quality cost the planner may take (dB), if allowed.
+    pub fn allow_quality_loss(&self) -> Option<f64> {
+        self.allow_quality_loss
+    }
+
+    /// The counts to probe.
+    pub fn probe_gaussians(&self) -> &[usize] {
+        &self.probe_gaussians
+    }
+}
+
+/// `0.3dB`, `0.3 dB` or `0.3`: decibels, 0 or more.
+fn parse_db(text: &str) -> Result<f64, String> {
+    let t = text.trim();
+    let number = t
+        .strip_suffix("dB")
+        .or_else(|| t.strip_suffix("db"))
+        .unwrap_or(t)
+        .trim();
+    match number.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!(
+            "`{text}` is not a quality loss: give decibels of held-out PSNR, 0 or more, such as 0.3dB"
+        )),
+    }
+}
+
+#[derive(clap::Args)]
+pub struct SceneArgs {
+    #[command(flatten)]
+    settings: SceneSettings,
+    /// Plan the fit into this memory budget first (6GiB, 512MiB, bytes, or
+    /// auto: free memory), with --device wgpu|cuda: the planner sets
+    /// max_gaussians and moments (and the SH degree only with --allow-quality-loss).
+    #[arg(long)]
+    budget: Option<String>,
     /// Run directory (default: the next free runs/scene-NNN).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Continue the run in RUN_DIR from its last checkpoint.
-    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["dataset", "steps", "sh_degree", "downscale", "max_gaussians", "config", "set", "out"])]
+    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["dataset", "steps", "sh_degree", "downscale", "max_gaussians", "moments", "config", "set", "out", "budget", "allow_quality_loss"])]
     resume: Option<PathBuf>,
     #[command(flatten)]
     device: crate::device::DeviceArg,
-    /// Where Adam's moments live with --device wgpu|cuda: device, or host
-    /// (host memory, updated by the CPU; the same parameters, less device memory).
-    #[arg(long, default_value = "device", value_parser = clap::value_parser!(vramfit::optim::Moments))]
-    moments: vramfit::optim::Moments,
+    /// Test seam: with --budget, the first plan fails at this step as an out-of-memory would.
+    #[arg(long, hide = true, requires = "budget")]
+    simulate_oom_at: Option<u64>,
 }
 
 pub fn run(args: SceneArgs) -> Result<()> {
-    let placement = crate::device::scene_placement(&args.device.name, args.moments)?;
+    if let Some(budget) = &args.budget {
+        let budget = crate::budget::Budget::parse(budget, &args.device.name)?;
+        let action = crate::plan::Action::Run {
+            budget,
+            probe_batch: None,
+            out: crate::run_path(&args.out, "scene"),
+            simulate_oom_at: args.simulate_oom_at,
+        };
+        return crate::plan::scene(&args.settings, &args.device.name, action);
+    }
+    if args.settings.allow_quality_loss.is_some() {
+        bail!("--allow-quality-loss tells the planner what it may trade: give it with --budget");
+    }
+    let placement = crate::device::scene_placement(&args.device.name)?;
     let start = match &args.resume {
         Some(dir) => Start::Resume(dir.clone()),
-        None => Start::New(resolve(&args)?, crate::run_path(&args.out, "scene")),
+        None => Start::New(resolve(&args.settings)?, crate::run_path(&args.out, "scene")),
     };
     let (run, job) = launch(start, placement)?;
     let dir = run.dir().root().to_path_buf();
     let Some(summary) = run.drive(job, crate::runs::progress())? else {
         bail!("the run stopped before its end")
     };
+    print(&summary, &dir);
+    Ok(())
+}
+
+/// Prints a finished scene fit.
+pub fn print(summary: &vramfit::run::RunSummary<vramfit_scene::job::SceneSummary>, dir: &std::path::Path) {
     let s = &summary.workload;
     println!(
         "fitted {} Gaussians (SH degree {}) to {} views, {} held out",
@@ -81,8 +152,7 @@ pub fn run(args: SceneArgs) -> Result<()> {
         summary.wall_seconds,
         summary.median_step_ms
     );
-    crate::runs::print_common(&summary, &dir);
-    Ok(())
+    crate::runs::print_common(summary, dir);
 }
 
 /// `vramfit render-scene RUN_DIR --view K OUT.png`.
@@ -102,7 +172,7 @@ pub fn render(run_dir: &std::path::Path, view: usize, out: &std::path::Path) -> 
 }
 
 /// Defaults ← config file ← flags ← `--set`.
-fn resolve(args: &SceneArgs) -> Result<SceneConfig> {
+pub fn resolve(args: &SceneSettings) -> Result<SceneConfig> {
     let mut c = match &args.config {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -118,6 +188,7 @@ fn resolve(args: &SceneArgs) -> Result<SceneConfig> {
     c.sh_degree = args.sh_degree.unwrap_or(c.sh_degree);
     c.max_gaussians = args.max_gaussians.unwrap_or(c.max_gaussians);
     c.downscale = args.downscale.unwrap_or(c.downscale);
+    c.moments = args.moments.unwrap_or(c.moments);
     let c = vramfit::settings::apply_sets(&c.to_toml(), &args.set)?.unwrap_or(c);
     if c.dataset == BUILTIN && args.dataset.is_some() {
         bail!("'{BUILTIN}' names the built-in scene: give no dataset for it, or a folder's path");

@@ -3,7 +3,9 @@
 //! verification, the preset table, and the command that runs a plan.
 
 use anyhow::Result;
-use vramfit::plan::{Calibration, Choice, LadderCalibration, Measured, PROBE_STEPS, Preset, Strategy};
+use vramfit::plan::{
+    Calibration, CapacityCalibration, Choice, Counted, LadderCalibration, Measured, PROBE_STEPS, Preset, Strategy,
+};
 use vramfit::profile::human_bytes;
 use vramfit::settings::{sets_between, shell_words};
 use vramfit_models::config::FamilyConfig;
@@ -75,6 +77,12 @@ pub trait Show: Strategy {
             human_bytes(choice.plans[0].peak_bytes),
             v.step_ms
         );
+    }
+
+    /// A strategy's own preset figures for `budgets`, for the JSON (none:
+    /// the table of winners says it all).
+    fn presets_json(&self, _budgets: &[u64]) -> Option<serde_json::Value> {
+        None
     }
 
     /// The preset table, one card size a row.
@@ -201,6 +209,103 @@ impl Show for LadderCalibration {
     fn accuracy(&self) -> String {
         format!("each rung measured; margin {:.0} %", self.margin() * 100.0)
     }
+}
+
+impl Show for CapacityCalibration {
+    const PROBES: &'static str = "each storage variant at a few Gaussian counts";
+
+    fn print_probes(&self) {
+        println!(
+            "probes: {} variants × {} counts in {:.1} s (peaks: the figure that decides an out-of-memory here)",
+            self.lines.len(),
+            self.lines.first().map_or(0, |l| l.probes.len()),
+            self.seconds
+        );
+        println!(
+            "  {:<34}  {:>10}  {:>10}  {:>10}  {:>9}",
+            "variant", self.knob, "measured", "line", "step ms"
+        );
+        for l in &self.lines {
+            for (count, m) in &l.probes {
+                println!(
+                    "  {:<34}  {:>10}  {:>10}  {:>10}  {:>9.1}",
+                    l.variant.name,
+                    count,
+                    human_bytes(m.peak_bytes),
+                    human_bytes(l.peak(*count)),
+                    m.step_ms
+                );
+            }
+            println!(
+                "  {:<34}  line: {} + {:.0} bytes a Gaussian (least squares within {:.1} %, raised above every probe)",
+                "",
+                human_bytes(l.bytes.0.max(0.0) as u64),
+                l.bytes.1,
+                l.error * 100.0
+            );
+        }
+        println!("safety margin {:.0} %", self.margin() * 100.0);
+    }
+
+    fn accuracy(&self) -> String {
+        format!(
+            "lines through probes up to {} Gaussians, extrapolated beyond; margin {:.0} %",
+            self.lines
+                .iter()
+                .flat_map(|l| l.probes.last().map(|p| p.0))
+                .max()
+                .unwrap_or(0),
+            self.margin() * 100.0
+        )
+    }
+
+    /// One card a row: the largest count of every variant, then the plan.
+    fn print_presets(&self, table: &[Preset<Counted>], device: &str) {
+        println!(
+            "\npreset table (calibrated on {device}; the largest {} within each card with the margin; {}):",
+            self.knob,
+            self.accuracy()
+        );
+        let names: Vec<&str> = self.lines.iter().map(|l| l.variant.name.as_str()).collect();
+        println!("  {:>8}  {}", "card", names.iter().map(|n| format!("{n:>22}")).collect::<String>());
+        for p in table {
+            let counts: String = self
+                .largest(p.budget)
+                .iter()
+                .map(|(_, c)| format!("{:>22}", if *c == 0 { "none".to_string() } else { c.to_string() }))
+                .collect();
+            println!("  {:>8}  {counts}", human_bytes(p.budget));
+        }
+    }
+
+    fn presets_json(&self, budgets: &[u64]) -> Option<serde_json::Value> {
+        Some(serde_json::json!(budgets
+            .iter()
+            .map(|&b| serde_json::json!({
+                "budget": b,
+                "largest": self.largest(b).into_iter().map(|(variant, count)| serde_json::json!({
+                    "variant": variant,
+                    "count": count,
+                    "predicted_peak": self.line(&variant).map(|l| l.peak(count)),
+                })).collect::<Vec<_>>(),
+            }))
+            .collect::<Vec<_>>()))
+    }
+}
+
+/// The `vramfit scene` command that runs `c` on `device`: every setting
+/// that differs from the defaults as `--set`.
+pub fn scene_command(c: &vramfit_scene::job::SceneConfig, device: &str) -> String {
+    use vramfit_scene::job::{BUILTIN, SceneConfig};
+    let mut args = Vec::new();
+    if c.dataset != BUILTIN {
+        args.push(c.dataset.clone());
+    }
+    args.extend(["--device".to_string(), device.to_string()]);
+    for set in sets_between(&SceneConfig::default().to_toml(), &c.to_toml(), &["dataset"]) {
+        args.extend(["--set".to_string(), set]);
+    }
+    format!("vramfit scene {}", shell_words(&args))
 }
 
 /// Settings the technique flags ([`train_flags`]) give; the rest go as `--set`.

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use vramfit::optim::Moments;
 use vramfit::profile::{Accounted, Category, HeapSource, MemorySource, NamedTensor};
 use vramfit::run::{ArrayFile, Cadence, Finished, Run, RunError, RunStats, Start, StepRecord, Workload};
 use vramfit::step::StepObserver;
@@ -69,6 +70,10 @@ pub struct SceneConfig {
     pub checkpoint_every: u64,
     /// Steps between memory records (0: none).
     pub profile_every: u64,
+    /// Where Adam's moments live on a GPU: `device`, or `host` (host
+    /// memory, updated by the CPU with the device kernel's arithmetic: the
+    /// same parameters, less device memory, a transfer each step).
+    pub moments: Moments,
 }
 
 impl Default for SceneConfig {
@@ -95,6 +100,7 @@ impl Default for SceneConfig {
             log_every: 50,
             checkpoint_every: 500,
             profile_every: 100,
+            moments: Moments::Device,
         }
     }
 }
@@ -201,12 +207,26 @@ pub enum SceneError {
     /// The device running the fit failed (out of memory, lost device).
     #[error("device: {0}")]
     Device(String),
+    /// The device failed during a step's phase.
+    #[error("device, at step {step} ({phase}): {message}")]
+    DeviceStep {
+        /// The step.
+        step: u64,
+        /// The phase (`forward_backward`, `optimizer`).
+        phase: &'static str,
+        /// The device's words.
+        message: String,
+    },
 }
+
+/// Makes the device that holds a fit's state, with Adam's moments where
+/// the run's settings say.
+pub type DeviceMaker = Box<dyn FnOnce(Moments) -> Box<dyn SceneDevice>>;
 
 /// Where a scene fit runs: the CPU twin, or a device holding its state.
 pub struct Placement {
     /// The device running the steps (`None`: the CPU twin).
-    pub device: Option<Box<dyn SceneDevice>>,
+    pub device: Option<DeviceMaker>,
     /// The profiler's reading of where the fit's memory lives.
     pub memory: Box<dyn Fn() -> Box<dyn MemorySource>>,
     /// What runs it, for reports.
@@ -261,9 +281,16 @@ impl SceneJob {
     /// Reads the dataset and seeds the Gaussians.
     pub fn new(config: SceneConfig, placement: Placement) -> Result<Self, SceneError> {
         config.check()?;
+        if config.moments == Moments::Host && placement.device.is_none() {
+            return Err(SceneError::Setting(
+                "moments = \"host\" keeps Adam's state in host memory instead of a GPU's; on the CPU twin \
+                 (--device cpu) everything is in host memory already. Use --device wgpu or cuda, or moments = \"device\""
+                    .into(),
+            ));
+        }
         let mut fit = Fit::new(config.dataset()?, config.settings())?;
-        if let Some(device) = placement.device {
-            fit = fit.on_device(device).map_err(SceneError::Device)?;
+        if let Some(make) = placement.device {
+            fit = fit.on_device(make(config.moments)).map_err(SceneError::Device)?;
         }
         let initial_psnr = fit.held_out_psnr().map_err(SceneError::Device)?;
         Ok(Self {
@@ -360,14 +387,16 @@ impl Workload for SceneJob {
         }
     }
     fn step(&mut self, observer: &mut dyn StepObserver) -> Result<StepRecord, SceneError> {
-        self.fit.forward_backward().map_err(SceneError::Device)?;
+        let failed = |step: u64, phase: &'static str| move |message| SceneError::DeviceStep { step, phase, message };
+        let step = self.fit.step + 1;
+        self.fit.forward_backward().map_err(failed(step, "forward_backward"))?;
         let held = self.accounted();
         let with_grads = Accounted {
             gradients: held.parameters,
             ..held
         };
         observer.phase("forward_backward", None, &|| with_grads);
-        self.fit.optimize().map_err(SceneError::Device)?;
+        self.fit.optimize().map_err(failed(step, "optimizer"))?;
         let held = Accounted {
             gradients: 0,
             ..self.accounted()
@@ -394,6 +423,16 @@ impl Workload for SceneJob {
             files,
             ..Default::default()
         })
+    }
+    fn device_failure(error: &SceneError) -> Option<vramfit::run::DeviceFailure> {
+        match error {
+            SceneError::DeviceStep { step, phase, message } => Some(vramfit::run::DeviceFailure {
+                step: *step,
+                phase: phase.to_string(),
+                message: message.clone(),
+            }),
+            _ => None,
+        }
     }
     fn snapshot(&self) -> Result<ArrayFile, SceneError> {
         let mut file = ArrayFile::new(CHECKPOINT_KIND, json!({ "step": self.fit.step }));

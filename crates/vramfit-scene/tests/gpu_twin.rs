@@ -168,7 +168,7 @@ fn a_wgpu_scene_run_profiles_the_allocator_and_resumes() {
     use vramfit_scene::job::{Placement, SceneConfig, launch};
 
     let on_wgpu = || -> Placement {
-        placement::<WgpuRuntime>(&WgpuDevice::default(), "wgpu", vramfit::optim::Moments::Device, || {
+        placement::<WgpuRuntime>(&WgpuDevice::default(), "wgpu", || {
             Box::new(CubeAllocator::<WgpuRuntime>::new(
                 &WgpuDevice::default(),
                 "wgpu",

@@ -292,13 +292,14 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
 pub fn placement<R: Runtime>(
     device: &R::Device,
     label: &'static str,
-    moments: Moments,
     memory: impl Fn() -> Box<dyn MemorySource> + 'static,
 ) -> crate::job::Placement {
-    let fit = DeviceFit::<R>::with_moments(device, label, moments);
+    let device = device.clone();
     crate::job::Placement {
-        name: fit.name(),
-        device: Some(Box::new(fit)),
+        name: DeviceFit::<R>::new(&device, label).name(),
+        device: Some(Box::new(move |moments| {
+            Box::new(DeviceFit::<R>::with_moments(&device, label, moments))
+        })),
         memory: Box::new(memory),
     }
 }

@@ -9,9 +9,13 @@
 use cubecl::prelude::*;
 use serde::Serialize;
 
+use vramfit::optim::Moments;
+
 use super::check::{Case, case_camera, random_scene, scene};
 use super::engine::Renderer;
-use crate::train::GROUPS;
+use super::fit::DeviceFit;
+use crate::densify::Stats;
+use crate::train::{ADAM, GROUPS, Params, SceneDevice, State};
 
 /// One measurement.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -160,4 +164,95 @@ pub fn measure<R: Runtime>(device: &R::Device, case: &MemoryCase) -> Result<Memo
     };
     drop((grads, screen, d_image, drawn, moments, buffers));
     Ok(row)
+}
+
+/// What whole training steps of a scene took on the device's allocator
+/// (the planner's probe): a [`DeviceFit`] holding a random scene, each step
+/// a render, the loss on the host, the backward and Adam.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct StepMemory {
+    /// The case.
+    pub case: MemoryCase,
+    /// Where Adam's moments were.
+    pub moments: Moments,
+    /// The allocator's reserved bytes after the steps (its high-water: the
+    /// pools grow until a cleanup; the probe starts after one). The figure
+    /// that decides an out-of-memory.
+    pub reserved: u64,
+    /// The fit's device bytes by category at the end (parameters,
+    /// gradients, optimizer state, workspace high-water), from its layout.
+    pub held: [u64; 4],
+    /// Bytes copied between host and device in a step.
+    pub moved: u64,
+    /// Median step time (ms), the first step left out.
+    pub step_ms: f64,
+}
+
+/// Runs `steps` training steps (two at least) of a random scene of
+/// `case`'s size and degree on `device` with the moments where `moments`
+/// says, and reads the allocator.
+pub fn measure_step<R: Runtime>(
+    device: &R::Device,
+    case: &MemoryCase,
+    moments: Moments,
+    steps: usize,
+) -> Result<StepMemory, String> {
+    use rand::{Rng, SeedableRng};
+
+    let check = Case {
+        width: case.width,
+        height: case.height,
+        gaussians: case.gaussians,
+        degree: case.degree,
+        seed: 7,
+    };
+    let [means, log_scales, rotations, opacity_logits, sh_dc, sh_rest] = random_scene(&check);
+    let params = Params {
+        means,
+        log_scales,
+        rotations,
+        opacity_logits,
+        sh_dc,
+        sh_rest,
+        degree: case.degree,
+    };
+    Renderer::<R>::new(device).check_scene(case.gaussians, params.widths(), case.width * case.height)?;
+    let state = State {
+        moments: params
+            .groups()
+            .iter()
+            .map(|g| (vec![0.0; g.len()], vec![0.0; g.len()]))
+            .collect(),
+        stats: Stats::new(case.gaussians),
+        params,
+    };
+    let camera = case_camera(&check);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    let target: Vec<f32> = (0..3 * case.width * case.height).map(|_| rng.random_range(0.0..1.0)).collect();
+    let client = R::client(device);
+    client.memory_cleanup();
+    let mut fit = DeviceFit::<R>::with_moments(device, "probe", moments);
+    fit.load(&state)?;
+    drop(state);
+    let active = 3 * (crate::cpu::sh::coefficients(case.degree) - 1);
+    let mut times = Vec::new();
+    for t in 1..=steps.max(2) as i32 {
+        let started = std::time::Instant::now();
+        fit.forward_backward(&camera, [0.0; 3], &target, true)?;
+        let (c1, c2) = (1.0 - ADAM.beta1.powi(t), 1.0 - ADAM.beta2.powi(t));
+        fit.optimize([1e-4, 5e-3, 1e-3, 5e-2, 2.5e-3, 1.25e-4], c1, c2, active)?;
+        cubecl::future::block_on(client.sync()).map_err(|e| e.to_string())?;
+        times.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    times.remove(0);
+    times.sort_by(f64::total_cmp);
+    let usage = client.memory_usage().map_err(|e| e.to_string())?;
+    Ok(StepMemory {
+        case: *case,
+        moments,
+        reserved: usage.bytes_reserved,
+        held: fit.held_bytes(),
+        moved: fit.moved_bytes(),
+        step_ms: times[times.len() / 2],
+    })
 }

@@ -3,12 +3,13 @@
 //! (generic over CubeCL runtimes: CUDA in production, wgpu so that the
 //! check against the twin runs on a software Vulkan device in CI), and the
 //! check itself ([`check`]); [`fit`] keeps a fit's state on the device; [`memory`]
-//! measures what a scene takes there.
+//! measures what a scene takes there; [`plan`] fits it into a budget.
 
 pub mod check;
 pub mod engine;
 pub mod fit;
 pub mod kernels;
 pub mod memory;
+pub mod plan;
 
 pub use engine::{DeviceError, Drawn, Renderer, SceneBuffers};

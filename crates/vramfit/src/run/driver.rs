@@ -935,7 +935,8 @@ impl<W: Workload> Workload for FailAt<W> {
 /// drawn, checkpointed and profiled (the run's trajectory does not depend
 /// on them); the learning rates (what the advice for a diverging run says
 /// to lower before resuming); and `steps`, to no fewer than the
-/// checkpoint's step (a run may be extended, not cut below where it is).
+/// checkpoint's step (a run may be extended, not cut below where it is);
+/// and `moments`, where Adam's state lives.
 const CADENCE_KEYS: [&str; 5] = [
     "log_every",
     "check_every",
@@ -947,7 +948,9 @@ const CADENCE_KEYS: [&str; 5] = [
 fn may_change(key: &str, now: Option<&toml::Value>, step: u64) -> bool {
     let learning_rate = key == "lr" || key.starts_with("lr_") || key.ends_with("_lr") || key.contains("learning_rate");
     let longer = key == "steps" && now.and_then(|v| v.as_integer()).is_some_and(|s| s >= step as i64);
-    CADENCE_KEYS.contains(&key) || learning_rate || longer
+    // Where Adam's moments live changes no arithmetic (the host's Adam is
+    // the device kernel's, bit for bit): a resume may move them.
+    CADENCE_KEYS.contains(&key) || learning_rate || longer || key == "moments"
 }
 
 /// The keys (dotted paths) whose values differ between two `config.toml`

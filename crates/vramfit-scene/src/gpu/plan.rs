@@ -1,0 +1,245 @@
+//! Planning a scene fit into a device's memory ([`vramfit::plan::capacity`]):
+//! how many Gaussians fit a budget with Adam's moments on the device or on
+//! the host, at the run's SH degree, and at lower degrees only when the
+//! user allows their quality cost. Each variant is probed by whole training
+//! steps of a random scene at the run's image size ([`measure_step`]).
+
+use cubecl::prelude::*;
+use vramfit::optim::Moments;
+use vramfit::plan::{Capacity, CapacityCalibration, Counted, Measured, Runnable, SIMULATED_OOM, Variant};
+use vramfit::run::{Run, RunError, Start};
+
+use super::engine::Renderer;
+use super::memory::{MemoryCase, measure_step};
+use crate::cpu::render::group_widths;
+use crate::job::{Placement, SceneConfig, SceneError, SceneJob, launch};
+
+/// Held-out PSNR (dB) of the built-in scene fitted at SH degree 0, 1, 2, 3
+/// (`vramfit scene --device cuda --steps 3000 --sh-degree D`, one NVIDIA
+/// H200, 2026-11-26; degrees 0 and 3 the mean of two runs; docs/results.md,
+/// bench-results/gpu-h200/scene-sheen/). Measured on that scene only.
+pub const MEASURED_PSNR_DB: [f64; 4] = [23.255, 23.28, 23.53, 23.74];
+
+/// The held-out PSNR lost by fitting at degree `to` instead of `from`,
+/// as measured on the built-in scene ([`MEASURED_PSNR_DB`]; never below 0).
+pub fn quality_cost_db(from: usize, to: usize) -> f64 {
+    (MEASURED_PSNR_DB[from.min(3)] - MEASURED_PSNR_DB[to.min(3)]).max(0.0)
+}
+
+/// One variant: where the moments are, and the SH degree.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Storage {
+    moments: Moments,
+    degree: usize,
+}
+
+/// A scene fit as the planner probes it.
+pub struct ScenePlan<R: Runtime> {
+    device: R::Device,
+    width: usize,
+    height: usize,
+    degree: usize,
+    wanted: usize,
+    least: usize,
+    allow_loss_db: Option<f64>,
+    counts: Vec<usize>,
+    variants: Vec<(Variant, Storage)>,
+}
+
+impl<R: Runtime> ScenePlan<R> {
+    /// A fit of views `width` × `height` at SH degree `degree` wanting
+    /// `wanted` Gaussians (seeded with `least`), probed at `counts`; lower
+    /// degrees offered where their measured cost is within
+    /// `allow_loss_db`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        device: &R::Device,
+        width: usize,
+        height: usize,
+        degree: usize,
+        wanted: usize,
+        least: usize,
+        allow_loss_db: Option<f64>,
+        counts: Vec<usize>,
+    ) -> Self {
+        let largest = Renderer::<R>::new(device).largest_buffer();
+        let mut variants = Vec::new();
+        for d in (0..=degree).rev() {
+            let cost = quality_cost_db(degree, d);
+            if d < degree && allow_loss_db.is_none_or(|allowed| cost > allowed) {
+                continue;
+            }
+            // The largest buffer is the widest group's (or the render's 11
+            // floats a Gaussian).
+            let widest = group_widths(d).into_iter().max().unwrap_or(1).max(11);
+            let limit = (largest / (4 * widest as u64)).min(usize::MAX as u64) as usize;
+            for moments in [Moments::Device, Moments::Host] {
+                let mut name = format!("moments {moments}");
+                let mut quality = Vec::new();
+                if d < degree {
+                    name.push_str(&format!(", SH degree {d}"));
+                    quality.push(format!(
+                        "SH degree {d} instead of {degree}: {cost:.2} dB lower held-out PSNR, as measured on the \
+                         built-in scene (not guaranteed elsewhere)"
+                    ));
+                }
+                variants.push((
+                    Variant { name, quality, limit },
+                    Storage { moments, degree: d },
+                ));
+            }
+        }
+        Self {
+            device: device.clone(),
+            width,
+            height,
+            degree,
+            wanted,
+            least,
+            allow_loss_db,
+            counts,
+            variants,
+        }
+    }
+
+    /// The SH degree the plan was asked for.
+    pub fn degree(&self) -> usize {
+        self.degree
+    }
+
+    /// The quality cost the user allows (dB), if any.
+    pub fn allow_loss_db(&self) -> Option<f64> {
+        self.allow_loss_db
+    }
+
+    /// Where a variant keeps the moments and which SH degree it fits.
+    pub fn storage(&self, variant: &str) -> Option<(Moments, usize)> {
+        self.variants
+            .iter()
+            .find(|(v, _)| v.name == variant)
+            .map(|(_, s)| (s.moments, s.degree))
+    }
+}
+
+impl<R: Runtime> Capacity for ScenePlan<R> {
+    fn knob(&self) -> String {
+        "max_gaussians".into()
+    }
+    fn wanted(&self) -> usize {
+        self.wanted
+    }
+    fn least(&self) -> usize {
+        self.least
+    }
+    fn variants(&self) -> Vec<Variant> {
+        self.variants.iter().map(|(v, _)| v.clone()).collect()
+    }
+    fn probe_counts(&self) -> Vec<usize> {
+        self.counts.clone()
+    }
+    fn measure(&mut self, variant: &str, count: usize) -> Result<Measured, String> {
+        let (moments, degree) = self
+            .storage(variant)
+            .ok_or_else(|| format!("no variant named `{variant}`"))?;
+        let started = std::time::Instant::now();
+        let case = MemoryCase {
+            gaussians: count,
+            degree,
+            width: self.width,
+            height: self.height,
+        };
+        let m = measure_step::<R>(&self.device, &case, moments, 3)?;
+        Ok(Measured {
+            peak_bytes: m.reserved,
+            step_peak_bytes: m.reserved,
+            rest_peak_bytes: m.reserved,
+            step_ms: m.step_ms,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+/// A scene fit the planning pipeline runs ([`vramfit::plan::run_within`]):
+/// its probes, and runs of a plan's settings through the run driver.
+pub struct SceneTarget<R: Runtime> {
+    plan: ScenePlan<R>,
+    config: SceneConfig,
+    placement: Box<dyn Fn() -> Placement>,
+}
+
+impl<R: Runtime> SceneTarget<R> {
+    /// Plans `config` (its SH degree and `max_gaussians` are what the user
+    /// asked for) on `device`, probing at `counts` Gaussians; runs are
+    /// placed by `placement` (the same device).
+    pub fn new(
+        config: SceneConfig,
+        device: &R::Device,
+        allow_loss_db: Option<f64>,
+        counts: Vec<usize>,
+        placement: impl Fn() -> Placement + 'static,
+    ) -> Result<Self, SceneError> {
+        let data = config.dataset()?;
+        let view = &data.views[0].camera;
+        let seeded = data.points.len().clamp(1, config.max_gaussians);
+        Ok(Self {
+            plan: ScenePlan::new(
+                device,
+                view.width,
+                view.height,
+                config.sh_degree,
+                config.max_gaussians,
+                seeded,
+                allow_loss_db,
+                counts,
+            ),
+            config,
+            placement: Box::new(placement),
+        })
+    }
+
+    /// The probes' target.
+    pub fn plan(&self) -> &ScenePlan<R> {
+        &self.plan
+    }
+}
+
+impl<R: Runtime> Runnable for SceneTarget<R> {
+    type Strategy = CapacityCalibration;
+    type Settings = SceneConfig;
+    type Workload = SceneJob;
+    type Error = SceneError;
+
+    fn target(&mut self) -> &mut (dyn Capacity + 'static) {
+        &mut self.plan
+    }
+    fn settings(&self, setting: &Counted) -> SceneConfig {
+        let (moments, degree) = self
+            .plan
+            .storage(&setting.variant)
+            .unwrap_or((self.config.moments, self.config.sh_degree));
+        SceneConfig {
+            max_gaussians: setting.count,
+            moments,
+            sh_degree: degree,
+            ..self.config.clone()
+        }
+    }
+    fn to_toml(settings: &SceneConfig) -> String {
+        settings.to_toml()
+    }
+    fn launch(&self, start: Start<SceneConfig>) -> Result<(Run, SceneJob), SceneError> {
+        // A fallback starts from pools that hold nothing of the failed attempt.
+        R::client(&self.plan.device).memory_cleanup();
+        launch(start, (self.placement)())
+    }
+    fn is_oom(error: &SceneError) -> bool {
+        matches!(error, SceneError::Run(RunError::OutOfMemory(_)))
+    }
+    fn simulated_oom(step: u64) -> SceneError {
+        SceneError::DeviceStep {
+            step,
+            phase: "forward_backward",
+            message: SIMULATED_OOM.into(),
+        }
+    }
+}
