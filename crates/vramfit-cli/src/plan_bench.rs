@@ -276,7 +276,8 @@ impl Benched for CapacityCalibration {
     }
 
     fn exact(&self, setting: &Counted) -> bool {
-        self.line(&setting.variant).is_some_and(|l| l.variant.quality.is_empty())
+        self.line(&setting.variant)
+            .is_some_and(|l| l.variant.quality.is_empty())
     }
 
     fn summary(&self, swept: usize) -> String {
@@ -284,7 +285,9 @@ impl Benched for CapacityCalibration {
             "Calibration: {} variants probed at {:?} {} in {:.1} s; margin {:.0} %. Sweep: {swept} settings (each \
              variant at counts 8 % apart up to the {} asked for).",
             self.lines.len(),
-            self.lines.first().map(|l| l.probes.iter().map(|p| p.0).collect::<Vec<_>>()),
+            self.lines
+                .first()
+                .map(|l| l.probes.iter().map(|p| p.0).collect::<Vec<_>>()),
             self.knob,
             self.seconds,
             self.margin() * 100.0,
@@ -293,7 +296,8 @@ impl Benched for CapacityCalibration {
     }
 
     fn predicted_peak(&self, setting: &Counted) -> f64 {
-        self.line(&setting.variant).map_or(f64::NAN, |l| l.peak(setting.count) as f64)
+        self.line(&setting.variant)
+            .map_or(f64::NAN, |l| l.peak(setting.count) as f64)
     }
 
     /// The same variant: the question is how close to its largest count

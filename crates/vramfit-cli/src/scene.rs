@@ -42,8 +42,10 @@ pub struct SceneSettings {
     /// costs, as measured on the built-in scene, is at most this (e.g. 0.3dB).
     #[arg(long, value_name = "DB", value_parser = parse_db)]
     allow_quality_loss: Option<f64>,
-    /// Planning: the Gaussian counts each variant is probed at.
-    #[arg(long, value_delimiter = ',', default_values_t = [25_000usize, 50_000, 100_000])]
+    /// Planning: the Gaussian counts each variant is probed at (default: a
+    /// quarter, a half and all of --max-gaussians, within the device's
+    /// largest buffer).
+    #[arg(long, value_delimiter = ',')]
     probe_gaussians: Vec<usize>,
 }
 

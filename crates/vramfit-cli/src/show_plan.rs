@@ -267,7 +267,11 @@ impl Show for CapacityCalibration {
             self.accuracy()
         );
         let names: Vec<&str> = self.lines.iter().map(|l| l.variant.name.as_str()).collect();
-        println!("  {:>8}  {}", "card", names.iter().map(|n| format!("{n:>22}")).collect::<String>());
+        println!(
+            "  {:>8}  {}",
+            "card",
+            names.iter().map(|n| format!("{n:>22}")).collect::<String>()
+        );
         for p in table {
             let counts: String = self
                 .largest(p.budget)
@@ -279,17 +283,19 @@ impl Show for CapacityCalibration {
     }
 
     fn presets_json(&self, budgets: &[u64]) -> Option<serde_json::Value> {
-        Some(serde_json::json!(budgets
-            .iter()
-            .map(|&b| serde_json::json!({
-                "budget": b,
-                "largest": self.largest(b).into_iter().map(|(variant, count)| serde_json::json!({
-                    "variant": variant,
-                    "count": count,
-                    "predicted_peak": self.line(&variant).map(|l| l.peak(count)),
-                })).collect::<Vec<_>>(),
-            }))
-            .collect::<Vec<_>>()))
+        Some(serde_json::json!(
+            budgets
+                .iter()
+                .map(|&b| serde_json::json!({
+                    "budget": b,
+                    "largest": self.largest(b).into_iter().map(|(variant, count)| serde_json::json!({
+                        "variant": variant,
+                        "count": count,
+                        "predicted_peak": self.line(&variant).map(|l| l.peak(count)),
+                    })).collect::<Vec<_>>(),
+                }))
+                .collect::<Vec<_>>()
+        ))
     }
 }
 

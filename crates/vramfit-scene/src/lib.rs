@@ -17,6 +17,7 @@ pub mod gpu;
 pub mod job;
 pub mod nerf;
 pub mod params;
+pub mod plan;
 pub mod ply;
 pub mod synthetic;
 pub mod train;

@@ -228,7 +228,9 @@ pub fn measure_step<R: Runtime>(
     };
     let camera = case_camera(&check);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
-    let target: Vec<f32> = (0..3 * case.width * case.height).map(|_| rng.random_range(0.0..1.0)).collect();
+    let target: Vec<f32> = (0..3 * case.width * case.height)
+        .map(|_| rng.random_range(0.0..1.0))
+        .collect();
     let client = R::client(device);
     client.memory_cleanup();
     let mut fit = DeviceFit::<R>::with_moments(device, "probe", moments);

@@ -1,8 +1,7 @@
-//! Planning a scene fit into a device's memory ([`vramfit::plan::capacity`]):
-//! how many Gaussians fit a budget with Adam's moments on the device or on
-//! the host, at the run's SH degree, and at lower degrees only when the
-//! user allows their quality cost. Each variant is probed by whole training
-//! steps of a random scene at the run's image size ([`measure_step`]).
+//! Planning a scene fit into a device's memory ([`vramfit::plan::capacity`];
+//! the variants in [`crate::plan`]): each variant is probed by whole
+//! training steps of a random scene at the run's image size
+//! ([`measure_step`]).
 
 use cubecl::prelude::*;
 use vramfit::optim::Moments;
@@ -11,27 +10,8 @@ use vramfit::run::{Run, RunError, Start};
 
 use super::engine::Renderer;
 use super::memory::{MemoryCase, measure_step};
-use crate::cpu::render::group_widths;
 use crate::job::{Placement, SceneConfig, SceneError, SceneJob, launch};
-
-/// Held-out PSNR (dB) of the built-in scene fitted at SH degree 0, 1, 2, 3
-/// (`vramfit scene --device cuda --steps 3000 --sh-degree D`, one NVIDIA
-/// H200, 2026-11-26; degrees 0 and 3 the mean of two runs; docs/results.md,
-/// bench-results/gpu-h200/scene-sheen/). Measured on that scene only.
-pub const MEASURED_PSNR_DB: [f64; 4] = [23.255, 23.28, 23.53, 23.74];
-
-/// The held-out PSNR lost by fitting at degree `to` instead of `from`,
-/// as measured on the built-in scene ([`MEASURED_PSNR_DB`]; never below 0).
-pub fn quality_cost_db(from: usize, to: usize) -> f64 {
-    (MEASURED_PSNR_DB[from.min(3)] - MEASURED_PSNR_DB[to.min(3)]).max(0.0)
-}
-
-/// One variant: where the moments are, and the SH degree.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Storage {
-    moments: Moments,
-    degree: usize,
-}
+use crate::plan::{Storage, variants};
 
 /// A scene fit as the planner probes it.
 pub struct ScenePlan<R: Runtime> {
@@ -48,8 +28,9 @@ pub struct ScenePlan<R: Runtime> {
 
 impl<R: Runtime> ScenePlan<R> {
     /// A fit of views `width` × `height` at SH degree `degree` wanting
-    /// `wanted` Gaussians (seeded with `least`), probed at `counts`; lower
-    /// degrees offered where their measured cost is within
+    /// `wanted` Gaussians (seeded with `least`), probed at `counts` (none:
+    /// a quarter, a half and all of `wanted`, within the device's largest
+    /// buffer); lower degrees offered where their measured cost is within
     /// `allow_loss_db`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -60,34 +41,23 @@ impl<R: Runtime> ScenePlan<R> {
         wanted: usize,
         least: usize,
         allow_loss_db: Option<f64>,
-        counts: Vec<usize>,
+        mut counts: Vec<usize>,
     ) -> Self {
         let largest = Renderer::<R>::new(device).largest_buffer();
-        let mut variants = Vec::new();
-        for d in (0..=degree).rev() {
-            let cost = quality_cost_db(degree, d);
-            if d < degree && allow_loss_db.is_none_or(|allowed| cost > allowed) {
-                continue;
-            }
-            // The largest buffer is the widest group's (or the render's 11
-            // floats a Gaussian).
-            let widest = group_widths(d).into_iter().max().unwrap_or(1).max(11);
-            let limit = (largest / (4 * widest as u64)).min(usize::MAX as u64) as usize;
-            for moments in [Moments::Device, Moments::Host] {
-                let mut name = format!("moments {moments}");
-                let mut quality = Vec::new();
-                if d < degree {
-                    name.push_str(&format!(", SH degree {d}"));
-                    quality.push(format!(
-                        "SH degree {d} instead of {degree}: {cost:.2} dB lower held-out PSNR, as measured on the \
-                         built-in scene (not guaranteed elsewhere)"
-                    ));
-                }
-                variants.push((
-                    Variant { name, quality, limit },
-                    Storage { moments, degree: d },
-                ));
-            }
+        let variants = variants(degree, allow_loss_db, largest);
+        if counts.is_empty() {
+            // A quarter, a half and all of what the run may hold: the line
+            // is measured where the plan is made, not extrapolated to it.
+            let top = variants
+                .iter()
+                .map(|(v, _)| v.limit)
+                .min()
+                .unwrap_or(usize::MAX)
+                .min(wanted)
+                .max(1);
+            counts = vec![top / 4, top / 2, top];
+            counts.retain(|&c| c > 0);
+            counts.dedup();
         }
         Self {
             device: device.clone(),

@@ -78,7 +78,7 @@ pub fn verify<S: Strategy>(cal: &S, target: &mut S::Target, budget: u64) -> Resu
     let mut rejected = Vec::new();
     while rejected.len() < VERIFY_TRIES {
         let Some(winner) = choice.plans.first() else { break };
-        let measured = cal.measure(target, &winner.setting).map_err(|why| PlanError::Probe {
+        let (settled, measured) = cal.settle(target, winner, budget).map_err(|why| PlanError::Probe {
             probe: format!("verifying {}", cal.describe(&winner.setting)),
             why,
         })?;
@@ -92,12 +92,21 @@ pub fn verify<S: Strategy>(cal: &S, target: &mut S::Target, budget: u64) -> Resu
                     budget
                 );
             }
+            if settled.setting != winner.setting {
+                choice.why = format!(
+                    "{}; verified at {} instead of {} (where measurements put the budget)",
+                    choice.why,
+                    cal.describe(&settled.setting),
+                    cal.describe(&winner.setting)
+                );
+            }
+            choice.plans[0] = settled;
             return Ok(Verified { choice, measured });
         }
         rejected.push(format!(
             "{}: predicted {} bytes, measured {}",
-            cal.describe(&winner.setting),
-            winner.peak_bytes,
+            cal.describe(&settled.setting),
+            settled.peak_bytes,
             measured.peak_bytes
         ));
         choice.plans.remove(0);

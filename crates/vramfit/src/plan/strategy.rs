@@ -131,6 +131,18 @@ pub trait Strategy: Serialize + Sized {
     fn margin(&self) -> f64;
     /// Runs a probe of `setting` at the run's own shape.
     fn measure(&self, target: &mut Self::Target, setting: &Self::Setting) -> Result<Measured, String>;
+    /// Verifies `plan` for `budget` by measurement ([`super::verify`]): the
+    /// plan to run and its measurement. By default one probe of the plan
+    /// as it is; a strategy whose setting is continuous may move it to
+    /// where measurements put the budget (the capacity's count).
+    fn settle(
+        &self,
+        target: &mut Self::Target,
+        plan: &Plan<Self::Setting>,
+        _budget: u64,
+    ) -> Result<(Plan<Self::Setting>, Measured), String> {
+        Ok((plan.clone(), self.measure(target, &plan.setting)?))
+    }
     /// `setting` in words, for tables.
     fn describe(&self, setting: &Self::Setting) -> String;
     /// How the choice was made, for `plan.json`: the probes' count and
@@ -255,6 +267,14 @@ impl Strategy for CapacityCalibration {
     }
     fn measure(&self, target: &mut (dyn Capacity + 'static), setting: &Counted) -> Result<Measured, String> {
         target.measure(&setting.variant, setting.count)
+    }
+    fn settle(
+        &self,
+        target: &mut (dyn Capacity + 'static),
+        plan: &Plan<Counted>,
+        budget: u64,
+    ) -> Result<(Plan<Counted>, Measured), String> {
+        self.settle_count(target, plan, budget)
     }
     fn describe(&self, setting: &Counted) -> String {
         format!("{}, {} {}", setting.variant, self.knob, setting.count)

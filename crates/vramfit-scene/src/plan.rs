@@ -1,0 +1,98 @@
+//! What a scene fit may be planned with ([`variants`]): Adam's moments on
+//! the device or the host (the same arithmetic), at the run's SH degree,
+//! and at lower degrees only when the user allows their quality cost, as
+//! measured on the built-in scene ([`MEASURED_PSNR_DB`]). The probes and
+//! the pipeline are on the GPU path (`crate::gpu::plan`).
+
+use vramfit::optim::Moments;
+use vramfit::plan::Variant;
+
+use crate::cpu::render::group_widths;
+
+/// Held-out PSNR (dB) of the built-in scene fitted at SH degree 0, 1, 2, 3
+/// (`vramfit scene --device cuda --steps 3000 --sh-degree D`, one NVIDIA
+/// H200, 2026-11-26; degrees 0 and 3 the mean of two runs; docs/results.md,
+/// bench-results/gpu-h200/scene-sheen/). Measured on that scene only.
+pub const MEASURED_PSNR_DB: [f64; 4] = [23.255, 23.28, 23.53, 23.74];
+
+/// The held-out PSNR lost by fitting at degree `to` instead of `from`,
+/// as measured on the built-in scene ([`MEASURED_PSNR_DB`]; never below 0).
+pub fn quality_cost_db(from: usize, to: usize) -> f64 {
+    (MEASURED_PSNR_DB[from.min(3)] - MEASURED_PSNR_DB[to.min(3)]).max(0.0)
+}
+
+/// One variant's storage: where the moments are, and the SH degree.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Storage {
+    /// Where Adam's moments live.
+    pub moments: Moments,
+    /// The SH degree fitted.
+    pub degree: usize,
+}
+
+/// The variants for a fit at SH `degree`, on a device whose largest buffer
+/// is `largest` bytes: moments on the device, then on the host, at
+/// `degree`; then, where `allow_loss_db` allows the measured cost, at each
+/// lower degree. Without `allow_loss_db` no variant changes the model.
+pub fn variants(degree: usize, allow_loss_db: Option<f64>, largest: u64) -> Vec<(Variant, Storage)> {
+    let mut out = Vec::new();
+    for d in (0..=degree).rev() {
+        let cost = quality_cost_db(degree, d);
+        if d < degree && allow_loss_db.is_none_or(|allowed| cost > allowed) {
+            continue;
+        }
+        // The largest buffer is the widest group's (or the render's 11
+        // floats a Gaussian).
+        let widest = group_widths(d).into_iter().max().unwrap_or(1).max(11);
+        let limit = (largest / (4 * widest as u64)).min(usize::MAX as u64) as usize;
+        for moments in [Moments::Device, Moments::Host] {
+            let mut name = format!("moments {moments}");
+            let mut quality = Vec::new();
+            if d < degree {
+                name.push_str(&format!(", SH degree {d}"));
+                quality.push(format!(
+                    "SH degree {d} instead of {degree}: {cost:.2} dB lower held-out PSNR, as measured on the built-in \
+                     scene (not guaranteed elsewhere)"
+                ));
+            }
+            out.push((Variant { name, quality, limit }, Storage { moments, degree: d }));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_variant_changes_the_model_without_leave() {
+        let v = variants(3, None, u64::MAX);
+        assert_eq!(v.len(), 2);
+        assert!(v.iter().all(|(v, s)| v.quality.is_empty() && s.degree == 3));
+        assert_eq!(v[1].1.moments, Moments::Host);
+    }
+
+    #[test]
+    fn a_lower_degree_only_within_the_quality_allowed() {
+        // Degree 2 costs 0.21 dB on the built-in scene, degree 1 0.46.
+        let v = variants(3, Some(0.3), u64::MAX);
+        let degrees: Vec<usize> = v.iter().map(|(_, s)| s.degree).collect();
+        assert_eq!(degrees, vec![3, 3, 2, 2]);
+        assert!(v[2].0.quality[0].contains("0.21 dB lower"), "{:?}", v[2].0);
+        assert!(v.iter().all(|(v, s)| v.quality.is_empty() == (s.degree == 3)));
+        let all = variants(3, Some(1.0), u64::MAX);
+        assert_eq!(all.len(), 8);
+        assert!(variants(3, Some(0.0), u64::MAX).iter().all(|(_, s)| s.degree == 3));
+    }
+
+    #[test]
+    fn the_device_limit_is_the_widest_groups() {
+        // wgpu's 128 MiB: sh_rest at degree 3 (45 floats) holds 745,654.
+        let v = variants(3, None, 128 << 20);
+        assert_eq!(v[0].0.limit, 745_654);
+        // At degree 0 the render's 11 floats a Gaussian are the widest.
+        let v = variants(0, None, 128 << 20);
+        assert_eq!(v[0].0.limit, (128usize << 20) / 44);
+    }
+}
