@@ -39,7 +39,8 @@ pub struct TrainSettings {
     /// Store a parameter group in low precision, PREFIX:TYPE (repeatable), e.g. token_embedding:bf16, stages:bf16.
     #[arg(long, value_name = "PREFIX:TYPE")]
     storage: Vec<String>,
-    /// Adam moments' type: f32 or bf16.
+    /// Adam's moments: f32 or bf16 on the device, or host (f32 in host
+    /// memory, updated by the CPU; --device wgpu|cuda).
     #[arg(long)]
     moments: Option<String>,
     /// Allocator cleanup: never, step, every:N.

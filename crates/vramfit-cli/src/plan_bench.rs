@@ -101,6 +101,12 @@ pub trait Benched: Show {
     fn swept_rank(&self, _setting: &Self::Setting, measured: &Measured) -> f64 {
         measured.step_ms
     }
+    /// True when the plan a run gets is the verified one, moved by
+    /// measurement ([`Strategy::settle`]): the benchmark then measures
+    /// that, not the choice's first plan as predicted.
+    fn settles(&self) -> bool {
+        false
+    }
     /// The winner against the best swept plan, where a step-time ratio
     /// does not say how close it came.
     fn versus(&self, _winner: &Self::Setting, _best: &Self::Setting) -> Option<String> {
@@ -244,10 +250,11 @@ impl Benched for CapacityCalibration {
     /// Every variant at counts 8 % apart, from the count asked for down to
     /// the smallest probe.
     fn sweep(&self) -> Vec<Counted> {
+        // Down to the smallest probe above the seeded count.
         let smallest = self
             .lines
             .iter()
-            .flat_map(|l| l.probes.first().map(|p| p.0))
+            .flat_map(|l| l.probes.iter().map(|p| p.0).find(|&c| c > self.least))
             .min()
             .unwrap_or(1);
         let mut out = Vec::new();
@@ -264,14 +271,18 @@ impl Benched for CapacityCalibration {
         out
     }
 
-    /// An infeasible budget, then `fractions` of the first variant's peak
-    /// at the count asked for.
+    /// An infeasible budget, `fractions` of the leanest variant's peak at
+    /// the count asked for (where the count must give), and the first
+    /// variant's with the margin and 5 % (ample: the plain plan holds it all).
     fn budgets(&self, fractions: &[f64]) -> Vec<u64> {
         let least = self.least.min(self.wanted);
         let lowest = self.lines.iter().map(|l| l.peak(least)).min().unwrap_or(0);
-        let top = self.lines[0].peak(self.wanted) as f64;
+        let leanest = self.lines.iter().map(|l| l.peak(self.wanted)).min().unwrap_or(0) as f64;
         let mut budgets = vec![lowest * 4 / 5];
-        budgets.extend(fractions.iter().map(|f| (top * f) as u64));
+        budgets.extend(fractions.iter().map(|f| (leanest * f) as u64));
+        budgets.push((self.lines[0].peak(self.wanted) as f64 * (1.0 + self.margin()) * 1.05) as u64);
+        budgets.sort_unstable();
+        budgets.dedup();
         budgets
     }
 
@@ -304,6 +315,10 @@ impl Benched for CapacityCalibration {
     /// within the budget the plan came.
     fn comparable(&self, winner: &Counted, candidate: &Counted) -> bool {
         winner.variant == candidate.variant
+    }
+
+    fn settles(&self) -> bool {
+        true
     }
 
     /// The largest count is best.
@@ -362,8 +377,23 @@ pub fn bench<T: Runnable<Strategy: Benched>>(target: &mut T, request: Request, n
                 continue;
             }
         };
+        let (choice, measured) = if cal.settles() {
+            match vramfit::plan::verify(&cal, target.target(), budget) {
+                Ok(v) => (v.choice, v.measured),
+                Err(e) => {
+                    table.push_str(&format!(
+                        "| {} | NO plan verified: {e} | | | | | | | | | | |\n",
+                        human_bytes(budget)
+                    ));
+                    rows.push(json!({ "budget": budget, "error": e.to_string() }));
+                    continue;
+                }
+            }
+        } else {
+            let measured = measure(target, &choice.plans[0].setting)?;
+            (choice, measured)
+        };
         let winner = &choice.plans[0];
-        let measured = measure(target, &winner.setting)?;
         let error = winner.peak_bytes as f64 / measured.peak_bytes as f64 - 1.0;
         let best = sweep
             .iter()

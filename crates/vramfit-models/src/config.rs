@@ -82,7 +82,9 @@ pub struct FamilyConfig<M: ModelSettings> {
     pub checkpoint: String,
     /// Parameter groups stored in low precision, `PREFIX:TYPE` (e.g. `token_embedding:bf16`, `*:bf16`).
     pub storage: Vec<String>,
-    /// Adam moments' stored type: f32 or bf16.
+    /// Adam's moments: f32 or bf16 (their stored type, on the device), or
+    /// host (f32 in host memory, updated by the CPU: no optimizer state on
+    /// the device; a GPU device only).
     pub moments: String,
     /// Allocator cleanup: never, step, every:N.
     pub allocator_cleanup: String,
@@ -162,6 +164,8 @@ pub struct Resolved {
     pub storage: StoragePolicy,
     /// Moments' type.
     pub moments: burn::tensor::FloatDType,
+    /// Moments in host memory (f32).
+    pub moments_on_host: bool,
     /// Allocator policy.
     pub cleanup: CleanupPolicy,
 }
@@ -278,11 +282,24 @@ impl<M: ModelSettings> FamilyConfig<M> {
                 ));
             }
         }
+        let moments_on_host = self.moments == "host";
         let moments = match self.moments.as_str() {
-            "f32" => burn::tensor::FloatDType::F32,
+            "f32" | "host" => burn::tensor::FloatDType::F32,
             "bf16" => burn::tensor::FloatDType::BF16,
-            other => return Err(invalid("moments", format!("`{other}` is not one of f32, bf16"))),
+            other => return Err(invalid("moments", format!("`{other}` is not one of f32, bf16, host"))),
         };
+        let on_cpu = [
+            std::any::TypeId::of::<burn::backend::Flex>(),
+            std::any::TypeId::of::<vramfit::backends::Flex>(),
+        ]
+        .contains(&std::any::TypeId::of::<B>());
+        if moments_on_host && on_cpu {
+            return Err(invalid(
+                "moments",
+                "host keeps Adam's moments in host memory instead of a GPU's; on the CPU (--device cpu) they are \
+                 there already. Use it with --device wgpu or cuda, or moments = f32",
+            ));
+        }
         if !supported(moments) {
             return Err(invalid("moments", "bf16 is not supported by this device; use f32"));
         }
@@ -295,6 +312,7 @@ impl<M: ModelSettings> FamilyConfig<M> {
             batching,
             storage,
             moments,
+            moments_on_host,
             cleanup,
         })
     }

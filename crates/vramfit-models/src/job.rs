@@ -158,7 +158,11 @@ pub fn build<B: AutodiffBackend, F: Family<D>, const D: usize>(
         checkpointed: r.checkpointed,
         batching: r.batching,
         scaler: r.loss_scaling.then(|| LossScaler::new(ScalerConfig::default())),
-        optimizer: ModuleAdam::new(AdamConfig::default(), config.weight_decay, r.moments),
+        optimizer: if r.moments_on_host {
+            ModuleAdam::new(AdamConfig::default(), config.weight_decay, r.moments).on_host()
+        } else {
+            ModuleAdam::new(AdamConfig::default(), config.weight_decay, r.moments)
+        },
         cleanup: Cleanup::new(r.cleanup),
         attempts: 0,
     };

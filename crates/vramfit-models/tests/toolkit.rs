@@ -3,8 +3,9 @@
 //! feature, where the device supports the precision): checkpointed gradients equal plain ones, k×b accumulation
 //! equals the k·b batch, the loss scaler backs off and skips on an inf,
 //! bf16/f16 training follows the f32 loss curve, reduced-precision storage
-//! halves the stored bytes and still trains, and everything together
-//! matches its reference.
+//! halves the stored bytes and still trains, everything together
+//! matches its reference, and Adam's moments on the host give the
+//! parameters the device's moments give.
 
 use burn::optim::GradientsParams;
 use burn::prelude::*;
@@ -31,6 +32,7 @@ vramfit::test_backends!(
     low_precision_training_follows_the_f32_curve,
     reduced_precision_storage_halves_bytes_and_still_trains,
     all_techniques_together_match_their_reference,
+    moments_on_the_host_give_the_device_parameters,
 );
 
 fn tiny() -> GptConfig {
@@ -430,4 +432,38 @@ fn all_techniques_together_match_their_reference<B: AutodiffBackend>() {
     eprintln!("all together vs reference: curve gap {gap:.4}");
     // Measured 0.017 nats.
     assert!(gap < 0.05, "all together: gap {gap:.4} nats");
+}
+
+/// 20 steps with Adam's moments on the host (`moments = host`) give the
+/// parameters that the moments on the device give: bit for bit on the CPU
+/// (the same f32 pass), to the last bits elsewhere (the device's update is
+/// Burn's operations, whose division and square root the device rounds);
+/// the device then holds no optimizer state.
+fn moments_on_the_host_give_the_device_parameters<B: AutodiffBackend>() {
+    let device = Default::default();
+    let config = tiny();
+    let task = task(&config);
+    let whole = MicroBatching::whole(4);
+    let run = |host: bool| {
+        let mut model = config.init::<B>(11, &device);
+        let mut s = stepper::<B>(
+            Precision::F32,
+            &CheckpointPolicy::parse("none").unwrap(),
+            whole,
+            config.depth,
+        );
+        s.optimizer = ModuleAdam::new(AdamConfig::default(), 0.01, FloatDType::F32);
+        if host {
+            s.optimizer = s.optimizer.on_host();
+        }
+        for step in 0..20 {
+            let (m, _) = s
+                .step(model, &task.batch(step, 4, &device), 3e-3, &device, &mut ())
+                .unwrap();
+            model = m;
+        }
+        (snapshot(&model), s.optimizer.state_bytes(), s.optimizer.host_bytes())
+    };
+    let start = snapshot(&config.init::<B>(11, &device));
+    common::assert_host_moments_agree::<B>(run(false), run(true), &start);
 }

@@ -4,7 +4,8 @@
 //! the norm is per sample (GroupNorm, BatchNorm frozen), and with BatchNorm
 //! in training they do not (the difference measured and printed); the
 //! population statistics pool exactly over batches; bf16 and f16 follow
-//! f32's loss curve.
+//! f32's loss curve; Adam's moments on the host give the device's
+//! parameters.
 
 mod common;
 
@@ -23,6 +24,7 @@ vramfit::test_backends!(
     micro_batches_equal_the_batch_where_the_norm_is_per_sample,
     population_statistics_pool_exactly_and_eval_mode_is_per_sample,
     low_precision_training_follows_the_f32_curve,
+    moments_on_the_host_give_the_device_parameters,
 );
 
 fn tiny(norm: &str) -> UnetConfig {
@@ -194,6 +196,33 @@ fn low_precision_training_follows_the_f32_curve<B: AutodiffBackend>() {
         eprintln!("U-Net {precision:?} vs f32 over 30 steps: largest relative loss gap {gap:.4}");
         assert!(gap < 0.05, "{precision:?}: loss curve {gap} off f32's");
     }
+}
+
+fn moments_on_the_host_give_the_device_parameters<B: AutodiffBackend>() {
+    let device = Default::default();
+    let config = tiny("batch");
+    let stages = 2 * config.depth + 1;
+    let data = task();
+    let run = |host: bool| {
+        let mut s = stepper::<B>(Precision::F32, &CheckpointPolicy::None, MicroBatching::whole(4), stages);
+        if host {
+            s.optimizer = s.optimizer.on_host();
+        }
+        let mut model: Unet<B> = config.build(11, &device);
+        for step in 1..=20 {
+            let (m, _) = s
+                .step(model, &data.batch(step, 4, &device), 3e-3, &device, &mut ())
+                .unwrap();
+            model = m;
+        }
+        (
+            vramfit::params::snapshot(&model),
+            s.optimizer.state_bytes(),
+            s.optimizer.host_bytes(),
+        )
+    };
+    let start = vramfit::params::snapshot(&config.build::<B>(11, &device));
+    common::assert_host_moments_agree::<B>(run(false), run(true), &start);
 }
 
 /// Through the run driver, as `vramfit train unet` runs it: the loss falls

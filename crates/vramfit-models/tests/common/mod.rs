@@ -82,3 +82,40 @@ pub fn stepper<B: AutodiffBackend>(
         attempts: 0,
     }
 }
+
+/// One run's parameters after training, its optimizer's device bytes and
+/// its host bytes.
+pub type Trained = (vramfit::params::Snapshot, u64, u64);
+
+/// Asserts that training with Adam's moments on the device and on the host
+/// gave the same parameters (bit for bit on the CPU, where both run the
+/// same f32 pass; to 1e-5 of each tensor's largest elsewhere, where the
+/// device's update is Burn's operations), that they trained away from
+/// `start`, and that the host run held no optimizer state on the device.
+pub fn assert_host_moments_agree<B: AutodiffBackend>(
+    (device_params, device_state, _): Trained,
+    (host_params, host_state, host_bytes): Trained,
+    start: &vramfit::params::Snapshot,
+) {
+    let mut worst = 0.0f32;
+    let mut moved = false;
+    for (path, (_, _, a)) in &device_params {
+        let b = &host_params[path].2;
+        moved |= a != &start[path].2;
+        let scale = a.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-12);
+        for (x, y) in a.iter().zip(b) {
+            worst = worst.max((x - y).abs() / scale);
+        }
+    }
+    assert!(moved, "the parameters trained");
+    let on_cpu = std::any::TypeId::of::<B>() == std::any::TypeId::of::<vramfit::backends::Flex>();
+    eprintln!("host vs device moments: largest relative difference {worst:e} (cpu: {on_cpu})");
+    if on_cpu {
+        assert_eq!(worst, 0.0, "bit for bit on the CPU");
+    } else {
+        assert!(worst < 1e-5, "to the last bits: {worst:e}");
+    }
+    assert!(device_state > 0);
+    assert_eq!(host_state, 0, "no optimizer state on the device");
+    assert_eq!(host_bytes, device_state, "the same moments, in host memory");
+}

@@ -8,6 +8,13 @@
 //! update is PyTorch's Adam with `m` and `v` rounded to bf16 after each
 //! step; their range is f32's. State is keyed by parameter path so that a
 //! checkpoint restores it into a freshly built model.
+//!
+//! With the moments on the host ([`ModuleAdam::on_host`], `--moments
+//! host`) they are f32 vectors in host memory: each parameter's gradient
+//! and value come down, the same f32 update runs on the host's cores (the
+//! CPU pass's arithmetic, [`adam_f32`]), and the parameter goes back. The
+//! device then holds no optimizer state; the step moves the parameters
+//! twice and the gradients once across the link.
 
 use std::collections::BTreeMap;
 
@@ -37,6 +44,8 @@ pub struct ModuleAdam<B: AutodiffBackend> {
     moment_dtype: FloatDType,
     step: u64,
     state: BTreeMap<String, Moments<B::InnerBackend>>,
+    /// The moments in host memory, when they live there.
+    host: Option<BTreeMap<String, (Vec<f32>, Vec<f32>)>>,
 }
 
 /// Saved optimiser state: step count and moments by path, as f32.
@@ -57,7 +66,30 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
             moment_dtype,
             step: 0,
             state: BTreeMap::new(),
+            host: None,
         }
+    }
+
+    /// The same optimiser with its moments in host memory (f32), updated
+    /// on the host with the CPU pass's arithmetic.
+    pub fn on_host(mut self) -> Self {
+        self.moment_dtype = FloatDType::F32;
+        self.host = Some(BTreeMap::new());
+        self
+    }
+
+    /// True when the moments live in host memory.
+    pub fn moments_on_host(&self) -> bool {
+        self.host.is_some()
+    }
+
+    /// Bytes of moments held in host memory.
+    pub fn host_bytes(&self) -> u64 {
+        self.host
+            .iter()
+            .flat_map(|h| h.values())
+            .map(|(m, v)| 4 * (m.len() + v.len()) as u64)
+            .sum()
     }
 
     /// Optimiser steps taken (skipped steps do not count).
@@ -65,7 +97,7 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
         self.step
     }
 
-    /// Bytes of moments held.
+    /// Bytes of moments held on the device (none when they are on the host).
     pub fn state_bytes(&self) -> u64 {
         self.state
             .values()
@@ -84,6 +116,7 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
             path: PathTracker,
             grads: &'a mut GradientsParams,
             state: &'a mut BTreeMap<String, Moments<B::InnerBackend>>,
+            host: Option<&'a mut BTreeMap<String, (Vec<f32>, Vec<f32>)>>,
             c: AdamConfig,
             lr: f64,
             weight_decay: f64,
@@ -108,10 +141,6 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
                 let trainable = tensor.is_require_grad();
                 let p = cast_to(tensor.inner(), FloatDType::F32).reshape([-1]);
                 let g = cast_to(grad, FloatDType::F32).reshape([-1]);
-                let (m, v) = match self.state.remove(&self.path.path()) {
-                    Some(s) => (cast_to(s.m, FloatDType::F32), cast_to(s.v, FloatDType::F32)),
-                    None => (g.zeros_like(), g.zeros_like()),
-                };
                 let k = Coefficients {
                     beta1: self.c.beta1,
                     beta2: self.c.beta2,
@@ -119,6 +148,24 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
                     bias2: self.bias2,
                     decay: (self.weight_decay != 0.0).then_some(1.0 - self.lr * self.weight_decay),
                     step_size: self.lr / self.bias1,
+                };
+                if let Some(host) = self.host.as_deref_mut() {
+                    let device = p.device();
+                    let down =
+                        |t: Tensor<B::InnerBackend, 1>| t.into_data().to_vec::<f32>().expect("f32 after the cast");
+                    let (mut pv, gv) = (down(p), down(g));
+                    let (m, v) = host
+                        .entry(self.path.path())
+                        .or_insert_with(|| (vec![0.0; gv.len()], vec![0.0; gv.len()]));
+                    adam_f32(&mut pv, &gv, m, v, &k);
+                    let n = pv.len();
+                    let p = Tensor::<B::InnerBackend, 1>::from_data(TensorData::new(pv, [n]), &device);
+                    let p = cast_to(p, stored).reshape(shape);
+                    return Param::from_mapped_value(id, Tensor::from_inner(p).set_require_grad(trainable), mapper);
+                }
+                let (m, v) = match self.state.remove(&self.path.path()) {
+                    Some(s) => (cast_to(s.m, FloatDType::F32), cast_to(s.v, FloatDType::F32)),
+                    None => (g.zeros_like(), g.zeros_like()),
                 };
                 let (p, m, v) = update(p, g, m, v, &k);
                 self.state.insert(
@@ -136,6 +183,7 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
             path: PathTracker::default(),
             grads: &mut grads,
             state: &mut self.state,
+            host: self.host.as_mut(),
             c,
             lr,
             weight_decay: self.weight_decay,
@@ -154,6 +202,12 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
                 .to_vec::<f32>()
                 .unwrap_or_default()
         };
+        if let Some(h) = &self.host {
+            return AdamSnapshot {
+                step: self.step,
+                moments: h.clone(),
+            };
+        }
         AdamSnapshot {
             step: self.step,
             moments: self
@@ -167,6 +221,10 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
     /// Restores saved state onto `device`.
     pub fn restore(&mut self, snapshot: &AdamSnapshot, device: &B::Device) {
         self.step = snapshot.step;
+        if let Some(h) = &mut self.host {
+            h.clone_from(&snapshot.moments);
+            return;
+        }
         let dev = |v: &Vec<f32>| {
             let t = Tensor::<B::InnerBackend, 1>::from_data(TensorData::new(v.clone(), [v.len()]), device);
             cast_to(t, self.moment_dtype)
@@ -232,6 +290,41 @@ fn update_reference<B: Backend>(
     (p, m, v)
 }
 
+/// The f32 update of one element: what the CPU pass runs, on Flex
+/// ([`update_flex`]) and on the host ([`adam_f32`]). Scalars are rounded
+/// to f32 as Flex's scalar operations round them.
+fn element_step(k: &Coefficients) -> impl Fn(f32, f32, f32, f32) -> (f32, f32, f32) + Sync + use<> {
+    let f = |x: f64| x as f32;
+    let (b1, c1, b2, c2) = (f(k.beta1), f(1.0 - k.beta1), f(k.beta2), f(1.0 - k.beta2));
+    let (bias2, eps, decay, step) = (f(k.bias2), f(k.epsilon), k.decay.map(f), f(k.step_size));
+    move |p, g, m, v| {
+        let m = m * b1 + g * c1;
+        let v = v * b2 + (g * g) * c2;
+        let denom = (v / bias2).sqrt() + eps;
+        let p = match decay {
+            Some(d) => p * d,
+            None => p,
+        };
+        (p - (m / denom) * step, m, v)
+    }
+}
+
+/// The update on host vectors, threaded.
+fn adam_f32(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], k: &Coefficients) {
+    use rayon::prelude::*;
+    const CHUNK: usize = 1 << 14;
+    let step = element_step(k);
+    p.par_chunks_mut(CHUNK)
+        .zip(m.par_chunks_mut(CHUNK))
+        .zip(v.par_chunks_mut(CHUNK))
+        .zip(g.par_chunks(CHUNK))
+        .for_each(|(((p, m), v), g)| {
+            for i in 0..g.len() {
+                (p[i], m[i], v[i]) = step(p[i], g[i], m[i], v[i]);
+            }
+        });
+}
+
 /// The update on Flex: f32 vectors in one pass (the 14 passes of the
 /// reference each read and write the whole parameter set, 13 MB per pass
 /// for the transformer at PyTorch's shape). Scalars are rounded to f32 as
@@ -241,19 +334,7 @@ fn update_flex<B: Backend>(
     vectors: Vectors<B>,
     k: &Coefficients,
 ) -> Result<(Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>), Vectors<B>> {
-    let f = |x: f64| x as f32;
-    let (b1, c1, b2, c2) = (f(k.beta1), f(1.0 - k.beta1), f(k.beta2), f(1.0 - k.beta2));
-    let (bias2, eps, decay, step) = (f(k.bias2), f(k.epsilon), k.decay.map(f), f(k.step_size));
-    flex_pass(vectors, |p, g, m, v| {
-        let m = m * b1 + g * c1;
-        let v = v * b2 + (g * g) * c2;
-        let denom = (v / bias2).sqrt() + eps;
-        let p = match decay {
-            Some(d) => p * d,
-            None => p,
-        };
-        (p - (m / denom) * step, m, v)
-    })
+    flex_pass(vectors, element_step(k))
 }
 
 #[cfg(test)]

@@ -173,6 +173,14 @@ pub fn calibrate_capacity(target: &mut dyn Capacity) -> Result<CapacityCalibrati
             "the {knob} counts to probe must be two or more, positive and ascending: {counts:?}"
         )));
     }
+    // The smallest count worth running is probed too: the line then spans
+    // every count a plan may take (and an infeasible budget is named from
+    // a measurement, not from the line's end).
+    let mut counts = counts;
+    let least = target.least().min(target.wanted());
+    if least > 0 && least < counts[0] {
+        counts.insert(0, least);
+    }
     let variants = target.variants();
     if variants.is_empty() {
         return Err(PlanError::Setting(format!("no variant to plan {knob} with")));
