@@ -214,9 +214,14 @@ pub(crate) fn print_train(name: &str, s: &RunSummary<TrainSummary>) {
         s.wall_seconds, s.median_step_ms
     );
     println!(
-        "  parameters {} · optimizer state {}",
+        "  parameters {} · optimizer state {}{}",
         human_bytes(t.parameter_bytes),
-        human_bytes(t.optimizer_state_bytes)
+        human_bytes(t.optimizer_state_bytes),
+        if t.optimizer_host_bytes > 0 {
+            format!(" on the device, {} in host memory (--moments host)", human_bytes(t.optimizer_host_bytes))
+        } else {
+            String::new()
+        }
     );
     if t.cleanup_calls > 0 {
         println!(

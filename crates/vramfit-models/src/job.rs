@@ -122,8 +122,16 @@ impl<B: AutodiffBackend, F: Family<D>, const D: usize> Course<B, F::Net<B>, D> f
                     (!ways.is_empty()).then(|| format!("activations: {}", ways.join(", or ")))
                 }
                 Category::Parameters if !all_low => Some("parameters: --storage '*:bf16' (half the bytes)".into()),
-                Category::OptimizerState if c.moments != "bf16" => {
-                    Some("optimizer state: --moments bf16 (half the bytes)".into())
+                Category::OptimizerState => {
+                    let on_cpu = std::any::TypeId::of::<B>() == std::any::TypeId::of::<vramfit::backends::Flex>();
+                    let mut ways = Vec::new();
+                    if !on_cpu {
+                        ways.push("--moments host (none on the device, the same updates; a transfer each step)");
+                    }
+                    if c.moments == "f32" {
+                        ways.push("--moments bf16 (half the bytes)");
+                    }
+                    (!ways.is_empty()).then(|| format!("optimizer state: {}", ways.join(", or ")))
                 }
                 Category::Gradients if !all_low => {
                     Some("gradients: --storage '*:bf16' (gradients take the parameters' type)".into())

@@ -246,8 +246,11 @@ pub struct TrainSummary {
     pub techniques: serde_json::Value,
     /// Bytes of parameters as stored.
     pub parameter_bytes: u64,
-    /// Bytes of Adam moments.
+    /// Bytes of Adam moments on the device.
     pub optimizer_state_bytes: u64,
+    /// Bytes of Adam moments in host memory (`moments = host`).
+    #[serde(default)]
+    pub optimizer_host_bytes: u64,
     /// Allocator cleanups done (last session).
     pub cleanup_calls: u64,
     /// Seconds spent in them.
@@ -493,6 +496,7 @@ where
             techniques: self.techniques.clone(),
             parameter_bytes: parameter_bytes(&self.model),
             optimizer_state_bytes: s.optimizer.state_bytes(),
+            optimizer_host_bytes: s.optimizer.host_bytes(),
             cleanup_calls: s.cleanup.calls(),
             cleanup_seconds: s.cleanup.spent().as_secs_f64(),
             extra: self
