@@ -46,6 +46,21 @@ pub enum Which {
     /// at budgets from infeasible to ample, the chosen count measured, and
     /// the largest count of its variant that measured within the budget.
     PlanScene(crate::plan_bench::Args<crate::scene::SceneSettings>),
+    /// Adam on the host (what --moments host runs): its throughput on this
+    /// CPU, and the transfer a scene's step needs, projected onto a PCIe
+    /// link.
+    HostAdam {
+        /// Values updated per step.
+        #[arg(long, default_value_t = 50_000_000, value_parser = crate::flags::parse_count::<usize>)]
+        values: usize,
+        /// Link bandwidth each way for the projection, GB/s (PCIe 4.0 ×16:
+        /// 31.5 nominal, about 25 measured with pinned memory).
+        #[arg(long, default_value_t = 25.0)]
+        link_gb_s: f64,
+        /// JSON output (a .md table is written beside it).
+        #[arg(long, default_value = "bench-results/host-adam.json")]
+        out: PathBuf,
+    },
     /// What a 3D scene takes in device memory (wgpu, CUDA): bytes per
     /// Gaussian by category at each count and SH degree, one render's and
     /// one backward's buffers, measured against the layout's prediction.
@@ -68,6 +83,7 @@ pub fn run(which: Which) -> Result<()> {
             crate::plan::model::<GptConfig, 3>(config, device, Action::Bench(request))
         }
         Which::SceneMemory(args) => crate::bench_scene::run(args),
+        Which::HostAdam { values, link_gb_s, out } => host_adam(values, link_gb_s, out),
         Which::PlanScene(args) => {
             let config = crate::scene::resolve(args.settings())?;
             let (request, device) = args.request(serde_json::to_value(&config)?, "scene");
@@ -79,6 +95,64 @@ pub fn run(which: Which) -> Result<()> {
             crate::plan::splat(config, device, Action::Bench(request))
         }
     }
+}
+
+/// `bench host-adam`: the host's Adam over `values` f32 values (median of
+/// five steps after one warm-up), in GB/s of memory touched (each value:
+/// parameter, gradient and both moments read, parameter and moments
+/// written: 28 bytes), and a scene's host-moments step projected at
+/// `link_gb_s` each way (gradients down, parameters up: 8 bytes a value).
+fn host_adam(values: usize, link_gb_s: f64, out: PathBuf) -> Result<()> {
+    if values == 0 || !(link_gb_s > 0.0) {
+        bail!("--values and --link-gb-s must be positive");
+    }
+    crate::budget::check_writable("--out", &out)?;
+    let adam = vramfit_scene::train::ADAM;
+    let mut p: Vec<f32> = (0..values).map(|i| (i as f32 * 1e-3).sin()).collect();
+    let g: Vec<f32> = (0..values).map(|i| (i as f32 * 7e-4).cos() * 1e-3).collect();
+    let (mut m, mut v) = (vec![0.0f32; values], vec![0.0f32; values]);
+    let mut times = Vec::new();
+    for t in 1..=6 {
+        let started = std::time::Instant::now();
+        let (c1, c2) = (1.0 - adam.beta1.powi(t), 1.0 - adam.beta2.powi(t));
+        adam.step(&mut p, &g, &mut m, &mut v, 1e-3, c1, c2);
+        times.push(started.elapsed().as_secs_f64());
+    }
+    times.remove(0);
+    times.sort_by(f64::total_cmp);
+    let seconds = times[times.len() / 2];
+    let gb_s = 28.0 * values as f64 / seconds / 1e9;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut table = format!(
+        "Host Adam on {} ({threads} threads): {values} values in {:.1} ms (median of 5): **{gb_s:.1} GB/s** of memory \
+         touched (28 bytes a value), {:.0} M values/s. Measured.\n\nProjected (not measured: no GPU here) for a scene's \
+         step with the moments on the host, degree 3 (59 floats a Gaussian), at {link_gb_s} GB/s each way:\n\n\
+         | Gaussians | gradients down + parameters up | transfer ms (one way, each) | host Adam ms (at the measured rate) |\n|---|---|---|---|\n",
+        cpu_model(),
+        seconds * 1e3,
+        values as f64 / seconds / 1e6
+    );
+    let mut rows = Vec::new();
+    for gaussians in [1_000_000u64, 6_000_000, 20_000_000] {
+        let n = gaussians * 59;
+        let one_way = 4.0 * n as f64;
+        let transfer_ms = one_way / (link_gb_s * 1e9) * 1e3;
+        let adam_ms = 28.0 * n as f64 / (gb_s * 1e9) * 1e3;
+        table.push_str(&format!(
+            "| {gaussians} | {:.2} GB + {:.2} GB | {transfer_ms:.0} | {adam_ms:.0} |\n",
+            one_way / 1e9,
+            one_way / 1e9
+        ));
+        rows.push(json!({ "gaussians": gaussians, "bytes_each_way": one_way, "transfer_ms_each_way": transfer_ms, "host_adam_ms": adam_ms }));
+    }
+    println!("{table}");
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let record = json!({
+        "bench": "host-adam", "command": command, "cpu": cpu_model(), "threads": threads,
+        "values": values, "seconds_median": seconds, "gb_per_s": gb_s,
+        "projection": { "link_gb_s_each_way": link_gb_s, "measured": false, "rows": rows },
+    });
+    crate::plan_bench::write_results(&out, &record, &format!("Command: `{command}`\n\n{table}"))
 }
 
 fn cpu_model() -> String {

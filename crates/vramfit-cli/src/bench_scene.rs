@@ -19,6 +19,14 @@ pub struct Args {
     /// The rendered view's size, WIDTHxHEIGHT.
     #[arg(long, default_value = "1280x720", value_parser = crate::parse_size)]
     size: (u32, u32),
+    /// Also measure whole training steps (render, loss, backward, Adam) of
+    /// each case with Adam's moments here (device, host; comma-separated):
+    /// the allocator's reserved peak, the bytes moved, the step time.
+    #[arg(long, value_delimiter = ',')]
+    moments: Vec<vramfit::optim::Moments>,
+    /// Only the training steps (with --moments), not the stage table.
+    #[arg(long, requires = "moments")]
+    steps_only: bool,
     #[command(flatten)]
     device: crate::device::DeviceArg,
     /// JSON output (a .md table is written beside it).
@@ -59,16 +67,22 @@ fn check_out(out: &Path) -> Result<()> {
 
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod device {
-    use anyhow::{Context, Result};
+    use anyhow::{Context, Result, bail};
     use serde_json::json;
-    use vramfit_scene::gpu::memory::{MemoryCase, MemoryRow};
+    use vramfit::optim::Moments;
+    use vramfit_scene::gpu::memory::{MemoryCase, MemoryRow, StepMemory};
 
     use super::Args;
 
     pub(super) fn measure_and_write(args: Args) -> Result<()> {
         let (w, h) = (args.size.0 as usize, args.size.1 as usize);
         let cases = vramfit_scene::gpu::memory::cases(&args.gaussians, &args.sh_degrees, w, h);
-        let rows = measure(&args.device.name, &cases)?;
+        let rows = if args.steps_only {
+            Vec::new()
+        } else {
+            measure(&args.device.name, &cases)?
+        };
+        let steps = measure_steps(&args.device.name, &cases, &args.moments)?;
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         let per = |b: u64, n: usize| b as f64 / n as f64;
         let mut table = String::from(
@@ -106,6 +120,41 @@ mod device {
                 mib(r.reserved),
             ));
         }
+        let mut step_table = String::new();
+        if !steps.is_empty() {
+            step_table.push_str(
+                "\nWhole training steps (3; a random scene, the loss on the host):\n\n| Gaussians | SH degree | moments | \
+                 parameters B/Gaussian | optimizer state (device) B/Gaussian | workspace high-water MiB | reserved peak \
+                 MiB | reserved B/Gaussian | moved per step MiB | step ms (median) |\n|---|---|---|---|---|---|---|---|---|---|\n",
+            );
+            for (case, moments, r) in &steps {
+                match r {
+                    Ok(m) => {
+                        let n = case.gaussians;
+                        step_table.push_str(&format!(
+                            "| {n} | {} | {moments} | {:.0} | {:.0} | {:.1} | {:.1} | {:.0} | {:.1} | {:.0} |\n",
+                            case.degree,
+                            per(m.held[0], n),
+                            per(m.held[2], n),
+                            mib(m.held[3]),
+                            mib(m.reserved),
+                            per(m.reserved, n),
+                            mib(m.moved),
+                            m.step_ms
+                        ))
+                    }
+                    Err(why) => step_table.push_str(&format!(
+                        "| {} | {} | {moments} | does not fit: {why} | | | | | | |\n",
+                        case.gaussians, case.degree
+                    )),
+                }
+            }
+        }
+        let table = if args.steps_only {
+            step_table
+        } else {
+            format!("{table}{step_table}")
+        };
         println!("{table}");
         let command = std::env::args().collect::<Vec<_>>().join(" ");
         let record = json!({
@@ -114,6 +163,10 @@ mod device {
             "device": args.device.name,
             "measured": "allocator bytes in use added by each stage; reserved after the step",
             "rows": rows.iter().filter_map(|(_, r)| r.as_ref().ok()).collect::<Vec<_>>(),
+            "steps": steps.iter().map(|(c, m, r)| match r {
+                Ok(s) => json!(s),
+                Err(why) => json!({ "case": c, "moments": m, "why": why }),
+            }).collect::<Vec<_>>(),
             "did_not_fit": skipped,
         });
         vramfit::run::atomic_write(&args.out, serde_json::to_string_pretty(&record)?.as_bytes())
@@ -126,6 +179,43 @@ mod device {
     }
 
     type Row = (MemoryCase, Result<MemoryRow, String>);
+    type StepRow = (MemoryCase, Moments, Result<StepMemory, String>);
+
+    /// Whole training steps of every case with the moments at each place;
+    /// a case the device cannot hold is kept with the reason.
+    fn measure_steps(device: &str, cases: &[MemoryCase], places: &[Moments]) -> Result<Vec<StepRow>> {
+        let mut out = Vec::new();
+        for c in cases {
+            for &m in places {
+                eprintln!(
+                    "training steps: {} Gaussians, SH degree {}, moments {m}…",
+                    c.gaussians, c.degree
+                );
+                let r = match device {
+                    #[cfg(feature = "wgpu")]
+                    "wgpu" => vramfit_scene::gpu::memory::measure_step::<cubecl::wgpu::WgpuRuntime>(
+                        &Default::default(),
+                        c,
+                        m,
+                        3,
+                    ),
+                    #[cfg(feature = "cuda")]
+                    "cuda" => vramfit_scene::gpu::memory::measure_step::<cubecl::cuda::CudaRuntime>(
+                        &Default::default(),
+                        c,
+                        m,
+                        3,
+                    ),
+                    other => return Err(crate::device::unavailable(other)),
+                };
+                match r {
+                    Err(e) if !e.contains("device's largest") => bail!("device failure: {e}"),
+                    r => out.push((*c, m, r)),
+                }
+            }
+        }
+        Ok(out)
+    }
 
     /// Measures every case; a case whose buffers the device cannot allocate is
     /// kept with the reason, any other device failure ends the benchmark.

@@ -218,7 +218,10 @@ pub(crate) fn print_train(name: &str, s: &RunSummary<TrainSummary>) {
         human_bytes(t.parameter_bytes),
         human_bytes(t.optimizer_state_bytes),
         if t.optimizer_host_bytes > 0 {
-            format!(" on the device, {} in host memory (--moments host)", human_bytes(t.optimizer_host_bytes))
+            format!(
+                " on the device, {} in host memory (--moments host)",
+                human_bytes(t.optimizer_host_bytes)
+            )
         } else {
             String::new()
         }
