@@ -154,6 +154,14 @@ pub fn print(summary: &vramfit::run::RunSummary<vramfit_scene::job::SceneSummary
         summary.wall_seconds,
         summary.median_step_ms
     );
+    let [moments, moved] = s.host_bytes;
+    if moments > 0 {
+        println!(
+            "  Adam's moments in host memory: {} (not on the device); {} copied between host and device a step",
+            vramfit::profile::human_bytes(moments),
+            vramfit::profile::human_bytes(moved)
+        );
+    }
     crate::runs::print_common(summary, dir);
 }
 

@@ -53,7 +53,9 @@ fn moments_on_the_host_leave_device_memory_on_wgpu() {
             s.optimizer = s.optimizer.on_host();
         }
         for step in 0..3 {
-            let (m, _) = s.step(model, &task.batch(step, 4, &device), 3e-3, &device, &mut ()).unwrap();
+            let (m, _) = s
+                .step(model, &task.batch(step, 4, &device), 3e-3, &device, &mut ())
+                .unwrap();
             model = m;
         }
         let source = <<B as AutodiffBackend>::InnerBackend as DeviceMemory>::memory_source(&device);
@@ -63,7 +65,9 @@ fn moments_on_the_host_leave_device_memory_on_wgpu() {
     let (device_held, moments, _kept) = in_use(false);
     drop(_kept);
     let (host_held, none, _kept2) = in_use(true);
-    eprintln!("allocator in use: moments on the device {device_held} B, on the host {host_held} B; moments {moments} B");
+    eprintln!(
+        "allocator in use: moments on the device {device_held} B, on the host {host_held} B; moments {moments} B"
+    );
     assert_eq!(none, 0);
     assert!(moments > 0);
     assert!(

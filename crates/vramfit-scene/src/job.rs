@@ -267,6 +267,10 @@ pub struct SceneSummary {
     pub parameter_bytes: serde_json::Map<String, serde_json::Value>,
     /// Loss of the last step.
     pub final_loss: f64,
+    /// Bytes of Adam's moments in host memory (`moments = host`), and
+    /// bytes copied between host and device by the last step.
+    #[serde(default)]
+    pub host_bytes: [u64; 2],
 }
 
 /// The workload.
@@ -500,6 +504,7 @@ impl Workload for SceneJob {
                 .map(|(n, g)| (n.to_string(), json!(bytes(g.len()))))
                 .collect(),
             final_loss: self.fit.last_loss as f64,
+            host_bytes: self.fit.host_bytes(),
         };
         Ok(Finished {
             summary,

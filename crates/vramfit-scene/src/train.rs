@@ -135,6 +135,12 @@ pub trait SceneDevice {
     /// Device bytes held now by each category: parameters, gradients,
     /// optimizer state, workspace (the render's buffers).
     fn held_bytes(&self) -> [u64; 4];
+    /// Host bytes of optimizer state kept for the device (its moments when
+    /// they live on the host), and the bytes the last step copied between
+    /// host and device.
+    fn host_bytes(&self) -> [u64; 2] {
+        [0, 0]
+    }
 }
 
 /// The loss `(1 − λ) L1 + λ (1 − SSIM)` of `image` against `target`
@@ -250,6 +256,12 @@ impl Fit {
     /// workspace) when a device runs the fit.
     pub fn device_bytes(&self) -> Option<[u64; 4]> {
         self.device.as_ref().map(|d| d.held_bytes())
+    }
+
+    /// Host bytes of the device's optimizer state and the bytes its last
+    /// step moved ([`SceneDevice::host_bytes`]; zeros on the CPU twin).
+    pub fn host_bytes(&self) -> [u64; 2] {
+        self.device.as_ref().map_or([0, 0], |d| d.host_bytes())
     }
 
     /// Brings the host copy up to date with the device.

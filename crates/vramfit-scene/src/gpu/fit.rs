@@ -285,6 +285,16 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
         let moments = if self.host.is_some() { 0 } else { 8 * values };
         [4 * values, grads, moments + 12 * s.n as u64, self.workspace]
     }
+
+    fn host_bytes(&self) -> [u64; 2] {
+        let moments = self
+            .host
+            .iter()
+            .flat_map(|h| &h.moments)
+            .map(|(m, v)| 4 * (m.len() + v.len()) as u64)
+            .sum();
+        [moments, self.moved]
+    }
 }
 
 /// A scene fit placed on `device` (named `label`), with `memory` the
