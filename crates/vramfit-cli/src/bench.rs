@@ -103,7 +103,7 @@ pub fn run(which: Which) -> Result<()> {
 /// written: 28 bytes), and a scene's host-moments step projected at
 /// `link_gb_s` each way (gradients down, parameters up: 8 bytes a value).
 fn host_adam(values: usize, link_gb_s: f64, out: PathBuf) -> Result<()> {
-    if values == 0 || !(link_gb_s > 0.0) {
+    if values == 0 || link_gb_s.is_nan() || link_gb_s <= 0.0 {
         bail!("--values and --link-gb-s must be positive");
     }
     crate::budget::check_writable("--out", &out)?;

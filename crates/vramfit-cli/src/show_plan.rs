@@ -300,7 +300,9 @@ impl Show for CapacityCalibration {
 }
 
 /// The `vramfit scene` command that runs `c` on `device`: every setting
-/// that differs from the defaults as `--set`.
+/// that differs from the defaults as `--set` (a scene is planned on a GPU
+/// device only).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub fn scene_command(c: &vramfit_scene::job::SceneConfig, device: &str) -> String {
     use vramfit_scene::job::{BUILTIN, SceneConfig};
     let mut args = Vec::new();

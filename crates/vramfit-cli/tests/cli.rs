@@ -1204,6 +1204,43 @@ fn scene_fits_a_sampled_dataset_and_refuses_bad_input() {
         stderr(&o)
     );
     assert!(!dir.join("bad").exists());
+
+    // Adam's moments on the host, and the planner's quality knob: refused
+    // where they cannot mean anything, with what to do.
+    for (args, says) in [
+        (
+            &["scene", "data", "--moments", "host", "--out", "bad"][..],
+            "--device wgpu or cuda",
+        ),
+        (
+            &["scene", "data", "--moments", "hots", "--out", "bad"][..],
+            "say device",
+        ),
+        (
+            &["scene", "data", "--allow-quality-loss", "0.3dB", "--out", "bad"][..],
+            "with --budget",
+        ),
+        (
+            &["plan", "scene", "data", "--allow-quality-loss", "lots"][..],
+            "such as 0.3dB",
+        ),
+        (
+            &["plan", "scene", "data", "--budget", "1GiB"][..],
+            "--device wgpu or cuda",
+        ),
+        (
+            &["train", "transformer", "--moments", "host", "--out", "bad"][..],
+            "--device wgpu or cuda",
+        ),
+    ] {
+        let o = run(args, dir);
+        assert!(
+            !o.status.success() && stderr(&o).contains(says),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+        assert!(!dir.join("bad").exists(), "{args:?} left a run directory");
+    }
 }
 
 /// A full or closed stdout ends the command without a panic, its files

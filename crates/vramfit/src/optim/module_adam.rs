@@ -36,6 +36,9 @@ struct Moments<B: Backend> {
     v: Tensor<B, 1>,
 }
 
+/// Moments `(m, v)` in host memory, by parameter path.
+type HostMoments = BTreeMap<String, (Vec<f32>, Vec<f32>)>;
+
 /// Adam(W) whose state survives a rebuild of the module (keyed by path).
 #[derive(Debug, Clone)]
 pub struct ModuleAdam<B: AutodiffBackend> {
@@ -45,7 +48,7 @@ pub struct ModuleAdam<B: AutodiffBackend> {
     step: u64,
     state: BTreeMap<String, Moments<B::InnerBackend>>,
     /// The moments in host memory, when they live there.
-    host: Option<BTreeMap<String, (Vec<f32>, Vec<f32>)>>,
+    host: Option<HostMoments>,
 }
 
 /// Saved optimiser state: step count and moments by path, as f32.
@@ -116,7 +119,7 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
             path: PathTracker,
             grads: &'a mut GradientsParams,
             state: &'a mut BTreeMap<String, Moments<B::InnerBackend>>,
-            host: Option<&'a mut BTreeMap<String, (Vec<f32>, Vec<f32>)>>,
+            host: Option<&'a mut HostMoments>,
             c: AdamConfig,
             lr: f64,
             weight_decay: f64,
