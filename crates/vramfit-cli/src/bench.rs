@@ -45,7 +45,7 @@ pub enum Which {
     /// The scene planner (wgpu, CUDA) against a sweep of Gaussian counts:
     /// at budgets from infeasible to ample, the chosen count measured, and
     /// the largest count of its variant that measured within the budget.
-    PlanScene(crate::plan_bench::Args<crate::scene::SceneSettings>),
+    PlanScene(crate::plan_bench::Args<crate::flags::SceneSettings>),
     /// Adam on the host (what --moments host runs): its throughput on this
     /// CPU, and the transfer a scene's step needs, projected onto a PCIe
     /// link.
@@ -85,7 +85,7 @@ pub fn run(which: Which) -> Result<()> {
         Which::SceneMemory(args) => crate::bench_scene::run(args),
         Which::HostAdam { values, link_gb_s, out } => host_adam(values, link_gb_s, out),
         Which::PlanScene(args) => {
-            let config = crate::scene::resolve(args.settings())?;
+            let config = crate::flags::resolve_scene(args.settings())?;
             let (request, device) = args.request(serde_json::to_value(&config)?, "scene");
             crate::plan::scene(args.settings(), device, Action::Bench(request))
         }

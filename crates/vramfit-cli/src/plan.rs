@@ -38,7 +38,7 @@ pub enum Which {
     Splat(PlanArgs<crate::flags::FitSettings>),
     /// Plan a 3D scene fit (--device wgpu|cuda): how many Gaussians fit, with
     /// Adam's moments on the device or the host (same settings flags as `vramfit scene`).
-    Scene(PlanArgs<crate::scene::SceneSettings>),
+    Scene(PlanArgs<crate::flags::SceneSettings>),
 }
 
 #[derive(clap::Args)]
@@ -97,8 +97,8 @@ pub fn run(which: Which) -> Result<()> {
 
 /// Runs `action` on a scene fit with `settings` on `device` (a CubeCL
 /// device: the plan is of its allocator).
-pub fn scene(settings: &crate::scene::SceneSettings, device: &str, action: Action) -> Result<()> {
-    let config = crate::scene::resolve(settings)?;
+pub fn scene(settings: &crate::flags::SceneSettings, device: &str, action: Action) -> Result<()> {
+    let config = crate::flags::resolve_scene(settings)?;
     let allow = settings.allow_quality_loss();
     let counts = settings.probe_gaussians().to_vec();
     if device == "cpu" {
@@ -257,7 +257,7 @@ impl<R: cubecl::Runtime> Planned for vramfit_scene::gpu::plan::SceneTarget<R> {
         crate::show_plan::scene_command(settings, device)
     }
     fn print(summary: &RunSummary<<Self::Workload as Workload>::Summary>, dir: &Path) {
-        crate::scene::print(summary, dir);
+        crate::runs::print_scene(summary, dir);
     }
 }
 

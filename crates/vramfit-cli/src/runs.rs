@@ -277,3 +277,41 @@ pub(crate) fn print_common<S>(s: &RunSummary<S>, dir: &Path) {
     }
     println!("  run directory: {}", dir.display());
 }
+
+/// Prints a finished scene fit.
+pub fn print_scene(summary: &vramfit::run::RunSummary<vramfit_scene::job::SceneSummary>, dir: &std::path::Path) {
+    let s = &summary.workload;
+    println!(
+        "fitted {} Gaussians (SH degree {}) to {} views, {} held out",
+        s.gaussians, s.sh_degree, s.views[0], s.views[1]
+    );
+    let [cloned, split, pruned, capped] = s.densified;
+    println!(
+        "  densified: {cloned} cloned, {split} split, {pruned} pruned{}",
+        if capped > 0 {
+            format!(", {capped} candidates left out at the cap (--max-gaussians)")
+        } else {
+            String::new()
+        }
+    );
+    println!(
+        "  held-out PSNR {:.2} dB, SSIM {:.3} (the seeded Gaussians: {:.2} dB) · final loss {:.4} · {} steps · {:.1} s · \
+         {:.1} ms per step (median)",
+        s.held_out_psnr_db,
+        s.held_out_ssim,
+        s.initial_psnr_db,
+        s.final_loss,
+        summary.steps,
+        summary.wall_seconds,
+        summary.median_step_ms
+    );
+    let [moments, moved] = s.host_bytes;
+    if moments > 0 {
+        println!(
+            "  Adam's moments in host memory: {} (not on the device); {} copied between host and device a step",
+            vramfit::profile::human_bytes(moments),
+            vramfit::profile::human_bytes(moved)
+        );
+    }
+    print_common(summary, dir);
+}
