@@ -114,32 +114,29 @@ pub fn scene(settings: &crate::flags::SceneSettings, device: &str, action: Actio
     let place = move || crate::device::scene_placement(&again).expect("the device opened for the probes opens again");
     match device {
         #[cfg(feature = "wgpu")]
-        "wgpu" => {
-            let mut target = vramfit_scene::gpu::plan::SceneTarget::<cubecl::wgpu::WgpuRuntime>::new(
-                config,
-                &Default::default(),
-                allow,
-                counts,
-                place,
-            )?;
-            action.on(&mut target, &name)
-        }
+        "wgpu" => scene_on::<cubecl::wgpu::WgpuRuntime>(config, allow, counts, place, action, &name),
         #[cfg(feature = "cuda")]
-        "cuda" => {
-            let mut target = vramfit_scene::gpu::plan::SceneTarget::<cubecl::cuda::CudaRuntime>::new(
-                config,
-                &Default::default(),
-                allow,
-                counts,
-                place,
-            )?;
-            action.on(&mut target, &name)
-        }
+        "cuda" => scene_on::<cubecl::cuda::CudaRuntime>(config, allow, counts, place, action, &name),
         other => {
             drop((config, allow, counts, place, name));
             Err(crate::device::unavailable(other))
         }
     }
+}
+
+/// [`scene`] on the CubeCL runtime `R`'s default device.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn scene_on<R: cubecl::Runtime>(
+    config: vramfit_scene::job::SceneConfig,
+    allow: Option<f64>,
+    counts: Vec<usize>,
+    place: impl Fn() -> vramfit_scene::job::Placement + 'static,
+    action: Action,
+    name: &str,
+) -> Result<()> {
+    let device = R::Device::default();
+    let mut target = vramfit_scene::gpu::plan::SceneTarget::<R>::new(config, &device, allow, counts, place)?;
+    action.on(&mut target, name)
 }
 
 /// What a planning command does once its target is built on the device.

@@ -288,12 +288,7 @@ impl<M: ModelSettings> FamilyConfig<M> {
             "bf16" => burn::tensor::FloatDType::BF16,
             other => return Err(invalid("moments", format!("`{other}` is not one of f32, bf16, host"))),
         };
-        let on_cpu = [
-            std::any::TypeId::of::<burn::backend::Flex>(),
-            std::any::TypeId::of::<vramfit::backends::Flex>(),
-        ]
-        .contains(&std::any::TypeId::of::<B>());
-        if moments_on_host && on_cpu {
+        if moments_on_host && vramfit::backends::is_cpu::<B>() {
             return Err(invalid(
                 "moments",
                 "host keeps Adam's moments in host memory instead of a GPU's; on the CPU (--device cpu) they are \

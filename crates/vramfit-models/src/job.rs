@@ -123,9 +123,8 @@ impl<B: AutodiffBackend, F: Family<D>, const D: usize> Course<B, F::Net<B>, D> f
                 }
                 Category::Parameters if !all_low => Some("parameters: --storage '*:bf16' (half the bytes)".into()),
                 Category::OptimizerState => {
-                    let on_cpu = std::any::TypeId::of::<B>() == std::any::TypeId::of::<vramfit::backends::Flex>();
                     let mut ways = Vec::new();
-                    if !on_cpu {
+                    if !vramfit::backends::is_cpu::<B>() {
                         ways.push("--moments host (none on the device, the same updates; a transfer each step)");
                     }
                     if c.moments == "f32" {

@@ -55,6 +55,7 @@ where
             precisions,
             storage_groups: if bf16 { groups } else { Vec::new() },
             low_moments: bf16,
+            host_moments: !vramfit::backends::is_cpu::<B>(),
             batch_statistics: base.model.batch_statistics(),
             block_shapes: base.model.block_shapes(&base.task),
         };
@@ -91,7 +92,14 @@ pub fn apply<M: ModelSettings>(
             .iter()
             .map(|(g, _)| format!("{g}:bf16"))
             .collect(),
-        moments: if knobs.low_moments { "bf16" } else { "f32" }.into(),
+        moments: if knobs.host_moments {
+            "host"
+        } else if knobs.low_moments {
+            "bf16"
+        } else {
+            "f32"
+        }
+        .into(),
         allocator_cleanup: if knobs.cleanup { "step" } else { "never" }.into(),
         ..base.clone()
     }

@@ -571,16 +571,9 @@ pub fn render_run_view(dir: &Path, view: usize) -> Result<RenderedView, SceneErr
             .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
             .and_then(|s| s["steps"].as_u64())
             .unwrap_or(0);
-        let state = State {
-            moments: params
-                .groups()
-                .iter()
-                .map(|g| (vec![0.0; g.len()], vec![0.0; g.len()]))
-                .collect(),
-            stats: Stats::new(params.len()),
-            params,
-        };
-        job.fit.restore(state, steps).map_err(SceneError::Checkpoint)?;
+        job.fit
+            .restore(State::fresh(params), steps)
+            .map_err(SceneError::Checkpoint)?;
         return render(&job);
     }
     let checkpoints = vramfit::run::checkpoints_newest_first(&dir.join("checkpoints"));

@@ -106,6 +106,23 @@ pub struct State {
     pub stats: Stats,
 }
 
+impl State {
+    /// `params` with Adam's moments at zero and fresh densification
+    /// statistics: a fit's state before its first step.
+    pub fn fresh(params: Params) -> Self {
+        let n = params.len();
+        Self {
+            moments: params
+                .groups()
+                .iter()
+                .map(|g| (vec![0.0; g.len()], vec![0.0; g.len()]))
+                .collect(),
+            stats: Stats::new(n),
+            params,
+        }
+    }
+}
+
 /// A device that holds a fit's state between steps and runs its steps (the
 /// CubeCL renderer: `crate::gpu::fit`). The host copy in [`Fit`] is then
 /// brought up to date only when something reads it.
@@ -213,22 +230,13 @@ impl Fit {
         let cameras: Vec<&Camera> = train.iter().map(|&i| &data.views[i].camera).collect();
         let extent = extent(&cameras);
         let n = params.len();
-        let moments = params
-            .groups()
-            .iter()
-            .map(|g| (vec![0.0; g.len()], vec![0.0; g.len()]))
-            .collect();
         Ok(Self {
             extent,
             data,
             settings,
             train,
             held_out,
-            state: RefCell::new(State {
-                params,
-                moments,
-                stats: Stats::new(n),
-            }),
+            state: RefCell::new(State::fresh(params)),
             device: None,
             stale: Cell::new(false),
             grads: None,

@@ -17,6 +17,13 @@ pub type Flex = burn::backend::Autodiff<burn::backend::Flex>;
 #[cfg(feature = "wgpu")]
 pub type Wgpu = burn::backend::Autodiff<burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u8>>;
 
+/// True when `B` is the CPU backend (Flex, with or without autodiff): the
+/// host is the device, so host memory saves it nothing.
+pub fn is_cpu<B: 'static>() -> bool {
+    let b = std::any::TypeId::of::<B>();
+    b == std::any::TypeId::of::<burn::backend::Flex>() || b == std::any::TypeId::of::<Flex>()
+}
+
 /// Instantiates each generic test body `fn body<B>()` on every backend present.
 #[macro_export]
 macro_rules! test_backends {

@@ -126,15 +126,18 @@ pub fn stepper_for<B: AutodiffBackend>(knobs: &Knobs, batch: usize, groups: &[St
             .precision
             .needs_loss_scaling()
             .then(|| LossScaler::new(ScalerConfig::default())),
-        optimizer: ModuleAdam::new(
-            AdamConfig::default(),
-            0.0,
-            if knobs.low_moments {
-                FloatDType::BF16
-            } else {
-                FloatDType::F32
-            },
-        ),
+        optimizer: {
+            let adam = ModuleAdam::new(
+                AdamConfig::default(),
+                0.0,
+                if knobs.low_moments {
+                    FloatDType::BF16
+                } else {
+                    FloatDType::F32
+                },
+            );
+            if knobs.host_moments { adam.on_host() } else { adam }
+        },
         cleanup: Cleanup::new(if knobs.cleanup {
             CleanupPolicy::Every(1)
         } else {
@@ -208,7 +211,7 @@ pub fn techniques(knobs: &Knobs, batch: usize, groups: &[String]) -> serde_json:
         "micro_batch": knobs.micro_batch,
         "accumulate": batch / knobs.micro_batch.max(1),
         "storage": groups[..knobs.low_storage.min(groups.len())].iter().map(|g| format!("{g}:bf16")).collect::<Vec<_>>(),
-        "moments": if knobs.low_moments { "bf16" } else { "f32" },
+        "moments": if knobs.host_moments { "host" } else if knobs.low_moments { "bf16" } else { "f32" },
         "allocator_cleanup": if knobs.cleanup { "step" } else { "never" },
     })
 }
@@ -551,6 +554,7 @@ where
                 .collect(),
             storage_groups: if bf16 { parameter_groups(&model) } else { Vec::new() },
             low_moments: bf16,
+            host_moments: !crate::backends::is_cpu::<B>(),
             batch_statistics: None,
             block_shapes: Vec::new(),
         };

@@ -14,7 +14,6 @@ use vramfit::optim::Moments;
 use super::check::{Case, case_camera, random_scene, scene};
 use super::engine::Renderer;
 use super::fit::DeviceFit;
-use crate::densify::Stats;
 use crate::train::{ADAM, GROUPS, Params, SceneDevice, State};
 
 /// One measurement.
@@ -65,6 +64,19 @@ pub struct MemoryRow {
     pub in_use: u64,
 }
 
+impl MemoryCase {
+    /// The kernel check's random problem of this size (seed 7).
+    fn check_case(&self) -> Case {
+        Case {
+            width: self.width,
+            height: self.height,
+            gaussians: self.gaussians,
+            degree: self.degree,
+            seed: 7,
+        }
+    }
+}
+
 /// The cases for `counts` × `degrees` at `width` × `height`.
 pub fn cases(counts: &[usize], degrees: &[usize], width: usize, height: usize) -> Vec<MemoryCase> {
     counts
@@ -83,13 +95,7 @@ pub fn cases(counts: &[usize], degrees: &[usize], width: usize, height: usize) -
 /// Measures `case` on `device`: a random scene (the kernel check's) seen
 /// through the check's camera.
 pub fn measure<R: Runtime>(device: &R::Device, case: &MemoryCase) -> Result<MemoryRow, String> {
-    let check = Case {
-        width: case.width,
-        height: case.height,
-        gaussians: case.gaussians,
-        degree: case.degree,
-        seed: 7,
-    };
+    let check = case.check_case();
     let params = random_scene(&check);
     let s = scene(&params, case.degree);
     let camera = case_camera(&check);
@@ -199,13 +205,7 @@ pub fn measure_step<R: Runtime>(
 ) -> Result<StepMemory, String> {
     use rand::{Rng, SeedableRng};
 
-    let check = Case {
-        width: case.width,
-        height: case.height,
-        gaussians: case.gaussians,
-        degree: case.degree,
-        seed: 7,
-    };
+    let check = case.check_case();
     let [means, log_scales, rotations, opacity_logits, sh_dc, sh_rest] = random_scene(&check);
     let params = Params {
         means,
@@ -217,15 +217,7 @@ pub fn measure_step<R: Runtime>(
         degree: case.degree,
     };
     Renderer::<R>::new(device).check_scene(case.gaussians, params.widths(), case.width * case.height)?;
-    let state = State {
-        moments: params
-            .groups()
-            .iter()
-            .map(|g| (vec![0.0; g.len()], vec![0.0; g.len()]))
-            .collect(),
-        stats: Stats::new(case.gaussians),
-        params,
-    };
+    let state = State::fresh(params);
     let camera = case_camera(&check);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
     let target: Vec<f32> = (0..3 * case.width * case.height)

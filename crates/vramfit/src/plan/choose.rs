@@ -16,7 +16,11 @@ fn combinations(c: &Calibration) -> Vec<Knobs> {
     for &precision in &s.precisions {
         for micro_batch in s.micro_batches() {
             for low_storage in 0..=s.storage_groups.len() {
-                for low_moments in [false, true].into_iter().filter(|m| !m || s.low_moments) {
+                // Moments: f32 on the device, bf16 on the device, f32 on the host.
+                let moments = [(false, false), (true, false), (false, true)]
+                    .into_iter()
+                    .filter(|&(low, host)| (!low || s.low_moments) && (!host || s.host_moments));
+                for (low_moments, host_moments) in moments {
                     for cleanup in [false, true] {
                         out.push(Knobs {
                             precision,
@@ -24,6 +28,7 @@ fn combinations(c: &Calibration) -> Vec<Knobs> {
                             micro_batch,
                             low_storage,
                             low_moments,
+                            host_moments,
                             cleanup,
                         });
                     }
@@ -158,6 +163,7 @@ mod tests {
                 precisions: vec![Precision::F32, Precision::Bf16],
                 storage_groups: vec![("embed".into(), 1000)],
                 low_moments: true,
+                host_moments: false,
                 batch_statistics: None,
                 block_shapes: Vec::new(),
             },
@@ -184,6 +190,7 @@ mod tests {
                     rest: -1000.0,
                     ms: 0.1,
                 },
+                host_moments: Delta::default(),
                 cleanup: Delta {
                     step: 0.0,
                     rest: 0.0,

@@ -80,6 +80,9 @@ pub struct Knobs {
     pub low_storage: usize,
     /// Adam moments stored in bf16.
     pub low_moments: bool,
+    /// Adam moments in host memory (f32; exact), where the space offers it.
+    #[serde(default)]
+    pub host_moments: bool,
     /// Allocator cleanup after every step.
     pub cleanup: bool,
 }
@@ -93,6 +96,7 @@ impl Knobs {
             micro_batch: batch,
             low_storage: 0,
             low_moments: false,
+            host_moments: false,
             cleanup: false,
         }
     }
@@ -117,6 +121,7 @@ impl Knobs {
             + usize::from(self.micro_batch < batch)
             + self.low_storage
             + usize::from(self.low_moments)
+            + usize::from(self.host_moments)
             + usize::from(self.cleanup)
     }
 
@@ -170,6 +175,9 @@ impl Knobs {
         if self.low_moments {
             parts.push("moments bf16".into());
         }
+        if self.host_moments {
+            parts.push("moments host".into());
+        }
         if self.cleanup {
             parts.push("cleanup".into());
         }
@@ -194,6 +202,10 @@ pub struct Space {
     pub storage_groups: Vec<(String, u64)>,
     /// Whether moments may be stored in bf16.
     pub low_moments: bool,
+    /// Whether moments may live in host memory (a GPU device: on the CPU
+    /// the host is the device).
+    #[serde(default)]
+    pub host_moments: bool,
     /// The layer that normalises with statistics over the samples of a
     /// forward pass (`BatchNorm`), if the model has one: then a micro-batch
     /// is normalised by its own statistics, not the batch's, and splitting

@@ -55,6 +55,10 @@ pub struct Model {
     pub storage_share: Vec<f64>,
     /// What bf16 moments add.
     pub moments: Delta,
+    /// What moments in host memory add (negative bytes: the moments leave
+    /// the device; time: the copies and the host's update).
+    #[serde(default)]
+    pub host_moments: Delta,
     /// What cleanup after every step adds.
     pub cleanup: Delta,
     /// Bytes of the rest (outside forward and backward) with the base knobs.
@@ -144,6 +148,7 @@ impl Model {
         let parts = [
             (self.storage, share),
             (self.moments, if knobs.low_moments { 1.0 } else { 0.0 }),
+            (self.host_moments, if knobs.host_moments { 1.0 } else { 0.0 }),
             (self.cleanup, if knobs.cleanup { 1.0 } else { 0.0 }),
         ];
         parts.iter().fold(Delta::default(), |a, (d, f)| Delta {
@@ -400,6 +405,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         storage: Delta::default(),
         storage_share: Vec::new(),
         moments: Delta::default(),
+        host_moments: Delta::default(),
         cleanup: Delta::default(),
         rest_bytes: mb.rest_peak_bytes as f64,
         page_bytes: 1,
@@ -518,6 +524,18 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         )?;
         model.moments = delta(m);
     }
+    if space.host_moments {
+        let m = run(
+            "moments host",
+            Knobs {
+                host_moments: true,
+                ..base.clone()
+            },
+            p,
+            &mut probes,
+        )?;
+        model.host_moments = delta(m);
+    }
     let m = run(
         "cleanup",
         Knobs {
@@ -626,6 +644,7 @@ mod tests {
                 precisions: vec![Precision::F32, Precision::Bf16],
                 storage_groups: vec![("embed".into(), 3000), ("blocks".into(), 1000)],
                 low_moments: true,
+                host_moments: true,
                 batch_statistics: None,
                 block_shapes: Vec::new(),
             }
@@ -646,10 +665,14 @@ mod tests {
             let peak = 50_000.0
                 + storage
                 + if k.low_moments { -4000.0 } else { 0.0 }
+                + if k.host_moments { -8000.0 } else { 0.0 }
                 + if batch > k.micro_batch { 4000.0 } else { 0.0 }
                 + rho * m * (3000.0 + chain_peak(&blocks, &k.checkpointed));
             // Between steps: the optimiser and checkpoint copies, no activations.
-            let rest = 60_000.0 + if k.low_moments { -4000.0 } else { 0.0 } + storage;
+            let rest = 60_000.0
+                + if k.low_moments { -4000.0 } else { 0.0 }
+                + if k.host_moments { -8000.0 } else { 0.0 }
+                + storage;
             let kk = (batch / k.micro_batch) as f64;
             let marked = k.checkpointed.iter().filter(|x| **x).count() as f64;
             let ms = 5.0 + kk * 0.5 + batch as f64 * (1.0 + 0.1 * marked);
