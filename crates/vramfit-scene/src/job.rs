@@ -116,7 +116,8 @@ impl SceneConfig {
         toml::to_string(self).expect("settings are plain data")
     }
 
-    fn check(&self) -> Result<(), SceneError> {
+    /// Refuses settings that cannot run, naming the key.
+    pub fn check(&self) -> Result<(), SceneError> {
         let bad = |name: &str, why: &str| Err(SceneError::Setting(format!("{name}: {why}")));
         if self.steps == 0 {
             return bad("steps", "must be at least 1");

@@ -148,6 +148,7 @@ impl<R: Runtime> SceneTarget<R> {
         counts: Vec<usize>,
         placement: impl Fn() -> Placement + 'static,
     ) -> Result<Self, SceneError> {
+        config.check()?;
         let data = config.dataset()?;
         let view = &data.views[0].camera;
         let seeded = data.points.len().clamp(1, config.max_gaussians);

@@ -316,6 +316,10 @@ fn element_step(k: &Coefficients) -> impl Fn(f32, f32, f32, f32) -> (f32, f32, f
 fn adam_f32(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], k: &Coefficients) {
     use rayon::prelude::*;
     const CHUNK: usize = 1 << 14;
+    assert!(
+        g.len() == p.len() && m.len() == p.len() && v.len() == p.len(),
+        "Adam: parameter, gradient and moments of different lengths"
+    );
     let step = element_step(k);
     p.par_chunks_mut(CHUNK)
         .zip(m.par_chunks_mut(CHUNK))

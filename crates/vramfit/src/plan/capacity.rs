@@ -257,8 +257,13 @@ impl CapacityCalibration {
     /// asked for) and down when over, then halving the gap between the
     /// largest count measured within and the smallest measured over until
     /// it is 2 %, at most [`SETTLE_PROBES`] probes; the largest count
-    /// measured within wins. Where none measured within, the last measurement is returned
-    /// (over the budget: the pipeline then rejects the plan).
+    /// measured within wins. A plan holding the count asked for is not
+    /// moved: it is measured once, and the pipeline rejects it if it is
+    /// over the budget (the next plan may hold the count). Where no count
+    /// measured within the spare, the smallest measured over it is returned
+    /// (the pipeline accepts it only if it is within the budget itself). A
+    /// probe that fails after a count measured within ends the search
+    /// there (a larger count ran out of memory).
     pub(super) fn settle_count(
         &self,
         target: &mut dyn Capacity,
@@ -272,12 +277,20 @@ impl CapacityCalibration {
         let aim = budget as f64 / (1.0 + SETTLE_MARGIN);
         let top = self.wanted.min(line.variant.limit);
         let floor = self.least.min(self.wanted).max(1);
+        if plan.setting.count >= self.wanted {
+            let m = target.measure(&plan.setting.variant, plan.setting.count)?;
+            return Ok((plan.clone(), m));
+        }
         let mut count = plan.setting.count.clamp(floor, top);
         // The largest count measured within, and the smallest measured over.
         let mut within: Option<(usize, Measured)> = None;
         let mut over: Option<(usize, Measured)> = None;
         for _ in 0..SETTLE_PROBES {
-            let m = target.measure(&plan.setting.variant, count)?;
+            let m = match target.measure(&plan.setting.variant, count) {
+                Ok(m) => m,
+                Err(_) if within.is_some() => break,
+                Err(e) => return Err(e),
+            };
             let peak = m.peak_bytes as f64;
             if peak <= aim {
                 if within.as_ref().is_none_or(|(c, _)| count > *c) {
@@ -512,6 +525,25 @@ mod tests {
                 plan.setting.variant
             );
         }
+    }
+
+    /// A plan that holds the count asked for is measured as it is, never
+    /// moved down: over the budget it goes back to the pipeline, which
+    /// tries the next plan (one that may hold the count too).
+    #[test]
+    fn a_plan_holding_the_count_asked_for_is_not_moved() {
+        let mut target = Scene { allow_degree: false };
+        let cal = calibrate_capacity(&mut target).unwrap();
+        let line = cal.line("moments device").unwrap();
+        let plan = cal.plan(line, 1_000_000);
+        let (settled, measured) = cal.settle_count(&mut target, &plan, 500 << 20).unwrap();
+        assert_eq!(settled.setting.count, 1_000_000);
+        assert!(measured.peak_bytes > 500 << 20);
+        let (settled, measured) = cal.settle_count(&mut target, &plan, 2 << 30).unwrap();
+        assert_eq!(
+            (settled.setting.count, measured.peak_bytes),
+            (1_000_000, law(1000, 1_000_000))
+        );
     }
 
     #[test]
