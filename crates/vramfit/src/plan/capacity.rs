@@ -18,7 +18,9 @@
 //!
 //! Ranking: plans that keep the count the user asked for come first,
 //! exact variants before those that change numerics or the model, each by
-//! predicted step time; then plans at a lower count, largest first. A
+//! predicted step time (times within the probes' resolution count as
+//! equal, and the workload's order of variants decides); then plans at a
+//! lower count, largest first. A
 //! variant that changes the model (a lower SH degree) is offered only when
 //! the workload lists it, which it does only when the user allowed its
 //! measured quality cost.
@@ -364,12 +366,13 @@ impl CapacityCalibration {
     /// says.
     pub(super) fn choose_count(&self, budget: u64) -> Result<Choice<Counted>, PlanError> {
         let margin = self.margin();
-        let mut plans: Vec<(bool, Plan<Counted>)> = self
+        let mut plans: Vec<(bool, usize, Plan<Counted>)> = self
             .lines
             .iter()
-            .filter_map(|l| {
+            .enumerate()
+            .filter_map(|(i, l)| {
                 let count = l.largest(budget, margin).min(self.wanted);
-                (count >= self.least.min(self.wanted)).then(|| (l.variant.quality.is_empty(), self.plan(l, count)))
+                (count >= self.least.min(self.wanted)).then(|| (l.variant.quality.is_empty(), i, self.plan(l, count)))
             })
             .collect();
         if plans.is_empty() {
@@ -390,14 +393,41 @@ impl CapacityCalibration {
                 smallest_bytes: smallest,
             });
         }
-        plans.sort_by(|(ea, a), (eb, b)| {
+        // Step times within the probes' resolution of the fastest among
+        // plans of the same rank count as the fastest's: then the
+        // workload's order of variants decides (moments on the device
+        // first: no copies). (A total order: each time is compared with
+        // one reference, its group's fastest.)
+        let group = |exact: bool, p: &Plan<Counted>| (p.setting.count < self.wanted, !exact, p.setting.count);
+        let timed: Vec<f64> = plans
+            .iter()
+            .map(|(e, _, p)| {
+                let fastest = plans
+                    .iter()
+                    .filter(|(f, _, q)| group(*f, q) == group(*e, p))
+                    .map(|(_, _, q)| q.step_ms)
+                    .fold(f64::INFINITY, f64::min);
+                if p.step_ms <= fastest * (1.0 + super::model::TIME_RESOLUTION) {
+                    fastest
+                } else {
+                    p.step_ms
+                }
+            })
+            .collect();
+        let mut order: Vec<usize> = (0..plans.len()).collect();
+        order.sort_by(|&i, &j| {
+            let ((ea, ia, a), (eb, ib, b)) = (&plans[i], &plans[j]);
             let key = |exact: bool, p: &Plan<Counted>| (p.setting.count < self.wanted, !exact);
             key(*ea, a)
                 .cmp(&key(*eb, b))
                 .then(b.setting.count.cmp(&a.setting.count))
-                .then(a.step_ms.total_cmp(&b.step_ms))
+                .then(timed[i].total_cmp(&timed[j]))
+                .then(ia.cmp(ib))
         });
-        let plans: Vec<Plan<Counted>> = plans.into_iter().map(|(_, p)| p).collect();
+        let mut slots: Vec<Option<(bool, usize, Plan<Counted>)>> = plans.into_iter().map(Some).collect();
+        let plans: Vec<(bool, usize, Plan<Counted>)> =
+            order.iter().map(|&i| slots[i].take().expect("each once")).collect();
+        let plans: Vec<Plan<Counted>> = plans.into_iter().map(|(_, _, p)| p).collect();
         let w = &plans[0];
         let why = if w.setting.count >= self.wanted {
             format!(
@@ -544,6 +574,47 @@ mod tests {
             (settled.setting.count, measured.peak_bytes),
             (1_000_000, law(1000, 1_000_000))
         );
+    }
+
+    /// Two exact variants holding the count, the second 2 % faster (within
+    /// the probes' resolution): the first, the workload's preference, wins.
+    #[test]
+    fn times_within_resolution_keep_the_workloads_order() {
+        struct Close;
+        impl Capacity for Close {
+            fn knob(&self) -> String {
+                "max_gaussians".into()
+            }
+            fn wanted(&self) -> usize {
+                1000
+            }
+            fn variants(&self) -> Vec<Variant> {
+                ["moments device", "moments host"]
+                    .map(|n| Variant {
+                        name: n.into(),
+                        quality: vec![],
+                        limit: usize::MAX,
+                    })
+                    .to_vec()
+            }
+            fn probe_counts(&self) -> Vec<usize> {
+                vec![250, 500, 1000]
+            }
+            fn measure(&mut self, variant: &str, count: usize) -> Result<Measured, String> {
+                let ms = if variant == "moments host" { 0.98 } else { 1.0 } * count as f64;
+                Ok(Measured {
+                    peak_bytes: 1000 * count as u64,
+                    step_peak_bytes: 0,
+                    rest_peak_bytes: 0,
+                    step_ms: ms,
+                    seconds: 0.0,
+                })
+            }
+        }
+        let cal = calibrate_capacity(&mut Close).unwrap();
+        let c = cal.choose_count(1 << 30).unwrap();
+        assert_eq!(c.plans[0].setting.variant, "moments device", "{:?}", c.plans);
+        assert_eq!(c.plans[1].setting.variant, "moments host");
     }
 
     #[test]
