@@ -366,7 +366,7 @@ impl CapacityCalibration {
     /// says.
     pub(super) fn choose_count(&self, budget: u64) -> Result<Choice<Counted>, PlanError> {
         let margin = self.margin();
-        let mut plans: Vec<(bool, usize, Plan<Counted>)> = self
+        let plans: Vec<(bool, usize, Plan<Counted>)> = self
             .lines
             .iter()
             .enumerate()
