@@ -431,8 +431,8 @@ impl CapacityCalibration {
         let w = &plans[0];
         let why = if w.setting.count >= self.wanted {
             format!(
-                "holds the {} {} asked for, predicted fastest of the plans that do ({:.1} ms per step), peak {} with a \
-                 {:.0} % margin",
+                "holds the {} {} asked for, predicted fastest of the plans that do, or within 5 % of it and first in \
+                 the workload's order ({:.1} ms per step), peak {} with a {:.0} % margin",
                 self.wanted,
                 self.knob,
                 w.step_ms,
