@@ -148,13 +148,72 @@ fn an_existing_run_directory_is_not_overwritten() {
         d,
     );
     assert!(!o.status.success());
+    // Not a run: resuming it cannot work, so the error does not suggest it.
     assert!(
-        stderr(&o).contains("already exists") && stderr(&o).contains("--resume"),
+        stderr(&o).contains("not a vramfit run") && !stderr(&o).contains("--resume"),
         "{}",
         stderr(&o)
     );
     assert_eq!(std::fs::read(d.join("taken/keep.txt")).unwrap(), b"precious");
     assert_eq!(std::fs::read_dir(d.join("taken")).unwrap().count(), 1);
+    // A file, an empty folder: the same, and both are left as they were.
+    std::fs::write(d.join("a-file"), b"mine").unwrap();
+    std::fs::create_dir(d.join("empty")).unwrap();
+    for (out, says) in [("a-file", "is not a folder"), ("empty", "not a vramfit run")] {
+        let o = run(
+            &[
+                "fit",
+                img.to_str().unwrap(),
+                "--gaussians",
+                "50",
+                "--steps",
+                "2",
+                "--out",
+                out,
+            ],
+            d,
+        );
+        assert!(
+            !o.status.success() && stderr(&o).contains(says) && !stderr(&o).contains("--resume"),
+            "{out}: {}",
+            stderr(&o)
+        );
+    }
+    assert_eq!(std::fs::read(d.join("a-file")).unwrap(), b"mine");
+    assert_eq!(std::fs::read_dir(d.join("empty")).unwrap().count(), 0);
+    // A run directory: then resuming is the suggestion.
+    let o = run(
+        &[
+            "fit",
+            img.to_str().unwrap(),
+            "--gaussians",
+            "50",
+            "--steps",
+            "2",
+            "--out",
+            "done",
+        ],
+        d,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(
+        &[
+            "fit",
+            img.to_str().unwrap(),
+            "--gaussians",
+            "50",
+            "--steps",
+            "2",
+            "--out",
+            "done",
+        ],
+        d,
+    );
+    assert!(
+        stderr(&o).contains("already exists") && stderr(&o).contains("--resume done"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]

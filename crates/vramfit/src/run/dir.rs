@@ -14,6 +14,16 @@ pub enum RunDirError {
     /// The directory exists and the run is not a resume.
     #[error("run directory '{0}' already exists; choose another --out, or pass --resume {0} to continue it")]
     Exists(PathBuf),
+    /// The path is taken by something that is not a run directory (a
+    /// file, or a folder with neither a run's `config.toml` nor its lock
+    /// file): resuming it cannot work, so the error does not suggest it.
+    #[error("'{path}' {what}; choose another --out (a path that does not exist yet: vramfit creates the folder)")]
+    Taken {
+        /// The path.
+        path: PathBuf,
+        /// What is there, in words.
+        what: &'static str,
+    },
     /// The directory to resume is missing or incomplete.
     #[error("cannot resume '{path}': {why}")]
     NotResumable {
@@ -254,8 +264,18 @@ impl RunDir {
     /// the same directory, exactly one succeeds; the other gets
     /// [`RunDirError::Exists`].
     pub fn create_with(root: &Path, files: &[(&str, &[u8])]) -> Result<Self, RunDirError> {
-        if fs::symlink_metadata(root).is_ok() {
-            return Err(RunDirError::Exists(root.to_path_buf()));
+        if let Ok(meta) = fs::symlink_metadata(root) {
+            let what = if !meta.is_dir() {
+                "exists and is not a folder"
+            } else if !root.join("config.toml").is_file() && !root.join(LOCK_FILE).is_file() {
+                "is an existing folder that is not a vramfit run (it has no config.toml)"
+            } else {
+                return Err(RunDirError::Exists(root.to_path_buf()));
+            };
+            return Err(RunDirError::Taken {
+                path: root.to_path_buf(),
+                what,
+            });
         }
         let parent = root.parent().filter(|p| !p.as_os_str().is_empty());
         // Errors name the run directory, whichever ancestor failed.
