@@ -35,6 +35,11 @@ fn setup(dir: &Path) -> (PathBuf, PathBuf) {
     (img, cfg)
 }
 
+/// Asserts that a command failed and its error says `says`.
+fn refused_saying(o: &Output, says: &str) {
+    assert!(!o.status.success() && stderr(o).contains(says), "{}", stderr(o));
+}
+
 /// Runs `fit` expecting failure: the message must contain `needle` and the
 /// run directory must not exist afterwards.
 fn refused(dir: &Path, args: &[&str], needle: &str) {
@@ -120,11 +125,7 @@ fn bad_input_is_refused_clearly_and_leaves_nothing() {
         &["fit", img, "--gaussians", "50", "--steps", "1", "--out", "afile/run"],
         d,
     );
-    assert!(
-        !o.status.success() && stderr(&o).contains("afile/run"),
-        "{}",
-        stderr(&o)
-    );
+    refused_saying(&o, "afile/run");
 }
 
 #[test]
@@ -259,11 +260,7 @@ fn a_killed_fit_resumes_to_the_same_gaussians() {
 
     // A finished run is not resumed again.
     let o = run(&["fit", "--resume", "killed"], d);
-    assert!(
-        !o.status.success() && stderr(&o).contains("already finished"),
-        "{}",
-        stderr(&o)
-    );
+    refused_saying(&o, "already finished");
 }
 
 #[test]
@@ -352,11 +349,7 @@ fn a_fit_writes_its_run_directory_and_renders_at_any_size() {
     assert_eq!((big.width(), big.height()), (128, 96));
 
     let o = run(&["render", "config.toml", "x.png"], &d.join("r"));
-    assert!(
-        !o.status.success() && stderr(&o).contains("not a valid vramfit file"),
-        "{}",
-        stderr(&o)
-    );
+    refused_saying(&o, "not a valid vramfit file");
 }
 
 fn find_chromium() -> Option<PathBuf> {
@@ -400,11 +393,7 @@ fn the_memory_report_page_is_self_contained_and_renders_in_chromium() {
         );
     }
     let o = run(&["report", "nowhere"], d);
-    assert!(
-        !o.status.success() && stderr(&o).contains("run directory"),
-        "{}",
-        stderr(&o)
-    );
+    refused_saying(&o, "run directory");
 
     let Some(chromium) = find_chromium() else {
         // .ci/run installs Chromium and sets this, so CI cannot skip the check.
@@ -525,11 +514,7 @@ fn train_transformer_runs_resumes_and_refuses_bad_combinations() {
     assert_eq!(summary["steps"], 8);
     assert_eq!(summary["techniques"]["accumulate"], 2);
     let o = run(&["train", "transformer", "--resume", "ok"], dir);
-    assert!(
-        !o.status.success() && stderr(&o).contains("already finished"),
-        "{}",
-        stderr(&o)
-    );
+    refused_saying(&o, "already finished");
     let o = run(&["train", "transformer", "--resume", "ok", "--steps", "3"], dir);
     assert!(!o.status.success(), "--resume takes no other settings");
 }
@@ -1009,11 +994,7 @@ fn planning_fits_the_budget_names_one_that_works_and_falls_back() {
     // An existing run directory is refused before any probe runs.
     std::fs::create_dir(dir.join("taken")).unwrap();
     let o = with(&["train", "transformer"], &["--budget", &works, "--out", "taken"]);
-    assert!(
-        !o.status.success() && stderr(&o).contains("nothing was probed"),
-        "{}",
-        stderr(&o)
-    );
+    refused_saying(&o, "nothing was probed");
 
     // A planned run stays within the budget; a simulated out-of-memory at
     // step 5 falls back to the next plan and the run still has all 8 steps.
@@ -1072,11 +1053,7 @@ fn planning_a_fit_names_a_budget_that_works_and_runs_within_it() {
     assert!(summary["peak_memory_bytes"].as_u64().unwrap() <= works.parse::<u64>().unwrap());
     // An existing --out is refused before probing.
     let o = with(&["fit"], &["--budget", &works, "--out", "planned"]);
-    assert!(
-        !o.status.success() && stderr(&o).contains("already exists"),
-        "{}",
-        stderr(&o)
-    );
+    refused_saying(&o, "already exists");
 }
 
 /// A U-Net small enough for a test: 16² crops, 150 steps (a second or two;
@@ -1169,22 +1146,14 @@ fn sample_scene_writes_a_colmap_dataset_and_refuses_to_overwrite() {
     assert_eq!((data.views[0].camera.width, data.views[0].camera.height), (32, 24));
     let before = std::fs::read(dir.join("scene/sparse/0/images.txt")).unwrap();
     let o = run(&args, dir);
-    assert!(
-        !o.status.success() && stderr(&o).contains("already exists"),
-        "{}",
-        stderr(&o)
-    );
+    refused_saying(&o, "already exists");
     assert_eq!(
         std::fs::read(dir.join("scene/sparse/0/images.txt")).unwrap(),
         before,
         "nothing was overwritten"
     );
     let o = run(&["sample"], dir);
-    assert!(
-        !o.status.success() && stderr(&o).contains("sample scene DIR"),
-        "{}",
-        stderr(&o)
-    );
+    refused_saying(&o, "sample scene DIR");
 }
 
 /// `vramfit scene` fits a COLMAP dataset that `sample scene` wrote and
@@ -1250,18 +1219,10 @@ fn scene_fits_a_sampled_dataset_and_refuses_bad_input() {
 
     std::fs::create_dir(dir.join("empty")).unwrap();
     let o = run(&["scene", "empty", "--out", "bad"], dir);
-    assert!(
-        !o.status.success() && stderr(&o).contains("no COLMAP text model"),
-        "{}",
-        stderr(&o)
-    );
+    refused_saying(&o, "no COLMAP text model");
     assert!(!dir.join("bad").exists(), "no run directory for a refused dataset");
     let o = run(&["scene", "data", "--device", "tpu", "--out", "bad"], dir);
-    assert!(
-        !o.status.success() && stderr(&o).contains("unknown --device 'tpu'"),
-        "{}",
-        stderr(&o)
-    );
+    refused_saying(&o, "unknown --device 'tpu'");
     assert!(!dir.join("bad").exists());
 
     // Adam's moments on the host, and the planner's quality knob: refused
@@ -1358,11 +1319,7 @@ fn outputs_never_replace_devices_or_misname_images() {
     let fifo = dir.join("pipe.png");
     assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
     let o = run(&["sample", "--size", "16x16", "pipe.png"], dir);
-    assert!(
-        !o.status.success() && stderr(&o).contains("not a regular file"),
-        "{}",
-        stderr(&o)
-    );
+    refused_saying(&o, "not a regular file");
     assert!(
         std::fs::metadata(&fifo).unwrap().file_type().is_fifo(),
         "the pipe is still a pipe"
@@ -1450,11 +1407,7 @@ fn resume_report_and_outputs_refuse_what_cannot_work() {
     std::fs::create_dir(d.join("unfinished")).unwrap();
     std::fs::write(d.join("unfinished/config.toml"), "steps = 5\n").unwrap();
     let o = run(&["report", "unfinished"], d);
-    assert!(
-        !o.status.success() && stderr(&o).contains("no memory report yet"),
-        "{}",
-        stderr(&o)
-    );
+    refused_saying(&o, "no memory report yet");
     std::fs::create_dir(d.join("rep")).unwrap();
     for (text, says) in [
         (r#"{"schema": "vramfit.memory", "version": 999}"#, "version 999"),
@@ -1471,24 +1424,12 @@ fn resume_report_and_outputs_refuse_what_cannot_work() {
     }
 
     let o = run(&["plan", "transformer", "--gpus", "8,1e20"], d);
-    assert!(
-        !o.status.success() && stderr(&o).contains("up to 1048576"),
-        "{}",
-        stderr(&o)
-    );
+    refused_saying(&o, "up to 1048576");
     std::fs::create_dir(d.join("folder")).unwrap();
     let o = run(&["plan", "transformer", "--gpus", "8", "--json", "folder"], d);
-    assert!(
-        !o.status.success() && stderr(&o).contains("is a directory"),
-        "{}",
-        stderr(&o)
-    );
+    refused_saying(&o, "is a directory");
     let o = run(&["bench", "splat", "--steps", "5", "--out", "folder"], d);
-    assert!(
-        !o.status.success() && stderr(&o).contains("is a directory"),
-        "{}",
-        stderr(&o)
-    );
+    refused_saying(&o, "is a directory");
 }
 
 /// A resume checks what the run depends on: an edit of `config.toml` that
@@ -1523,11 +1464,7 @@ fn a_resume_refuses_edited_settings_and_a_changed_image() {
     let saved = std::fs::read(&img).unwrap();
     mirrored.save(&img).unwrap();
     let o = run(&["fit", "--resume", "run"], d);
-    assert!(
-        !o.status.success() && stderr(&o).contains("another image of the same size"),
-        "{}",
-        stderr(&o)
-    );
+    refused_saying(&o, "another image of the same size");
     // The image back, a cadence changed, the run extended: it resumes.
     std::fs::write(&img, saved).unwrap();
     let extended = original
