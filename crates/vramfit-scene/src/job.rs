@@ -15,6 +15,7 @@ use vramfit::run::{ArrayFile, Cadence, Finished, Run, RunError, RunStats, Start,
 use vramfit::step::StepObserver;
 
 use crate::dataset::{Dataset, DatasetError};
+use crate::sh_storage::ShStorage;
 use crate::densify::{Densify, Stats};
 use crate::synthetic::{SKY, Spec};
 use crate::train::{Fit, GROUPS, LearningRates, SceneDevice, Settings, State};
@@ -74,6 +75,10 @@ pub struct SceneConfig {
     /// memory, updated by the CPU with the device kernel's arithmetic: the
     /// same parameters, less device memory, a transfer each step).
     pub moments: Moments,
+    /// How a GPU stores the SH coefficients: `f32`, or `f16`/`bf16` (each
+    /// the rounded copy of an f32 master kept with the moments on the host:
+    /// needs `moments = "host"`; changes the rendered colours slightly).
+    pub sh_storage: ShStorage,
 }
 
 impl Default for SceneConfig {
@@ -101,6 +106,7 @@ impl Default for SceneConfig {
             checkpoint_every: 500,
             profile_every: 100,
             moments: Moments::Device,
+            sh_storage: ShStorage::F32,
         }
     }
 }
@@ -136,6 +142,13 @@ impl SceneConfig {
         }
         if self.sh_every == 0 || self.log_every == 0 {
             return bad("sh_every and log_every", "must be at least 1");
+        }
+        if self.sh_storage != ShStorage::F32 && self.moments != Moments::Host {
+            return bad(
+                "sh_storage",
+                "16-bit SH storage needs moments = \"host\" (--moments host): the f32 masters the updates land in \
+                 live with the moments there",
+            );
         }
         if self.dataset == BUILTIN && (self.views < 2 || self.width < 8 || self.height < 8 || self.points == 0) {
             return bad(
@@ -221,8 +234,8 @@ pub enum SceneError {
 }
 
 /// Makes the device that holds a fit's state, with Adam's moments where
-/// the run's settings say.
-pub type DeviceMaker = Box<dyn FnOnce(Moments) -> Box<dyn SceneDevice>>;
+/// the run's settings say and the SH groups stored as they say.
+pub type DeviceMaker = Box<dyn FnOnce(Moments, ShStorage) -> Box<dyn SceneDevice>>;
 
 /// Where a scene fit runs: the CPU twin, or a device holding its state.
 pub struct Placement {
@@ -295,7 +308,9 @@ impl SceneJob {
         }
         let mut fit = Fit::new(config.dataset()?, config.settings())?;
         if let Some(make) = placement.device {
-            fit = fit.on_device(make(config.moments)).map_err(SceneError::Device)?;
+            fit = fit
+                .on_device(make(config.moments, config.sh_storage))
+                .map_err(SceneError::Device)?;
         }
         let initial_psnr = fit.held_out_psnr().map_err(SceneError::Device)?;
         Ok(Self {

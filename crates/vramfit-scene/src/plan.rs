@@ -1,13 +1,16 @@
 //! What a scene fit may be planned with ([`variants`]): Adam's moments on
-//! the device or the host (the same arithmetic), at the run's SH degree,
-//! and at lower degrees only when the user allows their quality cost, as
-//! measured on the built-in scene ([`MEASURED_PSNR_DB`]). The probes and
+//! the device or the host (the same arithmetic), then the SH stored in f16
+//! on the device (f32 masters on the host: the numerics change a little,
+//! so it ranks after the exact variants), at the run's SH degree; at lower
+//! degrees only when the user allows their quality cost, as measured on
+//! the built-in scene ([`MEASURED_PSNR_DB`]). The probes and
 //! the pipeline are on the GPU path (`crate::gpu::plan`).
 
 use vramfit::optim::Moments;
 use vramfit::plan::Variant;
 
 use crate::cpu::render::group_widths;
+use crate::sh_storage::{ShStorage, group_bytes};
 
 /// Held-out PSNR (dB) of the built-in scene fitted at SH degree 0, 1, 2, 3
 /// (`vramfit scene --device cuda --steps 3000 --sh-degree D`, one NVIDIA
@@ -15,17 +18,24 @@ use crate::cpu::render::group_widths;
 /// bench-results/gpu-h200/scene-sheen/). Measured on that scene only.
 pub const MEASURED_PSNR_DB: [f64; 4] = [23.255, 23.28, 23.53, 23.74];
 
+/// Held-out PSNR (dB) lost by storing the SH in f16 on the device (f32
+/// masters on the host) on the built-in scene: MEASURE ME.
+pub const MEASURED_F16_SH_COST_DB: f64 = f64::NAN;
+
 /// The held-out PSNR lost by fitting at degree `to` instead of `from`,
 /// as measured on the built-in scene ([`MEASURED_PSNR_DB`]; never below 0).
 pub fn quality_cost_db(from: usize, to: usize) -> f64 {
     (MEASURED_PSNR_DB[from.min(3)] - MEASURED_PSNR_DB[to.min(3)]).max(0.0)
 }
 
-/// One variant's storage: where the moments are, and the SH degree.
+/// One variant's storage: where the moments are, how the SH is stored,
+/// and the SH degree.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Storage {
     /// Where Adam's moments live.
     pub moments: Moments,
+    /// How the device stores the SH coefficients.
+    pub sh: ShStorage,
     /// The SH degree fitted.
     pub degree: usize,
 }
@@ -41,13 +51,25 @@ pub fn variants(degree: usize, allow_loss_db: Option<f64>, largest: u64) -> Vec<
         if d < degree && allow_loss_db.is_none_or(|allowed| cost > allowed) {
             continue;
         }
-        // The largest buffer is the widest group's (or the render's 11
-        // floats a Gaussian).
-        let widest = group_widths(d).into_iter().max().unwrap_or(1).max(11);
-        let limit = (largest / (4 * widest as u64)).min(usize::MAX as u64) as usize;
-        for moments in [Moments::Device, Moments::Host] {
+        for (moments, sh) in [
+            (Moments::Device, ShStorage::F32),
+            (Moments::Host, ShStorage::F32),
+            (Moments::Host, ShStorage::F16),
+        ] {
+            // The largest buffer is the widest group's (or the render's 11
+            // floats a Gaussian).
+            let widest = group_bytes(group_widths(d), sh).into_iter().max().unwrap_or(4).max(44);
+            let limit = (largest / widest as u64).min(usize::MAX as u64) as usize;
             let mut name = format!("moments {moments}");
             let mut quality = Vec::new();
+            if sh != ShStorage::F32 {
+                name.push_str(&format!(", SH {sh}"));
+                quality.push(format!(
+                    "SH stored in {sh} on the device (rounded copies of f32 masters kept on the host): colours \
+                     change slightly, {:.2} dB held-out PSNR as measured on the built-in scene",
+                    MEASURED_F16_SH_COST_DB
+                ));
+            }
             if d < degree {
                 name.push_str(&format!(", SH degree {d}"));
                 quality.push(format!(
@@ -55,7 +77,7 @@ pub fn variants(degree: usize, allow_loss_db: Option<f64>, largest: u64) -> Vec<
                      scene (not guaranteed elsewhere)"
                 ));
             }
-            out.push((Variant { name, quality, limit }, Storage { moments, degree: d }));
+            out.push((Variant { name, quality, limit }, Storage { moments, sh, degree: d }));
         }
     }
     out
@@ -68,9 +90,13 @@ mod tests {
     #[test]
     fn no_variant_changes_the_model_without_leave() {
         let v = variants(3, None, u64::MAX);
-        assert_eq!(v.len(), 2);
-        assert!(v.iter().all(|(v, s)| v.quality.is_empty() && s.degree == 3));
+        assert_eq!(v.len(), 3);
+        assert!(v.iter().all(|(_, s)| s.degree == 3));
+        assert!(v[..2].iter().all(|(v, s)| v.quality.is_empty() && s.sh == ShStorage::F32));
         assert_eq!(v[1].1.moments, Moments::Host);
+        // f16 SH is offered (it changes numerics, not the model) and says so.
+        assert_eq!((v[2].1.moments, v[2].1.sh), (Moments::Host, ShStorage::F16));
+        assert!(v[2].0.quality[0].contains("f16"), "{:?}", v[2].0);
     }
 
     #[test]
@@ -78,11 +104,14 @@ mod tests {
         // Degree 2 costs 0.21 dB on the built-in scene, degree 1 0.46.
         let v = variants(3, Some(0.3), u64::MAX);
         let degrees: Vec<usize> = v.iter().map(|(_, s)| s.degree).collect();
-        assert_eq!(degrees, vec![3, 3, 2, 2]);
-        assert!(v[2].0.quality[0].contains("0.21 dB lower"), "{:?}", v[2].0);
-        assert!(v.iter().all(|(v, s)| v.quality.is_empty() == (s.degree == 3)));
+        assert_eq!(degrees, vec![3, 3, 3, 2, 2, 2]);
+        assert!(v[3].0.quality[0].contains("0.21 dB lower"), "{:?}", v[3].0);
+        assert!(
+            v.iter()
+                .all(|(v, s)| v.quality.is_empty() == (s.degree == 3 && s.sh == ShStorage::F32))
+        );
         let all = variants(3, Some(1.0), u64::MAX);
-        assert_eq!(all.len(), 8);
+        assert_eq!(all.len(), 12);
         assert!(variants(3, Some(0.0), u64::MAX).iter().all(|(_, s)| s.degree == 3));
     }
 
@@ -91,6 +120,8 @@ mod tests {
         // wgpu's 128 MiB: sh_rest at degree 3 (45 floats) holds 745,654.
         let v = variants(3, None, 128 << 20);
         assert_eq!(v[0].0.limit, 745_654);
+        // In f16 the SH rest takes 90 bytes a Gaussian.
+        assert_eq!(v[2].0.limit, (128usize << 20) / 90);
         // At degree 0 the render's 11 floats a Gaussian are the widest.
         let v = variants(0, None, 128 << 20);
         assert_eq!(v[0].0.limit, (128usize << 20) / 44);

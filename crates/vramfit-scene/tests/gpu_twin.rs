@@ -36,51 +36,65 @@ fn host_adam_matches_the_device_kernel() {
 
 /// The backward taken chunk by chunk (as with the moments on the host)
 /// gives the whole backward's gradients bit for bit: each Gaussian's
-/// gradient reads only its own parameters and accumulator.
+/// gradient reads only its own parameters and accumulator. With the SH in
+/// f16 too (its groups bound at offsets into packed halves).
 #[test]
 fn a_chunked_backward_equals_the_whole() {
     use vramfit_scene::gpu::check::{Case, case_camera, random_scene, scene};
-    use vramfit_scene::gpu::engine::Renderer;
+    use vramfit_scene::gpu::engine::{CHUNK_ALIGN, Renderer};
+    use vramfit_scene::sh_storage::ShStorage;
 
-    let case = Case {
-        width: 40,
-        height: 28,
-        gaussians: 300,
-        degree: 3,
-        seed: 5,
-    };
-    let params = random_scene(&case);
-    let s = scene(&params, case.degree);
-    let camera = case_camera(&case);
-    let r = Renderer::<WgpuRuntime>::new(&WgpuDevice::default());
-    let buffers = r.upload(&s);
-    let drawn = r.render(&buffers, &camera, [0.1, 0.2, 0.3]).unwrap();
-    let d_image = r.upload_f32(&(0..3 * 40 * 28).map(|i| ((i as f32) * 0.7).sin()).collect::<Vec<_>>());
-    let acc = r.backward_screen(&drawn, &d_image);
-    let widths = buffers.widths();
-    let screen_whole = r.upload_f32(&vec![0.0; 2 * case.gaussians]);
-    let whole = r.backward_params(&buffers, &drawn, &acc, &screen_whole, 0, case.gaussians);
-    let screen_parts = r.upload_f32(&vec![0.0; 2 * case.gaussians]);
-    let mut parts: Vec<Vec<f32>> = vec![Vec::new(); 6];
-    for first in (0..case.gaussians).step_by(64) {
-        let count = 64.min(case.gaussians - first);
-        let part = r.backward_params(&buffers, &drawn, &acc, &screen_parts, first, count);
-        for g in 0..6 {
-            parts[g].extend(r.download(&part[g], count * widths[g]).unwrap());
+    for sh in [ShStorage::F32, ShStorage::F16] {
+        let case = Case {
+            width: 40,
+            height: 28,
+            gaussians: 300,
+            degree: 3,
+            seed: 5,
+            sh,
+        };
+        let params = random_scene(&case);
+        let s = scene(&params, case.degree);
+        let camera = case_camera(&case);
+        let r = Renderer::<WgpuRuntime>::new(&WgpuDevice::default());
+        let buffers = r.upload_as(&s, sh);
+        let drawn = r.render(&buffers, &camera, [0.1, 0.2, 0.3]).unwrap();
+        let d_image = r.upload_f32(&(0..3 * 40 * 28).map(|i| ((i as f32) * 0.7).sin()).collect::<Vec<_>>());
+        let acc = r.backward_screen(&drawn, &d_image);
+        let widths = buffers.widths();
+        let screen_whole = r.upload_f32(&vec![0.0; 2 * case.gaussians]);
+        let whole = r.backward_params(&buffers, &drawn, &acc, &screen_whole, 0, case.gaussians);
+        let screen_parts = r.upload_f32(&vec![0.0; 2 * case.gaussians]);
+        let mut parts: Vec<Vec<f32>> = vec![Vec::new(); 6];
+        for first in (0..case.gaussians).step_by(CHUNK_ALIGN) {
+            let count = CHUNK_ALIGN.min(case.gaussians - first);
+            let part = r.backward_params(&buffers, &drawn, &acc, &screen_parts, first, count);
+            for g in 0..6 {
+                parts[g].extend(r.download(&part[g], count * widths[g]).unwrap());
+            }
         }
+        for g in 0..6 {
+            let w = r.download(&whole[g], case.gaussians * widths[g]).unwrap();
+            assert!(w.iter().any(|v| *v != 0.0), "{sh}: group {g} has gradients");
+            assert_eq!(
+                w.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                parts[g].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{sh}: group {g}"
+            );
+        }
+        let a = r.download(&screen_whole, 2 * case.gaussians).unwrap();
+        let b = r.download(&screen_parts, 2 * case.gaussians).unwrap();
+        assert_eq!(a, b, "{sh}: screen gradients");
     }
-    for g in 0..6 {
-        let w = r.download(&whole[g], case.gaussians * widths[g]).unwrap();
-        assert!(w.iter().any(|v| *v != 0.0), "group {g} has gradients");
-        assert_eq!(
-            w.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            parts[g].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            "group {g}"
-        );
-    }
-    let a = r.download(&screen_whole, 2 * case.gaussians).unwrap();
-    let b = r.download(&screen_parts, 2 * case.gaussians).unwrap();
-    assert_eq!(a, b, "screen gradients");
+}
+
+/// The kernels widen every f16 and bf16 bit pattern to the f32 the host's
+/// conversion gives (zeros, subnormals, infinities and NaNs included).
+#[test]
+fn sixteen_bit_sh_widens_as_on_the_host() {
+    use vramfit_scene::gpu::check::widening_mismatches;
+    let mismatches = widening_mismatches::<WgpuRuntime>(&WgpuDevice::default()).unwrap();
+    assert_eq!(mismatches, [0, 0], "patterns widened differently: [f16, bf16]");
 }
 
 /// The whole fit with its state on the device (parameters, gradients,

@@ -1,6 +1,8 @@
 //! The scene renderer's kernels against the CPU twin on random scenes:
 //! the image, every parameter group's gradient and the screen means'
-//! gradient, in f32 on both sides. Run by the wgpu test in CI and by
+//! gradient, in f32 on both sides (with the SH stored in 16 bits, the CPU
+//! twin renders the same rounded coefficients); and the kernels' 16-bit
+//! decoder against the host's for every bit pattern. Run by the wgpu test in CI and by
 //! `vramfit check-kernels` on the GPU machine.
 
 use cubecl::prelude::*;
@@ -13,6 +15,7 @@ use super::engine::Renderer;
 use crate::cpu::camera::Camera;
 use crate::cpu::render::{Scene, render, render_backward};
 use crate::cpu::sh::coefficients;
+use crate::sh_storage::ShStorage;
 
 /// One random problem.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -27,6 +30,8 @@ pub struct Case {
     pub degree: usize,
     /// Seed of the scene and of the image gradient.
     pub seed: u64,
+    /// How the device stores the SH coefficients.
+    pub sh: ShStorage,
 }
 
 /// How the GPU compared with the CPU twin on one case.
@@ -73,21 +78,24 @@ impl CaseReport {
 
 /// The cases the check runs: every SH degree, sizes that are and are not
 /// tile multiples, a few Gaussians to a few thousand (long tile lists, so
-/// the depth sort runs many stages).
+/// the depth sort runs many stages), and the SH stored in f16 and bf16.
 pub fn standard_cases() -> Vec<Case> {
-    let c = |width, height, gaussians, degree, seed| Case {
+    let c = |width, height, gaussians, degree, seed, sh| Case {
         width,
         height,
         gaussians,
         degree,
         seed,
+        sh,
     };
     vec![
-        c(16, 16, 6, 0, 1),
-        c(40, 28, 30, 1, 2),
-        c(61, 47, 200, 2, 3),
-        c(64, 48, 400, 3, 4),
-        c(97, 80, 2000, 3, 5),
+        c(16, 16, 6, 0, 1, ShStorage::F32),
+        c(40, 28, 30, 1, 2, ShStorage::F32),
+        c(61, 47, 200, 2, 3, ShStorage::F32),
+        c(64, 48, 400, 3, 4, ShStorage::F32),
+        c(97, 80, 2000, 3, 5, ShStorage::F32),
+        c(63, 45, 401, 3, 6, ShStorage::F16),
+        c(40, 28, 31, 2, 7, ShStorage::Bf16),
     ]
 }
 
@@ -100,6 +108,7 @@ pub fn large_cases() -> Vec<Case> {
             gaussians: 20_000,
             degree: 3,
             seed: 11,
+            sh: ShStorage::F32,
         },
         Case {
             width: 1297,
@@ -107,6 +116,7 @@ pub fn large_cases() -> Vec<Case> {
             gaussians: 100_000,
             degree: 3,
             seed: 12,
+            sh: ShStorage::F32,
         },
     ]
 }
@@ -162,6 +172,12 @@ pub fn scene<'a>(p: &'a [Vec<f32>; 6], degree: usize) -> Scene<'a, f32> {
 pub fn run_case<R: Runtime>(device: &R::Device, case: &Case) -> Result<CaseReport, String> {
     let params = random_scene(case);
     let s = scene(&params, case.degree);
+    // The CPU twin renders what the device stores.
+    let mut stored = params.clone();
+    for g in crate::sh_storage::SH_GROUPS {
+        stored[g] = case.sh.round(&params[g]);
+    }
+    let s_stored = scene(&stored, case.degree);
     let camera = case_camera(case);
     let background = [0.2, 0.1, 0.3];
     let mut rng = ChaCha8Rng::seed_from_u64(case.seed ^ 0x5eed);
@@ -169,15 +185,15 @@ pub fn run_case<R: Runtime>(device: &R::Device, case: &Case) -> Result<CaseRepor
         .map(|_| rng.random_range(-1.0..1.0))
         .collect();
 
-    let cpu = render(&s, &camera, background);
-    let cpu_grads = render_backward(&s, &camera, background, &cpu, &d_image);
+    let cpu = render(&s_stored, &camera, background);
+    let cpu_grads = render_backward(&s_stored, &camera, background, &cpu, &d_image);
 
     let renderer = Renderer::<R>::new(device);
-    let buffers = renderer.upload(&s);
+    let buffers = renderer.upload_as(&s, case.sh);
     let drawn = renderer.render(&buffers, &camera, background)?;
     let intersections = drawn.intersections;
     drop(drawn);
-    let (image, grads) = renderer.render_and_backward_host(&s, &camera, background, &d_image)?;
+    let (image, grads) = renderer.render_and_backward_as(&s, case.sh, &camera, background, &d_image)?;
 
     let cpu_groups = cpu_grads.groups();
     let gpu_groups = grads.groups();
@@ -203,6 +219,34 @@ pub fn run_case<R: Runtime>(device: &R::Device, case: &Case) -> Result<CaseRepor
         grad_rel,
         non_finite,
     })
+}
+
+/// Bit patterns of 16-bit storage that the device widened differently from
+/// the host (`half`'s conversion), for f16 and for bf16: every one of the
+/// 65,536 patterns each (NaNs compared as NaN).
+pub fn widening_mismatches<R: Runtime>(device: &R::Device) -> Result<[usize; 2], String> {
+    let renderer = Renderer::<R>::new(device);
+    let words: Vec<u32> = (0..1u32 << 15).map(|k| (2 * k) | ((2 * k + 1) << 16)).collect();
+    let buffer = renderer.upload_words(&words);
+    let mut out = [0; 2];
+    for (slot, (storage, host)) in [
+        (ShStorage::F16, (|b: u16| half::f16::from_bits(b).to_f32()) as fn(u16) -> f32),
+        (ShStorage::Bf16, |b: u16| half::bf16::from_bits(b).to_f32()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let device_values = renderer.widen(&buffer, 1 << 16, storage)?;
+        out[slot] = device_values
+            .iter()
+            .enumerate()
+            .filter(|&(bits, v)| {
+                let h = host(bits as u16);
+                !(v.to_bits() == h.to_bits() || v.is_nan() && h.is_nan())
+            })
+            .count();
+    }
+    Ok(out)
 }
 
 /// How the device's Adam kernel compared with the host's ([`crate::train::ADAM`],

@@ -20,6 +20,7 @@ use vramfit_splat::gpu::kernels::project::{count_pairs, exclusive_scan, scatter_
 use super::kernels::{self, PROJECTED, SCREEN_GRADS, UNITS, camera_array};
 use crate::cpu::camera::Camera;
 use crate::cpu::render::{Scene, SceneGrads};
+use crate::sh_storage::{SH_GROUPS, ShStorage, group_bytes};
 
 /// A device failure (out of memory, lost device), as the runtime said it.
 pub type DeviceError = String;
@@ -32,12 +33,25 @@ pub struct SceneBuffers {
     pub n: usize,
     /// SH degree.
     pub degree: usize,
+    /// How the two SH groups are stored (the others are f32).
+    pub sh: ShStorage,
 }
 
 impl SceneBuffers {
     /// Floats a Gaussian holds in each group.
     pub fn widths(&self) -> [usize; 6] {
         crate::cpu::render::group_widths(self.degree)
+    }
+
+    /// 32-bit words of group `g`'s buffer for `count` Gaussians.
+    pub fn words(&self, g: usize, count: usize) -> usize {
+        let values = count * self.widths()[g];
+        if SH_GROUPS.contains(&g) { self.sh.words(values) } else { values }
+    }
+
+    /// Device bytes of the parameters.
+    pub fn bytes(&self) -> u64 {
+        (0..6).map(|g| 4 * self.words(g, self.n) as u64).sum()
     }
 }
 
@@ -61,8 +75,9 @@ pub struct Drawn {
 }
 
 /// Gaussians a backward chunk starts at a multiple of: buffers are bound
-/// at byte offsets, which devices want aligned to 256 bytes (64 floats).
-pub const CHUNK_ALIGN: usize = 64;
+/// at byte offsets, which devices want aligned to 256 bytes (64 floats, or
+/// 128 16-bit coefficients).
+pub const CHUNK_ALIGN: usize = 128;
 
 /// Renders scenes and their backward on one device.
 pub struct Renderer<R: Runtime> {
@@ -146,51 +161,46 @@ impl<R: Runtime> Renderer<R> {
     }
 
     /// Checks that every per-Gaussian and per-pixel buffer of a scene of
-    /// `n` Gaussians of `widths` floats a group, rendered at `pixels`, fits
-    /// one device buffer.
-    pub fn check_scene(&self, n: usize, widths: [usize; 6], pixels: usize) -> Result<(), DeviceError> {
-        let widest = widths
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(0)
-            .max(SCREEN_GRADS as usize)
-            .max(PROJECTED as usize);
-        self.check_buffer(&format!("a scene of {n} Gaussians"), 4 * (n * widest) as u64)?;
+    /// `n` Gaussians of `widths` floats a group (the SH groups stored as
+    /// `sh` says), rendered at `pixels`, fits one device buffer.
+    pub fn check_scene(&self, n: usize, widths: [usize; 6], sh: ShStorage, pixels: usize) -> Result<(), DeviceError> {
+        let widest = widest_bytes(widths, sh);
+        self.check_buffer(&format!("a scene of {n} Gaussians"), (n * widest) as u64)?;
         self.check_buffer(&format!("an image of {pixels} pixels"), 12 * pixels as u64)
     }
 
-    /// Uploads a host scene.
+    /// Uploads a host scene in f32.
     pub fn upload(&self, scene: &Scene<f32>) -> SceneBuffers {
-        let up = |v: &[f32]| {
-            if v.is_empty() {
-                self.empty(1)
-            } else {
-                self.client.create_from_slice(f32::as_bytes(v))
-            }
-        };
+        self.upload_as(scene, ShStorage::F32)
+    }
+
+    /// Uploads a host scene with its SH groups stored as `sh` says.
+    pub fn upload_as(&self, scene: &Scene<f32>, sh: ShStorage) -> SceneBuffers {
+        let up = |v: &[f32]| self.upload_f32(v);
+        let sh_up = |v: &[f32]| self.upload_words(&sh.encode(v));
         SceneBuffers {
             groups: [
                 up(scene.means),
                 up(scene.log_scales),
                 up(scene.rotations),
                 up(scene.opacity_logits),
-                up(scene.sh_dc),
-                up(scene.sh_rest),
+                sh_up(scene.sh_dc),
+                sh_up(scene.sh_rest),
             ],
             n: scene.len(),
             degree: scene.degree,
+            sh,
         }
     }
 
     fn group(&self, s: &SceneBuffers, g: usize) -> ArrayArg<R> {
-        array(&s.groups[g], s.n * s.widths()[g])
+        array(&s.groups[g], s.words(g, s.n))
     }
 
     /// Renders `s` through `camera` over `background`.
     pub fn render(&self, s: &SceneBuffers, camera: &Camera, background: [f32; 3]) -> Result<Drawn, DeviceError> {
         let n = s.n;
-        self.check_scene(n, s.widths(), camera.width * camera.height)?;
+        self.check_scene(n, s.widths(), s.sh, camera.width * camera.height)?;
         let (tiles_x, tiles_y) = camera.tiles();
         let tiles = tiles_x * tiles_y;
         let pixels = camera.width * camera.height;
@@ -214,6 +224,7 @@ impl<R: Runtime> Renderer<R> {
             tiles_x as u32,
             tiles_y as u32,
             s.degree as u32,
+            s.sh.code(),
         );
         // Binning: count, scan, scatter (the 2D fitter's kernels, all tile rows).
         let counts = self.zeros_u32(tiles);
@@ -370,17 +381,21 @@ impl<R: Runtime> Renderer<R> {
             let h = h.clone().offset_start((4 * first * width) as u64);
             array::<R>(&h, count * width)
         };
+        let group = |g: usize| {
+            let h = s.groups[g].clone().offset_start(4 * s.words(g, first) as u64);
+            array::<R>(&h, s.words(g, count))
+        };
         let out = |g: usize| array::<R>(&grads[g], count * widths[g]);
         kernels::project::project_backward::launch::<R>(
             &self.client,
             grid(count),
             dim(),
-            at(&s.groups[0], widths[0]),
-            at(&s.groups[1], widths[1]),
-            at(&s.groups[2], widths[2]),
-            at(&s.groups[3], widths[3]),
-            at(&s.groups[4], widths[4]),
-            at(&s.groups[5], widths[5]),
+            group(0),
+            group(1),
+            group(2),
+            group(3),
+            group(4),
+            group(5),
             array(&drawn.camera, kernels::CAMERA),
             at(&drawn.rect, 4),
             at(acc, SCREEN_GRADS as usize),
@@ -393,28 +408,29 @@ impl<R: Runtime> Renderer<R> {
             at(screen, 2),
             count as u32,
             s.degree as u32,
+            s.sh.code(),
         );
         grads
     }
 
-    /// Writes host floats into `dst` from element `first` on, through a
-    /// staging buffer of `values`' size (the destination is not
-    /// reallocated). `first` must be a multiple of 64 elements (bindings
-    /// start at 256-byte boundaries).
-    pub fn write_at(&self, dst: &Handle, first: usize, values: &[f32]) {
-        assert!(first.is_multiple_of(64), "write at element {first}");
-        if values.is_empty() {
+    /// Writes host 32-bit words (f32 bits or packed halves) into `dst`
+    /// from word `first` on, through a staging buffer of `words`' size (the
+    /// destination is not reallocated). `first` must be a multiple of 64
+    /// (bindings start at 256-byte boundaries).
+    pub fn write_at(&self, dst: &Handle, first: usize, words: &[u32]) {
+        assert!(first.is_multiple_of(64), "write at word {first}");
+        if words.is_empty() {
             return;
         }
-        let staged = self.upload_f32(values);
+        let staged = self.upload_words(words);
         let dst = dst.clone().offset_start(4 * first as u64);
         kernels::train::copy::launch::<R>(
             &self.client,
-            grid(values.len()),
+            grid(words.len()),
             dim(),
-            array(&dst, values.len()),
-            array(&staged, values.len()),
-            values.len() as u32,
+            array(&dst, words.len()),
+            array(&staged, words.len()),
+            words.len() as u32,
         );
     }
 
@@ -425,6 +441,31 @@ impl<R: Runtime> Renderer<R> {
         } else {
             self.client.create_from_slice(f32::as_bytes(v))
         }
+    }
+
+    /// Uploads host 32-bit words.
+    pub fn upload_words(&self, v: &[u32]) -> Handle {
+        if v.is_empty() {
+            self.empty(1)
+        } else {
+            self.client.create_from_slice(u32::as_bytes(v))
+        }
+    }
+
+    /// The device's reading of a group stored as `sh` says: `n` values
+    /// widened to f32 by the kernels' decoder.
+    pub fn widen(&self, group: &Handle, n: usize, sh: ShStorage) -> Result<Vec<f32>, DeviceError> {
+        let out = self.empty(n);
+        kernels::sh::widen::launch::<R>(
+            &self.client,
+            grid(n),
+            dim(),
+            array(group, sh.words(n)),
+            array(&out, n),
+            n as u32,
+            sh.code(),
+        );
+        self.download(&out, n)
     }
 
     /// Reads `len` floats of a buffer back to the host.
@@ -444,8 +485,20 @@ impl<R: Runtime> Renderer<R> {
         background: [f32; 3],
         d_image: &[f32],
     ) -> Result<(Vec<f32>, SceneGrads<f32>), DeviceError> {
-        self.check_scene(scene.len(), scene.widths(), camera.width * camera.height)?;
-        let s = self.upload(scene);
+        self.render_and_backward_as(scene, ShStorage::F32, camera, background, d_image)
+    }
+
+    /// The same with the SH groups stored as `sh` says on the device.
+    pub fn render_and_backward_as(
+        &self,
+        scene: &Scene<f32>,
+        sh: ShStorage,
+        camera: &Camera,
+        background: [f32; 3],
+        d_image: &[f32],
+    ) -> Result<(Vec<f32>, SceneGrads<f32>), DeviceError> {
+        self.check_scene(scene.len(), scene.widths(), sh, camera.width * camera.height)?;
+        let s = self.upload_as(scene, sh);
         let drawn = self.render(&s, camera, background)?;
         let d = self.upload_f32(d_image);
         let (g, screen) = self.backward(&s, &drawn, &d);
@@ -464,4 +517,12 @@ impl<R: Runtime> Renderer<R> {
             },
         ))
     }
+}
+
+/// Bytes a Gaussian takes in the widest of its buffers: a parameter group
+/// (the SH groups at `sh`'s size) or the render's and backward's per-
+/// Gaussian floats.
+pub fn widest_bytes(widths: [usize; 6], sh: ShStorage) -> usize {
+    let groups = group_bytes(widths, sh).into_iter().max().unwrap_or(0);
+    groups.max(4 * SCREEN_GRADS.max(PROJECTED) as usize)
 }

@@ -13,6 +13,11 @@
 //! densification's statistics: 484 of a degree-3 Gaussian's 968 bytes of
 //! state (parameters, gradients, moments) leave it, and so do all but one
 //! chunk of the gradients.
+//!
+//! With the SH groups stored in 16 bits ([`ShStorage`], moments on the
+//! host) the device holds each SH coefficient as the rounded copy of the
+//! host's f32 master, rewritten after each update: 96 more of a degree-3
+//! Gaussian's bytes leave it.
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
@@ -23,6 +28,7 @@ use vramfit_splat::gpu::engine::{dim, grid};
 use super::engine::{Renderer, SceneBuffers, array};
 use super::kernels::{PROJECTED, train};
 use crate::cpu::camera::Camera;
+use crate::sh_storage::{SH_GROUPS, ShStorage};
 use crate::train::{ADAM, SceneDevice, State, loss_and_gradient, mask_inactive_bands};
 
 /// Gaussians per chunk of the backward when the moments are on the host
@@ -47,6 +53,8 @@ pub struct DeviceFit<R: Runtime> {
     /// Adam's moments on the device (empty when they are on the host).
     moments: Vec<[Handle; 2]>,
     host: Option<HostSide>,
+    /// How the device stores the SH groups.
+    sh: ShStorage,
     stats: Vec<Handle>,
     grads: Option<[Handle; 6]>,
     workspace: u64,
@@ -64,7 +72,15 @@ impl<R: Runtime> DeviceFit<R> {
 
     /// The same with Adam's moments where `moments` says.
     pub fn with_moments(device: &R::Device, label: &'static str, moments: Moments) -> Self {
+        Self::with_storage(device, label, moments, ShStorage::F32)
+    }
+
+    /// The same with the SH groups stored as `sh` says (16 bits need the
+    /// moments on the host, where the f32 masters are: [`SceneDevice::load`]
+    /// refuses otherwise).
+    pub fn with_storage(device: &R::Device, label: &'static str, moments: Moments, sh: ShStorage) -> Self {
         Self {
+            sh,
             renderer: Renderer::new(device),
             label,
             scene: None,
@@ -97,23 +113,32 @@ impl<R: Runtime> DeviceFit<R> {
 
 impl<R: Runtime> SceneDevice for DeviceFit<R> {
     fn name(&self) -> String {
-        let at = if self.host.is_some() {
-            ", Adam's moments on the host"
-        } else {
-            ""
-        };
+        let mut at = String::new();
+        if self.host.is_some() {
+            at.push_str(", Adam's moments on the host");
+        }
+        if self.sh != ShStorage::F32 {
+            at.push_str(&format!(", SH stored in {}", self.sh));
+        }
         format!("{} (the scene renderer's CubeCL kernels{at})", self.label)
     }
 
     fn load(&mut self, state: &State) -> Result<(), String> {
         let r = &self.renderer;
-        r.check_scene(state.params.len(), state.params.widths(), 0)?;
+        if self.sh != ShStorage::F32 && self.host.is_none() {
+            return Err(format!(
+                "SH stored in {} needs Adam's moments on the host (moments = \"host\"), where the f32 masters the \
+                 updates land in are kept: an update rounded into 16 bits on the device would be lost",
+                self.sh
+            ));
+        }
+        r.check_scene(state.params.len(), state.params.widths(), self.sh, 0)?;
         // The old state goes first: the device never holds two.
         self.scene = None;
         self.moments.clear();
         self.stats.clear();
         self.grads = None;
-        self.scene = Some(r.upload(&state.params.scene()));
+        self.scene = Some(r.upload_as(&state.params.scene(), self.sh));
         if let Some(host) = &mut self.host {
             host.params = state.params.groups().iter().map(|g| g.to_vec()).collect();
             host.moments = state.moments.clone();
@@ -244,14 +269,16 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
             for g in 0..6 {
                 let (m, v) = &mut host.moments[g];
                 ADAM.step(&mut host.params[g], &grads[g], m, v, rates[g], c1, c2);
-                // Back chunk by chunk: the device never holds a second copy of a group.
+                // Back chunk by chunk (the device never holds a second
+                // copy of a group), the SH groups rounded to their storage.
+                let storage = if SH_GROUPS.contains(&g) { self.sh } else { ShStorage::F32 };
                 let span = CHUNK * widths[g];
                 for (k, part) in host.params[g].chunks(span.max(1)).enumerate() {
-                    self.renderer.write_at(&s.groups[g], k * span, part);
+                    let words = storage.encode(part);
+                    self.renderer.write_at(&s.groups[g], storage.words(k * span), &words);
                 }
             }
-            let values: usize = widths.iter().map(|w| w * s.n).sum();
-            self.moved += 4 * values as u64;
+            self.moved += s.bytes();
             return Ok(());
         }
         let grads = self.grads.take().ok_or("optimize before forward_backward")?;
@@ -283,7 +310,7 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
         let grads = if self.grads.is_some() { 4 * values } else { 0 };
         // Adam's two moments (unless on the host), and densification's three statistics.
         let moments = if self.host.is_some() { 0 } else { 8 * values };
-        [4 * values, grads, moments + 12 * s.n as u64, self.workspace]
+        [s.bytes(), grads, moments + 12 * s.n as u64, self.workspace]
     }
 
     fn host_bytes(&self) -> [u64; 2] {
@@ -307,8 +334,8 @@ pub fn placement<R: Runtime>(
     let device = device.clone();
     crate::job::Placement {
         name: DeviceFit::<R>::new(&device, label).name(),
-        device: Some(Box::new(move |moments| {
-            Box::new(DeviceFit::<R>::with_moments(&device, label, moments))
+        device: Some(Box::new(move |moments, sh| {
+            Box::new(DeviceFit::<R>::with_storage(&device, label, moments, sh))
         })),
         memory: Box::new(memory),
     }

@@ -14,6 +14,7 @@ use vramfit::optim::Moments;
 use super::check::{Case, case_camera, random_scene, scene};
 use super::engine::Renderer;
 use super::fit::DeviceFit;
+use crate::sh_storage::ShStorage;
 use crate::train::{ADAM, GROUPS, Params, SceneDevice, State};
 
 /// One measurement.
@@ -73,6 +74,7 @@ impl MemoryCase {
             gaussians: self.gaussians,
             degree: self.degree,
             seed: 7,
+            sh: ShStorage::F32,
         }
     }
 }
@@ -100,7 +102,7 @@ pub fn measure<R: Runtime>(device: &R::Device, case: &MemoryCase) -> Result<Memo
     let s = scene(&params, case.degree);
     let camera = case_camera(&check);
     let renderer = Renderer::<R>::new(device);
-    renderer.check_scene(case.gaussians, s.widths(), case.width * case.height)?;
+    renderer.check_scene(case.gaussians, s.widths(), ShStorage::F32, case.width * case.height)?;
     let client = R::client(device);
     client.memory_cleanup();
     let in_use = || -> Result<u64, String> { client.memory_usage().map(|u| u.bytes_in_use).map_err(|e| e.to_string()) };
@@ -181,6 +183,8 @@ pub struct StepMemory {
     pub case: MemoryCase,
     /// Where Adam's moments were.
     pub moments: Moments,
+    /// How the SH was stored.
+    pub sh: ShStorage,
     /// The allocator's reserved bytes after the steps (its high-water: the
     /// pools grow until a cleanup; the probe starts after one). The figure
     /// that decides an out-of-memory.
@@ -196,11 +200,12 @@ pub struct StepMemory {
 
 /// Runs `steps` training steps (two at least) of a random scene of
 /// `case`'s size and degree on `device` with the moments where `moments`
-/// says, and reads the allocator.
+/// says and the SH stored as `sh` says, and reads the allocator.
 pub fn measure_step<R: Runtime>(
     device: &R::Device,
     case: &MemoryCase,
     moments: Moments,
+    sh: ShStorage,
     steps: usize,
 ) -> Result<StepMemory, String> {
     use rand::{Rng, SeedableRng};
@@ -216,7 +221,7 @@ pub fn measure_step<R: Runtime>(
         sh_rest,
         degree: case.degree,
     };
-    Renderer::<R>::new(device).check_scene(case.gaussians, params.widths(), case.width * case.height)?;
+    Renderer::<R>::new(device).check_scene(case.gaussians, params.widths(), sh, case.width * case.height)?;
     let state = State::fresh(params);
     let camera = case_camera(&check);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
@@ -225,7 +230,7 @@ pub fn measure_step<R: Runtime>(
         .collect();
     let client = R::client(device);
     client.memory_cleanup();
-    let mut fit = DeviceFit::<R>::with_moments(device, "probe", moments);
+    let mut fit = DeviceFit::<R>::with_storage(device, "probe", moments, sh);
     fit.load(&state)?;
     drop(state);
     let active = 3 * (crate::cpu::sh::coefficients(case.degree) - 1);
@@ -244,6 +249,7 @@ pub fn measure_step<R: Runtime>(
     Ok(StepMemory {
         case: *case,
         moments,
+        sh,
         reserved: usage.bytes_reserved,
         held: fit.held_bytes(),
         moved: fit.moved_bytes(),

@@ -4,7 +4,6 @@
 //! ([`measure_step`]).
 
 use cubecl::prelude::*;
-use vramfit::optim::Moments;
 use vramfit::plan::{Capacity, CapacityCalibration, Counted, Measured, Runnable, SIMULATED_OOM, Variant};
 use vramfit::run::{Run, RunError, Start};
 
@@ -82,12 +81,10 @@ impl<R: Runtime> ScenePlan<R> {
         self.allow_loss_db
     }
 
-    /// Where a variant keeps the moments and which SH degree it fits.
-    pub fn storage(&self, variant: &str) -> Option<(Moments, usize)> {
-        self.variants
-            .iter()
-            .find(|(v, _)| v.name == variant)
-            .map(|(_, s)| (s.moments, s.degree))
+    /// Where a variant keeps the moments, how it stores the SH and which
+    /// SH degree it fits.
+    pub fn storage(&self, variant: &str) -> Option<Storage> {
+        self.variants.iter().find(|(v, _)| v.name == variant).map(|(_, s)| *s)
     }
 }
 
@@ -108,7 +105,7 @@ impl<R: Runtime> Capacity for ScenePlan<R> {
         self.counts.clone()
     }
     fn measure(&mut self, variant: &str, count: usize) -> Result<Measured, String> {
-        let (moments, degree) = self
+        let Storage { moments, sh, degree } = self
             .storage(variant)
             .ok_or_else(|| format!("no variant named `{variant}`"))?;
         let started = std::time::Instant::now();
@@ -118,7 +115,7 @@ impl<R: Runtime> Capacity for ScenePlan<R> {
             width: self.width,
             height: self.height,
         };
-        let m = measure_step::<R>(&self.device, &case, moments, 3)?;
+        let m = measure_step::<R>(&self.device, &case, moments, sh, 3)?;
         Ok(Measured {
             peak_bytes: m.reserved,
             step_peak_bytes: m.reserved,
@@ -184,14 +181,16 @@ impl<R: Runtime> Runnable for SceneTarget<R> {
         &mut self.plan
     }
     fn settings(&self, setting: &Counted) -> SceneConfig {
-        let (moments, degree) = self
-            .plan
-            .storage(&setting.variant)
-            .unwrap_or((self.config.moments, self.config.sh_degree));
+        let storage = self.plan.storage(&setting.variant).unwrap_or(Storage {
+            moments: self.config.moments,
+            sh: self.config.sh_storage,
+            degree: self.config.sh_degree,
+        });
         SceneConfig {
             max_gaussians: setting.count,
-            moments,
-            sh_degree: degree,
+            moments: storage.moments,
+            sh_storage: storage.sh,
+            sh_degree: storage.degree,
             ..self.config.clone()
         }
     }

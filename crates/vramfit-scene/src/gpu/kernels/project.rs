@@ -164,8 +164,8 @@ pub fn project(
     log_scales: &Array<f32>,
     rotations: &Array<f32>,
     opacity_logits: &Array<f32>,
-    sh_dc: &Array<f32>,
-    sh_rest: &Array<f32>,
+    sh_dc: &Array<u32>,
+    sh_rest: &Array<u32>,
     cam: &Array<f32>,
     projected: &mut Array<f32>,
     rect: &mut Array<u32>,
@@ -173,6 +173,7 @@ pub fn project(
     tiles_x: u32,
     tiles_y: u32,
     #[comptime] degree: u32,
+    #[comptime] storage: u32,
 ) {
     let i = ABSOLUTE_POS as u32;
     if i < n {
@@ -212,7 +213,7 @@ pub fn project(
             basis(vx / dist, vy / dist, vz / dist, &mut bs, &mut dbs, degree);
             #[unroll]
             for ch in 0..3usize {
-                projected[o + 7 + ch] = f32::max(raw_channel(sh_dc, sh_rest, iu, ch, &bs, degree), 0.0);
+                projected[o + 7 + ch] = f32::max(raw_channel(sh_dc, sh_rest, iu, ch, &bs, degree, storage), 0.0);
             }
         }
         // A radius that is not a number (an overflowed covariance) draws nothing.
@@ -232,8 +233,8 @@ pub fn project_backward(
     log_scales: &Array<f32>,
     rotations: &Array<f32>,
     opacity_logits: &Array<f32>,
-    sh_dc: &Array<f32>,
-    sh_rest: &Array<f32>,
+    sh_dc: &Array<u32>,
+    sh_rest: &Array<u32>,
     cam: &Array<f32>,
     rect: &Array<u32>,
     acc: &Array<f32>,
@@ -246,6 +247,7 @@ pub fn project_backward(
     d_screen: &mut Array<f32>,
     n: u32,
     #[comptime] degree: u32,
+    #[comptime] storage: u32,
 ) {
     let i = ABSOLUTE_POS as u32;
     if i < n {
@@ -284,6 +286,7 @@ pub fn project_backward(
                 d_sh_rest,
                 &mut d_dir,
                 degree,
+                storage,
             );
             let along = d_dir[0] * dx + d_dir[1] * dy + d_dir[2] * dz;
             let mut dm0 = (d_dir[0] - along * dx) / dist;

@@ -102,36 +102,73 @@ pub fn coefficients(degree: u32) -> usize {
     crate::cpu::sh::coefficients(degree as usize)
 }
 
+/// Coefficient `at` of an SH group stored as `storage` says
+/// ([`crate::sh_storage::ShStorage::code`]: 0 f32 bits, 1 f16 or 2 bf16
+/// packed two to a word, element `2k` in the low half), widened to f32.
+/// The decoding is integer arithmetic, so it needs no 16-bit float
+/// support from the device.
+#[cube]
+#[allow(unused_assignments)] // every branch sets `value`; the kernel language wants it declared first
+pub fn sh_value(group: &Array<u32>, at: usize, #[comptime] storage: u32) -> f32 {
+    let mut value = 0.0f32;
+    if comptime![storage == 0] {
+        value = f32::reinterpret(group[at]);
+    } else {
+        let word = group[at / 2];
+        let bits = (word >> (16 * (at % 2) as u32)) & 0xffff;
+        if comptime![storage == 2] {
+            value = f32::reinterpret(bits << 16);
+        } else {
+            let sign = (bits & 0x8000) << 16;
+            let exponent = (bits >> 10) & 0x1f;
+            let mantissa = bits & 0x3ff;
+            if exponent == 0 {
+                // Zero or subnormal: mantissa × 2⁻²⁴.
+                value = f32::cast_from(mantissa) * 5.960_464_5e-8;
+                if sign != 0 {
+                    value = -value;
+                }
+            } else if exponent == 31 {
+                value = f32::reinterpret(sign | 0x7f80_0000 | (mantissa << 13));
+            } else {
+                value = f32::reinterpret(sign | ((exponent + 112) << 23) | (mantissa << 13));
+            }
+        }
+    }
+    value
+}
+
 /// Channel `ch` of Gaussian `i`'s colour before the clamp at 0:
 /// `0.5 + Σ coefficient · basis`.
 #[cube]
 pub fn raw_channel(
-    sh_dc: &Array<f32>,
-    sh_rest: &Array<f32>,
+    sh_dc: &Array<u32>,
+    sh_rest: &Array<u32>,
     i: usize,
     #[comptime] ch: usize,
     b: &Array<f32>,
     #[comptime] degree: u32,
+    #[comptime] storage: u32,
 ) -> f32 {
     let n = comptime![coefficients(degree)];
     let r = comptime![3 * (coefficients(degree) - 1)];
-    let mut v = 0.5 + sh_dc[3 * i + ch] * b[0];
+    let mut v = 0.5 + sh_value(sh_dc, 3 * i + ch, storage) * b[0];
     #[unroll]
     for k in 1..n {
-        v += sh_rest[i * r + (k - 1) * 3 + ch] * b[k];
+        v += sh_value(sh_rest, i * r + (k - 1) * 3 + ch, storage) * b[k];
     }
     v
 }
 
 /// The backward of Gaussian `i`'s colour for `d_color` (3 values from
 /// `d_color[dc0..]`): writes the coefficients' gradients (0 for a channel
-/// clamped at 0) and returns the gradient with respect to the direction in
-/// `d_dir[0..3)`.
+/// clamped at 0; f32 whatever the storage) and returns the gradient with
+/// respect to the direction in `d_dir[0..3)`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub fn color_backward(
-    sh_dc: &Array<f32>,
-    sh_rest: &Array<f32>,
+    sh_dc: &Array<u32>,
+    sh_rest: &Array<u32>,
     i: usize,
     b: &Array<f32>,
     db: &Array<f32>,
@@ -141,6 +178,7 @@ pub fn color_backward(
     d_sh_rest: &mut Array<f32>,
     d_dir: &mut Array<f32>,
     #[comptime] degree: u32,
+    #[comptime] storage: u32,
 ) {
     let n = comptime![coefficients(degree)];
     let r = comptime![3 * (coefficients(degree) - 1)];
@@ -149,7 +187,7 @@ pub fn color_backward(
     d_dir[2] = 0.0;
     #[unroll]
     for ch in 0..3usize {
-        let raw = raw_channel(sh_dc, sh_rest, i, ch, b, degree);
+        let raw = raw_channel(sh_dc, sh_rest, i, ch, b, degree, storage);
         let mut g = d_color[dc0 + ch];
         if raw <= 0.0 {
             g = 0.0;
@@ -159,11 +197,21 @@ pub fn color_backward(
         for k in 1..n {
             let at = i * r + (k - 1) * 3 + ch;
             d_sh_rest[at] = g * b[k];
-            let coefficient = sh_rest[at];
+            let coefficient = sh_value(sh_rest, at, storage);
             #[unroll]
             for c in 0..3usize {
                 d_dir[c] += g * coefficient * db[3 * k + c];
             }
         }
+    }
+}
+
+/// Widens `n` coefficients of `group` (stored as `storage` says) into
+/// `out`: the device's reading, checked against the host's.
+#[cube(launch)]
+pub fn widen(group: &Array<u32>, out: &mut Array<f32>, n: u32, #[comptime] storage: u32) {
+    let i = ABSOLUTE_POS as u32;
+    if i < n {
+        out[i as usize] = sh_value(group, i as usize, storage);
     }
 }

@@ -41,9 +41,10 @@ pub fn adam(
     }
 }
 
-/// `dst[0..len) = src[0..len)` (a staged upload into part of a buffer).
+/// `dst[0..len) = src[0..len)`, 32-bit words (f32 bits or packed halves):
+/// a staged upload into part of a buffer.
 #[cube(launch)]
-pub fn copy(dst: &mut Array<f32>, src: &Array<f32>, len: u32) {
+pub fn copy(dst: &mut Array<u32>, src: &Array<u32>, len: u32) {
     let i = ABSOLUTE_POS as u32;
     if i < len {
         dst[i as usize] = src[i as usize];

@@ -1,0 +1,142 @@
+//! How the device stores the SH coefficients between steps: f32, or 16-bit
+//! floats (f16 or bf16) packed two to a 32-bit word, element `2k` in the
+//! low half. The kernels widen each coefficient to f32 as they read it;
+//! gradients, Adam's moments and the master copy the update is applied to
+//! stay f32.
+//!
+//! Why the masters stay f32 (and on the host, beside the moments): Adam
+//! moves a coefficient by about its learning rate a step, 1.25e-4 for the
+//! SH rest, which is less than half an f16 ulp for any value above 0.25
+//! (and than half a bf16 ulp above 0.016): rounded into 16 bits each step,
+//! most updates would be lost. So a 16-bit store is the rounded copy of an
+//! f32 master the renderer reads, written after each update.
+
+use serde::{Deserialize, Serialize};
+
+/// The SH coefficients' storage on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ShStorage {
+    /// 32-bit floats (the reference).
+    #[default]
+    F32,
+    /// IEEE half precision: 10-bit mantissa, range ±65,504.
+    F16,
+    /// bfloat16: 7-bit mantissa, f32's range.
+    Bf16,
+}
+
+impl ShStorage {
+    /// Bytes a coefficient takes.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 | Self::Bf16 => 2,
+        }
+    }
+
+    /// The kernels' comptime code for the storage (0 f32, 1 f16, 2 bf16).
+    pub fn code(self) -> u32 {
+        match self {
+            Self::F32 => 0,
+            Self::F16 => 1,
+            Self::Bf16 => 2,
+        }
+    }
+
+    /// 32-bit words holding `values` coefficients.
+    pub fn words(self, values: usize) -> usize {
+        match self {
+            Self::F32 => values,
+            Self::F16 | Self::Bf16 => values.div_ceil(2),
+        }
+    }
+
+    /// `values` in the storage's words, each rounded to nearest (even).
+    pub fn encode(self, values: &[f32]) -> Vec<u32> {
+        let half = |x: f32| -> u32 {
+            match self {
+                Self::F16 => half::f16::from_f32(x).to_bits() as u32,
+                _ => half::bf16::from_f32(x).to_bits() as u32,
+            }
+        };
+        match self {
+            Self::F32 => values.iter().map(|x| x.to_bits()).collect(),
+            _ => values
+                .chunks(2)
+                .map(|pair| half(pair[0]) | pair.get(1).map_or(0, |&x| half(x) << 16))
+                .collect(),
+        }
+    }
+
+    /// Each value as the storage would give it back: what the renderer
+    /// reads (the CPU twin of the kernels' widening).
+    pub fn round(self, values: &[f32]) -> Vec<f32> {
+        match self {
+            Self::F32 => values.to_vec(),
+            Self::F16 => values.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect(),
+            Self::Bf16 => values.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect(),
+        }
+    }
+}
+
+/// The SH groups' indices among a scene's six parameter groups (means,
+/// log-scales, rotations, opacity logits, SH DC, SH rest).
+pub const SH_GROUPS: [usize; 2] = [4, 5];
+
+/// Bytes a Gaussian takes in each parameter group of `widths` floats, the
+/// SH groups stored as `sh` says.
+pub fn group_bytes(widths: [usize; 6], sh: ShStorage) -> [usize; 6] {
+    std::array::from_fn(|g| widths[g] * if SH_GROUPS.contains(&g) { sh.bytes() } else { 4 })
+}
+
+impl std::str::FromStr for ShStorage {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "f32" => Ok(Self::F32),
+            "f16" => Ok(Self::F16),
+            "bf16" => Ok(Self::Bf16),
+            other => Err(format!(
+                "sh_storage `{other}`: say f32, f16 (half precision) or bf16 (bfloat16); 16-bit storage needs \
+                 moments = \"host\" (the f32 masters live there)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for ShStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::Bf16 => "bf16",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn halves_pack_two_to_a_word_low_first() {
+        let words = ShStorage::F16.encode(&[1.0, -2.0, 0.5]);
+        assert_eq!(words, vec![0x3c00 | (0xc000 << 16), 0x3800]);
+        let words = ShStorage::Bf16.encode(&[1.0, -2.0]);
+        assert_eq!(words, vec![0x3f80 | (0xc000 << 16)]);
+        assert_eq!(ShStorage::F32.encode(&[1.5]), vec![1.5f32.to_bits()]);
+        assert_eq!(ShStorage::F16.words(45 * 3), 68);
+    }
+
+    #[test]
+    fn an_adam_sized_step_is_lost_in_sixteen_bits() {
+        // Why the masters stay f32: 0.3 + 1.25e-4 rounds back to 0.3.
+        for storage in [ShStorage::F16, ShStorage::Bf16] {
+            let [a, b] = storage.round(&[0.3, 0.3 + 1.25e-4])[..] else { unreachable!() };
+            assert_eq!(a, b, "{storage}");
+        }
+        let [a, b] = ShStorage::F16.round(&[0.1, 0.1 + 1.25e-4])[..] else { unreachable!() };
+        assert_ne!(a, b);
+    }
+}
