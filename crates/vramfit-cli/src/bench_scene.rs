@@ -24,6 +24,11 @@ pub struct Args {
     /// the allocator's reserved peak, the bytes moved, the step time.
     #[arg(long, value_delimiter = ',')]
     moments: Vec<vramfit::optim::Moments>,
+    /// With --moments: the SH storages to measure each case in (f32, f16,
+    /// bf16; comma-separated). 16-bit storage is measured with the moments
+    /// on the host only (where its f32 masters live).
+    #[arg(long, value_delimiter = ',', requires = "moments", default_values_t = [vramfit_scene::sh_storage::ShStorage::F32])]
+    sh_storage: Vec<vramfit_scene::sh_storage::ShStorage>,
     /// Only the training steps (with --moments), not the stage table.
     #[arg(long, requires = "moments")]
     steps_only: bool,
@@ -71,6 +76,7 @@ mod device {
     use serde_json::json;
     use vramfit::optim::Moments;
     use vramfit_scene::gpu::memory::{MemoryCase, MemoryRow, StepMemory};
+    use vramfit_scene::sh_storage::ShStorage;
 
     use super::Args;
 
@@ -82,7 +88,16 @@ mod device {
         } else {
             measure(&args.device.name, &cases)?
         };
-        let steps = measure_steps(&args.device.name, &cases, &args.moments)?;
+        let places: Vec<(Moments, ShStorage)> = args
+            .moments
+            .iter()
+            .flat_map(|&m| args.sh_storage.iter().map(move |&sh| (m, sh)))
+            .filter(|&(m, sh)| sh == ShStorage::F32 || m == Moments::Host)
+            .collect();
+        if !args.moments.is_empty() && places.is_empty() {
+            bail!("--sh-storage f16/bf16 is measured with the moments on the host: add host to --moments");
+        }
+        let steps = measure_steps(&args.device.name, &cases, &places)?;
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
         let per = |b: u64, n: usize| b as f64 / n as f64;
         let mut table = String::from(
@@ -123,16 +138,16 @@ mod device {
         let mut step_table = String::new();
         if !steps.is_empty() {
             step_table.push_str(
-                "\nWhole training steps (3; a random scene, the loss on the host):\n\n| Gaussians | SH degree | moments | \
+                "\nWhole training steps (3; a random scene, the loss on the host):\n\n| Gaussians | SH degree | moments | SH stored | \
                  parameters B/Gaussian | optimizer state (device) B/Gaussian | workspace high-water MiB | reserved peak \
-                 MiB | reserved B/Gaussian | moved per step MiB | step ms (median) |\n|---|---|---|---|---|---|---|---|---|---|\n",
+                 MiB | reserved B/Gaussian | moved per step MiB | step ms (median) |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
             );
-            for (case, moments, r) in &steps {
+            for (case, (moments, sh), r) in &steps {
                 match r {
                     Ok(m) => {
                         let n = case.gaussians;
                         step_table.push_str(&format!(
-                            "| {n} | {} | {moments} | {:.0} | {:.0} | {:.1} | {:.1} | {:.0} | {:.1} | {:.0} |\n",
+                            "| {n} | {} | {moments} | {sh} | {:.0} | {:.0} | {:.1} | {:.1} | {:.0} | {:.1} | {:.0} |\n",
                             case.degree,
                             per(m.held[0], n),
                             per(m.held[2], n),
@@ -144,7 +159,7 @@ mod device {
                         ))
                     }
                     Err(why) => step_table.push_str(&format!(
-                        "| {} | {} | {moments} | does not fit: {why} | | | | | | |\n",
+                        "| {} | {} | {moments} | {sh} | does not fit: {why} | | | | | | |\n",
                         case.gaussians, case.degree
                     )),
                 }
@@ -165,7 +180,7 @@ mod device {
             "rows": rows.iter().filter_map(|(_, r)| r.as_ref().ok()).collect::<Vec<_>>(),
             "steps": steps.iter().map(|(c, m, r)| match r {
                 Ok(s) => json!(s),
-                Err(why) => json!({ "case": c, "moments": m, "why": why }),
+                Err(why) => json!({ "case": c, "moments": m.0, "sh": m.1, "why": why }),
             }).collect::<Vec<_>>(),
             "did_not_fit": skipped,
         });
@@ -179,16 +194,16 @@ mod device {
     }
 
     type Row = (MemoryCase, Result<MemoryRow, String>);
-    type StepRow = (MemoryCase, Moments, Result<StepMemory, String>);
+    type StepRow = (MemoryCase, (Moments, ShStorage), Result<StepMemory, String>);
 
     /// Whole training steps of every case with the moments at each place;
     /// a case the device cannot hold is kept with the reason.
-    fn measure_steps(device: &str, cases: &[MemoryCase], places: &[Moments]) -> Result<Vec<StepRow>> {
+    fn measure_steps(device: &str, cases: &[MemoryCase], places: &[(Moments, ShStorage)]) -> Result<Vec<StepRow>> {
         let mut out = Vec::new();
         for c in cases {
-            for &m in places {
+            for &(m, sh) in places {
                 eprintln!(
-                    "training steps: {} Gaussians, SH degree {}, moments {m}…",
+                    "training steps: {} Gaussians, SH degree {}, moments {m}, SH in {sh}…",
                     c.gaussians, c.degree
                 );
                 let r = match device {
@@ -197,6 +212,7 @@ mod device {
                         &Default::default(),
                         c,
                         m,
+                        sh,
                         3,
                     ),
                     #[cfg(feature = "cuda")]
@@ -204,13 +220,14 @@ mod device {
                         &Default::default(),
                         c,
                         m,
+                        sh,
                         3,
                     ),
                     other => return Err(crate::device::unavailable(other)),
                 };
                 match r {
                     Err(e) if !e.contains("device's largest") => bail!("device failure: {e}"),
-                    r => out.push((*c, m, r)),
+                    r => out.push((*c, (m, sh), r)),
                 }
             }
         }

@@ -201,6 +201,11 @@ pub struct SceneSettings {
     /// memory). The config key `moments`.
     #[arg(long)]
     moments: Option<vramfit::optim::Moments>,
+    /// How the GPU stores the SH coefficients: f32, or f16/bf16 (rounded
+    /// copies of f32 masters kept with --moments host; 96 fewer device bytes
+    /// a Gaussian at degree 3). The config key `sh_storage`.
+    #[arg(long)]
+    sh_storage: Option<vramfit_scene::sh_storage::ShStorage>,
     /// TOML file of settings (keys as in a run's config.toml); flags override it.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -264,6 +269,7 @@ pub fn resolve_scene(args: &SceneSettings) -> Result<SceneConfig> {
     c.max_gaussians = args.max_gaussians.unwrap_or(c.max_gaussians);
     c.downscale = args.downscale.unwrap_or(c.downscale);
     c.moments = args.moments.unwrap_or(c.moments);
+    c.sh_storage = args.sh_storage.unwrap_or(c.sh_storage);
     let c = vramfit::settings::apply_sets(&c.to_toml(), &args.set)?.unwrap_or(c);
     if c.dataset == BUILTIN && args.dataset.is_some() {
         anyhow::bail!("'{BUILTIN}' names the built-in scene: give no dataset for it, or a folder's path");

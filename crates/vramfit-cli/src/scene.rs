@@ -15,14 +15,15 @@ pub struct SceneArgs {
     settings: crate::flags::SceneSettings,
     /// Plan the fit into this memory budget first (6GiB, 512MiB, bytes, or
     /// auto: free memory), with --device wgpu|cuda: the planner sets
-    /// max_gaussians and moments (and the SH degree only with --allow-quality-loss).
+    /// max_gaussians, moments and sh_storage (and the SH degree only with
+    /// --allow-quality-loss).
     #[arg(long)]
     budget: Option<String>,
     /// Run directory (default: the next free runs/scene-NNN).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Continue the run in RUN_DIR from its last checkpoint.
-    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["dataset", "steps", "sh_degree", "downscale", "max_gaussians", "moments", "config", "set", "out", "budget", "allow_quality_loss"])]
+    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["dataset", "steps", "sh_degree", "downscale", "max_gaussians", "moments", "sh_storage", "config", "set", "out", "budget", "allow_quality_loss"])]
     resume: Option<PathBuf>,
     #[command(flatten)]
     device: crate::device::DeviceArg,

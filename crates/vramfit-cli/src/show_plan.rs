@@ -272,13 +272,26 @@ impl Show for CapacityCalibration {
             "card",
             names.iter().map(|n| format!("{n:>22}")).collect::<String>()
         );
+        let cell = |c: usize| format!("{:>22}", if c == 0 { "none".to_string() } else { c.to_string() });
         for p in table {
-            let counts: String = self
-                .largest(p.budget)
-                .iter()
-                .map(|(_, c)| format!("{:>22}", if *c == 0 { "none".to_string() } else { c.to_string() }))
-                .collect();
+            let counts: String = self.largest(p.budget).iter().map(|(_, c)| cell(*c)).collect();
             println!("  {:>8}  {counts}", human_bytes(p.budget));
+        }
+        // Where this device's largest buffer caps a count, the memory
+        // alone (as on a device without the cap: CUDA) allows more.
+        let margin = self.margin();
+        let capped = table
+            .iter()
+            .any(|p| self.lines.iter().any(|l| l.by_memory(p.budget, margin) > l.variant.limit));
+        if capped {
+            println!(
+                "\nwithout this device's largest-buffer cap (as on CUDA; derived: each line's bytes a Gaussian, as \
+                 measured on {device}'s allocator, extrapolated to the card):"
+            );
+            for p in table {
+                let counts: String = self.lines.iter().map(|l| cell(l.by_memory(p.budget, margin))).collect();
+                println!("  {:>8}  {counts}", human_bytes(p.budget));
+            }
         }
     }
 
@@ -288,11 +301,20 @@ impl Show for CapacityCalibration {
                 .iter()
                 .map(|&b| serde_json::json!({
                     "budget": b,
-                    "largest": self.largest(b).into_iter().map(|(variant, count)| serde_json::json!({
-                        "variant": variant,
-                        "count": count,
-                        "predicted_peak": self.line(&variant).map(|l| l.peak(count)),
-                    })).collect::<Vec<_>>(),
+                    "largest": self.lines.iter().map(|l| {
+                        let count = l.largest(b, self.margin());
+                        let uncapped = l.by_memory(b, self.margin());
+                        serde_json::json!({
+                            "variant": l.variant.name,
+                            "count": count,
+                            "predicted_peak": l.peak(count),
+                            "limited_by_largest_buffer": uncapped > count,
+                            "count_without_buffer_cap": uncapped,
+                            "predicted_peak_without_buffer_cap": l.peak(uncapped),
+                            "bytes_per_gaussian": l.bytes.1,
+                            "fixed_bytes": l.bytes.0,
+                        })
+                    }).collect::<Vec<_>>(),
                 }))
                 .collect::<Vec<_>>()
         ))

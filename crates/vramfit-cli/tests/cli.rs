@@ -1252,6 +1252,19 @@ fn scene_fits_a_sampled_dataset_and_refuses_bad_input() {
             &["train", "transformer", "--moments", "host", "--out", "bad"][..],
             "--device wgpu or cuda",
         ),
+        // SH in 16 bits: only with the f32 masters on the host, only on a GPU.
+        (
+            &["scene", "data", "--sh-storage", "f16", "--out", "bad"][..],
+            "needs moments = \"host\"",
+        ),
+        (
+            &["scene", "data", "--sh-storage", "bf16", "--moments", "host", "--out", "bad"][..],
+            "sh_storage = \"f32\"",
+        ),
+        (
+            &["scene", "data", "--sh-storage", "f8", "--out", "bad"][..],
+            "say f32, f16",
+        ),
     ] {
         let o = run(args, dir);
         assert!(

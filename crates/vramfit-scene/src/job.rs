@@ -299,6 +299,13 @@ impl SceneJob {
     /// Reads the dataset and seeds the Gaussians.
     pub fn new(config: SceneConfig, placement: Placement) -> Result<Self, SceneError> {
         config.check()?;
+        if config.sh_storage != ShStorage::F32 && placement.device.is_none() {
+            return Err(SceneError::Setting(format!(
+                "sh_storage = \"{}\" stores the SH coefficients in 16 bits in a GPU's memory; the CPU twin \
+                 (--device cpu) renders in f32. Use --device wgpu or cuda, or sh_storage = \"f32\"",
+                config.sh_storage
+            )));
+        }
         if config.moments == Moments::Host && placement.device.is_none() {
             return Err(SceneError::Setting(
                 "moments = \"host\" keeps Adam's state in host memory instead of a GPU's; on the CPU twin \
@@ -411,9 +418,16 @@ impl Workload for SceneJob {
         let step = self.fit.step + 1;
         self.fit.forward_backward().map_err(failed(step, "forward_backward"))?;
         let held = self.accounted();
-        let with_grads = Accounted {
-            gradients: held.parameters,
-            ..held
+        // A device says what gradients it holds (with the moments on the
+        // host, one chunk's, in its workspace); the CPU twin's are the
+        // parameters' size.
+        let with_grads = if self.fit.device_bytes().is_some() {
+            held
+        } else {
+            Accounted {
+                gradients: held.parameters,
+                ..held
+            }
         };
         observer.phase("forward_backward", None, &|| with_grads);
         self.fit.optimize().map_err(failed(step, "optimizer"))?;
@@ -492,10 +506,12 @@ impl Workload for SceneJob {
     }
     fn tensors(&self) -> Vec<NamedTensor> {
         let n = self.fit.len();
+        // As stored: the SH groups in 16 bits where the device keeps them so.
+        let per = crate::sh_storage::group_bytes(self.widths(), self.config.sh_storage);
         let mut out: Vec<NamedTensor> = GROUPS
             .iter()
-            .zip(self.widths())
-            .map(|(name, w)| NamedTensor::new(*name, bytes(n * w), Category::Parameters))
+            .zip(per)
+            .map(|(name, b)| NamedTensor::new(*name, (n * b) as u64, Category::Parameters))
             .collect();
         out.sort_by_key(|t| std::cmp::Reverse(t.bytes));
         out

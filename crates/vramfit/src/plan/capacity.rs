@@ -114,6 +114,12 @@ impl Line {
     /// The largest count whose peak with `margin` is within `budget`
     /// (capped by the variant's limit), or 0.
     pub fn largest(&self, budget: u64, margin: f64) -> usize {
+        self.by_memory(budget, margin).min(self.variant.limit)
+    }
+
+    /// The same without the variant's limit: what the memory alone allows
+    /// (on a device without this one's largest-buffer cap).
+    pub fn by_memory(&self, budget: u64, margin: f64) -> usize {
         let (a, b) = self.bytes;
         let room = budget as f64 / (1.0 + margin) - a;
         let most = if b <= 0.0 {
@@ -123,7 +129,7 @@ impl Line {
         } else {
             (room / b).floor().min(usize::MAX as f64) as usize
         };
-        most.min(self.variant.limit)
+        most
     }
 }
 
