@@ -65,6 +65,9 @@ pub enum Which {
     /// Gaussian by category at each count and SH degree, one render's and
     /// one backward's buffers, measured against the layout's prediction.
     SceneMemory(crate::bench_scene::Args),
+    /// Allocator cleanup cadences on a scene fit (wgpu, CUDA): the deciding
+    /// figure each leaves and the step time each costs, one run each.
+    SceneCleanup(crate::bench_scene::CleanupArgs),
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -83,6 +86,7 @@ pub fn run(which: Which) -> Result<()> {
             crate::plan::model::<GptConfig, 3>(config, device, Action::Bench(request))
         }
         Which::SceneMemory(args) => crate::bench_scene::run(args),
+        Which::SceneCleanup(args) => crate::bench_scene::cleanup(args),
         Which::HostAdam { values, link_gb_s, out } => host_adam(values, link_gb_s, out),
         Which::PlanScene(args) => {
             let config = crate::flags::resolve_scene(args.settings())?;

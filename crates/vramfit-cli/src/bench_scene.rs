@@ -1,7 +1,9 @@
 //! `vramfit bench scene-memory`: what a 3D scene takes in device memory,
 //! measured on the CubeCL allocator (wgpu, CUDA), per Gaussian count and SH
 //! degree: parameters by group, Adam's moments, one render's buffers and
-//! the backward's, beside what the layout predicts.
+//! the backward's, beside what the layout predicts. `vramfit bench
+//! scene-cleanup`: what each allocator cleanup cadence costs in step time
+//! and returns of the deciding figure, over whole scene fits.
 
 use std::path::{Path, PathBuf};
 
@@ -37,6 +39,99 @@ pub struct Args {
     /// JSON output (a .md table is written beside it).
     #[arg(long, default_value = "bench-results/scene-memory.json")]
     out: PathBuf,
+}
+
+/// `bench scene-cleanup`'s arguments.
+#[derive(clap::Args)]
+pub struct CleanupArgs {
+    #[command(flatten)]
+    settings: crate::flags::SceneSettings,
+    /// The cadences to compare (never, step, every:N), comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = ["never".to_string(), "every:100".into(), "every:50".into(), "every:10".into()])]
+    cadences: Vec<String>,
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
+    /// JSON output (a .md table is written beside it).
+    #[arg(long, default_value = "bench-results/scene-cleanup.json")]
+    out: PathBuf,
+}
+
+/// Fits the scene once per cadence (same settings, a fresh run each) and
+/// compares the runs' deciding figure (the allocator's reserved high-water
+/// mark), median step time and time spent cleaning.
+pub fn cleanup(args: CleanupArgs) -> Result<()> {
+    use serde_json::json;
+    if args.device.name == "cpu" {
+        bail!("bench scene-cleanup measures a device's allocator; give --device wgpu or cuda");
+    }
+    for c in &args.cadences {
+        vramfit::allocator::CleanupPolicy::parse(c).map_err(|e| anyhow::anyhow!("--cadences: {e}"))?;
+    }
+    check_out(&args.out)?;
+    let base = crate::flags::resolve_scene(&args.settings)?;
+    // The runs go to a private temporary folder, removed at the end.
+    let tmp = std::env::temp_dir().join(format!("vramfit-scene-cleanup-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let mut rows = Vec::new();
+    let mut table = String::from(
+        "| cleanup | reserved peak MiB | in use peak MiB | median step ms | cleanups | seconds cleaning | held-out PSNR dB |\n|---|---|---|---|---|---|---|\n",
+    );
+    for (k, cadence) in args.cadences.iter().enumerate() {
+        eprintln!("fitting with allocator_cleanup = {cadence}…");
+        let config = vramfit_scene::job::SceneConfig {
+            allocator_cleanup: cadence.clone(),
+            ..base.clone()
+        };
+        let dir = tmp.join(format!("run-{k}"));
+        let placement = crate::device::scene_placement(&args.device.name)?;
+        let (run, job) = vramfit_scene::job::launch(
+            vramfit::run::Start::New(config, vramfit::run::RunPath::At(dir.clone())),
+            placement,
+        )?;
+        let Some(summary) = run.drive(job, |_| std::ops::ControlFlow::Continue(()))? else {
+            bail!("the run with allocator_cleanup = {cadence} stopped before its end")
+        };
+        let w = &summary.workload;
+        let mib = |b: Option<u64>| b.map_or(f64::NAN, |b| b as f64 / (1u64 << 20) as f64);
+        table.push_str(&format!(
+            "| {cadence} | {:.1} | {:.1} | {:.1} | {} | {:.2} | {:.2} |\n",
+            mib(summary.reserved_peak_bytes),
+            mib(summary.in_use_peak_bytes),
+            summary.median_step_ms,
+            w.allocator_cleanups,
+            w.cleanup_seconds,
+            w.held_out_psnr_db,
+        ));
+        rows.push(json!({
+            "allocator_cleanup": cadence,
+            "reserved_peak_bytes": summary.reserved_peak_bytes,
+            "in_use_peak_bytes": summary.in_use_peak_bytes,
+            "median_step_ms": summary.median_step_ms,
+            "wall_seconds": summary.wall_seconds,
+            "cleanups": w.allocator_cleanups,
+            "cleanup_seconds": w.cleanup_seconds,
+            "held_out_psnr_db": w.held_out_psnr_db,
+            "gaussians": w.gaussians,
+        }));
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    println!("{table}");
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let record = json!({
+        "bench": "scene-cleanup",
+        "command": command,
+        "device": args.device.name,
+        "settings": base,
+        "measured": "each run's allocator reserved high-water (the deciding figure) and in-use high-water, read by the profiler at every phase end and before each cleanup; median step time; the cleanups' own time",
+        "rows": rows,
+    });
+    vramfit::run::atomic_write(&args.out, serde_json::to_string_pretty(&record)?.as_bytes())
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    let md = args.out.with_extension("md");
+    vramfit::run::atomic_write(&md, format!("Command: `{command}`\n\n{table}").as_bytes())
+        .with_context(|| format!("writing {}", md.display()))?;
+    println!("wrote {} and {}", args.out.display(), md.display());
+    Ok(())
 }
 
 pub fn run(args: Args) -> Result<()> {

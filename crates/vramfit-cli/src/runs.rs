@@ -313,5 +313,11 @@ pub fn print_scene(summary: &vramfit::run::RunSummary<vramfit_scene::job::SceneS
             vramfit::profile::human_bytes(moved)
         );
     }
+    if s.allocator_cleanups > 0 {
+        println!(
+            "  allocator cleanups: {} taking {:.2} s in all",
+            s.allocator_cleanups, s.cleanup_seconds
+        );
+    }
     print_common(summary, dir);
 }

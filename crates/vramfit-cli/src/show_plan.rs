@@ -280,9 +280,11 @@ impl Show for CapacityCalibration {
         // Where this device's largest buffer caps a count, the memory
         // alone (as on a device without the cap: CUDA) allows more.
         let margin = self.margin();
-        let capped = table
-            .iter()
-            .any(|p| self.lines.iter().any(|l| l.by_memory(p.budget, margin) > l.variant.limit));
+        let capped = table.iter().any(|p| {
+            self.lines
+                .iter()
+                .any(|l| l.by_memory(p.budget, margin) > l.variant.limit)
+        });
         if capped {
             println!(
                 "\nwithout this device's largest-buffer cap (as on CUDA; derived: each line's bytes a Gaussian, as \

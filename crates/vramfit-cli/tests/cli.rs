@@ -1258,7 +1258,16 @@ fn scene_fits_a_sampled_dataset_and_refuses_bad_input() {
             "needs moments = \"host\"",
         ),
         (
-            &["scene", "data", "--sh-storage", "bf16", "--moments", "host", "--out", "bad"][..],
+            &[
+                "scene",
+                "data",
+                "--sh-storage",
+                "bf16",
+                "--moments",
+                "host",
+                "--out",
+                "bad",
+            ][..],
             "sh_storage = \"f32\"",
         ),
         (

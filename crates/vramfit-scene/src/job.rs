@@ -9,14 +9,15 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use vramfit::allocator::CleanupPolicy;
 use vramfit::optim::Moments;
 use vramfit::profile::{Accounted, Category, HeapSource, MemorySource, NamedTensor};
 use vramfit::run::{ArrayFile, Cadence, Finished, Run, RunError, RunStats, Start, StepRecord, Workload};
 use vramfit::step::StepObserver;
 
 use crate::dataset::{Dataset, DatasetError};
-use crate::sh_storage::ShStorage;
 use crate::densify::{Densify, Stats};
+use crate::sh_storage::ShStorage;
 use crate::synthetic::{SKY, Spec};
 use crate::train::{Fit, GROUPS, LearningRates, SceneDevice, Settings, State};
 
@@ -79,6 +80,10 @@ pub struct SceneConfig {
     /// the rounded copy of an f32 master kept with the moments on the host:
     /// needs `moments = "host"`; changes the rendered colours slightly).
     pub sh_storage: ShStorage,
+    /// When a GPU's allocator returns its unused pools to the device:
+    /// `never`, `step`, or `every:N` steps (each a sync and a cleanup; what
+    /// it returns and costs: `vramfit bench scene-cleanup`).
+    pub allocator_cleanup: String,
 }
 
 impl Default for SceneConfig {
@@ -107,6 +112,7 @@ impl Default for SceneConfig {
             profile_every: 100,
             moments: Moments::Device,
             sh_storage: ShStorage::F32,
+            allocator_cleanup: "never".into(),
         }
     }
 }
@@ -142,6 +148,9 @@ impl SceneConfig {
         }
         if self.sh_every == 0 || self.log_every == 0 {
             return bad("sh_every and log_every", "must be at least 1");
+        }
+        if let Err(e) = CleanupPolicy::parse(&self.allocator_cleanup) {
+            return bad("allocator_cleanup", &e.to_string());
         }
         if self.sh_storage != ShStorage::F32 && self.moments != Moments::Host {
             return bad(
@@ -285,6 +294,12 @@ pub struct SceneSummary {
     /// bytes copied between host and device by the last step.
     #[serde(default)]
     pub host_bytes: [u64; 2],
+    /// Allocator cleanups over the run's last session (`allocator_cleanup`)
+    /// and the seconds they took (a device sync and the cleanup each).
+    #[serde(default)]
+    pub allocator_cleanups: u64,
+    #[serde(default)]
+    pub cleanup_seconds: f64,
 }
 
 /// The workload.
@@ -293,6 +308,8 @@ pub struct SceneJob {
     fit: Fit,
     initial_psnr: f64,
     memory: Box<dyn Fn() -> Box<dyn MemorySource>>,
+    /// Allocator cleanups this session, and the seconds they took.
+    cleanups: (u64, f64),
 }
 
 impl SceneJob {
@@ -324,6 +341,7 @@ impl SceneJob {
             config,
             fit,
             initial_psnr,
+            cleanups: (0, 0.0),
             memory: placement.memory,
         })
     }
@@ -436,8 +454,21 @@ impl Workload for SceneJob {
             ..self.accounted()
         };
         observer.phase("optimizer", None, &|| held);
+        // After the phase is read: the reservation is seen before a
+        // cleanup can release it.
+        let cleanup = CleanupPolicy::parse(&self.config.allocator_cleanup).unwrap_or_default();
+        let cleaned = if cleanup.due(step) {
+            self.fit.cleanup_device().map_err(failed(step, "cleanup"))?
+        } else {
+            None
+        };
         let loss = self.fit.last_loss as f64;
         let mut metrics = serde_json::Map::new();
+        if let Some(took) = cleaned {
+            self.cleanups.0 += 1;
+            self.cleanups.1 += took.as_secs_f64();
+            metrics.insert("cleanup_seconds".into(), json!(took.as_secs_f64()));
+        }
         metrics.insert("sh_degree".into(), json!(self.fit.active_degree(self.fit.step)));
         metrics.insert("gaussians".into(), json!(self.fit.len()));
         let step = self.fit.step;
@@ -537,6 +568,8 @@ impl Workload for SceneJob {
                 .collect(),
             final_loss: self.fit.last_loss as f64,
             host_bytes: self.fit.host_bytes(),
+            allocator_cleanups: self.cleanups.0,
+            cleanup_seconds: self.cleanups.1,
         };
         Ok(Finished {
             summary,

@@ -18,7 +18,7 @@ pub mod job;
 pub mod nerf;
 pub mod params;
 pub mod plan;
-pub mod sh_storage;
 pub mod ply;
+pub mod sh_storage;
 pub mod synthetic;
 pub mod train;

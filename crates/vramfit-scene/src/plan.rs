@@ -87,7 +87,11 @@ mod tests {
         let v = variants(3, None, u64::MAX);
         assert_eq!(v.len(), 3);
         assert!(v.iter().all(|(_, s)| s.degree == 3));
-        assert!(v[..2].iter().all(|(v, s)| v.quality.is_empty() && s.sh == ShStorage::F32));
+        assert!(
+            v[..2]
+                .iter()
+                .all(|(v, s)| v.quality.is_empty() && s.sh == ShStorage::F32)
+        );
         assert_eq!(v[1].1.moments, Moments::Host);
         // f16 SH is offered (it changes numerics, not the model) and says so.
         assert_eq!((v[2].1.moments, v[2].1.sh), (Moments::Host, ShStorage::F16));

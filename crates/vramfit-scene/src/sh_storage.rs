@@ -133,10 +133,14 @@ mod tests {
     fn an_adam_sized_step_is_lost_in_sixteen_bits() {
         // Why the masters stay f32: 0.3 + 1.25e-4 rounds back to 0.3.
         for storage in [ShStorage::F16, ShStorage::Bf16] {
-            let [a, b] = storage.round(&[0.3, 0.3 + 1.25e-4])[..] else { unreachable!() };
+            let [a, b] = storage.round(&[0.3, 0.3 + 1.25e-4])[..] else {
+                unreachable!()
+            };
             assert_eq!(a, b, "{storage}");
         }
-        let [a, b] = ShStorage::F16.round(&[0.1, 0.1 + 1.25e-4])[..] else { unreachable!() };
+        let [a, b] = ShStorage::F16.round(&[0.1, 0.1 + 1.25e-4])[..] else {
+            unreachable!()
+        };
         assert_ne!(a, b);
     }
 }

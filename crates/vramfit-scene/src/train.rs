@@ -158,6 +158,11 @@ pub trait SceneDevice {
     fn host_bytes(&self) -> [u64; 2] {
         [0, 0]
     }
+    /// Returns the allocator's unused pools to the device (after the queued
+    /// work is done); nothing where there is no pool.
+    fn cleanup(&self) -> Result<(), String> {
+        Ok(())
+    }
 }
 
 /// The loss `(1 − λ) L1 + λ (1 − SSIM)` of `image` against `target`
@@ -270,6 +275,15 @@ impl Fit {
     /// step moved ([`SceneDevice::host_bytes`]; zeros on the CPU twin).
     pub fn host_bytes(&self) -> [u64; 2] {
         self.device.as_ref().map_or([0, 0], |d| d.host_bytes())
+    }
+
+    /// Returns the device allocator's unused pools ([`SceneDevice::cleanup`]):
+    /// the time it took, or `None` on the CPU twin.
+    pub fn cleanup_device(&self) -> Result<Option<std::time::Duration>, String> {
+        let Some(d) = &self.device else { return Ok(None) };
+        let started = std::time::Instant::now();
+        d.cleanup()?;
+        Ok(Some(started.elapsed()))
     }
 
     /// Brings the host copy up to date with the device.

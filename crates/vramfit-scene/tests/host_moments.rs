@@ -106,7 +106,11 @@ fn moments_on_the_host_give_the_device_fit_in_less_device_memory() {
     // The SH in f16 on the device, f32 masters on the host.
     let f16 = fits[3].params().unwrap();
     let sh_values = (f16.sh_dc.len() + f16.sh_rest.len()) as u64;
-    assert_eq!(held[1].1[0] - held[3].1[0], 2 * sh_values, "two bytes less a coefficient");
+    assert_eq!(
+        held[1].1[0] - held[3].1[0],
+        2 * sh_values,
+        "two bytes less a coefficient"
+    );
     // (Less one alignment unit: buffers are rounded up, and the render's
     // intersections may differ by one.)
     assert!(

@@ -230,7 +230,10 @@ pub fn widening_mismatches<R: Runtime>(device: &R::Device) -> Result<[usize; 2],
     let buffer = renderer.upload_words(&words);
     let mut out = [0; 2];
     for (slot, (storage, host)) in [
-        (ShStorage::F16, (|b: u16| half::f16::from_bits(b).to_f32()) as fn(u16) -> f32),
+        (
+            ShStorage::F16,
+            (|b: u16| half::f16::from_bits(b).to_f32()) as fn(u16) -> f32,
+        ),
         (ShStorage::Bf16, |b: u16| half::bf16::from_bits(b).to_f32()),
     ]
     .into_iter()

@@ -46,7 +46,11 @@ impl SceneBuffers {
     /// 32-bit words of group `g`'s buffer for `count` Gaussians.
     pub fn words(&self, g: usize, count: usize) -> usize {
         let values = count * self.widths()[g];
-        if SH_GROUPS.contains(&g) { self.sh.words(values) } else { values }
+        if SH_GROUPS.contains(&g) {
+            self.sh.words(values)
+        } else {
+            values
+        }
     }
 
     /// Device bytes of the parameters.

@@ -271,7 +271,11 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
                 ADAM.step(&mut host.params[g], &grads[g], m, v, rates[g], c1, c2);
                 // Back chunk by chunk (the device never holds a second
                 // copy of a group), the SH groups rounded to their storage.
-                let storage = if SH_GROUPS.contains(&g) { self.sh } else { ShStorage::F32 };
+                let storage = if SH_GROUPS.contains(&g) {
+                    self.sh
+                } else {
+                    ShStorage::F32
+                };
                 let span = CHUNK * widths[g];
                 for (k, part) in host.params[g].chunks(span.max(1)).enumerate() {
                     let words = storage.encode(part);
@@ -311,6 +315,13 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
         // Adam's two moments (unless on the host), and densification's three statistics.
         let moments = if self.host.is_some() { 0 } else { 8 * values };
         [s.bytes(), grads, moments + 12 * s.n as u64, self.workspace]
+    }
+
+    fn cleanup(&self) -> Result<(), String> {
+        let client = &self.renderer.client;
+        cubecl::future::block_on(client.sync()).map_err(|e| e.to_string())?;
+        client.memory_cleanup();
+        cubecl::future::block_on(client.sync()).map_err(|e| e.to_string())
     }
 
     fn host_bytes(&self) -> [u64; 2] {

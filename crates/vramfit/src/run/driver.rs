@@ -932,13 +932,14 @@ impl<W: Workload> Workload for FailAt<W> {
 }
 
 /// Settings a resume may change: how often things are logged, checked,
-/// drawn, checkpointed and profiled (the run's trajectory does not depend
-/// on them); the learning rates (what the advice for a diverging run says
+/// drawn, checkpointed and profiled, and how often the allocator is
+/// cleaned up (the run's trajectory does not depend on them); the learning rates (what the advice for a diverging run says
 /// to lower before resuming); and `steps`, to no fewer than the
 /// checkpoint's step (a run may be extended, not cut below where it is);
 /// and `moments` between the device and the host (where Adam's state
 /// lives, not its precision).
-const CADENCE_KEYS: [&str; 5] = [
+const CADENCE_KEYS: [&str; 6] = [
+    "allocator_cleanup",
     "log_every",
     "check_every",
     "frame_every",
