@@ -76,6 +76,7 @@ fn flex(values: Vec<f32>, shape: burn::tensor::Shape) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(values, shape))
 }
 
+mod attention;
 mod gelu;
 mod heads;
 mod layer_norm;
@@ -85,6 +86,7 @@ mod softmax;
 #[cfg(test)]
 mod tests;
 
+pub use attention::{attention, attention_reference};
 pub use gelu::gelu;
 pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{layer_norm, layer_norm_reference};
@@ -92,4 +94,4 @@ pub use linear::linear;
 pub use matmul::matmul;
 pub use softmax::{causal_softmax, causal_softmax_reference};
 #[allow(unused_imports)]
-use {gelu::*, heads::*, layer_norm::*, linear::*, matmul::*, softmax::*};
+use {attention::*, gelu::*, heads::*, layer_norm::*, linear::*, matmul::*, softmax::*};

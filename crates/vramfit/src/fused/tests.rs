@@ -317,3 +317,108 @@ fn gelu_matches_burns_operation() {
 fn host_f64<const D: usize>(t: Tensor<Cpu, D>) -> Vec<f64> {
     t.into_data().into_vec::<f64>().unwrap()
 }
+
+/// The fused attention's output and its three gradients are the standard
+/// attention's (Burn's operations, which keep the scores): causal and not,
+/// head widths 16 to 128, lengths that are multiples of nothing, more keys
+/// than queries, and a value width of its own.
+#[test]
+fn attention_matches_the_standard_attention() {
+    let _graph = crate::grads::graph_lock(); // other tests differentiate in parallel
+    let d = Default::default();
+    let normal = |shape: [usize; 4]| Tensor::<Cpu, 4>::random(shape, Distribution::Normal(0.0, 1.0), &d);
+    for (b, h, t, s, dh, dv, causal) in [
+        (2, 3, 7, 7, 16, 16, true),
+        (1, 2, 33, 33, 64, 64, true),
+        (2, 1, 13, 29, 24, 40, false),
+        (1, 1, 5, 5, 128, 128, false),
+        (1, 2, 2, 2, 16, 16, true),
+    ] {
+        let what = format!("b{b} h{h} t{t} s{s} dh{dh} dv{dv} causal {causal}");
+        let scale = 1.0 / (dh as f64).sqrt();
+        let (q, k, v) = (
+            normal([b, h, t, dh]).require_grad(),
+            normal([b, h, s, dh]).require_grad(),
+            normal([b, h, s, dv]).require_grad(),
+        );
+        let up = normal([b, h, t, dv]);
+        let fused = attention(q.clone(), k.clone(), v.clone(), scale, causal);
+        let reference = attention_reference(q.clone(), k.clone(), v.clone(), scale, causal);
+        close(host(fused.clone()), host(reference.clone()), 1e-5, &format!("{what}: output"));
+        let g_fused = (fused * up.clone()).sum().backward();
+        let g_ref = (reference * up).sum().backward();
+        for (name, x) in [("dq", &q), ("dk", &k), ("dv", &v)] {
+            close(
+                x.grad(&g_fused).unwrap().into_data().into_vec().unwrap(),
+                x.grad(&g_ref).unwrap().into_data().into_vec().unwrap(),
+                1e-4,
+                &format!("{what}: {name}"),
+            );
+        }
+    }
+}
+
+/// The causal mask is exact: a key after the query has no effect on it,
+/// at every position (changing key and value `j` changes no output row
+/// before `j`).
+#[test]
+fn causal_attention_ignores_later_keys() {
+    let d = Default::default();
+    let normal = |shape: [usize; 4]| Tensor::<Cpu, 4>::random(shape, Distribution::Normal(0.0, 1.0), &d);
+    let (t, dh) = (19, 16);
+    let (q, k, v) = (normal([1, 2, t, dh]), normal([1, 2, t, dh]), normal([1, 2, t, dh]));
+    let base = host(attention(q.clone(), k.clone(), v.clone(), 0.25, true));
+    for j in [0, 7, t - 1] {
+        let bump = |x: Tensor<Cpu, 4>| {
+            let delta = Tensor::<Cpu, 4>::ones([1, 2, 1, dh], &d).mul_scalar(3.0);
+            x.clone().slice_assign([0..1, 0..2, j..j + 1, 0..dh], x.slice([0..1, 0..2, j..j + 1, 0..dh]) + delta)
+        };
+        let moved = host(attention(q.clone(), bump(k.clone()), bump(v.clone()), 0.25, true));
+        for head in 0..2 {
+            for i in 0..t {
+                let row = |o: &[f32]| o[(head * t + i) * dh..(head * t + i + 1) * dh].to_vec();
+                if i < j {
+                    assert_eq!(row(&moved), row(&base), "query {i} saw key {j}");
+                } else if i == j {
+                    assert_ne!(row(&moved), row(&base), "query {i} sees its own key");
+                }
+            }
+        }
+    }
+}
+
+/// The fused attention's gradients against central finite differences of
+/// its own forward, in f64 arithmetic on the loss (a small case).
+#[test]
+fn attention_gradients_match_finite_differences() {
+    let _graph = crate::grads::graph_lock(); // other tests differentiate in parallel
+    let d = Default::default();
+    let normal = |shape: [usize; 4]| Tensor::<Cpu, 4>::random(shape, Distribution::Normal(0.0, 1.0), &d);
+    let (t, dh) = (6, 4);
+    let (q, k, v) = (normal([1, 1, t, dh]), normal([1, 1, t, dh]), normal([1, 1, t, dh]));
+    let up = host(normal([1, 1, t, dh]));
+    let loss = |q: Vec<f32>, k: Vec<f32>, v: Vec<f32>| -> f64 {
+        let make = |x: Vec<f32>| Tensor::<Cpu, 4>::from_data(TensorData::new(x, [1, 1, t, dh]), &d);
+        let o = host(attention(make(q), make(k), make(v), 0.5, true));
+        o.iter().zip(&up).map(|(a, b)| *a as f64 * *b as f64).sum()
+    };
+    let (qv, kv, vv) = (host(q.clone()), host(k.clone()), host(v.clone()));
+    let (q, k, v) = (q.require_grad(), k.require_grad(), v.require_grad());
+    let upt = Tensor::<Cpu, 4>::from_data(TensorData::new(up.clone(), [1, 1, t, dh]), &d);
+    let grads = (attention(q.clone(), k.clone(), v.clone(), 0.5, true) * upt).sum().backward();
+    let analytic = [q.grad(&grads), k.grad(&grads), v.grad(&grads)].map(|g| g.unwrap().into_data().into_vec::<f32>().unwrap());
+    let eps = 1e-2f32;
+    for (which, grad) in analytic.iter().enumerate() {
+        for e in 0..t * dh {
+            let nudged = |delta: f32| {
+                let mut xs = [qv.clone(), kv.clone(), vv.clone()];
+                xs[which][e] += delta;
+                let [a, b, c] = xs;
+                loss(a, b, c)
+            };
+            let numeric = (nudged(eps) - nudged(-eps)) / (2.0 * eps as f64);
+            let err = (grad[e] as f64 - numeric).abs();
+            assert!(err < 2e-3 * (1.0 + numeric.abs()), "input {which} element {e}: {} vs {numeric}", grad[e]);
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! Attention as one autodiff operation that never holds the score matrix
+//! (FlashAttention-2's algorithm, one query row at a time on the CPU).
+//!
+//! Standard attention keeps `softmax(scale · Q Kᵀ)`, `[b, h, t, t]`, for its
+//! backward: at 2,048 tokens, 8 heads and a batch of 4, 512 MiB a layer.
+//! Here the forward keeps Q, K, V, the output and one log-sum-exp per query
+//! row (`O(t)` a head beyond the inputs), and the backward recomputes each
+//! row's scores from them. Each thread's scratch is one row of scores.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// Softmax attention of `q` over `k`, `v` (each `[b, h, t, dh]`; `k` and `v`
+/// may have another length `s`): `softmax(scale · q kᵀ) v`, with key `j`
+/// masked for query `i < j` when `causal` (then `t` must equal `s`). On
+/// `Autodiff<Flex>` with f32 tensors the fused operation; elsewhere
+/// [`attention_reference`] (Burn's operations, which keep the scores).
+pub fn attention<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, scale: f64, causal: bool) -> Tensor<B, 4> {
+    let [b, h, t, dh] = q.dims();
+    let [kb, kh, s, kd] = k.dims();
+    assert!(
+        [kb, kh, kd] == [b, h, dh] && v.dims() == [b, h, s, v.dims()[3]] && v.dims()[3] > 0,
+        "attention: q {:?}, k {:?}, v {:?} do not match",
+        q.dims(),
+        k.dims(),
+        v.dims()
+    );
+    assert!(!causal || t == s, "causal attention needs as many keys as queries ({t} and {s})");
+    assert!(scale > 0.0, "attention scale must be positive, got {scale}");
+    match (on_cpu(q), on_cpu(k), on_cpu(v)) {
+        (Ok(q), Ok(k), Ok(v)) => back(attention_cpu(q, k, v, scale as f32, causal)),
+        (q, k, v) => {
+            let either = |r: Result<Tensor<Cpu, 4>, Tensor<B, 4>>| r.map_or_else(|t| t, back);
+            attention_reference(either(q), either(k), either(v), scale, causal)
+        }
+    }
+}
+
+/// [`attention`] from Burn's operations (every backend; the fused
+/// operation's oracle): the scores, the mask, softmax, the product.
+pub fn attention_reference<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    scale: f64,
+    causal: bool,
+) -> Tensor<B, 4> {
+    let scores = q.matmul(k.swap_dims(2, 3)); // [b, h, t, s]
+    let attn = if causal {
+        causal_softmax_reference(scores, scale)
+    } else {
+        softmax(scores.mul_scalar(scale), 3)
+    };
+    attn.matmul(v)
+}
+
+/// The shapes of one call: `bh` heads of `t` queries over `s` keys, `dh`
+/// wide (queries and keys) and `dv` wide (values).
+#[derive(Debug, Clone, Copy)]
+struct Dims {
+    t: usize,
+    s: usize,
+    dh: usize,
+    dv: usize,
+    scale: f32,
+    causal: bool,
+}
+
+impl Dims {
+    /// Keys query `i` sees.
+    fn keys(&self, i: usize) -> usize {
+        if self.causal { i + 1 } else { self.s }
+    }
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Eight partial sums: the compiler vectorises this; one running sum it
+    // would not (f32 addition is not associative).
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (o, v) in y.iter_mut().zip(x) {
+        *o += a * v;
+    }
+}
+
+/// One head's forward: the output rows and each row's log-sum-exp of the
+/// scaled scores, with `scores` a row of scratch.
+fn head_forward(d: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &mut [f32], scores: &mut [f32]) {
+    for i in 0..d.t {
+        let qi = &q[i * d.dh..(i + 1) * d.dh];
+        let keys = d.keys(i);
+        let row = &mut scores[..keys];
+        let mut max = f32::NEG_INFINITY;
+        for (j, sj) in row.iter_mut().enumerate() {
+            *sj = d.scale * dot(qi, &k[j * d.dh..(j + 1) * d.dh]);
+            max = max.max(*sj);
+        }
+        let oi = &mut o[i * d.dv..(i + 1) * d.dv];
+        oi.fill(0.0);
+        let mut sum = 0.0f32;
+        for (j, sj) in row.iter().enumerate() {
+            let p = (sj - max).exp();
+            sum += p;
+            axpy(oi, p, &v[j * d.dv..(j + 1) * d.dv]);
+        }
+        let inv = 1.0 / sum;
+        oi.iter_mut().for_each(|x| *x *= inv);
+        lse[i] = max + sum.ln();
+    }
+}
+
+/// One head's backward (FlashAttention-2): `D_i = dO_i · O_i`; per query
+/// row the probabilities again from the log-sum-exp, then
+/// `dV_j += p_ij dO_i`, `dS_ij = p_ij (dO_i · V_j − D_i)`,
+/// `dQ_i += scale dS_ij K_j`, `dK_j += scale dS_ij Q_i`.
+#[allow(clippy::too_many_arguments)]
+fn head_backward(
+    d: &Dims,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    o: &[f32],
+    lse: &[f32],
+    d_o: &[f32],
+    dq: &mut [f32],
+    dk: &mut [f32],
+    dv: &mut [f32],
+) {
+    dq.fill(0.0);
+    dk.fill(0.0);
+    dv.fill(0.0);
+    for i in 0..d.t {
+        let qi = &q[i * d.dh..(i + 1) * d.dh];
+        let doi = &d_o[i * d.dv..(i + 1) * d.dv];
+        let di = dot(doi, &o[i * d.dv..(i + 1) * d.dv]);
+        let dqi = &mut dq[i * d.dh..(i + 1) * d.dh];
+        for j in 0..d.keys(i) {
+            let kj = &k[j * d.dh..(j + 1) * d.dh];
+            let p = (d.scale * dot(qi, kj) - lse[i]).exp();
+            let vj = &v[j * d.dv..(j + 1) * d.dv];
+            axpy(&mut dv[j * d.dv..(j + 1) * d.dv], p, doi);
+            let ds = d.scale * p * (dot(doi, vj) - di);
+            axpy(dqi, ds, kj);
+            axpy(&mut dk[j * d.dh..(j + 1) * d.dh], ds, qi);
+        }
+    }
+}
+
+/// The forward over every head in parallel: the output `[bh, t, dv]` and
+/// the log-sum-exps `[bh, t]`.
+fn forward_all(d: &Dims, q: &[f32], k: &[f32], v: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let bh = q.len() / (d.t * d.dh);
+    let mut o = vec![0.0f32; bh * d.t * d.dv];
+    let mut lse = vec![0.0f32; bh * d.t];
+    o.par_chunks_mut(d.t * d.dv)
+        .zip(lse.par_chunks_mut(d.t))
+        .enumerate()
+        .for_each_init(
+            || vec![0.0f32; d.s],
+            |scores, (n, (oh, lh))| {
+                let (qh, kh, vh) = (
+                    &q[n * d.t * d.dh..(n + 1) * d.t * d.dh],
+                    &k[n * d.s * d.dh..(n + 1) * d.s * d.dh],
+                    &v[n * d.s * d.dv..(n + 1) * d.s * d.dv],
+                );
+                head_forward(d, qh, kh, vh, oh, lh, scores);
+            },
+        );
+    (o, lse)
+}
+
+pub(super) fn attention_cpu(q: Tensor<Cpu, 4>, k: Tensor<Cpu, 4>, v: Tensor<Cpu, 4>, scale: f32, causal: bool) -> Tensor<Cpu, 4> {
+    #[derive(Debug)]
+    struct Attention;
+
+    /// What the backward needs: the inputs, the output (shared with the
+    /// graph, not a copy), the log-sum-exps (`O(t)` a head) and the shapes;
+    /// never the scores.
+    type Saved = (FlexTensor, FlexTensor, FlexTensor, FlexTensor, Vec<f32>, Dims);
+
+    impl Backward<Flex, 3> for Attention {
+        type State = Saved;
+
+        fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+            let d_o = grads.consume::<Flex>(&ops.node);
+            let (q, k, v, o, lse, d) = ops.state;
+            let (qv, kv, vv, ov, dov) = (values(&q), values(&k), values(&v), values(&o), values(&d_o));
+            let bh = qv.len() / (d.t * d.dh);
+            let mut dq = vec![0.0f32; qv.len()];
+            let mut dk = vec![0.0f32; kv.len()];
+            let mut dv = vec![0.0f32; vv.len()];
+            dq.par_chunks_mut(d.t * d.dh)
+                .zip(dk.par_chunks_mut(d.s * d.dh))
+                .zip(dv.par_chunks_mut(d.s * d.dv))
+                .enumerate()
+                .for_each(|(n, ((dqh, dkh), dvh))| {
+                    let (tq, tk, tv) = (n * d.t * d.dh, n * d.s * d.dh, n * d.s * d.dv);
+                    head_backward(
+                        &d,
+                        &qv[tq..tq + d.t * d.dh],
+                        &kv[tk..tk + d.s * d.dh],
+                        &vv[tv..tv + d.s * d.dv],
+                        &ov[n * d.t * d.dv..(n + 1) * d.t * d.dv],
+                        &lse[n * d.t..(n + 1) * d.t],
+                        &dov[n * d.t * d.dv..(n + 1) * d.t * d.dv],
+                        dqh,
+                        dkh,
+                        dvh,
+                    );
+                });
+            debug_assert_eq!(bh * d.t, lse.len());
+            let shape = |t: &FlexTensor| t.layout().shape().clone();
+            for (parent, (grad, like)) in ops.parents.iter().zip([(dq, &q), (dk, &k), (dv, &v)]) {
+                if let Some(node) = parent {
+                    grads.register::<Flex>(node.id, flex(grad, shape(like)));
+                }
+            }
+        }
+    }
+
+    let [_, _, t, dh] = q.dims();
+    let [_, _, s, dv] = v.dims();
+    let d = Dims {
+        t,
+        s,
+        dh,
+        dv,
+        scale,
+        causal,
+    };
+    let (q, k, v) = (
+        q.into_primitive().tensor(),
+        k.into_primitive().tensor(),
+        v.into_primitive().tensor(),
+    );
+    let mut out_shape = q.primitive.layout().shape().clone();
+    out_shape[3] = dv;
+    let run = |q: &FlexTensor, k: &FlexTensor, v: &FlexTensor| forward_all(&d, &values(q), &values(k), &values(v));
+    let out = match Attention
+        .prepare::<NoCheckpointing>([q.node.clone(), k.node.clone(), v.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => {
+            let (o, lse) = run(&q.primitive, &k.primitive, &v.primitive);
+            let y = flex(o, out_shape);
+            prep.finish((q.primitive, k.primitive, v.primitive, y.clone(), lse, d), y)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(flex(run(&q.primitive, &k.primitive, &v.primitive).0, out_shape)),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
