@@ -47,6 +47,11 @@ pub struct TrainSettings {
     /// Allocator cleanup: never, step, every:N.
     #[arg(long)]
     allocator_cleanup: Option<String>,
+    /// The transformer's attention: standard (the scores kept for the
+    /// backward) or fused (recomputed there, never stored). The key
+    /// `model.attention`.
+    #[arg(long)]
+    attention: Option<vramfit::fused::Attention>,
     /// Seed of the weights.
     #[arg(long, allow_negative_numbers = true, value_parser = parse_count::<u64>)]
     seed: Option<u64>,
@@ -96,7 +101,15 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
     if !a.storage.is_empty() {
         c.storage = a.storage.clone();
     }
-    Ok(vramfit::settings::apply_sets(&c.to_toml(), &a.set)?.unwrap_or(c))
+    let mut sets = a.set.clone();
+    if let Some(attention) = a.attention {
+        if M::NAME != "transformer" {
+            anyhow::bail!("--attention: `train {}` has no attention layers; it is a setting of the transformer", M::NAME);
+        }
+        // Before the user's own --set, which may still override it.
+        sets.insert(0, format!("model.attention={attention}"));
+    }
+    Ok(vramfit::settings::apply_sets(&c.to_toml(), &sets)?.unwrap_or(c))
 }
 
 /// A fit's settings as flags (shared by `fit` and `plan splat`).

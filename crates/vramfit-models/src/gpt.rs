@@ -42,6 +42,9 @@ pub struct GptConfig {
     pub frame_dim: usize,
     /// At most this many frames per sample are used (evenly spaced).
     pub max_frames: usize,
+    /// `standard` (the scores kept for the backward, `[b, h, t, t]` a
+    /// layer) or `fused` (recomputed in the backward, never stored).
+    pub attention: vramfit::fused::Attention,
 }
 
 impl Default for GptConfig {
@@ -55,6 +58,7 @@ impl Default for GptConfig {
             mlp_ratio: 4,
             frame_dim: 0,
             max_frames: 0,
+            attention: vramfit::fused::Attention::Standard,
         }
     }
 }
@@ -137,6 +141,7 @@ impl GptConfig {
                 mlp_in: Dense::new(&mut rng, w, hidden, 0.02, device),
                 mlp_out: Dense::new(&mut rng, hidden, w, residual_std, device),
                 heads: self.heads,
+                fused_attention: self.attention == vramfit::fused::Attention::Fused,
             })
             .collect();
         Gpt {
@@ -242,6 +247,7 @@ pub struct GptBlock<B: Backend> {
     /// MLP down.
     pub mlp_out: Dense<B>,
     heads: usize,
+    fused_attention: bool,
 }
 
 impl<B: Backend> Block<B, 3> for GptBlock<B> {
@@ -258,11 +264,18 @@ impl<B: Backend> Block<B, 3> for GptBlock<B> {
         // copies on the CPU (see `vramfit::fused`).
         let heads = |i: usize| vramfit::fused::split_heads(self.qkv.forward_columns(normed.clone(), i * w, w, ac), h); // [b, h, t, dh]
         let (q, k, v) = (heads(0), heads(1), heads(2));
-        let scores = ac.full(ac.matmul(q, k.swap_dims(2, 3))); // [b, h, t, t]
-        // Scale, causal mask and softmax as one operation on the CPU backend
-        // (see `vramfit::fused`), Burn's operations elsewhere.
-        let attn = vramfit::fused::causal_softmax(scores, 1.0 / (dh as f64).sqrt());
-        let mixed = vramfit::fused::merge_heads(ac.matmul(attn, v)); // [b, t, w] low
+        let scale = 1.0 / (dh as f64).sqrt();
+        let mixed = if self.fused_attention {
+            // No score tensor: recomputed row by row in the backward (in f32).
+            vramfit::fused::attention(ac.full(q), ac.full(k), ac.full(v), scale, true)
+        } else {
+            let scores = ac.full(ac.matmul(q, k.swap_dims(2, 3))); // [b, h, t, t]
+            // Scale, causal mask and softmax as one operation on the CPU
+            // backend (see `vramfit::fused`), Burn's operations elsewhere.
+            let attn = vramfit::fused::causal_softmax(scores, scale);
+            ac.matmul(attn, v)
+        };
+        let mixed = vramfit::fused::merge_heads(mixed); // [b, t, w]
         let x = x + ac.full(self.proj.forward(mixed, ac));
         let hidden = vramfit::fused::gelu(self.mlp_in.forward(self.norm2.forward(x.clone(), ac), ac));
         x + ac.full(self.mlp_out.forward(hidden, ac))

@@ -54,6 +54,41 @@ pub fn attention_reference<B: Backend>(
     attn.matmul(v)
 }
 
+/// How a model computes attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attention {
+    /// The scores as a tensor, kept for the backward (`[b, h, t, t]`).
+    #[default]
+    Standard,
+    /// [`attention`]: no score tensor (on the CPU; Burn's operations on
+    /// the other backends until their kernels exist).
+    Fused,
+}
+
+impl std::str::FromStr for Attention {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "standard" => Ok(Self::Standard),
+            "fused" => Ok(Self::Fused),
+            other => Err(format!(
+                "attention `{other}`: say standard (the scores kept as a tensor) or fused (recomputed in the backward, \
+                 never stored)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Attention {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Standard => "standard",
+            Self::Fused => "fused",
+        })
+    }
+}
+
 /// The shapes of one call: `bh` heads of `t` queries over `s` keys, `dh`
 /// wide (queries and keys) and `dv` wide (values).
 #[derive(Debug, Clone, Copy)]

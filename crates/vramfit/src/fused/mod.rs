@@ -86,7 +86,7 @@ mod softmax;
 #[cfg(test)]
 mod tests;
 
-pub use attention::{attention, attention_reference};
+pub use attention::{Attention, attention, attention_reference};
 pub use gelu::gelu;
 pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{layer_norm, layer_norm_reference};
