@@ -104,7 +104,10 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
     let mut sets = a.set.clone();
     if let Some(attention) = a.attention {
         if M::NAME != "transformer" {
-            anyhow::bail!("--attention: `train {}` has no attention layers; it is a setting of the transformer", M::NAME);
+            anyhow::bail!(
+                "--attention: `train {}` has no attention layers; it is a setting of the transformer",
+                M::NAME
+            );
         }
         // Before the user's own --set, which may still override it.
         sets.insert(0, format!("model.attention={attention}"));

@@ -50,6 +50,12 @@ pub trait ModelSettings:
         Vec::new()
     }
 
+    /// A model setting that lowers the activations (in `vramfit train`'s
+    /// words), if the model has one that is not in use.
+    fn activation_lever(&self) -> Option<String> {
+        None
+    }
+
     /// The family's own defaults of the shared settings (steps, batch, lr).
     fn defaults(config: FamilyConfig<Self>) -> FamilyConfig<Self> {
         config

@@ -412,6 +412,11 @@ impl crate::family::ModelSettings for GptConfig {
         Ok(())
     }
 
+    fn activation_lever(&self) -> Option<String> {
+        (self.attention == vramfit::fused::Attention::Standard)
+            .then(|| "--attention fused (attention's scores recomputed in the backward, never stored)".into())
+    }
+
     fn blocks(&self) -> usize {
         self.depth
     }

@@ -119,6 +119,13 @@ impl<B: AutodiffBackend, F: Family<D>, const D: usize> Course<B, F::Net<B>, D> f
                     if c.precision == "f32" {
                         ways.push("--precision bf16".into());
                     }
+                    // The model's own (the fused attention): on the CPU,
+                    // where its kernel is; elsewhere it is Burn's operations.
+                    if vramfit::backends::is_cpu::<B>()
+                        && let Some(lever) = c.model.activation_lever()
+                    {
+                        ways.push(lever);
+                    }
                     (!ways.is_empty()).then(|| format!("activations: {}", ways.join(", or ")))
                 }
                 Category::Parameters if !all_low => Some("parameters: --storage '*:bf16' (half the bytes)".into()),

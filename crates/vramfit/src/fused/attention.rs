@@ -15,7 +15,13 @@ use super::*;
 /// masked for query `i < j` when `causal` (then `t` must equal `s`). On
 /// `Autodiff<Flex>` with f32 tensors the fused operation; elsewhere
 /// [`attention_reference`] (Burn's operations, which keep the scores).
-pub fn attention<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, scale: f64, causal: bool) -> Tensor<B, 4> {
+pub fn attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    scale: f64,
+    causal: bool,
+) -> Tensor<B, 4> {
     let [b, h, t, dh] = q.dims();
     let [kb, kh, s, kd] = k.dims();
     assert!(
@@ -25,7 +31,10 @@ pub fn attention<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, 
         k.dims(),
         v.dims()
     );
-    assert!(!causal || t == s, "causal attention needs as many keys as queries ({t} and {s})");
+    assert!(
+        !causal || t == s,
+        "causal attention needs as many keys as queries ({t} and {s})"
+    );
     assert!(scale > 0.0, "attention scale must be positive, got {scale}");
     match (on_cpu(q), on_cpu(k), on_cpu(v)) {
         (Ok(q), Ok(k), Ok(v)) => back(attention_cpu(q, k, v, scale as f32, causal)),
@@ -215,7 +224,13 @@ fn forward_all(d: &Dims, q: &[f32], k: &[f32], v: &[f32]) -> (Vec<f32>, Vec<f32>
     (o, lse)
 }
 
-pub(super) fn attention_cpu(q: Tensor<Cpu, 4>, k: Tensor<Cpu, 4>, v: Tensor<Cpu, 4>, scale: f32, causal: bool) -> Tensor<Cpu, 4> {
+pub(super) fn attention_cpu(
+    q: Tensor<Cpu, 4>,
+    k: Tensor<Cpu, 4>,
+    v: Tensor<Cpu, 4>,
+    scale: f32,
+    causal: bool,
+) -> Tensor<Cpu, 4> {
     #[derive(Debug)]
     struct Attention;
 

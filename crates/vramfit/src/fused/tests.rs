@@ -344,7 +344,12 @@ fn attention_matches_the_standard_attention() {
         let up = normal([b, h, t, dv]);
         let fused = attention(q.clone(), k.clone(), v.clone(), scale, causal);
         let reference = attention_reference(q.clone(), k.clone(), v.clone(), scale, causal);
-        close(host(fused.clone()), host(reference.clone()), 1e-5, &format!("{what}: output"));
+        close(
+            host(fused.clone()),
+            host(reference.clone()),
+            1e-5,
+            &format!("{what}: output"),
+        );
         let g_fused = (fused * up.clone()).sum().backward();
         let g_ref = (reference * up).sum().backward();
         for (name, x) in [("dq", &q), ("dk", &k), ("dv", &v)] {
@@ -371,7 +376,10 @@ fn causal_attention_ignores_later_keys() {
     for j in [0, 7, t - 1] {
         let bump = |x: Tensor<Cpu, 4>| {
             let delta = Tensor::<Cpu, 4>::ones([1, 2, 1, dh], &d).mul_scalar(3.0);
-            x.clone().slice_assign([0..1, 0..2, j..j + 1, 0..dh], x.slice([0..1, 0..2, j..j + 1, 0..dh]) + delta)
+            x.clone().slice_assign(
+                [0..1, 0..2, j..j + 1, 0..dh],
+                x.slice([0..1, 0..2, j..j + 1, 0..dh]) + delta,
+            )
         };
         let moved = host(attention(q.clone(), bump(k.clone()), bump(v.clone()), 0.25, true));
         for head in 0..2 {
@@ -405,8 +413,11 @@ fn attention_gradients_match_finite_differences() {
     let (qv, kv, vv) = (host(q.clone()), host(k.clone()), host(v.clone()));
     let (q, k, v) = (q.require_grad(), k.require_grad(), v.require_grad());
     let upt = Tensor::<Cpu, 4>::from_data(TensorData::new(up.clone(), [1, 1, t, dh]), &d);
-    let grads = (attention(q.clone(), k.clone(), v.clone(), 0.5, true) * upt).sum().backward();
-    let analytic = [q.grad(&grads), k.grad(&grads), v.grad(&grads)].map(|g| g.unwrap().into_data().into_vec::<f32>().unwrap());
+    let grads = (attention(q.clone(), k.clone(), v.clone(), 0.5, true) * upt)
+        .sum()
+        .backward();
+    let analytic =
+        [q.grad(&grads), k.grad(&grads), v.grad(&grads)].map(|g| g.unwrap().into_data().into_vec::<f32>().unwrap());
     let eps = 1e-2f32;
     for (which, grad) in analytic.iter().enumerate() {
         for e in 0..t * dh {
@@ -418,7 +429,11 @@ fn attention_gradients_match_finite_differences() {
             };
             let numeric = (nudged(eps) - nudged(-eps)) / (2.0 * eps as f64);
             let err = (grad[e] as f64 - numeric).abs();
-            assert!(err < 2e-3 * (1.0 + numeric.abs()), "input {which} element {e}: {} vs {numeric}", grad[e]);
+            assert!(
+                err < 2e-3 * (1.0 + numeric.abs()),
+                "input {which} element {e}: {} vs {numeric}",
+                grad[e]
+            );
         }
     }
 }

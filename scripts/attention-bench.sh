@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Attention's memory and speed, standard against fused (issue 28), on the
+# CPU (Flex; the figure is heap bytes in use, the counting allocator):
+#  1. the transformer (width 256, 8 heads, depth 2, batch 4, vocab 64) at
+#     512, 1,024, 2,048 and 4,096 tokens, two steps each way: the
+#     activations at the end of the forward and the run's deciding peak;
+#  2. at 1,024 tokens (depth 4, batch 4, vocab 256), tokens per second and
+#     peak resident set against the same model in PyTorch with
+#     scaled_dot_product_attention and with explicit attention
+#     (scripts/pytorch_gpt.py; PyTorch installed by this script into VENV,
+#     default /tmp/vramfit-torch-venv, not by CI). Skip with NO_TORCH=1.
+#
+#   scripts/attention-bench.sh [OUT_PREFIX]   (default bench-results/attention-cpu)
+#   TOKENS="512 1024" scripts/attention-bench.sh   fewer lengths
+#   ONLY=memory | ONLY=speed scripts/attention-bench.sh   one part (speed
+#   wants an otherwise idle machine; memory does not mind)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-bench-results/attention-cpu}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$(dirname "$out")"
+cargo build --release -p vramfit-cli >/dev/null
+vramfit="$work/vramfit"
+cp target/release/vramfit "$vramfit"
+only=${ONLY:-all}
+[ "$only" = speed ] || for t in ${TOKENS:-512 1024 2048 4096}; do
+  for a in standard fused; do
+    echo "training: $t tokens, $a attention" >&2
+    "$vramfit" train transformer --device cpu --attention "$a" --steps 2 --batch-size 4 \
+      --set model.width=256 --set model.heads=8 --set model.depth=2 --set model.context="$t" \
+      --set task.tokens="$t" --set checkpoint_every=0 --set profile_every=1 --set log_every=1 \
+      --out "$work/run-$t-$a" >/dev/null
+  done
+done
+speed_args=(--set model.width=256 --set model.heads=8 --set model.depth=4 --set model.vocab=256
+  --set model.context=1024 --set task.tokens=1024 --batch-size 4 --steps 8 --set checkpoint_every=0)
+[ "$only" = memory ] || for a in standard fused; do
+  echo "speed: 1,024 tokens, $a attention" >&2
+  /usr/bin/time -f %M -o "$work/rss-$a" "$vramfit" train transformer --device cpu --attention "$a" \
+    "${speed_args[@]}" --out "$work/speed-$a" >/dev/null
+done
+if [ -z "${NO_TORCH:-}" ] && [ "$only" != memory ]; then
+  venv=${VENV:-/tmp/vramfit-torch-venv}
+  if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet torch
+  fi
+  for sdpa in "" --sdpa; do
+    "$venv/bin/python" scripts/pytorch_gpt.py --depth 4 --tokens 1024 --batch 4 --steps 8 $sdpa >>"$work/torch.jsonl"
+  done
+fi
+python3 - "$work" "$out" "${TOKENS:-512 1024 2048 4096}" <<'PY'
+import json, os, sys, platform
+work, out, lengths = sys.argv[1], sys.argv[2], [int(t) for t in sys.argv[3].split()]
+lengths = [t for t in lengths if os.path.exists(f"{work}/run-{t}-fused")]
+mib = lambda b: b / 2**20
+rows = []
+for t in lengths:
+    for a in ("standard", "fused"):
+        d = f"{work}/run-{t}-{a}"
+        mem = json.load(open(f"{d}/memory.json"))
+        s = json.load(open(f"{d}/summary.json"))
+        fwd = [r for r in mem["records"] if r["phase"] == "forward"]
+        rows.append({"tokens": t, "attention": a,
+                     "forward_activations_bytes": max(r["categories"]["activations"] for r in fwd),
+                     "peak_bytes": mem["peak_bytes"], "peak_figure": mem["headline"]["figure"],
+                     "peak_at": f'step {mem["headline"]["step"]}, {mem["headline"]["phase"]}',
+                     "median_step_ms": s["median_step_ms"]})
+speed = []
+for a in ("standard", "fused") if os.path.exists(f"{work}/speed-standard") else ():
+    s = json.load(open(f"{work}/speed-{a}/summary.json"))
+    rss = int(open(f"{work}/rss-{a}").read().split()[-1]) * 1024
+    speed.append({"who": f"vramfit, {a} attention", "median_step_ms": s["median_step_ms"],
+                  "tokens_per_second": s["tokens_per_second"], "peak_rss_bytes": rss,
+                  "heap_peak_bytes": s["peak_memory_bytes"]})
+if os.path.exists(f"{work}/torch.jsonl"):
+    for line in open(f"{work}/torch.jsonl"):
+        p = json.loads(line)
+        speed.append({"who": f'PyTorch {p["torch"]}, {p["attention"]}', "median_step_ms": p["median_step_ms"],
+                      "tokens_per_second": p["tokens_per_second"], "peak_rss_bytes": p["peak_rss_bytes"]})
+md = ["| tokens | attention | activations after the forward MiB | deciding peak MiB (heap in use) | median step ms |",
+      "|---|---|---|---|---|"]
+for r in rows:
+    md.append(f'| {r["tokens"]:,} | {r["attention"]} | {mib(r["forward_activations_bytes"]):,.1f} | '
+              f'{mib(r["peak_bytes"]):,.1f} | {r["median_step_ms"]:,.0f} |')
+md += ["", "At 1,024 tokens (width 256, depth 4, 8 heads, batch 4, vocab 256; 2 threads):", "",
+       "| run | median step ms | tokens/s | peak resident set MiB |", "|---|---|---|---|"]
+for s in speed:
+    md.append(f'| {s["who"]} | {s["median_step_ms"]:,.0f} | {s["tokens_per_second"]:,.0f} | {mib(s["peak_rss_bytes"]):,.0f} |')
+text = "\n".join(md)
+print(text)
+record = {"bench": "attention", "cpu": platform.machine(), "memory": rows, "speed": speed,
+          "measured": "heap bytes in use by the counting allocator (activations at the forward's end, the run's peak); "
+                      "median step time; peak resident set from /usr/bin/time or getrusage"}
+json.dump(record, open(f"{out}.json", "w"), indent=2)
+open(f"{out}.md", "w").write(f"Command: `scripts/attention-bench.sh`\n\n{text}\n")
+print(f"wrote {out}.json and {out}.md")
+PY
