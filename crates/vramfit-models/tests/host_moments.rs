@@ -31,6 +31,7 @@ fn moments_on_the_host_leave_device_memory_on_wgpu() {
         mlp_ratio: 2,
         frame_dim: 6,
         max_frames: 3,
+        attention: vramfit::fused::Attention::Standard,
     };
     let task = SyntheticTask::new(
         TaskConfig {
