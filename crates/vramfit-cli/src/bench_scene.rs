@@ -125,12 +125,18 @@ pub fn cleanup(args: CleanupArgs) -> Result<()> {
         "measured": "each run's allocator reserved high-water (the deciding figure) and in-use high-water, read by the profiler at every phase end and before each cleanup; median step time; the cleanups' own time",
         "rows": rows,
     });
-    vramfit::run::atomic_write(&args.out, serde_json::to_string_pretty(&record)?.as_bytes())
-        .with_context(|| format!("writing {}", args.out.display()))?;
-    let md = args.out.with_extension("md");
+    write_record(&args.out, &record, &command, &table)
+}
+
+/// Writes a benchmark's JSON record to `out` and its table, with the
+/// command that made it, beside it as `.md`.
+fn write_record(out: &Path, record: &serde_json::Value, command: &str, table: &str) -> Result<()> {
+    vramfit::run::atomic_write(out, serde_json::to_string_pretty(record)?.as_bytes())
+        .with_context(|| format!("writing {}", out.display()))?;
+    let md = out.with_extension("md");
     vramfit::run::atomic_write(&md, format!("Command: `{command}`\n\n{table}").as_bytes())
         .with_context(|| format!("writing {}", md.display()))?;
-    println!("wrote {} and {}", args.out.display(), md.display());
+    println!("wrote {} and {}", out.display(), md.display());
     Ok(())
 }
 
@@ -167,7 +173,7 @@ fn check_out(out: &Path) -> Result<()> {
 
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod device {
-    use anyhow::{Context, Result, bail};
+    use anyhow::{Result, bail};
     use serde_json::json;
     use vramfit::optim::Moments;
     use vramfit_scene::gpu::memory::{MemoryCase, MemoryRow, StepMemory};
@@ -279,13 +285,7 @@ mod device {
             }).collect::<Vec<_>>(),
             "did_not_fit": skipped,
         });
-        vramfit::run::atomic_write(&args.out, serde_json::to_string_pretty(&record)?.as_bytes())
-            .with_context(|| format!("writing {}", args.out.display()))?;
-        let md = args.out.with_extension("md");
-        vramfit::run::atomic_write(&md, format!("Command: `{command}`\n\n{table}").as_bytes())
-            .with_context(|| format!("writing {}", md.display()))?;
-        println!("wrote {} and {}", args.out.display(), md.display());
-        Ok(())
+        super::write_record(&args.out, &record, &command, &table)
     }
 
     type Row = (MemoryCase, Result<MemoryRow, String>);

@@ -99,7 +99,7 @@ fn fused_attention_gives_the_standard_gradients<B: AutodiffBackend>() {
         let tolerance = if precision == Precision::F32 { 1e-5 } else { 5e-2 };
         assert!(gap <= tolerance, "{precision:?}: relative gradient gap {gap}");
         assert!(
-            (la - lb).abs() <= tolerance as f32 * la.abs(),
+            (la - lb).abs() <= tolerance * la.abs(),
             "{precision:?}: loss {la} vs {lb}"
         );
     }

@@ -122,14 +122,13 @@ impl Line {
     pub fn by_memory(&self, budget: u64, margin: f64) -> usize {
         let (a, b) = self.bytes;
         let room = budget as f64 / (1.0 + margin) - a;
-        let most = if b <= 0.0 {
+        if b <= 0.0 {
             if room >= 0.0 { usize::MAX } else { 0 }
         } else if room <= 0.0 {
             0
         } else {
             (room / b).floor().min(usize::MAX as f64) as usize
-        };
-        most
+        }
     }
 }
 
