@@ -1416,6 +1416,12 @@ fn resume_report_and_outputs_refuse_what_cannot_work() {
     let (_, cfg) = setup(d);
     let cfg = cfg.to_str().unwrap();
     kill_after_a_checkpoint(&["fit", "--config", cfg, "--out", "run"], d, &d.join("run"));
+    // Another workload's resume names the run's own command.
+    for other in [&["train", "transformer"][..], &["train", "unet"], &["scene"]] {
+        let o = run(&[other, &["--resume", "run"]].concat(), d);
+        refused_saying(&o, "is a run of vramfit fit, not of vramfit");
+        refused_saying(&o, "resume it with vramfit fit --resume run");
+    }
     std::fs::remove_dir_all(d.join("run/checkpoints")).unwrap();
     let o = run(&["fit", "--resume", "run"], d);
     assert!(

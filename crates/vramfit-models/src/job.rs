@@ -217,11 +217,11 @@ pub fn start<B: AutodiffBackend, F: Family<D>, const D: usize>(
         Start::New(config, out) => {
             let text = config.to_toml();
             let workload = build::<B, F, D>(config, device)?;
-            let run = Run::create(&out, &text, device_name)?;
+            let run = Run::create(&out, &text, device_name, &format!("vramfit train {}", F::NAME))?;
             Ok((run, workload))
         }
         Start::Resume(out) => {
-            let (run, text) = Run::open(&out, device_name)?;
+            let (run, text) = Run::open(&out, device_name, &format!("vramfit train {}", F::NAME))?;
             let config = FamilyConfig::from_toml(&text, &run.dir().path("config.toml"))?;
             Ok((run, build::<B, F, D>(config, device)?))
         }

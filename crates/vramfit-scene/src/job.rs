@@ -22,6 +22,8 @@ use crate::synthetic::{SKY, Spec};
 use crate::train::{Fit, GROUPS, LearningRates, SceneDevice, Settings, State};
 
 const CHECKPOINT_KIND: &str = "vramfit.scene.checkpoint";
+/// What starts a scene fit, as its run directory records it.
+const WORKLOAD: &str = "vramfit scene";
 
 /// The built-in scene's name in place of a dataset folder.
 pub const BUILTIN: &str = "builtin";
@@ -369,11 +371,11 @@ pub fn launch(start: Start<SceneConfig>, placement: Placement) -> Result<(Run, S
                 config.dataset = abs.display().to_string();
             }
             let job = SceneJob::new(config, placement)?;
-            let run = Run::create(&out, &job.config.to_toml(), &device_name)?;
+            let run = Run::create(&out, &job.config.to_toml(), &device_name, WORKLOAD)?;
             Ok((run, job))
         }
         Start::Resume(dir) => {
-            let (run, text) = Run::open(&dir, &device_name)?;
+            let (run, text) = Run::open(&dir, &device_name, WORKLOAD)?;
             let config = SceneConfig::from_toml(&text, &PathBuf::from(&dir).join("config.toml"))?;
             Ok((run, SceneJob::new(config, placement)?))
         }

@@ -25,6 +25,8 @@ use crate::picture::{Picture, encode_png, to_rgb8};
 /// The built-in sample photograph (see `assets/README.md`).
 pub const ASTRONAUT_PNG: &[u8] = include_bytes!("../assets/astronaut.png");
 const CHECKPOINT_KIND: &str = "checkpoint";
+/// What starts a fit, as its run directory records it.
+const WORKLOAD: &str = "vramfit fit";
 
 /// Loads the image a config names (`builtin:astronaut` or a path).
 pub fn load_image(name: &str) -> Result<Picture, SplatError> {
@@ -84,11 +86,11 @@ where
                 config.image = abs.display().to_string();
             }
             let workload = Splat::new(config, device)?;
-            let run = Run::create(&out, &workload.config.to_toml(), device_name)?;
+            let run = Run::create(&out, &workload.config.to_toml(), device_name, WORKLOAD)?;
             Ok((run, workload))
         }
         Start::Resume(out) => {
-            let (run, text) = Run::open(&out, device_name)?;
+            let (run, text) = Run::open(&out, device_name, WORKLOAD)?;
             let config = FitConfig::from_toml(&text, &run.dir().path("config.toml"))?;
             Ok((run, Splat::new(config, device)?))
         }

@@ -27,6 +27,8 @@ use crate::step::{StepError, StepObserver, Stepper, Trainable};
 use crate::storage::{StoragePolicy, parameter_bytes};
 
 const CHECKPOINT_KIND: &str = "vramfit.trainer.checkpoint";
+/// What starts a run of a user's model, as its run directory records it.
+const WORKLOAD: &str = "vramfit::trainer (a user's model)";
 
 /// Makes batch `step` (1-based) of `size` samples on a device.
 pub type Batches<B, M> = Arc<dyn Fn(u64, usize, &burn::tensor::Device<B>) -> M + Send + Sync>;
@@ -640,10 +642,10 @@ where
         match start {
             Start::New(knobs, out) => {
                 let workload = trainer(&knobs)?;
-                Ok((Run::create(&out, &Self::to_toml(&knobs), &device)?, workload))
+                Ok((Run::create(&out, &Self::to_toml(&knobs), &device, WORKLOAD)?, workload))
             }
             Start::Resume(dir) => {
-                let (run, text) = Run::open(&dir, &device)?;
+                let (run, text) = Run::open(&dir, &device, WORKLOAD)?;
                 let knobs: Knobs = toml::from_str(&text).map_err(|e| {
                     RunError::Workload(Box::new(TrainerError::Setting(format!(
                         "{}: not a plan's knobs: {e}",

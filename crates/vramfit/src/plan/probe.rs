@@ -43,7 +43,7 @@ pub fn measure_run<W: Workload>(workload: W) -> Result<Measured, String> {
         PROBES.fetch_add(1, Ordering::Relaxed)
     ));
     let result = (|| {
-        let run = Run::create(&RunPath::At(dir.clone()), "", "probe").map_err(|e| e.to_string())?;
+        let run = Run::create(&RunPath::At(dir.clone()), "", "probe", "a planner probe").map_err(|e| e.to_string())?;
         let summary = run
             .drive(workload, |_| ControlFlow::Continue(()))
             .map_err(|e| e.to_string())?

@@ -340,11 +340,20 @@ pub struct Run {
     new_settings: bool,
 }
 
+/// The file in a run directory naming the workload that started the run.
+const WORKLOAD_FILE: &str = "workload";
+
 impl Run {
-    /// Creates the run directory with its resolved `config.toml`, all or
-    /// nothing (call after the workload has been built from the same settings).
-    pub fn create(out: &RunPath, config_toml: &str, device: &str) -> Result<Self, RunError> {
-        let files: [(&str, &[u8]); 1] = [("config.toml", config_toml.as_bytes())];
+    /// Creates the run directory with its resolved `config.toml` and the
+    /// name of the workload that runs it (`workload`: what starts it, such as
+    /// `vramfit train transformer`), all or nothing (call after the workload
+    /// has been built from the same settings).
+    pub fn create(out: &RunPath, config_toml: &str, device: &str, workload: &str) -> Result<Self, RunError> {
+        let named = format!("{workload}\n");
+        let files: [(&str, &[u8]); 2] = [
+            ("config.toml", config_toml.as_bytes()),
+            (WORKLOAD_FILE, named.as_bytes()),
+        ];
         let dir = match out {
             RunPath::At(root) => RunDir::create_with(root, &files)?,
             RunPath::Next { base, prefix } => RunDir::create_next(base, prefix, &files)?,
@@ -359,9 +368,10 @@ impl Run {
         })
     }
 
-    /// Opens `out` to resume it; returns the run and its `config.toml` text.
-    /// A finished run is refused.
-    pub fn open(out: &Path, device: &str) -> Result<(Self, String), RunError> {
+    /// Opens `out` to resume it with `workload` (as [`Run::create`] names
+    /// it); returns the run and its `config.toml` text. A finished run, and
+    /// a run another workload started, are refused.
+    pub fn open(out: &Path, device: &str, workload: &str) -> Result<(Self, String), RunError> {
         let dir = RunDir::open(out)?;
         let not_resumable = |why: String| RunDirError::NotResumable {
             path: out.to_path_buf(),
@@ -369,6 +379,17 @@ impl Run {
         };
         if dir.path("summary.json").exists() {
             return Err(not_resumable("the run already finished (summary.json exists)".into()).into());
+        }
+        // Runs made before the file existed have none: their settings decide.
+        if let Ok(started) = std::fs::read_to_string(dir.path(WORKLOAD_FILE)) {
+            let started = started.trim();
+            if started != workload {
+                return Err(not_resumable(format!(
+                    "it is a run of {started}, not of {workload}: resume it with {started} --resume {}",
+                    out.display()
+                ))
+                .into());
+            }
         }
         let path = dir.path("config.toml");
         let text = std::fs::read_to_string(&path).map_err(|e| not_resumable(format!("{}: {e}", path.display())))?;
