@@ -269,13 +269,7 @@ fn splat(
     if let Some(dir) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    vramfit::run::atomic_write(&out, serde_json::to_string_pretty(&record)?.as_bytes())
-        .with_context(|| format!("writing {}", out.display()))?;
-    let md = out.with_extension("md");
-    vramfit::run::atomic_write(&md, format!("Command: `{command}`\n\n{table}").as_bytes())
-        .with_context(|| format!("writing {}", md.display()))?;
-    println!("wrote {} and {}", out.display(), md.display());
-    Ok(())
+    crate::bench_scene::write_record(&out, &record, &command, &table)
 }
 
 fn mib(bytes: u64) -> f64 {

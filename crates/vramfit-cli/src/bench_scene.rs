@@ -130,7 +130,7 @@ pub fn cleanup(args: CleanupArgs) -> Result<()> {
 
 /// Writes a benchmark's JSON record to `out` and its table, with the
 /// command that made it, beside it as `.md`.
-fn write_record(out: &Path, record: &serde_json::Value, command: &str, table: &str) -> Result<()> {
+pub(crate) fn write_record(out: &Path, record: &serde_json::Value, command: &str, table: &str) -> Result<()> {
     vramfit::run::atomic_write(out, serde_json::to_string_pretty(record)?.as_bytes())
         .with_context(|| format!("writing {}", out.display()))?;
     let md = out.with_extension("md");

@@ -141,47 +141,19 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// vectorised dots was 1,515 ms.
 const QUERY_BLOCK: usize = 64;
 
-/// A matrix as gemm reads it: `rows × cols`, element `(r, c)` at
-/// `r · rs + c · cs` of `values`.
-#[derive(Clone, Copy)]
-struct View<'a> {
-    values: &'a [f32],
-    rows: usize,
-    cols: usize,
-    rs: usize,
-    cs: usize,
-}
-
-impl<'a> View<'a> {
-    /// Rows `first..first + rows` of a row-major matrix `cols` wide.
-    fn rows(values: &'a [f32], first: usize, rows: usize, cols: usize) -> Self {
-        Self {
-            values: &values[first * cols..(first + rows) * cols],
-            rows,
-            cols,
-            rs: cols,
-            cs: 1,
-        }
-    }
-
-    fn t(self) -> Self {
-        Self {
-            rows: self.cols,
-            cols: self.rows,
-            rs: self.cs,
-            cs: self.rs,
-            ..self
-        }
-    }
+/// Rows `first..first + rows` of a row-major matrix `cols` wide, as gemm
+/// reads it.
+fn rows_of(values: &[f32], first: usize, rows: usize, cols: usize) -> Operand<'_> {
+    Operand::plain(&values[first * cols..(first + rows) * cols], rows, cols)
 }
 
 /// `dst = (dst if accumulate, else 0) + beta · lhs · rhs`, `dst` row major
 /// with `lhs.rows` rows of `rhs.cols`, on this thread.
-fn product(dst: &mut [f32], accumulate: bool, beta: f32, lhs: View, rhs: View) {
+fn product(dst: &mut [f32], accumulate: bool, beta: f32, lhs: Operand, rhs: Operand) {
     let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
     assert_eq!(rhs.rows, k, "inner dimensions");
-    let extent = |v: &View| (v.rows.max(1) - 1) * v.rs + (v.cols.max(1) - 1) * v.cs + 1;
-    assert!(dst.len() >= m * n && lhs.values.len() >= extent(&lhs) && rhs.values.len() >= extent(&rhs));
+    let fits = |o: &Operand| o.rs >= 0 && o.cs >= 0 && o.values.len() >= o.extent();
+    assert!(dst.len() >= m * n && fits(&lhs) && fits(&rhs), "operand shapes");
     if m * n == 0 {
         return;
     }
@@ -194,7 +166,7 @@ fn product(dst: &mut [f32], accumulate: bool, beta: f32, lhs: View, rhs: View) {
     // SAFETY: `dst` holds m·n values written row major (row stride n,
     // column stride 1) and read only when accumulating; every element gemm
     // reads of `lhs` and `rhs` lies within their slices at the given
-    // strides (extents asserted above).
+    // (non-negative) strides (extents asserted above).
     unsafe {
         gemm::gemm(
             m,
@@ -205,11 +177,11 @@ fn product(dst: &mut [f32], accumulate: bool, beta: f32, lhs: View, rhs: View) {
             n as isize,
             accumulate,
             lhs.values.as_ptr(),
-            lhs.cs as isize,
-            lhs.rs as isize,
+            lhs.cs,
+            lhs.rs,
             rhs.values.as_ptr(),
-            rhs.cs as isize,
-            rhs.rs as isize,
+            rhs.cs,
+            rhs.rs,
             if accumulate { 1.0 } else { 0.0 },
             beta,
             false,
@@ -233,7 +205,7 @@ fn head_forward(d: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &
         let rows = QUERY_BLOCK.min(d.t - first);
         let keys = block_keys(d, first, rows);
         let s = &mut scores[..rows * keys];
-        product(s, false, d.scale, View::rows(q, first, rows, d.dh), View::rows(k, 0, keys, d.dh).t());
+        product(s, false, d.scale, rows_of(q, first, rows, d.dh), rows_of(k, 0, keys, d.dh).t());
         for (r, row) in s.chunks_exact_mut(keys).enumerate() {
             let seen = d.keys(first + r);
             let (live, masked) = row.split_at_mut(seen);
@@ -252,8 +224,8 @@ fn head_forward(d: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &
             &mut o[first * d.dv..(first + rows) * d.dv],
             false,
             1.0,
-            View::rows(s, 0, rows, keys),
-            View::rows(v, 0, keys, d.dv),
+            Operand::plain(s, rows, keys),
+            rows_of(v, 0, keys, d.dv),
         );
     }
 }
@@ -283,10 +255,10 @@ fn head_backward(
         let rows = QUERY_BLOCK.min(d.t - first);
         let keys = block_keys(d, first, rows);
         let (p, ds) = (&mut p_all[..rows * keys], &mut ds_all[..rows * keys]);
-        let q_block = View::rows(q, first, rows, d.dh);
-        let do_block = View::rows(d_o, first, rows, d.dv);
-        product(p, false, d.scale, q_block, View::rows(k, 0, keys, d.dh).t());
-        product(ds, false, 1.0, do_block, View::rows(v, 0, keys, d.dv).t());
+        let q_block = rows_of(q, first, rows, d.dh);
+        let do_block = rows_of(d_o, first, rows, d.dv);
+        product(p, false, d.scale, q_block, rows_of(k, 0, keys, d.dh).t());
+        product(ds, false, 1.0, do_block, rows_of(v, 0, keys, d.dv).t());
         for (r, (pr, dsr)) in p.chunks_exact_mut(keys).zip(ds.chunks_exact_mut(keys)).enumerate() {
             let i = first + r;
             let seen = d.keys(i);
@@ -298,13 +270,13 @@ fn head_backward(
             pr[seen..].fill(0.0);
             dsr[seen..].fill(0.0);
         }
-        let block = |values| View::rows(values, 0, rows, keys);
+        let block = |values| Operand::plain(values, rows, keys);
         product(
             &mut dq[first * d.dh..(first + rows) * d.dh],
             false,
             d.scale,
             block(ds),
-            View::rows(k, 0, keys, d.dh),
+            rows_of(k, 0, keys, d.dh),
         );
         product(&mut dk[..keys * d.dh], true, d.scale, block(ds).t(), q_block);
         product(&mut dv[..keys * d.dv], true, 1.0, block(p).t(), do_block);
