@@ -205,7 +205,13 @@ fn head_forward(d: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &
         let rows = QUERY_BLOCK.min(d.t - first);
         let keys = block_keys(d, first, rows);
         let s = &mut scores[..rows * keys];
-        product(s, false, d.scale, rows_of(q, first, rows, d.dh), rows_of(k, 0, keys, d.dh).t());
+        product(
+            s,
+            false,
+            d.scale,
+            rows_of(q, first, rows, d.dh),
+            rows_of(k, 0, keys, d.dh).t(),
+        );
         for (r, row) in s.chunks_exact_mut(keys).enumerate() {
             let seen = d.keys(first + r);
             let (live, masked) = row.split_at_mut(seen);
@@ -336,22 +342,25 @@ pub(super) fn attention_cpu(
                 .zip(dk.par_chunks_mut(d.s * d.dh))
                 .zip(dv.par_chunks_mut(d.s * d.dv))
                 .enumerate()
-                .for_each_init(|| vec![0.0f32; 2 * QUERY_BLOCK * d.s], |scratch, (n, ((dqh, dkh), dvh))| {
-                    let (tq, tk, tv) = (n * d.t * d.dh, n * d.s * d.dh, n * d.s * d.dv);
-                    head_backward(
-                        &d,
-                        &qv[tq..tq + d.t * d.dh],
-                        &kv[tk..tk + d.s * d.dh],
-                        &vv[tv..tv + d.s * d.dv],
-                        &ov[n * d.t * d.dv..(n + 1) * d.t * d.dv],
-                        &lse[n * d.t..(n + 1) * d.t],
-                        &dov[n * d.t * d.dv..(n + 1) * d.t * d.dv],
-                        dqh,
-                        dkh,
-                        dvh,
-                        scratch,
-                    );
-                });
+                .for_each_init(
+                    || vec![0.0f32; 2 * QUERY_BLOCK * d.s],
+                    |scratch, (n, ((dqh, dkh), dvh))| {
+                        let (tq, tk, tv) = (n * d.t * d.dh, n * d.s * d.dh, n * d.s * d.dv);
+                        head_backward(
+                            &d,
+                            &qv[tq..tq + d.t * d.dh],
+                            &kv[tk..tk + d.s * d.dh],
+                            &vv[tv..tv + d.s * d.dv],
+                            &ov[n * d.t * d.dv..(n + 1) * d.t * d.dv],
+                            &lse[n * d.t..(n + 1) * d.t],
+                            &dov[n * d.t * d.dv..(n + 1) * d.t * d.dv],
+                            dqh,
+                            dkh,
+                            dvh,
+                            scratch,
+                        );
+                    },
+                );
             debug_assert_eq!(bh * d.t, lse.len());
             let shape = |t: &FlexTensor| t.layout().shape().clone();
             for (parent, (grad, like)) in ops.parents.iter().zip([(dq, &q), (dk, &k), (dv, &v)]) {
