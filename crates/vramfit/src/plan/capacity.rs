@@ -111,10 +111,34 @@ impl Line {
         (self.time.0 + self.time.1 * count as f64).max(0.0)
     }
 
-    /// The largest count whose peak with `margin` is within `budget`
-    /// (capped by the variant's limit), or 0.
+    /// The largest count whose peak with `margin` is within `budget`, or
+    /// a larger count a probe measured within it with [`SETTLE_MARGIN`] to
+    /// spare (on a paged allocator the raised line and its margin can rule
+    /// out a count measured to fit), capped by the variant's limit; or 0.
     pub fn largest(&self, budget: u64, margin: f64) -> usize {
-        self.by_memory(budget, margin).min(self.variant.limit)
+        self.by_memory(budget, margin)
+            .max(self.measured_within(budget))
+            .min(self.variant.limit)
+    }
+
+    /// The largest probed count whose measured peak is within `budget` with
+    /// [`SETTLE_MARGIN`] to spare, or 0.
+    pub fn measured_within(&self, budget: u64) -> usize {
+        self.probes
+            .iter()
+            .filter(|(_, m)| m.peak_bytes as f64 * (1.0 + SETTLE_MARGIN) <= budget as f64)
+            .map(|(count, _)| *count)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The peak a plan at `count` is expected to reach: a probe's
+    /// measurement at that count, else the line's prediction.
+    pub fn expected_peak(&self, count: usize) -> u64 {
+        self.probes
+            .iter()
+            .find(|(c, _)| *c == count)
+            .map_or_else(|| self.peak(count), |(_, m)| m.peak_bytes)
     }
 
     /// The same without the variant's limit: what the memory alone allows
@@ -360,7 +384,7 @@ impl CapacityCalibration {
                 variant: line.variant.name.clone(),
                 count,
             },
-            peak_bytes: line.peak(count),
+            peak_bytes: line.expected_peak(count),
             step_ms: line.step_ms(count),
             quality,
         }
@@ -527,6 +551,53 @@ mod tests {
                 seconds: 0.0,
             })
         }
+    }
+
+    /// A count a probe measured within the budget stays allowed where the
+    /// raised line and a wide margin would rule it out (measured on wgpu: a
+    /// variant at 100,000 Gaussians in 48 MiB, its line allowing 9,929 in
+    /// 64 MiB), and its plan expects the measured peak.
+    #[test]
+    fn a_count_measured_within_the_budget_is_not_ruled_out_by_the_line() {
+        let probe = |count: usize, mib: u64| {
+            let peak = mib << 20;
+            (
+                count,
+                Measured {
+                    peak_bytes: peak,
+                    step_peak_bytes: peak,
+                    rest_peak_bytes: 0,
+                    step_ms: 1.0,
+                    seconds: 0.0,
+                },
+            )
+        };
+        let line = Line {
+            variant: Variant {
+                name: "v".into(),
+                quality: vec![],
+                limit: usize::MAX,
+            },
+            probes: vec![probe(2_000, 8), probe(25_000, 40), probe(100_000, 48)],
+            bytes: (31.3 * (1u64 << 20) as f64, 365.0),
+            error: 0.0,
+            shortfall: 0.0,
+            time: (0.0, 0.01),
+        };
+        assert!(line.by_memory(64 << 20, 0.84) < 20_000);
+        assert_eq!(line.largest(64 << 20, 0.84), 100_000);
+        assert_eq!(line.expected_peak(100_000), 48 << 20);
+        // Without 3 % to spare, the measurement does not count.
+        assert!(line.largest(49 << 20, 0.84) < 100_000);
+        // Capped by the variant's limit all the same.
+        let capped = Line {
+            variant: Variant {
+                limit: 50_000,
+                ..line.variant.clone()
+            },
+            ..line.clone()
+        };
+        assert_eq!(capped.largest(64 << 20, 0.84), 50_000);
     }
 
     /// Verified (settled by measurement), the count measures within the
