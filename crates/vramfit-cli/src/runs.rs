@@ -313,6 +313,12 @@ pub fn print_scene(summary: &vramfit::run::RunSummary<vramfit_scene::job::SceneS
             vramfit::profile::human_bytes(moved)
         );
     }
+    if s.sh_storage != vramfit_scene::sh_storage::ShStorage::F32 {
+        println!(
+            "  SH coefficients stored in {} on the device (the f32 masters the updates land in: in host memory)",
+            s.sh_storage
+        );
+    }
     if s.allocator_cleanups > 0 {
         println!(
             "  allocator cleanups: {} taking {:.2} s in all",

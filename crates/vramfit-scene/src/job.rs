@@ -302,6 +302,9 @@ pub struct SceneSummary {
     pub allocator_cleanups: u64,
     #[serde(default)]
     pub cleanup_seconds: f64,
+    /// How the device stored the SH coefficients.
+    #[serde(default)]
+    pub sh_storage: ShStorage,
 }
 
 /// The workload.
@@ -571,6 +574,7 @@ impl Workload for SceneJob {
             final_loss: self.fit.last_loss as f64,
             host_bytes: self.fit.host_bytes(),
             allocator_cleanups: self.cleanups.0,
+            sh_storage: self.config.sh_storage,
             cleanup_seconds: self.cleanups.1,
         };
         Ok(Finished {
