@@ -291,7 +291,11 @@ impl Show for CapacityCalibration {
                  measured on {device}'s allocator, extrapolated to the card):"
             );
             for p in table {
-                let counts: String = self.lines.iter().map(|l| cell(l.by_memory(p.budget, margin))).collect();
+                let counts: String = self
+                    .lines
+                    .iter()
+                    .map(|l| cell(l.by_memory(p.budget, margin).max(l.measured_within(p.budget))))
+                    .collect();
                 println!("  {:>8}  {counts}", human_bytes(p.budget));
             }
         }
@@ -305,14 +309,14 @@ impl Show for CapacityCalibration {
                     "budget": b,
                     "largest": self.lines.iter().map(|l| {
                         let count = l.largest(b, self.margin());
-                        let uncapped = l.by_memory(b, self.margin());
+                        let uncapped = l.by_memory(b, self.margin()).max(l.measured_within(b));
                         serde_json::json!({
                             "variant": l.variant.name,
                             "count": count,
-                            "predicted_peak": l.peak(count),
+                            "predicted_peak": l.expected_peak(count),
                             "limited_by_largest_buffer": uncapped > count,
                             "count_without_buffer_cap": uncapped,
-                            "predicted_peak_without_buffer_cap": l.peak(uncapped),
+                            "predicted_peak_without_buffer_cap": l.expected_peak(uncapped),
                             "bytes_per_gaussian": l.bytes.1,
                             "fixed_bytes": l.bytes.0,
                         })

@@ -609,7 +609,11 @@ pub fn render_run_view(dir: &Path, view: usize) -> Result<RenderedView, SceneErr
             config_path.display()
         ))
     })?;
-    let config = SceneConfig::from_toml(&text, &config_path)?;
+    let mut config = SceneConfig::from_toml(&text, &config_path)?;
+    // The CPU twin draws the f32 parameters the run saved, wherever the
+    // run kept its moments and however its device stored the SH.
+    config.moments = Moments::Device;
+    config.sh_storage = ShStorage::F32;
     let mut job = SceneJob::new(config, Placement::cpu())?;
     let views = job.fit.data().views.len();
     if view >= views {

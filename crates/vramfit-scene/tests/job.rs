@@ -71,6 +71,17 @@ fn a_scene_fit_runs_states_its_psnr_and_resumes_exactly() {
     assert_eq!(view.step, 60);
     assert!(view.held_out && view.png.starts_with(b"\x89PNG"));
     assert!(view.psnr_db > s.initial_psnr_db - 3.0, "{}", view.psnr_db);
+    // A run whose GPU kept the moments on the host and the SH in f16 is
+    // drawn the same way (the saved parameters are the f32 masters).
+    let config_path = whole.join("config.toml");
+    let text = std::fs::read_to_string(&config_path).unwrap();
+    let gpu_text = text
+        .replace("moments = \"device\"", "moments = \"host\"")
+        .replace("sh_storage = \"f32\"", "sh_storage = \"f16\"");
+    assert_ne!(gpu_text, text, "the settings name both keys");
+    std::fs::write(&config_path, gpu_text).unwrap();
+    let again = vramfit_scene::job::render_run_view(&whole, 0).unwrap();
+    assert_eq!(again.png, view.png);
     let cut_ply = vramfit_scene::ply::decode(&ply[..ply.len() - 4]).unwrap_err();
     assert!(cut_ply.contains("cut"), "{cut_ply}");
 

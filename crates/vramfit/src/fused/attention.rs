@@ -38,6 +38,12 @@ pub fn attention<B: Backend>(
         "causal attention needs as many keys as queries ({t} and {s})"
     );
     assert!(scale > 0.0, "attention scale must be positive, got {scale}");
+    assert!(
+        t * s * dh > 0,
+        "attention needs at least one query and one key and a head width of at least 1, got q {:?}, k {:?}",
+        q.dims(),
+        k.dims()
+    );
     match (on_cpu(q), on_cpu(k), on_cpu(v)) {
         (Ok(q), Ok(k), Ok(v)) => back(attention_cpu(q, k, v, scale as f32, causal)),
         (q, k, v) => {
@@ -152,8 +158,7 @@ fn rows_of(values: &[f32], first: usize, rows: usize, cols: usize) -> Operand<'_
 fn product(dst: &mut [f32], accumulate: bool, beta: f32, lhs: Operand, rhs: Operand) {
     let (m, k, n) = (lhs.rows, lhs.cols, rhs.cols);
     assert_eq!(rhs.rows, k, "inner dimensions");
-    let fits = |o: &Operand| o.rs >= 0 && o.cs >= 0 && o.values.len() >= o.extent();
-    assert!(dst.len() >= m * n && fits(&lhs) && fits(&rhs), "operand shapes");
+    assert!(dst.len() >= m * n, "destination size");
     if m * n == 0 {
         return;
     }
@@ -163,6 +168,8 @@ fn product(dst: &mut [f32], accumulate: bool, beta: f32, lhs: Operand, rhs: Oper
         }
         return;
     }
+    let fits = |o: &Operand| o.rs >= 0 && o.cs >= 0 && o.values.len() >= o.extent();
+    assert!(fits(&lhs) && fits(&rhs), "operand shapes");
     // SAFETY: `dst` holds m·n values written row major (row stride n,
     // column stride 1) and read only when accumulating; every element gemm
     // reads of `lhs` and `rhs` lies within their slices at the given

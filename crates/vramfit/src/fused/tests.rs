@@ -363,6 +363,16 @@ fn attention_matches_the_standard_attention() {
     }
 }
 
+/// No query or no key is refused with the shapes (Burn's own operations
+/// fail on them without saying which).
+#[test]
+#[should_panic(expected = "at least one query and one key")]
+fn attention_over_nothing_is_refused() {
+    let d = Default::default();
+    let z = |t: usize| Tensor::<Cpu, 4>::zeros([1, 2, t, 16], &d);
+    attention(z(0), z(3), z(3), 0.25, false);
+}
+
 /// The causal mask is exact: a key after the query has no effect on it,
 /// at every position (changing key and value `j` changes no output row
 /// before `j`).

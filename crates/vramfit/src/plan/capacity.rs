@@ -132,13 +132,15 @@ impl Line {
             .unwrap_or(0)
     }
 
-    /// The peak a plan at `count` is expected to reach: a probe's
-    /// measurement at that count, else the line's prediction.
+    /// The peak a plan at `count` is expected to reach: the line's
+    /// prediction, or less where a probe at that count or above measured
+    /// less (the peak does not fall as the count grows).
     pub fn expected_peak(&self, count: usize) -> u64 {
         self.probes
             .iter()
-            .find(|(c, _)| *c == count)
-            .map_or_else(|| self.peak(count), |(_, m)| m.peak_bytes)
+            .filter(|(c, _)| *c >= count)
+            .map(|(_, m)| m.peak_bytes)
+            .fold(self.peak(count), u64::min)
     }
 
     /// The same without the variant's limit: what the memory alone allows
@@ -587,6 +589,8 @@ mod tests {
         assert!(line.by_memory(64 << 20, 0.84) < 20_000);
         assert_eq!(line.largest(64 << 20, 0.84), 100_000);
         assert_eq!(line.expected_peak(100_000), 48 << 20);
+        // A count between probes expects no more than the probe above it measured.
+        assert_eq!(line.expected_peak(60_000), 48 << 20);
         // Without 3 % to spare, the measurement does not count.
         assert!(line.largest(49 << 20, 0.84) < 100_000);
         // Capped by the variant's limit all the same.

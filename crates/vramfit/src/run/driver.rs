@@ -384,11 +384,13 @@ impl Run {
         if let Ok(started) = std::fs::read_to_string(dir.path(WORKLOAD_FILE)) {
             let started = started.trim();
             if started != workload {
-                return Err(not_resumable(format!(
-                    "it is a run of {started}, not of {workload}: resume it with {started} --resume {}",
-                    out.display()
-                ))
-                .into());
+                // A command is named as one; the library's trainer is not a command.
+                let how = if started.starts_with("vramfit ") {
+                    format!("resume it with {started} --resume {}", out.display())
+                } else {
+                    format!("resume it with {started}")
+                };
+                return Err(not_resumable(format!("it is a run of {started}, not of {workload}: {how}")).into());
             }
         }
         let path = dir.path("config.toml");
