@@ -5,10 +5,11 @@
 //! stay f32.
 //!
 //! Why the masters stay f32 (and on the host, beside the moments): Adam
-//! moves a coefficient by about its learning rate a step, 1.25e-4 for the
-//! SH rest, which is less than half an f16 ulp for any value above 0.25
-//! (and than half a bf16 ulp above 0.016): rounded into 16 bits each step,
-//! most updates would be lost. So a 16-bit store is the rounded copy of an
+//! moves a coefficient by at most about its learning rate a step, 1.25e-4
+//! for the SH rest, which is less than half an f16 ulp for any value of
+//! 0.5 or more and about half an ulp from 0.25 (half a bf16 ulp from
+//! 0.0625): rounded into 16 bits each step, most updates would be lost or
+//! doubled. So a 16-bit store is the rounded copy of an
 //! f32 master the renderer reads, written after each update.
 
 use serde::{Deserialize, Serialize};
