@@ -297,11 +297,12 @@ impl Calibration {
 /// Parses a byte count: `6GiB`, `512MiB`, `1.5GB`, `2e9`, `123456`.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let t = text.trim();
-    // The unit starts at the first letter that does not belong to a number like `2e9`.
+    // The unit is the trailing letters (a number like `2e9` or `1e3GiB`
+    // keeps its exponent).
     let split = if t.parse::<f64>().is_ok() {
         t.len()
     } else {
-        t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len())
+        t.trim_end_matches(|c: char| c.is_ascii_alphabetic()).len()
     };
     let (number, unit) = t.split_at(split);
     let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
@@ -327,7 +328,8 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         .parse()
         .map_err(|_| format!("'{text}' is not a size; write e.g. 6GiB, 512MiB, 1.5GB or a number of bytes"))?;
     let bytes = value * scale;
-    if bytes.is_finite() && bytes >= u64::MAX as f64 {
+    // (An exponent past f64's range is infinite: too large as well.)
+    if bytes >= u64::MAX as f64 {
         return Err(format!("'{text}' is too large: at most 16 EiB"));
     }
     if !(bytes.is_finite() && bytes >= 1.0) {
@@ -385,6 +387,11 @@ mod tests {
         assert_eq!(parse_bytes("1.5GB"), Ok(1_500_000_000));
         assert_eq!(parse_bytes("2e9"), Ok(2_000_000_000));
         assert_eq!(parse_bytes("123"), Ok(123));
+        assert_eq!(parse_bytes("1e3KiB"), Ok(1_024_000));
+        for huge in ["1e999GiB", "1e999", "20000PiB"] {
+            let e = parse_bytes(huge).unwrap_err();
+            assert!(e.contains("too large"), "{huge}: {e}");
+        }
         for bad in ["six", "6 GiBs", "-1GiB", "0", "nan"] {
             let e = parse_bytes(bad).unwrap_err();
             assert!(e.contains(bad.trim()), "{e}");
