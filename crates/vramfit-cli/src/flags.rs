@@ -150,6 +150,27 @@ pub fn resolve_fit(args: &FitSettings) -> Result<FitConfig> {
     c.steps = args.steps.unwrap_or(c.steps);
     c.seed = args.seed.unwrap_or(c.seed);
     let c = apply_sets(c, &args.set)?;
+    // A relative image path from a config file is read from the working
+    // directory (as a flag's is); when it is not there, say so.
+    if let (Some(config), None) = (&args.config, &args.image) {
+        let image = Path::new(&c.image);
+        if c.image != BUILTIN_SAMPLE && image.is_relative() && !image.exists() {
+            let cwd = std::env::current_dir()
+                .map(|d| d.display().to_string())
+                .unwrap_or_default();
+            let beside = config.parent().map(|d| d.join(image)).filter(|p| p.exists());
+            let hint = match beside {
+                Some(p) => format!("; there is {} beside the config file: give that path", p.display()),
+                None => String::new(),
+            };
+            anyhow::bail!(
+                "image '{}' (from {}) does not exist: a relative path in a config file is read from the working \
+                 directory ({cwd}), not from the file's folder{hint}",
+                c.image,
+                config.display()
+            );
+        }
+    }
     if c.image != BUILTIN_SAMPLE
         && let Ok(true) = Picture::has_alpha(Path::new(&c.image))
     {

@@ -1550,3 +1550,20 @@ fn negative_counts_are_refused_as_negative() {
         );
     }
 }
+
+/// A relative image path in a config file is read from the working
+/// directory; when the image is not there, the message says so and points
+/// at the one beside the config file.
+#[test]
+fn a_config_files_relative_image_path_is_explained() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::create_dir_all(d.join("sub/pics")).unwrap();
+    let o = run(&["sample", "--size", "64x48", "sub/pics/a.png"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(d.join("sub/c.toml"), "image = \"pics/a.png\"\nsteps = 5\n").unwrap();
+    let o = run(&["fit", "--config", "sub/c.toml", "--out", "run"], d);
+    refused_saying(&o, "read from the working directory");
+    refused_saying(&o, "beside the config file");
+    assert!(!d.join("run").exists(), "no run directory");
+}
