@@ -183,33 +183,19 @@ fn an_existing_run_directory_is_not_overwritten() {
     assert_eq!(std::fs::read(d.join("a-file")).unwrap(), b"mine");
     assert_eq!(std::fs::read_dir(d.join("empty")).unwrap().count(), 0);
     // A run directory: then resuming is the suggestion.
-    let o = run(
-        &[
-            "fit",
-            img.to_str().unwrap(),
-            "--gaussians",
-            "50",
-            "--steps",
-            "2",
-            "--out",
-            "done",
-        ],
-        d,
-    );
+    let fit_done = [
+        "fit",
+        img.to_str().unwrap(),
+        "--gaussians",
+        "50",
+        "--steps",
+        "2",
+        "--out",
+        "done",
+    ];
+    let o = run(&fit_done, d);
     assert!(o.status.success(), "{}", stderr(&o));
-    let o = run(
-        &[
-            "fit",
-            img.to_str().unwrap(),
-            "--gaussians",
-            "50",
-            "--steps",
-            "2",
-            "--out",
-            "done",
-        ],
-        d,
-    );
+    let o = run(&fit_done, d);
     assert!(
         stderr(&o).contains("already exists") && stderr(&o).contains("--resume done"),
         "{}",
