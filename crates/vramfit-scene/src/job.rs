@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use vramfit::allocator::CleanupPolicy;
+use vramfit::allocator::{Cleanup, CleanupPolicy};
 use vramfit::optim::Moments;
 use vramfit::profile::{Accounted, Category, HeapSource, MemorySource, NamedTensor};
 use vramfit::run::{ArrayFile, Cadence, Finished, Run, RunError, RunStats, Start, StepRecord, Workload};
@@ -313,8 +313,8 @@ pub struct SceneJob {
     fit: Fit,
     initial_psnr: f64,
     memory: Box<dyn Fn() -> Box<dyn MemorySource>>,
-    /// Allocator cleanups this session, and the seconds they took.
-    cleanups: (u64, f64),
+    /// The allocator cleanup cadence and what it has cost this session.
+    cleanup: Cleanup,
 }
 
 impl SceneJob {
@@ -335,6 +335,8 @@ impl SceneJob {
                     .into(),
             ));
         }
+        // Checked above: the cadence parses.
+        let cleanup = Cleanup::new(CleanupPolicy::parse(&config.allocator_cleanup).unwrap_or_default());
         let mut fit = Fit::new(config.dataset()?, config.settings())?;
         if let Some(make) = placement.device {
             fit = fit
@@ -346,7 +348,7 @@ impl SceneJob {
             config,
             fit,
             initial_psnr,
-            cleanups: (0, 0.0),
+            cleanup,
             memory: placement.memory,
         })
     }
@@ -461,17 +463,14 @@ impl Workload for SceneJob {
         observer.phase("optimizer", None, &|| held);
         // After the phase is read: the reservation is seen before a
         // cleanup can release it.
-        let cleanup = CleanupPolicy::parse(&self.config.allocator_cleanup).unwrap_or_default();
-        let cleaned = if cleanup.due(step) {
-            self.fit.cleanup_device().map_err(failed(step, "cleanup"))?
-        } else {
-            None
-        };
+        let fit = &self.fit;
+        let cleaned = self
+            .cleanup
+            .run_if_due(step, || fit.cleanup_device())
+            .map_err(failed(step, "cleanup"))?;
         let loss = self.fit.last_loss as f64;
         let mut metrics = serde_json::Map::new();
         if let Some(took) = cleaned {
-            self.cleanups.0 += 1;
-            self.cleanups.1 += took.as_secs_f64();
             metrics.insert("cleanup_seconds".into(), json!(took.as_secs_f64()));
         }
         metrics.insert("sh_degree".into(), json!(self.fit.active_degree(self.fit.step)));
@@ -573,9 +572,9 @@ impl Workload for SceneJob {
                 .collect(),
             final_loss: self.fit.last_loss as f64,
             host_bytes: self.fit.host_bytes(),
-            allocator_cleanups: self.cleanups.0,
+            allocator_cleanups: self.cleanup.calls(),
             sh_storage: self.config.sh_storage,
-            cleanup_seconds: self.cleanups.1,
+            cleanup_seconds: self.cleanup.spent().as_secs_f64(),
         };
         Ok(Finished {
             summary,

@@ -72,17 +72,34 @@ impl Cleanup {
     /// After optimiser step `step`: cleans if due (after a device sync, so
     /// the time is the cleanup's) and returns the time it took.
     pub fn after_step<B: Backend>(&mut self, step: u64, device: &B::Device) -> Option<Duration> {
+        let cleaned = self.run_if_due(step, || -> Result<_, std::convert::Infallible> {
+            let _ = B::sync(device);
+            let start = Instant::now();
+            B::memory_cleanup(device);
+            let _ = B::sync(device);
+            Ok(Some(start.elapsed()))
+        });
+        cleaned.unwrap_or_else(|never| match never {})
+    }
+
+    /// After optimiser step `step`: runs `clean` if due, which cleans and
+    /// says how long the cleanup took (`None`: there was nothing to clean),
+    /// and accounts it. For allocators outside Burn's backends (the scene's
+    /// CubeCL renderer).
+    pub fn run_if_due<E>(
+        &mut self,
+        step: u64,
+        clean: impl FnOnce() -> Result<Option<Duration>, E>,
+    ) -> Result<Option<Duration>, E> {
         if !self.policy.due(step) {
-            return None;
+            return Ok(None);
         }
-        let _ = B::sync(device);
-        let start = Instant::now();
-        B::memory_cleanup(device);
-        let _ = B::sync(device);
-        let took = start.elapsed();
-        self.calls += 1;
-        self.spent += took;
-        Some(took)
+        let took = clean()?;
+        if let Some(took) = took {
+            self.calls += 1;
+            self.spent += took;
+        }
+        Ok(took)
     }
 
     /// Cleanups done.

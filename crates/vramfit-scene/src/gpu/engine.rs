@@ -417,24 +417,29 @@ impl<R: Runtime> Renderer<R> {
         grads
     }
 
-    /// Writes host 32-bit words (f32 bits or packed halves) into `dst`
-    /// from word `first` on, through a staging buffer of `words`' size (the
-    /// destination is not reallocated). `first` must be a multiple of 64
-    /// (bindings start at 256-byte boundaries).
-    pub fn write_at(&self, dst: &Handle, first: usize, words: &[u32]) {
-        assert!(first.is_multiple_of(64), "write at word {first}");
-        if words.is_empty() {
+    /// Writes host 32-bit words (f32 bits or packed halves, as bytes) into
+    /// `dst` from word `first` on, through a staging buffer of their size
+    /// (the destination is not reallocated). `first` must be a multiple of
+    /// 64 (bindings start at 256-byte boundaries).
+    pub fn write_at(&self, dst: &Handle, first: usize, bytes: &[u8]) {
+        assert!(
+            first.is_multiple_of(64) && bytes.len().is_multiple_of(4),
+            "write {} bytes at word {first}",
+            bytes.len()
+        );
+        let words = bytes.len() / 4;
+        if words == 0 {
             return;
         }
-        let staged = self.upload_words(words);
+        let staged = self.client.create_from_slice(bytes);
         let dst = dst.clone().offset_start(4 * first as u64);
         kernels::train::copy::launch::<R>(
             &self.client,
-            grid(words.len()),
+            grid(words),
             dim(),
-            array(&dst, words.len()),
-            array(&staged, words.len()),
-            words.len() as u32,
+            array(&dst, words),
+            array(&staged, words),
+            words as u32,
         );
     }
 

@@ -278,8 +278,15 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
                 };
                 let span = CHUNK * widths[g];
                 for (k, part) in host.params[g].chunks(span.max(1)).enumerate() {
-                    let words = storage.encode(part);
-                    self.renderer.write_at(&s.groups[g], storage.words(k * span), &words);
+                    // f32 goes up as it is; 16-bit storage packed first.
+                    let packed;
+                    let bytes = if storage == ShStorage::F32 {
+                        f32::as_bytes(part)
+                    } else {
+                        packed = storage.encode(part);
+                        u32::as_bytes(&packed)
+                    };
+                    self.renderer.write_at(&s.groups[g], storage.words(k * span), bytes);
                 }
             }
             self.moved += s.bytes();
@@ -317,11 +324,14 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
         [s.bytes(), grads, moments + 12 * s.n as u64, self.workspace]
     }
 
-    fn cleanup(&self) -> Result<(), String> {
+    fn cleanup(&self) -> Result<std::time::Duration, String> {
         let client = &self.renderer.client;
-        cubecl::future::block_on(client.sync()).map_err(|e| e.to_string())?;
+        let sync = || cubecl::future::block_on(client.sync()).map_err(|e| e.to_string());
+        sync()?;
+        let started = std::time::Instant::now();
         client.memory_cleanup();
-        cubecl::future::block_on(client.sync()).map_err(|e| e.to_string())
+        sync()?;
+        Ok(started.elapsed())
     }
 
     fn host_bytes(&self) -> [u64; 2] {
