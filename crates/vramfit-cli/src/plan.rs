@@ -301,8 +301,24 @@ fn show<T: Planned>(
 ) -> Result<()> {
     let cal = T::Strategy::probe(target.target(), probe_batch, name)?;
     let mut out = serde_json::json!({ "device": name, "calibration": cal });
+    let write = |out: &serde_json::Value| -> Result<()> {
+        if let Some(path) = json {
+            vramfit::run::atomic_write(path, &serde_json::to_vec_pretty(out)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+            println!("wrote {}", path.display());
+        }
+        Ok(())
+    };
     if let Some(budget) = budget {
-        let Verified { choice, measured } = verify(&cal, target.target(), budget.bytes)?;
+        let Verified { choice, measured } = match verify(&cal, target.target(), budget.bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                // The probes took minutes: they are kept beside the error.
+                out["error"] = serde_json::json!(e.to_string());
+                write(&out)?;
+                return Err(e.into());
+            }
+        };
         cal.print_choice(&choice, budget);
         cal.print_verified(&choice, &measured);
         println!(
@@ -320,12 +336,7 @@ fn show<T: Planned>(
             out["presets_largest"] = extra;
         }
     }
-    if let Some(path) = json {
-        vramfit::run::atomic_write(path, &serde_json::to_vec_pretty(&out)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-        println!("wrote {}", path.display());
-    }
-    Ok(())
+    write(&out)
 }
 
 /// A planned run through the library's one call

@@ -56,6 +56,17 @@ pub trait ModelSettings:
         None
     }
 
+    /// How the model computes attention, if it has attention layers.
+    fn attention(&self) -> Option<vramfit::fused::Attention> {
+        None
+    }
+
+    /// The model with its attention computed as `attention` (a model
+    /// without attention layers is returned as it is).
+    fn with_attention(self, _attention: vramfit::fused::Attention) -> Self {
+        self
+    }
+
     /// The family's own defaults of the shared settings (steps, batch, lr).
     fn defaults(config: FamilyConfig<Self>) -> FamilyConfig<Self> {
         config

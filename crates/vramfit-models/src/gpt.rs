@@ -417,6 +417,14 @@ impl crate::family::ModelSettings for GptConfig {
             .then(|| "--attention fused (attention's scores recomputed in the backward, never stored)".into())
     }
 
+    fn attention(&self) -> Option<vramfit::fused::Attention> {
+        Some(self.attention)
+    }
+
+    fn with_attention(self, attention: vramfit::fused::Attention) -> Self {
+        Self { attention, ..self }
+    }
+
     fn blocks(&self) -> usize {
         self.depth
     }

@@ -42,12 +42,19 @@ where
     pub fn new(base: FamilyConfig<F>, device: &B::Device) -> Result<Self, TrainError> {
         base.resolve::<B>(device)?;
         let supported = |d: DType| B::supports_dtype(device, d);
-        let precisions = [Precision::F32, Precision::Bf16, Precision::F16]
+        let precisions: Vec<Precision> = [Precision::F32, Precision::Bf16, Precision::F16]
             .into_iter()
             .filter(|p| supported(DType::from(p.dtype())))
             .collect();
         let bf16 = supported(DType::BF16);
         let groups = vramfit::trainer::parameter_groups(&base.model.init::<B>(base.seed, device));
+        // The transformer widens Q, K and V to f32 for the fused
+        // attention: fused at every precision where it has a kernel.
+        let fused_attention = if base.model.attention().is_some() && vramfit::fused::Attention::is_fused_on::<B>() {
+            precisions.clone()
+        } else {
+            Vec::new()
+        };
         let space = Space {
             batch: base.batch_size,
             blocks: base.model.blocks(),
@@ -58,6 +65,7 @@ where
             host_moments: !vramfit::backends::is_cpu::<B>(),
             batch_statistics: base.model.batch_statistics(),
             block_shapes: base.model.block_shapes(&base.task),
+            fused_attention,
         };
         Ok(Self {
             base,
@@ -74,15 +82,22 @@ where
     }
 }
 
-/// The settings of `base` with `knobs` at effective batch `batch`
-/// (`groups`: the space's storage groups, largest first).
-pub fn apply<M: ModelSettings>(
-    base: &FamilyConfig<M>,
-    knobs: &Knobs,
-    batch: usize,
-    groups: &[(String, u64)],
-) -> FamilyConfig<M> {
+/// The settings of `base` with `knobs` at effective batch `batch` in
+/// `space` (its storage groups, largest first; whether it turns the
+/// attention: where it does not, the base's attention stays).
+pub fn apply<M: ModelSettings>(base: &FamilyConfig<M>, knobs: &Knobs, batch: usize, space: &Space) -> FamilyConfig<M> {
+    let groups = &space.storage_groups;
+    let model = if space.fused_attention.is_empty() {
+        base.model.clone()
+    } else {
+        base.model.clone().with_attention(if knobs.fused_attention {
+            vramfit::fused::Attention::Fused
+        } else {
+            vramfit::fused::Attention::Standard
+        })
+    };
     FamilyConfig {
+        model,
         batch_size: batch,
         micro_batch: knobs.micro_batch,
         accumulate: batch / knobs.micro_batch.max(1),
@@ -122,7 +137,7 @@ where
                 // Checkpoint writes count towards the peak (host copies): probed when the run makes them.
                 checkpoint_every: if self.base.checkpoint_every > 0 { 2 } else { 0 },
                 profile_every: 1,
-                ..apply(&self.base, knobs, batch, &self.space.storage_groups)
+                ..apply(&self.base, knobs, batch, &self.space)
             };
             crate::job::build::<B, F, D>(config, &self.device)
         })
@@ -145,7 +160,7 @@ where
         self
     }
     fn settings(&self, knobs: &Knobs) -> FamilyConfig<F> {
-        apply(&self.base, knobs, self.base.batch_size, &self.space.storage_groups)
+        apply(&self.base, knobs, self.base.batch_size, &self.space)
     }
     fn to_toml(settings: &FamilyConfig<F>) -> String {
         settings.to_toml()

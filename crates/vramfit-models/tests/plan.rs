@@ -81,7 +81,6 @@ where
             r.measured.peak_bytes
         );
     }
-    let groups = cal.space.storage_groups.clone();
     let mut run = |knobs: &vramfit::plan::Knobs| target.measure(knobs, base.batch_size).unwrap();
 
     // Infeasible: under the leanest plan. Its error names a budget that works.
@@ -143,7 +142,7 @@ where
             steps: 6,
             log_every: 1,
             checkpoint_every: 2,
-            ..apply(&base, &p.setting, base.batch_size, &groups)
+            ..apply(&base, &p.setting, base.batch_size, &cal.space)
         })
         .collect();
     let tmp = tempfile::tempdir().unwrap();

@@ -559,6 +559,7 @@ where
             host_moments: !crate::backends::is_cpu::<B>(),
             batch_statistics: None,
             block_shapes: Vec::new(),
+            fused_attention: Vec::new(),
         };
         Self {
             make: Arc::new(make),

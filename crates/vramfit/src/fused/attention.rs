@@ -44,13 +44,86 @@ pub fn attention<B: Backend>(
         q.dims(),
         k.dims()
     );
-    match (on_cpu(q), on_cpu(k), on_cpu(v)) {
-        (Ok(q), Ok(k), Ok(v)) => back(attention_cpu(q, k, v, scale as f32, causal)),
-        (q, k, v) => {
-            let either = |r: Result<Tensor<Cpu, 4>, Tensor<B, 4>>| r.map_or_else(|t| t, back);
-            attention_reference(either(q), either(k), either(v), scale, causal)
-        }
+    let (scale, qkv) = (scale as f32, (q, k, v));
+    let qkv = match on::<B, Cpu>(qkv, |q, k, v| attention_cpu(q, k, v, scale, causal)) {
+        Ok(out) => return out,
+        Err(qkv) => qkv,
+    };
+    // Without autodiff (a checkpointed block's first forward runs on the
+    // inner backend): the same forward, or Burn's operations would hold
+    // every head's scores at once for the call.
+    let qkv = match on::<B, Flex>(qkv, |q, k, v| forward_flex(q, k, v, scale, causal)) {
+        Ok(out) => return out,
+        Err(qkv) => qkv,
+    };
+    #[cfg(feature = "wgpu")]
+    let qkv = match on_cube::<B, cubecl::wgpu::WgpuRuntime>(qkv, scale, causal) {
+        Ok(out) => return out,
+        Err(qkv) => qkv,
+    };
+    #[cfg(feature = "cuda")]
+    let qkv = match on_cube::<B, cubecl::cuda::CudaRuntime>(qkv, scale, causal) {
+        Ok(out) => return out,
+        Err(qkv) => qkv,
+    };
+    let (q, k, v) = qkv;
+    attention_reference(q, k, v, scale as f64, causal)
+}
+
+/// Queries, keys and values.
+type Qkv<B> = (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>);
+
+/// `f` on the three as f32 tensors of backend `C`, where `B` is `C` and
+/// they are f32; else the three back.
+fn on<B: Backend, C: Backend>(
+    (q, k, v): Qkv<B>,
+    f: impl FnOnce(Tensor<C, 4>, Tensor<C, 4>, Tensor<C, 4>) -> Tensor<C, 4>,
+) -> Result<Tensor<B, 4>, Qkv<B>> {
+    let same = std::any::TypeId::of::<B>() == std::any::TypeId::of::<C>();
+    if !same || [q.dtype(), k.dtype(), v.dtype()] != [DType::F32; 3] {
+        return Err((q, k, v));
     }
+    let as_c = |t: Tensor<B, 4>| downcast::<_, Tensor<C, 4>>(t).unwrap_or_else(|_| unreachable!("B is C"));
+    Ok(downcast(f(as_c(q), as_c(k), as_c(v))).unwrap_or_else(|_| unreachable!("C is B")))
+}
+
+/// The CubeCL kernels on runtime `R`, with autodiff or without.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn on_cube<B: Backend, R: burn_cubecl::CubeRuntime>(
+    qkv: Qkv<B>,
+    scale: f32,
+    causal: bool,
+) -> Result<Tensor<B, 4>, Qkv<B>> {
+    use super::cube::{self, Cube};
+    on::<B, Autodiff<Cube<R>>>(qkv, |q, k, v| cube::attention(q, k, v, scale, causal))
+        .or_else(|qkv| on::<B, Cube<R>>(qkv, |q, k, v| cube::forward_only(q, k, v, scale, causal)))
+}
+
+/// The fused forward alone, on Flex without autodiff.
+fn forward_flex(
+    q: Tensor<Flex, 4>,
+    k: Tensor<Flex, 4>,
+    v: Tensor<Flex, 4>,
+    scale: f32,
+    causal: bool,
+) -> Tensor<Flex, 4> {
+    let [b, h, t, dh] = q.dims();
+    let [_, _, s, dv] = v.dims();
+    let d = Dims {
+        t,
+        s,
+        dh,
+        dv,
+        scale,
+        causal,
+    };
+    let (q, k, v) = (
+        q.into_primitive().tensor(),
+        k.into_primitive().tensor(),
+        v.into_primitive().tensor(),
+    );
+    let (o, _) = forward_all(&d, &values(&q), &values(&k), &values(&v));
+    Tensor::from_primitive(TensorPrimitive::Float(flex(o, [b, h, t, dv].into())))
 }
 
 /// [`attention`] from Burn's operations (every backend; the fused
@@ -81,6 +154,33 @@ pub enum Attention {
     /// [`attention`]: no score tensor (on the CPU; Burn's operations on
     /// the other backends until their kernels exist).
     Fused,
+}
+
+impl Attention {
+    /// Whether [`attention`] is the fused operation on backend `B` (for
+    /// f32 inputs: a model that widens Q, K and V to f32 for it, as the
+    /// transformer does, has it at every precision); elsewhere it is
+    /// Burn's operations, which keep the scores.
+    pub fn is_fused_on<B: Backend>() -> bool {
+        #[allow(unused_mut)]
+        let mut cube = false;
+        #[cfg(feature = "wgpu")]
+        {
+            cube |= is::<B, super::cube::Cube<cubecl::wgpu::WgpuRuntime>>();
+        }
+        #[cfg(feature = "cuda")]
+        {
+            cube |= is::<B, super::cube::Cube<cubecl::cuda::CudaRuntime>>();
+        }
+        crate::backends::is_cpu::<B>() || cube
+    }
+}
+
+/// Whether `B` is `C` or `C` with autodiff.
+#[allow(dead_code)]
+fn is<B: 'static, C: Backend>() -> bool {
+    let b = std::any::TypeId::of::<B>();
+    b == std::any::TypeId::of::<C>() || b == std::any::TypeId::of::<Autodiff<C>>()
 }
 
 impl std::str::FromStr for Attention {

@@ -77,6 +77,8 @@ fn flex(values: Vec<f32>, shape: burn::tensor::Shape) -> FlexTensor {
 }
 
 mod attention;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod cube;
 mod gelu;
 mod heads;
 mod layer_norm;

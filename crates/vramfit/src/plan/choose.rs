@@ -22,15 +22,22 @@ fn combinations(c: &Calibration) -> Vec<Knobs> {
                     .filter(|&(low, host)| (!low || s.low_moments) && (!host || s.host_moments));
                 for (low_moments, host_moments) in moments {
                     for cleanup in [false, true] {
-                        out.push(Knobs {
-                            precision,
-                            checkpointed: vec![false; s.blocks],
-                            micro_batch,
-                            low_storage,
-                            low_moments,
-                            host_moments,
-                            cleanup,
-                        });
+                        // Fused only where it has a kernel at this precision.
+                        for fused_attention in [false, true] {
+                            if fused_attention && !s.fused_attention.contains(&precision) {
+                                continue;
+                            }
+                            out.push(Knobs {
+                                precision,
+                                checkpointed: vec![false; s.blocks],
+                                micro_batch,
+                                low_storage,
+                                low_moments,
+                                host_moments,
+                                cleanup,
+                                fused_attention,
+                            });
+                        }
                     }
                 }
             }
@@ -54,9 +61,9 @@ impl Calibration {
     pub(super) fn choose_knobs(&self, budget: u64) -> Result<Choice<Knobs>, PlanError> {
         let margin = self.margin();
         let usable = self.model.pages_down(budget as f64 / (1.0 + margin));
-        let chain = self.model.chain();
         let mut plans = Vec::new();
         for mut knobs in combinations(self) {
+            let chain = self.model.chain_for(&knobs);
             let (outside, scale, rest) = self.model.split(&knobs, self.space.batch);
             if outside > usable || rest > usable || scale <= 0.0 {
                 continue;
@@ -119,11 +126,11 @@ impl Calibration {
 
     /// The plan with the least predicted peak.
     pub fn leanest(&self) -> Plan<Knobs> {
-        let chain = self.model.chain();
-        let least = least_peak(&chain);
         combinations(self)
             .into_iter()
             .map(|mut knobs| {
+                let chain = self.model.chain_for(&knobs);
+                let least = least_peak(&chain);
                 knobs.checkpointed = optimal(&chain, least).unwrap_or_else(|| vec![true; chain.len()]);
                 self.plan(knobs)
             })
@@ -166,6 +173,7 @@ mod tests {
                 host_moments: false,
                 batch_statistics: None,
                 block_shapes: Vec::new(),
+                fused_attention: Vec::new(),
             },
             model: Model {
                 fixed_bytes: 10_000.0,
@@ -204,6 +212,7 @@ mod tests {
                 fixed_ms: 2.0,
                 micro_batch_ms: 1.0,
                 sample_ms: 0.5,
+                fused_attention: None,
             },
             probes: Vec::new(),
             checks: Vec::new(),
@@ -235,6 +244,45 @@ mod tests {
             }
         }
         assert!(budgets.iter().any(|(_, d)| d.contains("checkpoint")), "{budgets:?}");
+    }
+
+    #[test]
+    fn a_budget_only_the_fused_attention_fits_gets_it() {
+        let mut c = calibration();
+        // Attention that dominates a block (the rest no longer decides).
+        c.model.block.activations = 20_000.0;
+        // Every knob but the attention: the leanest peak without it.
+        let standard = c.leanest().peak_bytes;
+        c.space.fused_attention = vec![Precision::F32];
+        c.model.fused_attention = Some(crate::plan::FusedCosts {
+            fixed_bytes: c.model.fixed_bytes + 500.0,
+            outside_bytes: c.model.outside_bytes,
+            block: BlockCost {
+                activations: 1500.0,
+                input: 100.0,
+                recompute: 0.06,
+            },
+            fixed_ms: c.model.fixed_ms,
+            sample_ms: 0.6,
+        });
+        let lean = c.leanest();
+        assert!(
+            lean.setting.fused_attention && lean.peak_bytes < standard,
+            "{standard} {lean:?}"
+        );
+        // Midway between the two leanest peaks.
+        let budget = ((standard + lean.peak_bytes) as f64 / 2.0 * (1.0 + c.margin())) as u64;
+        let choice = c.choose(budget).unwrap();
+        assert!(
+            choice.plans.iter().all(|p| p.setting.fused_attention),
+            "{:?}",
+            choice.plans[0]
+        );
+        // An exact plan: it outranks bf16 plans that fit without it.
+        assert!(choice.plans[0].exact(), "{:?}", choice.plans[0]);
+        // With room for every plan, the faster standard attention wins.
+        let ample = c.choose(100 * standard).unwrap();
+        assert!(!ample.plans[0].setting.fused_attention, "{:?}", ample.plans[0]);
     }
 
     #[test]

@@ -54,7 +54,7 @@ mod strategy;
 
 pub use capacity::{Capacity, CapacityCalibration, Counted, Line, Variant, calibrate_capacity};
 pub use ladder::{Ladder, LadderCalibration, Rung, calibrate_ladder};
-pub use model::{Delta, Model, ProbeRecord};
+pub use model::{Delta, FusedCosts, Model, ProbeRecord};
 pub use pipeline::{
     BudgetError, FALLBACKS, Found, Options, Runnable, SIMULATED_OOM, Setting, VERIFY_TRIES, Verified, Within,
     WithinBudget, record, run_plans, run_within, run_within_showing, verify,
@@ -85,6 +85,10 @@ pub struct Knobs {
     pub host_moments: bool,
     /// Allocator cleanup after every step.
     pub cleanup: bool,
+    /// The model's attention fused (scores recomputed in the backward, never
+    /// kept; exact up to summation order), where the space offers it.
+    #[serde(default)]
+    pub fused_attention: bool,
 }
 
 impl Knobs {
@@ -98,6 +102,7 @@ impl Knobs {
             low_moments: false,
             host_moments: false,
             cleanup: false,
+            fused_attention: false,
         }
     }
 
@@ -123,6 +128,7 @@ impl Knobs {
             + usize::from(self.low_moments)
             + usize::from(self.host_moments)
             + usize::from(self.cleanup)
+            + usize::from(self.fused_attention)
     }
 
     /// What the knobs change in the numerics, in words (empty: exact up
@@ -181,6 +187,9 @@ impl Knobs {
         if self.cleanup {
             parts.push("cleanup".into());
         }
+        if self.fused_attention {
+            parts.push("attention fused".into());
+        }
         parts.join(" · ")
     }
 }
@@ -218,6 +227,11 @@ pub struct Space {
     /// block equal, each keeping `block_input_bytes` when checkpointed.
     #[serde(default)]
     pub block_shapes: Vec<(f64, u64)>,
+    /// The precisions at which the model's attention has a fused kernel on
+    /// this device (empty: no attention, or no kernel here, where fusing
+    /// would change nothing).
+    #[serde(default)]
+    pub fused_attention: Vec<Precision>,
 }
 
 impl Space {

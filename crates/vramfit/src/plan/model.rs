@@ -16,16 +16,22 @@
 //! `fixed_ms + π(precision) · (k·micro_batch_ms + B·sample_ms + B·recompute·|marks|)
 //!   + storage_ms·f(groups) + moments_ms + cleanup_ms`.
 //!
+//! Where the model's attention can be fused, the fixed bytes, the outside
+//! and block costs and the time per sample are fitted a second time from
+//! three probes with it fused ([`FusedCosts`]): fusing changes the blocks'
+//! activations, not a constant.
+//!
 //! Every coefficient comes from differences between probes, so the model
 //! is exact on the probes it was fitted on; its error is measured on
 //! combinations it did not see.
 
+use std::borrow::Cow;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
 use super::chain::{BlockCost, chain_peak};
-use super::{Calibration, Knobs, Measured, PlanError, Plannable};
+use super::{Calibration, Knobs, Measured, PlanError, Plannable, Space};
 use crate::precision::Precision;
 
 /// The fitted coefficients (bytes, milliseconds).
@@ -86,6 +92,27 @@ pub struct Model {
     pub micro_batch_ms: f64,
     /// Time per sample.
     pub sample_ms: f64,
+    /// The costs with the attention fused, where the space offers it.
+    #[serde(default)]
+    pub fused_attention: Option<FusedCosts>,
+}
+
+/// The terms that fusing the attention changes, fitted from its own probes
+/// (plain, a smaller batch, every block checkpointed) as the base's are:
+/// it shrinks each block's activations, may add scratch that does not
+/// scale with the batch, and changes the time per sample and recomputation.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FusedCosts {
+    /// Bytes that do not scale with the micro-batch.
+    pub fixed_bytes: f64,
+    /// Bytes per sample outside the blocks.
+    pub outside_bytes: f64,
+    /// The mean block's costs per sample.
+    pub block: BlockCost,
+    /// Time per step that does not scale with the batch.
+    pub fixed_ms: f64,
+    /// Time per sample.
+    pub sample_ms: f64,
 }
 
 /// What one knob adds to the step's peak, the rest's peak and the step time.
@@ -134,6 +161,23 @@ impl ProbeRecord {
 }
 
 impl Model {
+    /// The model of a step with `knobs`: this one, or with the fused
+    /// attention's terms where they ask for it.
+    pub fn with(&self, knobs: &Knobs) -> Cow<'_, Model> {
+        match self.fused_attention.filter(|_| knobs.fused_attention) {
+            Some(f) => Cow::Owned(Model {
+                fixed_bytes: f.fixed_bytes,
+                outside_bytes: f.outside_bytes,
+                block: f.block,
+                fixed_ms: f.fixed_ms,
+                sample_ms: f.sample_ms,
+                fused_attention: None,
+                ..self.clone()
+            }),
+            None => Cow::Borrowed(self),
+        }
+    }
+
     /// (bytes ratio, time ratio, bytes added to the rest) of precision `p`.
     fn precision(&self, p: Precision) -> (f64, f64, f64) {
         self.precisions
@@ -170,10 +214,18 @@ impl Model {
         shaped(self.block, self.blocks, &self.block_shapes)
     }
 
+    /// The chain's blocks, per sample, in a step with `knobs`.
+    pub fn chain_for(&self, knobs: &Knobs) -> Vec<BlockCost> {
+        self.with(knobs).chain()
+    }
+
     /// The step part's bytes that do not depend on the checkpoint marks,
     /// the factor (`ρ·m`) that turns the chain's per-sample peak into
     /// bytes, and the rest part's bytes.
     pub fn split(&self, knobs: &Knobs, batch: usize) -> (f64, f64, f64) {
+        if let Cow::Owned(fused) = self.with(knobs) {
+            return fused.split(knobs, batch);
+        }
         let m = knobs.micro_batch.max(1) as f64;
         let (rho, _, rest) = self.precision(knobs.precision);
         let d = self.deltas(knobs);
@@ -194,6 +246,9 @@ impl Model {
 
     /// Predicted peak bytes (in whole pages) and step ms of `knobs` at effective batch `batch`.
     pub fn predict(&self, knobs: &Knobs, batch: usize) -> (f64, f64) {
+        if let Cow::Owned(fused) = self.with(knobs) {
+            return fused.predict(knobs, batch);
+        }
         let (outside, scale, rest) = self.split(knobs, batch);
         let step = outside + scale * chain_peak(&self.chain(), &knobs.checkpointed);
         (self.pages_up(step.max(rest)), self.time(knobs, batch))
@@ -213,6 +268,9 @@ impl Model {
 
     /// Predicted step ms.
     pub fn time(&self, knobs: &Knobs, batch: usize) -> f64 {
+        if let Cow::Owned(fused) = self.with(knobs) {
+            return fused.time(knobs, batch);
+        }
         let k = (batch / knobs.micro_batch.max(1)).max(1) as f64;
         let b = batch as f64;
         let (_, pi, _) = self.precision(knobs.precision);
@@ -328,6 +386,60 @@ fn small_micro_batch(batch: usize) -> usize {
         .unwrap_or(1)
 }
 
+/// The fused attention's terms: probed plain at batch `p`, at the smaller
+/// batch `q` and (with two blocks or more) with every block checkpointed,
+/// and fitted as the base's are (the micro-batch overhead is the base's).
+fn fused_costs(
+    run: &mut impl FnMut(&str, Knobs, usize, &mut Vec<ProbeRecord>) -> Result<Measured, PlanError>,
+    space: &Space,
+    model: &Model,
+    (p, q): (usize, usize),
+    probes: &mut Vec<ProbeRecord>,
+) -> Result<FusedCosts, PlanError> {
+    let n = space.blocks;
+    let fused = |batch: usize| Knobs {
+        fused_attention: true,
+        ..Knobs::base(n, batch)
+    };
+    let mf = run("attention fused", fused(p), p, probes)?;
+    let mh = run("attention fused, smaller batch", fused(q), q, probes)?;
+    let per_sample = (mf.step_peak_bytes as f64 - mh.step_peak_bytes as f64) / (p - q) as f64;
+    let fixed_bytes = mf.step_peak_bytes as f64 - p as f64 * per_sample;
+    let sample_ms = ((mf.step_ms - mh.step_ms) / (p - q) as f64).max(0.0);
+    let mut costs = FusedCosts {
+        fixed_bytes,
+        outside_bytes: per_sample,
+        block: BlockCost {
+            activations: 0.0,
+            input: 0.0,
+            recompute: 0.0,
+        },
+        fixed_ms: (mf.step_ms - model.micro_batch_ms - p as f64 * sample_ms).max(0.0),
+        sample_ms,
+    };
+    if n >= 2 {
+        let ma = run(
+            "attention fused, checkpoint all",
+            Knobs {
+                checkpointed: vec![true; n],
+                ..fused(p)
+            },
+            p,
+            probes,
+        )?;
+        let all = (ma.step_peak_bytes as f64 - fixed_bytes) / p as f64;
+        let s = space.block_input_bytes as f64;
+        let a = mean_activations(per_sample, all, s, n, &space.block_shapes);
+        costs.block = BlockCost {
+            activations: a,
+            input: s,
+            recompute: ((ma.step_ms - mf.step_ms) / (n * p) as f64).max(0.0),
+        };
+        costs.outside_bytes = per_sample - n as f64 * a;
+    }
+    Ok(costs)
+}
+
 pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) -> Result<Calibration, PlanError> {
     let started = Instant::now();
     let space = target.space();
@@ -415,6 +527,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         fixed_ms,
         micro_batch_ms,
         sample_ms,
+        fused_attention: None,
     };
     // Below the probed micro-batch the law is extrapolated: a micro-batch
     // of one measures what does not shrink with it (per-channel buffers,
@@ -546,6 +659,9 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         &mut probes,
     )?;
     model.cleanup = delta(m);
+    if space.fused_attention.contains(&Precision::F32) {
+        model.fused_attention = Some(fused_costs(&mut run, &space, &model, (p, q), &mut probes)?);
+    }
 
     // Combinations the fit did not see: the exact knobs together, then
     // every knob that changes the numerics together.
@@ -562,6 +678,19 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         p,
         &mut checks,
     )?;
+    if model.fused_attention.is_some() {
+        run(
+            "check: fused attention with the exact knobs",
+            Knobs {
+                micro_batch: q,
+                checkpointed: (0..n).map(|i| n >= 2 && i % 2 == 1).collect(),
+                fused_attention: true,
+                ..base.clone()
+            },
+            p,
+            &mut checks,
+        )?;
+    }
     let lowest = space.precisions.last().copied().unwrap_or(Precision::F32);
     if lowest != Precision::F32 || !space.storage_groups.is_empty() || space.low_moments {
         run(
@@ -571,6 +700,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
                 checkpointed: vec![n >= 2; n],
                 low_storage: space.storage_groups.len(),
                 low_moments: space.low_moments,
+                fused_attention: model.fused_attention.is_some() && space.fused_attention.contains(&lowest),
                 ..base.clone()
             },
             p,
@@ -647,13 +777,17 @@ mod tests {
                 host_moments: true,
                 batch_statistics: None,
                 block_shapes: Vec::new(),
+                fused_attention: vec![Precision::F32],
             }
         }
 
         fn measure(&mut self, k: &Knobs, batch: usize) -> Result<Measured, String> {
+            // Fused attention: a third of the activations, 1,500 bytes of
+            // scratch, a fifth slower a sample and in recomputation.
+            let fused = if k.fused_attention { 1.2 } else { 1.0 };
             let blocks = vec![
                 BlockCost {
-                    activations: 9000.0,
+                    activations: if k.fused_attention { 3000.0 } else { 9000.0 },
                     input: 1000.0,
                     recompute: 0.1,
                 };
@@ -663,6 +797,7 @@ mod tests {
             let m = k.micro_batch as f64;
             let storage = -2000.0 * [0.0, 0.75, 1.0][k.low_storage];
             let peak = 50_000.0
+                + if k.fused_attention { 1500.0 } else { 0.0 }
                 + storage
                 + if k.low_moments { -4000.0 } else { 0.0 }
                 + if k.host_moments { -8000.0 } else { 0.0 }
@@ -675,7 +810,7 @@ mod tests {
                 + storage;
             let kk = (batch / k.micro_batch) as f64;
             let marked = k.checkpointed.iter().filter(|x| **x).count() as f64;
-            let ms = 5.0 + kk * 0.5 + batch as f64 * (1.0 + 0.1 * marked);
+            let ms = 5.0 + kk * 0.5 + batch as f64 * fused * (1.0 + 0.1 * marked);
             Ok(Measured {
                 peak_bytes: peak.max(rest).round() as u64,
                 step_peak_bytes: peak.round() as u64,
@@ -693,17 +828,28 @@ mod tests {
         assert!(c.time_error < 1e-6, "{:?}", c.checks);
         assert!((c.model.block.activations - 9000.0).abs() < 1.0, "{:?}", c.model);
         assert!((c.model.outside_bytes - 3000.0).abs() < 10.0, "{:?}", c.model);
+        let f = c.model.fused_attention.expect("the space offers it");
+        assert!((f.block.activations - 3000.0).abs() < 1.0, "{f:?}");
+        assert!((f.fixed_bytes - c.model.fixed_bytes - 1500.0).abs() < 10.0, "{f:?}");
+        assert!(
+            (f.block.recompute - 0.12).abs() < 1e-9 && (f.sample_ms - 1.2).abs() < 1e-9,
+            "{f:?}"
+        );
+        assert!(c.checks.iter().any(|r| r.knobs.fused_attention), "{:?}", c.checks);
         // Extrapolation from probes at an eighth of the batch.
         let small = calibrate(&mut Synthetic, Some(4)).unwrap();
-        let knobs = Knobs {
-            micro_batch: 16,
-            checkpointed: vec![true, false, true, false, false, false],
-            ..Knobs::base(6, 32)
-        };
-        let (peak, ms) = small.predict(&knobs);
-        let truth = Synthetic.measure(&knobs, 32).unwrap();
-        assert!((peak - truth.peak_bytes as f64).abs() / (truth.peak_bytes as f64) < 1e-3);
-        assert!((ms - truth.step_ms).abs() / truth.step_ms < 1e-6);
+        for fused_attention in [false, true] {
+            let knobs = Knobs {
+                micro_batch: 16,
+                checkpointed: vec![true, false, true, false, false, false],
+                fused_attention,
+                ..Knobs::base(6, 32)
+            };
+            let (peak, ms) = small.predict(&knobs);
+            let truth = Synthetic.measure(&knobs, 32).unwrap();
+            assert!((peak - truth.peak_bytes as f64).abs() / (truth.peak_bytes as f64) < 1e-3);
+            assert!((ms - truth.step_ms).abs() / truth.step_ms < 1e-6);
+        }
     }
 
     #[test]
