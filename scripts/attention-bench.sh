@@ -14,23 +14,39 @@
 #   TOKENS="512 1024" scripts/attention-bench.sh   fewer lengths
 #   ONLY=memory | ONLY=speed scripts/attention-bench.sh   one part (speed
 #   wants an otherwise idle machine; memory does not mind)
+#   DEVICE=wgpu scripts/attention-bench.sh bench-results/attention-wgpu
+#     the memory part on wgpu (the CubeCL kernels; the figure is the
+#     allocator's reserved bytes; a debug build with --features wgpu; on
+#     lavapipe set VK_ICD_FILENAMES). Its default shape is smaller (width
+#     64, 2 heads, batch 2: software Vulkan is slow, and one buffer holds
+#     at most 128 MiB there); SHAPE="WIDTH HEADS BATCH" sets it. A run that
+#     fails (a score tensor over the buffer cap) is recorded with its error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-bench-results/attention-cpu}
+device=${DEVICE:-cpu}
+out=${1:-bench-results/attention-$device}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$(dirname "$out")"
-cargo build --release -p vramfit-cli >/dev/null
 vramfit="$work/vramfit"
-cp target/release/vramfit "$vramfit"
+if [ "$device" = cpu ]; then
+  cargo build --release -p vramfit-cli >/dev/null
+  cp target/release/vramfit "$vramfit"
+  read -r width heads batch <<<"${SHAPE:-256 8 4}"
+else
+  cargo build -p vramfit-cli --features "$device" >/dev/null
+  cp target/debug/vramfit "$vramfit"
+  read -r width heads batch <<<"${SHAPE:-64 2 2}"
+  ONLY=memory
+fi
 only=${ONLY:-all}
 [ "$only" = speed ] || for t in ${TOKENS:-512 1024 2048 4096}; do
   for a in standard fused; do
-    echo "training: $t tokens, $a attention" >&2
-    "$vramfit" train transformer --device cpu --attention "$a" --steps 2 --batch-size 4 \
-      --set model.width=256 --set model.heads=8 --set model.depth=2 --set model.context="$t" \
+    echo "training: $t tokens, $a attention on $device" >&2
+    "$vramfit" train transformer --device "$device" --attention "$a" --steps 2 --batch-size "$batch" \
+      --set model.width="$width" --set model.heads="$heads" --set model.depth=2 --set model.context="$t" \
       --set task.tokens="$t" --set checkpoint_every=0 --set profile_every=1 --set log_every=1 \
-      --out "$work/run-$t-$a" >/dev/null
+      --out "$work/run-$t-$a" >/dev/null 2>"$work/err-$t-$a" || true
   done
 done
 speed_args=(--set model.width=256 --set model.heads=8 --set model.depth=4 --set model.vocab=256
@@ -50,15 +66,20 @@ if [ -z "${NO_TORCH:-}" ] && [ "$only" != memory ]; then
     "$venv/bin/python" scripts/pytorch_gpt.py --depth 4 --tokens 1024 --batch 4 --steps 8 $sdpa >>"$work/torch.jsonl"
   done
 fi
-python3 - "$work" "$out" "${TOKENS:-512 1024 2048 4096}" <<'PY'
+python3 - "$work" "$out" "${TOKENS:-512 1024 2048 4096}" "$device" "$width $heads $batch" <<'PY'
 import json, os, sys, platform
 work, out, lengths = sys.argv[1], sys.argv[2], [int(t) for t in sys.argv[3].split()]
-lengths = [t for t in lengths if os.path.exists(f"{work}/run-{t}-fused")]
+device, (width, heads, batch) = sys.argv[4], [int(x) for x in sys.argv[5].split()]
+lengths = [t for t in lengths if os.path.exists(f"{work}/err-{t}-fused")]
 mib = lambda b: b / 2**20
 rows = []
 for t in lengths:
     for a in ("standard", "fused"):
         d = f"{work}/run-{t}-{a}"
+        if not os.path.exists(f"{d}/summary.json"):
+            err = [l.strip() for l in open(f"{work}/err-{t}-{a}") if l.strip().startswith("error")]
+            rows.append({"tokens": t, "attention": a, "error": err[0] if err else "failed (no summary)"})
+            continue
         mem = json.load(open(f"{d}/memory.json"))
         s = json.load(open(f"{d}/summary.json"))
         fwd = [r for r in mem["records"] if r["phase"] == "forward"]
@@ -79,21 +100,30 @@ if os.path.exists(f"{work}/torch.jsonl"):
         p = json.loads(line)
         speed.append({"who": f'PyTorch {p["torch"]}, {p["attention"]}', "median_step_ms": p["median_step_ms"],
                       "tokens_per_second": p["tokens_per_second"], "peak_rss_bytes": p["peak_rss_bytes"]})
-md = ["| tokens | attention | activations after the forward MiB | deciding peak MiB (heap in use) | median step ms |",
+figure = "heap in use" if device == "cpu" else "allocator reserved"
+md = [f"On {device}: width {width}, {heads} heads, depth 2, batch {batch}, vocab 64, two steps each.", "",
+      f"| tokens | attention | activations after the forward MiB | deciding peak MiB ({figure}) | median step ms |",
       "|---|---|---|---|---|"]
 for r in rows:
+    if "error" in r:
+        md.append(f'| {r["tokens"]:,} | {r["attention"]} | did not run: {r["error"]} | | |')
+        continue
     md.append(f'| {r["tokens"]:,} | {r["attention"]} | {mib(r["forward_activations_bytes"]):,.1f} | '
               f'{mib(r["peak_bytes"]):,.1f} | {r["median_step_ms"]:,.0f} |')
-md += ["", "At 1,024 tokens (width 256, depth 4, 8 heads, batch 4, vocab 256; 2 threads):", "",
-       "| run | median step ms | tokens/s | peak resident set MiB |", "|---|---|---|---|"]
+if speed:
+    md += ["", "At 1,024 tokens (width 256, depth 4, 8 heads, batch 4, vocab 256; 2 threads):", "",
+           "| run | median step ms | tokens/s | peak resident set MiB |", "|---|---|---|---|"]
 for s in speed:
     md.append(f'| {s["who"]} | {s["median_step_ms"]:,.0f} | {s["tokens_per_second"]:,.0f} | {mib(s["peak_rss_bytes"]):,.0f} |')
 text = "\n".join(md)
 print(text)
-record = {"bench": "attention", "cpu": platform.machine(), "memory": rows, "speed": speed,
-          "measured": "heap bytes in use by the counting allocator (activations at the forward's end, the run's peak); "
-                      "median step time; peak resident set from /usr/bin/time or getrusage"}
+record = {"bench": "attention", "device": device, "cpu": platform.machine(), "shape": {"width": width, "heads": heads,
+          "depth": 2, "batch": batch}, "memory": rows, "speed": speed,
+          "measured": ("heap bytes in use by the counting allocator" if device == "cpu" else
+                       "the CubeCL allocator's reserved bytes") + " (activations at the forward's end, the run's "
+                      "peak); median step time; peak resident set from /usr/bin/time or getrusage"}
 json.dump(record, open(f"{out}.json", "w"), indent=2)
-open(f"{out}.md", "w").write(f"Command: `scripts/attention-bench.sh`\n\n{text}\n")
+command = "scripts/attention-bench.sh" if device == "cpu" else f"DEVICE={device} scripts/attention-bench.sh {out}"
+open(f"{out}.md", "w").write(f"Command: `{command}`\n\n{text}\n")
 print(f"wrote {out}.json and {out}.md")
 PY

@@ -119,9 +119,10 @@ impl<B: AutodiffBackend, F: Family<D>, const D: usize> Course<B, F::Net<B>, D> f
                     if c.precision == "f32" {
                         ways.push("--precision bf16".into());
                     }
-                    // The model's own (the fused attention): on the CPU,
-                    // where its kernel is; elsewhere it is Burn's operations.
-                    if vramfit::backends::is_cpu::<B>()
+                    // The model's own (the fused attention): where it has
+                    // a kernel (the CPU, wgpu, CUDA); elsewhere it would be
+                    // Burn's operations.
+                    if vramfit::fused::Attention::is_fused_on::<B>()
                         && let Some(lever) = c.model.activation_lever()
                     {
                         ways.push(lever);

@@ -27,7 +27,7 @@ mod source;
 pub use driver::Nvml;
 pub use driver::{DriverReading, process_figure};
 pub use html::{CATEGORY_COLOURS, PEAK_COLOUR};
-pub use oom::{OomReport, OutOfMemory, oom_report, out_of_memory};
+pub use oom::{OomReport, OutOfMemory, oom_report, out_of_memory, panics};
 pub use record::{Accounted, Category, LeakWarning, PhaseRecord, Profiler};
 pub use report::{Headline, MemoryReport, NamedTensor, REPORT_VERSION, human_bytes};
 pub use sampler::{PeakSampler, Peaks};

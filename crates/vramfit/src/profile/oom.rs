@@ -38,6 +38,61 @@ pub fn out_of_memory(message: &str) -> Option<OutOfMemory> {
         .then_some(OutOfMemory { requested_bytes })
 }
 
+/// Out-of-memory panics on threads a backend runs for itself. cubecl-wgpu
+/// allocates on its device thread and panics there when an allocation
+/// fails ("can't allocate buffer of size: N", for one buffer above the
+/// device's limit); the caller's thread is not told and its step goes on
+/// with a buffer that was never made, so the run would end "successfully"
+/// with wrong numbers. [`watch_panics`] records such panics (only those whose
+/// message [`out_of_memory`] recognises: a test's own panics stay its own)
+/// and the run driver checks for new ones after every step.
+pub mod panics {
+    use std::sync::{Mutex, Once};
+
+    static SEEN: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    static INSTALL: Once = Once::new();
+
+    /// Installs the recording hook once per process (the previous hook
+    /// still runs: the panic is printed as before).
+    pub fn watch() {
+        INSTALL.call_once(|| {
+            let previous = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                let payload = info.payload();
+                let message = payload
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| payload.downcast_ref::<&str>().copied())
+                    .unwrap_or("");
+                if super::out_of_memory(message).is_some() {
+                    let thread = std::thread::current().name().unwrap_or("unnamed").to_string();
+                    if let Ok(mut seen) = SEEN.lock() {
+                        seen.push(format!("{message} (a panic on thread {thread})"));
+                    }
+                }
+                previous(info);
+            }));
+        });
+    }
+
+    /// Out-of-memory panics seen so far.
+    pub fn count() -> usize {
+        SEEN.lock().map_or(0, |s| s.len())
+    }
+
+    /// The first out-of-memory panic after the first `count` ones.
+    pub fn since(count: usize) -> Option<String> {
+        SEEN.lock().ok().and_then(|s| s.get(count).cloned())
+    }
+
+    /// Records `message` as if a backend thread had panicked with it (tests).
+    pub fn record(message: &str) {
+        if let Ok(mut seen) = SEEN.lock() {
+            seen.push(message.to_string());
+        }
+    }
+}
+
 /// What a job writes to `oom.json` and tells the user after a device
 /// out-of-memory: the last recorded breakdown and the largest tensors.
 #[derive(Debug, Clone)]

@@ -289,6 +289,16 @@ struct OverBudget {
     budget: u64,
 }
 
+/// An out-of-memory that a backend's own thread panicked with during a
+/// step ([`crate::profile::panics`]): the step itself returned as if nothing
+/// had happened.
+#[derive(Debug, thiserror::Error)]
+#[error("the device ran out of memory during step {step} (reported by a panic on the backend's thread): {message}")]
+struct DevicePanic {
+    step: u64,
+    message: String,
+}
+
 fn write_err(path: &Path) -> impl Fn(std::io::Error) -> RunError + '_ {
     move |e| RunError::Write {
         path: path.into(),
@@ -513,6 +523,7 @@ impl Run {
         mut workload: W,
         mut observe: impl FnMut(Event) -> ControlFlow<()>,
     ) -> Result<Option<RunSummary<W::Summary>>, RunError> {
+        crate::profile::panics::watch();
         let (wall_before, notes) = if self.resume {
             let restored = self.restore(&mut workload)?;
             let _ = std::fs::remove_file(self.dir.path("error.json"));
@@ -564,7 +575,20 @@ impl Run {
         let result = match result {
             Err(RunError::Workload(e)) => match e.downcast::<OverBudget>() {
                 Ok(over) => Err(self.over_budget(&workload, *over, &session.profiler, &report)),
-                Err(e) => Err(self.device_error(&workload, e, &session.profiler, &report)),
+                Err(e) => match e.downcast::<DevicePanic>() {
+                    Ok(panic) => {
+                        let at = OutOfMemoryAt {
+                            error: panic.to_string(),
+                            message: panic.message,
+                            step: panic.step,
+                            phase: "step".into(),
+                            requested: None,
+                            budget: None,
+                        };
+                        Err(self.out_of_memory_error(&workload, at, &session.profiler, &report))
+                    }
+                    Err(e) => Err(self.device_error(&workload, e, &session.profiler, &report)),
+                },
             },
             other => other,
         };
@@ -723,6 +747,7 @@ impl Session<'_> {
             // (checkpoints, logs, frames).
             self.profiler.observe(step, "start", None, record, || w.accounted());
             let t0 = Instant::now();
+            let panics = crate::profile::panics::count();
             let r = w
                 .step(&mut Probe {
                     profiler: &mut self.profiler,
@@ -730,6 +755,9 @@ impl Session<'_> {
                     record,
                 })
                 .map_err(|e| RunError::Workload(Box::new(e)))?;
+            if let Some(message) = crate::profile::panics::since(panics) {
+                return Err(RunError::Workload(Box::new(DevicePanic { step, message })));
+            }
             self.step_ms.push(t0.elapsed().as_secs_f64() * 1e3);
             // The headline (a few strings) is built only for a run that has a budget.
             if let Some(budget) = self.run.budget
