@@ -77,8 +77,9 @@ for t in lengths:
     for a in ("standard", "fused"):
         d = f"{work}/run-{t}-{a}"
         if not os.path.exists(f"{d}/summary.json"):
-            err = [l.strip() for l in open(f"{work}/err-{t}-{a}") if l.strip().startswith("error")]
-            rows.append({"tokens": t, "attention": a, "error": err[0] if err else "failed (no summary)"})
+            err = [l.strip() for l in open(f"{work}/err-{t}-{a}")
+                   if l.startswith("error:") and "XDG_RUNTIME_DIR" not in l]
+            rows.append({"tokens": t, "attention": a, "error": err[-1] if err else "failed (no summary)"})
             continue
         mem = json.load(open(f"{d}/memory.json"))
         s = json.load(open(f"{d}/summary.json"))
