@@ -181,11 +181,15 @@ pub fn build<B: AutodiffBackend, F: Family<D>, const D: usize>(
         cleanup: Cleanup::new(r.cleanup),
         attempts: 0,
     };
-    let techniques = json!({
+    let mut techniques = json!({
         "precision": config.precision, "checkpoint": config.checkpoint,
         "micro_batch": stepper.batching.micro_batch, "accumulate": stepper.batching.accumulate,
         "storage": config.storage, "moments": config.moments, "allocator_cleanup": config.allocator_cleanup,
     });
+    // A model with attention says how it computed it.
+    if let Some(attention) = config.model.attention() {
+        techniques["attention"] = json!(attention.to_string());
+    }
     let schedule = Schedule {
         steps: config.steps,
         batch_size: config.batch_size,
