@@ -84,6 +84,15 @@ macro_rules! dispatch {
 
 /// Runs `work` on the named device.
 pub fn on_device<W: OnBackend>(device: &str, work: W) -> Result<W::Output> {
+    // Burn's operation fusion: the Burn workloads only (the splat fit and
+    // the scene run their own kernels on their own buffers).
+    #[cfg(feature = "fusion")]
+    if device == "wgpu-fusion" {
+        return work.run::<vramfit::backends::WgpuFusion>(
+            &Default::default(),
+            "wgpu, default adapter (burn Fusion<CubeBackend<Wgpu>>; CubeCL)".into(),
+        );
+    }
     dispatch!(device, work)
 }
 

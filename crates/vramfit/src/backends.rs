@@ -17,6 +17,12 @@ pub type Flex = burn::backend::Autodiff<burn::backend::Flex>;
 #[cfg(feature = "wgpu")]
 pub type Wgpu = burn::backend::Autodiff<burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u8>>;
 
+/// wgpu (CubeCL) under Burn's operation fusion, with autodiff: operations
+/// are queued and chains of them run as one generated kernel.
+#[cfg(feature = "fusion")]
+pub type WgpuFusion =
+    burn::backend::Autodiff<burn_fusion::Fusion<burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u8>>>;
+
 /// True when `B` is the CPU backend (Flex, with or without autodiff): the
 /// host is the device, so host memory saves it nothing.
 pub fn is_cpu<B: 'static>() -> bool {

@@ -241,6 +241,49 @@ impl DeviceMemory for burn::backend::Cuda {
     }
 }
 
+/// Burn's operation fusion on wgpu: the same allocator, read after the
+/// queued operations have run. Fusion defers operations (and so their
+/// allocations) until a read or a sync, so each reading first syncs the
+/// device: the readings at the end of every phase stay exact, and fusion
+/// works within a phase, not across one.
+#[cfg(feature = "fusion")]
+impl DeviceMemory for burn_fusion::Fusion<burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u8>> {
+    fn memory_source(device: &Self::Device) -> Box<dyn MemorySource> {
+        let driver = Err("no driver reading on wgpu".to_string());
+        Box::new(Synced::<Self, _> {
+            device: device.clone(),
+            inner: CubeAllocator::<cubecl::wgpu::WgpuRuntime>::new(device, "wgpu, fused", driver),
+        })
+    }
+}
+
+/// `inner`, read after a sync of backend `B`'s device.
+#[cfg(feature = "fusion")]
+struct Synced<B: burn::tensor::backend::Backend, S> {
+    device: B::Device,
+    inner: S,
+}
+
+#[cfg(feature = "fusion")]
+impl<B: burn::tensor::backend::Backend, S: MemorySource> MemorySource for Synced<B, S> {
+    fn name(&self) -> String {
+        format!("{}, read after a device sync", self.inner.name())
+    }
+    fn read(&self) -> Option<MemoryReading> {
+        B::sync(&self.device).ok()?;
+        self.inner.read()
+    }
+    fn oom_figure(&self) -> Option<OomFigure> {
+        self.inner.oom_figure()
+    }
+    fn driver_name(&self) -> Option<String> {
+        self.inner.driver_name()
+    }
+    fn driver_context(&self) -> Option<u64> {
+        self.inner.driver_context()
+    }
+}
+
 /// Burn on wgpu (Vulkan, Metal, DX12; Mesa's software Vulkan in CI): the
 /// allocator's figures, no driver cross-check.
 #[cfg(feature = "wgpu")]
