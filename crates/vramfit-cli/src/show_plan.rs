@@ -153,6 +153,18 @@ impl Show for Calibration {
                 String::new()
             }
         );
+        // The attention's share of a block's activations: what fusing it
+        // removed, from the two fits (each from its own probes).
+        if let Some(f) = &self.model.fused_attention {
+            let (plain, fused) = (self.model.block.activations, f.block.activations);
+            println!(
+                "a block keeps {} a sample with the standard attention, {} with it fused: the attention's scores \
+                 are {:.0} % of a block's activations (from the probes' fits)",
+                human_bytes(plain.max(0.0) as u64),
+                human_bytes(fused.max(0.0) as u64),
+                (1.0 - fused / plain.max(1.0)).clamp(0.0, 1.0) * 100.0
+            );
+        }
     }
 
     fn accuracy(&self) -> String {

@@ -264,6 +264,7 @@ mod tests {
             },
             fixed_ms: c.model.fixed_ms,
             sample_ms: 0.6,
+            precisions: Vec::new(),
         });
         let lean = c.leanest();
         assert!(

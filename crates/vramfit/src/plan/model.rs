@@ -101,7 +101,7 @@ pub struct Model {
 /// (plain, a smaller batch, every block checkpointed) as the base's are:
 /// it shrinks each block's activations, may add scratch that does not
 /// scale with the batch, and changes the time per sample and recomputation.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FusedCosts {
     /// Bytes that do not scale with the micro-batch.
     pub fixed_bytes: f64,
@@ -113,6 +113,11 @@ pub struct FusedCosts {
     pub fixed_ms: f64,
     /// Time per sample.
     pub sample_ms: f64,
+    /// Per lower precision at which it is fused: its own bytes and time
+    /// ratios (the plain attention's are not the fused one's: its scores
+    /// were most of what a lower precision shrank or grew).
+    #[serde(default)]
+    pub precisions: Vec<(Precision, f64, f64)>,
 }
 
 /// What one knob adds to the step's peak, the rest's peak and the step time.
@@ -164,13 +169,23 @@ impl Model {
     /// The model of a step with `knobs`: this one, or with the fused
     /// attention's terms where they ask for it.
     pub fn with(&self, knobs: &Knobs) -> Cow<'_, Model> {
-        match self.fused_attention.filter(|_| knobs.fused_attention) {
+        match self.fused_attention.as_ref().filter(|_| knobs.fused_attention) {
             Some(f) => Cow::Owned(Model {
                 fixed_bytes: f.fixed_bytes,
                 outside_bytes: f.outside_bytes,
                 block: f.block,
                 fixed_ms: f.fixed_ms,
                 sample_ms: f.sample_ms,
+                // Its own ratios where probed; what a precision adds to the rest is the plain one's.
+                precisions: self
+                    .precisions
+                    .iter()
+                    .map(|&(p, rho, pi, rest)| {
+                        let own = f.precisions.iter().find(|x| x.0 == p);
+                        let (rho, pi) = own.map_or((rho, pi), |&(_, r, t)| (r, t));
+                        (p, rho, pi, rest)
+                    })
+                    .collect(),
                 fused_attention: None,
                 ..self.clone()
             }),
@@ -402,6 +417,17 @@ fn fused_costs(
         ..Knobs::base(n, batch)
     };
     let mf = run("attention fused", fused(p), p, probes)?;
+    // Each lower precision it is fused at, against the fused f32 probe.
+    let mut precisions = Vec::new();
+    for &precision in space.fused_attention.iter().filter(|x| **x != Precision::F32) {
+        let mx = run(
+            &format!("attention fused, {}", precision.name()),
+            Knobs { precision, ..fused(p) },
+            p,
+            probes,
+        )?;
+        precisions.push((precision, mx.step_peak_bytes, mx.step_ms));
+    }
     let mh = run("attention fused, smaller batch", fused(q), q, probes)?;
     let per_sample = (mf.step_peak_bytes as f64 - mh.step_peak_bytes as f64) / (p - q) as f64;
     let fixed_bytes = mf.step_peak_bytes as f64 - p as f64 * per_sample;
@@ -416,7 +442,18 @@ fn fused_costs(
         },
         fixed_ms: (mf.step_ms - model.micro_batch_ms - p as f64 * sample_ms).max(0.0),
         sample_ms,
+        precisions: Vec::new(),
     };
+    // As the plain attention's: the share of the step's scaled bytes and time.
+    let (fixed_bytes, fixed_ms) = (costs.fixed_bytes, costs.fixed_ms);
+    costs.precisions = precisions
+        .into_iter()
+        .map(|(precision, bytes, ms)| {
+            let rho = (bytes as f64 - fixed_bytes) / (mf.step_peak_bytes as f64 - fixed_bytes).max(1.0);
+            let pi = (ms - fixed_ms) / (mf.step_ms - fixed_ms).max(1e-9);
+            (precision, rho, pi)
+        })
+        .collect();
     if n >= 2 {
         let ma = run(
             "attention fused, checkpoint all",
@@ -777,7 +814,7 @@ mod tests {
                 host_moments: true,
                 batch_statistics: None,
                 block_shapes: Vec::new(),
-                fused_attention: vec![Precision::F32],
+                fused_attention: vec![Precision::F32, Precision::Bf16],
             }
         }
 
@@ -836,6 +873,8 @@ mod tests {
             "{f:?}"
         );
         assert!(c.checks.iter().any(|r| r.knobs.fused_attention), "{:?}", c.checks);
+        assert_eq!(f.precisions.len(), 1, "{f:?}");
+        assert!((f.precisions[0].1 - 0.55).abs() < 1e-3, "{f:?}");
         // Extrapolation from probes at an eighth of the batch.
         let small = calibrate(&mut Synthetic, Some(4)).unwrap();
         for fused_attention in [false, true] {
