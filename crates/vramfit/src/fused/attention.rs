@@ -15,8 +15,11 @@ use super::*;
 /// Softmax attention of `q` over `k`, `v` (each `[b, h, t, dh]`; `k` and `v`
 /// may have another length `s`): `softmax(scale · q kᵀ) v`, with key `j`
 /// masked for query `i < j` when `causal` (then `t` must equal `s`). On
-/// `Autodiff<Flex>` with f32 tensors the fused operation; elsewhere
-/// [`attention_reference`] (Burn's operations, which keep the scores).
+/// Flex and CubeCL (wgpu, CUDA), with or without autodiff, the fused
+/// operation; elsewhere [`attention_reference`] (Burn's operations, which
+/// keep the scores). f16 and bf16 inputs (all three the same type) are
+/// widened to f32 for it (f32 accumulation; it then keeps Q, K and V in
+/// f32) and the output is given back in their type.
 pub fn attention<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
@@ -44,6 +47,12 @@ pub fn attention<B: Backend>(
         q.dims(),
         k.dims()
     );
+    let low = q.dtype();
+    if matches!(low, DType::F16 | DType::BF16) && k.dtype() == low && v.dtype() == low && Attention::is_fused_on::<B>()
+    {
+        let wide = |t: Tensor<B, 4>| t.cast(burn::tensor::FloatDType::F32);
+        return attention(wide(q), wide(k), wide(v), scale, causal).cast(low);
+    }
     let (scale, qkv) = (scale as f32, (q, k, v));
     let qkv = match on::<B, Cpu>(qkv, |q, k, v| attention_cpu(q, k, v, scale, causal)) {
         Ok(out) => return out,

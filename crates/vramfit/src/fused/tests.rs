@@ -459,3 +459,39 @@ fn attention_gradients_match_finite_differences() {
         }
     }
 }
+
+/// bf16 and f16 inputs are widened to f32 for the fused operation: the
+/// output comes back in their type, equal to the fused attention of their
+/// widened values, and the gradients reach them.
+#[test]
+fn attention_of_half_precision_inputs_is_the_widened_fused_attention() {
+    let _graph = crate::grads::graph_lock(); // other tests differentiate in parallel
+    let d = Default::default();
+    let normal = |shape: [usize; 4]| Tensor::<Cpu, 4>::random(shape, Distribution::Normal(0.0, 1.0), &d);
+    for low in [burn::tensor::FloatDType::BF16, burn::tensor::FloatDType::F16] {
+        let [q, k, v] =
+            [normal([1, 2, 9, 16]), normal([1, 2, 9, 16]), normal([1, 2, 9, 16])].map(|t| t.cast(low).require_grad());
+        let out = attention(q.clone(), k.clone(), v.clone(), 0.25, true);
+        assert_eq!(out.dtype(), DType::from(low), "{low:?}");
+        let wide = |t: &Tensor<Cpu, 4>| t.clone().cast(burn::tensor::FloatDType::F32);
+        let expected = attention(wide(&q), wide(&k), wide(&v), 0.25, true).cast(low);
+        close(
+            host(wide(&out)),
+            host(wide(&expected)),
+            0.0,
+            &format!("{low:?}: output"),
+        );
+        let g = out.sum().backward();
+        for x in [&q, &k, &v] {
+            let grad = x.grad(&g).expect("the gradient reaches the input");
+            assert!(
+                grad.into_data()
+                    .convert::<f32>()
+                    .into_vec::<f32>()
+                    .unwrap()
+                    .iter()
+                    .any(|v| v.abs() > 1e-3)
+            );
+        }
+    }
+}
