@@ -1,0 +1,121 @@
+//! Every "to lower it" line names settings that lower the deciding figure
+//! from where the run stands (issue 29): for the transformer and the U-Net
+//! on the CPU, each way the advice offers is applied to the run's settings
+//! and the run measured again. One test in its own binary: the heap is the
+//! process's, and nothing else runs beside it.
+
+use std::ops::ControlFlow;
+
+use burn::backend::{Autodiff, Flex};
+use vramfit::run::{RunPath, Start};
+use vramfit_models::config::FamilyConfig;
+use vramfit_models::family::Family;
+use vramfit_models::gpt::GptConfig;
+use vramfit_models::unet::UnetConfig;
+
+type B = Autodiff<Flex>;
+
+#[global_allocator]
+static HEAP: vramfit::heap::Counting<std::alloc::System> = vramfit::heap::Counting(std::alloc::System);
+
+/// The run's deciding peak and its advice.
+fn measure<F: Family<D>, const D: usize>(config: FamilyConfig<F>, dir: &std::path::Path) -> (u64, Vec<String>) {
+    let _ = std::fs::remove_dir_all(dir);
+    let (run, workload) =
+        vramfit_models::job::start::<B, F, D>(Start::New(config, RunPath::At(dir.into())), &Default::default(), "cpu")
+            .unwrap();
+    let summary = run.drive(workload, |_| ControlFlow::Continue(())).unwrap().unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("memory.json")).unwrap()).unwrap();
+    let advice = report["advice"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    (summary.peak_memory_bytes.unwrap(), advice)
+}
+
+/// Each way of an advice line ("category: --a x (why), or --b y (why)") as
+/// its flags and values.
+fn ways(line: &str) -> Vec<Vec<(String, String)>> {
+    let (_, ways) = line.split_once(": ").expect("category: ways");
+    ways.split(", or ")
+        .map(|way| {
+            let flags = way.split(" (").next().unwrap();
+            let words: Vec<&str> = flags.split_whitespace().collect();
+            words
+                .chunks(2)
+                .map(|pair| {
+                    assert!(pair.len() == 2 && pair[0].starts_with("--"), "{line}: {way}");
+                    (pair[0].to_string(), pair[1].trim_matches('\'').to_string())
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `config` with one advised way applied.
+fn apply<F: Family<D>, const D: usize>(mut config: FamilyConfig<F>, way: &[(String, String)]) -> FamilyConfig<F> {
+    for (flag, value) in way {
+        match flag.as_str() {
+            "--checkpoint" => config.checkpoint = value.clone(),
+            "--micro-batch" => config.micro_batch = value.parse().unwrap(),
+            "--accumulate" => config.accumulate = value.parse().unwrap(),
+            "--precision" => config.precision = value.clone(),
+            "--moments" => config.moments = value.clone(),
+            "--storage" => config.storage = vec![value.clone()],
+            "--allocator-cleanup" => config.allocator_cleanup = value.clone(),
+            "--attention" => config.model = config.model.with_attention(value.parse().unwrap()),
+            other => panic!("advice names {other}, which this test does not know: add it"),
+        }
+    }
+    config
+}
+
+fn every_way_lowers_the_figure<F: Family<D>, const D: usize>(base: FamilyConfig<F>, name: &str) -> usize {
+    let root = std::env::temp_dir().join(format!("vramfit-advice-{}-{name}", std::process::id()));
+    let (peak, advice) = measure(base.clone(), &root.join("base"));
+    assert!(!advice.is_empty(), "{name}: no advice to test");
+    let mut tried = 0;
+    for line in &advice {
+        for way in ways(line) {
+            let (after, _) = measure(apply(base.clone(), &way), &root.join(format!("way{tried}")));
+            eprintln!("{name}: {way:?}: {peak} -> {after} bytes");
+            assert!(
+                after < peak,
+                "{name}: the advice `{line}` offers {way:?}, which does not lower the figure: {peak} -> {after} bytes"
+            );
+            tried += 1;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    tried
+}
+
+#[test]
+fn every_advised_setting_lowers_the_deciding_figure() {
+    assert!(vramfit::heap::installed());
+    let mut gpt = FamilyConfig::<GptConfig> {
+        steps: 2,
+        batch_size: 4,
+        checkpoint_every: 0,
+        profile_every: 1,
+        ..Default::default()
+    };
+    gpt.model.width = 64;
+    gpt.model.heads = 4;
+    gpt.model.depth = 2;
+    gpt.model.context = 256;
+    gpt.task.tokens = 256;
+    let tried = every_way_lowers_the_figure::<GptConfig, 3>(gpt, "transformer");
+    assert!(tried >= 3, "transformer: {tried} ways tried");
+    let unet = FamilyConfig::<UnetConfig> {
+        steps: 2,
+        batch_size: 4,
+        checkpoint_every: 0,
+        profile_every: 1,
+        ..Default::default()
+    };
+    let tried = every_way_lowers_the_figure::<UnetConfig, 4>(unet, "unet");
+    assert!(tried >= 3, "unet: {tried} ways tried");
+}
