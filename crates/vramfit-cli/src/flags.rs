@@ -55,6 +55,10 @@ pub struct TrainSettings {
     /// Seed of the weights.
     #[arg(long, allow_negative_numbers = true, value_parser = parse_count::<u64>)]
     seed: Option<u64>,
+    /// Data-parallel ranks: N processes share each step's micro-batches and
+    /// sum their gradients (through mpirun; a build with --features mpi).
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_count::<usize>)]
+    ranks: Option<usize>,
     /// Override one setting, KEY=VALUE (dotted keys reach tables: model.width=128) (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
@@ -98,6 +102,7 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
     c.accumulate = a.accumulate.unwrap_or(c.accumulate);
     c.steps = a.steps.unwrap_or(c.steps);
     c.seed = a.seed.unwrap_or(c.seed);
+    c.ranks = a.ranks.unwrap_or(c.ranks);
     if !a.storage.is_empty() {
         c.storage = a.storage.clone();
     }

@@ -19,6 +19,7 @@ mod fit;
 mod flags;
 mod plan;
 mod plan_bench;
+mod ranks;
 mod runs;
 mod sample;
 mod scene;
@@ -151,6 +152,9 @@ fn main() {
         }
     }));
     let cli = Cli::parse();
+    // A rank of `train --ranks N` joins its MPI job (finalised when this drops).
+    #[cfg(feature = "mpi")]
+    let _mpi = ranks::join_if_launched();
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli))) {
         Ok(Ok(())) => {}
         Ok(Err(e)) => {

@@ -80,7 +80,22 @@ impl<F: Family<D>, const D: usize, O: FnMut(Event) -> ControlFlow<()>> OnBackend
         B: AutodiffBackend,
         B::InnerBackend: DeviceMemory,
     {
-        let (run, w) = vramfit_models::job::start::<B, F, D>(self.start, device, &name)?;
+        // On ranks, rank 0 creates the run directory before the others
+        // create theirs inside it (a barrier, reached by rank 0 whether or
+        // not its start succeeded).
+        let world = vramfit::ranks::world();
+        let rank = world.as_ref().map_or(0, |w| w.rank());
+        if rank > 0 {
+            world.as_ref().expect("a rank above 0 has a world").barrier();
+        }
+        let started = crate::ranks::for_rank(self.start, rank)
+            .and_then(|start| Ok(vramfit_models::job::start::<B, F, D>(start, device, &name)?));
+        if rank == 0
+            && let Some(w) = &world
+        {
+            w.barrier();
+        }
+        let (run, w) = started?;
         let dir = run.dir().root().to_path_buf();
         Ok((dir, run.drive(w, self.observe)?.map(|s| Done::Train(F::NAME, s))))
     }
@@ -103,10 +118,38 @@ pub fn run_with(
 /// Runs `launch` on `device` with a progress bar, and prints the summary.
 pub fn run(device: &str, launch: Launch) -> Result<()> {
     let resumed = launch.resumed();
-    let (out, done) = run_with(device, launch, progress())?;
+    let world = vramfit::ranks::world();
+    let rank = world.as_ref().map_or(0, |w| w.rank());
+    // Rank 0 shows the progress and the summary; the others work quietly.
+    let (out, done) = if rank == 0 {
+        run_with(device, launch, progress())?
+    } else {
+        run_with(device, launch, |_| ControlFlow::Continue(()))?
+    };
     let Some(done) = done else {
         bail!("the run stopped before its end")
     };
+    if let (Some(w), Done::Train(name, s)) = (&world, &done) {
+        // Every rank's deciding peak, gathered (each rank fills its own slot).
+        let mut peaks = vec![0.0; w.size()];
+        peaks[rank] = s.peak_memory_bytes.unwrap_or(0) as f64;
+        w.sum_f64(&mut peaks);
+        if rank > 0 {
+            return Ok(());
+        }
+        print_train(name, s);
+        print_common(s, &out);
+        let each: Vec<String> = peaks.iter().map(|b| human_bytes(*b as u64)).collect();
+        let largest = peaks.iter().cloned().fold(0.0, f64::max);
+        println!(
+            "  ranks: {} (each rank's deciding peak: {}; the largest {}; rank r's run directory is {}/ranks/rank-r)",
+            w.size(),
+            each.join(", "),
+            human_bytes(largest as u64),
+            out.display()
+        );
+        return Ok(());
+    }
     match &done {
         Done::Fit(s) => print_fit(s, resumed),
         Done::Train(name, s) => print_train(name, s),

@@ -35,7 +35,7 @@ pub struct TrainArgs {
     /// Continue the run in RUN_DIR from its last checkpoint.
     #[arg(long, value_name = "RUN_DIR", conflicts_with_all = [
         "config", "precision", "checkpoint", "micro_batch", "accumulate", "batch_size", "steps",
-        "storage", "moments", "allocator_cleanup", "attention", "seed", "out", "set", "budget"])]
+        "storage", "moments", "allocator_cleanup", "attention", "seed", "out", "set", "budget", "ranks"])]
     resume: Option<PathBuf>,
     #[command(flatten)]
     device: crate::device::DeviceArg,
@@ -57,6 +57,12 @@ fn run_family<F: Family<D>, const D: usize>(
 ) -> Result<()> {
     if let Some(budget) = &args.budget {
         let config = crate::flags::resolve_train::<F>(&args.settings)?;
+        if config.ranks > 1 {
+            anyhow::bail!(
+                "--ranks with --budget: the planner plans one rank for now; plan without --ranks, or run the ranks \
+                 with the techniques given as flags"
+            );
+        }
         let budget = crate::budget::Budget::parse(budget, &args.device.name)?;
         let replaced = args.settings.techniques_given();
         if !replaced.is_empty() {
@@ -73,12 +79,46 @@ fn run_family<F: Family<D>, const D: usize>(
         };
         return crate::plan::model::<F, D>(config, &args.device.name, action);
     }
-    let start = match &args.resume {
-        Some(dir) => vramfit::run::Start::Resume(dir.clone()),
-        None => vramfit::run::Start::New(
-            crate::flags::resolve_train::<F>(&args.settings)?,
-            crate::run_path(&args.out, F::NAME),
-        ),
+    let (start, ranks) = match &args.resume {
+        Some(dir) => {
+            // A run's ranks are its config's (0: not a readable run; the resume says why).
+            let path = dir.join("config.toml");
+            let ranks = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|text| FamilyConfig::<F>::from_toml(&text, &path).ok())
+                .map_or(1, |c| c.ranks);
+            (vramfit::run::Start::Resume(dir.clone()), ranks)
+        }
+        None => {
+            let config = crate::flags::resolve_train::<F>(&args.settings)?;
+            let ranks = config.ranks;
+            // Before any rank starts: the ranks must share the micro-batches evenly.
+            let micro = if config.micro_batch == 0 {
+                config.batch_size
+            } else {
+                config.micro_batch
+            };
+            vramfit::ranks::check_split(micro, config.accumulate, ranks)
+                .map_err(|e| anyhow::anyhow!("setting `ranks`: {e}"))?;
+            (
+                vramfit::run::Start::New(config, crate::run_path(&args.out, F::NAME)),
+                ranks,
+            )
+        }
     };
+    match vramfit::ranks::world() {
+        None if ranks > 1 => {
+            if args.resume.is_none() && args.out.is_none() {
+                anyhow::bail!("--ranks {ranks} needs --out RUN_DIR: every rank writes under it");
+            }
+            return crate::ranks::relaunch(ranks);
+        }
+        Some(w) if w.size() != ranks => anyhow::bail!(
+            "this process is one of {} MPI ranks, but the run asks for {ranks}: give --ranks {}",
+            w.size(),
+            w.size()
+        ),
+        _ => {}
+    }
     crate::runs::run(&args.device.name, launch(start))
 }

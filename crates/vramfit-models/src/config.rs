@@ -105,6 +105,10 @@ pub struct FamilyConfig<M: ModelSettings> {
     pub moments: String,
     /// Allocator cleanup: never, step, every:N.
     pub allocator_cleanup: String,
+    /// Data-parallel ranks (processes) sharing each step's micro-batches;
+    /// `accumulate` must be a multiple of it (started by `vramfit train
+    /// --ranks N`, through `mpirun`).
+    pub ranks: usize,
     /// Seed of the weights.
     pub seed: u64,
     /// Steps between lines of `metrics.jsonl`.
@@ -135,6 +139,7 @@ impl<M: ModelSettings> Default for FamilyConfig<M> {
             storage: Vec::new(),
             moments: "f32".into(),
             allocator_cleanup: "never".into(),
+            ranks: 1,
             seed: 0,
             log_every: 10,
             checkpoint_every: 100,
@@ -286,6 +291,11 @@ impl<M: ModelSettings> FamilyConfig<M> {
         batching
             .validate(self.batch_size)
             .map_err(|e| invalid("micro_batch", e.to_string()))?;
+        if self.ranks == 0 {
+            return Err(invalid("ranks", "must be at least 1"));
+        }
+        vramfit::ranks::check_split(batching.micro_batch, batching.accumulate, self.ranks)
+            .map_err(|e| invalid("ranks", e.to_string()))?;
         let storage = StoragePolicy::parse(&self.storage).map_err(|e| invalid("storage", e.to_string()))?;
         for entry in &self.storage {
             let dtype = entry.rsplit_once(':').map(|(_, d)| d).unwrap_or("");

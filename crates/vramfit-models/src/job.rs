@@ -180,6 +180,24 @@ pub fn build<B: AutodiffBackend, F: Family<D>, const D: usize>(
         name: "storage",
         why: e.to_string(),
     })?;
+    // The ranks this process joined (`vramfit train --ranks N` under mpirun).
+    let ranks = match config.ranks {
+        1 => None,
+        n => match vramfit::ranks::world().filter(|w| w.size() == n) {
+            Some(w) => Some(w),
+            None => {
+                return Err(ConfigError::Invalid {
+                    name: "ranks",
+                    why: format!(
+                        "ranks = {n} needs {n} processes started together: run `vramfit train … --ranks {n}` (it starts \
+                         them through mpirun) or `mpirun -n {n} vramfit train …`, in a build with `--features mpi`{}",
+                        vramfit::ranks::world().map_or(String::new(), |w| format!(" (this job has {} ranks)", w.size()))
+                    ),
+                }
+                .into());
+            }
+        },
+    };
     let stepper = Stepper {
         autocast: Autocast::new(r.precision),
         checkpointed: r.checkpointed,
@@ -192,12 +210,16 @@ pub fn build<B: AutodiffBackend, F: Family<D>, const D: usize>(
         },
         cleanup: Cleanup::new(r.cleanup),
         attempts: 0,
+        ranks,
     };
     let mut techniques = json!({
         "precision": config.precision, "checkpoint": config.checkpoint,
         "micro_batch": stepper.batching.micro_batch, "accumulate": stepper.batching.accumulate,
         "storage": config.storage, "moments": config.moments, "allocator_cleanup": config.allocator_cleanup,
     });
+    if config.ranks > 1 {
+        techniques["ranks"] = json!(config.ranks);
+    }
     // A model with attention says how it computed it.
     if let Some(attention) = config.model.attention() {
         techniques["attention"] = json!(attention.to_string());

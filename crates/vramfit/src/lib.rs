@@ -93,6 +93,7 @@ pub mod params;
 pub mod plan;
 pub mod precision;
 pub mod profile;
+pub mod ranks;
 pub mod run;
 pub mod settings;
 pub mod step;

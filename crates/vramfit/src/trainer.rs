@@ -146,6 +146,7 @@ pub fn stepper_for<B: AutodiffBackend>(knobs: &Knobs, batch: usize, groups: &[St
             CleanupPolicy::Never
         }),
         attempts: 0,
+        ranks: None,
     };
     (stepper, storage)
 }

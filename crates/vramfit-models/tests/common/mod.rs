@@ -80,6 +80,7 @@ pub fn stepper<B: AutodiffBackend>(
         optimizer: ModuleAdam::new(AdamConfig::default(), 0.0, FloatDType::F32),
         cleanup: Cleanup::new(CleanupPolicy::Never),
         attempts: 0,
+        ranks: None,
     }
 }
 

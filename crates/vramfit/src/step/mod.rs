@@ -138,6 +138,9 @@ pub enum StepError {
         /// Steps skipped so far.
         skipped: u64,
     },
+    /// The data-parallel ranks disagree (on the step, or on the gradients they hold).
+    #[error("{0}")]
+    Ranks(String),
 }
 
 /// A step that failed on the device: where, and what the backend said.
@@ -184,6 +187,8 @@ pub struct Stepper<B: AutodiffBackend> {
     pub cleanup: Cleanup,
     /// Optimiser steps attempted (taken or skipped).
     pub attempts: u64,
+    /// The data-parallel ranks this step is one of (`None`: one process).
+    pub ranks: Option<std::sync::Arc<dyn crate::ranks::Collective>>,
 }
 
 impl<B: AutodiffBackend> Stepper<B> {
@@ -222,7 +227,12 @@ impl<B: AutodiffBackend> Stepper<B> {
             inputs,
             ..Default::default()
         };
-        for (i, range) in self.batching.ranges().enumerate() {
+        // On data-parallel ranks, this rank's share of the micro-batches.
+        let mine = match &self.ranks {
+            Some(r) => crate::ranks::share(self.batching.accumulate, r.rank(), r.size()),
+            None => 0..self.batching.accumulate,
+        };
+        for (i, range) in self.batching.ranges().enumerate().filter(|(i, _)| mine.contains(i)) {
             let micro = M::micro_batch(batch, range);
             let index = split.then_some(i);
             let held = acc.bytes(model);
@@ -272,14 +282,21 @@ impl<B: AutodiffBackend> Stepper<B> {
         self.attempts += 1;
         let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
         let (loss_sum, mut grads) = self.gradients(&model, batch, scale, observer);
-        let loss = loss_sum
+        let mut loss = [loss_sum
             .try_into_scalar()
             .map_err(|e| StepError::Device {
                 step: self.attempts,
                 reason: e.to_string(),
             })?
             .elem::<f64>()
-            / scale;
+            / scale];
+        // Every rank the whole step's gradient and loss.
+        if let Some(ranks) = &self.ranks {
+            grads =
+                crate::ranks::sum_gradients(&model, grads, self.attempts, ranks.as_ref()).map_err(StepError::Ranks)?;
+            ranks.sum_f64(&mut loss);
+        }
+        let [loss] = loss;
         let found_inf = crate::grads::scale_and_check(&model, &mut grads, 1.0 / scale) || !loss.is_finite();
         let stepped = match self.scaler.as_mut() {
             Some(s) => {

@@ -1,0 +1,108 @@
+//! `vramfit train … --ranks N` (issue 30): data-parallel ranks through
+//! MPI. With the `mpi` feature (CI installs Open MPI): two ranks train the
+//! transformer to the one-process run's parameters (summation order aside)
+//! and hold equal parameters on every rank; an uneven split is refused
+//! before anything starts. Without it: `--ranks` says how to build it.
+
+#[cfg(feature = "mpi")]
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn vramfit(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_vramfit"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The transformer, small: 4 micro-batches of 2 a step, checkpoints every 3 steps.
+const SMALL: [&str; 18] = [
+    "train",
+    "transformer",
+    "--steps",
+    "6",
+    "--batch-size",
+    "8",
+    "--micro-batch",
+    "2",
+    "--accumulate",
+    "4",
+    "--set",
+    "model.width=32",
+    "--set",
+    "model.depth=2",
+    "--set",
+    "model.heads=2",
+    "--set",
+    "checkpoint_every=3",
+];
+
+#[cfg(feature = "mpi")]
+fn weights(dir: &Path) -> std::collections::BTreeMap<String, (Vec<usize>, Vec<f32>)> {
+    let path = dir.join("weights.bin");
+    let bytes = std::fs::read(&path).unwrap();
+    vramfit::run::ArrayFile::from_bytes(&bytes, &path.display().to_string())
+        .unwrap()
+        .arrays
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn two_ranks_train_to_the_one_process_parameters() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (one, two) = (tmp.path().join("one"), tmp.path().join("two"));
+    let o = vramfit(&[&SMALL[..], &["--out", one.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = vramfit(&[&SMALL[..], &["--ranks", "2", "--out", two.to_str().unwrap()]].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("ranks: 2 (each rank's deciding peak"), "{out}");
+    let (a, b, rank1) = (weights(&one), weights(&two), weights(&two.join("ranks/rank-1")));
+    assert_eq!(b, rank1, "every rank holds the same parameters");
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    let mut worst = 0.0f32;
+    for (name, (shape, x)) in &a {
+        let (shape_b, y) = &b[name];
+        assert_eq!(shape, shape_b, "{name}");
+        for (x, y) in x.iter().zip(y) {
+            worst = worst.max((x - y).abs() / (1.0 + x.abs()));
+        }
+    }
+    // The two ranks add the four micro-batches' gradients as (g0 + g1) +
+    // (g2 + g3), one process as ((g0 + g1) + g2) + g3: rounding apart.
+    assert!(worst < 1e-5, "largest relative parameter difference {worst:e}");
+    for dir in [&two, &two.join("ranks/rank-1")] {
+        let summary: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+        assert_eq!(summary["techniques"]["ranks"], 2, "{}", dir.display());
+        assert!(summary["peak_memory_bytes"].as_u64().is_some_and(|b| b > 0));
+    }
+
+    // Ranks that cannot share the micro-batches evenly: refused, nothing made.
+    let three = tmp.path().join("three");
+    let o = vramfit(&[&SMALL[..], &["--ranks", "3", "--out", three.to_str().unwrap()]].concat());
+    assert!(
+        !o.status.success() && stderr(&o).contains("3 ranks cannot share 4 micro-batches evenly"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!three.exists());
+}
+
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn ranks_without_mpi_say_how_to_build_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("r");
+    let o = vramfit(&[&SMALL[..], &["--ranks", "2", "--out", out.to_str().unwrap()]].concat());
+    assert!(
+        !o.status.success() && stderr(&o).contains("built without MPI") && stderr(&o).contains("--features mpi"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!out.exists(), "nothing is created");
+}

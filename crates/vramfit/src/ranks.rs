@@ -1,0 +1,275 @@
+//! Data-parallel ranks (issue 30): N processes, each running its share of
+//! an optimiser step's micro-batches, their gradients summed across the
+//! processes before every process takes the same optimiser step.
+//!
+//! A step of k micro-batches on N ranks gives rank r the micro-batches
+//! `r·k/N .. (r+1)·k/N` (k must be a multiple of N); each micro-batch's
+//! loss is already scaled by 1/k, so the sum over ranks of the ranks'
+//! summed gradients is the one-process step's gradient, up to the order of
+//! the additions. Every rank then holds the same gradient and takes the
+//! same optimiser step, so the parameters stay equal on every rank.
+//!
+//! The engine is MPI (the `mpi` feature: Open MPI or MPICH, launched by
+//! `mpirun`; docs/design.md says why); [`Collective`] is what the step
+//! needs of it, so a single process needs no engine at all.
+
+use std::ops::Range;
+
+use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+
+/// What a data-parallel step needs of the engine.
+pub trait Collective: Send + Sync {
+    /// This process's rank, from 0.
+    fn rank(&self) -> usize;
+    /// Ranks in the run.
+    fn size(&self) -> usize;
+    /// Replaces `values` on every rank by their elementwise sum over the ranks.
+    fn sum_f32(&self, values: &mut [f32]);
+    /// As [`Collective::sum_f32`], for f64.
+    fn sum_f64(&self, values: &mut [f64]);
+    /// Waits until every rank has arrived.
+    fn barrier(&self);
+}
+
+static WORLD: std::sync::OnceLock<std::sync::Arc<dyn Collective>> = std::sync::OnceLock::new();
+
+/// Makes `collective` the ranks of this process's run (once; `false` when
+/// the process had joined already).
+pub fn join(collective: std::sync::Arc<dyn Collective>) -> bool {
+    WORLD.set(collective).is_ok()
+}
+
+/// The ranks this process joined, if any.
+pub fn world() -> Option<std::sync::Arc<dyn Collective>> {
+    WORLD.get().cloned()
+}
+
+/// The micro-batches (of `accumulate`) that rank `rank` of `size` runs.
+pub fn share(accumulate: usize, rank: usize, size: usize) -> Range<usize> {
+    let per = accumulate / size.max(1);
+    rank * per..(rank + 1) * per
+}
+
+/// A split that does not give every rank the same number of micro-batches.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{ranks} ranks cannot share {accumulate} micro-batches evenly: make accumulate a multiple of the ranks \
+     (e.g. --micro-batch {micro} --accumulate {suggested}, the same batch of {batch}) or use {fits} ranks"
+)]
+pub struct UnevenSplit {
+    /// Ranks asked for.
+    pub ranks: usize,
+    /// Micro-batches a step.
+    pub accumulate: usize,
+    /// A micro-batch that would work.
+    pub micro: usize,
+    /// The accumulation that goes with it.
+    pub suggested: usize,
+    /// The batch.
+    pub batch: usize,
+    /// A rank count that divides the accumulation.
+    pub fits: usize,
+}
+
+/// Checks that `ranks` share `accumulate` micro-batches of `micro_batch` evenly.
+pub fn check_split(micro_batch: usize, accumulate: usize, ranks: usize) -> Result<(), UnevenSplit> {
+    if ranks > 0 && accumulate.is_multiple_of(ranks) {
+        return Ok(());
+    }
+    let batch = micro_batch * accumulate;
+    let micro = (1..=batch / ranks.max(1))
+        .rev()
+        .find(|m| batch.is_multiple_of(*m) && (batch / m).is_multiple_of(ranks))
+        .unwrap_or(1);
+    let fits = (1..=ranks).rev().find(|r| accumulate.is_multiple_of(*r)).unwrap_or(1);
+    Err(UnevenSplit {
+        ranks,
+        accumulate,
+        micro,
+        suggested: batch / micro,
+        batch,
+        fits,
+    })
+}
+
+/// Sums `grads` (those of `module`'s parameters, at optimiser step
+/// `step`) over the ranks of `collective`, in one exchange: every gradient
+/// to f32 on the host, laid end to end in the module's parameter order,
+/// summed, and put back in its own type on its own device. Every rank must
+/// be at the same step and hold gradients of the same parameters: checked
+/// first (the error says what differs), since a mismatch would sum
+/// unrelated numbers (a rank resumed from an older checkpoint than the
+/// others, a different model).
+pub fn sum_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    grads: GradientsParams,
+    step: u64,
+    collective: &dyn Collective,
+) -> Result<GradientsParams, String> {
+    struct Gather<'a> {
+        grads: &'a mut GradientsParams,
+        values: Vec<f32>,
+        shapes: Vec<(burn::module::ParamId, Vec<usize>, burn::tensor::DType)>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Gather<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
+                self.shapes.push((param.id, g.dims().to_vec(), g.dtype()));
+                let data = g.into_data().convert::<f32>();
+                self.values.extend(data.as_slice::<f32>().expect("converted to f32"));
+            }
+        }
+    }
+    struct Scatter<'a, B: AutodiffBackend> {
+        grads: GradientsParams,
+        values: &'a [f32],
+        device: Option<B::Device>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Scatter<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+                let (shape, dtype, device) = (g.dims(), g.dtype(), g.device());
+                let n: usize = shape.iter().product();
+                let (mine, rest) = self.values.split_at(n);
+                self.values = rest;
+                let summed = Tensor::<B::InnerBackend, D>::from_data(TensorData::new(mine.to_vec(), shape), &device);
+                let summed = if dtype == burn::tensor::DType::F32 {
+                    summed
+                } else {
+                    summed.cast(dtype)
+                };
+                self.device.get_or_insert(device);
+                self.grads.register(param.id, summed);
+            }
+        }
+    }
+    let mut grads = grads;
+    let mut gather = Gather {
+        grads: &mut grads,
+        values: Vec::new(),
+        shapes: Vec::new(),
+    };
+    module.visit(&mut gather);
+    let (mut values, count) = (gather.values, gather.shapes.len());
+    // Every rank at the same step, with the same parameters and sizes: the
+    // sums are `size` times ours (and the squares' sum `size` times our
+    // square, so that no two different steps add up to the right total).
+    let own = [step as f64, (step as f64).powi(2), count as f64, values.len() as f64];
+    let mut check = own;
+    collective.sum_f64(&mut check);
+    let n = collective.size() as f64;
+    if check != own.map(|x| x * n) {
+        return Err(format!(
+            "rank {} is at step {step} with {count} gradients ({} values), and the {} ranks together are not all \
+             there (sums {check:?}): a rank resumed from another checkpoint than the others, or runs another model. \
+             Resume every rank from the same step: delete the checkpoints newer than the newest one every rank's \
+             directory holds (RUN/checkpoints and RUN/ranks/rank-*/checkpoints)",
+            collective.rank(),
+            values.len(),
+            collective.size()
+        ));
+    }
+    collective.sum_f32(&mut values);
+    let mut scatter = Scatter::<B> {
+        grads,
+        values: &values,
+        device: None,
+    };
+    module.visit(&mut scatter);
+    Ok(scatter.grads)
+}
+
+/// One process: the sums are the values.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Single;
+
+impl Collective for Single {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        1
+    }
+    fn sum_f32(&self, _values: &mut [f32]) {}
+    fn sum_f64(&self, _values: &mut [f64]) {}
+    fn barrier(&self) {}
+}
+
+/// The ranks of an MPI job (`mpirun -n N …`; one process alone is a job of
+/// one rank).
+#[cfg(feature = "mpi")]
+pub mod mpi {
+    use ::mpi::collective::SystemOperation;
+    use ::mpi::traits::*;
+
+    /// The world communicator of this process's MPI job.
+    pub struct Mpi {
+        world: ::mpi::topology::SimpleCommunicator,
+        rank: usize,
+        size: usize,
+    }
+
+    // MPI is initialised with `Threading::Serialized`: any thread may call
+    // it while no two calls overlap, and the step calls it from one thread
+    // at a time.
+    unsafe impl Send for Mpi {}
+    unsafe impl Sync for Mpi {}
+
+    /// Finalises MPI when dropped (at the end of `main`): MPI may be
+    /// initialised once a process, and a rank that exits without
+    /// finalising is reported by `mpirun` as having failed.
+    pub struct Session {
+        _universe: ::mpi::environment::Universe,
+    }
+
+    /// Initialises MPI (a process started without `mpirun` is a job of one
+    /// rank); `None` when it cannot be (or was already).
+    pub fn init() -> Option<(Session, Mpi)> {
+        let (universe, _) = ::mpi::initialize_with_threading(::mpi::Threading::Serialized)?;
+        let world = universe.world();
+        let (rank, size) = (world.rank() as usize, world.size() as usize);
+        Some((Session { _universe: universe }, Mpi { world, rank, size }))
+    }
+
+    impl super::Collective for Mpi {
+        fn rank(&self) -> usize {
+            self.rank
+        }
+        fn size(&self) -> usize {
+            self.size
+        }
+        fn sum_f32(&self, values: &mut [f32]) {
+            let send = values.to_vec();
+            self.world.all_reduce_into(&send[..], values, SystemOperation::sum());
+        }
+        fn sum_f64(&self, values: &mut [f64]) {
+            let send = values.to_vec();
+            self.world.all_reduce_into(&send[..], values, SystemOperation::sum());
+        }
+        fn barrier(&self) {
+            self.world.barrier();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_share_the_micro_batches_in_order_and_refuse_an_uneven_split() {
+        assert_eq!(share(4, 0, 2), 0..2);
+        assert_eq!(share(4, 1, 2), 2..4);
+        assert_eq!(share(8, 3, 4), 6..8);
+        assert!(check_split(2, 4, 2).is_ok() && check_split(1, 8, 4).is_ok());
+        let e = check_split(4, 1, 2).unwrap_err();
+        assert_eq!((e.micro, e.suggested, e.fits), (2, 2, 1), "{e}");
+        assert!(e.to_string().contains("--micro-batch 2 --accumulate 2"), "{e}");
+        let e = check_split(1, 3, 2).unwrap_err();
+        // A batch of 3 cannot be split over 2 ranks at all: micro-batches of 1 leave 3.
+        assert_eq!(e.fits, 1, "{e}");
+    }
+}
