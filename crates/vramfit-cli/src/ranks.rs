@@ -49,6 +49,11 @@ pub fn relaunch(n: usize) -> Result<()> {
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+        // Ranks on one machine: the data through shared memory only, and
+        // the launcher's own channel on loopback (`mpirun` 4.1 still opens
+        // two more listening sockets on every interface: docs/design.md).
+        .env("OMPI_MCA_btl", "self,vader")
+        .env("OMPI_MCA_oob_tcp_if_include", "lo")
         .status()
         .map_err(|e| {
             anyhow::anyhow!(
