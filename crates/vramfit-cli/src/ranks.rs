@@ -11,6 +11,7 @@ use anyhow::{Result, bail};
 use vramfit::run::{RunPath, Start};
 
 /// True when this process was started by an MPI launcher.
+#[cfg(feature = "mpi")]
 pub fn launched() -> bool {
     ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"]
         .iter()

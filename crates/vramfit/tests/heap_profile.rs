@@ -95,6 +95,7 @@ fn burn_chain() {
         optimizer: ModuleAdam::new(AdamConfig::default(), 0.0, FloatDType::F32),
         cleanup: Cleanup::new(CleanupPolicy::Never),
         attempts: 0,
+        ranks: None,
     };
     let mut prof = Profiler::new(HeapSource::if_installed(), 8);
     // Step 1 creates Adam's moments; step 2 is measured.
