@@ -75,6 +75,7 @@ impl TrainSettings {
             ("--storage", !self.storage.is_empty()),
             ("--moments", self.moments.is_some()),
             ("--allocator-cleanup", self.allocator_cleanup.is_some()),
+            ("--attention", self.attention.is_some()),
         ]
         .into_iter()
         .filter_map(|(flag, given)| given.then_some(flag))

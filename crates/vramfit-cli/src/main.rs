@@ -168,6 +168,10 @@ fn main() {
                 eprintln!("error: cannot write to standard output ({why}); the command's files are written");
                 std::process::exit(1);
             }
+            // A rank must not finalise MPI while the others wait for it in
+            // a collective (finalising waits for them: the job would hang);
+            // exiting at once makes mpirun stop the job. The panic was printed.
+            None if vramfit::ranks::world().is_some() => std::process::exit(101),
             None => std::panic::resume_unwind(payload),
         },
     }

@@ -93,6 +93,9 @@ fn run_family<F: Family<D>, const D: usize>(
             let config = crate::flags::resolve_train::<F>(&args.settings)?;
             let ranks = config.ranks;
             // Before any rank starts: the ranks must share the micro-batches evenly.
+            if ranks == 0 {
+                anyhow::bail!("setting `ranks`: must be at least 1");
+            }
             let micro = if config.micro_batch == 0 {
                 config.batch_size
             } else {

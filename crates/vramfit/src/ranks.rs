@@ -155,9 +155,11 @@ pub fn sum_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     module.visit(&mut gather);
     let (mut values, count) = (gather.values, gather.shapes.len());
     // Every rank at the same step, with the same parameters and sizes: the
-    // sums are `size` times ours (and the squares' sum `size` times our
-    // square, so that no two different steps add up to the right total).
-    let own = [step as f64, (step as f64).powi(2), count as f64, values.len() as f64];
+    // sums are `size` times ours, and so are the squares' sums (values that
+    // differ cannot match both: their squares' mean exceeds their mean's
+    // square).
+    let (s, c, l) = (step as f64, count as f64, values.len() as f64);
+    let own = [s, s * s, c, c * c, l, l * l];
     let mut check = own;
     collective.sum_f64(&mut check);
     let n = collective.size() as f64;

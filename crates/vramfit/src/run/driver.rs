@@ -552,7 +552,18 @@ impl Run {
         };
         let result = session.steps(&mut workload, &mut observe);
         let result = match result {
-            Ok(true) => session.finish(&mut workload).map(Some),
+            Ok(true) => {
+                // The final files' work too (a backend's thread may fail there).
+                let panics = crate::profile::panics::count();
+                let finished = session.finish(&mut workload).map(Some);
+                match crate::profile::panics::since(panics) {
+                    Some(message) if finished.is_ok() => Err(RunError::Workload(Box::new(DevicePanic {
+                        step: workload.steps_done(),
+                        message,
+                    }))),
+                    _ => finished,
+                }
+            }
             Ok(false) => Ok(None),
             Err(e) => Err(e),
         };
