@@ -219,6 +219,13 @@ pub(crate) fn run_path(out: &Option<PathBuf>, prefix: &str) -> RunPath {
 
 fn report(dir: &Path) -> Result<()> {
     let path = dir.join("memory.json");
+    if !path.exists() && !dir.join("config.toml").is_file() {
+        bail!(
+            "{} is not a vramfit run directory (it has neither memory.json nor config.toml); give the folder a run \
+             wrote (its --out, or runs/NAME-NNN)",
+            dir.display()
+        );
+    }
     if !path.exists() && dir.join("config.toml").is_file() {
         bail!(
             "{} has no memory report yet: a run writes memory.json when it ends, stops or fails; wait for it to \

@@ -180,6 +180,16 @@ fn an_existing_run_directory_is_not_overwritten() {
             stderr(&o)
         );
     }
+    // Resuming, or reporting on, a folder that is not a run: refused as
+    // such, and the folder is left as it was (resuming used to leave a lock file).
+    for args in [&["fit", "--resume", "empty"][..], &["train", "transformer", "--resume", "empty"], &["report", "empty"]] {
+        let o = run(args, d);
+        assert!(
+            !o.status.success() && stderr(&o).contains("not a vramfit run"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
     assert_eq!(std::fs::read(d.join("a-file")).unwrap(), b"mine");
     assert_eq!(std::fs::read_dir(d.join("empty")).unwrap().count(), 0);
     // A run directory: then resuming is the suggestion.

@@ -369,6 +369,15 @@ impl RunDir {
                 why: "no such directory".into(),
             });
         }
+        // Before the lock: a folder that is not a run is left as it was.
+        if !root.join("config.toml").is_file() {
+            return Err(RunDirError::NotResumable {
+                path: root.to_path_buf(),
+                why: "it is not a vramfit run (it has no config.toml); give the folder a run wrote (its --out, or \
+                      runs/NAME-NNN)"
+                    .into(),
+            });
+        }
         let lock = lock(root)?;
         let dir = Self {
             root: root.to_path_buf(),
@@ -696,6 +705,19 @@ mod tests {
         assert!(matches!(RunDir::open(&p), Err(RunDirError::Busy { .. })));
         drop(first);
         RunDir::open(&p).unwrap();
+        fs::remove_dir_all(&p).unwrap();
+    }
+
+    /// A folder that is not a run is refused as one, and left as it was
+    /// (it used to gain a `.lock` file).
+    #[test]
+    fn resuming_a_folder_that_is_not_a_run_changes_nothing() {
+        let p = scratch("notrun");
+        fs::create_dir_all(&p).unwrap();
+        fs::write(p.join("mine.txt"), b"x").unwrap();
+        let msg = RunDir::open(&p).unwrap_err().to_string();
+        assert!(msg.contains("not a vramfit run") && msg.contains("config.toml"), "{msg}");
+        assert_eq!(names(&p), ["mine.txt"]);
         fs::remove_dir_all(&p).unwrap();
     }
 
