@@ -182,7 +182,11 @@ fn an_existing_run_directory_is_not_overwritten() {
     }
     // Resuming, or reporting on, a folder that is not a run: refused as
     // such, and the folder is left as it was (resuming used to leave a lock file).
-    for args in [&["fit", "--resume", "empty"][..], &["train", "transformer", "--resume", "empty"], &["report", "empty"]] {
+    for args in [
+        &["fit", "--resume", "empty"][..],
+        &["train", "transformer", "--resume", "empty"],
+        &["report", "empty"],
+    ] {
         let o = run(args, d);
         assert!(
             !o.status.success() && stderr(&o).contains("not a vramfit run"),

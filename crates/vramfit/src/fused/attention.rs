@@ -116,23 +116,15 @@ fn forward_flex(
     scale: f32,
     causal: bool,
 ) -> Tensor<Flex, 4> {
-    let [b, h, t, dh] = q.dims();
-    let [_, _, s, dv] = v.dims();
-    let d = Dims {
-        t,
-        s,
-        dh,
-        dv,
-        scale,
-        causal,
-    };
+    let d = Dims::of(q.dims(), v.dims(), scale, causal);
+    let [b, h, t, _] = q.dims();
     let (q, k, v) = (
         q.into_primitive().tensor(),
         k.into_primitive().tensor(),
         v.into_primitive().tensor(),
     );
     let (o, _) = forward_all(&d, &values(&q), &values(&k), &values(&v));
-    Tensor::from_primitive(TensorPrimitive::Float(flex(o, [b, h, t, dv].into())))
+    Tensor::from_primitive(TensorPrimitive::Float(flex(o, [b, h, t, d.dv].into())))
 }
 
 /// [`attention`] from Burn's operations (every backend; the fused
@@ -228,6 +220,18 @@ struct Dims {
 }
 
 impl Dims {
+    /// The shapes of a call with `q` `[b, h, t, dh]` and `v` `[b, h, s, dv]`.
+    fn of(q: [usize; 4], v: [usize; 4], scale: f32, causal: bool) -> Self {
+        Self {
+            t: q[2],
+            s: v[2],
+            dh: q[3],
+            dv: v[3],
+            scale,
+            causal,
+        }
+    }
+
     /// Keys query `i` sees.
     fn keys(&self, i: usize) -> usize {
         if self.causal { i + 1 } else { self.s }
@@ -487,16 +491,8 @@ pub(super) fn attention_cpu(
         }
     }
 
-    let [_, _, t, dh] = q.dims();
-    let [_, _, s, dv] = v.dims();
-    let d = Dims {
-        t,
-        s,
-        dh,
-        dv,
-        scale,
-        causal,
-    };
+    let d = Dims::of(q.dims(), v.dims(), scale, causal);
+    let dv = d.dv;
     let (q, k, v) = (
         q.into_primitive().tensor(),
         k.into_primitive().tensor(),

@@ -716,7 +716,10 @@ mod tests {
         fs::create_dir_all(&p).unwrap();
         fs::write(p.join("mine.txt"), b"x").unwrap();
         let msg = RunDir::open(&p).unwrap_err().to_string();
-        assert!(msg.contains("not a vramfit run") && msg.contains("config.toml"), "{msg}");
+        assert!(
+            msg.contains("not a vramfit run") && msg.contains("config.toml"),
+            "{msg}"
+        );
         assert_eq!(names(&p), ["mine.txt"]);
         fs::remove_dir_all(&p).unwrap();
     }
