@@ -401,6 +401,33 @@ fn small_micro_batch(batch: usize) -> usize {
         .unwrap_or(1)
 }
 
+/// The mean block's costs and the bytes per sample outside the blocks,
+/// from a plain step (`plain`, `per_sample` bytes a sample above
+/// `fixed_bytes`) and the same step with every block checkpointed (`all`),
+/// both at batch `p`. Plain: outside + n·a per sample (a: the mean block's
+/// activations). All checkpointed: outside + the chain's peak with every
+/// block marked; for equal blocks (n−1)·s + a (the last block recomputed on
+/// top of n−1 inputs). Solved for a.
+fn blocks(
+    space: &Space,
+    per_sample: f64,
+    fixed_bytes: f64,
+    plain: &Measured,
+    all: &Measured,
+    p: usize,
+) -> (BlockCost, f64) {
+    let n = space.blocks;
+    let kept = (all.step_peak_bytes as f64 - fixed_bytes) / p as f64;
+    let s = space.block_input_bytes as f64;
+    let a = mean_activations(per_sample, kept, s, n, &space.block_shapes);
+    let block = BlockCost {
+        activations: a,
+        input: s,
+        recompute: ((all.step_ms - plain.step_ms) / (n * p) as f64).max(0.0),
+    };
+    (block, per_sample - n as f64 * a)
+}
+
 /// The fused attention's terms: probed plain at batch `p`, at the smaller
 /// batch `q` and (with two blocks or more) with every block checkpointed,
 /// and fitted as the base's are (the micro-batch overhead is the base's).
@@ -464,15 +491,7 @@ fn fused_costs(
             p,
             probes,
         )?;
-        let all = (ma.step_peak_bytes as f64 - fixed_bytes) / p as f64;
-        let s = space.block_input_bytes as f64;
-        let a = mean_activations(per_sample, all, s, n, &space.block_shapes);
-        costs.block = BlockCost {
-            activations: a,
-            input: s,
-            recompute: ((ma.step_ms - mf.step_ms) / (n * p) as f64).max(0.0),
-        };
-        costs.outside_bytes = per_sample - n as f64 * a;
+        (costs.block, costs.outside_bytes) = blocks(space, per_sample, fixed_bytes, &mf, &ma, p);
     }
     Ok(costs)
 }
@@ -584,19 +603,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
             p,
             &mut probes,
         )?;
-        // Plain: outside + n·a per sample (a: the mean block's
-        // activations). All checkpointed: outside + the chain's peak with
-        // every block marked; for equal blocks (n−1)·s + a (the last block
-        // recomputed on top of n−1 inputs). Solved for a.
-        let all = (ma.step_peak_bytes as f64 - fixed_bytes) / p as f64;
-        let s = space.block_input_bytes as f64;
-        let a = mean_activations(per_sample, all, s, n, &space.block_shapes);
-        model.block = BlockCost {
-            activations: a,
-            input: s,
-            recompute: ((ma.step_ms - mb.step_ms) / (n * p) as f64).max(0.0),
-        };
-        model.outside_bytes = per_sample - n as f64 * a;
+        (model.block, model.outside_bytes) = blocks(&space, per_sample, fixed_bytes, &mb, &ma, p);
     }
     // The rest with the base's precision, storage and moments. On a pool
     // allocator whose reserved bytes only grow, the phases after a step
