@@ -6,7 +6,9 @@ token embedding; AdamW; f32. `--sdpa` computes attention with
 torch's fused scaled_dot_product_attention (causal) instead of the explicit
 scores, mask and softmax. Random tokens: this measures speed, not
 learning. Prints one JSON line: median ms per step after warm-up, tokens
-per second, parameter count and the process's peak resident set."""
+per second, parameter count and the process's peak resident set; with
+`--device cuda`, also the caching allocator's peak reserved and allocated
+bytes (reserved is the figure that decides an out-of-memory there)."""
 
 import argparse
 import json
@@ -41,7 +43,7 @@ class Block(nn.Module):
             mixed = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             scores = (q @ k.transpose(2, 3)) / math.sqrt(w // h)
-            mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+            mask = torch.triu(torch.ones(t, t, dtype=torch.bool, device=x.device), diagonal=1)
             mixed = scores.masked_fill(mask, float("-inf")).softmax(dim=3) @ v
         x = x + self.proj(mixed.transpose(1, 2).reshape(b, t, w))
         return x + self.mlp_out(F.gelu(self.mlp_in(self.norm2(x))))
@@ -62,6 +64,22 @@ class Gpt(nn.Module):
         return self.norm(x) @ self.token.t()
 
 
+def train(a, model, opt, times, cuda):
+    for _ in range(a.steps):
+        tokens = torch.randint(0, a.vocab, (a.batch, a.tokens + 1)).to(a.device)
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, a.vocab), tokens[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--width", type=int, default=256)
@@ -73,31 +91,37 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--sdpa", action="store_true")
+    p.add_argument("--device", default="cpu")
     a = p.parse_args()
+    cuda = a.device.startswith("cuda")
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
-    model = Gpt(a.vocab, a.width, a.depth, a.heads, a.tokens, a.sdpa)
+    model = Gpt(a.vocab, a.width, a.depth, a.heads, a.tokens, a.sdpa).to(a.device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     times = []
-    for _ in range(a.steps):
-        tokens = torch.randint(0, a.vocab, (a.batch, a.tokens + 1))
-        start = time.perf_counter()
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, a.vocab), tokens[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - start)
+    try:
+        train(a, model, opt, times, cuda)
+    except torch.OutOfMemoryError as e:
+        print(json.dumps({"torch": torch.__version__, "device": a.device, "tokens": a.tokens,
+                          "attention": "scaled_dot_product_attention" if a.sdpa else "explicit",
+                          "error": "out of memory: " + str(e).split(".")[0]}))
+        return
     ms = statistics.median(times[3:]) * 1000
-    print(json.dumps({
+    record = {
         "torch": torch.__version__,
+        "device": a.device,
+        "tokens": a.tokens,
         "threads": a.threads,
         "attention": "scaled_dot_product_attention" if a.sdpa else "explicit",
         "median_step_ms": ms,
         "tokens_per_second": a.batch * a.tokens / (ms / 1000),
         "parameters": sum(p.numel() for p in model.parameters()),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-    }))
+    }
+    if cuda:
+        record["cuda_max_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        record["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
+    print(json.dumps(record))
 
 
 if __name__ == "__main__":

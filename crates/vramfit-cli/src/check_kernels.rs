@@ -9,9 +9,9 @@ use anyhow::{Result, bail};
 pub fn run(device: &str, large: bool, out: Option<std::path::PathBuf>) -> Result<()> {
     match device {
         #[cfg(feature = "cuda")]
-        "cuda" => kernel_check::run::<cubecl::cuda::CudaRuntime>(large, out),
+        "cuda" => kernel_check::run::<cubecl::cuda::CudaRuntime, vramfit::backends::Cuda>(large, out),
         #[cfg(feature = "wgpu")]
-        "wgpu" => kernel_check::run::<cubecl::wgpu::WgpuRuntime>(large, out),
+        "wgpu" => kernel_check::run::<cubecl::wgpu::WgpuRuntime, vramfit::backends::Wgpu>(large, out),
         "cpu" => bail!("check-kernels compares GPU kernels with their CPU twins; give --device cuda or wgpu"),
         other => {
             let _ = (large, out);
@@ -23,17 +23,23 @@ pub fn run(device: &str, large: bool, out: Option<std::path::PathBuf>) -> Result
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod kernel_check {
     use anyhow::{Result, anyhow, bail};
+    use burn::tensor::backend::AutodiffBackend;
     use cubecl::Runtime;
+    use vramfit::fused::check as attention;
     use vramfit_scene::gpu::check as scene;
     use vramfit_splat::gpu::check as image;
 
-    pub fn run<R: Runtime>(large: bool, out: Option<std::path::PathBuf>) -> Result<()> {
+    /// `R` runs the image fit's and the scene's kernels, `B` (Burn on the
+    /// same runtime, with autodiff) the transformer's fused attention.
+    pub fn run<R: Runtime, B: AutodiffBackend>(large: bool, out: Option<std::path::PathBuf>) -> Result<()> {
         let client = R::client(&Default::default());
         let mut cases = image::standard_cases();
         let mut scene_cases = scene::standard_cases();
+        let mut attention_cases = attention::standard_cases();
         if large {
             cases.extend(image::large_cases());
             scene_cases.extend(scene::large_cases());
+            attention_cases.extend(attention::large_cases());
         }
         println!("The image fit's kernels (2D Gaussians):\n");
         println!(
@@ -83,13 +89,38 @@ mod kernel_check {
             );
             scene_reports.push(r);
         }
+        println!("\nThe fused attention's kernels (against the CPU's fused attention and the standard attention here):\n");
+        println!(
+            "| batch × heads | queries × keys | head widths (q/k, v) | causal | to the CPU (out, dq, dk, dv) | to the standard (out, dq, dk, dv) | pass |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        let mut attention_reports = Vec::new();
+        for c in &attention_cases {
+            let r = attention::run_case::<B>(c);
+            let gaps = |g: &[f32; 4]| g.iter().map(|x| format!("{x:.1e}")).collect::<Vec<_>>().join(", ");
+            println!(
+                "| {} × {} | {} × {} | {}, {} | {} | {} | {} | {} |",
+                c.batch,
+                c.heads,
+                c.queries,
+                c.keys,
+                c.head_width,
+                c.value_width,
+                if c.causal { "yes" } else { "no" },
+                gaps(&r.to_cpu),
+                gaps(&r.to_standard),
+                if r.passes() { "yes" } else { "NO" }
+            );
+            attention_reports.push(r);
+        }
         if let Some(path) = out {
-            let json = serde_json::json!({ "image": reports, "scene": scene_reports });
+            let json = serde_json::json!({ "image": reports, "scene": scene_reports, "attention": attention_reports });
             vramfit::run::atomic_write(&path, serde_json::to_string_pretty(&json)?.as_bytes())?;
         }
-        let total = reports.len() + scene_reports.len();
-        let failed =
-            reports.iter().filter(|r| !r.passes()).count() + scene_reports.iter().filter(|r| !r.passes()).count();
+        let total = reports.len() + scene_reports.len() + attention_reports.len();
+        let failed = reports.iter().filter(|r| !r.passes()).count()
+            + scene_reports.iter().filter(|r| !r.passes()).count()
+            + attention_reports.iter().filter(|r| !r.passes()).count();
         if failed > 0 {
             bail!("{failed} of {total} cases outside tolerance");
         }

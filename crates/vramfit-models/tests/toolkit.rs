@@ -108,92 +108,23 @@ fn fused_attention_gives_the_standard_gradients<B: AutodiffBackend>() {
     }
 }
 
-/// Values in [-2, 2) from a seed (the same on every backend).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            ((x >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
-        })
-        .collect()
-}
-
-/// Output and the gradients of Q, K, V of `Σ up · attention(q, k, v)`
-/// on backend `B`, fused or standard.
-fn attention_run<B: AutodiffBackend>(shapes: [[usize; 4]; 4], causal: bool, fused: bool) -> [Vec<f32>; 4] {
-    let _graph = vramfit::grads::graph_lock();
-    let device = Default::default();
-    let t = |i: usize| {
-        Tensor::<B, 4>::from_data(
-            TensorData::new(values(shapes[i].iter().product(), i as u64 + 1), shapes[i]),
-            &device,
-        )
-    };
-    let (q, k, v, up) = (t(0).require_grad(), t(1).require_grad(), t(2).require_grad(), t(3));
-    let scale = 1.0 / (shapes[0][3] as f64).sqrt();
-    let out = if fused {
-        vramfit::fused::attention(q.clone(), k.clone(), v.clone(), scale, causal)
-    } else {
-        vramfit::fused::attention_reference(q.clone(), k.clone(), v.clone(), scale, causal)
-    };
-    if fused {
-        // Without autodiff (a checkpointed block's first forward): the same values.
-        let plain = vramfit::fused::attention(q.clone().inner(), k.clone().inner(), v.clone().inner(), scale, causal);
-        assert_eq!(
-            plain.into_data().into_vec::<f32>().unwrap(),
-            out.clone().into_data().into_vec::<f32>().unwrap(),
-            "the forward without autodiff"
-        );
-    }
-    let grads = (out.clone() * up).sum().backward();
-    let host = |t: Tensor<B::InnerBackend, 4>| t.into_data().into_vec::<f32>().unwrap();
-    [
-        out.into_data().into_vec::<f32>().unwrap(),
-        host(q.grad(&grads).unwrap()),
-        host(k.grad(&grads).unwrap()),
-        host(v.grad(&grads).unwrap()),
-    ]
-}
-
 /// The fused attention on this backend (CubeCL kernels on wgpu) against
 /// the CPU's fused attention and against the standard attention on this
-/// backend: output and the three gradients, causal and not, head widths
-/// 16 to 128, lengths that are multiples of nothing (and past one cube of
-/// units), more keys than queries, a value width of its own.
+/// backend, output and the three gradients (`vramfit::fused::check`'s
+/// standard cases; `vramfit check-kernels` runs them and larger ones on a
+/// GPU).
 fn fused_attention_matches_the_cpu_and_the_standard_attention<B: AutodiffBackend>() {
-    for (b, h, t, s, dh, dv, causal) in [
-        (2, 3, 7, 7, 16, 16, true),
-        (1, 2, 70, 70, 64, 64, true),
-        (2, 1, 13, 29, 24, 40, false),
-        (1, 1, 5, 5, 128, 128, false),
-        (1, 2, 2, 2, 16, 16, true),
-    ] {
-        let what = format!("b{b} h{h} t{t} s{s} dh{dh} dv{dv} causal {causal}");
-        let shapes = [[b, h, t, dh], [b, h, s, dh], [b, h, s, dv], [b, h, t, dv]];
-        let here = attention_run::<B>(shapes, causal, true);
-        let standard = attention_run::<B>(shapes, causal, false);
-        let cpu = attention_run::<vramfit::backends::Flex>(shapes, causal, true);
-        for (i, name) in ["output", "dq", "dk", "dv"].iter().enumerate() {
-            let gap = |a: &[f32], b: &[f32]| {
-                a.iter()
-                    .zip(b)
-                    .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
-                    .fold(0.0f32, f32::max)
-            };
-            assert!(standard[i].iter().any(|x| x.abs() > 1e-3), "{what}: {name} all ~0");
-            let (to_cpu, to_standard) = (gap(&here[i], &cpu[i]), gap(&here[i], &standard[i]));
-            assert!(
-                to_cpu <= 1e-4,
-                "{what}: {name} differs from the CPU's fused by {to_cpu:e}"
-            );
-            assert!(
-                to_standard <= 1e-4,
-                "{what}: {name} differs from the standard by {to_standard:e}"
-            );
+    use vramfit::fused::check;
+    for case in check::standard_cases() {
+        let r = check::run_case::<B>(&case);
+        assert!(r.fused_kernel, "{case:?}: no fused kernel on this backend");
+        assert!(r.plain_forward_equal, "{case:?}: the forward without autodiff differs");
+        assert!(r.non_trivial, "{case:?}: a compared tensor is all ~0");
+        for (i, name) in check::CaseReport::NAMES.iter().enumerate() {
+            assert!(r.to_cpu[i] <= 1e-4, "{case:?}: {name} differs from the CPU's fused by {:e}", r.to_cpu[i]);
+            assert!(r.to_standard[i] <= 1e-4, "{case:?}: {name} differs from the standard by {:e}", r.to_standard[i]);
         }
+        assert!(r.passes(), "{r:?}");
     }
 }
 

@@ -7,8 +7,9 @@
 //! vramfit::test_backends!(checkpointed_gradients_equal_plain);
 //! ```
 //! expands to a module per body with a `flex` test and, under the calling
-//! crate's `wgpu` feature, a `wgpu` test (that feature must enable
-//! `vramfit/wgpu`).
+//! crate's `wgpu` or `cuda` feature, a `wgpu` or `cuda` test (that feature
+//! must enable `vramfit/wgpu` or `vramfit/cuda`; the `cuda` tests run on a
+//! GPU machine, never in CI).
 
 /// Flex with autodiff: the CPU backend every test runs on.
 pub type Flex = burn::backend::Autodiff<burn::backend::Flex>;
@@ -16,6 +17,10 @@ pub type Flex = burn::backend::Autodiff<burn::backend::Flex>;
 /// wgpu (CubeCL) with autodiff.
 #[cfg(feature = "wgpu")]
 pub type Wgpu = burn::backend::Autodiff<burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u8>>;
+
+/// CUDA (CubeCL) with autodiff: the backend `--device cuda` trains on.
+#[cfg(feature = "cuda")]
+pub type Cuda = burn::backend::Autodiff<burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>>;
 
 /// wgpu (CubeCL) under Burn's operation fusion, with autodiff: operations
 /// are queued and chains of them run as one generated kernel.
@@ -43,6 +48,11 @@ macro_rules! test_backends {
             #[test]
             fn wgpu() {
                 super::$body::<$crate::backends::Wgpu>();
+            }
+            #[cfg(feature = "cuda")]
+            #[test]
+            fn cuda() {
+                super::$body::<$crate::backends::Cuda>();
             }
         }
     )+};

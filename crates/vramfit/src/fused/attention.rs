@@ -152,8 +152,8 @@ pub enum Attention {
     /// The scores as a tensor, kept for the backward (`[b, h, t, t]`).
     #[default]
     Standard,
-    /// [`attention`]: no score tensor (on the CPU; Burn's operations on
-    /// the other backends until their kernels exist).
+    /// [`attention`]: no score tensor (kernels on the CPU, wgpu and CUDA;
+    /// Burn's operations elsewhere, see [`Attention::is_fused_on`]).
     Fused,
 }
 

@@ -77,6 +77,7 @@ fn flex(values: Vec<f32>, shape: burn::tensor::Shape) -> FlexTensor {
 }
 
 mod attention;
+pub mod check;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube;
 mod gelu;
