@@ -21,6 +21,15 @@
 #     64, 2 heads, batch 2: software Vulkan is slow, and one buffer holds
 #     at most 128 MiB there); SHAPE="WIDTH HEADS BATCH" sets it. A run that
 #     fails (a score tensor over the buffer cap) is recorded with its error.
+#   DEVICE=cuda VRAMFIT=.gpu/vramfit scripts/attention-bench.sh OUT_PREFIX
+#     on a GPU machine (no cargo there: VRAMFIT names the binary of
+#     `cargo build --release --features cuda -p vramfit-cli`; VRAMFIT works
+#     for every device). Default shape width 512, 8 heads, batch 4 at
+#     1,024 to 16,384 tokens, STEPS (default 5) steps a run, RUN_TIMEOUT
+#     (default 120) seconds a run; each length also trains the same model
+#     in PyTorch on CUDA (the machine's python3 with torch; explicit
+#     attention and scaled_dot_product_attention), whose figure is the
+#     caching allocator's peak reserved bytes. NO_TORCH=1 skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 device=${DEVICE:-cpu}
@@ -29,25 +38,45 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$(dirname "$out")"
 vramfit="$work/vramfit"
-if [ "$device" = cpu ]; then
+steps=${STEPS:-2}
+if [ -n "${VRAMFIT:-}" ]; then
+  cp "$VRAMFIT" "$vramfit"
+elif [ "$device" = cpu ]; then
   cargo build --release -p vramfit-cli >/dev/null
   cp target/release/vramfit "$vramfit"
-  read -r width heads batch <<<"${SHAPE:-256 8 4}"
 else
   cargo build -p vramfit-cli --features "$device" >/dev/null
   cp target/debug/vramfit "$vramfit"
+fi
+tokens=${TOKENS:-512 1024 2048 4096}
+if [ "$device" = cpu ]; then
+  read -r width heads batch <<<"${SHAPE:-256 8 4}"
+elif [ "$device" = cuda ]; then
+  read -r width heads batch <<<"${SHAPE:-512 8 4}"
+  tokens=${TOKENS:-1024 4096 16384}
+  steps=${STEPS:-5}
+  ONLY=memory
+else
   read -r width heads batch <<<"${SHAPE:-64 2 2}"
   ONLY=memory
 fi
 only=${ONLY:-all}
-[ "$only" = speed ] || for t in ${TOKENS:-512 1024 2048 4096}; do
+run_timeout=${RUN_TIMEOUT:-120}
+[ "$only" = speed ] || for t in $tokens; do
   for a in standard fused; do
     echo "training: $t tokens, $a attention on $device" >&2
-    "$vramfit" train transformer --device "$device" --attention "$a" --steps 2 --batch-size "$batch" \
-      --set model.width="$width" --set model.heads="$heads" --set model.depth=2 --set model.context="$t" \
-      --set task.tokens="$t" --set checkpoint_every=0 --set profile_every=1 --set log_every=1 \
-      --out "$work/run-$t-$a" >/dev/null 2>"$work/err-$t-$a" || true
+    timeout -k 5 "$run_timeout" "$vramfit" train transformer --device "$device" --attention "$a" --steps "$steps" \
+      --batch-size "$batch" --set model.width="$width" --set model.heads="$heads" --set model.depth=2 \
+      --set model.context="$t" --set task.tokens="$t" --set checkpoint_every=0 --set profile_every=1 \
+      --set log_every=1 --out "$work/run-$t-$a" >/dev/null 2>"$work/err-$t-$a" || echo "error: exit $? (timeout 124)" >>"$work/err-$t-$a"
   done
+  if [ "$device" = cuda ] && [ -z "${NO_TORCH:-}" ]; then
+    for sdpa in "" --sdpa; do
+      echo "PyTorch on cuda: $t tokens ${sdpa:-explicit}" >&2
+      timeout -k 5 "$run_timeout" python3 scripts/pytorch_gpt.py --device cuda --width "$width" --heads "$heads" --depth 2 \
+        --vocab 64 --tokens "$t" --batch "$batch" --steps 8 $sdpa >>"$work/torch-cuda.jsonl" 2>>"$work/torch-err" || true
+    done
+  fi
 done
 speed_args=(--set model.width=256 --set model.heads=8 --set model.depth=4 --set model.vocab=256
   --set model.context=1024 --set task.tokens=1024 --batch-size 4 --steps 8 --set checkpoint_every=0)
@@ -66,10 +95,11 @@ if [ -z "${NO_TORCH:-}" ] && [ "$only" != memory ]; then
     "$venv/bin/python" scripts/pytorch_gpt.py --depth 4 --tokens 1024 --batch 4 --steps 8 $sdpa >>"$work/torch.jsonl"
   done
 fi
-python3 - "$work" "$out" "${TOKENS:-512 1024 2048 4096}" "$device" "$width $heads $batch" <<'PY'
+python3 - "$work" "$out" "$tokens" "$device" "$width $heads $batch" "$steps" <<'PY'
 import json, os, sys, platform
 work, out, lengths = sys.argv[1], sys.argv[2], [int(t) for t in sys.argv[3].split()]
 device, (width, heads, batch) = sys.argv[4], [int(x) for x in sys.argv[5].split()]
+steps = int(sys.argv[6])
 lengths = [t for t in lengths if os.path.exists(f"{work}/err-{t}-fused")]
 mib = lambda b: b / 2**20
 rows = []
@@ -79,7 +109,7 @@ for t in lengths:
         if not os.path.exists(f"{d}/summary.json"):
             err = [l.strip() for l in open(f"{work}/err-{t}-{a}")
                    if l.startswith("error:") and "XDG_RUNTIME_DIR" not in l]
-            rows.append({"tokens": t, "attention": a, "error": err[-1] if err else "failed (no summary)"})
+            rows.append({"tokens": t, "attention": a, "error": err[0] if err else "failed (no summary)"})
             continue
         mem = json.load(open(f"{d}/memory.json"))
         s = json.load(open(f"{d}/summary.json"))
@@ -102,7 +132,10 @@ if os.path.exists(f"{work}/torch.jsonl"):
         speed.append({"who": f'PyTorch {p["torch"]}, {p["attention"]}', "median_step_ms": p["median_step_ms"],
                       "tokens_per_second": p["tokens_per_second"], "peak_rss_bytes": p["peak_rss_bytes"]})
 figure = "heap in use" if device == "cpu" else "allocator reserved"
-md = [f"On {device}: width {width}, {heads} heads, depth 2, batch {batch}, vocab 64, two steps each.", "",
+torch_cuda = []
+if os.path.exists(f"{work}/torch-cuda.jsonl"):
+    torch_cuda = [json.loads(l) for l in open(f"{work}/torch-cuda.jsonl") if l.startswith("{")]
+md = [f"On {device}: width {width}, {heads} heads, depth 2, batch {batch}, vocab 64, {steps} steps each.", "",
       f"| tokens | attention | activations after the forward MiB | deciding peak MiB ({figure}) | median step ms |",
       "|---|---|---|---|---|"]
 for r in rows:
@@ -110,7 +143,16 @@ for r in rows:
         md.append(f'| {r["tokens"]:,} | {r["attention"]} | did not run: {r["error"]} | | |')
         continue
     md.append(f'| {r["tokens"]:,} | {r["attention"]} | {mib(r["forward_activations_bytes"]):,.1f} | '
-              f'{mib(r["peak_bytes"]):,.1f} | {r["median_step_ms"]:,.0f} |')
+              f'{mib(r["peak_bytes"]):,.1f} | {r["median_step_ms"]:,.1f} |')
+if torch_cuda:
+    md += ["", "The same model in PyTorch on CUDA (8 steps, the median of the last 5; the caching allocator's peaks):", "",
+           "| tokens | attention | reserved peak MiB (deciding) | allocated peak MiB | median step ms |", "|---|---|---|---|---|"]
+for p in torch_cuda:
+    if "error" in p:
+        md.append(f'| {p["tokens"]:,} | {p["attention"]} | did not run: {p["error"]} | | |')
+    else:
+        md.append(f'| {p["tokens"]:,} | {p["attention"]} | {mib(p["cuda_max_reserved_bytes"]):,.1f} | '
+                  f'{mib(p["cuda_max_allocated_bytes"]):,.1f} | {p["median_step_ms"]:,.1f} |')
 if speed:
     md += ["", "At 1,024 tokens (width 256, depth 4, 8 heads, batch 4, vocab 256; 2 threads):", "",
            "| run | median step ms | tokens/s | peak resident set MiB |", "|---|---|---|---|"]
@@ -119,7 +161,7 @@ for s in speed:
 text = "\n".join(md)
 print(text)
 record = {"bench": "attention", "device": device, "cpu": platform.machine(), "shape": {"width": width, "heads": heads,
-          "depth": 2, "batch": batch}, "memory": rows, "speed": speed,
+          "depth": 2, "batch": batch}, "steps": steps, "memory": rows, "speed": speed, "pytorch_cuda": torch_cuda,
           "measured": ("heap bytes in use by the counting allocator" if device == "cpu" else
                        "the CubeCL allocator's reserved bytes") + " (activations at the forward's end, the run's "
                       "peak); median step time; peak resident set from /usr/bin/time or getrusage"}

@@ -7,6 +7,19 @@
 #      then the CPU-vs-CUDA quality pair)
 #   3. scripts/gpu-profiler-check.sh (overhead on/off; reserved vs NVML)
 #   4. scripts/transformer-variants.sh cuda
+# and, named in PARTS only (not in the default), the checks added after the
+# first two leases:
+#   attention  scripts/attention-bench.sh on CUDA: the transformer with the
+#              standard and the fused attention at 1,024-16,384 tokens,
+#              beside the same model in PyTorch (explicit and SDPA)
+#   scene      the scene's whole training steps at 1 M and 6 M Gaussians,
+#              SH degree 3, moments on the device and the host, SH in f32
+#              and f16 (bench scene-memory), then `plan scene` at 4 GiB
+#              with the preset table for 8-80 GiB cards
+#   planner    `bench plan` on CUDA (the transformer at 1,024 tokens):
+#              the planner's predictions against measured peaks at budgets
+#              from infeasible to ample
+#   plan-scene `bench plan-scene` on CUDA (the five-budget check)
 # The device tool brings back a limited number of files: everything also
 # goes into OUT/all.tgz (run files that are large and not needed dropped).
 # Usage (on the GPU machine, from the repository root, with the binary of
@@ -58,6 +71,40 @@ mkdir -p "$out/transformer/runs"
 TMPDIR="$out/transformer/runs" timeout -k 5 "${CAP_TRANSFORMER:-160}" scripts/transformer-variants.sh cuda "$out/transformer/transformer-cuda" \
   > "$out/transformer.log" 2>&1
 log "transformer variants: exit $?"
+fi
+
+if wants attention; then
+log "attention"
+DEVICE=cuda RUN_TIMEOUT=${RUN_TIMEOUT_ATTENTION:-90} timeout -k 5 "${CAP_ATTENTION:-200}" \
+  scripts/attention-bench.sh "$out/attention-cuda" > "$out/attention.log" 2>&1
+log "attention: exit $?"
+fi
+
+if wants scene; then
+log "scene"
+mkdir -p "$out/scene"
+timeout -k 5 "${CAP_SCENE_STEPS:-90}" "$VRAMFIT" bench scene-memory --device cuda --gaussians 1000000,6000000 \
+  --sh-degrees 3 --moments device,host --sh-storage f32,f16 --steps-only \
+  --out "$out/scene/scene-steps-cuda.json" > "$out/scene/scene-steps.log" 2>&1
+log "scene steps: exit $?"
+timeout -k 5 "${CAP_SCENE_PLAN:-120}" "$VRAMFIT" plan scene --device cuda --max-gaussians 6000000 --budget 4GiB \
+  --gpus 8,12,16,24,48,80 --json "$out/scene/plan-scene-presets-cuda.json" > "$out/scene/plan-scene.log" 2>&1
+log "plan scene: exit $?"
+fi
+
+if wants planner; then
+log "planner"
+timeout -k 5 "${CAP_PLANNER:-120}" "$VRAMFIT" bench plan --device cuda --no-sweep --batch-size 16 \
+  --set model.width=512 --set model.heads=8 --set model.context=1024 --set task.tokens=1024 \
+  --out "$out/plan-transformer-cuda.json" > "$out/planner.log" 2>&1
+log "planner: exit $?"
+fi
+
+if wants plan-scene; then
+log "plan-scene"
+timeout -k 5 "${CAP_PLAN_SCENE:-200}" "$VRAMFIT" bench plan-scene --device cuda --max-gaussians 2000000 \
+  --out "$out/plan-scene-cuda.json" > "$out/plan-scene.log" 2>&1
+log "plan-scene: exit $?"
 fi
 
 find "$out" \( -name '*.ckpt' -o -name weights.bin -o -name 'events.out.tfevents*' -o -name '*.png' \) -delete
