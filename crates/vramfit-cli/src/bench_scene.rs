@@ -31,6 +31,12 @@ pub struct Args {
     /// on the host only (where its f32 masters live).
     #[arg(long, value_delimiter = ',', requires = "moments", default_values_t = [vramfit_scene::sh_storage::ShStorage::F32])]
     sh_storage: Vec<vramfit_scene::sh_storage::ShStorage>,
+    /// With --moments: how the fit's long-lived state (parameters, moments,
+    /// statistics) is allocated, each measured: exact (its own exact-size
+    /// allocations, the fit's default) or pooled (slices of the allocator's
+    /// pages, as every other buffer); comma-separated.
+    #[arg(long, value_delimiter = ',', requires = "moments", default_values_t = [vramfit_scene::gpu::fit::StateAllocation::Exact])]
+    state_allocation: Vec<vramfit_scene::gpu::fit::StateAllocation>,
     /// Only the training steps (with --moments), not the stage table.
     #[arg(long, requires = "moments")]
     steps_only: bool,
@@ -176,6 +182,7 @@ mod device {
     use anyhow::{Result, bail};
     use serde_json::json;
     use vramfit::optim::Moments;
+    use vramfit_scene::gpu::fit::StateAllocation;
     use vramfit_scene::gpu::memory::{MemoryCase, MemoryRow, StepMemory};
     use vramfit_scene::sh_storage::ShStorage;
 
@@ -194,6 +201,10 @@ mod device {
             .iter()
             .flat_map(|&m| args.sh_storage.iter().map(move |&sh| (m, sh)))
             .filter(|&(m, sh)| sh == ShStorage::F32 || m == Moments::Host)
+            .collect();
+        let places: Vec<Place> = places
+            .into_iter()
+            .flat_map(|(m, sh)| args.state_allocation.iter().map(move |&a| (m, sh, a)))
             .collect();
         if !args.moments.is_empty() && places.is_empty() {
             bail!("--sh-storage f16/bf16 is measured with the moments on the host: add host to --moments");
@@ -239,16 +250,16 @@ mod device {
         let mut step_table = String::new();
         if !steps.is_empty() {
             step_table.push_str(
-                "\nWhole training steps (3; a random scene, the loss on the host):\n\n| Gaussians | SH degree | moments | SH stored | \
+                "\nWhole training steps (3; a random scene, the loss on the host):\n\n| Gaussians | SH degree | moments | SH stored | state allocated | \
                  parameters B/Gaussian | optimizer state (device) B/Gaussian | workspace high-water MiB | reserved peak \
-                 MiB | reserved B/Gaussian | moved per step MiB | step ms (median) |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+                 MiB | reserved B/Gaussian | moved per step MiB | step ms (median) |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
             );
-            for (case, (moments, sh), r) in &steps {
+            for (case, (moments, sh, state), r) in &steps {
                 match r {
                     Ok(m) => {
                         let n = case.gaussians;
                         step_table.push_str(&format!(
-                            "| {n} | {} | {moments} | {sh} | {:.0} | {:.0} | {:.1} | {:.1} | {:.0} | {:.1} | {:.0} |\n",
+                            "| {n} | {} | {moments} | {sh} | {state} | {:.0} | {:.0} | {:.1} | {:.1} | {:.0} | {:.1} | {:.0} |\n",
                             case.degree,
                             per(m.held[0], n),
                             per(m.held[2], n),
@@ -260,7 +271,7 @@ mod device {
                         ))
                     }
                     Err(why) => step_table.push_str(&format!(
-                        "| {} | {} | {moments} | {sh} | does not fit: {why} | | | | | | |\n",
+                        "| {} | {} | {moments} | {sh} | {state} | does not fit: {why} | | | | | | |\n",
                         case.gaussians, case.degree
                     )),
                 }
@@ -281,7 +292,7 @@ mod device {
             "rows": rows.iter().filter_map(|(_, r)| r.as_ref().ok()).collect::<Vec<_>>(),
             "steps": steps.iter().map(|(c, m, r)| match r {
                 Ok(s) => json!(s),
-                Err(why) => json!({ "case": c, "moments": m.0, "sh": m.1, "why": why }),
+                Err(why) => json!({ "case": c, "moments": m.0, "sh": m.1, "state": m.2, "why": why }),
             }).collect::<Vec<_>>(),
             "did_not_fit": skipped,
         });
@@ -289,16 +300,17 @@ mod device {
     }
 
     type Row = (MemoryCase, Result<MemoryRow, String>);
-    type StepRow = (MemoryCase, (Moments, ShStorage), Result<StepMemory, String>);
+    type Place = (Moments, ShStorage, StateAllocation);
+    type StepRow = (MemoryCase, Place, Result<StepMemory, String>);
 
     /// Whole training steps of every case with the moments at each place;
     /// a case the device cannot hold is kept with the reason.
-    fn measure_steps(device: &str, cases: &[MemoryCase], places: &[(Moments, ShStorage)]) -> Result<Vec<StepRow>> {
+    fn measure_steps(device: &str, cases: &[MemoryCase], places: &[Place]) -> Result<Vec<StepRow>> {
         let mut out = Vec::new();
         for c in cases {
-            for &(m, sh) in places {
+            for &(m, sh, state) in places {
                 eprintln!(
-                    "training steps: {} Gaussians, SH degree {}, moments {m}, SH in {sh}…",
+                    "training steps: {} Gaussians, SH degree {}, moments {m}, SH in {sh}, state {state}…",
                     c.gaussians, c.degree
                 );
                 let r = match device {
@@ -308,6 +320,7 @@ mod device {
                         c,
                         m,
                         sh,
+                        state,
                         3,
                     ),
                     #[cfg(feature = "cuda")]
@@ -316,13 +329,14 @@ mod device {
                         c,
                         m,
                         sh,
+                        state,
                         3,
                     ),
                     other => return Err(crate::device::unavailable(other)),
                 };
                 match r {
                     Err(e) if !e.contains("device's largest") => bail!("device failure: {e}"),
-                    r => out.push((*c, (m, sh), r)),
+                    r => out.push((*c, (m, sh, state), r)),
                 }
             }
         }

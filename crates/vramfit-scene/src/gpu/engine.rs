@@ -113,6 +113,22 @@ impl<R: Runtime> Renderer<R> {
         }
     }
 
+    /// Runs `allocate` with the device's allocations made at their exact
+    /// size in CubeCL's persistent pool, outside the paged pools: for
+    /// buffers that live long (a scene's state). A later allocation of the
+    /// same size also lands there.
+    pub(crate) fn persistent(&self, allocate: impl FnOnce() + Send) {
+        self.client
+            .memory_persistent_allocation((), |()| allocate())
+            .expect("the device's allocation mode is set by a message to its server");
+    }
+
+    /// Returns every unused allocation (pages and exact-size ones) to the
+    /// device.
+    pub(crate) fn release_unused(&self) {
+        self.client.memory_cleanup();
+    }
+
     pub(crate) fn empty(&self, elems: usize) -> Handle {
         self.client.empty(elems.max(1) * 4)
     }

@@ -60,6 +60,42 @@ pub struct DeviceFit<R: Runtime> {
     workspace: u64,
     /// Bytes copied between host and device by the last step.
     moved: u64,
+    state: StateAllocation,
+}
+
+/// How a fit's long-lived device state (parameters, moments, densification
+/// statistics) is allocated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StateAllocation {
+    /// At its exact size, outside the allocator's paged pools (CubeCL's
+    /// persistent pool), and the previous state's allocations returned to
+    /// the device when a new state is loaded.
+    #[default]
+    Exact,
+    /// In the allocator's pools like every other buffer (a slice of a page
+    /// whose size the device sets: on CUDA a fixed fraction of the card).
+    Pooled,
+}
+
+impl std::str::FromStr for StateAllocation {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "exact" => Ok(Self::Exact),
+            "pooled" => Ok(Self::Pooled),
+            other => Err(format!("state allocation `{other}`: say exact or pooled")),
+        }
+    }
+}
+
+impl std::fmt::Display for StateAllocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Exact => "exact",
+            Self::Pooled => "pooled",
+        })
+    }
 }
 
 impl<R: Runtime> DeviceFit<R> {
@@ -94,7 +130,14 @@ impl<R: Runtime> DeviceFit<R> {
             grads: None,
             workspace: 0,
             moved: 0,
+            state: StateAllocation::default(),
         }
+    }
+
+    /// The same with the long-lived state allocated as `state` says.
+    pub fn with_state_allocation(mut self, state: StateAllocation) -> Self {
+        self.state = state;
+        self
     }
 
     /// Bytes copied between host and device by the last step (the loss's
@@ -133,28 +176,44 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
             ));
         }
         r.check_scene(state.params.len(), state.params.widths(), self.sh, 0)?;
-        // The old state goes first: the device never holds two.
+        // The old state goes first: the device never holds two (allocated
+        // at exact sizes, its allocations are returned to the device, since
+        // no later state has their sizes).
         self.scene = None;
         self.moments.clear();
         self.stats.clear();
         self.grads = None;
-        self.scene = Some(r.upload_as(&state.params.scene(), self.sh));
-        if let Some(host) = &mut self.host {
-            host.params = state.params.groups().iter().map(|g| g.to_vec()).collect();
-            host.moments = state.moments.clone();
-            host.grads = None;
-        } else {
-            self.moments = state
-                .moments
+        let sh = self.sh;
+        let (scene, host, moments, stats) = (&mut self.scene, &mut self.host, &mut self.moments, &mut self.stats);
+        let mut allocate = || {
+            *scene = Some(r.upload_as(&state.params.scene(), sh));
+            if let Some(host) = host {
+                host.params = state.params.groups().iter().map(|g| g.to_vec()).collect();
+                host.moments = state.moments.clone();
+                host.grads = None;
+            } else {
+                *moments = state
+                    .moments
+                    .iter()
+                    .map(|(m, v)| [r.upload_f32(m), r.upload_f32(v)])
+                    .collect();
+            }
+            let s = &state.stats;
+            *stats = [&s.grad, &s.seen, &s.max_radius]
                 .iter()
-                .map(|(m, v)| [r.upload_f32(m), r.upload_f32(v)])
+                .map(|v| r.upload_f32(v))
                 .collect();
+        };
+        match self.state {
+            // On CUDA a pool page is a fixed fraction of the card (an H200's
+            // 1.03 GiB SH group took an 8.8 GiB page), so in the pools the
+            // reserved figure would follow the page sizes, not the scene.
+            StateAllocation::Exact => {
+                r.release_unused();
+                r.persistent(allocate);
+            }
+            StateAllocation::Pooled => allocate(),
         }
-        let s = &state.stats;
-        self.stats = [&s.grad, &s.seen, &s.max_radius]
-            .iter()
-            .map(|v| r.upload_f32(v))
-            .collect();
         Ok(())
     }
 

@@ -13,7 +13,7 @@ use vramfit::optim::Moments;
 
 use super::check::{Case, case_camera, random_scene, scene};
 use super::engine::Renderer;
-use super::fit::DeviceFit;
+use super::fit::{DeviceFit, StateAllocation};
 use crate::sh_storage::ShStorage;
 use crate::train::{ADAM, GROUPS, Params, SceneDevice, State};
 
@@ -185,6 +185,8 @@ pub struct StepMemory {
     pub moments: Moments,
     /// How the SH was stored.
     pub sh: ShStorage,
+    /// How the long-lived state was allocated.
+    pub state: StateAllocation,
     /// The allocator's reserved bytes after the steps (its high-water: the
     /// pools grow until a cleanup; the probe starts after one). The figure
     /// that decides an out-of-memory.
@@ -206,6 +208,7 @@ pub fn measure_step<R: Runtime>(
     case: &MemoryCase,
     moments: Moments,
     sh: ShStorage,
+    allocation: StateAllocation,
     steps: usize,
 ) -> Result<StepMemory, String> {
     use rand::{Rng, SeedableRng};
@@ -230,7 +233,7 @@ pub fn measure_step<R: Runtime>(
         .collect();
     let client = R::client(device);
     client.memory_cleanup();
-    let mut fit = DeviceFit::<R>::with_storage(device, "probe", moments, sh);
+    let mut fit = DeviceFit::<R>::with_storage(device, "probe", moments, sh).with_state_allocation(allocation);
     fit.load(&state)?;
     drop(state);
     let active = 3 * (crate::cpu::sh::coefficients(case.degree) - 1);
@@ -250,6 +253,7 @@ pub fn measure_step<R: Runtime>(
         case: *case,
         moments,
         sh,
+        state: allocation,
         reserved: usage.bytes_reserved,
         held: fit.held_bytes(),
         moved: fit.moved_bytes(),

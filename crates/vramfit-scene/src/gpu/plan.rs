@@ -115,7 +115,7 @@ impl<R: Runtime> Capacity for ScenePlan<R> {
             width: self.width,
             height: self.height,
         };
-        let m = measure_step::<R>(&self.device, &case, moments, sh, 3)?;
+        let m = measure_step::<R>(&self.device, &case, moments, sh, Default::default(), 3)?;
         Ok(Measured {
             peak_bytes: m.reserved,
             step_peak_bytes: m.reserved,

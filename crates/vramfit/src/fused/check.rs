@@ -92,15 +92,18 @@ impl CaseReport {
     /// The compared tensors, in the order of the gaps.
     pub const NAMES: [&str; 4] = ["output", "dq", "dk", "dv"];
 
-    /// Within tolerance of the CPU's twin, and of the standard attention
-    /// at 1e-3 (Burn's matrix products may round more on a GPU).
+    /// Within tolerance of the CPU's twin, and within 1e-2 of the standard
+    /// attention here: a wrong mask, scale or index is off by far more.
+    /// The standard attention is not held to the CPU's tolerance because on
+    /// CUDA Burn's f32 matrix products run on TF32 tensor cores (cubek's
+    /// matmul, where the device has them): measured 1.6e-3 on an H200.
     pub fn passes(&self) -> bool {
         let tol = self.case.tolerance();
         self.fused_kernel
             && self.plain_forward_equal
             && self.non_trivial
             && self.to_cpu.iter().all(|g| *g <= tol)
-            && self.to_standard.iter().all(|g| *g <= 1e-3)
+            && self.to_standard.iter().all(|g| *g <= 1e-2)
     }
 }
 
