@@ -35,8 +35,8 @@ pub struct Args {
     /// statistics) is allocated, each measured: exact (its own exact-size
     /// allocations, the fit's default) or pooled (slices of the allocator's
     /// pages, as every other buffer); comma-separated.
-    #[arg(long, value_delimiter = ',', requires = "moments", default_values_t = [vramfit_scene::gpu::fit::StateAllocation::Exact])]
-    state_allocation: Vec<vramfit_scene::gpu::fit::StateAllocation>,
+    #[arg(long, value_delimiter = ',', requires = "moments", default_values_t = [vramfit_scene::allocation::StateAllocation::Exact])]
+    state_allocation: Vec<vramfit_scene::allocation::StateAllocation>,
     /// Only the training steps (with --moments), not the stage table.
     #[arg(long, requires = "moments")]
     steps_only: bool,

@@ -89,7 +89,9 @@ mod kernel_check {
             );
             scene_reports.push(r);
         }
-        println!("\nThe fused attention's kernels (against the CPU's fused attention and the standard attention here):\n");
+        println!(
+            "\nThe fused attention's kernels (against the CPU's fused attention and the standard attention here):\n"
+        );
         println!(
             "| batch × heads | queries × keys | head widths (q/k, v) | causal | to the CPU (out, dq, dk, dv) | to the standard (out, dq, dk, dv) | pass |"
         );

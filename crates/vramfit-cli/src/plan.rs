@@ -332,6 +332,10 @@ fn show<T: Planned>(
         let table = cal.presets(gpus);
         cal.print_presets(&table, name);
         out["presets"] = serde_json::json!(table);
+        if let Some(caveat) = vramfit::plan::preset_caveat(device) {
+            println!("note: {caveat}");
+            out["presets_caveat"] = serde_json::json!(caveat);
+        }
         if let Some(extra) = cal.presets_json(gpus) {
             out["presets_largest"] = extra;
         }

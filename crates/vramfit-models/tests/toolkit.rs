@@ -121,8 +121,16 @@ fn fused_attention_matches_the_cpu_and_the_standard_attention<B: AutodiffBackend
         assert!(r.plain_forward_equal, "{case:?}: the forward without autodiff differs");
         assert!(r.non_trivial, "{case:?}: a compared tensor is all ~0");
         for (i, name) in check::CaseReport::NAMES.iter().enumerate() {
-            assert!(r.to_cpu[i] <= 1e-4, "{case:?}: {name} differs from the CPU's fused by {:e}", r.to_cpu[i]);
-            assert!(r.to_standard[i] <= 1e-4, "{case:?}: {name} differs from the standard by {:e}", r.to_standard[i]);
+            assert!(
+                r.to_cpu[i] <= 1e-4,
+                "{case:?}: {name} differs from the CPU's fused by {:e}",
+                r.to_cpu[i]
+            );
+            assert!(
+                r.to_standard[i] <= 1e-4,
+                "{case:?}: {name} differs from the standard by {:e}",
+                r.to_standard[i]
+            );
         }
         assert!(r.passes(), "{r:?}");
     }

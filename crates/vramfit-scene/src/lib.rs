@@ -8,6 +8,7 @@
 //! and a built-in synthetic scene rendered by an independent ray caster
 //! ([`synthetic`]).
 
+pub mod allocation;
 pub mod colmap;
 pub mod cpu;
 pub mod dataset;

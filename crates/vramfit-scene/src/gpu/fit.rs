@@ -27,6 +27,7 @@ use vramfit_splat::gpu::engine::{dim, grid};
 
 use super::engine::{Renderer, SceneBuffers, array};
 use super::kernels::{PROJECTED, train};
+pub use crate::allocation::StateAllocation;
 use crate::cpu::camera::Camera;
 use crate::sh_storage::{SH_GROUPS, ShStorage};
 use crate::train::{ADAM, SceneDevice, State, loss_and_gradient, mask_inactive_bands};
@@ -61,41 +62,6 @@ pub struct DeviceFit<R: Runtime> {
     /// Bytes copied between host and device by the last step.
     moved: u64,
     state: StateAllocation,
-}
-
-/// How a fit's long-lived device state (parameters, moments, densification
-/// statistics) is allocated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StateAllocation {
-    /// At its exact size, outside the allocator's paged pools (CubeCL's
-    /// persistent pool), and the previous state's allocations returned to
-    /// the device when a new state is loaded.
-    #[default]
-    Exact,
-    /// In the allocator's pools like every other buffer (a slice of a page
-    /// whose size the device sets: on CUDA a fixed fraction of the card).
-    Pooled,
-}
-
-impl std::str::FromStr for StateAllocation {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
-        match text {
-            "exact" => Ok(Self::Exact),
-            "pooled" => Ok(Self::Pooled),
-            other => Err(format!("state allocation `{other}`: say exact or pooled")),
-        }
-    }
-}
-
-impl std::fmt::Display for StateAllocation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Exact => "exact",
-            Self::Pooled => "pooled",
-        })
-    }
 }
 
 impl<R: Runtime> DeviceFit<R> {

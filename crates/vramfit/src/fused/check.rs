@@ -32,7 +32,15 @@ pub struct Case {
 impl Case {
     const fn new(shape: (usize, usize, usize, usize, usize, usize, bool)) -> Self {
         let (batch, heads, queries, keys, head_width, value_width, causal) = shape;
-        Self { batch, heads, queries, keys, head_width, value_width, causal }
+        Self {
+            batch,
+            heads,
+            queries,
+            keys,
+            head_width,
+            value_width,
+            causal,
+        }
     }
 
     /// The largest relative gap to the CPU's fused attention allowed: both
@@ -61,10 +69,14 @@ pub fn standard_cases() -> Vec<Case> {
 
 /// Lengths a GPU trains at (thousands of rows, many cubes).
 pub fn large_cases() -> Vec<Case> {
-    [(2, 8, 1024, 1024, 64, 64, true), (1, 4, 777, 1500, 128, 128, false), (1, 2, 2048, 2048, 32, 32, true)]
-        .into_iter()
-        .map(Case::new)
-        .collect()
+    [
+        (2, 8, 1024, 1024, 64, 64, true),
+        (1, 4, 777, 1500, 128, 128, false),
+        (1, 2, 2048, 2048, 32, 32, true),
+    ]
+    .into_iter()
+    .map(Case::new)
+    .collect()
 }
 
 /// What one case measured: for the output, dQ, dK and dV in that order,
@@ -113,7 +125,10 @@ pub fn run_case<B: AutodiffBackend>(case: &Case) -> CaseReport {
     let standard = run::<B>(case, false);
     let cpu = run::<crate::backends::Flex>(case, true);
     let gap = |a: &[f32], b: &[f32]| {
-        a.iter().zip(b).map(|(x, y)| (x - y).abs() / (1.0 + y.abs())).fold(0.0f32, |m, g| m.max(g))
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+            .fold(0.0f32, |m, g| m.max(g))
     };
     let gaps = |twin: &Run| std::array::from_fn(|i| gap(&here.values[i], &twin.values[i]));
     CaseReport {
@@ -137,12 +152,28 @@ struct Run {
 fn run<B: AutodiffBackend>(case: &Case, fused: bool) -> Run {
     let _graph = crate::grads::graph_lock();
     let device = Default::default();
-    let Case { batch: b, heads: h, queries: t, keys: s, head_width: dh, value_width: dv, causal } = *case;
+    let Case {
+        batch: b,
+        heads: h,
+        queries: t,
+        keys: s,
+        head_width: dh,
+        value_width: dv,
+        causal,
+    } = *case;
     let shapes = [[b, h, t, dh], [b, h, s, dh], [b, h, s, dv], [b, h, t, dv]];
     let tensor = |i: usize| {
-        Tensor::<B, 4>::from_data(TensorData::new(values(shapes[i].iter().product(), i as u64 + 1), shapes[i]), &device)
+        Tensor::<B, 4>::from_data(
+            TensorData::new(values(shapes[i].iter().product(), i as u64 + 1), shapes[i]),
+            &device,
+        )
     };
-    let (q, k, v, up) = (tensor(0).require_grad(), tensor(1).require_grad(), tensor(2).require_grad(), tensor(3));
+    let (q, k, v, up) = (
+        tensor(0).require_grad(),
+        tensor(1).require_grad(),
+        tensor(2).require_grad(),
+        tensor(3),
+    );
     let scale = 1.0 / (dh as f64).sqrt();
     let host = |t: Tensor<B::InnerBackend, 4>| t.into_data().into_vec::<f32>().expect("f32 values");
     let out = if fused {
@@ -156,7 +187,10 @@ fn run<B: AutodiffBackend>(case: &Case, fused: bool) -> Run {
     };
     let grads = (out.clone() * up).sum().backward();
     let grad = |x: &Tensor<B, 4>| host(x.grad(&grads).expect("a gradient for every input"));
-    Run { values: [host(out.inner()), grad(&q), grad(&k), grad(&v)], plain_forward_equal }
+    Run {
+        values: [host(out.inner()), grad(&q), grad(&k), grad(&v)],
+        plain_forward_equal,
+    }
 }
 
 /// Values in [-2, 2) from a seed (the same on every backend).

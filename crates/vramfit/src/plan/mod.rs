@@ -65,6 +65,21 @@ pub use strategy::{Choice, Plan, PlanError, Preset, Strategy};
 
 use serde::{Deserialize, Serialize};
 
+/// What a preset table calibrated on `device` (a `--device` name) cannot
+/// know about cards of other sizes, where that matters. CubeCL's CUDA
+/// client sizes its pool pages from the card's memory (a quarter of it,
+/// then a sixteenth, …, each pool taking slices up to a fraction of its
+/// page), so the measured peaks hold this card's pages: on an H200 one
+/// 1.03 GiB buffer took an 8.8 GiB page, on a 16 GiB card the same buffer
+/// would take a 4 GiB one.
+pub fn preset_caveat(device: &str) -> Option<&'static str> {
+    device.starts_with("cuda").then_some(
+        "CubeCL's CUDA allocator sizes its pool pages from the card's memory, so the peaks measured here hold \
+         this card's pages: rows for cards of another size are extrapolations that do not know theirs (a \
+         buffer can cost a smaller card a whole page). Plan on the card itself before relying on its row.",
+    )
+}
+
 use crate::precision::Precision;
 
 /// The knobs of a training step the planner turns.
