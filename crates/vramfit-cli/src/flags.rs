@@ -59,6 +59,11 @@ pub struct TrainSettings {
     /// sum their gradients (through mpirun; a build with --features mpi).
     #[arg(long, allow_negative_numbers = true, value_parser = parse_count::<usize>)]
     ranks: Option<usize>,
+    /// With --ranks: shard Adam's moments over the ranks (ZeRO stage 1;
+    /// each keeps about 1/N of them; the same parameters). The key
+    /// `shard_moments`.
+    #[arg(long)]
+    shard_moments: bool,
     /// Override one setting, KEY=VALUE (dotted keys reach tables: model.width=128) (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
@@ -104,6 +109,7 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
     c.steps = a.steps.unwrap_or(c.steps);
     c.seed = a.seed.unwrap_or(c.seed);
     c.ranks = a.ranks.unwrap_or(c.ranks);
+    c.shard_moments |= a.shard_moments;
     if !a.storage.is_empty() {
         c.storage = a.storage.clone();
     }

@@ -35,7 +35,8 @@ pub struct TrainArgs {
     /// Continue the run in RUN_DIR from its last checkpoint.
     #[arg(long, value_name = "RUN_DIR", conflicts_with_all = [
         "config", "precision", "checkpoint", "micro_batch", "accumulate", "batch_size", "steps",
-        "storage", "moments", "allocator_cleanup", "attention", "seed", "out", "set", "budget", "ranks"])]
+        "storage", "moments", "allocator_cleanup", "attention", "seed", "out", "set", "budget", "ranks",
+        "shard_moments"])]
     resume: Option<PathBuf>,
     #[command(flatten)]
     device: crate::device::DeviceArg,

@@ -2,7 +2,9 @@
 //! MPI. With the `mpi` feature (CI installs Open MPI): two ranks train the
 //! transformer to the one-process run's parameters (summation order aside)
 //! and hold equal parameters on every rank; an uneven split is refused
-//! before anything starts. Without it: `--ranks` says how to build it.
+//! before anything starts; with the moments sharded (ZeRO stage 1) they
+//! train to the unsharded ranks' parameters bit for bit, each rank holding
+//! part of the optimizer state. Without it: `--ranks` says how to build it.
 
 #[cfg(feature = "mpi")]
 use std::path::Path;
@@ -91,6 +93,75 @@ fn two_ranks_train_to_the_one_process_parameters() {
         stderr(&o)
     );
     assert!(!three.exists());
+}
+
+/// The optimizer state a run's last memory record holds (bytes).
+#[cfg(feature = "mpi")]
+fn optimizer_state(dir: &Path) -> u64 {
+    let memory: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("memory.json")).unwrap()).unwrap();
+    let records = memory["records"].as_array().unwrap();
+    let last = records.iter().rev().find(|r| r["phase"] == "optimizer").unwrap();
+    last["categories"]["optimizer_state"].as_u64().unwrap()
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn sharded_moments_give_the_unsharded_parameters_and_split_the_state() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (plain, sharded) = (tmp.path().join("plain"), tmp.path().join("sharded"));
+    let profile = ["--set", "profile_every=1"];
+    let o = vramfit(
+        &[
+            &SMALL[..],
+            &profile,
+            &["--ranks", "2", "--out", plain.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = vramfit(
+        &[
+            &SMALL[..],
+            &profile,
+            &["--ranks", "2", "--shard-moments", "--out", sharded.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rank1 = |d: &Path| d.join("ranks/rank-1");
+    // The same update on the rank that owns each parameter, broadcast as
+    // stored: every rank ends with the unsharded parameters, bit for bit
+    // (weights.bin also holds each rank's moments: left out here).
+    let params = |d: &Path| {
+        let mut w = weights(d);
+        w.retain(|k, _| !k.starts_with("adam"));
+        assert!(w.len() > 4, "{}: {:?}", d.display(), w.keys());
+        w
+    };
+    assert_eq!(params(&plain), params(&sharded));
+    assert_eq!(params(&sharded), params(&rank1(&sharded)));
+    // Each rank holds the moments of its parameters only: together all of
+    // them, each rank less than all.
+    let whole = optimizer_state(&plain);
+    assert_eq!(whole, optimizer_state(&rank1(&plain)));
+    let (a, b) = (optimizer_state(&sharded), optimizer_state(&rank1(&sharded)));
+    assert_eq!(a + b, whole, "rank 0 {a} + rank 1 {b} against {whole}");
+    assert!(
+        a < whole && b < whole && a.min(b) * 3 > whole / 2,
+        "an even split: {a} and {b} of {whole}"
+    );
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(sharded.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["techniques"]["shard_moments"], true);
+
+    // Sharding one process's moments is refused, naming the key.
+    let one = tmp.path().join("one");
+    let o = vramfit(&[&SMALL[..], &["--shard-moments", "--out", one.to_str().unwrap()]].concat());
+    assert!(
+        !o.status.success() && stderr(&o).contains("shard_moments") && stderr(&o).contains("ranks = 2 or more"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[cfg(not(feature = "mpi"))]

@@ -109,6 +109,10 @@ pub struct FamilyConfig<M: ModelSettings> {
     /// `accumulate` must be a multiple of it (started by `vramfit train
     /// --ranks N`, through `mpirun`).
     pub ranks: usize,
+    /// With ranks: Adam's moments sharded over them (ZeRO stage 1): each
+    /// rank keeps the moments of about 1/N of the parameters, updates those
+    /// and broadcasts them; the same parameters as unsharded, bit for bit.
+    pub shard_moments: bool,
     /// Seed of the weights.
     pub seed: u64,
     /// Steps between lines of `metrics.jsonl`.
@@ -140,6 +144,7 @@ impl<M: ModelSettings> Default for FamilyConfig<M> {
             moments: "f32".into(),
             allocator_cleanup: "never".into(),
             ranks: 1,
+            shard_moments: false,
             seed: 0,
             log_every: 10,
             checkpoint_every: 100,
@@ -293,6 +298,12 @@ impl<M: ModelSettings> FamilyConfig<M> {
             .map_err(|e| invalid("micro_batch", e.to_string()))?;
         if self.ranks == 0 {
             return Err(invalid("ranks", "must be at least 1"));
+        }
+        if self.shard_moments && self.ranks < 2 {
+            return Err(invalid(
+                "shard_moments",
+                "shards Adam's moments over data-parallel ranks: it needs ranks = 2 or more (--ranks N)",
+            ));
         }
         vramfit::ranks::check_split(batching.micro_batch, batching.accumulate, self.ranks)
             .map_err(|e| invalid("ranks", e.to_string()))?;

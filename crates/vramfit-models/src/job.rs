@@ -203,10 +203,13 @@ pub fn build<B: AutodiffBackend, F: Family<D>, const D: usize>(
         checkpointed: r.checkpointed,
         batching: r.batching,
         scaler: r.loss_scaling.then(|| LossScaler::new(ScalerConfig::default())),
-        optimizer: if r.moments_on_host {
-            ModuleAdam::new(AdamConfig::default(), config.weight_decay, r.moments).on_host()
-        } else {
-            ModuleAdam::new(AdamConfig::default(), config.weight_decay, r.moments)
+        optimizer: {
+            let adam = ModuleAdam::new(AdamConfig::default(), config.weight_decay, r.moments);
+            let adam = if r.moments_on_host { adam.on_host() } else { adam };
+            match &ranks {
+                Some(ranks) if config.shard_moments => adam.sharded(ranks.clone()),
+                _ => adam,
+            }
         },
         cleanup: Cleanup::new(r.cleanup),
         attempts: 0,
@@ -219,6 +222,9 @@ pub fn build<B: AutodiffBackend, F: Family<D>, const D: usize>(
     });
     if config.ranks > 1 {
         techniques["ranks"] = json!(config.ranks);
+    }
+    if config.shard_moments {
+        techniques["shard_moments"] = json!(true);
     }
     // A model with attention says how it computed it.
     if let Some(attention) = config.model.attention() {

@@ -9,6 +9,10 @@
 //! the additions. Every rank then holds the same gradient and takes the
 //! same optimiser step, so the parameters stay equal on every rank.
 //!
+//! With the optimizer state sharded (ZeRO stage 1,
+//! [`crate::optim::ModuleAdam::sharded`]) each parameter's Adam moments live
+//! on one rank only, which updates it and broadcasts the new values.
+//!
 //! The engine is MPI (the `mpi` feature: Open MPI or MPICH, launched by
 //! `mpirun`; docs/design.md says why); [`Collective`] is what the step
 //! needs of it, so a single process needs no engine at all.
@@ -30,6 +34,8 @@ pub trait Collective: Send + Sync {
     fn sum_f32(&self, values: &mut [f32]);
     /// As [`Collective::sum_f32`], for f64.
     fn sum_f64(&self, values: &mut [f64]);
+    /// Replaces `values` on every rank by rank `root`'s.
+    fn broadcast_f32(&self, values: &mut [f32], root: usize);
     /// Waits until every rank has arrived.
     fn barrier(&self);
 }
@@ -197,6 +203,7 @@ impl Collective for Single {
     }
     fn sum_f32(&self, _values: &mut [f32]) {}
     fn sum_f64(&self, _values: &mut [f64]) {}
+    fn broadcast_f32(&self, _values: &mut [f32], _root: usize) {}
     fn barrier(&self) {}
 }
 
@@ -250,6 +257,9 @@ pub mod mpi {
         fn sum_f64(&self, values: &mut [f64]) {
             let send = values.to_vec();
             self.world.all_reduce_into(&send[..], values, SystemOperation::sum());
+        }
+        fn broadcast_f32(&self, values: &mut [f32], root: usize) {
+            self.world.process_at_rank(root as i32).broadcast_into(values);
         }
         fn barrier(&self) {
             self.world.barrier();

@@ -24,10 +24,13 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{FloatDType, TensorData};
 
+use std::sync::Arc;
+
 use super::AdamConfig;
 use super::flex_pass::{Vectors, flex_pass};
 use crate::params::PathTracker;
 use crate::precision::cast_to;
+use crate::ranks::Collective;
 
 /// One parameter's moments, flattened, in the moment type.
 #[derive(Debug, Clone)]
@@ -39,6 +42,52 @@ struct Moments<B: Backend> {
 /// Moments `(m, v)` in host memory, by parameter path.
 type HostMoments = BTreeMap<String, (Vec<f32>, Vec<f32>)>;
 
+/// The moments sharded over data-parallel ranks (ZeRO stage 1): each
+/// parameter belongs to one rank, which alone keeps its moments, updates
+/// it and broadcasts the new values; the others take them.
+#[derive(Clone)]
+struct Shards {
+    ranks: Arc<dyn Collective>,
+    /// Each parameter's rank, by path: given on first sight to the rank
+    /// holding the fewest values so far. Every rank visits the same
+    /// parameters in the same order, so every rank assigns the same.
+    owners: BTreeMap<String, usize>,
+    /// Values assigned to each rank.
+    load: Vec<usize>,
+}
+
+impl std::fmt::Debug for Shards {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shards")
+            .field("rank", &self.ranks.rank())
+            .field("ranks", &self.ranks.size())
+            .field("load", &self.load)
+            .finish()
+    }
+}
+
+impl Shards {
+    fn new(ranks: Arc<dyn Collective>) -> Self {
+        let load = vec![0; ranks.size()];
+        Self {
+            ranks,
+            owners: BTreeMap::new(),
+            load,
+        }
+    }
+
+    /// The rank that owns the parameter at `path` (`values` long).
+    fn owner(&mut self, path: &str, values: usize) -> usize {
+        if let Some(&r) = self.owners.get(path) {
+            return r;
+        }
+        let r = (0..self.load.len()).min_by_key(|&r| self.load[r]).unwrap_or(0);
+        self.load[r] += values;
+        self.owners.insert(path.to_string(), r);
+        r
+    }
+}
+
 /// Adam(W) whose state survives a rebuild of the module (keyed by path).
 #[derive(Debug, Clone)]
 pub struct ModuleAdam<B: AutodiffBackend> {
@@ -49,6 +98,8 @@ pub struct ModuleAdam<B: AutodiffBackend> {
     state: BTreeMap<String, Moments<B::InnerBackend>>,
     /// The moments in host memory, when they live there.
     host: Option<HostMoments>,
+    /// The ranks the moments are sharded over, when they are.
+    shards: Option<Shards>,
 }
 
 /// Saved optimiser state: step count and moments by path, as f32.
@@ -70,7 +121,24 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
             step: 0,
             state: BTreeMap::new(),
             host: None,
+            shards: None,
         }
+    }
+
+    /// The same optimiser with its moments sharded over `ranks` (ZeRO
+    /// stage 1): each rank keeps the moments of about 1/N of the values,
+    /// updates those parameters and broadcasts them; the others take the
+    /// broadcast values. The update is the unsharded one, bit for bit. The
+    /// step must run on every rank, visiting the same parameters (the
+    /// summed gradients do: [`crate::ranks::sum_gradients`] checks it).
+    pub fn sharded(mut self, ranks: Arc<dyn Collective>) -> Self {
+        self.shards = Some(Shards::new(ranks));
+        self
+    }
+
+    /// True when the moments are sharded over ranks.
+    pub fn is_sharded(&self) -> bool {
+        self.shards.is_some()
     }
 
     /// The same optimiser with its moments in host memory (f32), updated
@@ -120,6 +188,7 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
             grads: &'a mut GradientsParams,
             state: &'a mut BTreeMap<String, Moments<B::InnerBackend>>,
             host: Option<&'a mut HostMoments>,
+            shards: Option<&'a mut Shards>,
             c: AdamConfig,
             lr: f64,
             weight_decay: f64,
@@ -142,6 +211,23 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
                 let shape = tensor.shape();
                 let stored = FloatDType::from(tensor.dtype());
                 let trainable = tensor.is_require_grad();
+                let device = tensor.device();
+                let path = self.path.path();
+                // Sharded: a parameter another rank owns comes from it.
+                let owner = self
+                    .shards
+                    .as_deref_mut()
+                    .map(|s| (s.owner(&path, shape.num_elements()), s));
+                if let Some((owner, shards)) = owner
+                    && owner != shards.ranks.rank()
+                {
+                    let mut values = vec![0.0f32; shape.num_elements()];
+                    shards.ranks.broadcast_f32(&mut values, owner);
+                    let n = values.len();
+                    let p = Tensor::<B::InnerBackend, 1>::from_data(TensorData::new(values, [n]), &device);
+                    let p = cast_to(p, stored).reshape(shape);
+                    return Param::from_mapped_value(id, Tensor::from_inner(p).set_require_grad(trainable), mapper);
+                }
                 let p = cast_to(tensor.inner(), FloatDType::F32).reshape([-1]);
                 let g = cast_to(grad, FloatDType::F32).reshape([-1]);
                 let k = Coefficients {
@@ -152,33 +238,42 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
                     decay: (self.weight_decay != 0.0).then_some(1.0 - self.lr * self.weight_decay),
                     step_size: self.lr / self.bias1,
                 };
-                if let Some(host) = self.host.as_deref_mut() {
-                    let device = p.device();
+                let p = if let Some(host) = self.host.as_deref_mut() {
                     let down =
                         |t: Tensor<B::InnerBackend, 1>| t.into_data().to_vec::<f32>().expect("f32 after the cast");
                     let (mut pv, gv) = (down(p), down(g));
                     let (m, v) = host
-                        .entry(self.path.path())
+                        .entry(path)
                         .or_insert_with(|| (vec![0.0; gv.len()], vec![0.0; gv.len()]));
                     adam_f32(&mut pv, &gv, m, v, &k);
                     let n = pv.len();
-                    let p = Tensor::<B::InnerBackend, 1>::from_data(TensorData::new(pv, [n]), &device);
-                    let p = cast_to(p, stored).reshape(shape);
-                    return Param::from_mapped_value(id, Tensor::from_inner(p).set_require_grad(trainable), mapper);
-                }
-                let (m, v) = match self.state.remove(&self.path.path()) {
-                    Some(s) => (cast_to(s.m, FloatDType::F32), cast_to(s.v, FloatDType::F32)),
-                    None => (g.zeros_like(), g.zeros_like()),
+                    Tensor::<B::InnerBackend, 1>::from_data(TensorData::new(pv, [n]), &device)
+                } else {
+                    let (m, v) = match self.state.remove(&path) {
+                        Some(s) => (cast_to(s.m, FloatDType::F32), cast_to(s.v, FloatDType::F32)),
+                        None => (g.zeros_like(), g.zeros_like()),
+                    };
+                    let (p, m, v) = update(p, g, m, v, &k);
+                    self.state.insert(
+                        path,
+                        Moments {
+                            m: cast_to(m, self.moment_dtype),
+                            v: cast_to(v, self.moment_dtype),
+                        },
+                    );
+                    p
                 };
-                let (p, m, v) = update(p, g, m, v, &k);
-                self.state.insert(
-                    self.path.path(),
-                    Moments {
-                        m: cast_to(m, self.moment_dtype),
-                        v: cast_to(v, self.moment_dtype),
-                    },
-                );
-                let p = cast_to(p, stored).reshape(shape);
+                let p = cast_to(p, stored);
+                // Sharded: this rank owns it; the others take its values
+                // as stored (exact in f32 whatever the stored type).
+                if let Some(shards) = self.shards.as_deref() {
+                    let mut values = cast_to(p.clone(), FloatDType::F32)
+                        .into_data()
+                        .to_vec::<f32>()
+                        .expect("f32 after the cast");
+                    shards.ranks.broadcast_f32(&mut values, shards.ranks.rank());
+                }
+                let p = p.reshape(shape);
                 Param::from_mapped_value(id, Tensor::from_inner(p).set_require_grad(trainable), mapper)
             }
         }
@@ -187,6 +282,7 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
             grads: &mut grads,
             state: &mut self.state,
             host: self.host.as_mut(),
+            shards: self.shards.as_mut(),
             c,
             lr,
             weight_decay: self.weight_decay,
