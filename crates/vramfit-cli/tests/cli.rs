@@ -546,6 +546,19 @@ fn cut_short_jpegs_are_refused_not_fitted_as_grey() {
         );
         assert!(stderr(&o).contains("cut short"), "{}", stderr(&o));
     }
+    // Cut at two thirds and closed again with its end marker (FF D9): the
+    // decoder would fill the missing third with one flat colour.
+    let mut closed = whole[..whole.len() * 2 / 3].to_vec();
+    if closed.last() == Some(&0xFF) {
+        closed.pop();
+    }
+    closed.extend([0xFF, 0xD9]);
+    std::fs::write(d.join("closed.jpg"), &closed).unwrap();
+    refused(
+        d,
+        &["closed.jpg", "--gaussians", "20", "--steps", "2"],
+        "blocks its header promises",
+    );
     let o = run(
         &["fit", "whole.jpg", "--gaussians", "20", "--steps", "2", "--out", "ok"],
         d,

@@ -29,6 +29,7 @@ pub mod gaussians;
 pub mod gpu;
 pub mod init;
 pub mod job;
+mod jpeg_scan;
 pub mod op;
 pub mod params;
 pub mod picture;

@@ -164,57 +164,6 @@ fn png_complete(bytes: &[u8]) -> Result<(), String> {
     ))
 }
 
-/// Checks that JPEG bytes run to their end-of-image marker (`FF D9`),
-/// walking the segments (skipping each by its length, so an embedded
-/// thumbnail's marker does not count) and the entropy-coded scans.
-fn jpeg_complete(bytes: &[u8]) -> Result<(), String> {
-    const EOI: u8 = 0xD9;
-    const SOS: u8 = 0xDA;
-    let cut = || {
-        Err(format!(
-            "the JPEG data stops after {} bytes, before its end-of-image marker (FF D9): the file is cut short",
-            bytes.len()
-        ))
-    };
-    let standalone = |m: u8| matches!(m, 0x01 | 0xD0..=0xD8);
-    let mut at = 2; // past SOI
-    loop {
-        // Next marker: 0xFF (fill bytes allowed), then a code.
-        while at < bytes.len() && bytes[at] != 0xFF {
-            at += 1;
-        }
-        while at < bytes.len() && bytes[at] == 0xFF {
-            at += 1;
-        }
-        let Some(&marker) = bytes.get(at) else { return cut() };
-        at += 1;
-        if marker == EOI {
-            return Ok(());
-        }
-        if standalone(marker) {
-            continue;
-        }
-        let Some(len) = bytes.get(at..at + 2) else { return cut() };
-        at += u16::from_be_bytes([len[0], len[1]]) as usize;
-        if at > bytes.len() {
-            return cut();
-        }
-        if marker == SOS {
-            // Entropy-coded data: runs to the next marker other than a
-            // stuffed zero (FF 00) or a restart (FF D0..D7).
-            loop {
-                match bytes.get(at..at + 2) {
-                    None => return cut(),
-                    Some([0xFF, next]) if *next == 0x00 || (0xD0..=0xD7).contains(next) => at += 2,
-                    Some([0xFF, 0xFF]) => at += 1,
-                    Some([0xFF, _]) => break,
-                    Some(_) => at += 1,
-                }
-            }
-        }
-    }
-}
-
 /// Peak signal-to-noise ratio in dB of `x` (clamped to `[0, 1]`) against `y`.
 pub fn psnr(x: &[f32], y: &[f32]) -> f64 {
     let mse = x
@@ -257,7 +206,7 @@ pub fn decode_rgb8(bytes: &[u8], path: &Path) -> Result<RgbImage, SplatError> {
     let complete = if format == ImageFormat::Png {
         png_complete(bytes)
     } else {
-        jpeg_complete(bytes)
+        crate::jpeg_scan::check(bytes)
     };
     if let Err(detail) = complete {
         return Err(SplatError::ImageCorrupt {
