@@ -102,92 +102,84 @@ pub fn check_split(micro_batch: usize, accumulate: usize, ranks: usize) -> Resul
 }
 
 /// Sums `grads` (those of `module`'s parameters, at optimiser step
-/// `step`) over the ranks of `collective`, in one exchange: every gradient
-/// to f32 on the host, laid end to end in the module's parameter order,
-/// summed, and put back in its own type on its own device. Every rank must
-/// be at the same step and hold gradients of the same parameters: checked
-/// first (the error says what differs), since a mismatch would sum
-/// unrelated numbers (a rank resumed from an older checkpoint than the
-/// others, a different model).
+/// `step`) over the ranks of `collective`, one parameter at a time in the
+/// module's order: its gradient to f32 on the host, summed, put back in
+/// its own type on its own device in place of the rank's own. A parameter
+/// at a time bounds what the exchange adds to the step's memory by the
+/// largest parameter (two f32 copies of it: ours and the engine's send
+/// buffer), where one exchange of everything would hold two copies of all
+/// the gradients at once. Every rank must be at the same step and hold
+/// gradients of the same parameters: checked first (the error says what
+/// differs), since a mismatch would sum unrelated numbers (a rank resumed
+/// from an older checkpoint than the others, a different model).
 pub fn sum_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,
     grads: GradientsParams,
     step: u64,
     collective: &dyn Collective,
 ) -> Result<GradientsParams, String> {
-    struct Gather<'a> {
-        grads: &'a mut GradientsParams,
-        values: Vec<f32>,
-        shapes: Vec<(burn::module::ParamId, Vec<usize>, burn::tensor::DType)>,
+    struct Count<'a> {
+        grads: &'a GradientsParams,
+        count: usize,
+        values: usize,
     }
-    impl<B: AutodiffBackend> ModuleVisitor<B> for Gather<'_> {
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Count<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
-                self.shapes.push((param.id, g.dims().to_vec(), g.dtype()));
-                let data = g.into_data().convert::<f32>();
-                self.values.extend(data.as_slice::<f32>().expect("converted to f32"));
+                self.count += 1;
+                self.values += g.shape().num_elements();
             }
         }
     }
-    struct Scatter<'a, B: AutodiffBackend> {
+    struct Sum<'a> {
         grads: GradientsParams,
-        values: &'a [f32],
-        device: Option<B::Device>,
+        collective: &'a dyn Collective,
     }
-    impl<B: AutodiffBackend> ModuleVisitor<B> for Scatter<'_, B> {
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Sum<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
                 let (shape, dtype, device) = (g.dims(), g.dtype(), g.device());
-                let n: usize = shape.iter().product();
-                let (mine, rest) = self.values.split_at(n);
-                self.values = rest;
-                let summed = Tensor::<B::InnerBackend, D>::from_data(TensorData::new(mine.to_vec(), shape), &device);
+                let mut values = g.into_data().convert::<f32>().into_vec::<f32>().expect("converted to f32");
+                self.collective.sum_f32(&mut values);
+                let summed = Tensor::<B::InnerBackend, D>::from_data(TensorData::new(values, shape), &device);
                 let summed = if dtype == burn::tensor::DType::F32 {
                     summed
                 } else {
                     summed.cast(dtype)
                 };
-                self.device.get_or_insert(device);
                 self.grads.register(param.id, summed);
             }
         }
     }
-    let mut grads = grads;
-    let mut gather = Gather {
-        grads: &mut grads,
-        values: Vec::new(),
-        shapes: Vec::new(),
+    let mut counted = Count {
+        grads: &grads,
+        count: 0,
+        values: 0,
     };
-    module.visit(&mut gather);
-    let (mut values, count) = (gather.values, gather.shapes.len());
+    module.visit(&mut counted);
+    let (count, values) = (counted.count, counted.values);
     // Every rank at the same step, with the same parameters and sizes: the
     // sums are `size` times ours, and so are the squares' sums (values that
     // differ cannot match both: their squares' mean exceeds their mean's
     // square).
-    let (s, c, l) = (step as f64, count as f64, values.len() as f64);
+    let (s, c, l) = (step as f64, count as f64, values as f64);
     let own = [s, s * s, c, c * c, l, l * l];
     let mut check = own;
     collective.sum_f64(&mut check);
     let n = collective.size() as f64;
     if check != own.map(|x| x * n) {
         return Err(format!(
-            "rank {} is at step {step} with {count} gradients ({} values), and the {} ranks together are not all \
-             there (sums {check:?}): a rank resumed from another checkpoint than the others, or runs another model. \
-             Resume every rank from the same step: delete the checkpoints newer than the newest one every rank's \
-             directory holds (RUN/checkpoints and RUN/ranks/rank-*/checkpoints)",
+            "rank {} is at step {step} with {count} gradients ({values} values), and the {} ranks together are not \
+             all there (sums {check:?}): a rank resumed from another checkpoint than the others, or runs another \
+             model. Resume every rank from the same step: delete the checkpoints newer than the newest one every \
+             rank's directory holds (RUN/checkpoints and RUN/ranks/rank-*/checkpoints)",
             collective.rank(),
-            values.len(),
             collective.size()
         ));
     }
-    collective.sum_f32(&mut values);
-    let mut scatter = Scatter::<B> {
-        grads,
-        values: &values,
-        device: None,
-    };
-    module.visit(&mut scatter);
-    Ok(scatter.grads)
+    let mut sum = Sum { grads, collective };
+    module.visit(&mut sum);
+    Ok(sum.grads)
 }
 
 /// One process: the sums are the values.
