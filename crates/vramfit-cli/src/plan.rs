@@ -64,28 +64,27 @@ pub struct PlanArgs<S: clap::Args> {
 impl<S: clap::Args> PlanArgs<S> {
     fn action(&self) -> Result<Action> {
         let (budget, gpus) = budget_and_cards(self.budget.as_deref(), &self.gpus, &self.device.name)?;
-        Ok(Action::Show {
+        Ok(Action::Show(ShowArgs {
             budget,
             gpus,
             probe_batch: self.probe_batch,
             json: self.json.clone(),
             device: self.device.name.clone(),
-        })
+            ranks: 1,
+        }))
     }
 }
 
 pub fn run(which: Which) -> Result<()> {
     match which {
-        Which::Transformer(args) => model::<GptConfig, 3>(
-            crate::flags::resolve_train(&args.settings)?,
-            &args.device.name,
-            args.action()?,
-        ),
-        Which::Unet(args) => model::<UnetConfig, 4>(
-            crate::flags::resolve_train(&args.settings)?,
-            &args.device.name,
-            args.action()?,
-        ),
+        Which::Transformer(args) => {
+            let (config, action) = on_ranks(crate::flags::resolve_train(&args.settings)?, args.action()?)?;
+            model::<GptConfig, 3>(config, &args.device.name, action)
+        }
+        Which::Unet(args) => {
+            let (config, action) = on_ranks(crate::flags::resolve_train(&args.settings)?, args.action()?)?;
+            model::<UnetConfig, 4>(config, &args.device.name, action)
+        }
         Which::Splat(args) => splat(
             crate::flags::resolve_fit(&args.settings)?,
             &args.device.name,
@@ -93,6 +92,26 @@ pub fn run(which: Which) -> Result<()> {
         ),
         Which::Scene(args) => scene(&args.settings, &args.device.name, args.action()?),
     }
+}
+
+/// `plan … --ranks N`: the probes run on one rank (this process), the
+/// plans per rank are derived for up to N ranks.
+fn on_ranks<F: ModelSettings>(mut config: FamilyConfig<F>, mut action: Action) -> Result<(FamilyConfig<F>, Action)> {
+    if config.ranks > 1 {
+        let Action::Show(show) = &mut action else {
+            unreachable!("plan builds Show")
+        };
+        if show.budget.is_none() {
+            anyhow::bail!(
+                "plan --ranks {} needs --budget: the ranks table is of the plans within it",
+                config.ranks
+            );
+        }
+        show.ranks = config.ranks;
+        config.ranks = 1;
+        config.shard_moments = false;
+    }
+    Ok((config, action))
 }
 
 /// Runs `action` on a scene fit with `settings` on `device` (a CubeCL
@@ -142,14 +161,7 @@ fn scene_on<R: cubecl::Runtime>(
 /// What a planning command does once its target is built on the device.
 pub enum Action {
     /// `vramfit plan`: the probes, the winner verified, a preset table.
-    Show {
-        budget: Option<Budget>,
-        gpus: Vec<u64>,
-        probe_batch: Option<usize>,
-        json: Option<PathBuf>,
-        /// The `--device` given, for the command that runs the plan.
-        device: String,
-    },
+    Show(ShowArgs),
     /// `train … --budget`, `fit --budget`: plan, verify, run with fallbacks.
     Run {
         budget: Budget,
@@ -159,6 +171,19 @@ pub enum Action {
     },
     /// `bench plan`, `bench plan-splat`.
     Bench(crate::plan_bench::Request),
+}
+
+/// What `vramfit plan` was asked for.
+pub struct ShowArgs {
+    budget: Option<Budget>,
+    gpus: Vec<u64>,
+    probe_batch: Option<usize>,
+    json: Option<PathBuf>,
+    /// The `--device` given, for the command that runs the plan.
+    device: String,
+    /// `--ranks N` (transformer, U-Net): also the plans per rank on up to N
+    /// data-parallel ranks, the moments sharded (1: none).
+    ranks: usize,
 }
 
 /// Runs `action` on a model family with settings `config` on `device`.
@@ -262,7 +287,7 @@ impl Action {
     /// Refuses output paths before anything is probed.
     fn check(&self) -> Result<()> {
         match self {
-            Action::Show { json, .. } => check_json_folder(json.as_deref()),
+            Action::Show(show) => check_json_folder(show.json.as_deref()),
             Action::Run { out, .. } => check_new_out(out),
             Action::Bench(_) => Ok(()),
         }
@@ -270,13 +295,7 @@ impl Action {
 
     fn on<T: Planned>(self, target: &mut T, name: &str) -> Result<()> {
         match self {
-            Action::Show {
-                budget,
-                gpus,
-                probe_batch,
-                json,
-                device,
-            } => show(target, budget, &gpus, probe_batch, json.as_deref(), &device, name),
+            Action::Show(args) => show(target, args, name),
             Action::Run {
                 budget,
                 probe_batch,
@@ -290,17 +309,23 @@ impl Action {
 
 /// `vramfit plan`: probes, the winner verified (with a budget), the preset
 /// table (with card sizes), all as JSON too.
-fn show<T: Planned>(
-    target: &mut T,
-    budget: Option<Budget>,
-    gpus: &[u64],
-    probe_batch: Option<usize>,
-    json: Option<&Path>,
-    device: &str,
-    name: &str,
-) -> Result<()> {
+fn show<T: Planned>(target: &mut T, args: ShowArgs, name: &str) -> Result<()> {
+    let ShowArgs {
+        budget,
+        gpus,
+        probe_batch,
+        json,
+        device,
+        ranks,
+    } = args;
+    let (gpus, json, device) = (&gpus[..], json.as_deref(), &device[..]);
     let cal = T::Strategy::probe(target.target(), probe_batch, name)?;
     let mut out = serde_json::json!({ "device": name, "calibration": cal });
+    if let Some(b) = budget.filter(|_| ranks > 1)
+        && let Some(table) = cal.print_ranks(b.bytes, ranks)
+    {
+        out["ranks"] = table;
+    }
     let write = |out: &serde_json::Value| -> Result<()> {
         if let Some(path) = json {
             vramfit::run::atomic_write(path, &serde_json::to_vec_pretty(out)?)

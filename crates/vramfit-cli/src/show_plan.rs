@@ -68,6 +68,13 @@ pub trait Show: Strategy {
         println!("winner: {} — {}", self.describe(&choice.plans[0].setting), choice.why);
     }
 
+    /// On data-parallel ranks (`plan … --ranks N`): per rank count, the
+    /// best plan for `budget` with Adam's moments sharded, printed; its
+    /// JSON. `None` where the strategy has no ranks.
+    fn print_ranks(&self, _budget: u64, _ranks: usize) -> Option<serde_json::Value> {
+        None
+    }
+
     /// The winner's verification probe.
     fn print_verified(&self, choice: &Choice<Self::Setting>, v: &Measured) {
         println!(
@@ -173,6 +180,49 @@ impl Show for Calibration {
             self.peak_error * 100.0,
             self.margin() * 100.0
         )
+    }
+    fn print_ranks(&self, budget: u64, ranks: usize) -> Option<serde_json::Value> {
+        let mut counts: Vec<usize> = std::iter::successors(Some(1usize), |n| Some(n * 2))
+            .take_while(|n| *n < ranks)
+            .collect();
+        counts.push(ranks);
+        println!(
+            "\non data-parallel ranks, Adam's moments sharded (per rank; derived from these one-rank probes and the \
+             sharding's arithmetic, not measured: the gradients' exchange time is not modelled):"
+        );
+        println!("  {:>5}  {:>10}  {:>15}  plan", "ranks", "peak", "compute ms");
+        let mut rows = Vec::new();
+        let mut fewest = None;
+        for n in counts {
+            let row = match self.choose_on_ranks(budget, n) {
+                Ok(choice) => {
+                    let p = &choice.plans[0];
+                    println!(
+                        "  {n:>5}  {:>10}  {:>15.1}  {}",
+                        human_bytes(p.peak_bytes),
+                        p.step_ms,
+                        self.describe(&p.setting)
+                    );
+                    fewest.get_or_insert(n);
+                    serde_json::json!({ "ranks": n, "plan": p })
+                }
+                Err(e) => {
+                    println!("  {n:>5}  {e}");
+                    serde_json::json!({ "ranks": n, "error": e.to_string() })
+                }
+            };
+            rows.push(row);
+        }
+        match fewest {
+            Some(1) => println!("one rank fits {}", human_bytes(budget)),
+            Some(n) => println!(
+                "the fewest ranks that fit {}: {n} (derived); to measure each rank, run it: vramfit train … --ranks \
+                 {n} --shard-moments with that plan's settings",
+                human_bytes(budget)
+            ),
+            None => println!("no rank count up to {ranks} fits {}", human_bytes(budget)),
+        }
+        Some(serde_json::json!({ "budget": budget, "fewest": fewest, "rows": rows }))
     }
 }
 

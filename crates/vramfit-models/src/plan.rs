@@ -47,7 +47,10 @@ where
             .filter(|p| supported(DType::from(p.dtype())))
             .collect();
         let bf16 = supported(DType::BF16);
-        let groups = vramfit::trainer::parameter_groups(&base.model.init::<B>(base.seed, device));
+        let model = base.model.init::<B>(base.seed, device);
+        let groups = vramfit::trainer::parameter_groups(&model);
+        let parameters = vramfit::plan::trainable_sizes(&model);
+        drop(model);
         // The transformer widens Q, K and V to f32 for the fused
         // attention: fused at every precision where it has a kernel.
         let fused_attention = if base.model.attention().is_some() && vramfit::fused::Attention::is_fused_on::<B>() {
@@ -66,6 +69,7 @@ where
             batch_statistics: base.model.batch_statistics(),
             block_shapes: base.model.block_shapes(&base.task),
             fused_attention,
+            parameters,
         };
         Ok(Self {
             base,

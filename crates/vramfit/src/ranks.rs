@@ -105,10 +105,11 @@ pub fn check_split(micro_batch: usize, accumulate: usize, ranks: usize) -> Resul
 /// `step`) over the ranks of `collective`, one parameter at a time in the
 /// module's order: its gradient to f32 on the host, summed, put back in
 /// its own type on its own device in place of the rank's own. A parameter
-/// at a time bounds what the exchange adds to the step's memory by the
-/// largest parameter (two f32 copies of it: ours and the engine's send
-/// buffer), where one exchange of everything would hold two copies of all
-/// the gradients at once. Every rank must be at the same step and hold
+/// at a time, sent in slices of [`EXCHANGE_VALUES`], bounds what the
+/// exchange adds to the step's memory: the host copy of one gradient (none
+/// on the CPU, where the tensor's buffer becomes the values) and one slice,
+/// where one exchange of everything would hold two copies of all the
+/// gradients at once. Every rank must be at the same step and hold
 /// gradients of the same parameters: checked first (the error says what
 /// differs), since a mismatch would sum unrelated numbers (a rank resumed
 /// from an older checkpoint than the others, a different model).
@@ -139,7 +140,11 @@ pub fn sum_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
             if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
                 let (shape, dtype, device) = (g.dims(), g.dtype(), g.device());
-                let mut values = g.into_data().convert::<f32>().into_vec::<f32>().expect("converted to f32");
+                let mut values = g
+                    .into_data()
+                    .convert::<f32>()
+                    .into_vec::<f32>()
+                    .expect("converted to f32");
                 self.collective.sum_f32(&mut values);
                 let summed = Tensor::<B::InnerBackend, D>::from_data(TensorData::new(values, shape), &device);
                 let summed = if dtype == burn::tensor::DType::F32 {
@@ -181,6 +186,10 @@ pub fn sum_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     module.visit(&mut sum);
     Ok(sum.grads)
 }
+
+/// The most values one exchange sends at a time: the send buffer an
+/// all-reduce holds beside the values it sums (1 MiB of f32).
+pub const EXCHANGE_VALUES: usize = 1 << 18;
 
 /// One process: the sums are the values.
 #[derive(Debug, Clone, Copy, Default)]
@@ -243,8 +252,12 @@ pub mod mpi {
             self.size
         }
         fn sum_f32(&self, values: &mut [f32]) {
-            let send = values.to_vec();
-            self.world.all_reduce_into(&send[..], values, SystemOperation::sum());
+            // In slices, so that the send buffer MPI needs beside the values
+            // is one slice (1 MiB), not a copy of them all.
+            for slice in values.chunks_mut(super::EXCHANGE_VALUES) {
+                let send = slice.to_vec();
+                self.world.all_reduce_into(&send[..], slice, SystemOperation::sum());
+            }
         }
         fn sum_f64(&self, values: &mut [f64]) {
             let send = values.to_vec();

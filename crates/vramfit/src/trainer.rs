@@ -561,6 +561,7 @@ where
             batch_statistics: None,
             block_shapes: Vec::new(),
             fused_attention: Vec::new(),
+            parameters: crate::plan::trainable_sizes(&model),
         };
         Self {
             make: Arc::new(make),

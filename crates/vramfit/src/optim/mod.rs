@@ -13,4 +13,4 @@ pub use host_adam::{HostAdam, Moments};
 
 mod module_adam;
 
-pub use module_adam::{AdamSnapshot, ModuleAdam};
+pub use module_adam::{AdamSnapshot, ModuleAdam, shard_loads};

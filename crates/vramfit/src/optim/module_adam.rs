@@ -81,11 +81,29 @@ impl Shards {
         if let Some(&r) = self.owners.get(path) {
             return r;
         }
-        let r = (0..self.load.len()).min_by_key(|&r| self.load[r]).unwrap_or(0);
+        let r = least_loaded(&self.load);
         self.load[r] += values;
         self.owners.insert(path.to_string(), r);
         r
     }
+}
+
+/// The rank holding the fewest values (the first of equals).
+fn least_loaded(load: &[usize]) -> usize {
+    (0..load.len()).min_by_key(|&r| load[r]).unwrap_or(0)
+}
+
+/// The values whose moments each of `ranks` ranks keeps when parameters of
+/// `sizes` values (in the module's order) are sharded as
+/// [`ModuleAdam::sharded`] shards them: what the planner predicts a rank's
+/// share of the optimizer state from.
+pub fn shard_loads(sizes: &[usize], ranks: usize) -> Vec<usize> {
+    let mut load = vec![0; ranks.max(1)];
+    for &n in sizes {
+        let r = least_loaded(&load);
+        load[r] += n;
+    }
+    load
 }
 
 /// Adam(W) whose state survives a rebuild of the module (keyed by path).

@@ -9,12 +9,16 @@ use crate::profile::human_bytes;
 /// Predicted times this close are treated as equal (the probes' resolution).
 const TIME_NOISE: f64 = super::model::TIME_RESOLUTION;
 
-/// Each combination of the non-checkpoint knobs the space allows.
-fn combinations(c: &Calibration) -> Vec<Knobs> {
+/// Each combination of the non-checkpoint knobs the space allows, on
+/// `ranks` data-parallel ranks (their micro-batches shared evenly).
+fn combinations(c: &Calibration, ranks: usize) -> Vec<Knobs> {
     let s = &c.space;
     let mut out = Vec::new();
     for &precision in &s.precisions {
         for micro_batch in s.micro_batches() {
+            if !(s.batch / micro_batch).is_multiple_of(ranks.max(1)) {
+                continue;
+            }
             for low_storage in 0..=s.storage_groups.len() {
                 // Moments: f32 on the device, bf16 on the device, f32 on the host.
                 let moments = [(false, false), (true, false), (false, true)]
@@ -36,6 +40,7 @@ fn combinations(c: &Calibration) -> Vec<Knobs> {
                                 host_moments,
                                 cleanup,
                                 fused_attention,
+                                ranks,
                             });
                         }
                     }
@@ -59,10 +64,18 @@ impl Calibration {
 
     /// [`Strategy::choose`] for the knob model.
     pub(super) fn choose_knobs(&self, budget: u64) -> Result<Choice<Knobs>, PlanError> {
+        self.choose_on_ranks(budget, 1)
+    }
+
+    /// The plans for `budget` on each of `ranks` data-parallel ranks, Adam's
+    /// moments sharded over them: per rank, predicted from one rank's
+    /// probes and the sharding's arithmetic (derived; a run on the ranks
+    /// measures it). `ranks = 1` is [`Strategy::choose`].
+    pub fn choose_on_ranks(&self, budget: u64, ranks: usize) -> Result<Choice<Knobs>, PlanError> {
         let margin = self.margin();
         let usable = self.model.pages_down(budget as f64 / (1.0 + margin));
         let mut plans = Vec::new();
-        for mut knobs in combinations(self) {
+        for mut knobs in combinations(self, ranks) {
             let chain = self.model.chain_for(&knobs);
             let (outside, scale, rest) = self.model.split(&knobs, self.space.batch);
             if outside > usable || rest > usable || scale <= 0.0 {
@@ -75,7 +88,7 @@ impl Calibration {
         }
         plans.sort_by(|a, b| (!a.exact()).cmp(&!b.exact()).then(a.step_ms.total_cmp(&b.step_ms)));
         let Some(first) = plans.first() else {
-            return Err(self.infeasible(budget));
+            return Err(self.infeasible(budget, ranks));
         };
         // Among plans of the winner's class within the timing noise of the
         // fastest, the one that turns the fewest knobs: a knob that does
@@ -126,7 +139,13 @@ impl Calibration {
 
     /// The plan with the least predicted peak.
     pub fn leanest(&self) -> Plan<Knobs> {
-        combinations(self)
+        self.leanest_on(1).expect("the space has at least one combination")
+    }
+
+    /// The plan with the least predicted peak per rank on `ranks` ranks
+    /// (none where they cannot share the batch).
+    pub fn leanest_on(&self, ranks: usize) -> Option<Plan<Knobs>> {
+        combinations(self, ranks)
             .into_iter()
             .map(|mut knobs| {
                 let chain = self.model.chain_for(&knobs);
@@ -135,11 +154,15 @@ impl Calibration {
                 self.plan(knobs)
             })
             .min_by(|a, b| a.peak_bytes.cmp(&b.peak_bytes).then(a.step_ms.total_cmp(&b.step_ms)))
-            .expect("the space has at least one combination")
     }
 
-    fn infeasible(&self, budget: u64) -> PlanError {
-        let lean = self.leanest();
+    fn infeasible(&self, budget: u64, ranks: usize) -> PlanError {
+        let Some(lean) = self.leanest_on(ranks) else {
+            return PlanError::UnevenRanks {
+                ranks,
+                batch: self.space.batch,
+            };
+        };
         let margin = self.margin();
         // One byte over the threshold `choose` uses, rounded up to a MiB.
         let needed = (lean.peak_bytes as f64 * (1.0 + margin)).ceil() as u64 + 1;
@@ -174,6 +197,7 @@ mod tests {
                 batch_statistics: None,
                 block_shapes: Vec::new(),
                 fused_attention: Vec::new(),
+                parameters: vec![300, 100, 100],
             },
             model: Model {
                 fixed_bytes: 10_000.0,
@@ -213,6 +237,7 @@ mod tests {
                 micro_batch_ms: 1.0,
                 sample_ms: 0.5,
                 fused_attention: None,
+                parameters: vec![300, 100, 100],
             },
             probes: Vec::new(),
             checks: Vec::new(),
@@ -302,5 +327,49 @@ mod tests {
             c.choose((lean.peak_bytes as f64 * (1.0 + c.margin())) as u64 - 2)
                 .is_err()
         );
+    }
+
+    /// On ranks the moments of the other ranks' parameters leave each
+    /// rank's peak (8 bytes a value; 4 in bf16), the gradient exchange
+    /// adds a copy of the largest parameter and a slice after the backward,
+    /// and each rank's compute is its share of the micro-batches.
+    #[test]
+    fn ranks_shard_the_moments_in_the_prediction() {
+        let c = calibration();
+        let base = Knobs {
+            micro_batch: 4,
+            ..Knobs::base(4, 16)
+        };
+        let on = |ranks: usize, low_moments: bool| Knobs {
+            ranks,
+            low_moments,
+            ..base.clone()
+        };
+        // Parameters of 300, 100 and 100 values: rank 0 keeps 300, rank 1 200.
+        assert_eq!(crate::optim::shard_loads(&[300, 100, 100], 2), vec![300, 200]);
+        let (one, two) = (c.model.split(&on(1, false), 16), c.model.split(&on(2, false), 16));
+        assert_eq!(
+            one.0 - two.0,
+            8.0 * 200.0,
+            "step part: the other rank's 200 values' moments"
+        );
+        assert_eq!(
+            two.2 - one.2,
+            8.0 * 300.0 - 8.0 * 200.0,
+            "rest: a copy of 300 values and a slice of them"
+        );
+        let low = (c.model.split(&on(1, true), 16).0, c.model.split(&on(2, true), 16).0);
+        assert_eq!(low.0 - low.1, 4.0 * 200.0);
+        // Four micro-batches over two ranks: each rank's compute halves.
+        let t1 = c.predict(&on(1, false)).1 - c.model.fixed_ms;
+        let t2 = c.predict(&on(2, false)).1 - c.model.fixed_ms;
+        assert!((t1 - 2.0 * t2).abs() < 1e-9, "{t1} {t2}");
+        // Three ranks cannot share a batch of 16's micro-batches: no plan, said so.
+        let e = c.choose_on_ranks(u64::MAX, 3).unwrap_err().to_string();
+        assert!(e.contains("3 ranks cannot share a batch of 16 evenly"), "{e}");
+        let plain = c.choose(u64::MAX).unwrap().plans[0].peak_bytes;
+        let sharded = c.choose_on_ranks(u64::MAX, 2).unwrap();
+        assert!(sharded.plans.iter().all(|p| p.setting.ranks == 2));
+        assert!(sharded.plans.iter().map(|p| p.peak_bytes).min().unwrap() < plain);
     }
 }

@@ -104,6 +104,14 @@ pub struct Knobs {
     /// kept; exact up to summation order), where the space offers it.
     #[serde(default)]
     pub fused_attention: bool,
+    /// Data-parallel ranks sharing the step, Adam's moments sharded over
+    /// them (1: one process). Predicted per rank, from one rank's probes.
+    #[serde(default = "one_rank")]
+    pub ranks: usize,
+}
+
+fn one_rank() -> usize {
+    1
 }
 
 impl Knobs {
@@ -118,6 +126,7 @@ impl Knobs {
             host_moments: false,
             cleanup: false,
             fused_attention: false,
+            ranks: 1,
         }
     }
 
@@ -144,6 +153,7 @@ impl Knobs {
             + usize::from(self.host_moments)
             + usize::from(self.cleanup)
             + usize::from(self.fused_attention)
+            + usize::from(self.ranks > 1)
     }
 
     /// What the knobs change in the numerics, in words (empty: exact up
@@ -205,6 +215,9 @@ impl Knobs {
         if self.fused_attention {
             parts.push("attention fused".into());
         }
+        if self.ranks > 1 {
+            parts.push(format!("{} ranks, moments sharded", self.ranks));
+        }
         parts.join(" · ")
     }
 }
@@ -247,6 +260,21 @@ pub struct Space {
     /// would change nothing).
     #[serde(default)]
     pub fused_attention: Vec<Precision>,
+    /// The trainable parameters' sizes (values), in the module's order:
+    /// how Adam's moments shard over data-parallel ranks (empty: unknown,
+    /// no saving predicted).
+    #[serde(default)]
+    pub parameters: Vec<usize>,
+}
+
+/// The sizes (values) of `model`'s trainable parameters in its order: the
+/// [`Space::parameters`] a workload gives the planner.
+pub fn trainable_sizes<B: burn::tensor::backend::Backend, M: burn::module::Module<B>>(model: &M) -> Vec<usize> {
+    crate::params::describe(model)
+        .into_iter()
+        .filter(|p| p.trainable)
+        .map(|p| p.shape.iter().product())
+        .collect()
 }
 
 impl Space {

@@ -95,6 +95,10 @@ pub struct Model {
     /// The costs with the attention fused, where the space offers it.
     #[serde(default)]
     pub fused_attention: Option<FusedCosts>,
+    /// The trainable parameters' sizes in the module's order
+    /// ([`Space::parameters`]): what sharding the moments over ranks saves.
+    #[serde(default)]
+    pub parameters: Vec<usize>,
 }
 
 /// The terms that fusing the attention changes, fitted from its own probes
@@ -209,12 +213,44 @@ impl Model {
             (self.moments, if knobs.low_moments { 1.0 } else { 0.0 }),
             (self.host_moments, if knobs.host_moments { 1.0 } else { 0.0 }),
             (self.cleanup, if knobs.cleanup { 1.0 } else { 0.0 }),
+            (self.sharding(knobs), 1.0),
         ];
         parts.iter().fold(Delta::default(), |a, (d, f)| Delta {
             step: a.step + d.step * f,
             rest: a.rest + d.rest * f,
             ms: a.ms + d.ms * f,
         })
+    }
+
+    /// What sharding Adam's moments over `knobs.ranks` ranks adds on the
+    /// rank that keeps the most (arithmetic, not probed): the other ranks'
+    /// moments leave it (8 bytes a value in f32, 4 in bf16, none on the
+    /// device when they live on the host), and summing the gradients
+    /// holds one more f32 copy of the largest parameter and one exchange
+    /// slice outside the forward and backward ([`crate::ranks::sum_gradients`];
+    /// a bound: on the CPU the copy is the gradient's own buffer).
+    fn sharding(&self, knobs: &Knobs) -> Delta {
+        if knobs.ranks <= 1 || self.parameters.is_empty() {
+            return Delta::default();
+        }
+        let per_value = match (knobs.host_moments, knobs.low_moments) {
+            (true, _) => 0.0,
+            (false, true) => 4.0,
+            (false, false) => 8.0,
+        };
+        let all: usize = self.parameters.iter().sum();
+        let kept = crate::optim::shard_loads(&self.parameters, knobs.ranks)
+            .into_iter()
+            .max()
+            .unwrap_or(all);
+        let saved = per_value * (all - kept) as f64;
+        let largest = self.parameters.iter().copied().max().unwrap_or(0);
+        let exchange = 4.0 * (largest + largest.min(crate::ranks::EXCHANGE_VALUES)) as f64;
+        Delta {
+            step: -saved,
+            rest: exchange - saved,
+            ms: 0.0,
+        }
     }
 
     fn share(&self, groups: usize) -> f64 {
@@ -286,8 +322,11 @@ impl Model {
         if let Cow::Owned(fused) = self.with(knobs) {
             return fused.time(knobs, batch);
         }
-        let k = (batch / knobs.micro_batch.max(1)).max(1) as f64;
-        let b = batch as f64;
+        // On ranks, each runs its share of the micro-batches (the
+        // gradients' exchange is not modelled).
+        let ranks = knobs.ranks.max(1) as f64;
+        let k = ((batch / knobs.micro_batch.max(1)).max(1) as f64 / ranks).max(1.0);
+        let b = batch as f64 / ranks;
         let (_, pi, _) = self.precision(knobs.precision);
         let recompute = super::chain::recompute(&self.chain(), &knobs.checkpointed);
         let scaled = k * self.micro_batch_ms + b * self.sample_ms + b * recompute;
@@ -584,6 +623,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         micro_batch_ms,
         sample_ms,
         fused_attention: None,
+        parameters: space.parameters.clone(),
     };
     // Below the probed micro-batch the law is extrapolated: a micro-batch
     // of one measures what does not shrink with it (per-channel buffers,
@@ -822,6 +862,7 @@ mod tests {
                 batch_statistics: None,
                 block_shapes: Vec::new(),
                 fused_attention: vec![Precision::F32, Precision::Bf16],
+                parameters: Vec::new(),
             }
         }
 

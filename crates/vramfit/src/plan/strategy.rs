@@ -92,6 +92,17 @@ pub enum PlanError {
         /// Each plan tried, predicted and measured.
         rejected: String,
     },
+    /// The ranks cannot share any split of the batch.
+    #[error(
+        "{ranks} ranks cannot share a batch of {batch} evenly: no split of it into micro-batches gives each rank \
+         as many; give a rank count that divides the batch (or a batch that {ranks} divides)"
+    )]
+    UnevenRanks {
+        /// The ranks asked for.
+        ranks: usize,
+        /// The effective batch.
+        batch: usize,
+    },
     /// Nothing fits the budget.
     #[error(
         "no plan fits {budget}: the leanest plan, {knobs}, is predicted to peak at {least}; with the {margin:.0} % \
