@@ -26,7 +26,7 @@ pub enum Which {
         #[arg(long)]
         gaussians: Option<usize>,
         /// Most optimiser steps.
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true, value_parser = crate::flags::parse_count::<u64>)]
         steps: Option<u64>,
         /// Override one setting, KEY=VALUE with a key of config.toml (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE")]

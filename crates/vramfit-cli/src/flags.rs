@@ -26,13 +26,13 @@ pub struct TrainSettings {
     #[arg(long)]
     checkpoint: Option<String>,
     /// Samples per forward/backward.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_count::<usize>)]
     micro_batch: Option<usize>,
     /// Micro-batches per optimiser step (micro_batch × accumulate = batch_size).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_count::<usize>)]
     accumulate: Option<usize>,
     /// Samples per optimiser step.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_count::<usize>)]
     batch_size: Option<usize>,
     /// Optimiser steps (e.g. 1000 or 1e3).
     #[arg(long, allow_negative_numbers = true, value_parser = parse_count::<u64>)]
@@ -196,6 +196,15 @@ pub fn apply_sets(c: FitConfig, sets: &[String]) -> Result<FitConfig> {
     Ok(vramfit::settings::apply_sets(&c.to_toml(), sets)?.unwrap_or(c))
 }
 
+/// A count of at most `MOST`, read as [`parse_count`] reads it.
+pub fn parse_at_most<const MOST: usize>(s: &str) -> Result<usize, String> {
+    let value = parse_count::<usize>(s)?;
+    if value > MOST {
+        return Err(format!("'{s}' is too large: at most {MOST}"));
+    }
+    Ok(value)
+}
+
 /// A whole number, also written like `2e4` or `1.5e6` (clap puts the flag
 /// in front of the message; the settings' checks bound it further).
 pub fn parse_count<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
@@ -239,7 +248,7 @@ pub struct SceneSettings {
     #[arg(long)]
     sh_degree: Option<usize>,
     /// Each view at 1/K of its size (for large photographs).
-    #[arg(long, value_name = "K")]
+    #[arg(long, value_name = "K", allow_negative_numbers = true, value_parser = crate::flags::parse_count::<usize>)]
     downscale: Option<usize>,
     /// The most Gaussians the fit may hold: densification never exceeds it
     /// (with a budget: the most the planner may set).

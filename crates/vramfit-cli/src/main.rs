@@ -10,6 +10,50 @@ use vramfit_splat::budget::check_size_here;
 use vramfit_splat::gaussians::Gaussians;
 use vramfit_splat::picture::{check_output_path, save_png, to_rgb8};
 
+// Every command's printing goes through `stdout::write`: a closed or full
+// stdout (`vramfit … | head -1`, `> /dev/full`) must not stop the command
+// before it has written its files (std's macros panic there). Defined
+// before the modules, so that theirs are these.
+macro_rules! println {
+    () => {
+        $crate::stdout::write(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::stdout::write(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+macro_rules! print {
+    ($($arg:tt)*) => {
+        $crate::stdout::write(format_args!($($arg)*))
+    };
+}
+
+mod stdout {
+    //! Standard output that never stops the command: the first failed
+    //! write is kept (later ones are skipped) and reported when the
+    //! command has finished.
+    use std::io::Write;
+    use std::sync::OnceLock;
+
+    static FAILED: OnceLock<std::io::Error> = OnceLock::new();
+
+    /// Writes `text` unless an earlier write failed.
+    pub fn write(text: std::fmt::Arguments) {
+        if FAILED.get().is_some() {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        if let Err(e) = out.write_fmt(text).and_then(|()| out.flush()) {
+            let _ = FAILED.set(e);
+        }
+    }
+
+    /// The first failed write, if any.
+    pub fn failure() -> Option<&'static std::io::Error> {
+        FAILED.get()
+    }
+}
+
 mod bench;
 mod bench_scene;
 mod budget;
@@ -142,15 +186,6 @@ pub(crate) fn parse_size(s: &str) -> Result<(u32, u32), String> {
 
 fn main() {
     keep_freed_pages();
-    // A closed or full stdout (`vramfit … | head -1`, `> /dev/full`) makes
-    // `println!` panic; by then the work is done and its files written.
-    // Say so in one line instead of a panic (exit 101).
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        if stdout_failure(info.payload()).is_none() {
-            default_hook(info);
-        }
-    }));
     let cli = Cli::parse();
     // A rank of `train --ranks N` joins its MPI job (finalised when this drops).
     #[cfg(feature = "mpi")]
@@ -161,29 +196,23 @@ fn main() {
             eprintln!("error: {e:#}");
             std::process::exit(1);
         }
-        Err(payload) => match stdout_failure(payload.as_ref()) {
-            // The reader went away (`| head`): what it wanted, it has.
-            Some(why) if why.contains("Broken pipe") => std::process::exit(0),
-            Some(why) => {
-                eprintln!("error: cannot write to standard output ({why}); the command's files are written");
-                std::process::exit(1);
-            }
-            // A rank must not finalise MPI while the others wait for it in
-            // a collective (finalising waits for them: the job would hang);
-            // exiting at once makes mpirun stop the job. The panic was printed.
-            None if vramfit::ranks::world().is_some() => std::process::exit(101),
-            None => std::panic::resume_unwind(payload),
-        },
+        // A rank must not finalise MPI while the others wait for it in a
+        // collective (finalising waits for them: the job would hang);
+        // exiting at once makes mpirun stop the job. The panic was printed.
+        Err(_) if vramfit::ranks::world().is_some() => std::process::exit(101),
+        Err(payload) => std::panic::resume_unwind(payload),
     }
-}
-
-/// The reason in a panic raised by a failed write to stdout (`println!`).
-fn stdout_failure(payload: &(dyn std::any::Any + Send)) -> Option<String> {
-    let text = payload
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| payload.downcast_ref::<&str>().copied())?;
-    text.strip_prefix("failed printing to stdout: ").map(str::to_string)
+    // The command finished with its files written; what it printed did
+    // not all arrive.
+    match stdout::failure() {
+        // The reader went away (`| head`): what it wanted, it has.
+        Some(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        Some(e) => {
+            eprintln!("error: cannot write to standard output ({e}); the command's files are written");
+            std::process::exit(1);
+        }
+        None => {}
+    }
 }
 
 fn run(cli: Cli) -> Result<()> {

@@ -27,14 +27,14 @@ enum What {
     Scene {
         /// A new folder (or an empty one).
         dir: PathBuf,
-        /// Views around the objects (every 8th is held out for evaluation).
-        #[arg(long, default_value_t = 24)]
+        /// Views around the objects (every 8th is held out for evaluation), 1 to 4,096.
+        #[arg(long, default_value_t = 24, allow_negative_numbers = true, value_parser = crate::flags::parse_at_most::<4096>)]
         views: usize,
         /// Image size, WIDTHxHEIGHT.
         #[arg(long, value_parser = crate::parse_size, default_value = "96x72")]
         size: (u32, u32),
-        /// Sparse points seeding the Gaussians.
-        #[arg(long, default_value_t = 2000)]
+        /// Sparse points seeding the Gaussians, at most 100,000,000.
+        #[arg(long, default_value_t = 2000, allow_negative_numbers = true, value_parser = crate::flags::parse_at_most::<100_000_000>)]
         points: usize,
     },
 }

@@ -1327,11 +1327,54 @@ fn a_full_or_closed_stdout_and_huge_numbers_do_not_panic() {
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success() && !stderr(&o).contains("panicked"), "{}", stderr(&o));
     assert!(dir.join("b.png").is_file());
-    let huge: [&[&str]; 4] = [
+    // Commands that print before they write their files write them all the
+    // same: a plan's JSON (printed probes first), a report's page.
+    let full = || Stdio::from(std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap());
+    let o = vramfit()
+        .args([
+            "plan",
+            "splat",
+            "a.png",
+            "--steps",
+            "10",
+            "--gaussians",
+            "20",
+            "--budget",
+            "64MiB",
+        ])
+        .args(["--json", "p.json"])
+        .current_dir(dir)
+        .stdout(full())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        dir.join("p.json").is_file(),
+        "the plan's JSON is written: {}",
+        stderr(&o)
+    );
+    let o = run(
+        &["fit", "a.png", "--steps", "4", "--gaussians", "20", "--out", "r"],
+        dir,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut child = vramfit()
+        .args(["report", "r"])
+        .current_dir(dir)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    assert!(child.wait().unwrap().success());
+    assert!(dir.join("r/memory.html").is_file(), "the report's page is written");
+    let huge: [&[&str]; 7] = [
         &["fit", "--seed", "18446744073709551615"],
         &["fit", "--steps", "1e19"],
         &["fit", "--gaussians", "1e19"],
         &["train", "transformer", "--seed", "9223372036854775808"],
+        &["train", "transformer", "--batch-size", "18446744073709551615"],
+        &["train", "unet", "--micro-batch", "1e19"],
+        &["bench", "splat", "--steps", "1e19"],
     ];
     for args in huge {
         let o = run(args, dir);
@@ -1342,6 +1385,32 @@ fn a_full_or_closed_stdout_and_huge_numbers_do_not_panic() {
             stderr(&o)
         );
     }
+    // A batch no address space holds, from a flag or a setting: refused by name.
+    for args in [
+        &[
+            "train",
+            "transformer",
+            "--batch-size",
+            "9223372036854775807",
+            "--out",
+            "t1",
+        ][..],
+        &["train", "transformer", "--set", "batch_size=4294967296", "--out", "t2"],
+    ] {
+        let o = run(args, dir);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("`batch_size`") && stderr(&o).contains("at most 2147483648"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    let o = run(&["sample", "scene", "s", "--points", "1e12"], dir);
+    assert!(
+        o.status.code() == Some(2) && stderr(&o).contains("at most 100000000"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// An output path is never replaced when it is not a regular file (the

@@ -127,6 +127,9 @@ pub struct FamilyConfig<M: ModelSettings> {
     pub task: M::Task,
 }
 
+/// The largest batch, micro-batch or accumulation count a config may ask for.
+pub const MOST_SAMPLES: usize = 1 << 31;
+
 impl<M: ModelSettings> Default for FamilyConfig<M> {
     fn default() -> Self {
         M::defaults(Self {
@@ -244,6 +247,17 @@ impl<M: ModelSettings> FamilyConfig<M> {
         }
         if self.batch_size == 0 {
             return Err(invalid("batch_size", "must be at least 1"));
+        }
+        // Beyond this a batch's buffers would not fit any address space
+        // (their sizes would overflow before any memory is asked for).
+        for (name, value) in [
+            ("batch_size", self.batch_size),
+            ("micro_batch", self.micro_batch),
+            ("accumulate", self.accumulate),
+        ] {
+            if value > MOST_SAMPLES {
+                return Err(invalid(name, format!("{value} is too large: at most {MOST_SAMPLES}")));
+            }
         }
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return Err(invalid("lr", format!("{} is not a finite positive number", self.lr)));
