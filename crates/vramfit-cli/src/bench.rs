@@ -110,7 +110,7 @@ fn host_adam(values: usize, link_gb_s: f64, out: PathBuf) -> Result<()> {
     if values == 0 || link_gb_s.is_nan() || link_gb_s <= 0.0 {
         bail!("--values and --link-gb-s must be positive");
     }
-    crate::budget::check_writable("--out", &out)?;
+    crate::budget::check_bench_out(&out)?;
     let adam = vramfit_scene::train::ADAM;
     let mut p: Vec<f32> = (0..values).map(|i| (i as f32 * 1e-3).sin()).collect();
     let g: Vec<f32> = (0..values).map(|i| (i as f32 * 7e-4).cos() * 1e-3).collect();
@@ -178,10 +178,7 @@ fn splat(
     device: &str,
     out: PathBuf,
 ) -> Result<()> {
-    if let Some(dir) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("--out: creating {}", dir.display()))?;
-    }
-    crate::budget::check_writable("--out", &out)?;
+    crate::budget::check_bench_out(&out)?;
     let mut config = FitConfig::default();
     if let Some(i) = image {
         config.image = i;

@@ -73,7 +73,7 @@ pub fn cleanup(args: CleanupArgs) -> Result<()> {
     for c in &args.cadences {
         vramfit::allocator::CleanupPolicy::parse(c).map_err(|e| anyhow::anyhow!("--cadences: {e}"))?;
     }
-    check_out(&args.out)?;
+    crate::budget::check_bench_out(&args.out)?;
     let base = crate::flags::resolve_scene(&args.settings)?;
     // The runs go to a private temporary folder, removed at the end.
     let tmp = std::env::temp_dir().join(format!("vramfit-scene-cleanup-{}", std::process::id()));
@@ -137,13 +137,7 @@ pub fn cleanup(args: CleanupArgs) -> Result<()> {
 /// Writes a benchmark's JSON record to `out` and its table, with the
 /// command that made it, beside it as `.md`.
 pub(crate) fn write_record(out: &Path, record: &serde_json::Value, command: &str, table: &str) -> Result<()> {
-    vramfit::run::atomic_write(out, serde_json::to_string_pretty(record)?.as_bytes())
-        .with_context(|| format!("writing {}", out.display()))?;
-    let md = out.with_extension("md");
-    vramfit::run::atomic_write(&md, format!("Command: `{command}`\n\n{table}").as_bytes())
-        .with_context(|| format!("writing {}", md.display()))?;
-    println!("wrote {} and {}", out.display(), md.display());
-    Ok(())
+    crate::plan_bench::write_results(out, record, &format!("Command: `{command}`\n\n{table}"))
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -156,25 +150,11 @@ pub fn run(args: Args) -> Result<()> {
     if args.device.name == "cpu" {
         bail!("bench scene-memory measures a device's allocator; give --device wgpu or cuda");
     }
-    check_out(&args.out)?;
+    crate::budget::check_bench_out(&args.out)?;
     #[cfg(any(feature = "cuda", feature = "wgpu"))]
     return device::measure_and_write(args);
     #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
     Err(crate::device::unavailable(&args.device.name))
-}
-
-/// Refuses an output path that cannot be written before any measurement.
-fn check_out(out: &Path) -> Result<()> {
-    if out.is_dir() {
-        bail!(
-            "--out {}: is a directory; give a file name such as scene-memory.json",
-            out.display()
-        );
-    }
-    if let Some(dir) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("--out: cannot create {}", dir.display()))?;
-    }
-    Ok(())
 }
 
 #[cfg(any(feature = "cuda", feature = "wgpu"))]

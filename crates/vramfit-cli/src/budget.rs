@@ -42,6 +42,41 @@ impl Budget {
 /// well inside the byte counts' range).
 const MAX_CARD_GIB: f64 = 1_048_576.0;
 
+/// A card size for `--gpus`: a number of GiB (`24`, `0.5`) or a size with
+/// its unit (`24GiB`, `512MiB`), in GiB.
+pub(crate) fn parse_card_gib(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let gib = match t.parse::<f64>() {
+        Ok(g) => g,
+        Err(_) => match vramfit::plan::parse_bytes(t) {
+            Ok(bytes) => bytes as f64 / (1u64 << 30) as f64,
+            Err(_) => {
+                return Err(format!(
+                    "'{s}' is not a card size: give GiB as numbers (8,16,24) or sizes (24GiB)"
+                ));
+            }
+        },
+    };
+    if gib.is_finite() && gib > 0.0 && gib <= MAX_CARD_GIB {
+        Ok(gib)
+    } else {
+        Err(format!(
+            "'{s}': card sizes are positive numbers of GiB up to {MAX_CARD_GIB} (1 PiB), e.g. 8,16,24"
+        ))
+    }
+}
+
+/// A budget for `bench … --budgets`: a fraction of the plain plan's peak,
+/// above 0 and at most 100.
+pub(crate) fn parse_fraction(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(f) if f.is_finite() && f > 0.0 && f <= 100.0 => Ok(f),
+        _ => Err(format!(
+            "'{s}' is not a fraction of the plain plan's peak: give numbers above 0, e.g. 0.5,0.8,1.5"
+        )),
+    }
+}
+
 /// `--budget` and `--gpus` (GiB) read, at least one given; cards in bytes, each once.
 pub(crate) fn budget_and_cards(budget: Option<&str>, gpus: &[f64], device: &str) -> Result<(Option<Budget>, Vec<u64>)> {
     let budget = budget.map(|b| Budget::parse(b, device)).transpose()?;
@@ -68,6 +103,22 @@ pub(crate) fn budget_and_cards(budget: Option<&str>, gpus: &[f64], device: &str)
 pub(crate) fn check_json_folder(json: Option<&std::path::Path>) -> Result<()> {
     let Some(json) = json else { return Ok(()) };
     check_writable("--json", json)
+}
+
+/// Checks a benchmark's `--out` before it measures anything: a `.json`
+/// name (its table goes beside it as `.md`, so another name would lose
+/// one or the other), its folder created and writable.
+pub(crate) fn check_bench_out(out: &std::path::Path) -> Result<()> {
+    if !out.extension().is_some_and(|e| e.eq_ignore_ascii_case("json")) {
+        bail!(
+            "--out {}: give a name ending in .json (the table is written beside it as .md; nothing was run)",
+            out.display()
+        );
+    }
+    if let Some(dir) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("--out: cannot create {} ({e})", dir.display()))?;
+    }
+    check_writable("--out", out)
 }
 
 /// Refuses an output file path that cannot be written, before the work

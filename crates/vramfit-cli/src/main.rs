@@ -27,11 +27,27 @@ macro_rules! print {
         $crate::stdout::write(format_args!($($arg)*))
     };
 }
+// Standard error likewise: a closed or full one (`2>/dev/full`) leaves the
+// messages unwritten (there is nowhere to say so), never the work.
+macro_rules! eprintln {
+    () => {
+        $crate::stdout::note(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::stdout::note(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+#[allow(unused_macros)]
+macro_rules! eprint {
+    ($($arg:tt)*) => {
+        $crate::stdout::note(format_args!($($arg)*))
+    };
+}
 
 mod stdout {
     //! Standard output that never stops the command: the first failed
     //! write is kept (later ones are skipped) and reported when the
-    //! command has finished.
+    //! command has finished; standard error, written where it can be.
     use std::io::Write;
     use std::sync::OnceLock;
 
@@ -51,6 +67,11 @@ mod stdout {
     /// The first failed write, if any.
     pub fn failure() -> Option<&'static std::io::Error> {
         FAILED.get()
+    }
+
+    /// Writes `text` to standard error, if it can.
+    pub fn note(text: std::fmt::Arguments) {
+        let _ = std::io::stderr().lock().write_fmt(text);
     }
 }
 
@@ -186,6 +207,19 @@ pub(crate) fn parse_size(s: &str) -> Result<(u32, u32), String> {
 
 fn main() {
     keep_freed_pages();
+    // A CUDA build on a machine without NVIDIA's driver: cudarc panics when
+    // it cannot load libcuda. Said in a line below, not as a panic.
+    // The panic comes on the device's thread; this one then fails to hear
+    // from it (its own panic is not printed either).
+    static NO_CUDA: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| match no_cuda_driver(info.payload()) {
+        Some(why) => {
+            let _ = NO_CUDA.set(why);
+        }
+        None if NO_CUDA.get().is_some() => {}
+        None => default_hook(info),
+    }));
     let cli = Cli::parse();
     // A rank of `train --ranks N` joins its MPI job (finalised when this drops).
     #[cfg(feature = "mpi")]
@@ -200,7 +234,16 @@ fn main() {
         // collective (finalising waits for them: the job would hang);
         // exiting at once makes mpirun stop the job. The panic was printed.
         Err(_) if vramfit::ranks::world().is_some() => std::process::exit(101),
-        Err(payload) => std::panic::resume_unwind(payload),
+        Err(payload) => match no_cuda_driver(payload.as_ref()).or_else(|| NO_CUDA.get().cloned()) {
+            Some(why) => {
+                eprintln!(
+                    "error: CUDA is not available here: {why}. Install NVIDIA's driver, or run on another device \
+                     (--device cpu, or --device wgpu in a build with that feature)"
+                );
+                std::process::exit(1);
+            }
+            None => std::panic::resume_unwind(payload),
+        },
     }
     // The command finished with its files written; what it printed did
     // not all arrive.
@@ -213,6 +256,18 @@ fn main() {
         }
         None => {}
     }
+}
+
+/// The reason in a panic raised because the CUDA driver library could not
+/// be loaded.
+fn no_cuda_driver(payload: &(dyn std::any::Any + Send)) -> Option<String> {
+    let text = payload
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| payload.downcast_ref::<&str>().copied())?;
+    let lower = text.to_lowercase();
+    (lower.contains("dynamically load") && lower.contains("cuda"))
+        .then(|| "the driver library (libcuda) could not be loaded".to_string())
 }
 
 fn run(cli: Cli) -> Result<()> {

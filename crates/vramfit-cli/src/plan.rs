@@ -48,8 +48,9 @@ pub struct PlanArgs<S: clap::Args> {
     /// Memory budget: 6GiB, 512MiB, 1.5GB, a number of bytes, or auto (free memory).
     #[arg(long)]
     budget: Option<String>,
-    /// Card sizes in GiB for a preset table, e.g. 8,16,24,48,80.
-    #[arg(long, value_delimiter = ',')]
+    /// Card sizes in GiB for a preset table, e.g. 8,16,24,48,80 (or with
+    /// units: 24GiB, 512MiB).
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true, value_parser = crate::budget::parse_card_gib)]
     gpus: Vec<f64>,
     /// Probe at this effective batch and extrapolate to the run's (transformer, U-Net).
     #[arg(long)]
@@ -289,7 +290,7 @@ impl Action {
         match self {
             Action::Show(show) => check_json_folder(show.json.as_deref()),
             Action::Run { out, .. } => check_new_out(out),
-            Action::Bench(_) => Ok(()),
+            Action::Bench(request) => crate::budget::check_bench_out(&request.out_path()),
         }
     }
 

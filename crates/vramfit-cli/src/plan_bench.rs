@@ -27,7 +27,8 @@ pub struct Args<S: clap::Args> {
     /// Budgets as fractions of the peak of the plan that turns no knob (the
     /// knob model's plain step, the ladder's top rung), besides an
     /// infeasible one and, for a ladder, each rung's level.
-    #[arg(long, value_delimiter = ',', default_value = "0.5,0.65,0.8,1.0,1.5")]
+    #[arg(long, value_delimiter = ',', default_value = "0.5,0.65,0.8,1.0,1.5", allow_negative_numbers = true,
+        value_parser = crate::budget::parse_fraction)]
     budgets: Vec<f64>,
     /// Leave out the exhaustive sweep (memory only: on a software device
     /// step times say nothing about a GPU's).
@@ -50,6 +51,15 @@ pub struct Request {
     config: serde_json::Value,
     /// The workload's name, for the file names.
     workload: String,
+}
+
+impl Request {
+    /// Where the JSON goes (`--out`, or bench-results/plan-WORKLOAD.json).
+    pub fn out_path(&self) -> PathBuf {
+        self.out
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(format!("bench-results/plan-{}.json", self.workload)))
+    }
 }
 
 impl<S: clap::Args> Args<S> {
@@ -456,9 +466,7 @@ pub fn bench<T: Runnable<Strategy: Benched>>(target: &mut T, request: Request, n
         "bench": bench, "command": command, "device": name, "config": request.config,
         "calibration": cal, "extrapolating_calibration": small, "sweep": sweep, "budgets": rows,
     });
-    let out = request
-        .out
-        .unwrap_or_else(|| PathBuf::from(format!("bench-results/{bench}.json")));
+    let out = request.out_path();
     write_results(&out, &record, &format!("Command: `{command}`\n\n{summary}\n{table}"))
 }
 

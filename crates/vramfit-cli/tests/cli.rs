@@ -1649,3 +1649,64 @@ fn a_config_files_relative_image_path_is_explained() {
     refused_saying(&o, "beside the config file");
     assert!(!d.join("run").exists(), "no run directory");
 }
+
+/// The second hostile sweep (issue 29): a full standard error, sizes past
+/// any model, a symbolic link as the output, a benchmark's `--out` that is
+/// not `.json`, card sizes with units or none — each a clear answer, never
+/// a panic or a lost file.
+#[test]
+fn full_stderr_huge_sizes_links_and_output_names_are_answered() {
+    use std::process::Stdio;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    // A full standard error: the error is not printed (nowhere to), the
+    // exit says it failed, no panic.
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let o = vramfit()
+        .args(["fit", "missing.png", "--steps", "2"])
+        .current_dir(dir)
+        .stderr(Stdio::from(full))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    // Sizes no machine holds are refused by key before anything is made.
+    for (set, key) in [
+        ("task.topics=9223372036854775807", "task.topics"),
+        ("model.depth=4294967296", "model.depth"),
+        ("model.context=100000000000", "model.context"),
+    ] {
+        let o = run(
+            &["train", "transformer", "--steps", "2", "--set", set, "--out", "t"],
+            dir,
+        );
+        assert_eq!(o.status.code(), Some(1), "{set}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(key) && stderr(&o).contains("at most 16777216"),
+            "{}",
+            stderr(&o)
+        );
+        assert!(!dir.join("t").exists());
+    }
+    // A symbolic link as the output: its target gets the image, the link stays.
+    std::fs::write(dir.join("target.png"), b"old").unwrap();
+    std::os::unix::fs::symlink(dir.join("target.png"), dir.join("link.png")).unwrap();
+    let o = run(&["sample", "--size", "16x16", "link.png"], dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        std::fs::symlink_metadata(dir.join("link.png"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    assert!(image::open(dir.join("target.png")).is_ok(), "the target holds the PNG");
+    // A benchmark writes NAME.json and NAME.md: another name is refused first.
+    let o = run(&["bench", "splat", "--image", "link.png", "--out", "b.md"], dir);
+    refused_saying(&o, "give a name ending in .json");
+    assert!(stderr(&o).contains("nothing was run"), "{}", stderr(&o));
+    // Card sizes: GiB as numbers or with units; anything else said plainly.
+    let o = run(&["plan", "transformer", "--gpus", "8,abc"], dir);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("'abc' is not a card size"), "{}", stderr(&o));
+    let o = run(&["bench", "plan", "--budgets", "nan"], dir);
+    assert!(stderr(&o).contains("'nan' is not a fraction"), "{}", stderr(&o));
+}

@@ -130,6 +130,10 @@ pub struct FamilyConfig<M: ModelSettings> {
 /// The largest batch, micro-batch or accumulation count a config may ask for.
 pub const MOST_SAMPLES: usize = 1 << 31;
 
+/// The largest size a model or task setting may take (widths, depths,
+/// vocabularies, contexts, resolutions): far beyond any model these train.
+pub const MOST_SIZE: usize = 1 << 24;
+
 impl<M: ModelSettings> Default for FamilyConfig<M> {
     fn default() -> Self {
         M::defaults(Self {
@@ -238,6 +242,25 @@ impl<M: ModelSettings> FamilyConfig<M> {
 
     /// Checks every setting and combination against backend `B` on `device`.
     pub fn resolve<B: Backend>(&self, device: &B::Device) -> Result<Resolved, ConfigError> {
+        // Sizes first: a model or task size past any real one would overflow
+        // a buffer's length (a panic) or ask the allocator for terabytes.
+        for (table, value) in [
+            ("model", toml::Value::try_from(&self.model)),
+            ("task", toml::Value::try_from(&self.task)),
+        ] {
+            if let Ok(toml::Value::Table(t)) = value {
+                for (key, v) in &t {
+                    if let toml::Value::Integer(n) = v
+                        && *n > MOST_SIZE as i64
+                    {
+                        return Err(ConfigError::Invalid {
+                            name: if table == "model" { "model" } else { "task" },
+                            why: format!("{table}.{key} = {n} is too large: at most {MOST_SIZE}"),
+                        });
+                    }
+                }
+            }
+        }
         self.model.check(&self.task)?;
         if self.steps == 0 {
             return Err(invalid("steps", "must be at least 1"));

@@ -57,13 +57,24 @@ pub enum RunDirError {
         cause: io::Error,
     },
     /// Any I/O failure, with the path it concerned.
-    #[error("cannot write '{path}': {cause}")]
+    #[error("cannot write '{path}': {cause}{}", full_disk_hint(cause))]
     Io {
         /// The file or directory.
         path: PathBuf,
         /// The OS error.
         cause: io::Error,
     },
+}
+
+/// What a full disk means for a run, after the OS's words.
+fn full_disk_hint(cause: &io::Error) -> &'static str {
+    match cause.kind() {
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => {
+            ". Free space and resume the run (`--resume RUN_DIR`): it continues from its last checkpoint as if it \
+             had not stopped"
+        }
+        _ => "",
+    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RunDirError + '_ {
@@ -79,7 +90,24 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RunDirError + '_ {
 /// (a full disk, a directory in the way) removes the temporary file again.
 /// A target that exists and is not a regular file (a device such as
 /// `/dev/null`, a pipe, a socket) is refused: the rename would replace it.
+/// A symbolic link is written through: its target is replaced, the link
+/// kept (a link to nothing is refused).
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let resolved;
+    let path = if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        resolved = fs::canonicalize(path).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "{} is a symbolic link to a file that cannot be reached ({e}): give a file path",
+                    path.display()
+                ),
+            )
+        })?;
+        resolved.as_path()
+    } else {
+        path
+    };
     if let Ok(meta) = fs::metadata(path)
         && !meta.is_file()
     {
@@ -737,5 +765,24 @@ mod tests {
         let text = fs::read_to_string(dir.path("metrics.jsonl")).unwrap();
         assert_eq!(text, "{\"step\":10}\n{\"step\":20}\n");
         fs::remove_dir_all(&p).unwrap();
+    }
+
+    /// A symbolic link is written through: the target holds the new bytes,
+    /// the link stays a link; a dangling one is refused.
+    #[test]
+    fn atomic_write_goes_through_a_symbolic_link() {
+        let tmp = scratch("symlink");
+        std::fs::create_dir_all(&tmp).unwrap();
+        let (target, link) = (tmp.join("target.json"), tmp.join("link.json"));
+        std::fs::write(&target, b"old").unwrap();
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        atomic_write(&link, b"new").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"new");
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        let dangling = tmp.join("dangling.json");
+        std::os::unix::fs::symlink(tmp.join("nowhere/x.json"), &dangling).unwrap();
+        let e = atomic_write(&dangling, b"x").unwrap_err();
+        assert!(e.to_string().contains("symbolic link"), "{e}");
+        let _ = std::fs::remove_dir_all(&tmp);
     }
 }

@@ -299,10 +299,26 @@ struct DevicePanic {
     message: String,
 }
 
-fn write_err(path: &Path) -> impl Fn(std::io::Error) -> RunError + '_ {
-    move |e| RunError::Write {
-        path: path.into(),
-        why: e.to_string(),
+/// A failed write of `path` in the run at `root`; a full disk says how the
+/// run continues.
+fn write_err<'a>(root: &'a Path, path: &'a Path) -> impl Fn(std::io::Error) -> RunError + 'a {
+    move |e| {
+        let full = matches!(
+            e.kind(),
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+        );
+        RunError::Write {
+            path: path.into(),
+            why: if full {
+                format!(
+                    "{e}. Free space and resume the run (`--resume {}`): it continues from its last checkpoint as \
+                     if it had not stopped",
+                    root.display()
+                )
+            } else {
+                e.to_string()
+            },
+        }
     }
 }
 
@@ -740,7 +756,7 @@ impl Session<'_> {
     ) -> Result<bool, RunError> {
         let dir = &self.run.dir;
         let mut metrics = dir.metrics(Some(w.steps_done()))?;
-        let mut events = EventWriter::create(dir.root()).map_err(write_err(dir.root()))?;
+        let mut events = EventWriter::create(dir.root()).map_err(write_err(dir.root(), dir.root()))?;
         let c = self.cadence;
         if observe(Event::Start {
             done: w.steps_done(),
@@ -795,12 +811,14 @@ impl Session<'_> {
                 metrics.append(&line)?;
                 let mut scalars = vec![("loss", r.loss)];
                 scalars.extend(r.scalars.iter().map(|(k, v)| (k.as_str(), *v)));
-                events.scalars(step, &scalars).map_err(write_err(dir.root()))?;
+                events
+                    .scalars(step, &scalars)
+                    .map_err(write_err(dir.root(), dir.root()))?;
             }
             self.memory_scalars(&mut events, step)?;
             for (name, bytes) in &r.files {
                 let path = dir.path(name);
-                atomic_write(&path, bytes).map_err(write_err(&path))?;
+                atomic_write(&path, bytes).map_err(write_err(dir.root(), &path))?;
             }
             if observe(Event::Step(&r)).is_break() {
                 return Ok(false);
@@ -810,7 +828,7 @@ impl Session<'_> {
                 file.meta["wall_seconds"] = json!(self.wall());
                 file.meta["config_toml"] = json!(self.run.config);
                 let path = dir.checkpoints().join(checkpoint_name(step));
-                atomic_write(&path, &file.to_bytes()).map_err(write_err(&path))?;
+                atomic_write(&path, &file.to_bytes()).map_err(write_err(dir.root(), &path))?;
                 for old in checkpoints_newest_first(&dir.checkpoints())
                     .into_iter()
                     .skip(KEEP_CHECKPOINTS)
@@ -845,7 +863,9 @@ impl Session<'_> {
             tags.push(("memory/peak".into(), h.bytes as f64));
         }
         let refs: Vec<(&str, f64)> = tags.iter().map(|(t, v)| (t.as_str(), *v)).collect();
-        events.scalars(step, &refs).map_err(write_err(self.run.dir.root()))
+        events
+            .scalars(step, &refs)
+            .map_err(write_err(self.run.dir.root(), self.run.dir.root()))
     }
 
     fn finish<W: Workload>(&mut self, w: &mut W) -> Result<RunSummary<W::Summary>, RunError> {
@@ -865,7 +885,7 @@ impl Session<'_> {
             .observe(stats.steps, "finish", None, record, || w.accounted());
         for (name, bytes) in &done.files {
             let path = self.run.dir.path(name);
-            atomic_write(&path, bytes).map_err(write_err(&path))?;
+            atomic_write(&path, bytes).map_err(write_err(self.run.dir.root(), &path))?;
         }
         let mut warnings = Vec::new();
         if let (Some(first), Some(last)) = self.losses
