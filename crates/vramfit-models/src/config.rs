@@ -50,9 +50,10 @@ pub trait ModelSettings:
         Vec::new()
     }
 
-    /// A model setting that lowers the activations (in `vramfit train`'s
-    /// words), if the model has one that is not in use.
-    fn activation_lever(&self) -> Option<String> {
+    /// A model setting that lowers the activations of `task` (in `vramfit
+    /// train`'s words), if the model has one that is not in use and that
+    /// pays at this shape.
+    fn activation_lever(&self, _task: &Self::Task) -> Option<String> {
         None
     }
 

@@ -110,15 +110,22 @@ impl<B: AutodiffBackend, F: Family<D>, const D: usize> Course<B, F::Net<B>, D> f
             .as_ref()
             .is_some_and(|h| h.phase.starts_with("forward") || h.phase.starts_with("backward"));
         let all_low = in_step || c.storage.iter().any(|s| s.starts_with("*:"));
+        let at_peak = categories_at_peak(report);
+        let bytes = |c: Category| at_peak.iter().find(|(k, _)| *k == c).map_or(0, |(_, b)| *b);
         let mut out = Vec::new();
-        for (category, _) in categories_at_peak(report) {
+        for (category, _) in &at_peak {
             let lever = match category {
                 Category::Activations | Category::Other => {
                     let mut ways = Vec::new();
-                    if c.checkpoint != "all" {
+                    // One block recomputed keeps its input beside what it
+                    // held: nothing to save (measured, depth 1: +6 KB).
+                    if c.checkpoint != "all" && c.model.blocks() >= 2 {
                         ways.push("--checkpoint all (recompute blocks in backward)".to_string());
                     }
-                    if b.micro_batch > 1 {
+                    // Half the micro-batch saves half its activations and
+                    // adds a gradient accumulator of the parameters' size:
+                    // offered where that pays (measured otherwise: +18 KB).
+                    if b.micro_batch > 1 && bytes(Category::Activations) > 2 * bytes(Category::Parameters) {
                         ways.push(format!(
                             "--micro-batch {} --accumulate {} (same batch)",
                             b.micro_batch / 2,
@@ -135,7 +142,7 @@ impl<B: AutodiffBackend, F: Family<D>, const D: usize> Course<B, F::Net<B>, D> f
                     // a kernel (the CPU, wgpu, CUDA); elsewhere it would be
                     // Burn's operations.
                     if vramfit::fused::Attention::is_fused_on::<B>()
-                        && let Some(lever) = c.model.activation_lever()
+                        && let Some(lever) = c.model.activation_lever(&c.task)
                     {
                         ways.push(lever);
                     }

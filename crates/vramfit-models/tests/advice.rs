@@ -75,7 +75,6 @@ fn apply<F: Family<D>, const D: usize>(mut config: FamilyConfig<F>, way: &[(Stri
 fn every_way_lowers_the_figure<F: Family<D>, const D: usize>(base: FamilyConfig<F>, name: &str) -> usize {
     let root = std::env::temp_dir().join(format!("vramfit-advice-{}-{name}", std::process::id()));
     let (peak, advice) = measure(base.clone(), &root.join("base"));
-    assert!(!advice.is_empty(), "{name}: no advice to test");
     let mut tried = 0;
     for line in &advice {
         for way in ways(line) {
@@ -109,6 +108,18 @@ fn every_advised_setting_lowers_the_deciding_figure() {
     gpt.task.tokens = 256;
     let tried = every_way_lowers_the_figure::<GptConfig, 3>(gpt, "transformer");
     assert!(tried >= 3, "transformer: {tried} ways tried");
+    // A model too small for the activation levers to pay (one block, 32
+    // tokens: checkpointing, micro-batches and the fused attention each
+    // measured a few KB more): what it is offered still lowers the figure.
+    let mut tiny = FamilyConfig::<GptConfig> {
+        steps: 5,
+        checkpoint_every: 0,
+        profile_every: 1,
+        ..Default::default()
+    };
+    tiny.model.width = 32;
+    tiny.model.depth = 1;
+    every_way_lowers_the_figure::<GptConfig, 3>(tiny, "one-block transformer");
     let unet = FamilyConfig::<UnetConfig> {
         steps: 2,
         batch_size: 4,
