@@ -109,6 +109,9 @@ pub(crate) fn check_json_folder(json: Option<&std::path::Path>) -> Result<()> {
 /// name (its table goes beside it as `.md`, so another name would lose
 /// one or the other), its folder created and writable.
 pub(crate) fn check_bench_out(out: &std::path::Path) -> Result<()> {
+    if out.is_dir() {
+        return check_writable("--out", out);
+    }
     if !out.extension().is_some_and(|e| e.eq_ignore_ascii_case("json")) {
         bail!(
             "--out {}: give a name ending in .json (the table is written beside it as .md; nothing was run)",

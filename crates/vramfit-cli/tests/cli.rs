@@ -1487,7 +1487,8 @@ fn a_killed_scene_fit_resumes_to_the_same_gaussians() {
 }
 
 /// Resume, report and output checks refuse what cannot work, with what to
-/// do: a run whose checkpoints folder is gone is not restarted from step 0;
+/// do: a run whose checkpoints folder is gone or emptied is not restarted
+/// from step 0;
 /// `report` refuses a memory report of another schema or version; `--gpus`
 /// refuses a card size no card has; `--json` and `--out` that are folders
 /// are refused before any work.
@@ -1504,6 +1505,19 @@ fn resume_report_and_outputs_refuse_what_cannot_work() {
         refused_saying(&o, "is a run of vramfit fit, not of vramfit");
         refused_saying(&o, "resume it with vramfit fit --resume run");
     }
+    // Emptied (the folder kept): the log reaches past a checkpoint, so
+    // they were removed; starting over is refused, nothing changed.
+    let log = std::fs::read(d.join("run/metrics.jsonl")).unwrap();
+    for c in std::fs::read_dir(d.join("run/checkpoints")).unwrap() {
+        std::fs::remove_file(c.unwrap().path()).unwrap();
+    }
+    let o = run(&["fit", "--resume", "run"], d);
+    refused_saying(&o, "its checkpoints folder is empty, but the run had reached step");
+    assert_eq!(
+        std::fs::read(d.join("run/metrics.jsonl")).unwrap(),
+        log,
+        "the log is kept"
+    );
     std::fs::remove_dir_all(d.join("run/checkpoints")).unwrap();
     let o = run(&["fit", "--resume", "run"], d);
     assert!(

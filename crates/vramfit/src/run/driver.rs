@@ -244,6 +244,21 @@ pub enum RunError {
         /// Each edited key, `key: then → now`.
         keys: String,
     },
+    /// The checkpoints folder is empty though the run had written
+    /// checkpoints (its log reaches past the first).
+    #[error(
+        "cannot resume {dir}: its checkpoints folder is empty, but the run had reached step {step} (metrics.jsonl) \
+         with a checkpoint every {every} steps: they were removed. Nothing was changed. Restore them to resume, or \
+         start a new run with the same settings (`--config {dir}/config.toml`)"
+    )]
+    CheckpointsGone {
+        /// The run directory.
+        dir: PathBuf,
+        /// The last step its log holds.
+        step: u64,
+        /// Its checkpoint cadence.
+        every: u64,
+    },
     /// Checkpoints exist but none reads back: the run will not silently start over.
     #[error(
         "cannot resume {dir}: no checkpoint reads back ({why}). Nothing was changed. Start a new run with the same \
@@ -301,6 +316,18 @@ struct DevicePanic {
 
 /// A failed write of `path` in the run at `root`; a full disk says how the
 /// run continues.
+/// The last step `metrics.jsonl` logged (0: none, or no log).
+fn last_logged_step(path: &Path) -> u64 {
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .rev()
+                .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?.get("step")?.as_u64())
+        })
+        .unwrap_or(0)
+}
+
 fn write_err<'a>(root: &'a Path, path: &'a Path) -> impl Fn(std::io::Error) -> RunError + 'a {
     move |e| {
         let full = matches!(
@@ -519,6 +546,18 @@ impl Run {
                 dir: self.dir.root().into(),
             })
         } else if found.is_empty() {
+            // A run logged past its first checkpoint had written one: an
+            // empty folder means they were removed, and starting over would
+            // overwrite the run's record of those steps.
+            let every = workload.cadence().checkpoint_every;
+            let logged = last_logged_step(&self.dir.path("metrics.jsonl"));
+            if every > 0 && logged >= every {
+                return Err(RunError::CheckpointsGone {
+                    dir: self.dir.root().into(),
+                    step: logged,
+                    every,
+                });
+            }
             Ok((
                 0.0,
                 vec!["no checkpoint had been written yet: starting from step 0".into()],
