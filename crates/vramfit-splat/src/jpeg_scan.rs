@@ -6,9 +6,13 @@
 //! short and given its end marker back: decoders fill the missing blocks
 //! with a flat colour without a word. The blocks are counted by walking
 //! the Huffman codes (the coefficients' bits are skipped, not decoded).
-//! What the walk cannot judge (progressive or arithmetic-coded scans, a
-//! table the file does not define, an invalid code) is left to the
-//! decoder: only a scan that definitely ends early is refused.
+//! A progressive JPEG sends the coefficients over several scans, each a
+//! band of them at some bit precision: there every coefficient of every
+//! component must arrive at full precision, or the file stopped before its
+//! last scans (a cut inside the last scan present is not seen). What the
+//! walk cannot judge (arithmetic-coded scans, a table the file does not
+//! define, an invalid code) is left to the decoder: only a file that
+//! definitely ends early is refused.
 
 const SOI_LEN: usize = 2;
 const EOI: u8 = 0xD9;
@@ -17,6 +21,56 @@ const DHT: u8 = 0xC4;
 const DRI: u8 = 0xDD;
 /// Baseline and extended sequential, Huffman-coded.
 const SEQUENTIAL: [u8; 2] = [0xC0, 0xC1];
+/// Progressive, Huffman- or arithmetic-coded (and their differential kinds).
+const PROGRESSIVE: [u8; 4] = [0xC2, 0xC6, 0xCA, 0xCE];
+
+/// What a progressive JPEG's scans have sent: per component, per
+/// coefficient, the lowest bit position (`Al`) it arrived at.
+struct Coverage {
+    components: Vec<(u8, [Option<u8>; 64])>,
+}
+
+impl Coverage {
+    fn new(ids: impl Iterator<Item = u8>) -> Self {
+        Self {
+            components: ids.map(|id| (id, [None; 64])).collect(),
+        }
+    }
+
+    /// An SOS header: its components, the band `Ss..=Se` and the bit
+    /// position `Al` it brings them to.
+    fn add(&mut self, body: &[u8]) {
+        let n = body.first().copied().unwrap_or(0) as usize;
+        let Some(&[ss, se, a]) = body.get(1 + 2 * n..4 + 2 * n) else {
+            return;
+        };
+        let (ss, se, al) = (ss as usize, (se as usize).min(63), a & 15);
+        for i in 0..n {
+            let Some(&id) = body.get(1 + 2 * i) else { return };
+            if let Some((_, bits)) = self.components.iter_mut().find(|(c, _)| *c == id) {
+                for b in bits.iter_mut().take(se + 1).skip(ss) {
+                    *b = Some(b.map_or(al, |was| was.min(al)));
+                }
+            }
+        }
+    }
+
+    fn complete(&self) -> Result<(), String> {
+        for (id, bits) in &self.components {
+            if let Some(k) = bits.iter().position(|b| *b != Some(0)) {
+                return Err(format!(
+                    "its progressive scans end before the image is complete (component {id}, coefficient {k} {}): \
+                     a file cut short and closed again; the rest would be decoded coarse or flat",
+                    match bits[k] {
+                        None => "never sent".to_string(),
+                        Some(al) => format!("sent to bit {al} only"),
+                    }
+                ));
+            }
+        }
+        Ok(())
+    }
+}
 
 /// Checks `bytes` (a JPEG); the error says what is missing.
 pub(crate) fn check(bytes: &[u8]) -> Result<(), String> {
@@ -29,6 +83,7 @@ pub(crate) fn check(bytes: &[u8]) -> Result<(), String> {
     let standalone = |m: u8| matches!(m, 0x01 | 0xD0..=0xD8);
     let mut tables: [[Option<Huffman>; 4]; 2] = Default::default();
     let mut frame: Option<Frame> = None;
+    let mut coverage: Option<Coverage> = None;
     let mut restart = 0usize;
     let mut at = SOI_LEN;
     loop {
@@ -44,7 +99,10 @@ pub(crate) fn check(bytes: &[u8]) -> Result<(), String> {
         };
         at += 1;
         if marker == EOI {
-            return Ok(());
+            return match &coverage {
+                Some(c) => c.complete(),
+                None => Ok(()),
+            };
         }
         if standalone(marker) {
             continue;
@@ -62,10 +120,17 @@ pub(crate) fn check(bytes: &[u8]) -> Result<(), String> {
             DRI if body.len() >= 2 => restart = u16::from_be_bytes([body[0], body[1]]) as usize,
             m if (0xC0..=0xCF).contains(&m) && m != DHT && m != 0xC8 && m != 0xCC => {
                 frame = Frame::read(body, SEQUENTIAL.contains(&m));
+                coverage = frame
+                    .as_ref()
+                    .filter(|_| PROGRESSIVE.contains(&m))
+                    .map(|f| Coverage::new(f.components.iter().map(|c| c.id)));
             }
             _ => {}
         }
         if marker == SOS {
+            if let Some(c) = coverage.as_mut() {
+                c.add(body);
+            }
             if let Some(f) = frame.as_ref().filter(|f| f.sequential)
                 && let Some(scan) = Scan::read(body, f, &tables)
             {
@@ -411,6 +476,30 @@ mod tests {
                 let mut two_thirds = whole[..whole.len() * 2 / 3].to_vec();
                 two_thirds.extend([0xFF, 0xD9]);
                 assert!(check(&two_thirds).is_err());
+            }
+        }
+    }
+
+    /// A progressive JPEG cut before its last scans and closed again is
+    /// refused (its coefficients never reach full precision).
+    #[test]
+    fn a_progressive_jpeg_missing_its_last_scans_is_refused() {
+        for sampling in SAMPLINGS {
+            let whole = encode(123, 77, sampling, 0, true);
+            assert_eq!(check(&whole), Ok(()));
+            // Cut just before each scan after the first: the later ones are gone.
+            let starts: Vec<usize> = whole
+                .windows(2)
+                .enumerate()
+                .filter(|(_, w)| *w == [0xFF, 0xDA])
+                .map(|(i, _)| i)
+                .collect();
+            assert!(starts.len() > 2, "{sampling:?}: {} scans", starts.len());
+            for &at in &starts[1..] {
+                let mut bytes = whole[..at].to_vec();
+                bytes.extend([0xFF, 0xD9]);
+                let e = check(&bytes).expect_err(&format!("{sampling:?}: cut before the scan at {at}"));
+                assert!(e.contains("progressive scans end before the image is complete"), "{e}");
             }
         }
     }
