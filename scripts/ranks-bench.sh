@@ -52,7 +52,7 @@ PY
 while read -r n predicted flags; do
   # shellcheck disable=SC2086
   "$vramfit" train transformer "${shape[@]}" --steps 20 --set profile_every=1 --set checkpoint_every=0 \
-    $flags --out "$work/run-$n" >"$work/run-$n.log" 2>&1
+    $flags --out "$work/run-$n" >"$work/run-$n.log" 2>&1 </dev/null
   echo "$n $predicted $flags" >>"$work/done.txt"
 done <"$work/runs.txt"
 python3 - "$work" "$out" <<'PY'
