@@ -12,7 +12,7 @@ pub struct FitArgs {
     settings: crate::flags::FitSettings,
     /// Plan the fit into this memory budget first (6GiB, 512MiB, 1.5GB, bytes, or
     /// auto: free memory): the planner sets the band height (band_rows).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     budget: Option<String>,
     /// Run directory (default: the next free runs/fit-NNN).
     #[arg(long)]

@@ -245,7 +245,7 @@ pub struct SceneSettings {
     #[arg(long, allow_negative_numbers = true, value_parser = crate::flags::parse_count::<u64>)]
     steps: Option<u64>,
     /// Final SH degree, 0 to 3 (raised from 0 every sh_every steps).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::flags::parse_count::<usize>)]
     sh_degree: Option<usize>,
     /// Each view at 1/K of its size (for large photographs).
     #[arg(long, value_name = "K", allow_negative_numbers = true, value_parser = crate::flags::parse_count::<usize>)]

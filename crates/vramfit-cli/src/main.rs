@@ -138,10 +138,10 @@ enum Command {
         /// A `gaussians.vfg` file from a fit's run directory.
         gaussians: PathBuf,
         /// Output size, WIDTHxHEIGHT (default: the fitted size).
-        #[arg(long, value_parser = parse_size)]
+        #[arg(long, allow_hyphen_values = true, value_parser = parse_size)]
         size: Option<(u32, u32)>,
         /// Gaussians blended per pixel.
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = flags::parse_count::<usize>)]
         top_k: usize,
         /// Output PNG.
         out: PathBuf,
@@ -151,7 +151,7 @@ enum Command {
         /// A `vramfit scene` run directory.
         run_dir: PathBuf,
         /// The view to render (0-based, in the dataset's order).
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true, value_parser = flags::parse_count::<usize>)]
         view: usize,
         /// Output PNG.
         out: PathBuf,

@@ -46,14 +46,14 @@ pub struct PlanArgs<S: clap::Args> {
     #[command(flatten)]
     settings: S,
     /// Memory budget: 6GiB, 512MiB, 1.5GB, a number of bytes, or auto (free memory).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     budget: Option<String>,
     /// Card sizes in GiB for a preset table, e.g. 8,16,24,48,80 (or with
     /// units: 24GiB, 512MiB).
     #[arg(long, value_delimiter = ',', allow_negative_numbers = true, value_parser = crate::budget::parse_card_gib)]
     gpus: Vec<f64>,
     /// Probe at this effective batch and extrapolate to the run's (transformer, U-Net).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::flags::parse_count::<usize>)]
     probe_batch: Option<usize>,
     /// Write the probes, the model and the plans as JSON here.
     #[arg(long)]

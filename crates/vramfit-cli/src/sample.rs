@@ -14,7 +14,7 @@ pub struct SampleArgs {
     #[command(subcommand)]
     what: Option<What>,
     /// Size, WIDTHxHEIGHT (up to 16K and beyond).
-    #[arg(long, value_parser = crate::parse_size, default_value = "1024x1024")]
+    #[arg(long, allow_hyphen_values = true, value_parser = crate::parse_size, default_value = "1024x1024")]
     size: (u32, u32),
     /// Output PNG.
     out: Option<PathBuf>,
@@ -31,7 +31,7 @@ enum What {
         #[arg(long, default_value_t = 24, allow_negative_numbers = true, value_parser = crate::flags::parse_at_most::<4096>)]
         views: usize,
         /// Image size, WIDTHxHEIGHT.
-        #[arg(long, value_parser = crate::parse_size, default_value = "96x72")]
+        #[arg(long, allow_hyphen_values = true, value_parser = crate::parse_size, default_value = "96x72")]
         size: (u32, u32),
         /// Sparse points seeding the Gaussians, at most 100,000,000.
         #[arg(long, default_value_t = 2000, allow_negative_numbers = true, value_parser = crate::flags::parse_at_most::<100_000_000>)]
@@ -76,8 +76,8 @@ fn scene(dir: PathBuf, views: usize, (width, height): (u32, u32), points: usize)
             dir.display()
         );
     }
-    if views == 0 || points == 0 {
-        bail!("--views and --points must be at least 1");
+    if views < 2 || points == 0 {
+        bail!("--views must be at least 2 (a scene is fitted from two views or more) and --points at least 1");
     }
     let spec = vramfit_scene::synthetic::Spec {
         views,

@@ -17,7 +17,7 @@ pub struct SceneArgs {
     /// auto: free memory), with --device wgpu|cuda: the planner sets
     /// max_gaussians, moments and sh_storage (and the SH degree only with
     /// --allow-quality-loss).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     budget: Option<String>,
     /// Run directory (default: the next free runs/scene-NNN).
     #[arg(long)]

@@ -24,10 +24,10 @@ pub struct TrainArgs {
     settings: crate::flags::TrainSettings,
     /// Plan the run into this memory budget first (6GiB, 512MiB, 1.5GB, bytes, or
     /// auto: free memory): the planner's fastest plan replaces the technique flags.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     budget: Option<String>,
     /// With --budget: probe at this effective batch and extrapolate to the run's.
-    #[arg(long, requires = "budget")]
+    #[arg(long, requires = "budget", allow_negative_numbers = true, value_parser = crate::flags::parse_count::<usize>)]
     probe_batch: Option<usize>,
     /// Run directory (default: the next free runs/<workload>-NNN).
     #[arg(long)]

@@ -1505,6 +1505,13 @@ fn resume_report_and_outputs_refuse_what_cannot_work() {
         refused_saying(&o, "is a run of vramfit fit, not of vramfit");
         refused_saying(&o, "resume it with vramfit fit --resume run");
     }
+    // An edited workload file is not repeated back as a command to run.
+    let workload = std::fs::read(d.join("run/workload")).unwrap();
+    std::fs::write(d.join("run/workload"), "rm -rf /\n").unwrap();
+    let o = run(&["fit", "--resume", "run"], d);
+    refused_saying(&o, "does not hold a command vramfit writes");
+    assert!(!stderr(&o).contains("rm -rf"), "{}", stderr(&o));
+    std::fs::write(d.join("run/workload"), workload).unwrap();
     // Emptied (the folder kept): the log reaches past a checkpoint, so
     // they were removed; starting over is refused, nothing changed.
     let log = std::fs::read(d.join("run/metrics.jsonl")).unwrap();
@@ -1723,4 +1730,23 @@ fn full_stderr_huge_sizes_links_and_output_names_are_answered() {
     assert!(stderr(&o).contains("'abc' is not a card size"), "{}", stderr(&o));
     let o = run(&["bench", "plan", "--budgets", "nan"], dir);
     assert!(stderr(&o).contains("'nan' is not a fraction"), "{}", stderr(&o));
+    // Negative numbers on every count and size flag: said so, in words.
+    for (args, says) in [
+        (&["render", "x.vfg", "--top-k", "-1", "o.png"][..], "'-1' is negative"),
+        (&["render-scene", "r", "--view", "-2", "o.png"], "'-2' is negative"),
+        (
+            &["sample", "--size", "-64x64", "s.png"],
+            "is not WIDTHxHEIGHT with positive integers",
+        ),
+        (&["fit", "link.png", "--budget", "-5MiB"], "is not a positive size"),
+        (&["scene", "--sh-degree", "-1"], "'-1' is negative"),
+        (&["sample", "scene", "s1", "--views", "1"], "--views must be at least 2"),
+    ] {
+        let o = run(args, dir);
+        assert!(
+            !o.status.success() && stderr(&o).contains(says),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
 }

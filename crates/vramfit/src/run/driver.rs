@@ -436,6 +436,19 @@ impl Run {
         // Runs made before the file existed have none: their settings decide.
         if let Ok(started) = std::fs::read_to_string(dir.path(WORKLOAD_FILE)) {
             let started = started.trim();
+            // Only what vramfit writes is repeated back: an edited file
+            // could name anything (a shell command, even).
+            let plain = started.len() <= 64
+                && started
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, ' ' | '-' | '_' | ':' | '.'));
+            if !plain {
+                return Err(not_resumable(format!(
+                    "its {WORKLOAD_FILE} file does not hold a command vramfit writes (it was edited); resume it with \
+                     the command that started it"
+                ))
+                .into());
+            }
             if started != workload {
                 // A command is named as one; the library's trainer is not a command.
                 let how = if started.starts_with("vramfit ") {
