@@ -578,7 +578,7 @@ impl Workload for SceneJob {
         };
         Ok(Finished {
             summary,
-            files: vec![("gaussians.ply".into(), crate::ply::encode(&params))],
+            files: vec![("gaussians.ply".into(), crate::ply::encode(&params).into())],
         })
     }
 }

@@ -275,8 +275,11 @@ where
         Ok(Finished {
             summary,
             files: vec![
-                ("gaussians.vfg".into(), gaussians.to_file().to_bytes()),
-                ("render.png".into(), encode_png(&to_rgb8(w, h, &render))?),
+                (
+                    "gaussians.vfg".into(),
+                    vramfit::run::FileBody::Arrays(gaussians.to_file()),
+                ),
+                ("render.png".into(), encode_png(&to_rgb8(w, h, &render))?.into()),
             ],
         })
     }

@@ -511,7 +511,10 @@ where
         };
         // No wall time in the weights: a resumed run writes the same bytes.
         let files = match self.course.weights_kind() {
-            Some(kind) => vec![("weights.bin".into(), self.to_array_file(kind).to_bytes())],
+            Some(kind) => vec![(
+                "weights.bin".into(),
+                crate::run::FileBody::Arrays(self.to_array_file(kind)),
+            )],
             None => Vec::new(),
         };
         Ok(Finished { summary, files })

@@ -61,9 +61,26 @@ pub struct ArrayFile {
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    })
+    let mut h = Fnv1a::default();
+    h.add(bytes);
+    h.0
+}
+
+/// FNV-1a over bytes given in pieces.
+struct Fnv1a(u64);
+
+impl Default for Fnv1a {
+    fn default() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv1a {
+    fn add(&mut self, bytes: &[u8]) {
+        self.0 = bytes
+            .iter()
+            .fold(self.0, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    }
 }
 
 impl ArrayFile {
@@ -93,6 +110,21 @@ impl ArrayFile {
 
     /// Serialises to bytes.
     pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len_bytes());
+        self.write_to(&mut out).expect("writing to memory does not fail");
+        out
+    }
+
+    /// The file's size in bytes.
+    fn len_bytes(&self) -> usize {
+        32 + 64 * self.arrays.len() + self.arrays.values().map(|(_, v)| v.len() * 4).sum::<usize>()
+    }
+
+    /// Writes the file's bytes (those of [`ArrayFile::to_bytes`]) to `w` as
+    /// they are made, a slice of values at a time: the file is never whole
+    /// in memory beside its arrays (a model's weights and moments at the
+    /// end of a run would otherwise be held twice).
+    pub fn write_to(&self, w: &mut dyn std::io::Write) -> std::io::Result<()> {
         let header = Header {
             kind: self.kind.clone(),
             meta: self.meta.clone(),
@@ -106,20 +138,25 @@ impl ArrayFile {
                 .collect(),
         };
         let json = serde_json::to_vec(&header).expect("header is plain data");
-        let mut out =
-            Vec::with_capacity(24 + json.len() + self.arrays.values().map(|(_, v)| v.len() * 4).sum::<usize>());
-        out.extend_from_slice(MAGIC);
-        out.extend_from_slice(&VERSION.to_le_bytes());
-        out.extend_from_slice(&(json.len() as u32).to_le_bytes());
-        out.extend_from_slice(&json);
+        let mut sum = Fnv1a::default();
+        let mut put = |w: &mut dyn std::io::Write, bytes: &[u8]| {
+            sum.add(bytes);
+            w.write_all(bytes)
+        };
+        put(w, MAGIC)?;
+        put(w, &VERSION.to_le_bytes())?;
+        put(w, &(json.len() as u32).to_le_bytes())?;
+        put(w, &json)?;
+        const SLICE: usize = 1 << 14;
+        let mut buf = Vec::with_capacity(4 * SLICE);
         for (_, values) in self.arrays.values() {
-            for v in values {
-                out.extend_from_slice(&v.to_le_bytes());
+            for part in values.chunks(SLICE) {
+                buf.clear();
+                buf.extend(part.iter().flat_map(|v| v.to_le_bytes()));
+                put(w, &buf)?;
             }
         }
-        let sum = fnv1a(&out);
-        out.extend_from_slice(&sum.to_le_bytes());
-        out
+        w.write_all(&sum.0.to_le_bytes())
     }
 
     /// Parses bytes; `path` only names the source in errors.

@@ -93,6 +93,12 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RunDirError + '_ {
 /// A symbolic link is written through: its target is replaced, the link
 /// kept (a link to nothing is refused).
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    atomic_write_with(path, |w| w.write_all(bytes))
+}
+
+/// [`atomic_write`] of the bytes `write` makes as it goes (buffered):
+/// a large file need not be whole in memory first.
+pub fn atomic_write_with(path: &Path, write: impl FnOnce(&mut dyn Write) -> io::Result<()>) -> io::Result<()> {
     let resolved;
     let path = if fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
         resolved = fs::canonicalize(path).map_err(|e| {
@@ -132,8 +138,10 @@ pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
         .file_name()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
     let tmp = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
-    let written = File::create(&tmp).and_then(|mut f| {
-        write_all(&mut f, bytes)?;
+    let written = File::create(&tmp).and_then(|f| {
+        let mut sink = Sink(io::BufWriter::with_capacity(1 << 20, f));
+        write(&mut sink)?;
+        let f = sink.0.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()
     });
     if let Err(e) = written.and_then(|()| fs::rename(&tmp, path)) {
@@ -156,8 +164,22 @@ fn is_temporary(name: &str) -> bool {
             .is_some_and(|(_, pid)| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// What [`atomic_write_with`] writes through (in tests, a simulated full
+/// disk can stop it).
+struct Sink(io::BufWriter<File>);
+
+impl Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        write_all(&mut self.0, buf)?;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
+}
+
 #[cfg(not(test))]
-fn write_all(f: &mut File, bytes: &[u8]) -> io::Result<()> {
+fn write_all(f: &mut impl Write, bytes: &[u8]) -> io::Result<()> {
     f.write_all(bytes)
 }
 
@@ -186,7 +208,7 @@ thread_local! {
 }
 
 #[cfg(test)]
-fn write_all(f: &mut File, bytes: &[u8]) -> io::Result<()> {
+fn write_all(f: &mut impl Write, bytes: &[u8]) -> io::Result<()> {
     let Some(left) = DISK_LEFT.get() else {
         return f.write_all(bytes);
     };

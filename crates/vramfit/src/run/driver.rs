@@ -81,8 +81,34 @@ pub struct RunStats {
 pub struct Finished<S> {
     /// The workload's fields of `summary.json`.
     pub summary: S,
-    /// Files to write (name, bytes), e.g. `gaussians.vfg`, `weights.bin`.
-    pub files: Vec<(String, Vec<u8>)>,
+    /// Files to write (name, contents), e.g. `gaussians.vfg`, `weights.bin`.
+    pub files: Vec<(String, FileBody)>,
+}
+
+/// A final file's contents.
+#[derive(Debug, Clone)]
+pub enum FileBody {
+    /// Bytes made already.
+    Bytes(Vec<u8>),
+    /// Arrays, written as they are encoded: the file's bytes are never
+    /// whole in memory beside them.
+    Arrays(ArrayFile),
+}
+
+impl From<Vec<u8>> for FileBody {
+    fn from(bytes: Vec<u8>) -> Self {
+        Self::Bytes(bytes)
+    }
+}
+
+impl FileBody {
+    /// Writes the contents to `path` atomically.
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        match self {
+            Self::Bytes(b) => atomic_write(path, b),
+            Self::Arrays(a) => crate::run::atomic_write_with(path, |w| a.write_to(w)),
+        }
+    }
 }
 
 /// What the run driver needs of a workload.
@@ -880,7 +906,7 @@ impl Session<'_> {
                 file.meta["wall_seconds"] = json!(self.wall());
                 file.meta["config_toml"] = json!(self.run.config);
                 let path = dir.checkpoints().join(checkpoint_name(step));
-                atomic_write(&path, &file.to_bytes()).map_err(write_err(dir.root(), &path))?;
+                crate::run::atomic_write_with(&path, |w| file.write_to(w)).map_err(write_err(dir.root(), &path))?;
                 for old in checkpoints_newest_first(&dir.checkpoints())
                     .into_iter()
                     .skip(KEEP_CHECKPOINTS)
@@ -935,9 +961,9 @@ impl Session<'_> {
         let record = self.profiler.records().last().is_some_and(|r| r.step == stats.steps);
         self.profiler
             .observe(stats.steps, "finish", None, record, || w.accounted());
-        for (name, bytes) in &done.files {
+        for (name, body) in &done.files {
             let path = self.run.dir.path(name);
-            atomic_write(&path, bytes).map_err(write_err(self.run.dir.root(), &path))?;
+            body.write(&path).map_err(write_err(self.run.dir.root(), &path))?;
         }
         let mut warnings = Vec::new();
         if let (Some(first), Some(last)) = self.losses

@@ -10,14 +10,14 @@ mod tensorboard;
 
 pub use arrays::{ArrayFile, ArrayFileError};
 pub use dir::{
-    LOCK_FILE, RunDir, RunDirError, atomic_write, checkpoint_name, checkpoints_newest_first, logged_steps,
-    next_free_run_dir,
+    LOCK_FILE, RunDir, RunDirError, atomic_write, atomic_write_with, checkpoint_name, checkpoints_newest_first,
+    logged_steps, next_free_run_dir,
 };
 pub use tensorboard::{EventWriter, crc32c};
 
 // Built by a step (crate::step), reported by the driver.
 pub use crate::step::DeviceFailure;
 pub use driver::{
-    Cadence, Event, FailAt, Finished, KEEP_CHECKPOINTS, OutOfMemoryError, Run, RunError, RunPath, RunStats, RunSummary,
-    Start, StepRecord, Workload, categories_at_peak,
+    Cadence, Event, FailAt, FileBody, Finished, KEEP_CHECKPOINTS, OutOfMemoryError, Run, RunError, RunPath, RunStats,
+    RunSummary, Start, StepRecord, Workload, categories_at_peak,
 };
