@@ -361,7 +361,52 @@ fn report(dir: &Path) -> Result<()> {
     vramfit::run::atomic_write(&html, report.to_html(&title).as_bytes())
         .with_context(|| format!("writing {}", html.display()))?;
     println!("wrote {}", html.display());
+    report_ranks(dir);
     Ok(())
+}
+
+/// A run on data-parallel ranks: every rank's deciding peak (from its own
+/// memory report) and the largest, below rank 0's table.
+fn report_ranks(dir: &Path) {
+    let mut ranks: Vec<(usize, PathBuf)> = std::fs::read_dir(dir.join("ranks"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            Some((name.strip_prefix("rank-")?.parse().ok()?, e.path()))
+        })
+        .collect();
+    if ranks.is_empty() {
+        return;
+    }
+    ranks.push((0, dir.to_path_buf()));
+    ranks.sort();
+    let peak = |d: &Path| -> Option<u64> {
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("memory.json")).ok()?).ok()?;
+        v["headline"]["bytes"].as_u64()
+    };
+    let peaks: Vec<(usize, Option<u64>)> = ranks.iter().map(|(r, d)| (*r, peak(d))).collect();
+    let each: Vec<String> = peaks
+        .iter()
+        .map(|(r, p)| {
+            format!(
+                "rank {r} {}",
+                p.map_or("(no report)".into(), vramfit::profile::human_bytes)
+            )
+        })
+        .collect();
+    let largest = peaks.iter().filter_map(|(r, p)| p.map(|b| (b, *r))).max();
+    println!(
+        "ranks: {} (each rank's deciding peak: {}{}); each rank's breakdown: vramfit report {}/ranks/rank-R",
+        peaks.len(),
+        each.join(", "),
+        largest.map_or(String::new(), |(b, r)| format!(
+            "; the largest {} on rank {r}",
+            vramfit::profile::human_bytes(b)
+        )),
+        dir.display()
+    );
 }
 
 fn render(path: &Path, size: Option<(u32, u32)>, top_k: usize, out: &Path) -> Result<()> {

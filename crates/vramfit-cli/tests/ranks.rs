@@ -153,6 +153,16 @@ fn sharded_moments_give_the_unsharded_parameters_and_split_the_state() {
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(sharded.join("summary.json")).unwrap()).unwrap();
     assert_eq!(summary["techniques"]["shard_moments"], true);
+    // `report` on the run lists every rank's deciding peak and the largest.
+    let o = vramfit(&["report", sharded.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success()
+            && out.contains("ranks: 2 (each rank's deciding peak: rank 0 ")
+            && out.contains("the largest"),
+        "{out}{}",
+        stderr(&o)
+    );
 
     // Sharding one process's moments is refused, naming the key.
     let one = tmp.path().join("one");

@@ -777,6 +777,11 @@ impl Run {
         if let Some(budget) = at.budget {
             oom.json["budget_bytes"] = json!(budget);
         }
+        // On data-parallel ranks, which one ran out (each writes its own).
+        if let Some(w) = crate::ranks::world().filter(|w| w.size() > 1) {
+            oom.json["rank"] = json!(w.rank());
+            oom.json["ranks"] = json!(w.size());
+        }
         if let Err(e) = self.dir.write("oom.json", &pretty(&oom.json)) {
             return e.into();
         }
