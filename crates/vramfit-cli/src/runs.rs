@@ -355,6 +355,13 @@ pub fn print_scene(summary: &vramfit::run::RunSummary<vramfit_scene::job::SceneS
             vramfit::profile::human_bytes(moments),
             vramfit::profile::human_bytes(moved)
         );
+        if let Some([copies, update]) = s.host_step_ms {
+            println!(
+                "  a median step spent {copies:.1} ms copying between host and device and {update:.1} ms in the \
+                 host's Adam (of {:.1} ms)",
+                summary.median_step_ms
+            );
+        }
     }
     if s.sh_storage != vramfit_scene::sh_storage::ShStorage::F32 {
         println!(

@@ -241,3 +241,45 @@ fn a_planned_wgpu_fit_takes_a_band_that_fits_and_falls_back_on_out_of_memory() {
     let steps = vramfit::run::logged_steps(&d.join("planned")).unwrap();
     assert_eq!(steps, (1..=8).collect::<Vec<_>>(), "every step once");
 }
+
+/// A scene fit with Adam's moments on the host times its copies between
+/// host and device and the host's update, every step and as the median in
+/// the summary, and says so.
+#[test]
+fn a_scene_with_host_moments_times_its_copies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let text = ok(&run(
+        &[
+            "scene",
+            "--device",
+            "wgpu",
+            "--moments",
+            "host",
+            "--steps",
+            "12",
+            "--set",
+            "width=48",
+            "--set",
+            "height=36",
+            "--set",
+            "log_every=1",
+            "--out",
+            "s",
+        ],
+        d,
+    ));
+    assert!(text.contains("ms copying between host and device"), "{text}");
+    let [copies, update] = json(&d.join("s/summary.json"))["host_step_ms"]
+        .as_array()
+        .map(|v| [v[0].as_f64().unwrap(), v[1].as_f64().unwrap()])
+        .expect("host_step_ms in the summary");
+    assert!(copies > 0.0 && update > 0.0, "{copies} {update}");
+    let lines = std::fs::read_to_string(d.join("s/metrics.jsonl")).unwrap();
+    assert!(
+        lines
+            .lines()
+            .all(|l| l.contains("\"transfer_ms\"") && l.contains("\"host_adam_ms\"")),
+        "{lines}"
+    );
+}

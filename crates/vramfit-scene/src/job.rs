@@ -305,6 +305,11 @@ pub struct SceneSummary {
     /// How the device stored the SH coefficients.
     #[serde(default)]
     pub sh_storage: ShStorage,
+    /// With the moments on the host: the median step's milliseconds in
+    /// copies between host and device and in the host's Adam (this
+    /// session's steps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_step_ms: Option<[f64; 2]>,
 }
 
 /// The workload.
@@ -315,6 +320,20 @@ pub struct SceneJob {
     memory: Box<dyn Fn() -> Box<dyn MemorySource>>,
     /// The allocator cleanup cadence and what it has cost this session.
     cleanup: Cleanup,
+    /// Each step's copy and host-Adam milliseconds this session (moments on the host).
+    host_times: Vec<[f64; 2]>,
+}
+
+/// The median of each of the pair's two parts.
+fn median_pair(values: &[[f64; 2]]) -> Option<[f64; 2]> {
+    if values.is_empty() {
+        return None;
+    }
+    Some(std::array::from_fn(|i| {
+        let mut v: Vec<f64> = values.iter().map(|p| p[i]).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }))
 }
 
 impl SceneJob {
@@ -349,6 +368,7 @@ impl SceneJob {
             fit,
             initial_psnr,
             cleanup,
+            host_times: Vec::new(),
             memory: placement.memory,
         })
     }
@@ -474,6 +494,12 @@ impl Workload for SceneJob {
             metrics.insert("cleanup_seconds".into(), json!(took.as_secs_f64()));
         }
         metrics.insert("sh_degree".into(), json!(self.fit.active_degree(self.fit.step)));
+        // The moments on the host: the step's copies and host update, timed.
+        if let Some([copies, update]) = self.fit.host_times() {
+            metrics.insert("transfer_ms".into(), json!(copies));
+            metrics.insert("host_adam_ms".into(), json!(update));
+            self.host_times.push([copies, update]);
+        }
         metrics.insert("gaussians".into(), json!(self.fit.len()));
         let step = self.fit.step;
         let mut files = Vec::new();
@@ -575,6 +601,7 @@ impl Workload for SceneJob {
             allocator_cleanups: self.cleanup.calls(),
             sh_storage: self.config.sh_storage,
             cleanup_seconds: self.cleanup.spent().as_secs_f64(),
+            host_step_ms: median_pair(&self.host_times),
         };
         Ok(Finished {
             summary,

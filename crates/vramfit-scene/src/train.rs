@@ -158,6 +158,12 @@ pub trait SceneDevice {
     fn host_bytes(&self) -> [u64; 2] {
         [0, 0]
     }
+    /// With the moments on the host: the last step's milliseconds in the
+    /// copies between host and device (each timed on its own, after the
+    /// device's queued work) and in the host's Adam; `None` otherwise.
+    fn host_times(&self) -> Option<[f64; 2]> {
+        None
+    }
     /// Returns the allocator's unused pools to the device (after the queued
     /// work is done): the time the cleanup itself took (not the wait).
     fn cleanup(&self) -> Result<std::time::Duration, String> {
@@ -275,6 +281,12 @@ impl Fit {
     /// step moved ([`SceneDevice::host_bytes`]; zeros on the CPU twin).
     pub fn host_bytes(&self) -> [u64; 2] {
         self.device.as_ref().map_or([0, 0], |d| d.host_bytes())
+    }
+
+    /// The last step's copy and host-Adam milliseconds
+    /// ([`SceneDevice::host_times`]).
+    pub fn host_times(&self) -> Option<[f64; 2]> {
+        self.device.as_ref().and_then(|d| d.host_times())
     }
 
     /// Returns the device allocator's unused pools ([`SceneDevice::cleanup`]):

@@ -123,6 +123,11 @@ impl<R: Runtime> Renderer<R> {
             .expect("the device's allocation mode is set by a message to its server");
     }
 
+    /// Waits for the queued work.
+    pub(crate) fn sync(&self) -> Result<(), String> {
+        cubecl::future::block_on(self.client.sync()).map_err(|e| e.to_string())
+    }
+
     /// Returns every unused allocation (pages and exact-size ones) to the
     /// device.
     pub(crate) fn release_unused(&self) {

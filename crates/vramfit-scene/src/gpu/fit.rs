@@ -61,6 +61,9 @@ pub struct DeviceFit<R: Runtime> {
     workspace: u64,
     /// Bytes copied between host and device by the last step.
     moved: u64,
+    /// The last step's time in those copies and in the host's Adam
+    /// ([`SceneDevice::host_times`]).
+    times: [std::time::Duration; 2],
     state: StateAllocation,
 }
 
@@ -96,6 +99,7 @@ impl<R: Runtime> DeviceFit<R> {
             grads: None,
             workspace: 0,
             moved: 0,
+            times: Default::default(),
             state: StateAllocation::default(),
         }
     }
@@ -245,13 +249,20 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
                 let acc = r.backward_screen(&drawn, &d_image);
                 let screen = r.empty(2 * n);
                 let mut down: Vec<Vec<f32>> = widths.iter().map(|w| Vec::with_capacity(n * w)).collect();
+                // The copies timed on their own: the chunk's kernels are
+                // waited for first.
+                let mut copying = std::time::Duration::ZERO;
                 for first in (0..n).step_by(CHUNK) {
                     let count = CHUNK.min(n - first);
                     let part = r.backward_params(s, &drawn, &acc, &screen, first, count);
+                    r.sync()?;
+                    let t = std::time::Instant::now();
                     for (g, h) in part.iter().enumerate() {
                         down[g].extend(r.download(h, count * widths[g])?);
                     }
+                    copying += t.elapsed();
                 }
+                self.times = [copying, std::time::Duration::ZERO];
                 let values: usize = widths.iter().map(|w| w * n).sum();
                 moved += 4 * values as u64;
                 chunk_bytes = 4 * CHUNK.min(n) as u64 * widths.iter().sum::<usize>() as u64;
@@ -291,9 +302,13 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
         if let Some(host) = &mut self.host {
             let mut grads = host.grads.take().ok_or("optimize before forward_backward")?;
             mask_inactive_bands(&mut grads[5], active_rest, widths[5]);
+            self.renderer.sync()?;
             for g in 0..6 {
                 let (m, v) = &mut host.moments[g];
+                let t = std::time::Instant::now();
                 ADAM.step(&mut host.params[g], &grads[g], m, v, rates[g], c1, c2);
+                self.times[1] += t.elapsed();
+                let t = std::time::Instant::now();
                 // Back chunk by chunk (the device never holds a second
                 // copy of a group), the SH groups rounded to their storage.
                 let storage = if SH_GROUPS.contains(&g) {
@@ -313,6 +328,8 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
                     };
                     self.renderer.write_at(&s.groups[g], storage.words(k * span), bytes);
                 }
+                self.renderer.sync()?;
+                self.times[0] += t.elapsed();
             }
             self.moved += s.bytes();
             return Ok(());
@@ -367,6 +384,10 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
             .map(|(m, v)| 4 * (m.len() + v.len()) as u64)
             .sum();
         [moments, self.moved]
+    }
+
+    fn host_times(&self) -> Option<[f64; 2]> {
+        self.host.as_ref().map(|_| self.times.map(|t| t.as_secs_f64() * 1e3))
     }
 }
 
