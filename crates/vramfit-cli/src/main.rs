@@ -230,10 +230,6 @@ fn main() {
             eprintln!("error: {e:#}");
             std::process::exit(1);
         }
-        // A rank must not finalise MPI while the others wait for it in a
-        // collective (finalising waits for them: the job would hang);
-        // exiting at once makes mpirun stop the job. The panic was printed.
-        Err(_) if vramfit::ranks::world().is_some() => std::process::exit(101),
         Err(payload) => match no_cuda_driver(payload.as_ref()).or_else(|| NO_CUDA.get().cloned()) {
             Some(why) => {
                 eprintln!(
@@ -242,6 +238,10 @@ fn main() {
                 );
                 std::process::exit(1);
             }
+            // A rank must not finalise MPI while the others wait for it in
+            // a collective (finalising waits for them: the job would hang);
+            // exiting at once makes mpirun stop the job. The panic was printed.
+            None if vramfit::ranks::world().is_some() => std::process::exit(101),
             None => std::panic::resume_unwind(payload),
         },
     }

@@ -182,7 +182,7 @@ impl Show for Calibration {
         )
     }
     fn print_ranks(&self, budget: u64, ranks: usize) -> Option<serde_json::Value> {
-        let mut counts: Vec<usize> = std::iter::successors(Some(1usize), |n| Some(n * 2))
+        let mut counts: Vec<usize> = std::iter::successors(Some(1usize), |n| n.checked_mul(2))
             .take_while(|n| *n < ranks)
             .collect();
         counts.push(ranks);

@@ -1708,6 +1708,25 @@ fn full_stderr_huge_sizes_links_and_output_names_are_answered() {
         );
         assert!(!dir.join("t").exists());
     }
+    // A seed is any number, not a size.
+    let o = run(
+        &[
+            "train",
+            "transformer",
+            "--steps",
+            "1",
+            "--set",
+            "model.width=32",
+            "--set",
+            "model.depth=1",
+            "--set",
+        ]
+        .into_iter()
+        .chain(["task.seed=20240601", "--out", "seeded"])
+        .collect::<Vec<_>>(),
+        dir,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
     // A symbolic link as the output: its target gets the image, the link stays.
     std::fs::write(dir.join("target.png"), b"old").unwrap();
     std::os::unix::fs::symlink(dir.join("target.png"), dir.join("link.png")).unwrap();
@@ -1749,4 +1768,50 @@ fn full_stderr_huge_sizes_links_and_output_names_are_answered() {
             stderr(&o)
         );
     }
+}
+
+/// `plan … --ranks N`: the one-rank probes, then per rank count the best
+/// plan with Adam's moments sharded (derived, said so), an uneven count
+/// said so, and no table without a budget.
+#[test]
+fn plan_with_ranks_prints_the_per_rank_plans() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let small = [
+        "plan",
+        "transformer",
+        "--batch-size",
+        "4",
+        "--set",
+        "model.width=32",
+        "--set",
+        "model.depth=1",
+        "--set",
+        "model.heads=2",
+    ];
+    let o = run(
+        &[&small[..], &["--budget", "1GiB", "--ranks", "4", "--json", "p.json"]].concat(),
+        d,
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        out.contains("on data-parallel ranks, Adam's moments sharded") && out.contains("derived"),
+        "{out}"
+    );
+    assert!(out.contains("4 ranks, moments sharded"), "{out}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("p.json")).unwrap()).unwrap();
+    let rows = json["ranks"]["rows"].as_array().unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r["ranks"].as_u64().unwrap()).collect::<Vec<_>>(),
+        [1, 2, 4]
+    );
+    let o = run(&[&small[..], &["--budget", "1GiB", "--ranks", "3"]].concat(), d);
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("3 ranks cannot share a batch of 4 evenly"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let o = run(&[&small[..], &["--gpus", "8", "--ranks", "2"]].concat(), d);
+    refused_saying(&o, "needs --budget");
 }

@@ -251,8 +251,10 @@ impl<M: ModelSettings> FamilyConfig<M> {
         ] {
             if let Ok(toml::Value::Table(t)) = value {
                 for (key, v) in &t {
+                    // Seeds are any number; the rest are sizes.
                     if let toml::Value::Integer(n) = v
                         && *n > MOST_SIZE as i64
+                        && key != "seed"
                     {
                         return Err(ConfigError::Invalid {
                             name: if table == "model" { "model" } else { "task" },

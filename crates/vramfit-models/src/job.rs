@@ -125,7 +125,9 @@ impl<B: AutodiffBackend, F: Family<D>, const D: usize> Course<B, F::Net<B>, D> f
                     // Half the micro-batch saves half its activations and
                     // adds a gradient accumulator of the parameters' size:
                     // offered where that pays (measured otherwise: +18 KB).
-                    if b.micro_batch > 1 && bytes(Category::Activations) > 2 * bytes(Category::Parameters) {
+                    if b.micro_batch > 1
+                        && (b.accumulate > 1 || bytes(Category::Activations) > 2 * bytes(Category::Parameters))
+                    {
                         ways.push(format!(
                             "--micro-batch {} --accumulate {} (same batch)",
                             b.micro_batch / 2,

@@ -60,7 +60,8 @@ impl Coverage {
             if let Some(k) = bits.iter().position(|b| *b != Some(0)) {
                 return Err(format!(
                     "its progressive scans end before the image is complete (component {id}, coefficient {k} {}): \
-                     a file cut short and closed again; the rest would be decoded coarse or flat",
+                     a file cut short and closed again (or written by a scan script that stops short of full \
+                     precision); the rest would be decoded coarse or flat, so re-export it",
                     match bits[k] {
                         None => "never sent".to_string(),
                         Some(al) => format!("sent to bit {al} only"),

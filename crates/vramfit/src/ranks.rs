@@ -264,7 +264,10 @@ pub mod mpi {
             self.world.all_reduce_into(&send[..], values, SystemOperation::sum());
         }
         fn broadcast_f32(&self, values: &mut [f32], root: usize) {
-            self.world.process_at_rank(root as i32).broadcast_into(values);
+            // In slices, as the sums: MPI's counts are 32-bit.
+            for slice in values.chunks_mut(super::EXCHANGE_VALUES) {
+                self.world.process_at_rank(root as i32).broadcast_into(slice);
+            }
         }
         fn barrier(&self) {
             self.world.barrier();

@@ -280,7 +280,9 @@ impl Model {
         let m = knobs.micro_batch.max(1) as f64;
         let (rho, _, rest) = self.precision(knobs.precision);
         let d = self.deltas(knobs);
-        let accumulating = batch > knobs.micro_batch;
+        // Each rank sums its own share of the micro-batches: one alone
+        // needs no accumulator.
+        let accumulating = batch / knobs.micro_batch.max(1) / knobs.ranks.max(1) > 1;
         let q = self.least_probed_micro_batch;
         let below = if knobs.micro_batch < q && q > 1 {
             self.below_probed_bytes * (q - knobs.micro_batch) as f64 / (q - 1) as f64

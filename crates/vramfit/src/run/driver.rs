@@ -340,8 +340,6 @@ struct DevicePanic {
     message: String,
 }
 
-/// A failed write of `path` in the run at `root`; a full disk says how the
-/// run continues.
 /// The last step `metrics.jsonl` logged (0: none, or no log).
 fn last_logged_step(path: &Path) -> u64 {
     std::fs::read_to_string(path)
@@ -354,6 +352,8 @@ fn last_logged_step(path: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// A failed write of `path` in the run at `root`; a full disk says how the
+/// run continues.
 fn write_err<'a>(root: &'a Path, path: &'a Path) -> impl Fn(std::io::Error) -> RunError + 'a {
     move |e| {
         let full = matches!(
@@ -468,7 +468,7 @@ impl Run {
                 && started
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, ' ' | '-' | '_' | ':' | '.'));
-            if !plain {
+            if started != workload && !plain {
                 return Err(not_resumable(format!(
                     "its {WORKLOAD_FILE} file does not hold a command vramfit writes (it was edited); resume it with \
                      the command that started it"
@@ -590,7 +590,9 @@ impl Run {
             // overwrite the run's record of those steps.
             let every = workload.cadence().checkpoint_every;
             let logged = last_logged_step(&self.dir.path("metrics.jsonl"));
-            if every > 0 && logged >= every {
+            // Past it, not at it: the step's log line is written before its
+            // checkpoint, and a write that failed there left none.
+            if every > 0 && logged > every {
                 return Err(RunError::CheckpointsGone {
                     dir: self.dir.root().into(),
                     step: logged,

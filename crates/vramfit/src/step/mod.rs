@@ -297,7 +297,14 @@ impl<B: AutodiffBackend> Stepper<B> {
             ranks.sum_f64(&mut loss);
         }
         let [loss] = loss;
-        let found_inf = crate::grads::scale_and_check(&model, &mut grads, 1.0 / scale) || !loss.is_finite();
+        let mut found_inf = crate::grads::scale_and_check(&model, &mut grads, 1.0 / scale) || !loss.is_finite();
+        // On ranks every rank takes the same decision: a sharded step's
+        // broadcasts would wait forever for a rank that skipped it.
+        if let Some(ranks) = &self.ranks {
+            let mut any = [f64::from(u8::from(found_inf))];
+            ranks.sum_f64(&mut any);
+            found_inf = any[0] > 0.0;
+        }
         let stepped = match self.scaler.as_mut() {
             Some(s) => {
                 let stepped = s.update(found_inf);
