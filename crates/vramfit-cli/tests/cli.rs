@@ -1512,9 +1512,13 @@ fn resume_report_and_outputs_refuse_what_cannot_work() {
     refused_saying(&o, "does not hold a command vramfit writes");
     assert!(!stderr(&o).contains("rm -rf"), "{}", stderr(&o));
     std::fs::write(d.join("run/workload"), workload).unwrap();
-    // Emptied (the folder kept): the log reaches past a checkpoint, so
-    // they were removed; starting over is refused, nothing changed.
-    let log = std::fs::read(d.join("run/metrics.jsonl")).unwrap();
+    // Emptied (the folder kept) while the log reaches past the first
+    // checkpoint (the run went on after it: a line past it is added, since
+    // the kill may come right at it): they were removed; starting over is
+    // refused, nothing changed.
+    let mut log = std::fs::read(d.join("run/metrics.jsonl")).unwrap();
+    log.extend(b"{\"step\": 1000000, \"loss\": 0.5}\n");
+    std::fs::write(d.join("run/metrics.jsonl"), &log).unwrap();
     for c in std::fs::read_dir(d.join("run/checkpoints")).unwrap() {
         std::fs::remove_file(c.unwrap().path()).unwrap();
     }

@@ -148,7 +148,8 @@ impl ArrayFile {
         put(w, &(json.len() as u32).to_le_bytes())?;
         put(w, &json)?;
         const SLICE: usize = 1 << 14;
-        let mut buf = Vec::with_capacity(4 * SLICE);
+        let longest = self.arrays.values().map(|(_, v)| v.len()).max().unwrap_or(0);
+        let mut buf = Vec::with_capacity(4 * SLICE.min(longest));
         for (_, values) in self.arrays.values() {
             for part in values.chunks(SLICE) {
                 buf.clear();

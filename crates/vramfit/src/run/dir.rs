@@ -139,7 +139,9 @@ pub fn atomic_write_with(path: &Path, write: impl FnOnce(&mut dyn Write) -> io::
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
     let tmp = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
     let written = File::create(&tmp).and_then(|f| {
-        let mut sink = Sink(io::BufWriter::with_capacity(1 << 20, f));
+        // std's 8 KiB buffer: the bytes are made in slices already, and a
+        // larger buffer is memory a small run's peak would show.
+        let mut sink = Sink(io::BufWriter::new(f));
         write(&mut sink)?;
         let f = sink.0.into_inner().map_err(|e| e.into_error())?;
         f.sync_all()
