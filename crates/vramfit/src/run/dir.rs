@@ -187,7 +187,7 @@ fn write_all(f: &mut impl Write, bytes: &[u8]) -> io::Result<()> {
 
 // Test seam: a simulated full disk after `n` more bytes on this thread.
 /// The `step` of one `metrics.jsonl` line.
-fn line_step(line: &str) -> Option<u64> {
+pub(super) fn line_step(line: &str) -> Option<u64> {
     serde_json::from_str::<serde_json::Value>(line)
         .ok()
         .and_then(|v| v.get("step").and_then(|s| s.as_u64()))

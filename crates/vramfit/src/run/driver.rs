@@ -344,11 +344,7 @@ struct DevicePanic {
 fn last_logged_step(path: &Path) -> u64 {
     std::fs::read_to_string(path)
         .ok()
-        .and_then(|text| {
-            text.lines()
-                .rev()
-                .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?.get("step")?.as_u64())
-        })
+        .and_then(|text| text.lines().rev().find_map(super::dir::line_step))
         .unwrap_or(0)
 }
 
