@@ -4,19 +4,49 @@
 use serde::de::DeserializeOwned;
 
 /// Parses `text`; the error names the line and its text where TOML knows it.
+/// A whole number written as a float (`steps = 1e3`, as the flags and
+/// `--set` accept it) reads as that whole number.
 pub fn from_toml<T: DeserializeOwned>(text: &str) -> Result<T, String> {
-    toml::from_str(text).map_err(|e| {
-        let line = e.span().map(|span| {
-            let start = text[..span.start].rfind('\n').map_or(0, |i| i + 1);
-            let end = text[span.start..].find('\n').map_or(text.len(), |i| span.start + i);
-            format!(
-                "line {}: `{}`: ",
-                text[..start].matches('\n').count() + 1,
-                text[start..end].trim()
-            )
-        });
-        format!("{}{}", line.unwrap_or_default(), e.message())
-    })
+    toml::from_str(text)
+        .or_else(|e| {
+            // Only on failure: a whole float becomes an integer (which serde
+            // also reads into a float field), and the first error is kept.
+            toml::from_str::<toml::Table>(text)
+                .ok()
+                .and_then(|mut table| {
+                    wholes_as_integers(&mut table);
+                    toml::Value::Table(table).try_into::<T>().ok()
+                })
+                .ok_or(e)
+        })
+        .map_err(|e| {
+            let line = e.span().map(|span| {
+                let start = text[..span.start].rfind('\n').map_or(0, |i| i + 1);
+                let end = text[span.start..].find('\n').map_or(text.len(), |i| span.start + i);
+                format!(
+                    "line {}: `{}`: ",
+                    text[..start].matches('\n').count() + 1,
+                    text[start..end].trim()
+                )
+            });
+            format!("{}{}", line.unwrap_or_default(), in_words(e.message()))
+        })
+}
+
+/// Every finite whole float in `table` (nested tables and arrays too) that
+/// an `i64` holds, as an integer.
+fn wholes_as_integers(table: &mut toml::Table) {
+    fn value(v: &mut toml::Value) {
+        match v {
+            toml::Value::Float(f) if f.is_finite() && f.fract() == 0.0 && f.abs() < i64::MAX as f64 => {
+                *v = toml::Value::Integer(*f as i64)
+            }
+            toml::Value::Table(t) => wholes_as_integers(t),
+            toml::Value::Array(items) => items.iter_mut().for_each(value),
+            _ => {}
+        }
+    }
+    table.iter_mut().for_each(|(_, v)| value(v));
 }
 
 /// A `--set KEY=VALUE` override that cannot be applied.
@@ -172,6 +202,14 @@ mod tests {
         assert!(e.contains("line 2") && e.contains("stepz"), "{e}");
         let e = super::from_toml::<S>("steps = \"x\"").unwrap_err();
         assert!(e.contains("line 1") && e.contains("steps = \"x\""), "{e}");
+        // The number forms the flags and `--set` accept, in a file too; a
+        // fraction or a number past the range is still refused, in words.
+        assert_eq!(super::from_toml::<S>("steps = 1e1").unwrap().steps, 10);
+        assert_eq!(super::from_toml::<S>("steps = 1_000").unwrap().steps, 1000);
+        let e = super::from_toml::<S>("steps = 2.5").unwrap_err();
+        assert!(e.contains("line 1") && e.contains("a fractional number"), "{e}");
+        let e = super::from_toml::<S>("steps = 1e19").unwrap_err();
+        assert!(e.contains("line 1") && !e.contains("u64"), "{e}");
     }
 
     #[derive(Debug, PartialEq, serde::Deserialize, serde::Serialize)]
