@@ -220,7 +220,17 @@ fn main() {
         None if NO_CUDA.get().is_some() => {}
         None => default_hook(info),
     }));
-    let cli = Cli::parse();
+    // clap's own exit ignores a failed print: `--help > /dev/full` would
+    // exit 0 having printed nothing.
+    let cli = Cli::try_parse().unwrap_or_else(|e| {
+        if let Err(io) = e.print()
+            && io.kind() != std::io::ErrorKind::BrokenPipe
+        {
+            eprintln!("error: cannot write to standard output ({io})");
+            std::process::exit(1);
+        }
+        std::process::exit(e.exit_code())
+    });
     // A rank of `train --ranks N` joins its MPI job (finalised when this drops).
     #[cfg(feature = "mpi")]
     let _mpi = ranks::join_if_launched();

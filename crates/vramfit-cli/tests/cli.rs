@@ -1348,6 +1348,10 @@ fn a_full_or_closed_stdout_and_huge_numbers_do_not_panic() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    // Help that cannot be printed is a failure too.
+    let help = vramfit().arg("--help").stdout(full()).output().unwrap();
+    assert_eq!(help.status.code(), Some(1), "{}", stderr(&help));
+    assert!(stderr(&help).contains("cannot write to standard output"), "{}", stderr(&help));
     assert!(
         dir.join("p.json").is_file(),
         "the plan's JSON is written: {}",
