@@ -134,6 +134,19 @@ pub(crate) fn check_writable(flag: &str, path: &std::path::Path) -> Result<()> {
             path.display()
         );
     }
+    // The same refusals as the write itself makes, made before the work.
+    match std::fs::metadata(path) {
+        Ok(meta) if !meta.is_file() => bail!(
+            "{flag} {}: is not a regular file (a device, pipe or socket), which writing would replace; \
+             give a file path (nothing was run)",
+            path.display()
+        ),
+        Err(_) if std::fs::symlink_metadata(path).is_ok() => bail!(
+            "{flag} {}: is a symbolic link to nothing; remove it or give another path (nothing was run)",
+            path.display()
+        ),
+        _ => {}
+    }
     let dir = path
         .parent()
         .filter(|d| !d.as_os_str().is_empty())

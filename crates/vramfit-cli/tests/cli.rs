@@ -1751,6 +1751,16 @@ fn full_stderr_huge_sizes_links_and_output_names_are_answered() {
     let o = run(&["bench", "splat", "--image", "link.png", "--out", "b.md"], dir);
     refused_saying(&o, "give a name ending in .json");
     assert!(stderr(&o).contains("nothing was run"), "{}", stderr(&o));
+    // A pipe as a plan's JSON: refused before the probes, the pipe kept.
+    assert!(Command::new("mkfifo").arg(dir.join("fifo")).status().unwrap().success());
+    let o = run(
+        &["plan", "splat", "target.png", "--budget", "64MiB", "--json", "fifo"],
+        dir,
+    );
+    refused_saying(&o, "is not a regular file");
+    assert!(stderr(&o).contains("nothing was run"), "{}", stderr(&o));
+    assert!(o.stdout.is_empty(), "{}", String::from_utf8_lossy(&o.stdout));
+    assert!(std::fs::symlink_metadata(dir.join("fifo")).unwrap().file_type().is_fifo());
     // Card sizes: GiB as numbers or with units; anything else said plainly.
     let o = run(&["plan", "transformer", "--gpus", "8,abc"], dir);
     assert_eq!(o.status.code(), Some(2));
