@@ -1351,7 +1351,11 @@ fn a_full_or_closed_stdout_and_huge_numbers_do_not_panic() {
     // Help that cannot be printed is a failure too.
     let help = vramfit().arg("--help").stdout(full()).output().unwrap();
     assert_eq!(help.status.code(), Some(1), "{}", stderr(&help));
-    assert!(stderr(&help).contains("cannot write to standard output"), "{}", stderr(&help));
+    assert!(
+        stderr(&help).contains("cannot write to standard output"),
+        "{}",
+        stderr(&help)
+    );
     assert!(
         dir.join("p.json").is_file(),
         "the plan's JSON is written: {}",
@@ -1515,6 +1519,14 @@ fn resume_report_and_outputs_refuse_what_cannot_work() {
     let o = run(&["fit", "--resume", "run"], d);
     refused_saying(&o, "does not hold a command vramfit writes");
     assert!(!stderr(&o).contains("rm -rf"), "{}", stderr(&o));
+    // A run made before the workload file existed, resumed as another
+    // workload: refused saying so, not with a field name alone.
+    std::fs::remove_file(d.join("run/workload")).unwrap();
+    for other in [&["train", "transformer"][..], &["train", "unet"], &["scene"]] {
+        let o = run(&[other, &["--resume", "run"]].concat(), d);
+        refused_saying(&o, "is not settings of vramfit");
+        refused_saying(&o, "has no `workload` file");
+    }
     std::fs::write(d.join("run/workload"), workload).unwrap();
     // Emptied (the folder kept) while the log reaches past the first
     // checkpoint (the run went on after it: a line past it is added, since
@@ -1760,7 +1772,12 @@ fn full_stderr_huge_sizes_links_and_output_names_are_answered() {
     refused_saying(&o, "is not a regular file");
     assert!(stderr(&o).contains("nothing was run"), "{}", stderr(&o));
     assert!(o.stdout.is_empty(), "{}", String::from_utf8_lossy(&o.stdout));
-    assert!(std::fs::symlink_metadata(dir.join("fifo")).unwrap().file_type().is_fifo());
+    assert!(
+        std::fs::symlink_metadata(dir.join("fifo"))
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
     // Card sizes: GiB as numbers or with units; anything else said plainly.
     let o = run(&["plan", "transformer", "--gpus", "8,abc"], dir);
     assert_eq!(o.status.code(), Some(2));

@@ -276,7 +276,8 @@ pub fn start<B: AutodiffBackend, F: Family<D>, const D: usize>(
         }
         Start::Resume(out) => {
             let (run, text) = Run::open(&out, device_name, &format!("vramfit train {}", F::NAME))?;
-            let config = FamilyConfig::from_toml(&text, &run.dir().path("config.toml"))?;
+            let config = FamilyConfig::from_toml(&text, &run.dir().path("config.toml"))
+                .map_err(|e| run.settings_error(TrainError::from(e)))?;
             Ok((run, build::<B, F, D>(config, device)?))
         }
     }

@@ -401,7 +401,8 @@ pub fn launch(start: Start<SceneConfig>, placement: Placement) -> Result<(Run, S
         }
         Start::Resume(dir) => {
             let (run, text) = Run::open(&dir, &device_name, WORKLOAD)?;
-            let config = SceneConfig::from_toml(&text, &PathBuf::from(&dir).join("config.toml"))?;
+            let config = SceneConfig::from_toml(&text, &PathBuf::from(&dir).join("config.toml"))
+                .map_err(|e| run.settings_error(e))?;
             Ok((run, SceneJob::new(config, placement)?))
         }
     }

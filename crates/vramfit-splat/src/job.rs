@@ -91,7 +91,8 @@ where
         }
         Start::Resume(out) => {
             let (run, text) = Run::open(&out, device_name, WORKLOAD)?;
-            let config = FitConfig::from_toml(&text, &run.dir().path("config.toml"))?;
+            let config =
+                FitConfig::from_toml(&text, &run.dir().path("config.toml")).map_err(|e| run.settings_error(e))?;
             Ok((run, Splat::new(config, device)?))
         }
     }

@@ -413,6 +413,9 @@ pub struct Run {
     /// Settings changed on purpose since the checkpoint (the planner's
     /// fallback to its next plan): not refused.
     new_settings: bool,
+    /// Resumed from a directory with no `workload` file (older runs), as
+    /// the named workload: its settings may be another workload's.
+    unnamed: Option<String>,
 }
 
 /// The file in a run directory naming the workload that started the run.
@@ -440,6 +443,7 @@ impl Run {
             budget: None,
             config: config_toml.into(),
             new_settings: false,
+            unnamed: None,
         })
     }
 
@@ -456,7 +460,9 @@ impl Run {
             return Err(not_resumable("the run already finished (summary.json exists)".into()).into());
         }
         // Runs made before the file existed have none: their settings decide.
-        if let Ok(started) = std::fs::read_to_string(dir.path(WORKLOAD_FILE)) {
+        let started = std::fs::read_to_string(dir.path(WORKLOAD_FILE));
+        let unnamed = started.is_err().then(|| workload.to_string());
+        if let Ok(started) = started {
             let started = started.trim();
             // Only what vramfit writes is repeated back: an edited file
             // could name anything (a shell command, even).
@@ -490,8 +496,25 @@ impl Run {
             budget: None,
             config: text.clone(),
             new_settings: false,
+            unnamed,
         };
         Ok((run, text))
+    }
+
+    /// `error`, from reading the settings [`Run::open`] returned, as the
+    /// resume's refusal: where the run has no `workload` file (runs made
+    /// before it existed), its settings may be another workload's, and the
+    /// refusal says so rather than only naming a field.
+    pub fn settings_error<E: From<RunError> + std::fmt::Display>(&self, error: E) -> E {
+        let Some(workload) = &self.unnamed else { return error };
+        RunError::from(RunDirError::NotResumable {
+            path: self.dir.root().to_path_buf(),
+            why: format!(
+                "its config.toml is not settings of {workload} ({error}). The run has no `{WORKLOAD_FILE}` file \
+                 naming the command that started it (it was made by an older vramfit): resume it with that command"
+            ),
+        })
+        .into()
     }
 
     /// The run directory.
