@@ -1486,6 +1486,18 @@ fn a_killed_scene_fit_resumes_to_the_same_gaussians() {
     assert!(o.status.success(), "{}", stderr(&o));
     let whole = std::fs::read(d.join("whole/gaussians.ply")).unwrap();
     kill_after_a_checkpoint(&args("killed"), d, &d.join("killed"));
+    // A view's image changed since (mirrored: the same size): refused, and
+    // the run is left as it was for the original to resume it.
+    let view = std::fs::read_dir(d.join("data/images"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "png"))
+        .unwrap();
+    let original = std::fs::read(&view).unwrap();
+    image::open(&view).unwrap().fliph().save(&view).unwrap();
+    let o = run(&["scene", "--resume", "killed"], d);
+    refused_saying(&o, "the dataset changed since");
+    std::fs::write(&view, original).unwrap();
     let o = run(&["scene", "--resume", "killed"], d);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(

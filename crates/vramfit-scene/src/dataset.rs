@@ -44,6 +44,20 @@ pub struct Dataset {
 }
 
 impl Dataset {
+    /// A hash of every view's name, camera and pixels: tells a resume
+    /// whether the dataset is the one the run was fitting (its path alone
+    /// does not). FNV-1a, a word at a time.
+    pub fn fingerprint(&self) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut mix = |word: u64| h = (h ^ word).wrapping_mul(0x0100_0000_01b3);
+        for v in &self.views {
+            let named = format!("{}\n{:?}", v.name, v.camera);
+            named.bytes().for_each(|b| mix(b as u64));
+            v.image.iter().for_each(|x| mix(x.to_bits() as u64));
+        }
+        h
+    }
+
     /// Every view at `1/k` of its size (each pixel the mean of a `k × k`
     /// block; the intrinsics scaled alike), for photographs larger than a
     /// fit needs; `k = 1` leaves them as they are.

@@ -322,6 +322,8 @@ pub struct SceneJob {
     cleanup: Cleanup,
     /// Each step's copy and host-Adam milliseconds this session (moments on the host).
     host_times: Vec<[f64; 2]>,
+    /// [`Dataset::fingerprint`], kept in checkpoints.
+    dataset_fingerprint: String,
 }
 
 /// The median of each of the pair's two parts.
@@ -356,7 +358,9 @@ impl SceneJob {
         }
         // Checked above: the cadence parses.
         let cleanup = Cleanup::new(CleanupPolicy::parse(&config.allocator_cleanup).unwrap_or_default());
-        let mut fit = Fit::new(config.dataset()?, config.settings())?;
+        let data = config.dataset()?;
+        let dataset_fingerprint = format!("{:016x}", data.fingerprint());
+        let mut fit = Fit::new(data, config.settings())?;
         if let Some(make) = placement.device {
             fit = fit
                 .on_device(make(config.moments, config.sh_storage))
@@ -370,6 +374,7 @@ impl SceneJob {
             cleanup,
             host_times: Vec::new(),
             memory: placement.memory,
+            dataset_fingerprint,
         })
     }
 
@@ -531,7 +536,10 @@ impl Workload for SceneJob {
         }
     }
     fn snapshot(&self) -> Result<ArrayFile, SceneError> {
-        let mut file = ArrayFile::new(CHECKPOINT_KIND, json!({ "step": self.fit.step }));
+        let mut file = ArrayFile::new(
+            CHECKPOINT_KIND,
+            json!({ "step": self.fit.step, "dataset_fingerprint": self.dataset_fingerprint }),
+        );
         let state = self.fit.state().map_err(SceneError::Device)?;
         for ((name, group), (m, v)) in GROUPS.iter().zip(state.params.groups()).zip(&state.moments) {
             file.insert(&format!("param/{name}"), vec![group.len()], group.clone());
@@ -545,6 +553,16 @@ impl Workload for SceneJob {
         Ok(file)
     }
     fn restore(&mut self, file: &ArrayFile) -> Result<(), SceneError> {
+        // Checkpoints from before the fingerprint was kept have none.
+        if let Some(then) = file.meta.get("dataset_fingerprint").and_then(|v| v.as_str())
+            && then != self.dataset_fingerprint
+        {
+            return Err(SceneError::Checkpoint(format!(
+                "it was written for other images or cameras than {} holds now: the dataset changed since \
+                 (put the original back to resume, or start a new run)",
+                self.config.dataset
+            )));
+        }
         let get = |key: String| {
             file.get(&key)
                 .map(<[f32]>::to_vec)
