@@ -185,7 +185,13 @@ fn read_cameras(path: &Path) -> Result<HashMap<u32, Intrinsics>, DatasetError> {
                 why: format!("camera {id}: size {w}x{h} and focal lengths must be positive"),
             });
         }
-        out.insert(id, intrinsics);
+        if out.insert(id, intrinsics).is_some() {
+            return Err(DatasetError::Line {
+                path: path.into(),
+                line: n,
+                why: format!("camera {id} is defined twice; every CAMERA_ID must be unique"),
+            });
+        }
     }
     Ok(out)
 }
@@ -197,6 +203,9 @@ pub fn read(dir: &Path) -> Result<Dataset, DatasetError> {
     let cameras = read_cameras(&model.join("cameras.txt"))?;
     let images_txt = model.join("images.txt");
     let mut views = Vec::new();
+    // Each image id and file name with the line that gave it: a second is refused.
+    let mut seen_ids = HashMap::new();
+    let mut seen_names = HashMap::new();
     let mut pose_line = true;
     for (n, line) in lines(&images_txt)? {
         // Two lines an image: the pose, then its 2D points (possibly empty).
@@ -214,14 +223,32 @@ pub fn read(dir: &Path) -> Result<Dataset, DatasetError> {
         for (i, name) in ["QW", "QX", "QY", "QZ", "TX", "TY", "TZ"].iter().enumerate() {
             v[i] = finite(p, n, name, field(p, n, &f, 1 + i, name)?)?;
         }
+        let line_error = |why: String| DatasetError::Line {
+            path: p.clone(),
+            line: n,
+            why,
+        };
+        // A zero quaternion is no rotation: normalising it gives NaNs.
+        if v[..4].iter().map(|q| q * q).sum::<f64>() < 1e-12 {
+            return Err(line_error(
+                "QW QX QY QZ are all zero: a pose's rotation must be a non-zero quaternion".into(),
+            ));
+        }
+        let image_id: u32 = field(p, n, &f, 0, "IMAGE_ID")?;
         let camera_id: u32 = field(p, n, &f, 8, "CAMERA_ID")?;
         let name = f.get(9..).map(|rest| rest.join(" ")).unwrap_or_default();
         if name.is_empty() {
-            return Err(DatasetError::Line {
-                path: p.clone(),
-                line: n,
-                why: "NAME (the image's file name) is missing".into(),
-            });
+            return Err(line_error("NAME (the image's file name) is missing".into()));
+        }
+        if let Some(first) = seen_ids.insert(image_id, n) {
+            return Err(line_error(format!(
+                "image {image_id} is also on line {first}; every IMAGE_ID must be unique"
+            )));
+        }
+        if let Some(first) = seen_names.insert(name.clone(), n) {
+            return Err(line_error(format!(
+                "{name} is also posed on line {first}; each image may have one pose"
+            )));
         }
         let Some(&(width, height, fx, fy, cx, cy)) = cameras.get(&camera_id) else {
             return Err(DatasetError::Line {

@@ -146,6 +146,44 @@ fn bad_datasets_are_refused_with_what_is_wrong() {
     let e = error(&d);
     assert!(e.contains("points3D.txt, line 3") && e.contains("finite"), "{e}");
 
+    // images.txt's pose lines, edited: a zero quaternion; an image id or
+    // a file name given twice; a camera defined twice.
+    let poses = |d: &Path| -> Vec<String> {
+        let text = std::fs::read_to_string(model(d, "images.txt")).unwrap();
+        text.lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .map(String::from)
+            .collect()
+    };
+    let d = fresh("zero-rotation");
+    let first = poses(&d)[0].clone();
+    let mut fields: Vec<&str> = first.split(' ').collect();
+    fields[1..5].fill("0");
+    edit(&model(&d, "images.txt"), &first, &fields.join(" "));
+    let e = error(&d);
+    assert!(
+        e.contains("images.txt, line") && e.contains("non-zero quaternion"),
+        "{e}"
+    );
+    for (what, field, says) in [
+        ("id", 0, "every IMAGE_ID must be unique"),
+        ("name", 9, "is also posed on line"),
+    ] {
+        let d = fresh(what);
+        let [first, second] = [0, 1].map(|i| poses(&d)[i].clone());
+        let mut fields: Vec<&str> = second.split(' ').collect();
+        fields[field] = first.split(' ').nth(field).unwrap();
+        edit(&model(&d, "images.txt"), &second, &fields.join(" "));
+        let e = error(&d);
+        assert!(e.contains("images.txt, line") && e.contains(says), "{what}: {e}");
+    }
+    let d = fresh("camera-twice");
+    let cameras = std::fs::read_to_string(model(&d, "cameras.txt")).unwrap();
+    let camera = cameras.lines().find(|l| l.starts_with("1 ")).unwrap().to_string();
+    std::fs::write(model(&d, "cameras.txt"), format!("{cameras}{camera}\n")).unwrap();
+    let e = error(&d);
+    assert!(e.contains("camera 1 is defined twice"), "{e}");
+
     let d = fresh("empty");
     std::fs::write(model(&d, "images.txt"), "# no images\n").unwrap();
     assert!(error(&d).contains("no images"));
