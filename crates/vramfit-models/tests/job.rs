@@ -293,6 +293,28 @@ fn corrupt_checkpoints_are_skipped_aloud_and_never_restart_silently() {
         "{notes:?}"
     );
 
+    // A checkpoint that reads back (its checksum made to match) but whose
+    // moments do not fit their parameter: refused with what is wrong, not
+    // a panic in the first update.
+    let out = tmp.path().join("forged");
+    stop_after_second_checkpoint(&out);
+    let newest = out.join("checkpoints/step-00000008.ckpt");
+    let mut file = vramfit::run::ArrayFile::read(&newest).unwrap();
+    let (name, (shape, values)) = file
+        .arrays
+        .iter_mut()
+        .find(|(n, _)| n.starts_with("adam_m/"))
+        .map(|(n, a)| (n.clone(), a))
+        .unwrap();
+    values.pop();
+    shape[0] -= 1;
+    vramfit::run::atomic_write(&newest, &file.to_bytes()).unwrap();
+    let msg = run(None, &out, |_| ControlFlow::Continue(()))
+        .expect_err("refused")
+        .to_string();
+    let path = name.trim_start_matches("adam_m/");
+    assert!(msg.contains(&format!("the Adam moments of `{path}` hold")), "{msg}");
+
     // Both corrupt: refused, naming each file, and nothing is changed.
     let out = tmp.path().join("both");
     stop_after_second_checkpoint(&out);

@@ -487,10 +487,21 @@ where
             best_ssim: fl("best_ssim").unwrap_or(f64::NEG_INFINITY),
             stopped: b("stopped"),
         };
+        // Every array a whole number of the same Gaussians: anything else
+        // would fail in the first step's operations.
+        let gaussians = ckpt
+            .get(Param::Xy.name())
+            .map_or(0, |v| v.len() / Param::Xy.width(CHANNELS));
         let get = |p: Param, n: &str| {
-            ckpt.get(n)
-                .map(|v| tensor2::<B::InnerBackend>(p, v.to_vec(), device))
-                .ok_or_else(|| invalid(format!("array '{n}' is missing")))
+            let v = ckpt.get(n).ok_or_else(|| invalid(format!("array '{n}' is missing")))?;
+            let cols = p.width(CHANNELS);
+            if v.len() != gaussians * cols {
+                return Err(invalid(format!(
+                    "array '{n}' holds {} values, not {gaussians} Gaussians of {cols}",
+                    v.len()
+                )));
+            }
+            Ok(tensor2::<B::InnerBackend>(p, v.to_vec(), device))
         };
         fit.params = Params::try_from_fn(|p| get(p, p.name()))?;
         fit.moments = Params::try_from_fn(|p| {

@@ -125,6 +125,18 @@ where
     let bytes = first.checkpoint().to_bytes();
     drop(first);
     let ckpt = vramfit::run::ArrayFile::from_bytes(&bytes, "mem").unwrap();
+    // A checkpoint whose arrays disagree on the Gaussians is refused.
+    let mut forged = ckpt.clone();
+    let (shape, values) = forged.arrays.get_mut("color").unwrap();
+    values.truncate(values.len() - 3);
+    shape[0] -= 1;
+    let refused = Fit::<B>::resume(&picture, &config, &forged, &d)
+        .err()
+        .map(|e| e.to_string());
+    assert!(
+        refused.as_ref().is_some_and(|e| e.contains("array 'color' holds")),
+        "{refused:?}"
+    );
     let mut resumed = Fit::<B>::resume(&picture, &config, &ckpt, &d).unwrap();
     while !whole.finished() {
         whole.step(false, &mut ()).unwrap();

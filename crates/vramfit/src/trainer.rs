@@ -97,6 +97,22 @@ pub fn load_state<B: AutodiffBackend, M: burn::module::AutodiffModule<B>>(
             adam.moments.entry(p.into()).or_default().1 = values.clone();
         }
     }
+    // Moments that do not match their parameter would fail the first update.
+    for (path, (m, v)) in &adam.moments {
+        let Some((shape, ..)) = params.get(path) else {
+            return Err(format!(
+                "it holds Adam moments for `{path}`, which is not a parameter of the model"
+            ));
+        };
+        let len: usize = shape.iter().product();
+        if m.len() != len || v.len() != len {
+            return Err(format!(
+                "the Adam moments of `{path}` hold {} and {} values for a parameter of {len}",
+                m.len(),
+                v.len()
+            ));
+        }
+    }
     let meta = |key: &str| file.meta.get(key).cloned().unwrap_or_default();
     adam.step = meta("optimizer_steps").as_u64().unwrap_or(0);
     let model = restore(model, &params).map_err(|e| e.to_string())?;
