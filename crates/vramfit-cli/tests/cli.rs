@@ -1413,6 +1413,37 @@ fn a_full_or_closed_stdout_and_huge_numbers_do_not_panic() {
             stderr(&o)
         );
     }
+    // Sizes each within its limit whose product no machine holds: refused
+    // by a rough count before anything is allocated (was an allocation abort).
+    for (args, names) in [
+        (
+            &["train", "transformer", "--set", "model.width=16777216"][..],
+            "`model`",
+        ),
+        (
+            &[
+                "train",
+                "transformer",
+                "--set",
+                "task.topics=16777216",
+                "--set",
+                "model.vocab=16777216",
+            ],
+            "`task`",
+        ),
+        (&["train", "unet", "--set", "model.width=100000"], "`model`"),
+    ] {
+        let o = run(&[args, &["--out", "huge"]].concat(), dir);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(names)
+                && stderr(&o).contains("by a rough count")
+                && stderr(&o).contains("at most 1.0 TiB"),
+            "{}",
+            stderr(&o)
+        );
+        assert!(!dir.join("huge").exists());
+    }
     let o = run(&["sample", "scene", "s", "--points", "1e12"], dir);
     assert!(
         o.status.code() == Some(2) && stderr(&o).contains("at most 100000000"),

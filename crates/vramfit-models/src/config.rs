@@ -36,6 +36,12 @@ pub trait ModelSettings:
     /// Blocks of the chain (what `checkpoint` marks).
     fn blocks(&self) -> usize;
 
+    /// A rough count of the floats the model and task hold: parameters,
+    /// activations a sample (kept for the backward), and the task's own
+    /// tables. Only to refuse shapes past [`MOST_BYTES`] before anything
+    /// is allocated; in f64, so that no product overflows.
+    fn rough_floats(&self, task: &Self::Task) -> RoughFloats;
+
     /// The layer that normalises with statistics over a forward pass's
     /// samples (`BatchNorm`), if the model has one: splitting the batch
     /// into micro-batches then changes the numerics (the planner says so).
@@ -134,6 +140,30 @@ pub const MOST_SAMPLES: usize = 1 << 31;
 /// The largest size a model or task setting may take (widths, depths,
 /// vocabularies, contexts, resolutions): far beyond any model these train.
 pub const MOST_SIZE: usize = 1 << 24;
+
+/// The most memory a configuration may ask for by a rough count (1 TiB):
+/// sizes within [`MOST_SIZE`] each can still multiply to more than any
+/// machine holds, which would end in an allocation failure, not a message.
+pub const MOST_BYTES: f64 = (1u64 << 40) as f64;
+
+/// [`ModelSettings::rough_floats`]: floats held, roughly.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RoughFloats {
+    /// Parameters (each also has a gradient and two Adam moments).
+    pub parameters: f64,
+    /// Activations kept for the backward, a sample.
+    pub activations_per_sample: f64,
+    /// The task's data (tables, source images).
+    pub task: f64,
+}
+
+impl RoughFloats {
+    /// Bytes of a step at `samples` a forward pass, all f32: parameters,
+    /// gradients and two moments; the activations; the task.
+    pub fn bytes(&self, samples: usize) -> f64 {
+        4.0 * (4.0 * self.parameters + self.activations_per_sample * samples as f64 + self.task)
+    }
+}
 
 impl<M: ModelSettings> Default for FamilyConfig<M> {
     fn default() -> Self {
@@ -285,6 +315,32 @@ impl<M: ModelSettings> FamilyConfig<M> {
                 return Err(invalid(name, format!("{value} is too large: at most {MOST_SAMPLES}")));
             }
         }
+        // Each size within its limit, their product may still be past any machine.
+        let samples = if self.micro_batch > 0 {
+            self.micro_batch
+        } else {
+            self.batch_size
+        };
+        let rough = self.model.rough_floats(&self.task);
+        let bytes = rough.bytes(samples);
+        if !(bytes <= MOST_BYTES) {
+            return Err(ConfigError::Invalid {
+                name: if 2.0 * 4.0 * rough.task > bytes {
+                    "task"
+                } else {
+                    "model"
+                },
+                why: format!(
+                    "these sizes need about {} by a rough count ({:.3e} parameters, {:.3e} activation floats a \
+                     sample, {samples} samples a pass): at most {} is accepted; lower the model's or task's sizes, \
+                     or the (micro-)batch",
+                    rough_size(bytes),
+                    rough.parameters,
+                    rough.activations_per_sample,
+                    rough_size(MOST_BYTES)
+                ),
+            });
+        }
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return Err(invalid("lr", format!("{} is not a finite positive number", self.lr)));
         }
@@ -388,6 +444,15 @@ impl<M: ModelSettings> FamilyConfig<M> {
             moments_on_host,
             cleanup,
         })
+    }
+}
+
+/// `bytes` in words: a binary unit up to TiB, past that a power of ten.
+fn rough_size(bytes: f64) -> String {
+    if bytes < (1u64 << 60) as f64 {
+        vramfit::profile::human_bytes(bytes as u64)
+    } else {
+        format!("{bytes:.1e} bytes")
     }
 }
 

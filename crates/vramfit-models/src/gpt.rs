@@ -436,6 +436,25 @@ impl crate::family::ModelSettings for GptConfig {
     fn blocks(&self) -> usize {
         self.depth
     }
+
+    fn rough_floats(&self, task: &Self::Task) -> crate::config::RoughFloats {
+        let [w, d, v, r] = [self.width, self.depth, self.vocab, self.mlp_ratio].map(|x| x as f64);
+        let t = (self.frames_used(task.frames) + task.tokens) as f64;
+        let block = (4.0 + 2.0 * r) * w * w;
+        // The fused attention keeps no scores.
+        let scores = match self.attention {
+            vramfit::fused::Attention::Standard => 2.0 * self.heads as f64 * t * t,
+            _ => 0.0,
+        };
+        crate::config::RoughFloats {
+            parameters: 2.0 * v * w + (self.context + self.frame_dim) as f64 * w + d * block,
+            // A block keeps some ten widths and the MLP's hidden a position,
+            // and the scores twice a head; the logits thrice.
+            activations_per_sample: d * (t * w * (10.0 + 2.0 * r) + scores) + 3.0 * t * v,
+            // A next-token table a topic, and a code a topic.
+            task: task.topics as f64 * (v + self.frame_dim as f64),
+        }
+    }
 }
 
 impl crate::family::Family<3> for GptConfig {
