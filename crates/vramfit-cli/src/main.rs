@@ -378,20 +378,10 @@ fn report(dir: &Path) -> Result<()> {
 /// A run on data-parallel ranks: every rank's deciding peak (from its own
 /// memory report) and the largest, below rank 0's table.
 fn report_ranks(dir: &Path) {
-    let mut ranks: Vec<(usize, PathBuf)> = std::fs::read_dir(dir.join("ranks"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            Some((name.strip_prefix("rank-")?.parse().ok()?, e.path()))
-        })
-        .collect();
-    if ranks.is_empty() {
+    let ranks = ranks::rank_dirs(dir);
+    if ranks.len() < 2 {
         return;
     }
-    ranks.push((0, dir.to_path_buf()));
-    ranks.sort();
     let peak = |d: &Path| -> Option<u64> {
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("memory.json")).ok()?).ok()?;
         v["headline"]["bytes"].as_u64()

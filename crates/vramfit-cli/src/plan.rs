@@ -172,6 +172,15 @@ pub enum Action {
     },
     /// `bench plan`, `bench plan-splat`.
     Bench(crate::plan_bench::Request),
+    /// `train … --ranks N --budget`: plan per rank, verify and run on the ranks.
+    RunOnRanks {
+        budget: Budget,
+        ranks: usize,
+        probe_batch: Option<usize>,
+        out: PathBuf,
+        /// The `--device` given, for the ranks' command.
+        device: String,
+    },
 }
 
 /// What `vramfit plan` was asked for.
@@ -212,6 +221,16 @@ impl<F: Family<D>, const D: usize> OnBackend for OnModel<F, D> {
     {
         self.action.check()?;
         let mut target = FamilyTarget::<B, F, D>::new(self.config, device)?.with_device_name(&name);
+        if let Action::RunOnRanks {
+            budget,
+            ranks,
+            probe_batch,
+            out,
+            device,
+        } = self.action
+        {
+            return crate::ranks::run_planned(&mut target, budget, ranks, probe_batch, &out, &device);
+        }
         self.action.on(&mut target, &name)
     }
 }
@@ -291,6 +310,7 @@ impl Action {
             Action::Show(show) => check_json_folder(show.json.as_deref()),
             Action::Run { out, .. } => check_new_out(out),
             Action::Bench(request) => crate::budget::check_bench_out(&request.out_path()),
+            Action::RunOnRanks { out, .. } => check_new_out(&RunPath::At(out.clone())),
         }
     }
 
@@ -304,6 +324,7 @@ impl Action {
                 simulate_oom_at,
             } => run_planned(target, budget, probe_batch, out, simulate_oom_at, name),
             Action::Bench(request) => crate::plan_bench::bench(target, request, name),
+            Action::RunOnRanks { .. } => bail!("only `train` plans on ranks"),
         }
     }
 }

@@ -5,10 +5,19 @@
 //! Rank 0 writes the run directory; rank r writes `RUN/ranks/rank-r` (its
 //! own memory figures and checkpoints).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
+use burn::tensor::backend::AutodiffBackend;
+use vramfit::plan::{Calibration, Measured, PROBE_STEPS, Runnable, Strategy, measured_in};
+use vramfit::profile::{DeviceMemory, human_bytes};
 use vramfit::run::{RunPath, Start};
+use vramfit_models::config::FamilyConfig;
+use vramfit_models::family::Family;
+use vramfit_models::plan::FamilyTarget;
+
+use crate::budget::Budget;
+use crate::show_plan::{Show, train_command};
 
 /// True when this process was started by an MPI launcher.
 #[cfg(feature = "mpi")]
@@ -32,6 +41,11 @@ pub fn join_if_launched() -> Option<vramfit::ranks::mpi::Session> {
 
 /// Runs this command again as `n` ranks through `mpirun`, and waits.
 pub fn relaunch(n: usize) -> Result<()> {
+    mpirun(n, std::env::args_os().skip(1), false)
+}
+
+/// Says why `--ranks n` cannot start ranks in this build, if it cannot.
+pub fn check_mpi(n: usize) -> Result<()> {
     if !cfg!(feature = "mpi") {
         bail!(
             "--ranks {n}: this vramfit was built without MPI; rebuild with `cargo build --release -p vramfit-cli \
@@ -39,12 +53,23 @@ pub fn relaunch(n: usize) -> Result<()> {
              openmpi-bin libclang-dev`)"
         );
     }
+    Ok(())
+}
+
+/// Runs `vramfit ARGS` as `n` ranks through `mpirun`, and waits; `quiet`:
+/// what the ranks print goes nowhere (their errors still show).
+fn mpirun(n: usize, args: impl IntoIterator<Item = std::ffi::OsString>, quiet: bool) -> Result<()> {
+    check_mpi(n)?;
     let exe = std::env::current_exe()?;
-    let status = std::process::Command::new("mpirun")
+    let mut command = std::process::Command::new("mpirun");
+    if quiet {
+        command.stdout(std::process::Stdio::null());
+    }
+    let status = command
         // More ranks than cores is allowed (they then share the cores).
         .args(["-n", &n.to_string(), "--oversubscribe"])
         .arg(exe)
-        .args(std::env::args_os().skip(1))
+        .args(args)
         // Open MPI refuses root without these; its shared-memory transport
         // needs ptrace rights in containers unless single copies are off.
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
@@ -66,6 +91,138 @@ pub fn relaunch(n: usize) -> Result<()> {
         bail!("the {n} ranks ended with {status}: the failing rank's error is above");
     }
     Ok(())
+}
+
+/// Every rank's run directory of the run at `root` (rank 0's is `root`),
+/// by rank; only rank 0 when it ran alone.
+pub fn rank_dirs(root: &Path) -> Vec<(usize, PathBuf)> {
+    let mut ranks: Vec<(usize, PathBuf)> = std::fs::read_dir(root.join("ranks"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            Some((name.strip_prefix("rank-")?.parse().ok()?, e.path()))
+        })
+        .collect();
+    ranks.push((0, root.to_path_buf()));
+    ranks.sort();
+    ranks
+}
+
+/// `train … --ranks N --budget B`: the plans per rank predicted from
+/// one-rank probes (in this process), the winner verified by a probe on
+/// the N ranks (every rank measured; a plan a rank of which measures over
+/// the budget is dropped), then the run on the N ranks, each rank's peak
+/// checked against the budget; `plan.json` in the run says what was chosen
+/// and what every rank measured.
+pub fn run_planned<B, F, const D: usize>(
+    target: &mut FamilyTarget<B, F, D>,
+    budget: Budget,
+    ranks: usize,
+    probe_batch: Option<usize>,
+    out: &Path,
+    device: &str,
+) -> Result<()>
+where
+    B: AutodiffBackend,
+    B::InnerBackend: DeviceMemory,
+    F: Family<D>,
+{
+    eprintln!("probing on {device}, one rank ({})…", <Calibration as Show>::PROBES);
+    let cal = <Calibration as Strategy>::calibrate(target, probe_batch)?;
+    cal.print_probes();
+    // Beside the run, never in it: the run directory must be new.
+    let name = out
+        .file_name()
+        .map_or("run".into(), |n| n.to_string_lossy().into_owned());
+    let work = out.with_file_name(format!(".{name}.ranks-{}", std::process::id()));
+    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let launch = |config: &FamilyConfig<F>, dir: &Path, quiet: bool| -> Result<()> {
+        let file = work.join("config.toml");
+        vramfit::run::atomic_write(&file, config.to_toml().as_bytes())?;
+        let args = ["train", F::NAME, "--device", device, "--config"].map(std::ffi::OsString::from);
+        mpirun(
+            ranks,
+            args.into_iter().chain([file.into(), "--out".into(), dir.into()]),
+            quiet,
+        )
+    };
+    let mut tried = 0;
+    let verified = vramfit::plan::verify_on_ranks(&cal, budget.bytes, ranks, |knobs| {
+        tried += 1;
+        let probe = FamilyConfig {
+            steps: PROBE_STEPS,
+            log_every: 1,
+            profile_every: 1,
+            checkpoint_every: 0,
+            ..target.settings(knobs)
+        };
+        let dir = work.join(format!("probe-{tried}"));
+        println!("verifying on {ranks} ranks: {}", cal.describe(knobs));
+        launch(&probe, &dir, true).map_err(|e| format!("{e:#}"))?;
+        rank_dirs(&dir).iter().map(|(_, d)| measured_in(d)).collect()
+    });
+    let verified = match verified {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&work);
+            return Err(e.into());
+        }
+    };
+    let choice = &verified.verified.choice;
+    cal.print_choice(choice, budget);
+    println!(
+        "verified on {ranks} ranks: a probe of the winner at the run's shape measured {} (planned {} a rank)",
+        each_rank(verified.ranks.iter().map(|m| m.peak_bytes)),
+        human_bytes(choice.plans[0].peak_bytes)
+    );
+    let settings = target.settings(&choice.plans[0].setting);
+    println!("the command that runs it: {}", train_command(&settings, device));
+    let ran = launch(&settings, out, false);
+    let _ = std::fs::remove_dir_all(&work);
+    ran?;
+    let measured: Vec<Measured> = rank_dirs(out)
+        .iter()
+        .map(|(_, d)| measured_in(d))
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let mut record = vramfit::plan::record(&cal, &verified.verified, device);
+    record["ranks"] = ranks.into();
+    record["verified_ranks"] = serde_json::to_value(&verified.ranks)?;
+    record["run_ranks"] = serde_json::to_value(&measured)?;
+    let plan = out.join("plan.json");
+    vramfit::run::atomic_write(&plan, serde_json::to_string_pretty(&record)?.as_bytes())
+        .with_context(|| format!("writing {}", plan.display()))?;
+    let peaks: Vec<u64> = measured.iter().map(|m| m.peak_bytes).collect();
+    let worst = peaks.iter().copied().max().unwrap_or(0);
+    println!(
+        "  budget {} bytes on each of {ranks} ranks: {} ({}); plan in {}",
+        budget.bytes,
+        each_rank(peaks.iter().copied()),
+        if worst <= budget.bytes {
+            "every rank within"
+        } else {
+            "OVER"
+        },
+        plan.display()
+    );
+    if worst > budget.bytes {
+        bail!(
+            "a rank's peak ({worst} bytes) went over the budget of {} bytes: the run finished, but planned within it",
+            budget.bytes
+        );
+    }
+    Ok(())
+}
+
+/// "rank 0 X, rank 1 Y, …".
+fn each_rank(peaks: impl Iterator<Item = u64>) -> String {
+    peaks
+        .enumerate()
+        .map(|(r, p)| format!("rank {r} {}", human_bytes(p)))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The run directory of rank `rank` for a run at `root`.

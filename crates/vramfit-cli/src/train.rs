@@ -57,13 +57,7 @@ fn run_family<F: Family<D>, const D: usize>(
     launch: impl FnOnce(vramfit::run::Start<FamilyConfig<F>>) -> crate::runs::Launch,
 ) -> Result<()> {
     if let Some(budget) = &args.budget {
-        let config = crate::flags::resolve_train::<F>(&args.settings)?;
-        if config.ranks > 1 {
-            anyhow::bail!(
-                "--ranks with --budget: the planner plans one rank for now; plan without --ranks, or run the ranks \
-                 with the techniques given as flags"
-            );
-        }
+        let mut config = crate::flags::resolve_train::<F>(&args.settings)?;
         let budget = crate::budget::Budget::parse(budget, &args.device.name)?;
         let replaced = args.settings.techniques_given();
         if !replaced.is_empty() {
@@ -71,6 +65,30 @@ fn run_family<F: Family<D>, const D: usize>(
                 "note: with --budget the planner sets the techniques; it replaces {}",
                 replaced.join(", ")
             );
+        }
+        if config.ranks > 1 {
+            let ranks = config.ranks;
+            if vramfit::ranks::world().is_some() {
+                anyhow::bail!(
+                    "--budget with --ranks plans in one process and then starts the {ranks} ranks itself: run it \
+                     without mpirun"
+                );
+            }
+            crate::ranks::check_mpi(ranks)?;
+            let Some(out) = args.out.clone() else {
+                anyhow::bail!("--ranks {ranks} needs --out RUN_DIR: every rank writes under it");
+            };
+            // The probes run here, as one rank; the plans are per rank.
+            config.ranks = 1;
+            config.shard_moments = false;
+            let action = crate::plan::Action::RunOnRanks {
+                budget,
+                ranks,
+                probe_batch: args.probe_batch,
+                out,
+                device: args.device.name.clone(),
+            };
+            return crate::plan::model::<F, D>(config, &args.device.name, action);
         }
         let action = crate::plan::Action::Run {
             budget,

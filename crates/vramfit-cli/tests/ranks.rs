@@ -174,6 +174,90 @@ fn sharded_moments_give_the_unsharded_parameters_and_split_the_state() {
     );
 }
 
+/// A transformer whose state matters (8 blocks of width 128): its leanest
+/// plan needs more than [`RANKS_BUDGET`] on one rank, and fits it on two
+/// with the moments sharded.
+#[cfg(feature = "mpi")]
+const STATEFUL: [&str; 16] = [
+    "transformer",
+    "--batch-size",
+    "4",
+    "--set",
+    "model.width=128",
+    "--set",
+    "model.heads=4",
+    "--set",
+    "model.depth=8",
+    "--set",
+    "model.vocab=256",
+    "--set",
+    "model.context=8",
+    "--set",
+    "task.tokens=8",
+    "--budget",
+];
+
+#[cfg(feature = "mpi")]
+const RANKS_BUDGET: u64 = 35 << 20;
+
+/// `train … --ranks 2 --budget B` where no plan fits B on one rank: the
+/// plan per rank, verified by a probe on the two ranks, runs with every
+/// rank's peak within B (each rank's own summary), and `plan.json` says so.
+#[cfg(feature = "mpi")]
+#[test]
+fn a_budget_one_rank_cannot_hold_is_planned_verified_and_run_on_two() {
+    let tmp = tempfile::tempdir().unwrap();
+    let budget = RANKS_BUDGET.to_string();
+    let one = vramfit(&[&["plan"][..], &STATEFUL, &[budget.as_str()]].concat());
+    assert_eq!(one.status.code(), Some(1), "{}", stderr(&one));
+    assert!(stderr(&one).contains("no plan fits"), "{}", stderr(&one));
+    let out = tmp.path().join("r");
+    let o = vramfit(
+        &[
+            &["train"][..],
+            &STATEFUL,
+            &[
+                budget.as_str(),
+                "--steps",
+                "6",
+                "--ranks",
+                "2",
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        ]
+        .concat(),
+    );
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{said}{}", stderr(&o));
+    assert!(
+        said.contains("verified on 2 ranks") && said.contains("every rank within"),
+        "{said}"
+    );
+    for dir in [out.clone(), out.join("ranks/rank-1")] {
+        let summary: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
+        let peak = summary["peak_memory_bytes"].as_u64().unwrap();
+        assert!(peak <= RANKS_BUDGET, "{}: {peak} bytes", dir.display());
+    }
+    let plan: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(plan["ranks"], 2);
+    for key in ["verified_ranks", "run_ranks"] {
+        let ranks = plan[key].as_array().unwrap();
+        assert_eq!(ranks.len(), 2, "{key}");
+        assert!(
+            ranks.iter().all(|m| m["peak_bytes"].as_u64().unwrap() <= RANKS_BUDGET),
+            "{key}: {ranks:?}"
+        );
+    }
+    // The probes' folder beside the run is gone.
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["r"], "{left:?}");
+}
+
 #[cfg(not(feature = "mpi"))]
 #[test]
 fn ranks_without_mpi_say_how_to_build_it() {

@@ -120,6 +120,9 @@ pub fn apply<M: ModelSettings>(base: &FamilyConfig<M>, knobs: &Knobs, batch: usi
         }
         .into(),
         allocator_cleanup: if knobs.cleanup { "step" } else { "never" }.into(),
+        // On ranks, the moments sharded (the planner's arithmetic on ranks assumes it).
+        ranks: knobs.ranks.max(1),
+        shard_moments: knobs.ranks > 1,
         ..base.clone()
     }
 }

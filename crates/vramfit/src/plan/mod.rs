@@ -56,11 +56,11 @@ pub use capacity::{Capacity, CapacityCalibration, Counted, Line, Variant, calibr
 pub use ladder::{Ladder, LadderCalibration, Rung, calibrate_ladder};
 pub use model::{Delta, FusedCosts, Model, ProbeRecord};
 pub use pipeline::{
-    BudgetError, FALLBACKS, Found, Options, Runnable, SIMULATED_OOM, Setting, VERIFY_TRIES, Verified, Within,
-    WithinBudget, record, run_plans, run_within, run_within_showing, verify,
+    BudgetError, FALLBACKS, Found, Options, Runnable, SIMULATED_OOM, Setting, VERIFY_TRIES, Verified, VerifiedOnRanks,
+    Within, WithinBudget, record, run_plans, run_within, run_within_showing, verify, verify_on_ranks,
 };
 pub use planned::{Planned, PlannedRun};
-pub use probe::{PROBE_STEPS, measure_run, run_probe};
+pub use probe::{PROBE_STEPS, measure_run, measured_in, run_probe};
 pub use strategy::{Choice, Plan, PlanError, Preset, Strategy};
 
 use serde::{Deserialize, Serialize};

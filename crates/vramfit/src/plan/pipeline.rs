@@ -117,6 +117,73 @@ pub fn verify<S: Strategy>(cal: &S, target: &mut S::Target, budget: u64) -> Resu
     })
 }
 
+/// A plan verified on data-parallel ranks: [`Verified`] (its `measured`
+/// the rank that peaked highest) and every rank's probe.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VerifiedOnRanks {
+    /// The plans for the budget on the ranks, the verified winner first.
+    pub verified: Verified<super::Knobs>,
+    /// Each rank's probe of the winner, rank 0 first.
+    pub ranks: Vec<Measured>,
+}
+
+/// [`super::Calibration::choose_on_ranks`] for `budget` on `ranks` ranks,
+/// its winner verified by `probe`, which runs a plan on the ranks at the
+/// run's shape and measures every rank (one process cannot: the
+/// prediction on ranks is derived from one rank's probes). A winner any
+/// rank of which measured over the budget is dropped and the next one
+/// tried, [`VERIFY_TRIES`] at most.
+pub fn verify_on_ranks(
+    cal: &super::Calibration,
+    budget: u64,
+    ranks: usize,
+    mut probe: impl FnMut(&super::Knobs) -> Result<Vec<Measured>, String>,
+) -> Result<VerifiedOnRanks, PlanError> {
+    let mut choice = cal.choose_on_ranks(budget, ranks)?;
+    let mut rejected = Vec::new();
+    while rejected.len() < VERIFY_TRIES {
+        let Some(winner) = choice.plans.first() else { break };
+        let each = probe(&winner.setting).map_err(|why| PlanError::Probe {
+            probe: format!("verifying {} on {ranks} ranks", cal.describe(&winner.setting)),
+            why,
+        })?;
+        let Some((worst, measured)) = each.iter().enumerate().max_by_key(|(_, m)| m.peak_bytes) else {
+            return Err(PlanError::Probe {
+                probe: format!("verifying {} on {ranks} ranks", cal.describe(&winner.setting)),
+                why: "no rank reported a peak".into(),
+            });
+        };
+        if measured.peak_bytes <= budget {
+            if !rejected.is_empty() {
+                choice.why = format!(
+                    "the {} plan(s) ranked above it measured over the budget on a rank ({}); this one measured {} \
+                     bytes of {} on its highest rank",
+                    rejected.len(),
+                    rejected.join("; "),
+                    measured.peak_bytes,
+                    budget
+                );
+            }
+            let measured = *measured;
+            return Ok(VerifiedOnRanks {
+                verified: Verified { choice, measured },
+                ranks: each,
+            });
+        }
+        rejected.push(format!(
+            "{}: predicted {} bytes a rank, measured {} on rank {worst}",
+            cal.describe(&winner.setting),
+            winner.peak_bytes,
+            measured.peak_bytes
+        ));
+        choice.plans.remove(0);
+    }
+    Err(PlanError::Unverified {
+        budget,
+        rejected: rejected.join("; "),
+    })
+}
+
 /// `plan.json`'s body for a verified choice: the budget, the winner and
 /// its fallbacks, the verification, and the strategy's account of its
 /// probes and measured error ([`Strategy::account`]).

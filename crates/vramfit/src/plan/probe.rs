@@ -68,6 +68,26 @@ pub fn measure_run<W: Workload>(workload: W) -> Result<Measured, String> {
     result
 }
 
+/// A finished run's figures as a probe's, read from its directory
+/// (`summary.json`, `memory.json`): how a run in another process (a rank
+/// of a data-parallel probe) is measured.
+pub fn measured_in(dir: &std::path::Path) -> Result<Measured, String> {
+    let path = dir.join("summary.json");
+    let text = std::fs::read(&path).map_err(|e| format!("{}: {e} (the run did not finish)", path.display()))?;
+    let summary: serde_json::Value = serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let peak = summary["peak_memory_bytes"]
+        .as_u64()
+        .ok_or_else(|| format!("{}: no peak_memory_bytes", path.display()))?;
+    let (step_peak_bytes, rest_peak_bytes) = phase_peaks(&dir.join("memory.json"), peak)?;
+    Ok(Measured {
+        peak_bytes: peak,
+        step_peak_bytes,
+        rest_peak_bytes,
+        step_ms: summary["median_step_ms"].as_f64().unwrap_or(0.0),
+        seconds: summary["wall_seconds"].as_f64().unwrap_or(0.0),
+    })
+}
+
 /// The largest OOM-deciding figure inside the step's forward and backward
 /// phases (one fused phase in the splat fit), and inside every other phase (between steps, optimiser, final
 /// files), from the probe's memory report (every step is recorded).
