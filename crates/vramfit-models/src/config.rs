@@ -323,7 +323,7 @@ impl<M: ModelSettings> FamilyConfig<M> {
         };
         let rough = self.model.rough_floats(&self.task);
         let bytes = rough.bytes(samples);
-        if !(bytes <= MOST_BYTES) {
+        if bytes.is_nan() || bytes > MOST_BYTES {
             return Err(ConfigError::Invalid {
                 name: if 2.0 * 4.0 * rough.task > bytes {
                     "task"
