@@ -71,6 +71,11 @@ pub struct TrainSettings {
 
 impl TrainSettings {
     /// The technique flags given (the planner's to set with `--budget`).
+    /// `--ranks`, where given.
+    pub fn ranks(&self) -> Option<usize> {
+        self.ranks
+    }
+
     pub fn techniques_given(&self) -> Vec<&'static str> {
         [
             ("--precision", self.precision.is_some()),

@@ -225,6 +225,85 @@ fn each_rank(peaks: impl Iterator<Item = u64>) -> String {
         .join(", ")
 }
 
+/// Readies the run at `root`, whose checkpoints `rank_dirs(root)` ranks
+/// wrote, to resume on `to` ranks with settings `config` (its
+/// `config.toml`, `ranks = to`): the newest step every rank checkpointed is
+/// gathered into one checkpoint (rank 0's parameters and state, every
+/// rank's share of Adam's moments) written for each of the `to` ranks;
+/// newer checkpoints, which not every rank wrote, are removed; the ranks no
+/// longer run keep their folders, renamed aside. Nothing is changed when a
+/// check fails. Returns the step it resumes from.
+pub fn regather(root: &Path, to: usize, config: &str) -> Result<u64> {
+    use vramfit::run::{ArrayFile, checkpoints_newest_first};
+    let from = rank_dirs(root);
+    let step_of = |p: &Path| -> Option<u64> { p.file_stem()?.to_str()?.strip_prefix("step-")?.parse().ok() };
+    // The newest step every rank has a checkpoint of.
+    let steps: Vec<std::collections::BTreeMap<u64, PathBuf>> = from
+        .iter()
+        .map(|(_, d)| {
+            checkpoints_newest_first(&d.join("checkpoints"))
+                .into_iter()
+                .filter_map(|p| Some((step_of(&p)?, p)))
+                .collect()
+        })
+        .collect();
+    let Some(step) = steps[0]
+        .keys()
+        .rev()
+        .copied()
+        .find(|s| steps.iter().all(|m| m.contains_key(s)))
+    else {
+        bail!(
+            "cannot resume {} on {to} ranks: no step has a checkpoint from each of its {} ranks",
+            root.display(),
+            from.len()
+        );
+    };
+    let read = |p: &Path| ArrayFile::read(p).with_context(|| format!("reading {}", p.display()));
+    let name = steps[0][&step].file_name().map(|n| n.to_owned()).unwrap_or_default();
+    let mut gathered = read(&steps[0][&step])?;
+    for files in &steps[1..] {
+        for (key, array) in read(&files[&step])?.arrays {
+            if key.starts_with("adam_") {
+                gathered.arrays.entry(key).or_insert(array);
+            }
+        }
+    }
+    if gathered.meta.get("config_toml").is_some() {
+        gathered.meta["config_toml"] = config.into();
+    }
+    // Every check passed: each rank's folder, its checkpoint the gathered one.
+    let root_files = ["workload", "metrics.jsonl"].map(|f| (f, std::fs::read(root.join(f)).ok()));
+    for rank in 0..to {
+        let dir = if rank == 0 {
+            root.to_path_buf()
+        } else {
+            rank_dir(root, rank)
+        };
+        let checkpoints = dir.join("checkpoints");
+        std::fs::create_dir_all(&checkpoints).with_context(|| format!("creating {}", checkpoints.display()))?;
+        for newer in checkpoints_newest_first(&checkpoints) {
+            if step_of(&newer).is_some_and(|s| s > step) {
+                std::fs::remove_file(&newer).with_context(|| format!("removing {}", newer.display()))?;
+            }
+        }
+        for (file, bytes) in &root_files {
+            if let Some(bytes) = bytes.as_ref().filter(|_| !dir.join(file).exists()) {
+                vramfit::run::atomic_write(&dir.join(file), bytes)?;
+            }
+        }
+        vramfit::run::atomic_write(&dir.join("config.toml"), config.as_bytes())?;
+        let path = checkpoints.join(&name);
+        vramfit::run::atomic_write_with(&path, |w| gathered.write_to(w))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    for (rank, dir) in from.iter().filter(|(r, _)| *r >= to) {
+        let aside = dir.with_file_name(format!("rank-{rank}.before-{to}-ranks"));
+        std::fs::rename(dir, &aside).with_context(|| format!("moving {} aside", dir.display()))?;
+    }
+    Ok(step)
+}
+
 /// The run directory of rank `rank` for a run at `root`.
 pub fn rank_dir(root: &Path, rank: usize) -> std::path::PathBuf {
     root.join("ranks").join(format!("rank-{rank}"))

@@ -35,7 +35,7 @@ pub struct TrainArgs {
     /// Continue the run in RUN_DIR from its last checkpoint.
     #[arg(long, value_name = "RUN_DIR", conflicts_with_all = [
         "config", "precision", "checkpoint", "micro_batch", "accumulate", "batch_size", "steps",
-        "storage", "moments", "allocator_cleanup", "attention", "seed", "out", "set", "budget", "ranks",
+        "storage", "moments", "allocator_cleanup", "attention", "seed", "out", "set", "budget",
         "shard_moments"])]
     resume: Option<PathBuf>,
     #[command(flatten)]
@@ -100,12 +100,42 @@ fn run_family<F: Family<D>, const D: usize>(
     }
     let (start, ranks) = match &args.resume {
         Some(dir) => {
-            // A run's ranks are its config's (0: not a readable run; the resume says why).
+            // A run's ranks are its config's (none readable: not a run; the resume says why),
+            // or another count given with --ranks: the state is then regathered.
             let path = dir.join("config.toml");
-            let ranks = std::fs::read_to_string(&path)
+            let config = std::fs::read_to_string(&path)
                 .ok()
-                .and_then(|text| FamilyConfig::<F>::from_toml(&text, &path).ok())
-                .map_or(1, |c| c.ranks);
+                .and_then(|text| FamilyConfig::<F>::from_toml(&text, &path).ok());
+            let ranks = args.settings.ranks().or(config.as_ref().map(|c| c.ranks)).unwrap_or(1);
+            let wrote = crate::ranks::rank_dirs(dir).len();
+            if ranks != wrote && vramfit::ranks::world().is_none() {
+                let Some(mut config) = config else {
+                    anyhow::bail!(
+                        "cannot resume {} on {ranks} ranks: its config.toml does not read",
+                        dir.display()
+                    );
+                };
+                if ranks == 0 {
+                    anyhow::bail!("--ranks must be at least 1");
+                }
+                if ranks > 1 {
+                    crate::ranks::check_mpi(ranks)?;
+                }
+                let micro = if config.micro_batch == 0 {
+                    config.batch_size
+                } else {
+                    config.micro_batch
+                };
+                vramfit::ranks::check_split(micro, config.accumulate, ranks)
+                    .map_err(|e| anyhow::anyhow!("--ranks {ranks}: {e}"))?;
+                config.ranks = ranks;
+                config.shard_moments &= ranks > 1;
+                let step = crate::ranks::regather(dir, ranks, &config.to_toml())?;
+                println!(
+                    "resuming on {ranks} rank(s) what {wrote} ran: the state of step {step} gathered from every rank \
+                     (Adam's moments from the rank that kept them)"
+                );
+            }
             (vramfit::run::Start::Resume(dir.clone()), ranks)
         }
         None => {

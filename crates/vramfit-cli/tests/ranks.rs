@@ -174,6 +174,63 @@ fn sharded_moments_give_the_unsharded_parameters_and_split_the_state() {
     );
 }
 
+/// A sharded 2-rank run cut after its step-3 checkpoint resumes on 4 ranks
+/// and on 1 with `--resume RUN --ranks M`: the state is gathered from
+/// every rank (each parameter's moments from the rank that kept them) and
+/// both end at the uninterrupted run's parameters (summation order apart:
+/// moments restarted from zero would be far off).
+#[cfg(feature = "mpi")]
+#[test]
+fn a_sharded_run_resumes_on_another_rank_count() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |name: &str, more: &[&str]| -> std::path::PathBuf {
+        let dir = tmp.path().join(name);
+        let o = vramfit(&[&SMALL[..], more, &["--out", dir.to_str().unwrap()]].concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+        dir
+    };
+    let whole = run("whole", &["--ranks", "2", "--shard-moments"]);
+    let params = |dir: &Path| {
+        let mut w = weights(dir);
+        w.retain(|k, _| k.starts_with("param/"));
+        w
+    };
+    let reference = params(&whole);
+    for to in ["4", "1"] {
+        let cut = run(&format!("cut{to}"), &["--ranks", "2", "--shard-moments"]);
+        // Cut after step 3, as a kill between the checkpoints would.
+        for dir in [cut.clone(), cut.join("ranks/rank-1")] {
+            for file in ["summary.json", "weights.bin"] {
+                std::fs::remove_file(dir.join(file)).unwrap();
+            }
+            let checkpoints: Vec<_> = std::fs::read_dir(dir.join("checkpoints"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(checkpoints, ["step-00000003.ckpt"], "{}", dir.display());
+        }
+        let o = vramfit(&["train", "transformer", "--resume", cut.to_str().unwrap(), "--ranks", to]);
+        let said = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{said}{}", stderr(&o));
+        assert!(said.contains("the state of step 3 gathered from every rank"), "{said}");
+        let resumed = params(&cut);
+        assert_eq!(resumed.keys().collect::<Vec<_>>(), reference.keys().collect::<Vec<_>>());
+        let mut worst = 0.0f32;
+        for (name, (_, x)) in &reference {
+            for (x, y) in x.iter().zip(&resumed[name].1) {
+                worst = worst.max((x - y).abs() / (1.0 + x.abs()));
+            }
+        }
+        assert!(
+            worst < 1e-5,
+            "on {to} rank(s): largest relative parameter difference {worst:e}"
+        );
+        let ranks = to.parse::<usize>().unwrap();
+        assert_eq!(cut.join("ranks/rank-1").exists(), ranks > 1);
+        assert_eq!(cut.join("ranks/rank-1.before-1-ranks").exists(), ranks == 1);
+    }
+}
+
 /// A transformer whose state matters (8 blocks of width 128): its leanest
 /// plan needs more than [`RANKS_BUDGET`] on one rank, and fits it on two
 /// with the moments sharded.

@@ -239,6 +239,12 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
                 if let Some((owner, shards)) = owner
                     && owner != shards.ranks.rank()
                 {
+                    // Moments restored from a checkpoint gathered from every
+                    // rank (a resume on another rank count) are the owner's.
+                    self.state.remove(&path);
+                    if let Some(host) = self.host.as_deref_mut() {
+                        host.remove(&path);
+                    }
                     let mut values = vec![0.0f32; shape.num_elements()];
                     shards.ranks.broadcast_f32(&mut values, owner);
                     let n = values.len();
