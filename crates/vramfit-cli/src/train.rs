@@ -115,19 +115,10 @@ fn run_family<F: Family<D>, const D: usize>(
                         dir.display()
                     );
                 };
-                if ranks == 0 {
-                    anyhow::bail!("--ranks must be at least 1");
-                }
+                check_ranks(&config, ranks, &format!("--ranks {ranks}"))?;
                 if ranks > 1 {
                     crate::ranks::check_mpi(ranks)?;
                 }
-                let micro = if config.micro_batch == 0 {
-                    config.batch_size
-                } else {
-                    config.micro_batch
-                };
-                vramfit::ranks::check_split(micro, config.accumulate, ranks)
-                    .map_err(|e| anyhow::anyhow!("--ranks {ranks}: {e}"))?;
                 config.ranks = ranks;
                 config.shard_moments &= ranks > 1;
                 let step = crate::ranks::regather(dir, ranks, &config.to_toml())?;
@@ -141,17 +132,7 @@ fn run_family<F: Family<D>, const D: usize>(
         None => {
             let config = crate::flags::resolve_train::<F>(&args.settings)?;
             let ranks = config.ranks;
-            // Before any rank starts: the ranks must share the micro-batches evenly.
-            if ranks == 0 {
-                anyhow::bail!("setting `ranks`: must be at least 1");
-            }
-            let micro = if config.micro_batch == 0 {
-                config.batch_size
-            } else {
-                config.micro_batch
-            };
-            vramfit::ranks::check_split(micro, config.accumulate, ranks)
-                .map_err(|e| anyhow::anyhow!("setting `ranks`: {e}"))?;
+            check_ranks(&config, ranks, "setting `ranks`")?;
             (
                 vramfit::run::Start::New(config, crate::run_path(&args.out, F::NAME)),
                 ranks,
@@ -173,4 +154,17 @@ fn run_family<F: Family<D>, const D: usize>(
         _ => {}
     }
     crate::runs::run(&args.device.name, launch(start))
+}
+
+/// Before any rank starts: at least one, sharing the micro-batches evenly.
+fn check_ranks<F: Family<D>, const D: usize>(config: &FamilyConfig<F>, ranks: usize, what: &str) -> Result<()> {
+    if ranks == 0 {
+        anyhow::bail!("{what}: must be at least 1");
+    }
+    let micro = if config.micro_batch == 0 {
+        config.batch_size
+    } else {
+        config.micro_batch
+    };
+    vramfit::ranks::check_split(micro, config.accumulate, ranks).map_err(|e| anyhow::anyhow!("{what}: {e}"))
 }
