@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail};
 use burn::tensor::backend::AutodiffBackend;
 use vramfit::plan::{Calibration, Measured, PROBE_STEPS, Runnable, Strategy, measured_in};
 use vramfit::profile::{DeviceMemory, human_bytes};
-use vramfit::run::{RunPath, Start};
+use vramfit::run::{RunPath, Start, checkpoints_newest_first};
 use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::Family;
 use vramfit_models::plan::FamilyTarget;
@@ -234,32 +234,16 @@ fn each_rank(peaks: impl Iterator<Item = u64>) -> String {
 /// longer run keep their folders, renamed aside. Nothing is changed when a
 /// check fails. Returns the step it resumes from.
 pub fn regather(root: &Path, to: usize, config: &str) -> Result<u64> {
-    use vramfit::run::{ArrayFile, checkpoints_newest_first};
     let from = rank_dirs(root);
-    let step_of = |p: &Path| -> Option<u64> { p.file_stem()?.to_str()?.strip_prefix("step-")?.parse().ok() };
-    // The newest step every rank has a checkpoint of.
-    let steps: Vec<std::collections::BTreeMap<u64, PathBuf>> = from
-        .iter()
-        .map(|(_, d)| {
-            checkpoints_newest_first(&d.join("checkpoints"))
-                .into_iter()
-                .filter_map(|p| Some((step_of(&p)?, p)))
-                .collect()
-        })
-        .collect();
-    let Some(step) = steps[0]
-        .keys()
-        .rev()
-        .copied()
-        .find(|s| steps.iter().all(|m| m.contains_key(s)))
-    else {
+    let steps = checkpoint_steps(&from);
+    let Some(step) = newest_common(&steps) else {
         bail!(
             "cannot resume {} on {to} ranks: no step has a checkpoint from each of its {} ranks",
             root.display(),
             from.len()
         );
     };
-    let read = |p: &Path| ArrayFile::read(p).with_context(|| format!("reading {}", p.display()));
+    let read = |p: &Path| vramfit::run::ArrayFile::read(p).with_context(|| format!("reading {}", p.display()));
     let name = steps[0][&step].file_name().map(|n| n.to_owned()).unwrap_or_default();
     let mut gathered = read(&steps[0][&step])?;
     for files in &steps[1..] {
@@ -302,6 +286,51 @@ pub fn regather(root: &Path, to: usize, config: &str) -> Result<u64> {
         std::fs::rename(dir, &aside).with_context(|| format!("moving {} aside", dir.display()))?;
     }
     Ok(step)
+}
+
+/// Each rank's checkpoints by step.
+fn checkpoint_steps(ranks: &[(usize, PathBuf)]) -> Vec<std::collections::BTreeMap<u64, PathBuf>> {
+    ranks
+        .iter()
+        .map(|(_, d)| {
+            checkpoints_newest_first(&d.join("checkpoints"))
+                .into_iter()
+                .filter_map(|p| Some((step_of(&p)?, p)))
+                .collect()
+        })
+        .collect()
+}
+
+/// A checkpoint's step, from its name.
+fn step_of(p: &Path) -> Option<u64> {
+    p.file_stem()?.to_str()?.strip_prefix("step-")?.parse().ok()
+}
+
+/// The newest step every rank has a checkpoint of.
+fn newest_common(steps: &[std::collections::BTreeMap<u64, PathBuf>]) -> Option<u64> {
+    steps
+        .first()?
+        .keys()
+        .rev()
+        .copied()
+        .find(|s| steps.iter().all(|m| m.contains_key(s)))
+}
+
+/// Before the ranks of the run at `root` resume: where a rank died after
+/// the others' last checkpoint (or they after its), the checkpoints newer
+/// than the newest step every rank wrote are removed, so that every rank
+/// resumes from that step. Returns it when anything was removed.
+pub fn align_checkpoints(root: &Path) -> Result<Option<u64>> {
+    let steps = checkpoint_steps(&rank_dirs(root));
+    let Some(step) = newest_common(&steps) else {
+        return Ok(None);
+    };
+    let mut removed = false;
+    for path in steps.iter().flat_map(|m| m.range(step + 1..).map(|(_, p)| p)) {
+        std::fs::remove_file(path).with_context(|| format!("removing {}", path.display()))?;
+        removed = true;
+    }
+    Ok(removed.then_some(step))
 }
 
 /// The run directory of rank `rank` for a run at `root`.

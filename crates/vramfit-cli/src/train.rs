@@ -127,6 +127,15 @@ fn run_family<F: Family<D>, const D: usize>(
                      (Adam's moments from the rank that kept them)"
                 );
             }
+            if ranks > 1
+                && vramfit::ranks::world().is_none()
+                && let Some(step) = crate::ranks::align_checkpoints(dir)?
+            {
+                println!(
+                    "the ranks' newest checkpoints differ (a rank stopped between them): every rank resumes from \
+                     step {step}, the newest all of them wrote (the newer ones removed)"
+                );
+            }
             (vramfit::run::Start::Resume(dir.clone()), ranks)
         }
         None => {

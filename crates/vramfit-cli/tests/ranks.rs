@@ -231,6 +231,94 @@ fn a_sharded_run_resumes_on_another_rank_count() {
     }
 }
 
+/// One rank of a sharded 2-rank run killed with SIGKILL after its first
+/// checkpoint: the run stops with an error naming the ranks, and `--resume`
+/// ends it with the uninterrupted run's files, byte for byte, on both ranks.
+#[cfg(feature = "mpi")]
+#[test]
+fn a_killed_rank_stops_the_run_and_resume_ends_identical() {
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().unwrap();
+    let args = |out: &Path| -> Vec<String> {
+        [
+            "train",
+            "transformer",
+            "--steps",
+            "400",
+            "--batch-size",
+            "8",
+            "--micro-batch",
+            "2",
+            "--accumulate",
+            "4",
+            "--set",
+            "model.width=32",
+            "--set",
+            "model.depth=2",
+            "--set",
+            "model.heads=2",
+            "--set",
+            "checkpoint_every=20",
+            "--ranks",
+            "2",
+            "--shard-moments",
+            "--out",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .chain([out.display().to_string()])
+        .collect()
+    };
+    let (whole, killed) = (tmp.path().join("whole"), tmp.path().join("killed"));
+    let o = Command::new(env!("CARGO_BIN_EXE_vramfit"))
+        .args(args(&whole))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let run = Command::new(env!("CARGO_BIN_EXE_vramfit"))
+        .args(args(&killed))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rank1 = killed.join("ranks/rank-1");
+    let started = Instant::now();
+    while std::fs::read_dir(rank1.join("checkpoints"))
+        .map(|r| r.flatten().all(|e| e.path().extension().is_none_or(|x| x != "ckpt")))
+        .unwrap_or(true)
+    {
+        assert!(started.elapsed() < Duration::from_secs(120), "no checkpoint appeared");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let pid = std::fs::read_to_string(rank1.join(".lock")).unwrap();
+    assert!(
+        Command::new("kill")
+            .args(["-9", pid.trim()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let o = run.wait_with_output().unwrap();
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("the 2 ranks ended with"), "{}", stderr(&o));
+    assert!(
+        !killed.join("summary.json").exists(),
+        "the run finished before the kill: the test proved nothing"
+    );
+    let o = vramfit(&["train", "transformer", "--resume", killed.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    for rank in ["", "ranks/rank-1"] {
+        let (a, b) = (
+            whole.join(rank).join("weights.bin"),
+            killed.join(rank).join("weights.bin"),
+        );
+        assert!(
+            std::fs::read(a).unwrap() == std::fs::read(b).unwrap(),
+            "rank {rank:?}: weights.bin differs"
+        );
+    }
+}
+
 /// A transformer whose state matters (8 blocks of width 128): its leanest
 /// plan needs more than [`RANKS_BUDGET`] on one rank, and fits it on two
 /// with the moments sharded.
