@@ -70,7 +70,12 @@ macro_rules! dispatch {
             ),
             #[cfg(feature = "cuda")]
             "cuda" => {
-                $work.run::<Autodiff<burn::backend::Cuda>>(&Default::default(), "cuda:0 (burn Cuda; CubeCL)".into())
+                // On ranks, one GPU a rank: the rank's index on its machine.
+                let index = vramfit::ranks::local_rank();
+                $work.run::<Autodiff<burn::backend::Cuda>>(
+                    &burn::backend::cuda::CudaDevice::new(index),
+                    format!("cuda:{index} (burn Cuda; CubeCL)"),
+                )
             }
             #[cfg(feature = "wgpu")]
             "wgpu" => $work.run::<vramfit::backends::Wgpu>(

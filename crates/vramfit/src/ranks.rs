@@ -53,6 +53,16 @@ pub fn world() -> Option<std::sync::Arc<dyn Collective>> {
     WORLD.get().cloned()
 }
 
+/// This process's rank among the ranks on its own machine, as the MPI
+/// launcher says (Open MPI, MPICH, Slurm); 0 when none does. A rank on a
+/// GPU uses the GPU of this index: one GPU a rank.
+pub fn local_rank() -> usize {
+    ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok()?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// The micro-batches (of `accumulate`) that rank `rank` of `size` runs.
 pub fn share(accumulate: usize, rank: usize, size: usize) -> Range<usize> {
     let per = accumulate / size.max(1);
