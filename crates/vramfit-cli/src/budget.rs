@@ -42,6 +42,9 @@ impl Budget {
 /// well inside the byte counts' range).
 const MAX_CARD_GIB: f64 = 1_048_576.0;
 
+/// The smallest (1 MiB): below it a card's row would read "0 B".
+const MIN_CARD_GIB: f64 = 1.0 / 1024.0;
+
 /// A card size for `--gpus`: a number of GiB (`24`, `0.5`) or a size with
 /// its unit (`24GiB`, `512MiB`), in GiB.
 pub(crate) fn parse_card_gib(s: &str) -> Result<f64, String> {
@@ -57,11 +60,12 @@ pub(crate) fn parse_card_gib(s: &str) -> Result<f64, String> {
             }
         },
     };
-    if gib.is_finite() && gib > 0.0 && gib <= MAX_CARD_GIB {
+    if gib.is_finite() && gib >= MIN_CARD_GIB && gib <= MAX_CARD_GIB {
         Ok(gib)
     } else {
         Err(format!(
-            "'{s}': card sizes are positive numbers of GiB up to {MAX_CARD_GIB} (1 PiB), e.g. 8,16,24"
+            "'{s}': card sizes are numbers of GiB from 1 MiB ({MIN_CARD_GIB}) up to {MAX_CARD_GIB} (1 PiB), e.g. \
+             8,16,24"
         ))
     }
 }
@@ -86,7 +90,7 @@ pub(crate) fn budget_and_cards(budget: Option<&str>, gpus: &[f64], device: &str)
     let mut cards: Vec<u64> = gpus
         .iter()
         .map(|g| {
-            if g.is_finite() && *g > 0.0 && *g <= MAX_CARD_GIB {
+            if g.is_finite() && *g >= MIN_CARD_GIB && *g <= MAX_CARD_GIB {
                 Ok((g * (1u64 << 30) as f64) as u64)
             } else {
                 bail!("--gpus {g}: card sizes are positive numbers of GiB up to {MAX_CARD_GIB} (1 PiB), e.g. 8,16,24")
@@ -121,7 +125,9 @@ pub(crate) fn check_bench_out(out: &std::path::Path) -> Result<()> {
     if let Some(dir) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("--out: cannot create {} ({e})", dir.display()))?;
     }
-    check_writable("--out", out)
+    check_writable("--out", out)?;
+    // The table beside it, too.
+    check_writable("--out (its table)", &out.with_extension("md"))
 }
 
 /// Refuses an output file path that cannot be written, before the work

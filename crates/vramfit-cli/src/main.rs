@@ -356,8 +356,24 @@ fn report(dir: &Path) -> Result<()> {
             "{} is a memory report of version {}, and this vramfit reads version {}: read it with the vramfit that \
              wrote it",
             path.display(),
-            version.map_or("(missing)".into(), |v| v.to_string()),
+            match &head["version"] {
+                serde_json::Value::Null => "(missing)".into(),
+                other => other.to_string(),
+            },
             vramfit::profile::REPORT_VERSION
+        );
+    }
+    // Every field the report writes is there (`null` where nothing was
+    // measured): one missing was removed by hand, and a table without it
+    // would say something the run did not.
+    if let Some(missing) = ["headline", "records", "peak_bytes", "advice"]
+        .iter()
+        .find(|k| head.get(**k).is_none())
+    {
+        bail!(
+            "{} is not a whole vramfit memory report: its `{missing}` field is missing (the file was edited or \
+             damaged; a new run writes it again)",
+            path.display()
         );
     }
     let report: vramfit::profile::MemoryReport =

@@ -86,7 +86,12 @@ fn scene(dir: PathBuf, views: usize, (width, height): (u32, u32), points: usize)
         points,
     };
     let data = vramfit_scene::synthetic::dataset(&spec);
-    vramfit_scene::colmap::write(&dir, &data)?;
+    if let Err(e) = vramfit_scene::colmap::write(&dir, &data) {
+        // A dataset half written (a full disk) is no dataset: the folder
+        // goes, so that the same command works once there is room.
+        let _ = std::fs::remove_dir_all(&dir);
+        return Err(anyhow::Error::from(e).context("nothing was kept"));
+    }
     let (train, held) = data.split();
     println!(
         "wrote {}: {} views of {width}x{height} ({} for training, {} held out: every 8th), {} sparse points, as a \

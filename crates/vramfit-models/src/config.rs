@@ -323,7 +323,13 @@ impl<M: ModelSettings> FamilyConfig<M> {
         };
         let rough = self.model.rough_floats(&self.task);
         let bytes = rough.bytes(samples);
-        if bytes.is_nan() || bytes > MOST_BYTES {
+        // On the CPU the host is the device: beyond its memory an allocation
+        // would abort the process.
+        let limit = match vramfit::memory::total_bytes() {
+            Some(total) if vramfit::backends::is_cpu::<B>() && (total as f64) < MOST_BYTES => total as f64,
+            _ => MOST_BYTES,
+        };
+        if bytes.is_nan() || bytes > limit {
             return Err(ConfigError::Invalid {
                 name: if 2.0 * 4.0 * rough.task > bytes {
                     "task"
@@ -332,12 +338,17 @@ impl<M: ModelSettings> FamilyConfig<M> {
                 },
                 why: format!(
                     "these sizes need about {} by a rough count ({:.3e} parameters, {:.3e} activation floats a \
-                     sample, {samples} samples a pass): at most {} is accepted; lower the model's or task's sizes, \
-                     or the (micro-)batch",
+                     sample, {samples} samples a pass): at most {} is accepted{}; lower the model's or task's \
+                     sizes, or the (micro-)batch",
                     rough_size(bytes),
                     rough.parameters,
                     rough.activations_per_sample,
-                    rough_size(MOST_BYTES)
+                    rough_size(limit),
+                    if limit < MOST_BYTES {
+                        " on the CPU (this machine's memory)"
+                    } else {
+                        ""
+                    }
                 ),
             });
         }

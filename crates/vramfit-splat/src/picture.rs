@@ -119,7 +119,26 @@ pub fn check_output_path(path: &Path) -> Result<(), SplatError> {
                 .into(),
         });
     }
-    Ok(())
+    // Its folder, before the work: there, and writable (a probe file, removed).
+    let folder = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let refuse = |why: String| Err(SplatError::Write { path: path.into(), why });
+    if !folder.is_dir() {
+        return refuse(format!(
+            "the folder {} does not exist (nothing was made)",
+            folder.display()
+        ));
+    }
+    let probe = folder.join(format!(".vramfit-write-probe-{}", std::process::id()));
+    match std::fs::File::create(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => refuse(format!("cannot write in {} ({e}; nothing was made)", folder.display())),
+    }
 }
 
 /// Encodes PNG to `path` atomically; a failure leaves no temporary file.

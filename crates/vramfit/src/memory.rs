@@ -23,6 +23,11 @@ pub fn available_bytes() -> Option<u64> {
     meminfo_available(&std::fs::read_to_string("/proc/meminfo").ok()?)
 }
 
+/// The machine's memory (`MemTotal` in `/proc/meminfo`), in bytes.
+pub fn total_bytes() -> Option<u64> {
+    status_kib(&std::fs::read_to_string("/proc/meminfo").ok()?, "MemTotal:").map(|k| k.saturating_mul(1024))
+}
+
 /// `MemAvailable` of a `/proc/meminfo` text, in bytes.
 fn meminfo_available(meminfo: &str) -> Option<u64> {
     status_kib(meminfo, "MemAvailable:").map(|k| k.saturating_mul(1024))

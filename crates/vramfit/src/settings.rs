@@ -79,10 +79,18 @@ pub fn apply_sets<T: DeserializeOwned>(resolved_toml: &str, sets: &[String]) -> 
         let Some((key, value)) = arg.split_once('=') else {
             return Err(fail("expected KEY=VALUE, e.g. --set add_every=250".into()));
         };
-        let value = toml::from_str::<toml::Table>(&format!("v = {value}"))
+        let parsed = toml::from_str::<toml::Table>(&format!("v = {value}"))
             .ok()
-            .and_then(|mut t| t.remove("v"))
-            .unwrap_or_else(|| toml::Value::String(value.to_string()));
+            .and_then(|mut t| t.remove("v"));
+        // A number TOML cannot hold (past i64, or a float past f64) is out
+        // of range, not a string.
+        let numeric = value
+            .trim()
+            .starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == '+');
+        if parsed.is_none() && numeric && value.trim().replace('_', "").parse::<f64>().is_ok() {
+            return Err(fail(format!("{} is out of range: {RANGE}", value.trim())));
+        }
+        let value = parsed.unwrap_or_else(|| toml::Value::String(value.to_string()));
         let mut path: Vec<&str> = key.trim().split('.').collect();
         let last = path.pop().unwrap_or_default();
         let mut at = &mut table;
@@ -99,6 +107,9 @@ pub fn apply_sets<T: DeserializeOwned>(resolved_toml: &str, sets: &[String]) -> 
                 if f.is_finite() && f.fract() == 0.0 && f.abs() < i64::MAX as f64 =>
             {
                 toml::Value::Integer(f as i64)
+            }
+            (Some(toml::Value::Integer(_)), toml::Value::Float(f)) if f.fract() == 0.0 => {
+                return Err(fail(format!("{f:e} is out of range: {RANGE}")));
             }
             (_, v) => v,
         };
@@ -170,6 +181,9 @@ pub fn shell_words(args: &[String]) -> String {
         .join(" ")
 }
 
+/// The numbers settings hold.
+const RANGE: &str = "whole numbers go up to 9223372036854775807";
+
 /// A settings error with Rust's type names put in the user's words.
 fn in_words(message: &str) -> String {
     [
@@ -182,6 +196,10 @@ fn in_words(message: &str) -> String {
         ("expected f32", "expected a number"),
         ("floating point", "a fractional number"),
         ("invalid value: integer", "the number"),
+        (
+            "number too large to fit in target type",
+            "a number out of range (whole numbers go up to 9223372036854775807)",
+        ),
     ]
     .iter()
     .fold(message.to_string(), |m, (from, to)| m.replace(from, to))
@@ -258,6 +276,12 @@ mod tests {
                 "expected a whole number of 0 or more",
             ),
             (&["steps=2.5"][..], "--set steps=2.5: ", "a fractional number `2.5`"),
+            (
+                &["seed=18446744073709551615"][..],
+                "--set seed=18446744073709551615: ",
+                "is out of range",
+            ),
+            (&["steps=1e19"][..], "--set steps=1e19: ", "is out of range"),
             (&["seed.x=1"][..], "--set seed.x=1: ", "`seed` is a value"),
             (&["seed"][..], "--set seed: ", "expected KEY=VALUE"),
         ] {

@@ -12,7 +12,7 @@ const SUBFOLDERS: [&str; 2] = ["checkpoints", "frames"];
 #[derive(Debug, thiserror::Error)]
 pub enum RunDirError {
     /// The directory exists and the run is not a resume.
-    #[error("run directory '{0}' already exists; choose another --out, or pass --resume {0} to continue it")]
+    #[error("run directory '{0}' already exists; choose another --out{hint}", hint = resume_hint(.0))]
     Exists(PathBuf),
     /// The path is taken by something that is not a run directory (a
     /// file, or a folder with neither a run's `config.toml` nor its lock
@@ -57,7 +57,7 @@ pub enum RunDirError {
         cause: io::Error,
     },
     /// Any I/O failure, with the path it concerned.
-    #[error("cannot write '{path}': {cause}{}", full_disk_hint(cause))]
+    #[error("cannot write '{path}': {cause}{}", full_disk_hint(cause, path))]
     Io {
         /// The file or directory.
         path: PathBuf,
@@ -66,14 +66,34 @@ pub enum RunDirError {
     },
 }
 
-/// What a full disk means for a run, after the OS's words.
-fn full_disk_hint(cause: &io::Error) -> &'static str {
-    match cause.kind() {
-        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => {
-            ". Free space and resume the run (`--resume RUN_DIR`): it continues from its last checkpoint as if it \
-             had not stopped"
-        }
-        _ => "",
+/// What a full disk means for a run, after the OS's words: the run
+/// directory is the nearest folder above `path` holding a `config.toml`.
+fn full_disk_hint(cause: &io::Error, path: &Path) -> String {
+    if !matches!(cause.kind(), io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded) {
+        return String::new();
+    }
+    let run = path
+        .ancestors()
+        .skip(1)
+        .find(|d| d.join("config.toml").is_file())
+        .map_or("RUN_DIR".into(), |d| d.display().to_string());
+    format!(
+        ". Free space and resume the run (`--resume {run}`): it continues from its last checkpoint as if it had not \
+         stopped"
+    )
+}
+
+/// After "already exists": what to do with the run there, if it is one.
+fn resume_hint(root: &Path) -> String {
+    if root.join("summary.json").is_file() {
+        format!(
+            " (the run there finished: `vramfit report {}` shows it)",
+            root.display()
+        )
+    } else if root.join("config.toml").is_file() || root.join(LOCK_FILE).is_file() {
+        format!(", or pass --resume {} to continue it", root.display())
+    } else {
+        String::new()
     }
 }
 
