@@ -60,7 +60,7 @@ pub(crate) fn parse_card_gib(s: &str) -> Result<f64, String> {
             }
         },
     };
-    if gib.is_finite() && gib >= MIN_CARD_GIB && gib <= MAX_CARD_GIB {
+    if (MIN_CARD_GIB..=MAX_CARD_GIB).contains(&gib) {
         Ok(gib)
     } else {
         Err(format!(
@@ -90,7 +90,7 @@ pub(crate) fn budget_and_cards(budget: Option<&str>, gpus: &[f64], device: &str)
     let mut cards: Vec<u64> = gpus
         .iter()
         .map(|g| {
-            if g.is_finite() && *g >= MIN_CARD_GIB && *g <= MAX_CARD_GIB {
+            if (MIN_CARD_GIB..=MAX_CARD_GIB).contains(g) {
                 Ok((g * (1u64 << 30) as f64) as u64)
             } else {
                 bail!("--gpus {g}: card sizes are positive numbers of GiB up to {MAX_CARD_GIB} (1 PiB), e.g. 8,16,24")
