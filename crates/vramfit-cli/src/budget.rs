@@ -48,7 +48,7 @@ const MIN_CARD_GIB: f64 = 1.0 / 1024.0;
 /// A card size for `--gpus`: a number of GiB (`24`, `0.5`) or a size with
 /// its unit (`24GiB`, `512MiB`), in GiB.
 pub(crate) fn parse_card_gib(s: &str) -> Result<f64, String> {
-    let t = s.trim();
+    let t = &s.trim().replace('_', "");
     let gib = match t.parse::<f64>() {
         Ok(g) => g,
         Err(_) => match vramfit::plan::parse_bytes(t) {

@@ -196,7 +196,8 @@ fn an_existing_run_directory_is_not_overwritten() {
     }
     assert_eq!(std::fs::read(d.join("a-file")).unwrap(), b"mine");
     assert_eq!(std::fs::read_dir(d.join("empty")).unwrap().count(), 0);
-    // A run directory: then resuming is the suggestion.
+    // A finished run directory: reporting it is the suggestion (resuming
+    // a finished run cannot work).
     let fit_done = [
         "fit",
         img.to_str().unwrap(),
@@ -211,7 +212,9 @@ fn an_existing_run_directory_is_not_overwritten() {
     assert!(o.status.success(), "{}", stderr(&o));
     let o = run(&fit_done, d);
     assert!(
-        stderr(&o).contains("already exists") && stderr(&o).contains("--resume done"),
+        stderr(&o).contains("already exists")
+            && stderr(&o).contains("vramfit report done")
+            && !stderr(&o).contains("--resume"),
         "{}",
         stderr(&o)
     );

@@ -353,7 +353,8 @@ impl Calibration {
 
 /// Parses a byte count: `6GiB`, `512MiB`, `1.5GB`, `2e9`, `123456`.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let t = text.trim();
+    // `1_000MiB` as counts are written.
+    let t = &text.trim().replace('_', "");
     // The unit is the trailing letters (a number like `2e9` or `1e3GiB`
     // keeps its exponent).
     let split = if t.parse::<f64>().is_ok() {
@@ -362,6 +363,11 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         t.trim_end_matches(|c: char| c.is_ascii_alphabetic()).len()
     };
     let (number, unit) = t.split_at(split);
+    // The number first: `NaNGiB` or `e999gib` has none (all letters).
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size; write e.g. 6GiB, 512MiB, 1.5GB or a number of bytes"))?;
     let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kib" => 1024.0,
@@ -380,10 +386,6 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
             ));
         }
     };
-    let value: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{text}' is not a size; write e.g. 6GiB, 512MiB, 1.5GB or a number of bytes"))?;
     let bytes = value * scale;
     // (An exponent past f64's range is infinite: too large as well.)
     if bytes >= u64::MAX as f64 {
@@ -445,6 +447,12 @@ mod tests {
         assert_eq!(parse_bytes("2e9"), Ok(2_000_000_000));
         assert_eq!(parse_bytes("123"), Ok(123));
         assert_eq!(parse_bytes("1e3KiB"), Ok(1_024_000));
+        assert_eq!(parse_bytes("1_000MiB"), Ok(1000 << 20));
+        // No number at all is said so, not called a unit.
+        for letters in ["NaNGiB", "e999gib", "GiB"] {
+            let e = parse_bytes(letters).unwrap_err();
+            assert!(e.contains("is not a size") && !e.contains("unit"), "{letters}: {e}");
+        }
         for huge in ["1e999GiB", "1e999", "20000PiB"] {
             let e = parse_bytes(huge).unwrap_err();
             assert!(e.contains("too large"), "{huge}: {e}");
