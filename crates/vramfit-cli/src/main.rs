@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand};
 use vramfit::run::RunPath;
 use vramfit_splat::budget::check_size_here;
 use vramfit_splat::gaussians::Gaussians;
-use vramfit_splat::picture::{check_output_path, save_png, to_rgb8};
+use vramfit_splat::picture::{check_output_target, save_png, to_rgb8};
 
 // Every command's printing goes through `stdout::write`: a closed or full
 // stdout (`vramfit … | head -1`, `> /dev/full`) must not stop the command
@@ -426,7 +426,7 @@ fn report_ranks(dir: &Path) {
 }
 
 fn render(path: &Path, size: Option<(u32, u32)>, top_k: usize, out: &Path) -> Result<()> {
-    check_output_path(out)?;
+    check_output_target(out)?;
     let g = Gaussians::load(path)?;
     if !(1..=vramfit_splat::cpu::render::MAX_TOP_K).contains(&top_k) {
         bail!(

@@ -151,12 +151,15 @@ where
     let mut tried = 0;
     let verified = vramfit::plan::verify_on_ranks(&cal, budget.bytes, ranks, |knobs| {
         tried += 1;
+        let settings = target.settings(knobs);
+        // As the one-rank probes: a run that checkpoints writes one in the
+        // probe too (its host copies can be the peak).
         let probe = FamilyConfig {
             steps: PROBE_STEPS,
             log_every: 1,
             profile_every: 1,
-            checkpoint_every: 0,
-            ..target.settings(knobs)
+            checkpoint_every: if settings.checkpoint_every > 0 { 2 } else { 0 },
+            ..settings
         };
         let dir = work.join(format!("probe-{tried}"));
         println!("verifying on {ranks} ranks: {}", cal.describe(knobs));
@@ -225,6 +228,35 @@ fn each_rank(peaks: impl Iterator<Item = u64>) -> String {
         .join(", ")
 }
 
+/// Checks, before the launcher changes anything in the run at `root`,
+/// that it can be resumed as `workload` on `ranks` ranks (not finished,
+/// that workload's, `mpirun` there for more than one) and holds every
+/// rank's folder (their locks: a run still going, or another resume of
+/// it, is refused) until the returned folders are dropped.
+pub fn hold_for_resume(root: &Path, workload: &str, ranks: usize) -> Result<Vec<vramfit::run::RunDir>> {
+    if root.join("summary.json").exists() {
+        bail!(
+            "cannot resume {}: the run already finished (summary.json exists)",
+            root.display()
+        );
+    }
+    if let Ok(started) = std::fs::read_to_string(root.join("workload"))
+        && started.trim() != workload
+    {
+        bail!("cannot resume {}: it is not a run of {workload}", root.display());
+    }
+    if ranks > 1 && std::process::Command::new("mpirun").arg("--version").output().is_err() {
+        bail!(
+            "--ranks {ranks} starts the ranks with `mpirun`, which is not installed: install Open MPI (Debian: \
+             `apt install openmpi-bin`); nothing was changed"
+        );
+    }
+    rank_dirs(root)
+        .iter()
+        .map(|(_, d)| vramfit::run::RunDir::open(d).map_err(anyhow::Error::from))
+        .collect()
+}
+
 /// Readies the run at `root`, whose checkpoints `rank_dirs(root)` ranks
 /// wrote, to resume on `to` ranks with settings `config` (its
 /// `config.toml`, `ranks = to`): the newest step every rank checkpointed is
@@ -256,9 +288,30 @@ pub fn regather(root: &Path, to: usize, config: &str) -> Result<u64> {
     if gathered.meta.get("config_toml").is_some() {
         gathered.meta["config_toml"] = config.into();
     }
-    // Every check passed: each rank's folder, its checkpoint the gathered one.
+    // The retired ranks' folders go aside under names not yet taken.
+    let aside: Vec<(PathBuf, PathBuf)> = from
+        .iter()
+        .filter(|(r, _)| *r >= to)
+        .map(|(r, d)| {
+            (
+                d.clone(),
+                d.with_file_name(format!("rank-{r}.before-{to}-ranks-at-step-{step}")),
+            )
+        })
+        .collect();
+    if let Some((_, taken)) = aside.iter().find(|(_, a)| a.exists()) {
+        bail!(
+            "cannot set rank folders aside: {} exists (nothing was changed)",
+            taken.display()
+        );
+    }
+    for (dir, to) in &aside {
+        std::fs::rename(dir, to).with_context(|| format!("moving {} aside", dir.display()))?;
+    }
+    // Each rank's folder, its checkpoint the gathered one; rank 0's last,
+    // whose config.toml says how many ranks the run has.
     let root_files = ["workload", "metrics.jsonl"].map(|f| (f, std::fs::read(root.join(f)).ok()));
-    for rank in 0..to {
+    for rank in (0..to).rev() {
         let dir = if rank == 0 {
             root.to_path_buf()
         } else {
@@ -280,10 +333,6 @@ pub fn regather(root: &Path, to: usize, config: &str) -> Result<u64> {
         let path = checkpoints.join(&name);
         vramfit::run::atomic_write_with(&path, |w| gathered.write_to(w))
             .with_context(|| format!("writing {}", path.display()))?;
-    }
-    for (rank, dir) in from.iter().filter(|(r, _)| *r >= to) {
-        let aside = dir.with_file_name(format!("rank-{rank}.before-{to}-ranks"));
-        std::fs::rename(dir, &aside).with_context(|| format!("moving {} aside", dir.display()))?;
     }
     Ok(step)
 }
@@ -321,9 +370,24 @@ fn newest_common(steps: &[std::collections::BTreeMap<u64, PathBuf>]) -> Option<u
 /// than the newest step every rank wrote are removed, so that every rank
 /// resumes from that step. Returns it when anything was removed.
 pub fn align_checkpoints(root: &Path) -> Result<Option<u64>> {
-    let steps = checkpoint_steps(&rank_dirs(root));
-    let Some(step) = newest_common(&steps) else {
+    let ranks = rank_dirs(root);
+    let steps = checkpoint_steps(&ranks);
+    if steps.iter().all(|m| m.is_empty()) {
         return Ok(None);
+    }
+    // One rank with none (it stopped before its first) would start over
+    // beside ranks at a later step: their sums would mix steps.
+    let Some(step) = newest_common(&steps) else {
+        let bare = ranks
+            .iter()
+            .zip(&steps)
+            .find(|(_, m)| m.is_empty())
+            .map_or(0, |((r, _), _)| *r);
+        bail!(
+            "cannot resume {}: no step has a checkpoint from every rank (rank {bare} has none: it stopped before \
+             its first). Nothing was changed; start the run again with a new --out",
+            root.display()
+        );
     };
     let mut removed = false;
     for path in steps.iter().flat_map(|m| m.range(step + 1..).map(|(_, p)| p)) {

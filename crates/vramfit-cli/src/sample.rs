@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{Result, bail};
 use vramfit_splat::budget::check_size_here;
-use vramfit_splat::picture::{check_output_path, save_png};
+use vramfit_splat::picture::{check_output_target, save_png};
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -51,7 +51,7 @@ pub fn run(args: SampleArgs) -> Result<()> {
             _,
         ) => scene(dir, views, size, points),
         (None, Some(out)) => {
-            check_output_path(&out)?;
+            check_output_target(&out)?;
             check_size_here(
                 "the sample image",
                 args.size.0,
@@ -86,10 +86,17 @@ fn scene(dir: PathBuf, views: usize, (width, height): (u32, u32), points: usize)
         points,
     };
     let data = vramfit_scene::synthetic::dataset(&spec);
+    let existed = dir.exists();
     if let Err(e) = vramfit_scene::colmap::write(&dir, &data) {
-        // A dataset half written (a full disk) is no dataset: the folder
-        // goes, so that the same command works once there is room.
-        let _ = std::fs::remove_dir_all(&dir);
+        // A dataset half written (a full disk) is no dataset: what was
+        // written goes (the folder too, unless it was there before), so
+        // that the same command works once there is room.
+        if existed {
+            let _ = std::fs::remove_dir_all(dir.join("images"));
+            let _ = std::fs::remove_dir_all(dir.join("sparse"));
+        } else {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
         return Err(anyhow::Error::from(e).context("nothing was kept"));
     }
     let (train, held) = data.split();

@@ -75,6 +75,12 @@ fn run_family<F: Family<D>, const D: usize>(
                 );
             }
             crate::ranks::check_mpi(ranks)?;
+            if budget.auto {
+                anyhow::bail!(
+                    "--budget auto reads this machine's free memory, which {ranks} ranks on it would share: give the \
+                     budget of one rank in bytes (e.g. --budget 2GiB)"
+                );
+            }
             let Some(out) = args.out.clone() else {
                 anyhow::bail!("--ranks {ranks} needs --out RUN_DIR: every rank writes under it");
             };
@@ -108,7 +114,15 @@ fn run_family<F: Family<D>, const D: usize>(
                 .and_then(|text| FamilyConfig::<F>::from_toml(&text, &path).ok());
             let ranks = args.settings.ranks().or(config.as_ref().map(|c| c.ranks)).unwrap_or(1);
             let wrote = crate::ranks::rank_dirs(dir).len();
-            if ranks != wrote && vramfit::ranks::world().is_none() {
+            let launcher = vramfit::ranks::world().is_none();
+            // Before anything in it changes: finished, in use or another
+            // workload's is refused, every rank's folder held meanwhile.
+            let held = if launcher && (ranks != wrote || ranks > 1) {
+                crate::ranks::hold_for_resume(dir, &format!("vramfit train {}", F::NAME), ranks)?
+            } else {
+                Vec::new()
+            };
+            if ranks != wrote && launcher {
                 let Some(mut config) = config else {
                     anyhow::bail!(
                         "cannot resume {} on {ranks} ranks: its config.toml does not read",
@@ -128,7 +142,7 @@ fn run_family<F: Family<D>, const D: usize>(
                 );
             }
             if ranks > 1
-                && vramfit::ranks::world().is_none()
+                && launcher
                 && let Some(step) = crate::ranks::align_checkpoints(dir)?
             {
                 println!(
@@ -136,6 +150,7 @@ fn run_family<F: Family<D>, const D: usize>(
                      step {step}, the newest all of them wrote (the newer ones removed)"
                 );
             }
+            drop(held);
             (vramfit::run::Start::Resume(dir.clone()), ranks)
         }
         None => {

@@ -190,6 +190,36 @@ fn a_sharded_run_resumes_on_another_rank_count() {
         dir
     };
     let whole = run("whole", &["--ranks", "2", "--shard-moments"]);
+    // A finished run is refused before anything in it changes.
+    let config = std::fs::read(whole.join("config.toml")).unwrap();
+    let o = vramfit(&[
+        "train",
+        "transformer",
+        "--resume",
+        whole.to_str().unwrap(),
+        "--ranks",
+        "4",
+    ]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("already finished"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read(whole.join("config.toml")).unwrap(), config);
+    assert!(!whole.join("ranks/rank-2").exists());
+    // A rank with no checkpoint beside one with: refused, nothing removed.
+    let bare = run("bare", &["--ranks", "2", "--shard-moments"]);
+    for dir in [bare.clone(), bare.join("ranks/rank-1")] {
+        std::fs::remove_file(dir.join("summary.json")).unwrap();
+    }
+    std::fs::remove_file(bare.join("ranks/rank-1/checkpoints/step-00000003.ckpt")).unwrap();
+    let o = vramfit(&["train", "transformer", "--resume", bare.to_str().unwrap()]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("rank 1 has none"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(bare.join("checkpoints/step-00000003.ckpt").exists());
     let params = |dir: &Path| {
         let mut w = weights(dir);
         w.retain(|k, _| k.starts_with("param/"));
@@ -227,7 +257,7 @@ fn a_sharded_run_resumes_on_another_rank_count() {
         );
         let ranks = to.parse::<usize>().unwrap();
         assert_eq!(cut.join("ranks/rank-1").exists(), ranks > 1);
-        assert_eq!(cut.join("ranks/rank-1.before-1-ranks").exists(), ranks == 1);
+        assert_eq!(cut.join("ranks/rank-1.before-1-ranks-at-step-3").exists(), ranks == 1);
     }
 }
 

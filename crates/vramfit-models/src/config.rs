@@ -163,6 +163,13 @@ impl RoughFloats {
     pub fn bytes(&self, samples: usize) -> f64 {
         4.0 * (4.0 * self.parameters + self.activations_per_sample * samples as f64 + self.task)
     }
+
+    /// Bytes every plan needs at least: parameters, gradients and two
+    /// moments in 16 bits, and the task; no activations (recomputed or
+    /// split into micro-batches of one, they can be small).
+    pub fn floor_bytes(&self) -> f64 {
+        2.0 * 4.0 * self.parameters + 4.0 * self.task
+    }
 }
 
 impl<M: ModelSettings> Default for FamilyConfig<M> {
@@ -324,11 +331,29 @@ impl<M: ModelSettings> FamilyConfig<M> {
         let rough = self.model.rough_floats(&self.task);
         let bytes = rough.bytes(samples);
         // On the CPU the host is the device: beyond its memory an allocation
-        // would abort the process.
-        let limit = match vramfit::memory::total_bytes() {
-            Some(total) if vramfit::backends::is_cpu::<B>() && (total as f64) < MOST_BYTES => total as f64,
-            _ => MOST_BYTES,
-        };
+        // would abort the process. What every plan needs at least (16-bit
+        // state, the task's tables; activations can be recomputed or split)
+        // is held against it.
+        if let Some(total) = vramfit::memory::total_bytes().filter(|_| vramfit::backends::is_cpu::<B>())
+            && rough.floor_bytes() > total as f64
+        {
+            return Err(ConfigError::Invalid {
+                name: if 4.0 * rough.task > rough.floor_bytes() / 2.0 {
+                    "task"
+                } else {
+                    "model"
+                },
+                why: format!(
+                    "these sizes need at least about {} by a rough count, whatever the memory techniques \
+                     ({:.3e} parameters with their gradients and moments in 16 bits, the task's tables): more than \
+                     this machine's memory, {}; lower the model's or task's sizes",
+                    rough_size(rough.floor_bytes()),
+                    rough.parameters,
+                    rough_size(total as f64)
+                ),
+            });
+        }
+        let limit = MOST_BYTES;
         if bytes.is_nan() || bytes > limit {
             return Err(ConfigError::Invalid {
                 name: if 2.0 * 4.0 * rough.task > bytes {
@@ -338,17 +363,12 @@ impl<M: ModelSettings> FamilyConfig<M> {
                 },
                 why: format!(
                     "these sizes need about {} by a rough count ({:.3e} parameters, {:.3e} activation floats a \
-                     sample, {samples} samples a pass): at most {} is accepted{}; lower the model's or task's \
-                     sizes, or the (micro-)batch",
+                     sample, {samples} samples a pass): at most {} is accepted; lower the model's or task's sizes, \
+                     or the (micro-)batch",
                     rough_size(bytes),
                     rough.parameters,
                     rough.activations_per_sample,
-                    rough_size(limit),
-                    if limit < MOST_BYTES {
-                        " on the CPU (this machine's memory)"
-                    } else {
-                        ""
-                    }
+                    rough_size(limit)
                 ),
             });
         }

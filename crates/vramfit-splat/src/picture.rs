@@ -119,8 +119,16 @@ pub fn check_output_path(path: &Path) -> Result<(), SplatError> {
                 .into(),
         });
     }
-    // Its folder, before the work: there, and writable (a probe file, removed).
-    let folder = path
+    Ok(())
+}
+
+/// [`check_output_path`], and the folder the image will be written in
+/// (a link's target's) there and writable, tried with a probe file that
+/// is removed: for a command to call before the work that makes the image.
+pub fn check_output_target(path: &Path) -> Result<(), SplatError> {
+    check_output_path(path)?;
+    let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let folder = target
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));

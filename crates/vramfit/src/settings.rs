@@ -84,10 +84,14 @@ pub fn apply_sets<T: DeserializeOwned>(resolved_toml: &str, sets: &[String]) -> 
             .and_then(|mut t| t.remove("v"));
         // A number TOML cannot hold (past i64, or a float past f64) is out
         // of range, not a string.
-        let numeric = value
+        let digits = value.trim().trim_start_matches(['-', '+']);
+        let whole_past =
+            !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()) && value.trim().parse::<i64>().is_err();
+        let float_past = value
             .trim()
-            .starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == '+');
-        if parsed.is_none() && numeric && value.trim().replace('_', "").parse::<f64>().is_ok() {
+            .starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == '+')
+            && value.trim().parse::<f64>().is_ok_and(f64::is_infinite);
+        if parsed.is_none() && (whole_past || float_past) {
             return Err(fail(format!("{} is out of range: {RANGE}", value.trim())));
         }
         let value = parsed.unwrap_or_else(|| toml::Value::String(value.to_string()));

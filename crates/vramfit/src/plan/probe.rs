@@ -78,7 +78,8 @@ pub fn measured_in(dir: &std::path::Path) -> Result<Measured, String> {
     let peak = summary["peak_memory_bytes"]
         .as_u64()
         .ok_or_else(|| format!("{}: no peak_memory_bytes", path.display()))?;
-    let (step_peak_bytes, rest_peak_bytes) = phase_peaks(&dir.join("memory.json"), peak)?;
+    // A run that recorded no phases (`profile_every = 0`) has its peak only.
+    let (step_peak_bytes, rest_peak_bytes) = phase_peaks(&dir.join("memory.json"), peak).unwrap_or((peak, peak));
     Ok(Measured {
         peak_bytes: peak,
         step_peak_bytes,

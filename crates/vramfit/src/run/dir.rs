@@ -76,6 +76,13 @@ fn full_disk_hint(cause: &io::Error, path: &Path) -> String {
         .ancestors()
         .skip(1)
         .find(|d| d.join("config.toml").is_file())
+        // A rank's folder (`RUN/ranks/rank-R`) is resumed through its run.
+        .map(
+            |d| match d.parent().filter(|p| p.file_name().is_some_and(|n| n == "ranks")) {
+                Some(ranks) => ranks.parent().unwrap_or(d),
+                None => d,
+            },
+        )
         .map_or("RUN_DIR".into(), |d| d.display().to_string());
     format!(
         ". Free space and resume the run (`--resume {run}`): it continues from its last checkpoint as if it had not \
