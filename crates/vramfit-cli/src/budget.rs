@@ -153,20 +153,9 @@ pub(crate) fn check_writable(flag: &str, path: &std::path::Path) -> Result<()> {
         ),
         _ => {}
     }
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    if !dir.is_dir() {
-        bail!("{flag}: the folder {} does not exist (nothing was run)", dir.display());
-    }
-    let probe = dir.join(format!(".vramfit-write-probe-{}", std::process::id()));
-    match std::fs::File::create(&probe) {
-        Ok(_) => {
-            let _ = std::fs::remove_file(&probe);
-            Ok(())
-        }
-        Err(e) => bail!("{flag}: cannot write in {} ({e}; nothing was run)", dir.display()),
+    match vramfit::run::output_folder_problem(path, "nothing was run") {
+        None => Ok(()),
+        Some(why) => bail!("{flag}: {why}"),
     }
 }
 

@@ -128,24 +128,9 @@ pub fn check_output_path(path: &Path) -> Result<(), SplatError> {
 pub fn check_output_target(path: &Path) -> Result<(), SplatError> {
     check_output_path(path)?;
     let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    let folder = target
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let refuse = |why: String| Err(SplatError::Write { path: path.into(), why });
-    if !folder.is_dir() {
-        return refuse(format!(
-            "the folder {} does not exist (nothing was made)",
-            folder.display()
-        ));
-    }
-    let probe = folder.join(format!(".vramfit-write-probe-{}", std::process::id()));
-    match std::fs::File::create(&probe) {
-        Ok(_) => {
-            let _ = std::fs::remove_file(&probe);
-            Ok(())
-        }
-        Err(e) => refuse(format!("cannot write in {} ({e}; nothing was made)", folder.display())),
+    match vramfit::run::output_folder_problem(&target, "nothing was made") {
+        None => Ok(()),
+        Some(why) => Err(SplatError::Write { path: path.into(), why }),
     }
 }
 

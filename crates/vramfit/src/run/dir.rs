@@ -66,6 +66,29 @@ pub enum RunDirError {
     },
 }
 
+/// Why an output file cannot be written in `path`'s folder, if it
+/// cannot: the folder missing, or a probe file not creatable there (the
+/// probe is removed); `untouched` says in brackets what was left undone
+/// ("nothing was run"). For commands to call before the work that makes
+/// the file.
+pub fn output_folder_problem(path: &Path, untouched: &str) -> Option<String> {
+    let folder = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !folder.is_dir() {
+        return Some(format!("the folder {} does not exist ({untouched})", folder.display()));
+    }
+    let probe = folder.join(format!(".vramfit-write-probe-{}", std::process::id()));
+    match File::create(&probe) {
+        Ok(_) => {
+            let _ = fs::remove_file(&probe);
+            None
+        }
+        Err(e) => Some(format!("cannot write in {} ({e}; {untouched})", folder.display())),
+    }
+}
+
 /// What a full disk means for a run, after the OS's words: the run
 /// directory is the nearest folder above `path` holding a `config.toml`.
 fn full_disk_hint(cause: &io::Error, path: &Path) -> String {

@@ -11,7 +11,7 @@ mod tensorboard;
 pub use arrays::{ArrayFile, ArrayFileError};
 pub use dir::{
     LOCK_FILE, RunDir, RunDirError, atomic_write, atomic_write_with, checkpoint_name, checkpoints_newest_first,
-    logged_steps, next_free_run_dir,
+    logged_steps, next_free_run_dir, output_folder_problem,
 };
 pub use tensorboard::{EventWriter, crc32c};
 
