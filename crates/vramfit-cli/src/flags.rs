@@ -59,9 +59,9 @@ pub struct TrainSettings {
     /// sum their gradients (through mpirun; a build with --features mpi).
     #[arg(long, allow_negative_numbers = true, value_parser = parse_count::<usize>)]
     ranks: Option<usize>,
-    /// With --ranks: shard Adam's moments over the ranks (ZeRO stage 1;
-    /// each keeps about 1/N of them; the same parameters). The key
-    /// `shard_moments`.
+    /// With --ranks: shard Adam's moments and the accumulated gradients
+    /// over the ranks (ZeRO stage 2; each keeps about 1/N of them; the same
+    /// parameters, rounding apart). The key `shard_moments`.
     #[arg(long)]
     shard_moments: bool,
     /// Override one setting, KEY=VALUE (dotted keys reach tables: model.width=128) (repeatable).

@@ -84,6 +84,7 @@ mod fit;
 mod flags;
 mod plan;
 mod plan_bench;
+mod private_network;
 mod ranks;
 mod runs;
 mod sample;

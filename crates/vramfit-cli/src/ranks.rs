@@ -65,6 +65,13 @@ fn mpirun(n: usize, args: impl IntoIterator<Item = std::ffi::OsString>, quiet: b
     if quiet {
         command.stdout(std::process::Stdio::null());
     }
+    if !crate::private_network::isolate(&mut command) {
+        eprintln!(
+            "note: this system gives no private network namespace to the ranks: while they run, mpirun's control \
+             socket listens on every interface, and a connection left open there holds up the end of the run \
+             (docs/design.md)"
+        );
+    }
     let status = command
         // More ranks than cores is allowed (they then share the cores).
         .args(["-n", &n.to_string(), "--oversubscribe"])
@@ -76,8 +83,9 @@ fn mpirun(n: usize, args: impl IntoIterator<Item = std::ffi::OsString>, quiet: b
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
         // Ranks on one machine: the data through shared memory only, and
-        // the launcher's own channel on loopback (`mpirun` 4.1 still opens
-        // two more listening sockets on every interface: docs/design.md).
+        // the launcher's own channel on loopback, in a network of its own
+        // (`private_network`: Open MPI 4.1's launcher binds every
+        // interface whatever the interfaces it names).
         .env("OMPI_MCA_btl", "self,vader")
         .env("OMPI_MCA_oob_tcp_if_include", "lo")
         .status()

@@ -116,9 +116,10 @@ pub struct FamilyConfig<M: ModelSettings> {
     /// `accumulate` must be a multiple of it (started by `vramfit train
     /// --ranks N`, through `mpirun`).
     pub ranks: usize,
-    /// With ranks: Adam's moments sharded over them (ZeRO stage 1): each
-    /// rank keeps the moments of about 1/N of the parameters, updates those
-    /// and broadcasts them; the same parameters as unsharded, bit for bit.
+    /// With ranks: Adam's moments sharded over them, and the gradients
+    /// summed onto their owners (ZeRO stage 2): each rank keeps the moments
+    /// and accumulated gradients of about 1/N of the parameters, updates
+    /// those and broadcasts them; the unsharded parameters, rounding apart.
     pub shard_moments: bool,
     /// Seed of the weights.
     pub seed: u64,

@@ -9,17 +9,20 @@
 //! the additions. Every rank then holds the same gradient and takes the
 //! same optimiser step, so the parameters stay equal on every rank.
 //!
-//! With the optimizer state sharded (ZeRO stage 1,
-//! [`crate::optim::ModuleAdam::sharded`]) each parameter's Adam moments live
-//! on one rank only, which updates it and broadcasts the new values.
+//! With the optimizer state sharded ([`crate::optim::ModuleAdam::sharded`])
+//! each parameter's Adam moments live on one rank only, its owner: its
+//! gradient is summed onto the owner alone, which updates it and broadcasts
+//! the new values (ZeRO stage 2: the other ranks drop that gradient before
+//! the optimizer step).
 //!
 //! The engine is MPI (the `mpi` feature: Open MPI or MPICH, launched by
 //! `mpirun`; docs/design.md says why); [`Collective`] is what the step
 //! needs of it, so a single process needs no engine at all.
 
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
-use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::module::{AutodiffModule, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
@@ -34,10 +37,48 @@ pub trait Collective: Send + Sync {
     fn sum_f32(&self, values: &mut [f32]);
     /// As [`Collective::sum_f32`], for f64.
     fn sum_f64(&self, values: &mut [f64]);
+    /// Replaces `values` on rank `root` by their elementwise sum over the
+    /// ranks; on the other ranks `values` are left as they were.
+    fn reduce_f32(&self, values: &mut [f32], root: usize);
     /// Replaces `values` on every rank by rank `root`'s.
     fn broadcast_f32(&self, values: &mut [f32], root: usize);
     /// Waits until every rank has arrived.
     fn barrier(&self);
+    /// The bytes this rank has handed to each kind of collective so far
+    /// (what it passed in, not what the engine put on the wire).
+    fn handed(&self) -> Handed {
+        Handed::default()
+    }
+}
+
+/// Bytes one rank handed to the collectives, by kind: the buffers it
+/// passed, counted once a call. What the engine sends over the wire for
+/// them depends on its algorithm: a bandwidth-optimal all-reduce sends
+/// 2(N−1)/N of its buffer from each rank, a reduce or a broadcast (N−1)/N.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Handed {
+    /// All-reduces (every rank gets the sum): gradients without sharding,
+    /// the step's checks and loss.
+    pub summed: u64,
+    /// Reduces to one rank (the parameter's owner, when sharded).
+    pub reduced: u64,
+    /// Broadcasts (sharded parameters from their owner), sent or received.
+    pub broadcast: u64,
+}
+
+impl Handed {
+    /// What was handed between `earlier` and `self`.
+    pub fn since(self, earlier: Handed) -> Handed {
+        Handed {
+            summed: self.summed - earlier.summed,
+            reduced: self.reduced - earlier.reduced,
+            broadcast: self.broadcast - earlier.broadcast,
+        }
+    }
+    /// Every kind together.
+    pub fn total(self) -> u64 {
+        self.summed + self.reduced + self.broadcast
+    }
 }
 
 static WORLD: std::sync::OnceLock<std::sync::Arc<dyn Collective>> = std::sync::OnceLock::new();
@@ -123,12 +164,18 @@ pub fn check_split(micro_batch: usize, accumulate: usize, ranks: usize) -> Resul
 /// gradients of the same parameters: checked first (the error says what
 /// differs), since a mismatch would sum unrelated numbers (a rank resumed
 /// from an older checkpoint than the others, a different model).
+///
+/// With `owners` (the optimizer state sharded: each parameter's rank), a
+/// gradient is summed onto its owner alone (ZeRO stage 2): the owner keeps
+/// the sum, the others drop theirs and the parameter's id is returned
+/// among those whose update comes from another rank.
 pub fn sum_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,
     grads: GradientsParams,
     step: u64,
     collective: &dyn Collective,
-) -> Result<GradientsParams, String> {
+    owners: Option<&HashMap<ParamId, usize>>,
+) -> Result<(GradientsParams, HashSet<ParamId>), String> {
     struct Count<'a> {
         grads: &'a GradientsParams,
         count: usize,
@@ -145,6 +192,8 @@ pub fn sum_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     struct Sum<'a> {
         grads: GradientsParams,
         collective: &'a dyn Collective,
+        owners: Option<&'a HashMap<ParamId, usize>>,
+        elsewhere: HashSet<ParamId>,
     }
     impl<B: AutodiffBackend> ModuleVisitor<B> for Sum<'_> {
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
@@ -155,7 +204,20 @@ pub fn sum_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
                     .convert::<f32>()
                     .into_vec::<f32>()
                     .expect("converted to f32");
-                self.collective.sum_f32(&mut values);
+                let owner = self.owners.map(|o| {
+                    *o.get(&param.id)
+                        .expect("the optimizer gave every parameter with a gradient an owner")
+                });
+                match owner {
+                    Some(owner) => {
+                        self.collective.reduce_f32(&mut values, owner);
+                        if owner != self.collective.rank() {
+                            self.elsewhere.insert(param.id);
+                            return;
+                        }
+                    }
+                    None => self.collective.sum_f32(&mut values),
+                }
                 let summed = Tensor::<B::InnerBackend, D>::from_data(TensorData::new(values, shape), &device);
                 let summed = if dtype == burn::tensor::DType::F32 {
                     summed
@@ -192,9 +254,14 @@ pub fn sum_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
             collective.size()
         ));
     }
-    let mut sum = Sum { grads, collective };
+    let mut sum = Sum {
+        grads,
+        collective,
+        owners,
+        elsewhere: HashSet::new(),
+    };
     module.visit(&mut sum);
-    Ok(sum.grads)
+    Ok((sum.grads, sum.elsewhere))
 }
 
 /// The most values one exchange sends at a time: the send buffer an
@@ -214,6 +281,7 @@ impl Collective for Single {
     }
     fn sum_f32(&self, _values: &mut [f32]) {}
     fn sum_f64(&self, _values: &mut [f64]) {}
+    fn reduce_f32(&self, _values: &mut [f32], _root: usize) {}
     fn broadcast_f32(&self, _values: &mut [f32], _root: usize) {}
     fn barrier(&self) {}
 }
@@ -222,6 +290,8 @@ impl Collective for Single {
 /// one rank).
 #[cfg(feature = "mpi")]
 pub mod mpi {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
     use ::mpi::collective::SystemOperation;
     use ::mpi::traits::*;
 
@@ -230,6 +300,13 @@ pub mod mpi {
         world: ::mpi::topology::SimpleCommunicator,
         rank: usize,
         size: usize,
+        /// Bytes handed to all-reduces, reduces and broadcasts.
+        handed: [AtomicU64; 3],
+    }
+
+    /// Counts `values`' bytes into `counter`.
+    fn count<T>(counter: &AtomicU64, values: &[T]) {
+        counter.fetch_add(std::mem::size_of_val(values) as u64, Ordering::Relaxed);
     }
 
     // MPI is initialised with `Threading::Serialized`: any thread may call
@@ -251,7 +328,16 @@ pub mod mpi {
         let (universe, _) = ::mpi::initialize_with_threading(::mpi::Threading::Serialized)?;
         let world = universe.world();
         let (rank, size) = (world.rank() as usize, world.size() as usize);
-        Some((Session { _universe: universe }, Mpi { world, rank, size }))
+        let handed = Default::default();
+        Some((
+            Session { _universe: universe },
+            Mpi {
+                world,
+                rank,
+                size,
+                handed,
+            },
+        ))
     }
 
     impl super::Collective for Mpi {
@@ -264,19 +350,43 @@ pub mod mpi {
         fn sum_f32(&self, values: &mut [f32]) {
             // In slices, so that the send buffer MPI needs beside the values
             // is one slice (1 MiB), not a copy of them all.
+            count(&self.handed[0], values);
             for slice in values.chunks_mut(super::EXCHANGE_VALUES) {
                 let send = slice.to_vec();
                 self.world.all_reduce_into(&send[..], slice, SystemOperation::sum());
             }
         }
         fn sum_f64(&self, values: &mut [f64]) {
+            count(&self.handed[0], values);
             let send = values.to_vec();
             self.world.all_reduce_into(&send[..], values, SystemOperation::sum());
         }
+        fn reduce_f32(&self, values: &mut [f32], root: usize) {
+            // In slices, as the sums.
+            count(&self.handed[1], values);
+            let (mine, root) = (root == self.rank, self.world.process_at_rank(root as i32));
+            for slice in values.chunks_mut(super::EXCHANGE_VALUES) {
+                let send = slice.to_vec();
+                if mine {
+                    root.reduce_into_root(&send[..], slice, SystemOperation::sum());
+                } else {
+                    root.reduce_into(&send[..], SystemOperation::sum());
+                }
+            }
+        }
         fn broadcast_f32(&self, values: &mut [f32], root: usize) {
             // In slices, as the sums: MPI's counts are 32-bit.
+            count(&self.handed[2], values);
             for slice in values.chunks_mut(super::EXCHANGE_VALUES) {
                 self.world.process_at_rank(root as i32).broadcast_into(slice);
+            }
+        }
+        fn handed(&self) -> super::Handed {
+            let [summed, reduced, broadcast] = self.handed.each_ref().map(|c| c.load(Ordering::Relaxed));
+            super::Handed {
+                summed,
+                reduced,
+                broadcast,
             }
         }
         fn barrier(&self) {

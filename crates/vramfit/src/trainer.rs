@@ -252,6 +252,8 @@ where
     techniques: serde_json::Value,
     /// Losses of the last (up to) 10 steps, for `final_loss` (kept across resumes).
     recent: Vec<f64>,
+    /// On data-parallel ranks, the bytes the last step handed to the collectives.
+    handed: Option<crate::ranks::Handed>,
     device: B::Device,
 }
 
@@ -384,6 +386,7 @@ where
             schedule,
             techniques,
             recent: Vec::new(),
+            handed: None,
             device: device.clone(),
         })
     }
@@ -451,10 +454,17 @@ where
         let step = self.stepper.attempts + 1;
         let batch = self.course.batch(step, self.schedule.batch_size, &self.device);
         let lr = self.course.lr(&self.schedule, step);
+        let handed = self.stepper.ranks.as_ref().map(|r| r.handed());
         let (model, out) = self
             .stepper
             .step(self.model.clone(), &batch, lr, &self.device, observer)?;
         self.model = model;
+        self.handed = self
+            .stepper
+            .ranks
+            .as_ref()
+            .zip(handed)
+            .map(|(r, h)| r.handed().since(h));
         self.recent.push(out.loss);
         if self.recent.len() > 10 {
             self.recent.remove(0);
@@ -465,6 +475,9 @@ where
         metrics.insert("loss_scale".into(), json!(out.scale));
         metrics.insert("stepped".into(), json!(out.stepped));
         metrics.insert("cleanup_seconds".into(), json!(out.cleanup_seconds));
+        if let Some(h) = self.handed {
+            metrics.insert("collective_bytes".into(), json!(h.total()));
+        }
         Ok(StepRecord {
             step,
             loss: out.loss,
@@ -511,7 +524,7 @@ where
     }
     fn finish(&mut self, stats: &RunStats) -> Result<Finished<TrainSummary>, TrainerError> {
         let s = &self.stepper;
-        let summary = TrainSummary {
+        let mut summary = TrainSummary {
             final_loss: self.recent.iter().sum::<f64>() / self.recent.len().max(1) as f64,
             skipped_steps: s.scaler.as_ref().map_or(0, |x| x.state().skipped_steps),
             loss_scale: s.scaler.as_ref().map_or(1.0, |x| x.scale()),
@@ -525,6 +538,10 @@ where
                 .course
                 .summary(&self.model, &s.batching, stats.median_step_ms, &self.device),
         };
+        if let Some(h) = self.handed {
+            // The last step's: every step hands the same bytes.
+            summary.extra.insert("collective_bytes_per_step".into(), json!(h));
+        }
         // No wall time in the weights: a resumed run writes the same bytes.
         let files = match self.course.weights_kind() {
             Some(kind) => vec![(

@@ -16,9 +16,9 @@
 //! device then holds no optimizer state; the step moves the parameters
 //! twice and the gradients once across the link.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
-use burn::module::{AutodiffModule, ModuleMapper, Param};
+use burn::module::{AutodiffModule, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
@@ -42,9 +42,10 @@ struct Moments<B: Backend> {
 /// Moments `(m, v)` in host memory, by parameter path.
 type HostMoments = BTreeMap<String, (Vec<f32>, Vec<f32>)>;
 
-/// The moments sharded over data-parallel ranks (ZeRO stage 1): each
-/// parameter belongs to one rank, which alone keeps its moments, updates
-/// it and broadcasts the new values; the others take them.
+/// The moments sharded over data-parallel ranks: each parameter belongs to
+/// one rank, which alone keeps its moments (and, summed onto it, the
+/// gradient: ZeRO stage 2), updates it and broadcasts the new values; the
+/// others take them.
 #[derive(Clone)]
 struct Shards {
     ranks: Arc<dyn Collective>,
@@ -143,12 +144,14 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
         }
     }
 
-    /// The same optimiser with its moments sharded over `ranks` (ZeRO
-    /// stage 1): each rank keeps the moments of about 1/N of the values,
-    /// updates those parameters and broadcasts them; the others take the
-    /// broadcast values. The update is the unsharded one, bit for bit. The
-    /// step must run on every rank, visiting the same parameters (the
-    /// summed gradients do: [`crate::ranks::sum_gradients`] checks it).
+    /// The same optimiser with its moments sharded over `ranks`: each rank
+    /// keeps the moments of about 1/N of the values, updates those
+    /// parameters and broadcasts them; the others take the broadcast
+    /// values. The update is the unsharded one, bit for bit. The step must
+    /// run on every rank, visiting the same parameters (the summed
+    /// gradients do: [`crate::ranks::sum_gradients`] checks it). With the
+    /// gradients summed onto their owners ([`ModuleAdam::owners`]) the
+    /// other ranks need not hold them (ZeRO stage 2).
     pub fn sharded(mut self, ranks: Arc<dyn Collective>) -> Self {
         self.shards = Some(Shards::new(ranks));
         self
@@ -194,8 +197,54 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
             .sum()
     }
 
+    /// Each trainable parameter's rank when the moments are sharded (`None`
+    /// when not): the rank that updates it, onto which its gradient is
+    /// summed.
+    pub fn owners<M: AutodiffModule<B>>(&mut self, module: &M) -> Option<HashMap<ParamId, usize>> {
+        struct Owners<'a> {
+            path: PathTracker,
+            shards: &'a mut Shards,
+            owners: HashMap<ParamId, usize>,
+        }
+        impl<B: AutodiffBackend> ModuleVisitor<B> for Owners<'_> {
+            fn enter_module(&mut self, name: &str, _: &str) {
+                self.path.enter(name)
+            }
+            fn exit_module(&mut self, _: &str, _: &str) {
+                self.path.exit()
+            }
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+                if param.is_require_grad() {
+                    let owner = self.shards.owner(&self.path.path(), param.shape().num_elements());
+                    self.owners.insert(param.id, owner);
+                }
+            }
+        }
+        let shards = self.shards.as_mut()?;
+        let mut visitor = Owners {
+            path: PathTracker::default(),
+            shards,
+            owners: HashMap::new(),
+        };
+        module.visit(&mut visitor);
+        Some(visitor.owners)
+    }
+
     /// Applies one update with learning rate `lr` to every parameter that has a gradient.
-    pub fn step<M: AutodiffModule<B>>(&mut self, lr: f64, module: M, mut grads: GradientsParams) -> M {
+    pub fn step<M: AutodiffModule<B>>(&mut self, lr: f64, module: M, grads: GradientsParams) -> M {
+        self.step_sharded(lr, module, grads, &HashSet::new())
+    }
+
+    /// As [`ModuleAdam::step`], where the parameters in `elsewhere` have
+    /// no gradient on this rank because it was summed onto their owner
+    /// ([`crate::ranks::sum_gradients`]): they take the owner's values.
+    pub fn step_sharded<M: AutodiffModule<B>>(
+        &mut self,
+        lr: f64,
+        module: M,
+        mut grads: GradientsParams,
+        elsewhere: &HashSet<ParamId>,
+    ) -> M {
         self.step += 1;
         let t = self.step as i32;
         let c = self.config;
@@ -204,6 +253,7 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
         struct Update<'a, B: AutodiffBackend> {
             path: PathTracker,
             grads: &'a mut GradientsParams,
+            elsewhere: &'a HashSet<ParamId>,
             state: &'a mut BTreeMap<String, Moments<B::InnerBackend>>,
             host: Option<&'a mut HostMoments>,
             shards: Option<&'a mut Shards>,
@@ -223,9 +273,10 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
             }
             fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
                 let (id, tensor, mapper) = param.consume();
-                let Some(grad) = self.grads.remove::<B::InnerBackend, D>(id) else {
+                let grad = self.grads.remove::<B::InnerBackend, D>(id);
+                if grad.is_none() && !self.elsewhere.contains(&id) {
                     return Param::from_mapped_value(id, tensor, mapper);
-                };
+                }
                 let shape = tensor.shape();
                 let stored = FloatDType::from(tensor.dtype());
                 let trainable = tensor.is_require_grad();
@@ -252,6 +303,7 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
                     let p = cast_to(p, stored).reshape(shape);
                     return Param::from_mapped_value(id, Tensor::from_inner(p).set_require_grad(trainable), mapper);
                 }
+                let grad = grad.expect("a parameter this rank owns has its summed gradient here");
                 let p = cast_to(tensor.inner(), FloatDType::F32).reshape([-1]);
                 let g = cast_to(grad, FloatDType::F32).reshape([-1]);
                 let k = Coefficients {
@@ -304,6 +356,7 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
         module.map(&mut Update::<B> {
             path: PathTracker::default(),
             grads: &mut grads,
+            elsewhere,
             state: &mut self.state,
             host: self.host.as_mut(),
             shards: self.shards.as_mut(),

@@ -253,6 +253,22 @@ impl Model {
         }
     }
 
+    /// The share of the gradients a rank accumulates over its micro-batches:
+    /// with the moments sharded, only its own parameters' (the values of
+    /// the rank that keeps the most), the others' being summed onto their
+    /// owners after each backward (ZeRO stage 2).
+    fn accumulated_share(&self, knobs: &Knobs) -> f64 {
+        let all: usize = self.parameters.iter().sum();
+        if knobs.ranks <= 1 || all == 0 {
+            return 1.0;
+        }
+        let kept = crate::optim::shard_loads(&self.parameters, knobs.ranks)
+            .into_iter()
+            .max()
+            .unwrap_or(all);
+        kept as f64 / all as f64
+    }
+
     fn share(&self, groups: usize) -> f64 {
         self.storage_share
             .get(groups)
@@ -291,7 +307,11 @@ impl Model {
         };
         let outside = self.fixed_bytes
             + d.step
-            + if accumulating { self.accumulator_bytes } else { 0.0 }
+            + if accumulating {
+                self.accumulator_bytes * self.accumulated_share(knobs)
+            } else {
+                0.0
+            }
             + rho * m * self.outside_bytes
             + below;
         (outside, rho * m, self.rest_bytes + rest + d.rest)

@@ -10,9 +10,10 @@
 //! to a [`StepObserver`], which is how the profiler measures activations
 //! for every workload.
 
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
-use burn::module::AutodiffModule;
+use burn::module::{AutodiffModule, ParamId};
 use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
@@ -210,6 +211,28 @@ impl<B: AutodiffBackend> Stepper<B> {
         scale: f64,
         observer: &mut dyn StepObserver,
     ) -> (Tensor<B::InnerBackend, 1>, GradientsParams) {
+        let (loss, grads, _) = self
+            .gradients_to_owners(model, batch, scale, observer, None)
+            .expect("without owners nothing is exchanged");
+        (loss, grads)
+    }
+
+    /// As [`Stepper::gradients`]; with `owners` (on ranks with the
+    /// optimizer state sharded) each micro-batch's gradients are summed
+    /// over the ranks onto each parameter's owner as soon as its backward
+    /// ends, and a rank accumulates only the gradients of the parameters
+    /// it owns (ZeRO stage 2): the accumulator holds about 1/N of the
+    /// gradients. Also returns the parameters whose gradient went to
+    /// another rank.
+    fn gradients_to_owners<M: Trainable<B, D>, const D: usize>(
+        &self,
+        model: &M,
+        batch: &M::Batch,
+        scale: f64,
+        observer: &mut dyn StepObserver,
+        owners: Option<&HashMap<ParamId, usize>>,
+    ) -> Result<(Tensor<B::InnerBackend, 1>, GradientsParams, HashSet<ParamId>), StepError> {
+        let mut elsewhere = HashSet::new();
         let factor = scale * self.batching.loss_factor();
         let checkpointing = self.checkpointed.iter().any(|&c| c);
         let split = self.batching.accumulate > 1;
@@ -259,6 +282,16 @@ impl<B: AutodiffBackend> Stepper<B> {
             drop(graph);
             let fresh = crate::grads::bytes(model, &grads);
             observer.phase("backward", index, &|| walked(held + fresh));
+            let grads = match (owners, &self.ranks) {
+                (Some(owners), Some(ranks)) => {
+                    let (mine, theirs) =
+                        crate::ranks::sum_gradients(model, grads, self.attempts, ranks.as_ref(), Some(owners))
+                            .map_err(StepError::Ranks)?;
+                    elsewhere.extend(theirs);
+                    mine
+                }
+                _ => grads,
+            };
             acc.add(model, grads);
             loss_sum = Some(match loss_sum {
                 Some(s) => s + value,
@@ -266,7 +299,7 @@ impl<B: AutodiffBackend> Stepper<B> {
             });
         }
         let loss_sum = loss_sum.expect("MicroBatching has at least one micro-batch");
-        (loss_sum, acc.finish())
+        Ok((loss_sum, acc.finish(), elsewhere))
     }
 
     /// One optimiser step on `batch` (which holds `batching.micro_batch ×
@@ -281,7 +314,10 @@ impl<B: AutodiffBackend> Stepper<B> {
     ) -> Result<(M, StepOutcome), StepError> {
         self.attempts += 1;
         let scale = self.scaler.as_ref().map_or(1.0, |s| s.scale());
-        let (loss_sum, mut grads) = self.gradients(&model, batch, scale, observer);
+        // On ranks with the state sharded, each parameter's owner.
+        let owners = self.ranks.as_ref().and_then(|_| self.optimizer.owners(&model));
+        let (loss_sum, mut grads, elsewhere) =
+            self.gradients_to_owners(&model, batch, scale, observer, owners.as_ref())?;
         let mut loss = [loss_sum
             .try_into_scalar()
             .map_err(|e| StepError::Device {
@@ -290,10 +326,13 @@ impl<B: AutodiffBackend> Stepper<B> {
             })?
             .elem::<f64>()
             / scale];
-        // Every rank the whole step's gradient and loss.
+        // Every rank the whole step's loss and, unless the optimizer state
+        // is sharded (summed onto the owners above), the whole gradient.
         if let Some(ranks) = &self.ranks {
-            grads =
-                crate::ranks::sum_gradients(&model, grads, self.attempts, ranks.as_ref()).map_err(StepError::Ranks)?;
+            if owners.is_none() {
+                (grads, _) = crate::ranks::sum_gradients(&model, grads, self.attempts, ranks.as_ref(), None)
+                    .map_err(StepError::Ranks)?;
+            }
             ranks.sum_f64(&mut loss);
         }
         let [loss] = loss;
@@ -326,7 +365,7 @@ impl<B: AutodiffBackend> Stepper<B> {
             None => true,
         };
         let model = if stepped {
-            self.optimizer.step(lr, model, grads)
+            self.optimizer.step_sharded(lr, model, grads, &elsewhere)
         } else {
             model
         };
