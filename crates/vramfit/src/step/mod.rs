@@ -192,6 +192,14 @@ pub struct Stepper<B: AutodiffBackend> {
     pub ranks: Option<std::sync::Arc<dyn crate::ranks::Collective>>,
 }
 
+/// A step's summed loss, its gradients, and the parameters whose gradient
+/// went to their owner on another rank.
+type Gathered<B> = (
+    Tensor<<B as AutodiffBackend>::InnerBackend, 1>,
+    GradientsParams,
+    HashSet<ParamId>,
+);
+
 impl<B: AutodiffBackend> Stepper<B> {
     /// What `model` and the optimiser hold between steps.
     pub fn accounted<M: burn::module::Module<B>>(&self, model: &M) -> Accounted {
@@ -231,7 +239,7 @@ impl<B: AutodiffBackend> Stepper<B> {
         scale: f64,
         observer: &mut dyn StepObserver,
         owners: Option<&HashMap<ParamId, usize>>,
-    ) -> Result<(Tensor<B::InnerBackend, 1>, GradientsParams, HashSet<ParamId>), StepError> {
+    ) -> Result<Gathered<B>, StepError> {
         let mut elsewhere = HashSet::new();
         let factor = scale * self.batching.loss_factor();
         let checkpointing = self.checkpointed.iter().any(|&c| c);
