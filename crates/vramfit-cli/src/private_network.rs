@@ -13,42 +13,31 @@
 //! Root gets a network namespace directly; another user first a user
 //! namespace that maps its own IDs (where the kernel allows unprivileged
 //! ones). Where neither is allowed (some containers), the launcher runs as
-//! before, reachable, and says so.
+//! before, reachable, and says so; `VRAMFIT_RANKS_NETWORK=shared` asks for
+//! that.
 
 use std::process::Command;
 
-/// Makes `command` start in a private network with loopback up; `false`
-/// (and `command` unchanged) where this system allows none.
+/// The environment variable that, set to `shared`, keeps the launcher in
+/// the machine's own network (where a namespace breaks something: a
+/// device's driver, a site's rules).
+pub const OPT_OUT: &str = "VRAMFIT_RANKS_NETWORK";
+
+/// Makes `command` start in a private network with loopback up: its spawn
+/// fails with the system's error where this system allows none (the
+/// caller then starts it without).
 #[cfg(target_os = "linux")]
-pub fn isolate(command: &mut Command) -> bool {
+pub fn isolate(command: &mut Command) {
     use std::os::unix::process::CommandExt;
-    // Tried first on a child that does nothing: a refusal in the real
-    // child would fail the launch instead of falling back.
-    let mut trial = Command::new(std::env::current_exe().unwrap_or_else(|_| "/bin/true".into()));
-    trial
-        .arg("--version")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let works = {
-        let enter = enter_private_network();
-        // SAFETY: the closure makes only system calls (no allocation, no
-        // locks) between fork and exec.
-        unsafe { trial.pre_exec(enter) };
-        trial.status().is_ok_and(|s| s.success())
-    };
-    if works {
-        let enter = enter_private_network();
-        // SAFETY: as above.
-        unsafe { command.pre_exec(enter) };
-    }
-    works
+    let enter = enter_private_network();
+    // SAFETY: the closure makes only system calls (no allocation, no
+    // locks) between fork and exec.
+    unsafe { command.pre_exec(enter) };
 }
 
 /// Not Linux: no namespaces; the launcher runs as it is.
 #[cfg(not(target_os = "linux"))]
-pub fn isolate(_command: &mut Command) -> bool {
-    false
-}
+pub fn isolate(_command: &mut Command) {}
 
 /// What the child runs between fork and exec: a new network namespace
 /// (inside a new user namespace when it may not make one directly), then
@@ -85,12 +74,23 @@ unsafe fn write_file(path: &std::ffi::CStr, bytes: &[u8]) -> std::io::Result<()>
     unsafe {
         let fd = libc::open(path.as_ptr(), libc::O_WRONLY);
         if fd < 0 {
-            return Err(std::io::Error::last_os_error());
+            let error = std::io::Error::last_os_error();
+            // A kernel without the file has no such namespaces: not a
+            // missing `mpirun`, which the caller reads `NotFound` as.
+            return Err(if error.raw_os_error() == Some(libc::ENOENT) {
+                std::io::ErrorKind::Unsupported.into()
+            } else {
+                error
+            });
         }
         let wrote = libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+        let error = std::io::Error::last_os_error();
         libc::close(fd);
-        if wrote != bytes.len() as isize {
-            return Err(std::io::Error::last_os_error());
+        if wrote < 0 {
+            return Err(error);
+        }
+        if wrote as usize != bytes.len() {
+            return Err(std::io::ErrorKind::WriteZero.into());
         }
     }
     Ok(())
@@ -110,9 +110,9 @@ unsafe fn loopback_up() -> std::io::Result<()> {
         for (to, from) in request.ifr_name.iter_mut().zip(b"lo") {
             *to = *from as libc::c_char;
         }
-        let ok = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut request) == 0 && {
+        let ok = libc::ioctl(fd, libc::SIOCGIFFLAGS as _, &mut request) == 0 && {
             request.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-            libc::ioctl(fd, libc::SIOCSIFFLAGS, &request) == 0
+            libc::ioctl(fd, libc::SIOCSIFFLAGS as _, &request) == 0
         };
         let error = std::io::Error::last_os_error();
         libc::close(fd);

@@ -61,40 +61,56 @@ pub fn check_mpi(n: usize) -> Result<()> {
 fn mpirun(n: usize, args: impl IntoIterator<Item = std::ffi::OsString>, quiet: bool) -> Result<()> {
     check_mpi(n)?;
     let exe = std::env::current_exe()?;
-    let mut command = std::process::Command::new("mpirun");
-    if quiet {
-        command.stdout(std::process::Stdio::null());
-    }
-    if !crate::private_network::isolate(&mut command) {
-        eprintln!(
-            "note: this system gives no private network namespace to the ranks: while they run, mpirun's control \
-             socket listens on every interface, and a connection left open there holds up the end of the run \
-             (docs/design.md)"
-        );
-    }
-    let status = command
-        // More ranks than cores is allowed (they then share the cores).
-        .args(["-n", &n.to_string(), "--oversubscribe"])
-        .arg(exe)
-        .args(args)
-        // Open MPI refuses root without these; its shared-memory transport
-        // needs ptrace rights in containers unless single copies are off.
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
-        // Ranks on one machine: the data through shared memory only, and
-        // the launcher's own channel on loopback, in a network of its own
-        // (`private_network`: Open MPI 4.1's launcher binds every
-        // interface whatever the interfaces it names).
-        .env("OMPI_MCA_btl", "self,vader")
-        .env("OMPI_MCA_oob_tcp_if_include", "lo")
-        .status()
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "--ranks {n} starts the ranks with `mpirun`, which could not be run ({e}): install Open MPI \
-                 (Debian: `apt install openmpi-bin`)"
-            )
-        })?;
+    let args: Vec<std::ffi::OsString> = args.into_iter().collect();
+    let command = || {
+        let mut command = std::process::Command::new("mpirun");
+        if quiet {
+            command.stdout(std::process::Stdio::null());
+        }
+        command
+            // More ranks than cores is allowed (they then share the cores).
+            .args(["-n", &n.to_string(), "--oversubscribe"])
+            .arg(&exe)
+            .args(&args)
+            // Open MPI refuses root without these; its shared-memory transport
+            // needs ptrace rights in containers unless single copies are off.
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+            // Ranks on one machine: the data through shared memory only, and
+            // the launcher's own channel on loopback, in a network of its own
+            // (`private_network`: Open MPI 4.1's launcher binds every
+            // interface whatever the interfaces it names).
+            .env("OMPI_MCA_btl", "self,vader")
+            .env("OMPI_MCA_oob_tcp_if_include", "lo");
+        command
+    };
+    let missing = |e: std::io::Error| {
+        anyhow::anyhow!(
+            "--ranks {n} starts the ranks with `mpirun`, which could not be run ({e}): install Open MPI (Debian: \
+             `apt install openmpi-bin`)"
+        )
+    };
+    let shared = std::env::var_os(crate::private_network::OPT_OUT).is_some_and(|v| v == "shared");
+    let isolated = (!shared).then(|| {
+        let mut isolated = command();
+        crate::private_network::isolate(&mut isolated);
+        isolated.status()
+    });
+    let status = match isolated {
+        Some(Ok(status)) => status,
+        Some(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing(e)),
+        refused => {
+            if let Some(Err(e)) = refused {
+                eprintln!(
+                    "note: this system gives the ranks no network namespace of their own ({e}): while they run, \
+                     mpirun's control socket listens on every interface, and a connection left open there holds up \
+                     the end of the run (docs/design.md)"
+                );
+            }
+            command().status().map_err(missing)?
+        }
+    };
     if !status.success() {
         bail!("the {n} ranks ended with {status}: the failing rank's error is above");
     }

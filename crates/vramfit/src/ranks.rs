@@ -366,11 +366,12 @@ pub mod mpi {
             count(&self.handed[1], values);
             let (mine, root) = (root == self.rank, self.world.process_at_rank(root as i32));
             for slice in values.chunks_mut(super::EXCHANGE_VALUES) {
-                let send = slice.to_vec();
                 if mine {
+                    let send = slice.to_vec();
                     root.reduce_into_root(&send[..], slice, SystemOperation::sum());
                 } else {
-                    root.reduce_into(&send[..], SystemOperation::sum());
+                    // Only the root needs a buffer apart from what it sends.
+                    root.reduce_into(&*slice, SystemOperation::sum());
                 }
             }
         }

@@ -459,12 +459,17 @@ where
             .stepper
             .step(self.model.clone(), &batch, lr, &self.device, observer)?;
         self.model = model;
-        self.handed = self
+        // A step the loss scaler skips broadcasts nothing: the summary's
+        // figure is the last step taken's.
+        let handed = self
             .stepper
             .ranks
             .as_ref()
             .zip(handed)
             .map(|(r, h)| r.handed().since(h));
+        if out.stepped || self.handed.is_none() {
+            self.handed = handed;
+        }
         self.recent.push(out.loss);
         if self.recent.len() > 10 {
             self.recent.remove(0);
@@ -475,7 +480,7 @@ where
         metrics.insert("loss_scale".into(), json!(out.scale));
         metrics.insert("stepped".into(), json!(out.stepped));
         metrics.insert("cleanup_seconds".into(), json!(out.cleanup_seconds));
-        if let Some(h) = self.handed {
+        if let Some(h) = handed {
             metrics.insert("collective_bytes".into(), json!(h.total()));
         }
         Ok(StepRecord {
@@ -539,7 +544,7 @@ where
                 .summary(&self.model, &s.batching, stats.median_step_ms, &self.device),
         };
         if let Some(h) = self.handed {
-            // The last step's: every step hands the same bytes.
+            // The last step taken's: every step taken hands the same bytes.
             summary.extra.insert("collective_bytes_per_step".into(), json!(h));
         }
         // No wall time in the weights: a resumed run writes the same bytes.

@@ -147,7 +147,8 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
     /// The same optimiser with its moments sharded over `ranks`: each rank
     /// keeps the moments of about 1/N of the values, updates those
     /// parameters and broadcasts them; the others take the broadcast
-    /// values. The update is the unsharded one, bit for bit. The step must
+    /// values. Given the same summed gradient, the update is the unsharded
+    /// one, bit for bit. The step must
     /// run on every rank, visiting the same parameters (the summed
     /// gradients do: [`crate::ranks::sum_gradients`] checks it). With the
     /// gradients summed onto their owners ([`ModuleAdam::owners`]) the

@@ -225,10 +225,12 @@ impl Model {
     /// What sharding Adam's moments over `knobs.ranks` ranks adds on the
     /// rank that keeps the most (arithmetic, not probed): the other ranks'
     /// moments leave it (8 bytes a value in f32, 4 in bf16, none on the
-    /// device when they live on the host), and summing the gradients
-    /// holds one more f32 copy of the largest parameter and one exchange
-    /// slice outside the forward and backward ([`crate::ranks::sum_gradients`];
-    /// a bound: on the CPU the copy is the gradient's own buffer).
+    /// device when they live on the host). Summing each micro-batch's
+    /// gradients onto their owners right after its backward holds one more
+    /// f32 copy of the largest parameter and one exchange slice beside the
+    /// step's gradients ([`crate::ranks::sum_gradients`]; a bound: on the
+    /// CPU the copy is the gradient's own buffer), and the owner's
+    /// broadcast one f32 copy of it in the optimizer's phase.
     fn sharding(&self, knobs: &Knobs) -> Delta {
         if knobs.ranks <= 1 || self.parameters.is_empty() {
             return Delta::default();
@@ -247,7 +249,7 @@ impl Model {
         let largest = self.parameters.iter().copied().max().unwrap_or(0);
         let exchange = 4.0 * (largest + largest.min(crate::ranks::EXCHANGE_VALUES)) as f64;
         Delta {
-            step: -saved,
+            step: exchange - saved,
             rest: exchange - saved,
             ms: 0.0,
         }
