@@ -320,34 +320,14 @@ fn a_sharded_run_resumes_on_another_rank_count() {
 /// A sharded two-rank run of a few seconds (400 steps, checkpoints every 20), into `out`.
 #[cfg(feature = "mpi")]
 fn long_sharded_run(out: &Path) -> Vec<String> {
-    [
-        "train",
-        "transformer",
-        "--steps",
-        "400",
-        "--batch-size",
-        "8",
-        "--micro-batch",
-        "2",
-        "--accumulate",
-        "4",
-        "--set",
-        "model.width=32",
-        "--set",
-        "model.depth=2",
-        "--set",
-        "model.heads=2",
-        "--set",
-        "checkpoint_every=20",
-        "--ranks",
-        "2",
-        "--shard-moments",
-        "--out",
-    ]
-    .iter()
-    .map(|a| a.to_string())
-    .chain([out.display().to_string()])
-    .collect()
+    let mut args = SMALL;
+    assert_eq!((args[2], args[17]), ("--steps", "checkpoint_every=3"));
+    (args[3], args[17]) = ("400", "checkpoint_every=20");
+    args.iter()
+        .chain(&["--ranks", "2", "--shard-moments", "--out"])
+        .map(|a| a.to_string())
+        .chain([out.display().to_string()])
+        .collect()
 }
 
 /// One rank of a sharded 2-rank run killed with SIGKILL after its first

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The wgpu test bodies too long for CI (.ci/run says why), on Mesa's
+# software Vulkan: the planner's calibration and plans on the transformer
+# and on the image fit, the advice's levers each lowering the reserved
+# figure, and the toolkit's 300-step precision curve. About 35 minutes on 2
+# cores. Run it after a change to the planner, the advice, precision or the
+# wgpu path, and record the date and result in docs/tests.md.
+# Usage: scripts/lavapipe-long.sh   (Debian: mesa-vulkan-drivers libvulkan1,
+# and for the build it shares with CI, libopenmpi-dev openmpi-bin libclang-dev)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+icd=$(ls /usr/share/vulkan/icd.d/lvp_icd*.json 2>/dev/null | head -1)
+[ -n "$icd" ] || { echo "error: lavapipe is not installed (apt-get install mesa-vulkan-drivers libvulkan1)" >&2; exit 1; }
+export VK_ICD_FILENAMES="$icd"
+# The same packages and features as CI's lavapipe line: its build is reused.
+lavapipe_tests() {
+  cargo test -p vramfit-splat -p vramfit-models -p vramfit-scene -p vramfit-cli \
+    --features vramfit-splat/wgpu,vramfit-models/wgpu,vramfit-scene/wgpu,vramfit-cli/wgpu,vramfit-cli/mpi "$@"
+}
+time lavapipe_tests --test plan --test advice -- --skip flex --test-threads=1
+time lavapipe_tests --test toolkit -- low_precision_training_follows_the_f32_curve::wgpu
