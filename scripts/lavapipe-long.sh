@@ -2,9 +2,10 @@
 # The wgpu test bodies too long for CI (.ci/run says why), on Mesa's
 # software Vulkan: the planner's calibration and plans on the transformer
 # and on the image fit, the advice's levers each lowering the reserved
-# figure, and the toolkit's 300-step precision curve. About 35 minutes on 2
-# cores. Run it after a change to the planner, the advice, precision or the
-# wgpu path, and record the date and result in docs/tests.md.
+# figure, and the 300-step precision curves (the transformer's and the
+# U-Net's). Over 35 minutes on 2 cores. Run it after a change to the
+# planner, the advice, precision or the wgpu path, and record the date and
+# result in docs/tests.md.
 # Usage: scripts/lavapipe-long.sh   (Debian: mesa-vulkan-drivers libvulkan1,
 # and for the build it shares with CI, libopenmpi-dev openmpi-bin libclang-dev)
 set -euo pipefail
@@ -17,5 +18,5 @@ lavapipe_tests() {
   cargo test -p vramfit-splat -p vramfit-models -p vramfit-scene -p vramfit-cli \
     --features vramfit-splat/wgpu,vramfit-models/wgpu,vramfit-scene/wgpu,vramfit-cli/wgpu,vramfit-cli/mpi "$@"
 }
-time lavapipe_tests --test plan --test advice -- --skip flex --test-threads=1
-time lavapipe_tests --test toolkit -- low_precision_training_follows_the_f32_curve::wgpu
+time lavapipe_tests --test plan --test advice -- --skip flex
+time lavapipe_tests --test toolkit --test unet -- low_precision_training_follows_the_f32_curve::wgpu
