@@ -945,12 +945,9 @@ fn an_alpha_channel_is_mentioned_not_dropped_silently() {
 }
 
 /// `plan transformer` and `train transformer --budget` on the small
-/// transformer, widened to about 10 MiB. At width 16 (1.8 MiB), on an AMD
-/// EPYC without AVX-512, the verification probe of the winner measured
-/// 2.12 MB where the same plan measured 1.95 MB as the planned run in the
-/// same process and 1.91 MB as a run of its own (cause not yet found): 10 %
-/// of the figure, and the budget the infeasible error named failed
-/// verification there.
+/// transformer (1.8 MiB). Its verification probe once measured 10 % above
+/// the run, failing the budget the infeasible error named: the planner's
+/// ranking of 360 plans was on the heap during the probe (now dropped).
 #[test]
 fn planning_fits_the_budget_names_one_that_works_and_falls_back() {
     let tmp = tempfile::tempdir().unwrap();
@@ -958,7 +955,6 @@ fn planning_fits_the_budget_names_one_that_works_and_falls_back() {
     let with = |first: &[&str], extra: &[&str]| {
         let mut args = first.to_vec();
         args.extend_from_slice(&SMALL_TRANSFORMER[2..]);
-        args.extend_from_slice(&["--set", "model.width=128", "--set", "model.vocab=256"]);
         args.extend_from_slice(extra);
         run(&args, dir)
     };
@@ -1005,7 +1001,7 @@ fn planning_fits_the_budget_names_one_that_works_and_falls_back() {
         .find(|l| l.starts_with("to run it:"))
         .expect("a command to run it");
     assert!(
-        suggestion.contains("model.width=128")
+        suggestion.contains("model.width=16")
             && suggestion.contains("--micro-batch")
             && !suggestion.contains("--budget"),
         "{suggestion}"
