@@ -6,17 +6,19 @@
 # U-Net's). Over 35 minutes on 2 cores. Run it after a change to the
 # planner, the advice, precision or the wgpu path, and record the date and
 # result in docs/tests.md.
-# Usage: scripts/lavapipe-long.sh   (Debian: mesa-vulkan-drivers libvulkan1,
+# Usage: scripts/lavapipe-long.sh [libtest arguments, e.g. --list]
+# (Debian: mesa-vulkan-drivers libvulkan1,
 # and for the build it shares with CI, libopenmpi-dev openmpi-bin libclang-dev)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 icd=$(ls /usr/share/vulkan/icd.d/lvp_icd*.json 2>/dev/null | head -1)
 [ -n "$icd" ] || { echo "error: lavapipe is not installed (apt-get install mesa-vulkan-drivers libvulkan1)" >&2; exit 1; }
 export VK_ICD_FILENAMES="$icd"
-# The same packages and features as CI's lavapipe line: its build is reused.
-lavapipe_tests() {
-  cargo test -p vramfit-splat -p vramfit-models -p vramfit-scene -p vramfit-cli \
-    --features vramfit-splat/wgpu,vramfit-models/wgpu,vramfit-scene/wgpu,vramfit-cli/wgpu,vramfit-cli/mpi "$@"
-}
-time lavapipe_tests --test plan --test advice -- --skip flex
-time lavapipe_tests --test toolkit --test unet -- low_precision_training_follows_the_f32_curve::wgpu
+# The same packages and features as CI's lavapipe line, so Burn's wgpu
+# build is shared; other test targets rebuild vramfit-models (3-5 minutes).
+# One invocation, the bodies named exactly: the planners' `wgpu` tests,
+# the advice's and both precision curves on wgpu.
+time cargo test -p vramfit-splat -p vramfit-models -p vramfit-scene -p vramfit-cli \
+  --features vramfit-splat/wgpu,vramfit-models/wgpu,vramfit-scene/wgpu,vramfit-cli/wgpu,vramfit-cli/mpi \
+  --test plan --test advice --test toolkit --test unet -- "$@" --exact wgpu \
+  every_advised_setting_lowers_the_deciding_figure::wgpu low_precision_training_follows_the_f32_curve::wgpu
