@@ -20,6 +20,14 @@
 #              the planner's predictions against measured peaks at budgets
 #              from infeasible to ample
 #   plan-scene `bench plan-scene` on CUDA (the five-budget check)
+#   toolkit    the toolkit's test bodies on CUDA (vramfit::test_backends!'s
+#              cuda arm: checkpointed and accumulated gradients equal the
+#              plain ones, the loss scaler, precision curves, host moments),
+#              from the test binary at $TOOLKIT (see docs/gpu.md)
+#   budget     `train transformer --budget` on CUDA: the planner's whole
+#              path (probes, verification, the run held to the budget)
+#   steps      the scene's whole training steps alone (the first half of
+#              `scene`), with the host's copies and Adam timed apart
 # The device tool brings back a limited number of files: everything also
 # goes into OUT/all.tgz (run files that are large and not needed dropped).
 # Usage (on the GPU machine, from the repository root, with the binary of
@@ -80,13 +88,16 @@ DEVICE=cuda RUN_TIMEOUT=${RUN_TIMEOUT_ATTENTION:-90} timeout -k 5 "${CAP_ATTENTI
 log "attention: exit $?"
 fi
 
-if wants scene; then
-log "scene"
+if wants scene || wants steps; then
+log "scene steps"
 mkdir -p "$out/scene"
 timeout -k 5 "${CAP_SCENE_STEPS:-90}" "$VRAMFIT" bench scene-memory --device cuda --gaussians 1000000,6000000 \
   --sh-degrees 3 --moments device,host --sh-storage f32,f16 --steps-only \
   --out "$out/scene/scene-steps-cuda.json" > "$out/scene/scene-steps.log" 2>&1
 log "scene steps: exit $?"
+fi
+
+if wants scene; then
 timeout -k 5 "${CAP_SCENE_PLAN:-120}" "$VRAMFIT" plan scene --device cuda --max-gaussians 6000000 --budget 4GiB \
   --gpus 8,12,16,24,48,80 --json "$out/scene/plan-scene-presets-cuda.json" > "$out/scene/plan-scene.log" 2>&1
 log "plan scene: exit $?"
@@ -105,6 +116,22 @@ log "plan-scene"
 timeout -k 5 "${CAP_PLAN_SCENE:-200}" "$VRAMFIT" bench plan-scene --device cuda --max-gaussians 2000000 \
   --out "$out/plan-scene-cuda.json" > "$out/plan-scene.log" 2>&1
 log "plan-scene: exit $?"
+fi
+
+if wants toolkit; then
+log "toolkit on cuda"
+# Every body's cuda arm, one at a time (they share the card).
+timeout -k 5 "${CAP_TOOLKIT:-150}" "${TOOLKIT:-.gpu/toolkit}" ::cuda --test-threads 1 > "$out/toolkit-cuda.log" 2>&1
+log "toolkit on cuda: exit $?"
+fi
+
+if wants budget; then
+log "train --budget"
+mkdir -p "$out/budget"
+timeout -k 5 "${CAP_BUDGET:-120}" "$VRAMFIT" train transformer --device cuda --batch-size 16 --steps 30 \
+  --set model.width=256 --set model.heads=4 --set model.context=512 --set task.tokens=512 \
+  --budget "${BUDGET:-1.3GiB}" --out "$out/budget/run" > "$out/budget/train.log" 2>&1
+log "train --budget: exit $?"
 fi
 
 find "$out" \( -name '*.ckpt' -o -name weights.bin -o -name 'events.out.tfevents*' -o -name '*.png' \) -delete

@@ -232,14 +232,14 @@ mod device {
             step_table.push_str(
                 "\nWhole training steps (3; a random scene, the loss on the host):\n\n| Gaussians | SH degree | moments | SH stored | state allocated | \
                  parameters B/Gaussian | optimizer state (device) B/Gaussian | workspace high-water MiB | reserved peak \
-                 MiB | reserved B/Gaussian | moved per step MiB | step ms (median) |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+                 MiB | reserved B/Gaussian | moved per step MiB | step ms (median) | of it: copies ms, host Adam ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
             );
             for (case, (moments, sh, state), r) in &steps {
                 match r {
                     Ok(m) => {
                         let n = case.gaussians;
                         step_table.push_str(&format!(
-                            "| {n} | {} | {moments} | {sh} | {state} | {:.0} | {:.0} | {:.1} | {:.1} | {:.0} | {:.1} | {:.0} |\n",
+                            "| {n} | {} | {moments} | {sh} | {state} | {:.0} | {:.0} | {:.1} | {:.1} | {:.0} | {:.1} | {:.0} | {} |\n",
                             case.degree,
                             per(m.held[0], n),
                             per(m.held[2], n),
@@ -247,11 +247,12 @@ mod device {
                             mib(m.reserved),
                             per(m.reserved, n),
                             mib(m.moved),
-                            m.step_ms
+                            m.step_ms,
+                            m.host_ms.map_or("—".into(), |[c, a]| format!("{c:.0}, {a:.0}")),
                         ))
                     }
                     Err(why) => step_table.push_str(&format!(
-                        "| {} | {} | {moments} | {sh} | {state} | does not fit: {why} | | | | | | |\n",
+                        "| {} | {} | {moments} | {sh} | {state} | does not fit: {why} | | | | | | | |\n",
                         case.gaussians, case.degree
                     )),
                 }

@@ -327,7 +327,7 @@ pub struct SceneJob {
 }
 
 /// The median of each of the pair's two parts.
-fn median_pair(values: &[[f64; 2]]) -> Option<[f64; 2]> {
+pub(crate) fn median_pair(values: &[[f64; 2]]) -> Option<[f64; 2]> {
     if values.is_empty() {
         return None;
     }

@@ -198,6 +198,10 @@ pub struct StepMemory {
     pub moved: u64,
     /// Median step time (ms), the first step left out.
     pub step_ms: f64,
+    /// With the moments on the host: the medians (ms, the first step left
+    /// out) of the step's copies between host and device and of the host's
+    /// Adam, parts of `step_ms`.
+    pub host_ms: Option<[f64; 2]>,
 }
 
 /// Runs `steps` training steps (two at least) of a random scene of
@@ -238,6 +242,7 @@ pub fn measure_step<R: Runtime>(
     drop(state);
     let active = 3 * (crate::cpu::sh::coefficients(case.degree) - 1);
     let mut times = Vec::new();
+    let mut host_times = Vec::new();
     for t in 1..=steps.max(2) as i32 {
         let started = std::time::Instant::now();
         fit.forward_backward(&camera, [0.0; 3], &target, true)?;
@@ -245,6 +250,7 @@ pub fn measure_step<R: Runtime>(
         fit.optimize([1e-4, 5e-3, 1e-3, 5e-2, 2.5e-3, 1.25e-4], c1, c2, active)?;
         cubecl::future::block_on(client.sync()).map_err(|e| e.to_string())?;
         times.push(started.elapsed().as_secs_f64() * 1e3);
+        host_times.extend(fit.host_times().filter(|_| t > 1));
     }
     times.remove(0);
     times.sort_by(f64::total_cmp);
@@ -258,5 +264,6 @@ pub fn measure_step<R: Runtime>(
         held: fit.held_bytes(),
         moved: fit.moved_bytes(),
         step_ms: times[times.len() / 2],
+        host_ms: crate::job::median_pair(&host_times),
     })
 }
