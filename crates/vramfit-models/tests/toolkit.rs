@@ -97,9 +97,15 @@ fn fused_attention_gives_the_standard_gradients<B: AutodiffBackend>() {
         let gap = relative_gap(&ga, &gb);
         eprintln!("fused attention {precision:?}: loss {la} vs {lb}, relative gradient gap {gap:e}");
         // f32: the fused attention sums in another order (measured 3.2e-7 on
-        // Flex); bf16: the standard path's score products are in bf16, the
-        // fused one's in f32 (measured 4.2e-3).
-        let tolerance = if precision == Precision::F32 { 1e-5 } else { 5e-2 };
+        // Flex), and on CUDA the standard path's products run on TF32
+        // (measured 2.6e-4 on an H200); bf16: the standard path's score
+        // products are in bf16, the fused one's in f32 (measured 4.2e-3).
+        let tf32 = vramfit::fused::check::may_use_tf32(&B::name(&device));
+        let tolerance = match precision {
+            Precision::F32 if tf32 => 2e-3,
+            Precision::F32 => 1e-5,
+            _ => 5e-2,
+        };
         assert!(gap <= tolerance, "{precision:?}: relative gradient gap {gap}");
         assert!(
             (la - lb).abs() <= tolerance * la.abs(),
@@ -115,6 +121,13 @@ fn fused_attention_gives_the_standard_gradients<B: AutodiffBackend>() {
 /// GPU).
 fn fused_attention_matches_the_cpu_and_the_standard_attention<B: AutodiffBackend>() {
     use vramfit::fused::check;
+    // The standard attention on TF32 (CUDA) is about 1e-3 away (measured
+    // 7.8e-4 on an H200): held to the check's own bound there.
+    let to_standard = if check::may_use_tf32(&B::name(&Default::default())) {
+        check::STANDARD_TOLERANCE
+    } else {
+        1e-4
+    };
     for case in check::standard_cases() {
         let r = check::run_case::<B>(&case);
         assert!(r.fused_kernel, "{case:?}: no fused kernel on this backend");
@@ -127,7 +140,7 @@ fn fused_attention_matches_the_cpu_and_the_standard_attention<B: AutodiffBackend
                 r.to_cpu[i]
             );
             assert!(
-                r.to_standard[i] <= 1e-4,
+                r.to_standard[i] <= to_standard,
                 "{case:?}: {name} differs from the standard by {:e}",
                 r.to_standard[i]
             );
