@@ -37,12 +37,6 @@ use crate::profile::human_bytes;
 /// difference in packing must not pass the budget).
 pub const SETTLE_MARGIN: f64 = 0.03;
 
-/// Counts this close to the largest a plan holds are ranked as equal to
-/// it, by speed: the count a line predicts is settled to 2 % and kept 3 %
-/// below the budget ([`SETTLE_MARGIN`]), so smaller differences are
-/// within the planner's own resolution.
-pub const COUNT_RESOLUTION: f64 = 0.03;
-
 /// Probes the verification of a count may take.
 pub const SETTLE_PROBES: usize = 6;
 
@@ -430,43 +424,19 @@ impl CapacityCalibration {
                 smallest_bytes: smallest,
             });
         }
-        // Below the count asked for, counts within [`COUNT_RESOLUTION`] of
-        // the most that plans of the same exactness hold count as that
-        // most: then speed decides (on an H200 at 3.2 GiB, moments on the
-        // host held 0.3 % more Gaussians than on the device at 5.2 times
-        // the step time, and had won).
-        let most = |exact: bool| {
-            plans
-                .iter()
-                .filter(|(e, _, q)| *e == exact && q.setting.count < self.wanted)
-                .map(|(_, _, q)| q.setting.count)
-                .max()
-                .unwrap_or(0)
-        };
-        let counted: Vec<usize> = plans
-            .iter()
-            .map(|(e, _, p)| {
-                let m = most(*e);
-                let c = p.setting.count;
-                if c < self.wanted && c as f64 >= m as f64 * (1.0 - COUNT_RESOLUTION) {
-                    m
-                } else {
-                    c
-                }
-            })
-            .collect();
         // Step times within the probes' resolution of the fastest among
         // plans of the same rank count as the fastest's: then the
         // workload's order of variants decides (moments on the device
         // first: no copies). (A total order: each time is compared with
         // one reference, its group's fastest.)
-        let group = |i: usize| (plans[i].2.setting.count < self.wanted, !plans[i].0, counted[i]);
-        let timed: Vec<f64> = (0..plans.len())
-            .map(|i| {
-                let p = &plans[i].2;
-                let fastest = (0..plans.len())
-                    .filter(|&j| group(j) == group(i))
-                    .map(|j| plans[j].2.step_ms)
+        let group = |exact: bool, p: &Plan<Counted>| (p.setting.count < self.wanted, !exact, p.setting.count);
+        let timed: Vec<f64> = plans
+            .iter()
+            .map(|(e, _, p)| {
+                let fastest = plans
+                    .iter()
+                    .filter(|(f, _, q)| group(*f, q) == group(*e, p))
+                    .map(|(_, _, q)| q.step_ms)
                     .fold(f64::INFINITY, f64::min);
                 if p.step_ms <= fastest * (1.0 + super::model::TIME_RESOLUTION) {
                     fastest
@@ -481,9 +451,8 @@ impl CapacityCalibration {
             let key = |exact: bool, p: &Plan<Counted>| (p.setting.count < self.wanted, !exact);
             key(*ea, a)
                 .cmp(&key(*eb, b))
-                .then(counted[j].cmp(&counted[i]))
-                .then(timed[i].total_cmp(&timed[j]))
                 .then(b.setting.count.cmp(&a.setting.count))
+                .then(timed[i].total_cmp(&timed[j]))
                 .then(ia.cmp(ib))
         });
         let mut slots: Vec<Option<(bool, usize, Plan<Counted>)>> = plans.into_iter().map(Some).collect();
@@ -503,8 +472,8 @@ impl CapacityCalibration {
             )
         } else {
             format!(
-                "no plan holds the {} {} asked for within {}; this one holds {}, the most or within 3 % of it and \
-                 the fastest of those, peak {} with a {:.0} % margin",
+                "no plan holds the {} {} asked for within {}; this one holds the most, {}, peak {} with a {:.0} % \
+                 margin",
                 self.wanted,
                 self.knob,
                 human_bytes(budget),
@@ -753,55 +722,6 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-    }
-
-    /// Below the count asked for, a plan holding at most 3 % fewer is
-    /// ranked with the one holding the most, and the faster wins; a plan
-    /// holding far more still wins however slow.
-    #[test]
-    fn counts_within_resolution_are_ranked_by_speed() {
-        struct Near(u64);
-        impl Capacity for Near {
-            fn knob(&self) -> String {
-                "max_gaussians".into()
-            }
-            fn wanted(&self) -> usize {
-                10_000_000
-            }
-            fn variants(&self) -> Vec<Variant> {
-                ["moments device", "moments host"]
-                    .map(|n| Variant {
-                        name: n.into(),
-                        quality: vec![],
-                        limit: usize::MAX,
-                    })
-                    .to_vec()
-            }
-            fn probe_counts(&self) -> Vec<usize> {
-                vec![100_000, 200_000, 400_000]
-            }
-            fn measure(&mut self, variant: &str, count: usize) -> Result<Measured, String> {
-                // Host moments: `self.0` bytes an element against 1,000, five times slower.
-                let (per, ms) = if variant == "moments host" { (self.0, 5.0) } else { (1000, 1.0) };
-                let peak = (50 << 20) + per * count as u64;
-                Ok(Measured {
-                    peak_bytes: peak,
-                    step_peak_bytes: peak,
-                    rest_peak_bytes: 0,
-                    step_ms: ms * count as f64 / 1e5,
-                    seconds: 0.0,
-                })
-            }
-        }
-        let budget = 1 << 30;
-        let near = calibrate_capacity(&mut Near(990)).unwrap().choose_count(budget).unwrap();
-        let (device, host) = (&near.plans[0], &near.plans[1]);
-        assert_eq!(device.setting.variant, "moments device", "{:?}", near.plans);
-        assert!(host.setting.count > device.setting.count, "{:?}", near.plans);
-        assert!(device.setting.count as f64 >= host.setting.count as f64 * (1.0 - COUNT_RESOLUTION));
-        assert!(near.why.contains("within 3 %"), "{}", near.why);
-        let far = calibrate_capacity(&mut Near(800)).unwrap().choose_count(budget).unwrap();
-        assert_eq!(far.plans[0].setting.variant, "moments host", "{:?}", far.plans);
     }
 
     #[test]
