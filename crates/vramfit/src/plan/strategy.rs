@@ -285,7 +285,7 @@ impl Strategy for CapacityCalibration {
         plan: &Plan<Counted>,
         budget: u64,
     ) -> Result<(Plan<Counted>, Measured), String> {
-        self.settle_count(target, plan, budget)
+        self.settle_with_faster(target, plan, budget)
     }
     fn describe(&self, setting: &Counted) -> String {
         format!("{}, {} {}", setting.variant, self.knob, setting.count)

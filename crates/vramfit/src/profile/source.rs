@@ -328,6 +328,10 @@ mod tests {
             Some(540),
             "a later source (after probes) keeps the first reading"
         );
-        assert_eq!(context_once("test-b".into(), || Some(700)), Some(700), "another device reads its own");
+        assert_eq!(
+            context_once("test-b".into(), || Some(700)),
+            Some(700),
+            "another device reads its own"
+        );
     }
 }
