@@ -599,6 +599,8 @@ mod tests {
                 peak_bytes: peak,
                 step_peak_bytes: peak,
                 rest_peak_bytes: 0,
+                files_peak_bytes: 0,
+                between_peak_bytes: 0,
                 step_ms: ms * count as f64 / 1e5,
                 seconds: 0.0,
             })
@@ -619,6 +621,8 @@ mod tests {
                     peak_bytes: peak,
                     step_peak_bytes: peak,
                     rest_peak_bytes: 0,
+                    files_peak_bytes: 0,
+                    between_peak_bytes: 0,
                     step_ms: 1.0,
                     seconds: 0.0,
                 },
@@ -736,6 +740,8 @@ mod tests {
                     peak_bytes: 1000 * count as u64,
                     step_peak_bytes: 0,
                     rest_peak_bytes: 0,
+                    files_peak_bytes: 0,
+                    between_peak_bytes: 0,
                     step_ms: ms,
                     seconds: 0.0,
                 })
@@ -814,6 +820,8 @@ mod tests {
                     peak_bytes: peak,
                     step_peak_bytes: peak,
                     rest_peak_bytes: 0,
+                    files_peak_bytes: 0,
+                    between_peak_bytes: 0,
                     step_ms: ms * count as f64 / 1e5,
                     seconds: 0.0,
                 })

@@ -229,6 +229,8 @@ mod tests {
                     ms: 1.0,
                 },
                 rest_bytes: 12_000.0,
+                files_bytes: 0.0,
+                between_bytes: 0.0,
                 page_bytes: 1,
                 least_probed_micro_batch: 0,
                 below_probed_bytes: 0.0,
@@ -326,6 +328,43 @@ mod tests {
         assert!(
             c.choose((lean.peak_bytes as f64 * (1.0 + c.margin())) as u64 - 2)
                 .is_err()
+        );
+    }
+
+    /// Where the probes split the rest into the phases that write files
+    /// (holding a copy of the state) and the others, a sharded rank's files
+    /// phases lose the other ranks' moments twice and hold no exchange; the
+    /// others lose them once beside the exchange; the rest is the larger.
+    #[test]
+    fn a_sharded_ranks_files_lose_the_moments_twice() {
+        let mut c = calibration();
+        let one = Knobs {
+            micro_batch: 4,
+            ..Knobs::base(4, 16)
+        };
+        let two = Knobs {
+            ranks: 2,
+            ..one.clone()
+        };
+        let unsplit = c.model.split(&two, 16).2;
+        (c.model.files_bytes, c.model.between_bytes) = (12_000.0, 9_000.0);
+        // Rank 0 keeps 300 of 500 values: 200 values' moments (8 bytes) saved.
+        let (saved, exchange) = (8.0 * 200.0, 8.0 * 300.0);
+        assert_eq!(c.model.split(&one, 16).2, 12_000.0, "one rank: the rest as probed");
+        assert_eq!(
+            unsplit,
+            12_000.0 + exchange - saved,
+            "no split: the exchange and one saving"
+        );
+        assert_eq!(
+            c.model.split(&two, 16).2,
+            (9_000.0 + exchange - saved).max(12_000.0 - 2.0 * saved)
+        );
+        c.model.between_bytes = 6_000.0;
+        assert_eq!(
+            c.model.split(&two, 16).2,
+            12_000.0 - 2.0 * saved,
+            "the files phase decides"
         );
     }
 

@@ -272,6 +272,8 @@ mod tests {
             peak_bytes: paged,
             step_peak_bytes: paged,
             rest_peak_bytes: 10 * mib,
+            files_peak_bytes: 0,
+            between_peak_bytes: 0,
             step_ms: 100.0 + 1600.0 / v as f64,
             seconds: 0.1,
         }
@@ -348,6 +350,8 @@ mod tests {
                     peak_bytes: peak,
                     step_peak_bytes: peak,
                     rest_peak_bytes: 0,
+                    files_peak_bytes: 0,
+                    between_peak_bytes: 0,
                     step_ms: 10.0,
                     seconds: 0.0,
                 })

@@ -296,6 +296,16 @@ pub struct Measured {
     pub step_peak_bytes: u64,
     /// Its peak in every other phase (between steps, optimiser, final files).
     pub rest_peak_bytes: u64,
+    /// Of those, the peak of the phases that write files (checkpoints, the
+    /// final files) where they are encoded in the figure's own memory (on
+    /// the CPU, whose heap is the device: a copy of the state); 0 where
+    /// not measured or not so (a GPU's files are encoded in host memory).
+    #[serde(default)]
+    pub files_peak_bytes: u64,
+    /// With `files_peak_bytes`, the peak of the other phases outside the
+    /// forward and backward (the optimiser's, between steps).
+    #[serde(default)]
+    pub between_peak_bytes: u64,
     /// Median step time (ms).
     pub step_ms: f64,
     /// Wall seconds the probe took, set-up included.

@@ -69,6 +69,14 @@ pub struct Model {
     pub cleanup: Delta,
     /// Bytes of the rest (outside forward and backward) with the base knobs.
     pub rest_bytes: f64,
+    /// Of the rest, the phases that write files, where they hold a copy of
+    /// the state in the figure's memory ([`Measured::files_peak_bytes`];
+    /// 0: not known), and the others: the probe that gave `rest_bytes`.
+    #[serde(default)]
+    pub files_bytes: f64,
+    /// See `files_bytes`.
+    #[serde(default)]
+    pub between_bytes: f64,
     /// The allocator reserves whole pages of this many bytes (1: no pages
     /// seen): the greatest common divisor of the probes' readings.
     #[serde(default = "one")]
@@ -213,7 +221,6 @@ impl Model {
             (self.moments, if knobs.low_moments { 1.0 } else { 0.0 }),
             (self.host_moments, if knobs.host_moments { 1.0 } else { 0.0 }),
             (self.cleanup, if knobs.cleanup { 1.0 } else { 0.0 }),
-            (self.sharding(knobs), 1.0),
         ];
         parts.iter().fold(Delta::default(), |a, (d, f)| Delta {
             step: a.step + d.step * f,
@@ -223,17 +230,18 @@ impl Model {
     }
 
     /// What sharding Adam's moments over `knobs.ranks` ranks adds on the
-    /// rank that keeps the most (arithmetic, not probed): the other ranks'
-    /// moments leave it (8 bytes a value in f32, 4 in bf16, none on the
-    /// device when they live on the host). Summing each micro-batch's
-    /// gradients onto their owners right after its backward holds one more
-    /// f32 copy of the largest parameter and one exchange slice beside the
-    /// step's gradients ([`crate::ranks::sum_gradients`]; a bound: on the
-    /// CPU the copy is the gradient's own buffer), and the owner's
-    /// broadcast one f32 copy of it in the optimizer's phase.
-    fn sharding(&self, knobs: &Knobs) -> Delta {
+    /// rank that keeps the most (arithmetic, not probed), and the moments'
+    /// bytes it saves: the other ranks' moments leave it (8 bytes a value
+    /// in f32, 4 in bf16, none on the device when they live on the host).
+    /// Summing each micro-batch's gradients onto their owners right after
+    /// its backward holds one more f32 copy of the largest parameter and
+    /// one exchange slice beside the step's gradients
+    /// ([`crate::ranks::sum_gradients`]; a bound: on the CPU the copy is
+    /// the gradient's own buffer), and the owner's broadcast one f32 copy
+    /// of it in the optimizer's phase.
+    fn sharding(&self, knobs: &Knobs) -> (Delta, f64) {
         if knobs.ranks <= 1 || self.parameters.is_empty() {
-            return Delta::default();
+            return (Delta::default(), 0.0);
         }
         let per_value = match (knobs.host_moments, knobs.low_moments) {
             (true, _) => 0.0,
@@ -248,10 +256,28 @@ impl Model {
         let saved = per_value * (all - kept) as f64;
         let largest = self.parameters.iter().copied().max().unwrap_or(0);
         let exchange = 4.0 * (largest + largest.min(crate::ranks::EXCHANGE_VALUES)) as f64;
-        Delta {
+        let delta = Delta {
             step: exchange - saved,
             rest: exchange - saved,
             ms: 0.0,
+        };
+        (delta, saved)
+    }
+
+    /// The rest's bytes on `knobs`' ranks, `base` being the one-rank rest's
+    /// difference from the base probe's (precision and the other knobs).
+    /// Where the probes told the phases that write files from the others
+    /// ([`Model::files_bytes`]), a sharded rank's files phases save the
+    /// other ranks' moments twice (the moments held and their encoded copy
+    /// in the file; measured on a 2-rank transformer: 30.1 MiB of copies on
+    /// one rank, 20.0 on a sharded one) and hold no exchange; its other
+    /// phases save them once and hold the exchange.
+    fn rest(&self, knobs: &Knobs, base: f64) -> f64 {
+        let (sharded, saved) = self.sharding(knobs);
+        if self.files_bytes > 0.0 && saved > 0.0 {
+            (self.between_bytes + base + sharded.rest).max(self.files_bytes + base - 2.0 * saved)
+        } else {
+            self.rest_bytes + base + sharded.rest
         }
     }
 
@@ -309,6 +335,7 @@ impl Model {
         };
         let outside = self.fixed_bytes
             + d.step
+            + self.sharding(knobs).0.step
             + if accumulating {
                 self.accumulator_bytes * self.accumulated_share(knobs)
             } else {
@@ -316,7 +343,7 @@ impl Model {
             }
             + rho * m * self.outside_bytes
             + below;
-        (outside, rho * m, self.rest_bytes + rest + d.rest)
+        (outside, rho * m, self.rest(knobs, rest + d.rest))
     }
 
     /// Predicted peak bytes (in whole pages) and step ms of `knobs` at effective batch `batch`.
@@ -639,6 +666,8 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         host_moments: Delta::default(),
         cleanup: Delta::default(),
         rest_bytes: mb.rest_peak_bytes as f64,
+        files_bytes: 0.0,
+        between_bytes: 0.0,
         page_bytes: 1,
         least_probed_micro_batch: q,
         below_probed_bytes: 0.0,
@@ -684,10 +713,13 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         p,
         &mut probes,
     )?;
-    model.rest_bytes = probes
+    let leanest = probes
         .iter()
-        .map(|r| r.measured.rest_peak_bytes as f64)
-        .fold(f64::INFINITY, f64::min);
+        .map(|r| r.measured)
+        .min_by_key(|m| m.rest_peak_bytes)
+        .expect("probes ran");
+    model.rest_bytes = leanest.rest_peak_bytes as f64;
+    (model.files_bytes, model.between_bytes) = (leanest.files_peak_bytes as f64, leanest.between_peak_bytes as f64);
     // Its rest holds a batch of one's inputs: not a bound on the run's rest.
     probes.append(&mut lone);
     let scaled_ms = (mb.step_ms - fixed_ms).max(1e-9);
@@ -924,6 +956,8 @@ mod tests {
                 peak_bytes: peak.max(rest).round() as u64,
                 step_peak_bytes: peak.round() as u64,
                 rest_peak_bytes: rest.round() as u64,
+                files_peak_bytes: 0,
+                between_peak_bytes: 0,
                 step_ms: ms,
                 seconds: 0.0,
             })
@@ -969,6 +1003,8 @@ mod tests {
             peak_bytes: peak,
             step_peak_bytes: peak,
             rest_peak_bytes: peak,
+            files_peak_bytes: 0,
+            between_peak_bytes: 0,
             step_ms: 1.0,
             seconds: 0.0,
         };

@@ -55,11 +55,13 @@ pub fn measure_run<W: Workload>(workload: W) -> Result<Measured, String> {
                 summary.peak_memory_source
             )
         })?;
-        let (step_peak_bytes, rest_peak_bytes) = phase_peaks(&dir.join("memory.json"), peak)?;
+        let phases = phase_peaks(&dir.join("memory.json"), peak)?;
         Ok(Measured {
             peak_bytes: peak,
-            step_peak_bytes,
-            rest_peak_bytes,
+            step_peak_bytes: phases.step,
+            rest_peak_bytes: phases.rest,
+            files_peak_bytes: phases.files,
+            between_peak_bytes: phases.between,
             step_ms: summary.median_step_ms,
             seconds: started.elapsed().as_secs_f64(),
         })
@@ -79,35 +81,61 @@ pub fn measured_in(dir: &std::path::Path) -> Result<Measured, String> {
         .as_u64()
         .ok_or_else(|| format!("{}: no peak_memory_bytes", path.display()))?;
     // A run that recorded no phases (`profile_every = 0`) has its peak only.
-    let (step_peak_bytes, rest_peak_bytes) = phase_peaks(&dir.join("memory.json"), peak).unwrap_or((peak, peak));
+    let phases = phase_peaks(&dir.join("memory.json"), peak).unwrap_or(PhasePeaks {
+        step: peak,
+        rest: peak,
+        files: 0,
+        between: 0,
+    });
     Ok(Measured {
         peak_bytes: peak,
-        step_peak_bytes,
-        rest_peak_bytes,
+        step_peak_bytes: phases.step,
+        rest_peak_bytes: phases.rest,
+        files_peak_bytes: phases.files,
+        between_peak_bytes: phases.between,
         step_ms: summary["median_step_ms"].as_f64().unwrap_or(0.0),
         seconds: summary["wall_seconds"].as_f64().unwrap_or(0.0),
     })
 }
 
+/// A probe's peaks by kind of phase ([`Measured`]'s fields).
+struct PhasePeaks {
+    step: u64,
+    rest: u64,
+    files: u64,
+    between: u64,
+}
+
 /// The largest OOM-deciding figure inside the step's forward and backward
-/// phases (one fused phase in the splat fit), and inside every other phase (between steps, optimiser, final
-/// files), from the probe's memory report (every step is recorded).
-fn phase_peaks(path: &std::path::Path, headline: u64) -> Result<(u64, u64), String> {
+/// phases (one fused phase in the splat fit), and inside every other phase
+/// (between steps, optimiser, checkpoints, final files), the latter split
+/// into the phases that write files and the others where the files are
+/// encoded in the figure's own memory (the heap), from the probe's memory
+/// report (every step is recorded).
+fn phase_peaks(path: &std::path::Path, headline: u64) -> Result<PhasePeaks, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let report: MemoryReport = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
     let reserved = report.headline.as_ref().is_some_and(|h| h.figure.contains("reserved"));
-    let (mut step, mut rest) = (0, 0);
+    let (mut step, mut files, mut between) = (0, 0, 0);
     for r in &report.records {
         let figure = if reserved { r.peak_reserved } else { r.peak_in_use };
         let figure = figure.unwrap_or(0);
-        if matches!(r.phase.as_str(), "forward" | "backward" | "forward_backward") {
-            step = step.max(figure);
-        } else {
-            rest = rest.max(figure);
+        match r.phase.as_str() {
+            "forward" | "backward" | "forward_backward" => step = step.max(figure),
+            "checkpoint" | "finish" => files = files.max(figure),
+            _ => between = between.max(figure),
         }
     }
     if step == 0 {
         return Err("the probe recorded no forward or backward phase".into());
     }
-    Ok((step.min(headline), rest.min(headline)))
+    let rest = files.max(between).min(headline);
+    // On a device the files are encoded in host memory: no split.
+    let split = !reserved && files > 0;
+    Ok(PhasePeaks {
+        step: step.min(headline),
+        rest,
+        files: if split { files.min(headline) } else { 0 },
+        between: if split { between.min(headline) } else { 0 },
+    })
 }

@@ -933,6 +933,12 @@ impl Session<'_> {
                 file.meta["config_toml"] = json!(self.run.config);
                 let path = dir.checkpoints().join(checkpoint_name(step));
                 crate::run::atomic_write_with(&path, |w| file.write_to(w)).map_err(write_err(dir.root(), &path))?;
+                drop(file);
+                // A phase of its own: the encoded copy of the state is held
+                // here, and the planner tells it from the optimizer's (a
+                // sharded rank's checkpoint holds its own moments only).
+                self.profiler
+                    .observe(step, "checkpoint", None, record, || w.accounted());
                 for old in checkpoints_newest_first(&dir.checkpoints())
                     .into_iter()
                     .skip(KEEP_CHECKPOINTS)
