@@ -545,6 +545,38 @@ impl CapacityCalibration {
 mod tests {
     use super::*;
 
+    /// An exact workload with Adam's moments on the device or the host,
+    /// probed at `counts`, each probe measured by `measure`.
+    struct TwoVariants<F> {
+        wanted: usize,
+        counts: Vec<usize>,
+        measure: F,
+    }
+
+    impl<F: FnMut(&str, usize) -> Measured> Capacity for TwoVariants<F> {
+        fn knob(&self) -> String {
+            "max_gaussians".into()
+        }
+        fn wanted(&self) -> usize {
+            self.wanted
+        }
+        fn variants(&self) -> Vec<Variant> {
+            ["moments device", "moments host"]
+                .map(|n| Variant {
+                    name: n.into(),
+                    quality: vec![],
+                    limit: usize::MAX,
+                })
+                .to_vec()
+        }
+        fn probe_counts(&self) -> Vec<usize> {
+            self.counts.clone()
+        }
+        fn measure(&mut self, variant: &str, count: usize) -> Result<Measured, String> {
+            Ok((self.measure)(variant, count))
+        }
+    }
+
     /// 50 MiB fixed and 1,000 bytes an element (device moments) or 500
     /// (host moments, 30 % slower), in pages of 32 MiB.
     struct Scene {
@@ -598,11 +630,8 @@ mod tests {
             Ok(Measured {
                 peak_bytes: peak,
                 step_peak_bytes: peak,
-                rest_peak_bytes: 0,
-                files_peak_bytes: 0,
-                between_peak_bytes: 0,
                 step_ms: ms * count as f64 / 1e5,
-                seconds: 0.0,
+                ..Measured::default()
             })
         }
     }
@@ -620,11 +649,8 @@ mod tests {
                 Measured {
                     peak_bytes: peak,
                     step_peak_bytes: peak,
-                    rest_peak_bytes: 0,
-                    files_peak_bytes: 0,
-                    between_peak_bytes: 0,
                     step_ms: 1.0,
-                    seconds: 0.0,
+                    ..Measured::default()
                 },
             )
         };
@@ -714,40 +740,16 @@ mod tests {
     /// the probes' resolution): the first, the workload's preference, wins.
     #[test]
     fn times_within_resolution_keep_the_workloads_order() {
-        struct Close;
-        impl Capacity for Close {
-            fn knob(&self) -> String {
-                "max_gaussians".into()
-            }
-            fn wanted(&self) -> usize {
-                1000
-            }
-            fn variants(&self) -> Vec<Variant> {
-                ["moments device", "moments host"]
-                    .map(|n| Variant {
-                        name: n.into(),
-                        quality: vec![],
-                        limit: usize::MAX,
-                    })
-                    .to_vec()
-            }
-            fn probe_counts(&self) -> Vec<usize> {
-                vec![250, 500, 1000]
-            }
-            fn measure(&mut self, variant: &str, count: usize) -> Result<Measured, String> {
-                let ms = if variant == "moments host" { 0.98 } else { 1.0 } * count as f64;
-                Ok(Measured {
-                    peak_bytes: 1000 * count as u64,
-                    step_peak_bytes: 0,
-                    rest_peak_bytes: 0,
-                    files_peak_bytes: 0,
-                    between_peak_bytes: 0,
-                    step_ms: ms,
-                    seconds: 0.0,
-                })
-            }
-        }
-        let cal = calibrate_capacity(&mut Close).unwrap();
+        let mut close = TwoVariants {
+            wanted: 1000,
+            counts: vec![250, 500, 1000],
+            measure: |variant: &str, count: usize| Measured {
+                peak_bytes: 1000 * count as u64,
+                step_ms: if variant == "moments host" { 0.98 } else { 1.0 } * count as f64,
+                ..Measured::default()
+            },
+        };
+        let cal = calibrate_capacity(&mut close).unwrap();
         let c = cal.choose_count(1 << 30).unwrap();
         assert_eq!(c.plans[0].setting.variant, "moments device", "{:?}", c.plans);
         assert_eq!(c.plans[1].setting.variant, "moments host");
@@ -785,55 +787,35 @@ mod tests {
     /// replaces it; one holding far fewer does not.
     #[test]
     fn a_faster_variant_holding_nearly_as_many_wins_verification() {
-        /// Host moments `self.0` bytes an element against the device's
-        /// 1,000 and five times slower, with `self.1` bytes more above
-        /// 1.2 M elements, where no probe looked (as a page would): its
-        /// line promises more than it holds.
-        struct Near(u64, u64);
-        impl Capacity for Near {
-            fn knob(&self) -> String {
-                "max_gaussians".into()
-            }
-            fn wanted(&self) -> usize {
-                10_000_000
-            }
-            fn variants(&self) -> Vec<Variant> {
-                ["moments device", "moments host"]
-                    .map(|n| Variant {
-                        name: n.into(),
-                        quality: vec![],
-                        limit: usize::MAX,
-                    })
-                    .to_vec()
-            }
-            fn probe_counts(&self) -> Vec<usize> {
-                vec![100_000, 400_000, 1_000_000]
-            }
-            fn measure(&mut self, variant: &str, count: usize) -> Result<Measured, String> {
+        // Host moments `per` bytes an element against the device's 1,000
+        // and five times slower, with `jump` bytes more above 1.2 M
+        // elements, where no probe looked (as a page would): its line
+        // promises more than it holds.
+        let near = |per: u64, jump: u64| TwoVariants {
+            wanted: 10_000_000,
+            counts: vec![100_000, 400_000, 1_000_000],
+            measure: move |variant: &str, count: usize| {
                 let (per, jump, ms) = if variant == "moments host" {
-                    (self.0, if count > 1_200_000 { self.1 } else { 0 }, 5.0)
+                    (per, if count > 1_200_000 { jump } else { 0 }, 5.0)
                 } else {
                     (1000, 0, 1.0)
                 };
                 let peak = (50u64 << 20) + per * count as u64 + jump;
-                Ok(Measured {
+                Measured {
                     peak_bytes: peak,
                     step_peak_bytes: peak,
-                    rest_peak_bytes: 0,
-                    files_peak_bytes: 0,
-                    between_peak_bytes: 0,
                     step_ms: ms * count as f64 / 1e5,
-                    seconds: 0.0,
-                })
-            }
-        }
+                    ..Measured::default()
+                }
+            },
+        };
         let budget = 1_600_000_000;
-        let mut near = Near(900, 136_000_000);
-        let cal = calibrate_capacity(&mut near).unwrap();
+        let mut close = near(900, 136_000_000);
+        let cal = calibrate_capacity(&mut close).unwrap();
         let ranked = cal.choose_count(budget).unwrap().plans[0].clone();
         assert_eq!(ranked.setting.variant, "moments host", "its line promises the most");
-        let (host, _) = cal.settle_count(&mut near, &ranked, budget).unwrap();
-        let v = crate::plan::verify(&cal, &mut near as &mut dyn Capacity, budget).unwrap();
+        let (host, _) = cal.settle_count(&mut close, &ranked, budget).unwrap();
+        let v = crate::plan::verify(&cal, &mut close as &mut dyn Capacity, budget).unwrap();
         let plan = &v.choice.plans[0];
         assert_eq!(plan.setting.variant, "moments device", "{}", v.choice.why);
         assert!(v.measured.peak_bytes <= budget);
@@ -842,7 +824,7 @@ mod tests {
             "{plan:?} against {host:?}"
         );
         // Host moments holding twice as many stay the winner.
-        let mut far = Near(500, 0);
+        let mut far = near(500, 0);
         let cal = calibrate_capacity(&mut far).unwrap();
         let v = crate::plan::verify(&cal, &mut far as &mut dyn Capacity, budget).unwrap();
         assert_eq!(v.choice.plans[0].setting.variant, "moments host");

@@ -349,11 +349,8 @@ mod tests {
                 Ok(Measured {
                     peak_bytes: peak,
                     step_peak_bytes: peak,
-                    rest_peak_bytes: 0,
-                    files_peak_bytes: 0,
-                    between_peak_bytes: 0,
                     step_ms: 10.0,
-                    seconds: 0.0,
+                    ..Measured::default()
                 })
             }
         }

@@ -288,7 +288,7 @@ impl Space {
 }
 
 /// One probe's figures.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Measured {
     /// Peak of the figure that decides an out-of-memory (bytes).
     pub peak_bytes: u64,
