@@ -53,21 +53,32 @@ impl ShStorage {
         }
     }
 
-    /// `values` in the storage's words, each rounded to nearest (even).
+    /// `values` in the storage's words, each rounded to nearest (even),
+    /// converted in place in the words (half's slice conversion): on x86
+    /// with F16C its vector instructions, detected at run time, encode f16
+    /// at 1.8-2.5 ns a value against 4.0-5.4 a value at a time (an AMD
+    /// EPYC, 27 M values, four runs); with the moments on the host the
+    /// SH's f32 masters are encoded every step.
     pub fn encode(self, values: &[f32]) -> Vec<u32> {
-        let half = |x: f32| -> u32 {
-            match self {
-                Self::F16 => half::f16::from_f32(x).to_bits() as u32,
-                _ => half::bf16::from_f32(x).to_bits() as u32,
-            }
-        };
-        match self {
-            Self::F32 => values.iter().map(|x| x.to_bits()).collect(),
-            _ => values
-                .chunks(2)
-                .map(|pair| half(pair[0]) | pair.get(1).map_or(0, |&x| half(x) << 16))
-                .collect(),
+        use half::slice::HalfFloatSliceExt;
+        if self == Self::F32 {
+            return values.iter().map(|x| x.to_bits()).collect();
         }
+        // Two halves a word, the first in the low bits: a little-endian
+        // word's memory order.
+        const {
+            assert!(
+                cfg!(target_endian = "little"),
+                "16-bit SH packing assumes little-endian words"
+            )
+        };
+        let mut words = vec![0u32; values.len().div_ceil(2)];
+        if self == Self::F16 {
+            bytemuck::cast_slice_mut::<u32, half::f16>(&mut words)[..values.len()].convert_from_f32_slice(values);
+        } else {
+            bytemuck::cast_slice_mut::<u32, half::bf16>(&mut words)[..values.len()].convert_from_f32_slice(values);
+        }
+        words
     }
 
     /// Each value as the storage would give it back: what the renderer
@@ -128,6 +139,50 @@ mod tests {
         assert_eq!(words, vec![0x3f80 | (0xc000 << 16)]);
         assert_eq!(ShStorage::F32.encode(&[1.5]), vec![1.5f32.to_bits()]);
         assert_eq!(ShStorage::F16.words(45 * 3), 68);
+    }
+
+    /// The slice conversion rounds as one value at a time does: ties to
+    /// even, subnormals, overflow to infinity, NaN kept NaN.
+    #[test]
+    fn encoding_a_slice_rounds_each_value_alone() {
+        let mut values: Vec<f32> = (0..20_001)
+            .map(|i| ((i as f32) * 0.37).sin() * 70_000.0 / (1 + i % 97) as f32)
+            .collect();
+        values.extend([
+            0.0,
+            -0.0,
+            6e-8,
+            -3e-6,
+            65_504.0,
+            65_520.0,
+            1e9,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ]);
+        values.extend((0..64).map(|k| 1.0 + k as f32 * 2f32.powi(-11)));
+        let alone = |bits: u16, x: f32, storage: ShStorage| {
+            let want = match storage {
+                ShStorage::F16 => half::f16::from_f32(x).to_bits(),
+                _ => half::bf16::from_f32(x).to_bits(),
+            };
+            if x.is_nan() {
+                let back = match storage {
+                    ShStorage::F16 => half::f16::from_bits(bits).to_f32(),
+                    _ => half::bf16::from_bits(bits).to_f32(),
+                };
+                assert!(back.is_nan(), "{storage}: NaN");
+            } else {
+                assert_eq!(bits, want, "{storage}: {x:e}");
+            }
+        };
+        for storage in [ShStorage::F16, ShStorage::Bf16] {
+            let words = storage.encode(&values);
+            assert_eq!(words.len(), values.len().div_ceil(2));
+            for (i, &x) in values.iter().enumerate() {
+                alone((words[i / 2] >> (16 * (i % 2))) as u16, x, storage);
+            }
+        }
     }
 
     #[test]
