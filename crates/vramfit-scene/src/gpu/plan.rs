@@ -120,10 +120,9 @@ impl<R: Runtime> Capacity for ScenePlan<R> {
             peak_bytes: m.reserved,
             step_peak_bytes: m.reserved,
             rest_peak_bytes: m.reserved,
-            files_peak_bytes: 0,
-            between_peak_bytes: 0,
             step_ms: m.step_ms,
             seconds: started.elapsed().as_secs_f64(),
+            ..Measured::default()
         })
     }
 }

@@ -55,15 +55,10 @@ pub fn measure_run<W: Workload>(workload: W) -> Result<Measured, String> {
                 summary.peak_memory_source
             )
         })?;
-        let phases = phase_peaks(&dir.join("memory.json"), peak)?;
         Ok(Measured {
-            peak_bytes: peak,
-            step_peak_bytes: phases.step,
-            rest_peak_bytes: phases.rest,
-            files_peak_bytes: phases.files,
-            between_peak_bytes: phases.between,
             step_ms: summary.median_step_ms,
             seconds: started.elapsed().as_secs_f64(),
+            ..phase_peaks(&dir.join("memory.json"), peak)?
         })
     })();
     let _ = std::fs::remove_dir_all(&dir);
@@ -81,29 +76,17 @@ pub fn measured_in(dir: &std::path::Path) -> Result<Measured, String> {
         .as_u64()
         .ok_or_else(|| format!("{}: no peak_memory_bytes", path.display()))?;
     // A run that recorded no phases (`profile_every = 0`) has its peak only.
-    let phases = phase_peaks(&dir.join("memory.json"), peak).unwrap_or(PhasePeaks {
-        step: peak,
-        rest: peak,
-        files: 0,
-        between: 0,
+    let phases = phase_peaks(&dir.join("memory.json"), peak).unwrap_or(Measured {
+        peak_bytes: peak,
+        step_peak_bytes: peak,
+        rest_peak_bytes: peak,
+        ..Measured::default()
     });
     Ok(Measured {
-        peak_bytes: peak,
-        step_peak_bytes: phases.step,
-        rest_peak_bytes: phases.rest,
-        files_peak_bytes: phases.files,
-        between_peak_bytes: phases.between,
         step_ms: summary["median_step_ms"].as_f64().unwrap_or(0.0),
         seconds: summary["wall_seconds"].as_f64().unwrap_or(0.0),
+        ..phases
     })
-}
-
-/// A probe's peaks by kind of phase ([`Measured`]'s fields).
-struct PhasePeaks {
-    step: u64,
-    rest: u64,
-    files: u64,
-    between: u64,
 }
 
 /// The largest OOM-deciding figure inside the step's forward and backward
@@ -111,8 +94,8 @@ struct PhasePeaks {
 /// (between steps, optimiser, checkpoints, final files), the latter split
 /// into the phases that write files and the others where the files are
 /// encoded in the figure's own memory (the heap), from the probe's memory
-/// report (every step is recorded).
-fn phase_peaks(path: &std::path::Path, headline: u64) -> Result<PhasePeaks, String> {
+/// report (every step is recorded): a [`Measured`] without its times.
+fn phase_peaks(path: &std::path::Path, headline: u64) -> Result<Measured, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let report: MemoryReport = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
     let reserved = report.headline.as_ref().is_some_and(|h| h.figure.contains("reserved"));
@@ -132,10 +115,12 @@ fn phase_peaks(path: &std::path::Path, headline: u64) -> Result<PhasePeaks, Stri
     let rest = files.max(between).min(headline);
     // On a device the files are encoded in host memory: no split.
     let split = !reserved && files > 0;
-    Ok(PhasePeaks {
-        step: step.min(headline),
-        rest,
-        files: if split { files.min(headline) } else { 0 },
-        between: if split { between.min(headline) } else { 0 },
+    Ok(Measured {
+        peak_bytes: headline,
+        step_peak_bytes: step.min(headline),
+        rest_peak_bytes: rest,
+        files_peak_bytes: if split { files.min(headline) } else { 0 },
+        between_peak_bytes: if split { between.min(headline) } else { 0 },
+        ..Measured::default()
     })
 }
