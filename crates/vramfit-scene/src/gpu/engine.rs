@@ -12,6 +12,7 @@
 //! The backward adds its accumulator (9 floats a Gaussian: 36 N) and the
 //! parameters' gradients. Nothing is kept per (pixel, Gaussian) pair.
 
+use cubecl::bytes::Bytes;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use vramfit_splat::gpu::engine::{dim, grid};
@@ -452,7 +453,22 @@ impl<R: Runtime> Renderer<R> {
         if words == 0 {
             return;
         }
-        let staged = self.client.create_from_slice(bytes);
+        self.copy_staged_at(dst, first, self.client.create_from_slice(bytes), words);
+    }
+
+    /// [`Self::write_at`] for words the caller hands over: cubecl 0.10
+    /// copies a slice twice on the host before the transfer
+    /// (`create_from_slice`) and owned bytes once (`create`).
+    pub fn write_words_at(&self, dst: &Handle, first: usize, words: Vec<u32>) {
+        assert!(first.is_multiple_of(64), "write {} words at word {first}", words.len());
+        let count = words.len();
+        if count == 0 {
+            return;
+        }
+        self.copy_staged_at(dst, first, self.client.create(Bytes::from_elems(words)), count);
+    }
+
+    fn copy_staged_at(&self, dst: &Handle, first: usize, staged: Handle, words: usize) {
         let dst = dst.clone().offset_start(4 * first as u64);
         kernels::train::copy::launch::<R>(
             &self.client,
@@ -499,6 +515,21 @@ impl<R: Runtime> Renderer<R> {
     }
 
     /// Reads `len` floats of a buffer back to the host.
+    /// Reads the buffers `parts` (each with the floats to keep) in one
+    /// transfer, one wait for them all, and appends each to its `outs`:
+    /// one host copy from the transfer's buffer, where [`Self::download`]
+    /// then `extend` made two.
+    pub fn append_downloads(&self, parts: &[(Handle, usize)], outs: &mut [Vec<f32>]) -> Result<(), DeviceError> {
+        assert_eq!(parts.len(), outs.len(), "one output a buffer");
+        let bytes = cubecl::future::block_on(self.client.read_async(parts.iter().map(|(h, _)| h.clone()).collect()))
+            .map_err(|e| e.to_string())?;
+        for ((b, (_, len)), out) in bytes.iter().zip(parts).zip(outs) {
+            let floats = f32::from_bytes(b);
+            out.extend_from_slice(&floats[..(*len).min(floats.len())]);
+        }
+        Ok(())
+    }
+
     pub fn download(&self, h: &Handle, len: usize) -> Result<Vec<f32>, DeviceError> {
         let bytes = self.client.read_one(h.clone()).map_err(|e| e.to_string())?;
         let mut v = f32::from_bytes(&bytes).to_vec();

@@ -257,9 +257,8 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
                     let part = r.backward_params(s, &drawn, &acc, &screen, first, count);
                     r.sync()?;
                     let t = std::time::Instant::now();
-                    for (g, h) in part.iter().enumerate() {
-                        down[g].extend(r.download(h, count * widths[g])?);
-                    }
+                    let parts: Vec<_> = part.into_iter().zip(widths).map(|(h, w)| (h, count * w)).collect();
+                    r.append_downloads(&parts, &mut down)?;
                     copying += t.elapsed();
                 }
                 self.times = [copying, std::time::Duration::ZERO];
@@ -322,15 +321,14 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
                 };
                 let span = CHUNK * widths[g];
                 for (k, part) in host.params[g].chunks(span.max(1)).enumerate() {
-                    // f32 goes up as it is; 16-bit storage packed first.
-                    let packed;
-                    let bytes = if storage == ShStorage::F32 {
-                        f32::as_bytes(part)
+                    // f32 goes up as it is; 16-bit storage packed first
+                    // (and handed over, which saves cubecl a host copy).
+                    let at = storage.words(k * span);
+                    if storage == ShStorage::F32 {
+                        self.renderer.write_at(&s.groups[g], at, f32::as_bytes(part));
                     } else {
-                        packed = storage.encode(part);
-                        u32::as_bytes(&packed)
-                    };
-                    self.renderer.write_at(&s.groups[g], storage.words(k * span), bytes);
+                        self.renderer.write_words_at(&s.groups[g], at, storage.encode(part));
+                    }
                 }
             }
             self.renderer.sync()?;
