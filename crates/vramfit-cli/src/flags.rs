@@ -244,7 +244,9 @@ pub fn parse_count<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
 /// A scene fit's settings, for `vramfit scene` and `vramfit plan scene`.
 #[derive(clap::Args)]
 pub struct SceneSettings {
-    /// A COLMAP text dataset's folder (sparse/0/*.txt and images/); none: the built-in scene.
+    /// A COLMAP text dataset's folder (sparse/0/*.txt and images/), a
+    /// NeRF-synthetic one, or `builtin:glossy` (the second built-in scene);
+    /// none: the built-in scene.
     dataset: Option<PathBuf>,
     /// Optimiser steps, one view each (e.g. 3000 or 3e3).
     #[arg(long, allow_negative_numbers = true, value_parser = crate::flags::parse_count::<u64>)]

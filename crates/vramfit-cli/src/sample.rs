@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Result, bail};
+use vramfit_scene::synthetic::Builtin;
 use vramfit_splat::budget::check_size_here;
 use vramfit_splat::picture::{check_output_target, save_png};
 
@@ -36,6 +37,9 @@ enum What {
         /// Sparse points seeding the Gaussians, at most 100,000,000.
         #[arg(long, default_value_t = 2000, allow_negative_numbers = true, value_parser = crate::flags::parse_at_most::<100_000_000>)]
         points: usize,
+        /// Which built-in scene: builtin, or builtin:glossy (glossier, view-dependent colour over more of each image).
+        #[arg(long, default_value = "builtin", value_parser = parse_scene)]
+        scene: Builtin,
     },
 }
 
@@ -47,9 +51,10 @@ pub fn run(args: SampleArgs) -> Result<()> {
                 views,
                 size,
                 points,
+                scene: which,
             }),
             _,
-        ) => scene(dir, views, size, points),
+        ) => scene(dir, which, views, size, points),
         (None, Some(out)) => {
             check_output_target(&out)?;
             check_size_here(
@@ -69,7 +74,14 @@ pub fn run(args: SampleArgs) -> Result<()> {
     }
 }
 
-fn scene(dir: PathBuf, views: usize, (width, height): (u32, u32), points: usize) -> Result<()> {
+fn parse_scene(name: &str) -> Result<Builtin, String> {
+    Builtin::from_name(name).ok_or_else(|| {
+        let names: Vec<_> = Builtin::ALL.iter().map(|b| b.name()).collect();
+        format!("`{name}` is not a built-in scene: give one of {}", names.join(", "))
+    })
+}
+
+fn scene(dir: PathBuf, which: Builtin, views: usize, (width, height): (u32, u32), points: usize) -> Result<()> {
     if dir.exists() && (!dir.is_dir() || std::fs::read_dir(&dir)?.next().is_some()) {
         bail!(
             "{} already exists and is not an empty folder: give a new folder (nothing was written)",
@@ -80,6 +92,7 @@ fn scene(dir: PathBuf, views: usize, (width, height): (u32, u32), points: usize)
         bail!("--views must be at least 2 (a scene is fitted from two views or more) and --points at least 1");
     }
     let spec = vramfit_scene::synthetic::Spec {
+        scene: which,
         views,
         width: width as usize,
         height: height as usize,
@@ -109,7 +122,7 @@ fn scene(dir: PathBuf, views: usize, (width, height): (u32, u32), points: usize)
         held.len(),
         data.points.len()
     );
-    let sky = vramfit_scene::synthetic::SKY;
+    let sky = which.sky();
     println!(
         "fit it as the built-in scene is fitted (its sky is the background; a COLMAP dataset's default is black): \
          vramfit scene {} --set 'background=[{}, {}, {}]'",

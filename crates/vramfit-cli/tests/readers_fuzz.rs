@@ -175,6 +175,7 @@ fn no_reader_panics_on_mutated_input() {
         width: 8,
         height: 8,
         points: 5,
+        ..vramfit_scene::synthetic::Spec::default()
     });
     let params = vramfit_scene::params::Params::from_points(&data, 1, 10).unwrap();
     panicked.extend(fuzz("ply", &[vramfit_scene::ply::encode(&params)], false, |b| {

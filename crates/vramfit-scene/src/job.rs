@@ -18,14 +18,15 @@ use vramfit::step::StepObserver;
 use crate::dataset::{Dataset, DatasetError};
 use crate::densify::{Densify, Stats};
 use crate::sh_storage::ShStorage;
-use crate::synthetic::{SKY, Spec};
+use crate::synthetic::{Builtin, Spec};
 use crate::train::{Fit, GROUPS, LearningRates, SceneDevice, Settings, State};
 
 const CHECKPOINT_KIND: &str = "vramfit.scene.checkpoint";
 /// What starts a scene fit, as its run directory records it.
 const WORKLOAD: &str = "vramfit scene";
 
-/// The built-in scene's name in place of a dataset folder.
+/// The default built-in scene's name in place of a dataset folder (the
+/// other: [`Builtin::name`]).
 pub const BUILTIN: &str = "builtin";
 
 /// Every setting of a scene fit; the keys of its `config.toml`.
@@ -33,9 +34,10 @@ pub const BUILTIN: &str = "builtin";
 #[serde(deny_unknown_fields, default)]
 pub struct SceneConfig {
     /// A COLMAP text dataset's folder, a NeRF-synthetic one (with
-    /// `transforms_train.json`), or `builtin`.
+    /// `transforms_train.json`), or a built-in scene: `builtin` or
+    /// `builtin:glossy`.
     pub dataset: String,
-    /// The built-in scene's views, image width and height, sparse points.
+    /// A built-in scene's views, image width and height, sparse points.
     pub views: usize,
     /// Built-in scene: image width.
     pub width: usize,
@@ -51,7 +53,7 @@ pub struct SceneConfig {
     pub sh_degree: usize,
     /// Steps between raising the SH degree by one.
     pub sh_every: u64,
-    /// The colour behind the Gaussians (default: the built-in scene's sky, else black).
+    /// The colour behind the Gaussians (default: a built-in scene's sky, else black).
     pub background: Option<[f32; 3]>,
     /// The most Gaussians the fit may hold (densification never exceeds it;
     /// more sparse points than this seed an evenly spaced subset).
@@ -161,7 +163,7 @@ impl SceneConfig {
                  live with the moments there",
             );
         }
-        if self.dataset == BUILTIN && (self.views < 2 || self.width < 8 || self.height < 8 || self.points == 0) {
+        if self.builtin().is_some() && (self.views < 2 || self.width < 8 || self.height < 8 || self.points == 0) {
             return bad(
                 "views, width, height, points",
                 "the built-in scene needs at least 2 views of 8x8 and 1 point",
@@ -170,10 +172,16 @@ impl SceneConfig {
         Ok(())
     }
 
+    /// The built-in scene these settings name, if they name one.
+    pub fn builtin(&self) -> Option<Builtin> {
+        Builtin::from_name(&self.dataset)
+    }
+
     /// The dataset these settings name, downscaled as they say.
     pub fn dataset(&self) -> Result<Dataset, SceneError> {
-        let data = if self.dataset == BUILTIN {
+        let data = if let Some(scene) = self.builtin() {
             crate::synthetic::dataset(&Spec {
+                scene,
                 views: self.views,
                 width: self.width,
                 height: self.height,
@@ -195,8 +203,8 @@ impl SceneConfig {
             steps: self.steps,
             sh_degree: self.sh_degree,
             sh_every: self.sh_every,
-            background: self.background.unwrap_or(if self.dataset == BUILTIN {
-                SKY.map(|v| v as f32)
+            background: self.background.unwrap_or(if let Some(scene) = self.builtin() {
+                scene.sky().map(|v| v as f32)
             } else {
                 [0.0; 3]
             }),
@@ -395,7 +403,7 @@ pub fn launch(start: Start<SceneConfig>, placement: Placement) -> Result<(Run, S
     match start {
         Start::New(mut config, out) => {
             // An absolute dataset path, so that `--resume` works from any directory.
-            if config.dataset != BUILTIN
+            if config.builtin().is_none()
                 && let Ok(abs) = std::fs::canonicalize(&config.dataset)
             {
                 config.dataset = abs.display().to_string();

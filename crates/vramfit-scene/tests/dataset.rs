@@ -7,7 +7,7 @@ use std::path::Path;
 
 use vramfit_scene::colmap;
 use vramfit_scene::dataset::Dataset;
-use vramfit_scene::synthetic::{SKY, Spec, dataset};
+use vramfit_scene::synthetic::{Builtin, Spec, dataset};
 
 fn small() -> Spec {
     Spec {
@@ -15,36 +15,47 @@ fn small() -> Spec {
         width: 32,
         height: 24,
         points: 50,
+        ..Spec::default()
     }
 }
 
 #[test]
-fn the_built_in_scene_is_deterministic_and_shows_its_objects() {
-    let a = dataset(&small());
-    assert_eq!(a, dataset(&small()), "the same scene every time");
-    assert_eq!((a.views.len(), a.points.len()), (9, 50));
-    for v in &a.views {
-        let (w, h) = (v.camera.width, v.camera.height);
-        let centre = 3 * ((h / 2) * w + w / 2);
-        let px = &v.image[centre..centre + 3];
-        assert!(
-            px.iter().zip(SKY).any(|(p, s)| (*p as f64 - s).abs() > 0.05),
-            "{}: the cameras look at the objects, not the sky: {px:?}",
-            v.name
-        );
+fn the_built_in_scenes_are_deterministic_and_show_their_objects() {
+    let mut first_views = Vec::new();
+    for scene in Builtin::ALL {
+        let spec = Spec { scene, ..small() };
+        let a = dataset(&spec);
+        assert_eq!(a, dataset(&spec), "{}: the same scene every time", scene.name());
+        assert_eq!((a.views.len(), a.points.len()), (9, 50));
+        assert_eq!(Builtin::from_name(scene.name()), Some(scene));
+        let sky = scene.sky();
+        for v in &a.views {
+            let (w, h) = (v.camera.width, v.camera.height);
+            let centre = 3 * ((h / 2) * w + w / 2);
+            let px = &v.image[centre..centre + 3];
+            assert!(
+                px.iter().zip(sky).any(|(p, s)| (*p as f64 - s).abs() > 0.05),
+                "{} {}: the cameras look at the objects, not the sky: {px:?}",
+                scene.name(),
+                v.name
+            );
+        }
+        // Every point is in front of some camera and inside its image.
+        for p in &a.points {
+            let seen = a.views.iter().any(|v| {
+                let c = &v.camera;
+                let q: Vec<f64> = (0..3)
+                    .map(|i| (0..3).map(|k| c.rotation[i][k] * p.position[k]).sum::<f64>() + c.translation[i])
+                    .collect();
+                let (u, w) = (c.fx * q[0] / q[2] + c.cx, c.fy * q[1] / q[2] + c.cy);
+                q[2] > 0.0 && (0.0..c.width as f64).contains(&u) && (0.0..c.height as f64).contains(&w)
+            });
+            assert!(seen, "{}: point {:?} is seen by no camera", scene.name(), p.position);
+        }
+        first_views.push(a.views[0].image.clone());
     }
-    // Every point is in front of some camera and inside its image.
-    for p in &a.points {
-        let seen = a.views.iter().any(|v| {
-            let c = &v.camera;
-            let q: Vec<f64> = (0..3)
-                .map(|i| (0..3).map(|k| c.rotation[i][k] * p.position[k]).sum::<f64>() + c.translation[i])
-                .collect();
-            let (u, w) = (c.fx * q[0] / q[2] + c.cx, c.fy * q[1] / q[2] + c.cy);
-            q[2] > 0.0 && (0.0..c.width as f64).contains(&u) && (0.0..c.height as f64).contains(&w)
-        });
-        assert!(seen, "point {:?} is seen by no camera", p.position);
-    }
+    assert_ne!(first_views[0], first_views[1], "two scenes, two pictures");
+    assert_eq!(Builtin::from_name("builtin:nothing"), None);
 }
 
 #[test]

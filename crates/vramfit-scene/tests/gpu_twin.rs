@@ -113,6 +113,7 @@ fn a_scene_fit_on_wgpu_follows_the_cpu_fit() {
         width: 48,
         height: 36,
         points: 600,
+        ..Spec::default()
     });
     let steps = 240;
     let settings = Settings {

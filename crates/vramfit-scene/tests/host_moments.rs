@@ -36,6 +36,7 @@ fn moments_on_the_host_give_the_device_fit_in_less_device_memory() {
         width: 48,
         height: 36,
         points: 3000,
+        ..Spec::default()
     });
     let settings = Settings {
         steps: 20,

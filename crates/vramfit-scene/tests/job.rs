@@ -110,3 +110,45 @@ fn a_scene_fit_runs_states_its_psnr_and_resumes_exactly() {
     assert_eq!(resumed.workload.held_out_psnr_db, s.held_out_psnr_db);
     assert_eq!(resumed.workload.held_out_ssim, s.held_out_ssim);
 }
+
+/// `dataset = "builtin:glossy"` names the second built-in scene: its views
+/// are that scene's, a fit of it runs, and the name is kept as it is in the
+/// run's settings (not made a path), so the run resumes from anywhere.
+#[test]
+fn the_second_built_in_scene_is_named_as_a_dataset() {
+    use vramfit_scene::synthetic::{Builtin, Spec, dataset};
+    let c = SceneConfig {
+        dataset: Builtin::Glossy.name().into(),
+        steps: 20,
+        checkpoint_every: 0,
+        frame_every: 0,
+        ..config()
+    };
+    assert_eq!(c.builtin(), Some(Builtin::Glossy));
+    let spec = Spec {
+        scene: Builtin::Glossy,
+        views: 9,
+        width: 32,
+        height: 24,
+        points: 200,
+    };
+    assert_eq!(c.dataset().unwrap(), dataset(&spec));
+    assert_ne!(
+        c.dataset().unwrap(),
+        dataset(&Spec {
+            scene: Builtin::Spheres,
+            ..spec
+        })
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("glossy");
+    let (run, job) = launch(Start::New(c, RunPath::At(dir.clone())), Placement::cpu()).unwrap();
+    let summary = run
+        .drive(job, |_| ControlFlow::Continue(()))
+        .unwrap()
+        .expect("finished");
+    let s = &summary.workload;
+    assert!(s.held_out_psnr_db > s.initial_psnr_db, "{s:?}");
+    let text = std::fs::read_to_string(dir.join("config.toml")).unwrap();
+    assert!(text.contains("dataset = \"builtin:glossy\""), "{text}");
+}

@@ -10,6 +10,7 @@ fn small() -> Spec {
         width: 48,
         height: 36,
         points: 600,
+        ..Spec::default()
     }
 }
 
@@ -52,6 +53,7 @@ fn a_fit_is_deterministic() {
         width: 24,
         height: 16,
         points: 80,
+        ..Spec::default()
     });
     let run = || {
         let mut fit = Fit::new(data.clone(), settings(20)).unwrap();
@@ -69,6 +71,7 @@ fn densification_grows_to_the_cap_and_never_past_it() {
         width: 32,
         height: 24,
         points: 120,
+        ..Spec::default()
     });
     let cap = 157;
     let mut s = settings(60);
