@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Data-parallel ranks on CUDA (issue 30), for a machine with two GPUs or
-# more: not yet run (no multi-GPU machine has been lent). Each rank uses
-# the GPU of its local rank (vramfit::ranks::local_rank); the gradients
-# are summed through MPI in host memory (not NCCL). It checks:
-#   1. one GPU against two ranks on two GPUs, the same global batch: the
-#      final losses and every rank's deciding peak (CubeCL's reserved
-#      bytes), with and without sharded moments;
+# Data-parallel ranks on CUDA (issue 30): not yet run. Each rank uses the
+# GPU of its local rank (vramfit::ranks::local_rank), modulo the GPUs
+# there are: on a one-GPU machine both ranks share it, which checks the
+# CUDA ranks' sums and per-rank memory (each rank is a process with its
+# own allocator) but says nothing of speed. The gradients are summed
+# through MPI in host memory (not NCCL). It checks:
+#   1. one rank against two, the same global batch: the final losses and
+#      every rank's deciding peak (CubeCL's reserved bytes), with and
+#      without sharded moments;
 #   2. `train --ranks 2 --budget` at a budget the one-rank plan cannot hold
 #      (the budget from the one-rank leanest plan, minus a tenth), every
 #      rank's peak against it.
@@ -17,12 +19,17 @@ set -uo pipefail
 out=${1:?usage: scripts/gpu-ranks.sh OUT_DIR}
 vramfit=${VRAMFIT:-target/release/vramfit}
 mkdir -p "$out"
-gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
-echo "GPUs: $gpus" | tee "$out/ranks.log"
-if [ "$gpus" -lt 2 ]; then
-  echo "this check needs two GPUs or more: nothing run" | tee -a "$out/ranks.log"
+if ! command -v mpirun >/dev/null 2>&1; then
+  echo "no mpirun on this machine (Open MPI): the ranks cannot start; nothing run" | tee "$out/ranks.log"
   exit 0
 fi
+gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
+echo "GPUs: $gpus" | tee "$out/ranks.log"
+if [ "$gpus" -lt 1 ]; then
+  echo "no GPU: nothing run" | tee -a "$out/ranks.log"
+  exit 0
+fi
+[ "$gpus" -lt 2 ] && echo "one GPU: the two ranks share it (sums and per-rank memory, not speed)" | tee -a "$out/ranks.log"
 shape=(--device cuda --steps 50 --batch-size 8 --micro-batch 4 --accumulate 2 --set model.width=512
   --set model.heads=8 --set model.depth=8 --set model.vocab=8192 --set model.context=256 --set task.tokens=256)
 run() { # NAME ARGS...: one run, its log and its summary kept
