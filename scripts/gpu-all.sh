@@ -28,6 +28,9 @@
 #              path (probes, verification, the run held to the budget)
 #   steps      the scene's whole training steps alone (the first half of
 #              `scene`), with the host's copies and Adam timed apart
+#   ranks      scripts/gpu-ranks.sh: one rank against two on CUDA (sharing
+#              the GPU where there is one), then --ranks 2 --budget; needs
+#              a binary built with --features cuda,mpi and mpirun there
 # Measured on an H200 (2026-11-27): kernels 46 s, steps 33 s, plan-scene
 # 131 s, toolkit 103-115 s, budget 53-56 s.
 # The device tool brings back a limited number of files: everything also
@@ -134,6 +137,12 @@ timeout -k 5 "${CAP_BUDGET:-120}" "$VRAMFIT" train transformer --device cuda --b
   --set model.width=256 --set model.heads=4 --set model.context=512 --set task.tokens=512 \
   --budget "${BUDGET:-1.3GiB}" --out "$out/budget/run" > "$out/budget/train.log" 2>&1
 log "train --budget: exit $?"
+fi
+
+if wants ranks; then
+log "ranks"
+timeout -k 5 "${CAP_RANKS:-420}" scripts/gpu-ranks.sh "$out/ranks" > "$out/ranks.log" 2>&1
+log "ranks: exit $?"
 fi
 
 find "$out" \( -name '*.ckpt' -o -name weights.bin -o -name 'events.out.tfevents*' -o -name '*.png' \) -delete
