@@ -30,7 +30,8 @@
 #              `scene`), with the host's copies and Adam timed apart
 #   ranks      scripts/gpu-ranks.sh: one rank against two on CUDA (sharing
 #              the GPU where there is one), then --ranks 2 --budget; needs
-#              a binary built with --features cuda,mpi and mpirun there
+#              a binary built with --features cuda,mpi (not the build
+#              below) and mpirun there (exit 3 where it is missing)
 # Measured on an H200 (2026-11-27): kernels 46 s, steps 33 s, plan-scene
 # 131 s, toolkit 103-115 s, budget 53-56 s.
 # The device tool brings back a limited number of files: everything also
@@ -141,7 +142,7 @@ fi
 
 if wants ranks; then
 log "ranks"
-timeout -k 5 "${CAP_RANKS:-420}" scripts/gpu-ranks.sh "$out/ranks" > "$out/ranks.log" 2>&1
+timeout -k 5 "${CAP_RANKS:-480}" scripts/gpu-ranks.sh "$out/ranks" > "$out/ranks.log" 2>&1
 log "ranks: exit $?"
 fi
 

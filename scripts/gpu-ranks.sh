@@ -15,26 +15,27 @@
 # libclang installed, and the binary of
 # `cargo build --release -p vramfit-cli --features cuda,mpi` at $VRAMFIT):
 #   VRAMFIT=.gpu/vramfit scripts/gpu-ranks.sh OUT_DIR
+# Each run is capped at CAP_RUN seconds (90); exit 3: nothing could run.
 set -uo pipefail
 out=${1:?usage: scripts/gpu-ranks.sh OUT_DIR}
 vramfit=${VRAMFIT:-target/release/vramfit}
 mkdir -p "$out"
 if ! command -v mpirun >/dev/null 2>&1; then
   echo "no mpirun on this machine (Open MPI): the ranks cannot start; nothing run" | tee "$out/ranks.log"
-  exit 0
+  exit 3
 fi
 gpus=$(nvidia-smi --list-gpus 2>/dev/null | wc -l)
 echo "GPUs: $gpus" | tee "$out/ranks.log"
 if [ "$gpus" -lt 1 ]; then
   echo "no GPU: nothing run" | tee -a "$out/ranks.log"
-  exit 0
+  exit 3
 fi
 [ "$gpus" -lt 2 ] && echo "one GPU: the two ranks share it (sums and per-rank memory, not speed)" | tee -a "$out/ranks.log"
 shape=(--device cuda --steps 50 --batch-size 8 --micro-batch 4 --accumulate 2 --set model.width=512
   --set model.heads=8 --set model.depth=8 --set model.vocab=8192 --set model.context=256 --set task.tokens=256)
 run() { # NAME ARGS...: one run, its log and its summary kept
   local name=$1; shift
-  timeout -k 5 300 "$vramfit" train transformer "${shape[@]}" "$@" --out "$out/$name" > "$out/$name.log" 2>&1
+  timeout -k 5 "${CAP_RUN:-90}" "$vramfit" train transformer "${shape[@]}" "$@" --out "$out/$name" > "$out/$name.log" 2>&1
   echo "$name: exit $?" | tee -a "$out/ranks.log"
 }
 run one
@@ -57,7 +58,7 @@ for name in ["one", "two", "two-sharded"]:
     print(f"{name}: " + " | ".join(rows))
 PY
 # The one-rank plan's leanest budget, then a tenth below it on two ranks.
-"$vramfit" plan transformer "${shape[@]}" --budget 1MiB > "$out/plan-one.log" 2>&1
+timeout -k 5 "${CAP_RUN:-90}" "$vramfit" plan transformer "${shape[@]}" --budget 1MiB > "$out/plan-one.log" 2>&1
 budget=$(grep -o -- '--budget [0-9]*' "$out/plan-one.log" | head -1 | awk '{print int($2 * 0.9)}')
 if [ -n "$budget" ]; then
   run budget-two --ranks 2 --budget "$budget"

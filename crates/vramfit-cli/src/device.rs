@@ -73,8 +73,10 @@ macro_rules! dispatch {
                 // On ranks, one GPU a rank: the rank's index on its
                 // machine; more ranks than GPUs share them in turn (a
                 // check of the ranks on a one-GPU machine, not a speed-up).
-                let gpus = <burn::backend::Cuda as burn::tensor::backend::Backend>::device_count(0);
-                let index = vramfit::ranks::local_rank() % gpus.max(1);
+                let index = match vramfit::ranks::local_rank() {
+                    0 => 0,
+                    rank => rank % vramfit::profile::cuda_gpu_count().unwrap_or(rank + 1).max(1),
+                };
                 $work.run::<Autodiff<burn::backend::Cuda>>(
                     &burn::backend::cuda::CudaDevice::new(index),
                     format!("cuda:{index} (burn Cuda; CubeCL)"),

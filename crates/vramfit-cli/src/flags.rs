@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::ModelSettings;
-use vramfit_scene::job::{BUILTIN, SceneConfig};
+use vramfit_scene::job::SceneConfig;
 use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
 use vramfit_splat::picture::Picture;
 
@@ -245,8 +245,8 @@ pub fn parse_count<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
 #[derive(clap::Args)]
 pub struct SceneSettings {
     /// A COLMAP text dataset's folder (sparse/0/*.txt and images/), a
-    /// NeRF-synthetic one, or `builtin:glossy` (the second built-in scene);
-    /// none: the built-in scene.
+    /// NeRF-synthetic one, or a built-in scene: `builtin` (the default) or
+    /// `builtin:glossy`.
     dataset: Option<PathBuf>,
     /// Optimiser steps, one view each (e.g. 3000 or 3e3).
     #[arg(long, allow_negative_numbers = true, value_parser = crate::flags::parse_count::<u64>)]
@@ -336,8 +336,48 @@ pub fn resolve_scene(args: &SceneSettings) -> Result<SceneConfig> {
     c.moments = args.moments.unwrap_or(c.moments);
     c.sh_storage = args.sh_storage.unwrap_or(c.sh_storage);
     let c = vramfit::settings::apply_sets(&c.to_toml(), &args.set)?.unwrap_or(c);
-    if c.dataset == BUILTIN && args.dataset.is_some() {
-        anyhow::bail!("'{BUILTIN}' names the built-in scene: give no dataset for it, or a folder's path");
+    if let Some(given) = &args.dataset {
+        let name = given.display().to_string();
+        if c.dataset != name {
+            anyhow::bail!(
+                "two datasets: {name} and --set dataset={}: give one (nothing was run)",
+                c.dataset
+            );
+        }
+        if c.builtin().is_some() && given.exists() {
+            anyhow::bail!(
+                "'{name}' names a built-in scene and a folder here: give ./{name} for the folder, or '{name}' with \
+                 no folder of that name beside it for the scene"
+            );
+        }
     }
     Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Scene {
+        #[command(flatten)]
+        settings: SceneSettings,
+    }
+
+    fn resolve(args: &[&str]) -> Result<SceneConfig> {
+        let parsed = <Scene as clap::Parser>::try_parse_from(std::iter::once("scene").chain(args.iter().copied()))?;
+        resolve_scene(&parsed.settings)
+    }
+
+    #[test]
+    fn a_built_in_scene_is_named_like_a_dataset_and_never_twice() {
+        assert_eq!(resolve(&[]).unwrap().dataset, "builtin");
+        assert_eq!(resolve(&["builtin:glossy"]).unwrap().dataset, "builtin:glossy");
+        assert_eq!(
+            resolve(&["--set", "dataset=builtin:glossy"]).unwrap().dataset,
+            "builtin:glossy"
+        );
+        let twice = resolve(&["some/folder", "--set", "dataset=builtin:glossy"]).unwrap_err();
+        assert!(twice.to_string().contains("two datasets"), "{twice}");
+    }
 }

@@ -113,7 +113,7 @@ fn a_scene_fit_runs_states_its_psnr_and_resumes_exactly() {
 
 /// `dataset = "builtin:glossy"` names the second built-in scene: its views
 /// are that scene's, a fit of it runs, and the name is kept as it is in the
-/// run's settings (not made a path), so the run resumes from anywhere.
+/// run's settings (not made a path, as a dataset folder's is).
 #[test]
 fn the_second_built_in_scene_is_named_as_a_dataset() {
     use vramfit_scene::synthetic::{Builtin, Spec, dataset};

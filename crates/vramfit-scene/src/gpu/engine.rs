@@ -514,7 +514,6 @@ impl<R: Runtime> Renderer<R> {
         self.download(&out, n)
     }
 
-    /// Reads `len` floats of a buffer back to the host.
     /// Reads the buffers `parts` (each with the floats to keep) in one
     /// transfer, one wait for them all, and appends each to its `outs`:
     /// one host copy from the transfer's buffer, where [`Self::download`]
@@ -523,13 +522,20 @@ impl<R: Runtime> Renderer<R> {
         assert_eq!(parts.len(), outs.len(), "one output a buffer");
         let bytes = cubecl::future::block_on(self.client.read_async(parts.iter().map(|(h, _)| h.clone()).collect()))
             .map_err(|e| e.to_string())?;
+        assert_eq!(bytes.len(), parts.len(), "one read a buffer");
         for ((b, (_, len)), out) in bytes.iter().zip(parts).zip(outs) {
             let floats = f32::from_bytes(b);
-            out.extend_from_slice(&floats[..(*len).min(floats.len())]);
+            assert!(
+                floats.len() >= *len,
+                "a buffer of {} floats read for {len}",
+                floats.len()
+            );
+            out.extend_from_slice(&floats[..*len]);
         }
         Ok(())
     }
 
+    /// Reads `len` floats of a buffer back to the host.
     pub fn download(&self, h: &Handle, len: usize) -> Result<Vec<f32>, DeviceError> {
         let bytes = self.client.read_one(h.clone()).map_err(|e| e.to_string())?;
         let mut v = f32::from_bytes(&bytes).to_vec();

@@ -49,6 +49,28 @@ impl Nvml {
     }
 }
 
+/// The GPUs CUDA numbers in this process, counted without opening a CUDA
+/// context (a rank asking CUDA would leave one on GPU 0, hundreds of MiB):
+/// `CUDA_VISIBLE_DEVICES`' entries where it is set, else NVML's count;
+/// `None` when neither can say.
+#[cfg(feature = "nvml")]
+pub fn cuda_gpu_count() -> Option<usize> {
+    match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(list) => Some(visible_gpus(&list)),
+        Err(_) => nvml_wrapper::Nvml::init().ok()?.device_count().ok().map(|n| n as usize),
+    }
+}
+
+/// The GPUs a `CUDA_VISIBLE_DEVICES` list shows: its entries up to the
+/// first that names no GPU (CUDA ignores the rest), each an index or a
+/// `GPU-`/`MIG-` UUID.
+pub fn visible_gpus(list: &str) -> usize {
+    list.split(',')
+        .map(str::trim)
+        .take_while(|e| e.parse::<u32>().is_ok() || e.starts_with("GPU-") || e.starts_with("MIG-"))
+        .count()
+}
+
 #[cfg(feature = "nvml")]
 impl DriverReading for Nvml {
     fn name(&self) -> String {
@@ -75,6 +97,15 @@ impl DriverReading for Nvml {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn visible_gpus_stop_at_the_first_entry_naming_none() {
+        assert_eq!(visible_gpus("0,1"), 2);
+        assert_eq!(visible_gpus(" 2 , 3 ,GPU-8f2e"), 3);
+        assert_eq!(visible_gpus(""), 0);
+        assert_eq!(visible_gpus("-1"), 0);
+        assert_eq!(visible_gpus("0,-1,1"), 1);
+    }
 
     #[test]
     fn picks_this_process_and_nothing_else() {

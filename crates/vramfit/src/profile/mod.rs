@@ -23,9 +23,9 @@ mod report;
 mod sampler;
 mod source;
 
+pub use driver::{DriverReading, process_figure, visible_gpus};
 #[cfg(feature = "nvml")]
-pub use driver::Nvml;
-pub use driver::{DriverReading, process_figure};
+pub use driver::{Nvml, cuda_gpu_count};
 pub use html::{CATEGORY_COLOURS, PEAK_COLOUR};
 pub use oom::{OomReport, OutOfMemory, oom_report, out_of_memory, panics};
 pub use record::{Accounted, Category, LeakWarning, PhaseRecord, Profiler};
