@@ -278,7 +278,8 @@ pub struct SceneSettings {
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
     /// Planning: let the planner lower the SH degree where the quality it
-    /// costs, as measured on the built-in scene, is at most this (e.g. 0.3dB).
+    /// costs, the most measured on the two built-in scenes, is at most this
+    /// (e.g. 0.3dB).
     #[arg(long, value_name = "DB", value_parser = parse_db)]
     allow_quality_loss: Option<f64>,
     /// Planning: the Gaussian counts each variant is probed at (default: a
