@@ -1240,6 +1240,10 @@ fn scene_fits_a_sampled_dataset_and_refuses_bad_input() {
     let o = run(&["scene", "empty", "--out", "bad"], dir);
     refused_saying(&o, "no COLMAP text model");
     assert!(!dir.join("bad").exists(), "no run directory for a refused dataset");
+    let o = run(&["scene", "builtin:glosy", "--out", "bad"], dir);
+    refused_saying(&o, "no such folder");
+    refused_saying(&o, "builtin:glossy");
+    assert!(!dir.join("bad").exists());
     let o = run(&["scene", "data", "--device", "tpu", "--out", "bad"], dir);
     refused_saying(&o, "unknown --device 'tpu'");
     assert!(!dir.join("bad").exists());
