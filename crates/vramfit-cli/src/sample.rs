@@ -75,10 +75,8 @@ pub fn run(args: SampleArgs) -> Result<()> {
 }
 
 fn parse_scene(name: &str) -> Result<Builtin, String> {
-    Builtin::from_name(name).ok_or_else(|| {
-        let names: Vec<_> = Builtin::ALL.iter().map(|b| b.name()).collect();
-        format!("`{name}` is not a built-in scene: give one of {}", names.join(", "))
-    })
+    Builtin::from_name(name)
+        .ok_or_else(|| format!("`{name}` is not a built-in scene: give one of {}", Builtin::names()))
 }
 
 fn scene(dir: PathBuf, which: Builtin, views: usize, (width, height): (u32, u32), points: usize) -> Result<()> {

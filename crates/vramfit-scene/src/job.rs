@@ -190,12 +190,11 @@ impl SceneConfig {
         } else {
             let dir = Path::new(&self.dataset);
             if !dir.exists() {
-                let names: Vec<_> = Builtin::ALL.iter().map(|b| b.name()).collect();
                 return Err(SceneError::Setting(format!(
                     "dataset {}: no such folder; give a COLMAP text or NeRF-synthetic dataset's folder, or a built-in \
                      scene: {}",
                     self.dataset,
-                    names.join(", ")
+                    Builtin::names()
                 )));
             }
             if dir.join("transforms_train.json").is_file() {

@@ -43,6 +43,11 @@ impl Builtin {
         }
     }
 
+    /// Every built-in scene's name, for messages: `builtin, builtin:glossy`.
+    pub fn names() -> String {
+        Builtin::ALL.map(Builtin::name).join(", ")
+    }
+
     /// The scene a dataset name names, if it names one.
     pub fn from_name(name: &str) -> Option<Builtin> {
         Builtin::ALL.into_iter().find(|b| b.name() == name)
