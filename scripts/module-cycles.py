@@ -1,88 +1,230 @@
 #!/usr/bin/env python3
-"""Import cycles between the top-level modules of each crate.
+"""Import circles between the source files of each crate.
 
-A module is a file `src/NAME.rs` or a folder `src/NAME/`; an edge A -> B is
-any `crate::B` path (in `use` lists too) in A's files, outside comments and
-unit-test modules. Prints every strongly
-connected group of more than one module; exits 1 if there is one.
+Every `.rs` file under a crate's `src/` is a node (`src/a/b.rs` and
+`src/a/b/mod.rs` are both the module `a::b`; `lib.rs` and `main.rs` are the
+root). An edge A -> B is a path in A's code that reaches an item of B:
+`crate::…`, `super::…` and `self::…`, inside `use` groups too. A path that
+ends at a name a module re-exports (`pub use x::Name`, `pub use x::*`) is
+followed to the file that defines it, so a re-export does not hide a
+circle. Edges between a module and its own ancestors are left out: a
+`mod.rs` declares its children and children reach its own items through
+`super::`; that is the file tree, not an import circle.
+
+Comments and a trailing `#[cfg(test)] mod tests` are not read (unit tests
+may use anything). Prints each circle (a strongly connected group of two or
+more files) and exits 1 if there is one.
+
 Usage: scripts/module-cycles.py [CRATE_DIR ...]   (default: crates/*)"""
-import glob, os, re, sys
+import glob
+import os
+import re
+import sys
 
-def modules(src):
-    mods = {}
-    for p in glob.glob(os.path.join(src, "*.rs")):
-        name = os.path.basename(p)[:-3]
-        if name not in ("lib", "main"):
-            mods[name] = [p]
-    for d in glob.glob(os.path.join(src, "*/")):
-        name = os.path.basename(d.rstrip("/"))
-        mods.setdefault(name, []).extend(glob.glob(os.path.join(d, "**", "*.rs"), recursive=True))
-    return mods
+IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+
+
+def module_of(src, path):
+    parts = os.path.relpath(path, src)[:-3].split(os.sep)
+    if parts[-1] == "mod":
+        parts = parts[:-1]
+    return () if parts in (["lib"], ["main"]) else tuple(parts)
+
 
 def code(path):
-    """The file without comments (doc links are not imports) and without its
-    unit tests (a `#[cfg(test)] mod tests` at the end: not the library's graph)."""
-    text = open(path).read()
-    cut = re.search(r"^#\[cfg\(test\)\]\s*\nmod tests", text, re.M)
-    if cut:
-        text = text[: cut.start()]
-    return "\n".join(l.split("//")[0] for l in text.splitlines())
+    """The file's text without comments, string contents and unit tests."""
+    text = open(path, encoding="utf-8").read()
+    tests = re.search(r"^#\[cfg\(test\)\]\s*\n\s*mod tests\b", text, re.M)
+    if tests:
+        text = text[: tests.start()]
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
+    return "\n".join(line.split("//")[0] for line in text.splitlines())
 
-def edges(mods, root_files):
-    names = set(mods)
-    graph = {m: set() for m in mods}
-    for m, files in mods.items():
-        for f in files:
-            text = code(f)
-            # crate::X and `use crate::{X, Y::..}` groups
-            for x in re.findall(r"crate::(\w+)", text):
-                if x in names and x != m:
-                    graph[m].add(x)
-            for group in re.findall(r"crate::\{([^}]*)\}", text):
-                for x in re.findall(r"(?:^|[,{\s])(\w+)", group):
-                    if x in names and x != m:
-                        graph[m].add(x)
-    # In a binary, `mod` siblings reach each other through `crate::` too; a
-    # bare `super::X` from a top-level file also names a sibling.
-    for m, files in mods.items():
-        for f in files:
-            if os.path.dirname(f) == os.path.dirname(root_files[0]):
-                for x in re.findall(r"super::(\w+)", code(f)):
-                    if x in names and x != m:
-                        graph[m].add(x)
-    return graph
 
-def sccs(graph):
+def flatten(tree):
+    """`a::{b::{C, d}, e as f}` -> ['a::b::C', 'a::b::d', 'a::e as f']."""
+    tree = re.sub(r"\s*([{},]|::)\s*", r"\1", re.sub(r"\s+", " ", tree.strip()))
+    open_at = tree.find("{")
+    if open_at < 0:
+        return [tree]
+    depth, close_at = 0, len(tree)
+    for i in range(open_at, len(tree)):
+        depth += {"{": 1, "}": -1}.get(tree[i], 0)
+        if depth == 0:
+            close_at = i
+            break
+    head, inner = tree[:open_at], tree[open_at + 1 : close_at]
+    parts, depth, current = [], 0, ""
+    for ch in inner:
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+            continue
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        current += ch
+    parts.append(current)
+    return [p for part in parts if part for p in flatten(head + part)]
+
+
+def paths_in(text):
+    """Every `crate::`, `super::` and `self::` path, `use` groups flattened."""
+    found = []
+    for use in re.finditer(r"\buse\s+([^;]*);", text):
+        found += flatten(use.group(1))
+    rest = re.sub(r"\buse\s+[^;]*;", "", text)
+    found += re.findall(r"\b(?:crate|super|self)(?:::" + IDENT + ")+", rest)
+    found = [p.partition(" as ")[0] for p in found]
+    return [p for p in found if re.match(r"(crate|super|self)::", p)]
+
+
+class Crate:
+    def __init__(self, src):
+        self.files = {}
+        for path in glob.glob(os.path.join(src, "**", "*.rs"), recursive=True):
+            self.files[module_of(src, path)] = code(path)
+        self.reexports = {m: self._reexports(m, t) for m, t in self.files.items()}
+
+    def _reexports(self, module, text):
+        """name -> absolute path it is re-exported from; '*' -> glob sources."""
+        out = {"*": []}
+        for use in re.finditer(r"\bpub(?:\([^)]*\))?\s+use\s+([^;]*);", text):
+            for entry in flatten(use.group(1)):
+                path, _, alias = entry.partition(" as ")
+                segs = self.absolute(module, path.split("::"))
+                if segs is None:
+                    continue
+                if segs[-1] == "*":
+                    out["*"].append(tuple(segs[:-1]))
+                else:
+                    out[alias or segs[-1]] = tuple(segs)
+        return out
+
+    def absolute(self, module, segs):
+        """A path's segments from the crate root, or None if external."""
+        base, i = list(module), 0
+        if segs[0] == "crate":
+            base, i = [], 1
+        elif segs[0] in ("self", "super"):
+            while i < len(segs) and segs[i] in ("self", "super"):
+                if segs[i] == "super":
+                    base = base[:-1]
+                i += 1
+        elif tuple(module + (segs[0],)) not in self.files:
+            return None
+        return base + list(segs[i:])
+
+    def target(self, segs, seen=()):
+        """The file module that defines the item a root-relative path names."""
+        module = ()
+        for k, seg in enumerate(segs):
+            if module + (seg,) in self.files:
+                module = module + (seg,)
+                continue
+            exports = self.reexports.get(module, {})
+            if seg in exports and exports[seg] not in seen:
+                return self.target(list(exports[seg]) + list(segs[k + 1 :]), seen + (exports[seg],))
+            for source in exports.get("*", []):
+                if source not in seen and source in self.files:
+                    inner = self.target(list(source) + [seg], seen + (source,))
+                    if inner != source:
+                        return inner
+            return module
+        return module
+
+    def edges(self):
+        graph = {m: set() for m in self.files}
+        for module, text in self.files.items():
+            for path in paths_in(text):
+                segs = self.absolute(module, path.split("::"))
+                if not segs:
+                    continue
+                to = self.target(segs)
+                ancestor = module[: len(to)] == to or to[: len(module)] == module
+                if to in self.files and not ancestor:
+                    graph[module].add(to)
+        return graph
+
+
+def circles(graph):
+    """Strongly connected groups of two or more nodes (Tarjan)."""
     index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
     def visit(v):
-        index[v] = low[v] = counter[0]; counter[0] += 1; stack.append(v); on.add(v)
-        for w in graph[v]:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
             if w not in index:
-                visit(w); low[v] = min(low[v], low[w])
+                visit(w)
+                low[v] = min(low[v], low[w])
             elif w in on:
                 low[v] = min(low[v], index[w])
         if low[v] == index[v]:
-            comp = []
+            group = []
             while True:
-                w = stack.pop(); on.discard(w); comp.append(w)
-                if w == v: break
-            out.append(comp)
-    for v in graph:
-        if v not in index: visit(v)
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
     return out
 
-bad = False
-crates = sys.argv[1:] or sorted(glob.glob("crates/*"))
-for c in crates:
-    src = os.path.join(c, "src")
-    roots = [p for p in (os.path.join(src, "lib.rs"), os.path.join(src, "main.rs")) if os.path.exists(p)]
-    if not roots: continue
-    g = edges(modules(src), roots)
-    for comp in sccs(g):
-        if len(comp) > 1:
-            bad = True
-            pairs = sorted(f"{a} -> {b}" for a in comp for b in g[a] if b in comp)
-            print(f"{c}: cycle among {sorted(comp)}: " + "; ".join(pairs))
-if not bad:
-    print("no import cycles between top-level modules in: " + ", ".join(crates))
-sys.exit(1 if bad else 0)
+
+def self_test():
+    """The check finds a circle hidden behind a folder's re-export and a
+    `use` group, and none in a tree whose shared type has a file of its own."""
+    import tempfile
+
+    def tree(files):
+        root = tempfile.mkdtemp()
+        for name, text in files.items():
+            os.makedirs(os.path.dirname(os.path.join(root, "src", name)), exist_ok=True)
+            open(os.path.join(root, "src", name), "w").write(text)
+        return circles(Crate(os.path.join(root, "src")).edges())
+
+    hidden = {
+        "lib.rs": "pub mod p;",
+        "p/mod.rs": "mod a;\nmod b;\npub use a::A;\npub use b::{B, Other as O};",
+        "p/a.rs": "use super::{O, B as Bee}; // crate::p::b in a comment is no edge\npub struct A;",
+        "p/b.rs": "pub struct B(crate::p::A);\npub struct Other;",
+    }
+    assert tree(hidden) == [[("p", "a"), ("p", "b")]], tree(hidden)
+    hidden["p/a.rs"] = "pub struct A;"
+    assert tree(hidden) == [], tree(hidden)
+
+
+def main(dirs):
+    found = 0
+    for crate in dirs:
+        src = os.path.join(crate, "src")
+        if not os.path.isdir(src):
+            continue
+        graph = Crate(src).edges()
+        for group in circles(graph):
+            found += 1
+            names = ", ".join("::".join(m) or "(root)" for m in group)
+            print(f"{crate}: import circle among files: {names}")
+            for m in group:
+                inside = sorted("::".join(t) for t in graph[m] if t in group)
+                print(f"    {'::'.join(m) or '(root)'} -> {', '.join(inside)}")
+        edges = sum(len(v) for v in graph.values())
+        print(f"{crate}: {len(graph)} files, {edges} edges between them")
+    if found:
+        print(f"{found} import circle(s) between files")
+        return 1
+    print("no import circle between the files of any crate")
+    return 0
+
+
+if __name__ == "__main__":
+    self_test()
+    sys.exit(main(sys.argv[1:] or sorted(glob.glob("crates/*"))))

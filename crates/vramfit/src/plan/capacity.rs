@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Choice, Measured, Plan, PlanError};
+use super::{Choice, Measured, Plan, PlanError, Strategy};
 use crate::profile::human_bytes;
 
 /// What a verified count leaves to spare below the budget (the run's
@@ -537,6 +537,49 @@ impl CapacityCalibration {
             margin,
             plans,
             why,
+        })
+    }
+}
+
+impl Strategy for CapacityCalibration {
+    type Setting = Counted;
+    type Target = dyn Capacity;
+
+    fn calibrate(target: &mut (dyn Capacity + 'static), probe_batch: Option<usize>) -> Result<Self, PlanError> {
+        if let Some(batch) = probe_batch {
+            return Err(PlanError::Setting(format!(
+                "a probe batch ({batch}) does not apply to {}: each variant is probed at several counts",
+                target.knob()
+            )));
+        }
+        calibrate_capacity(target)
+    }
+    fn choose(&self, budget: u64) -> Result<Choice<Counted>, PlanError> {
+        self.choose_count(budget)
+    }
+    fn margin(&self) -> f64 {
+        CapacityCalibration::margin(self)
+    }
+    fn measure(&self, target: &mut (dyn Capacity + 'static), setting: &Counted) -> Result<Measured, String> {
+        target.measure(&setting.variant, setting.count)
+    }
+    fn settle(
+        &self,
+        target: &mut (dyn Capacity + 'static),
+        plan: &Plan<Counted>,
+        budget: u64,
+    ) -> Result<(Plan<Counted>, Measured), String> {
+        self.settle_with_faster(target, plan, budget)
+    }
+    fn describe(&self, setting: &Counted) -> String {
+        format!("{}, {} {}", setting.variant, self.knob, setting.count)
+    }
+    fn account(&self) -> serde_json::Value {
+        serde_json::json!({
+            "knob": self.knob,
+            "lines": self.lines,
+            "probes": self.lines.iter().map(|l| l.probes.len()).sum::<usize>(),
+            "probe_seconds": self.seconds,
         })
     }
 }

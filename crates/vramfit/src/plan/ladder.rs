@@ -254,6 +254,47 @@ impl LadderCalibration {
     }
 }
 
+impl Strategy for LadderCalibration {
+    type Setting = usize;
+    type Target = dyn Ladder;
+
+    fn calibrate(target: &mut (dyn Ladder + 'static), probe_batch: Option<usize>) -> Result<Self, PlanError> {
+        if let Some(batch) = probe_batch {
+            return Err(PlanError::Setting(format!(
+                "a probe batch ({batch}) does not apply to {}: each rung is probed at the run's own shape",
+                target.knob()
+            )));
+        }
+        calibrate_ladder(target)
+    }
+    fn choose(&self, budget: u64) -> Result<Choice<usize>, PlanError> {
+        self.choose_rung(budget)
+    }
+    /// Twice the repeat's relative difference, at least 3 %.
+    fn margin(&self) -> f64 {
+        (2.0 * self.repeat_error).max(0.03)
+    }
+    fn measure(&self, target: &mut (dyn Ladder + 'static), value: &usize) -> Result<Measured, String> {
+        target.measure(*value)
+    }
+    fn describe(&self, value: &usize) -> String {
+        self.rungs
+            .iter()
+            .find(|r| r.value == *value && !r.label.is_empty())
+            .map_or_else(|| format!("{} {value}", self.knob), |r| r.label.clone())
+    }
+    fn account(&self) -> serde_json::Value {
+        serde_json::json!({
+            "knob": self.knob,
+            "rungs": self.rungs,
+            "repeat_error": self.repeat_error,
+            "time_error": self.time_error,
+            "probes": self.rungs.len() + usize::from(self.repeat.is_some()),
+            "probe_seconds": self.seconds,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -445,6 +445,40 @@ pub fn with_fallback<S, E: std::fmt::Display>(
     }
 }
 
+impl Strategy for Calibration {
+    type Setting = Knobs;
+    type Target = dyn Plannable;
+
+    fn calibrate(target: &mut (dyn Plannable + 'static), probe_batch: Option<usize>) -> Result<Self, PlanError> {
+        calibrate(target, probe_batch)
+    }
+    fn choose(&self, budget: u64) -> Result<Choice<Knobs>, PlanError> {
+        self.choose_knobs(budget)
+    }
+    /// Twice the largest shortfall measured on the probes and checks, at
+    /// least 3 %. (Predictions above the measurement cost memory, not
+    /// safety; on a paged allocator they are mostly the rounding up to
+    /// whole pages.)
+    fn margin(&self) -> f64 {
+        (2.0 * self.shortfall).max(0.03)
+    }
+    fn measure(&self, target: &mut (dyn Plannable + 'static), knobs: &Knobs) -> Result<Measured, String> {
+        target.measure(knobs, self.space.batch)
+    }
+    fn describe(&self, knobs: &Knobs) -> String {
+        knobs.describe(self.space.batch)
+    }
+    fn account(&self) -> serde_json::Value {
+        serde_json::json!({
+            "model": self.model,
+            "model_peak_error": self.peak_error,
+            "model_time_error": self.time_error,
+            "probes": self.probes.len() + self.checks.len(),
+            "probe_seconds": self.seconds,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,8 @@
 //! What every planning strategy gives, and the result types they share.
-//! Two strategies implement [`Strategy`]: the knob model ([`Calibration`],
-//! probing a [`Plannable`]) and the ladder of one ordered knob
-//! ([`LadderCalibration`], probing a [`Ladder`]). The pipeline
+//! Three strategies implement [`Strategy`], each beside its calibration:
+//! the knob model ([`super::Calibration`], probing a [`super::Plannable`]),
+//! the ladder of one ordered knob ([`super::LadderCalibration`]) and the
+//! capacity lines of a counted quantity ([`super::CapacityCalibration`]). The pipeline
 //! ([`super::verify`], [`super::run_within`]), the CLI's printing and the
 //! benchmarks are written once against this trait.
 
@@ -10,9 +11,7 @@ use std::fmt::Debug;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::{
-    Calibration, Capacity, CapacityCalibration, Counted, Knobs, Ladder, LadderCalibration, Measured, Plannable,
-};
+use super::Measured;
 
 /// One plan: what it sets and what the strategy predicts for it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -179,123 +178,5 @@ pub trait Strategy: Serialize + Sized {
                 },
             })
             .collect()
-    }
-}
-
-impl Strategy for Calibration {
-    type Setting = Knobs;
-    type Target = dyn Plannable;
-
-    fn calibrate(target: &mut (dyn Plannable + 'static), probe_batch: Option<usize>) -> Result<Self, PlanError> {
-        super::calibrate(target, probe_batch)
-    }
-    fn choose(&self, budget: u64) -> Result<Choice<Knobs>, PlanError> {
-        self.choose_knobs(budget)
-    }
-    /// Twice the largest shortfall measured on the probes and checks, at
-    /// least 3 %. (Predictions above the measurement cost memory, not
-    /// safety; on a paged allocator they are mostly the rounding up to
-    /// whole pages.)
-    fn margin(&self) -> f64 {
-        (2.0 * self.shortfall).max(0.03)
-    }
-    fn measure(&self, target: &mut (dyn Plannable + 'static), knobs: &Knobs) -> Result<Measured, String> {
-        target.measure(knobs, self.space.batch)
-    }
-    fn describe(&self, knobs: &Knobs) -> String {
-        knobs.describe(self.space.batch)
-    }
-    fn account(&self) -> serde_json::Value {
-        serde_json::json!({
-            "model": self.model,
-            "model_peak_error": self.peak_error,
-            "model_time_error": self.time_error,
-            "probes": self.probes.len() + self.checks.len(),
-            "probe_seconds": self.seconds,
-        })
-    }
-}
-
-impl Strategy for LadderCalibration {
-    type Setting = usize;
-    type Target = dyn Ladder;
-
-    fn calibrate(target: &mut (dyn Ladder + 'static), probe_batch: Option<usize>) -> Result<Self, PlanError> {
-        if let Some(batch) = probe_batch {
-            return Err(PlanError::Setting(format!(
-                "a probe batch ({batch}) does not apply to {}: each rung is probed at the run's own shape",
-                target.knob()
-            )));
-        }
-        super::calibrate_ladder(target)
-    }
-    fn choose(&self, budget: u64) -> Result<Choice<usize>, PlanError> {
-        self.choose_rung(budget)
-    }
-    /// Twice the repeat's relative difference, at least 3 %.
-    fn margin(&self) -> f64 {
-        (2.0 * self.repeat_error).max(0.03)
-    }
-    fn measure(&self, target: &mut (dyn Ladder + 'static), value: &usize) -> Result<Measured, String> {
-        target.measure(*value)
-    }
-    fn describe(&self, value: &usize) -> String {
-        self.rungs
-            .iter()
-            .find(|r| r.value == *value && !r.label.is_empty())
-            .map_or_else(|| format!("{} {value}", self.knob), |r| r.label.clone())
-    }
-    fn account(&self) -> serde_json::Value {
-        serde_json::json!({
-            "knob": self.knob,
-            "rungs": self.rungs,
-            "repeat_error": self.repeat_error,
-            "time_error": self.time_error,
-            "probes": self.rungs.len() + usize::from(self.repeat.is_some()),
-            "probe_seconds": self.seconds,
-        })
-    }
-}
-
-impl Strategy for CapacityCalibration {
-    type Setting = Counted;
-    type Target = dyn Capacity;
-
-    fn calibrate(target: &mut (dyn Capacity + 'static), probe_batch: Option<usize>) -> Result<Self, PlanError> {
-        if let Some(batch) = probe_batch {
-            return Err(PlanError::Setting(format!(
-                "a probe batch ({batch}) does not apply to {}: each variant is probed at several counts",
-                target.knob()
-            )));
-        }
-        super::calibrate_capacity(target)
-    }
-    fn choose(&self, budget: u64) -> Result<Choice<Counted>, PlanError> {
-        self.choose_count(budget)
-    }
-    fn margin(&self) -> f64 {
-        CapacityCalibration::margin(self)
-    }
-    fn measure(&self, target: &mut (dyn Capacity + 'static), setting: &Counted) -> Result<Measured, String> {
-        target.measure(&setting.variant, setting.count)
-    }
-    fn settle(
-        &self,
-        target: &mut (dyn Capacity + 'static),
-        plan: &Plan<Counted>,
-        budget: u64,
-    ) -> Result<(Plan<Counted>, Measured), String> {
-        self.settle_with_faster(target, plan, budget)
-    }
-    fn describe(&self, setting: &Counted) -> String {
-        format!("{}, {} {}", setting.variant, self.knob, setting.count)
-    }
-    fn account(&self) -> serde_json::Value {
-        serde_json::json!({
-            "knob": self.knob,
-            "lines": self.lines,
-            "probes": self.lines.iter().map(|l| l.probes.len()).sum::<usize>(),
-            "probe_seconds": self.seconds,
-        })
     }
 }

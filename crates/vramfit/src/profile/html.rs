@@ -5,7 +5,7 @@
 //! line, the largest tensors with their category, what lowers the peak, and
 //! what is measured and what derived.
 
-use super::record::Category;
+use super::phase::Category;
 use super::report::{MemoryReport, human_bytes};
 
 /// Colour of each category in the chart (also checked by the screenshot test).

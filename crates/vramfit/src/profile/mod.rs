@@ -18,6 +18,8 @@
 mod driver;
 mod html;
 mod oom;
+mod phase;
+mod reading;
 mod record;
 mod report;
 mod sampler;
@@ -28,9 +30,11 @@ pub use driver::{DriverReading, process_figure, visible_gpus};
 pub use driver::{Nvml, cuda_gpu_count};
 pub use html::{CATEGORY_COLOURS, PEAK_COLOUR};
 pub use oom::{OomReport, OutOfMemory, oom_report, out_of_memory, panics};
-pub use record::{Accounted, Category, LeakWarning, PhaseRecord, Profiler};
+pub use phase::{Accounted, Category, LeakWarning, PhaseRecord};
+pub use reading::{MemoryReading, OomFigure, Peaks};
+pub use record::Profiler;
 pub use report::{Headline, MemoryReport, NamedTensor, REPORT_VERSION, human_bytes};
-pub use sampler::{PeakSampler, Peaks};
+pub use sampler::PeakSampler;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 pub use source::CubeAllocator;
-pub use source::{DeviceMemory, HeapSource, MemoryReading, MemorySource, NoAllocator, OomFigure};
+pub use source::{DeviceMemory, HeapSource, MemorySource, NoAllocator};

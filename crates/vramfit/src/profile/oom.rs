@@ -2,7 +2,7 @@
 //! surfaces device failures as strings (an `ExecutionError` from `sync` or
 //! a tensor read), so the words are all there is to go on.
 
-use super::record::PhaseRecord;
+use super::phase::PhaseRecord;
 use super::report::{NamedTensor, human_bytes};
 
 /// What an out-of-memory message says.

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::record::{Category, LeakWarning, PhaseRecord};
+use super::phase::{Category, LeakWarning, PhaseRecord};
 
 /// Version of the `memory.json` schema written by [`MemoryReport`].
 /// 2 added the reserved and driver peaks, 3 the driver's context share,

@@ -6,19 +6,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::source::{MemoryReading, MemorySource};
-
-/// The largest figures seen in a window, each on its own (they need not
-/// come from the same reading).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Peaks {
-    /// Largest allocated bytes.
-    pub allocated: u64,
-    /// Largest reserved bytes.
-    pub reserved: u64,
-    /// Largest driver figure, where the source has one.
-    pub driver: Option<u64>,
-}
+use super::reading::{MemoryReading, Peaks};
+use super::source::MemorySource;
 
 #[derive(Default)]
 struct AtomicPeaks {

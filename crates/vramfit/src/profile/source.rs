@@ -1,40 +1,7 @@
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 use super::driver::DriverReading;
-use super::sampler::Peaks;
 
-/// The allocator's own figures at one instant.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct MemoryReading {
-    /// Bytes in live tensors.
-    pub allocated: u64,
-    /// Bytes the allocator holds from the device.
-    pub reserved: u64,
-    /// The driver's figure for the whole process at the same moment
-    /// (independent of the allocator; includes the CUDA context), where
-    /// the source has one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub driver: Option<u64>,
-}
-
-/// The figure whose high-water mark decides an out-of-memory on a backend.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OomFigure {
-    /// The reserved figure (else the in-use one).
-    pub reserved: bool,
-    /// Its name in reports.
-    pub name: &'static str,
-    /// Why it decides an out-of-memory there.
-    pub why: &'static str,
-    /// True when the profiler's high-water of it is exact, not sampled.
-    pub exact: bool,
-}
-
-impl OomFigure {
-    /// This figure's value in `peaks`.
-    pub fn of(&self, peaks: &Peaks) -> u64 {
-        if self.reserved { peaks.reserved } else { peaks.allocated }
-    }
-}
+use super::reading::{MemoryReading, OomFigure, Peaks};
 
 /// Where allocator figures come from (one per backend).
 pub trait MemorySource: Send + Sync {
