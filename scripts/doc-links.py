@@ -15,6 +15,7 @@ Checked:
          docs/NAME.md, "Section title"
          docs/NAME.md ("Section title")
          docs/NAME.md "Section title"
+         `docs/NAME.md`, section "Section title"
          README "Section title"   (also README's, README.md)
      A citation may run on to the next line of a comment: comment leaders
      (//!, ///, //, #) are dropped and the lines joined before matching.
@@ -38,7 +39,7 @@ LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
 FENCE = re.compile(r"^ {0,3}(```|~~~)")
 DOC_PATH = r"(docs/[A-Za-z0-9_./-]+\.md|README(?:\.md)?)"
-CITATION = re.compile(DOC_PATH + r"(?:'s)?(?:,\s*|\s*\(\s*|\s+)\"([^\"]+)\"")
+CITATION = re.compile(DOC_PATH + r"`?(?:'s)?(?:,\s*|\s*\(\s*|\s+)(?:section\s+)?\"([^\"]+)\"")
 MENTION = re.compile(r"(?<![A-Za-z0-9_/.-])(docs/[A-Za-z0-9_./-]*[A-Za-z0-9_-]\.md)\b")
 COMMENT_LEADER = re.compile(r"^\s*(//[/!]?|#(?![#!\[]))\s?")
 
@@ -115,7 +116,7 @@ def check_citations(path, text, broken):
     lines = [COMMENT_LEADER.sub("", line, count=1) for line in text.splitlines()]
     for index, line in enumerate(lines):
         number = index + 1
-        for cited in MENTION.findall(line):
+        for cited in sorted(set(MENTION.findall(line))):
             if not os.path.exists(os.path.join(ROOT, cited)):
                 broken.append(f"{path}:{number}: {cited}: no such file")
         # A citation that starts on this line, perhaps ending on the next.
