@@ -208,7 +208,7 @@ fn splat(
     let s = &run.workload;
 
     let picture = load_image(&config.image)?;
-    let values_per_gaussian = 5 + vramfit_splat::picture::CHANNELS;
+    let values_per_gaussian = 5 + vramfit_gauss::picture::CHANNELS;
     let bicubic = bicubic_at_equal_storage(&picture, s.gaussians * values_per_gaussian);
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let table = format!(

@@ -7,11 +7,11 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
+use vramfit_gauss::picture::Picture;
 use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::ModelSettings;
 use vramfit_scene::job::SceneConfig;
 use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
-use vramfit_splat::picture::Picture;
 
 /// A family's settings as flags (shared by `train` and `plan`).
 #[derive(clap::Args)]

@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use vramfit::run::RunPath;
+use vramfit_gauss::picture::{check_output_target, save_png, to_rgb8};
 use vramfit_splat::budget::check_size_here;
 use vramfit_splat::gaussians::Gaussians;
-use vramfit_splat::picture::{check_output_target, save_png, to_rgb8};
 
 // Every command's printing goes through `stdout::write`: a closed or full
 // stdout (`vramfit … | head -1`, `> /dev/full`) must not stop the command

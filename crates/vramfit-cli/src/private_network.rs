@@ -5,7 +5,7 @@
 //! Why: Open MPI 4.1's launcher binds its control channel (oob/tcp) to the
 //! wildcard address whatever interfaces it is told to use, and a stranger
 //! that connects there and stays silent makes `mpirun` wait for it at the
-//! end of the run, forever (measured; docs/design.md). Open MPI offers no
+//! end of the run, forever (measured; docs/design/ranks.md). Open MPI offers no
 //! setting for the address it binds and no per-run secret. A namespace
 //! costs nothing the ranks need: they exchange data through shared memory,
 //! which a network namespace does not separate.

@@ -105,7 +105,7 @@ fn mpirun(n: usize, args: impl IntoIterator<Item = std::ffi::OsString>, quiet: b
                 eprintln!(
                     "note: this system gives the ranks no network namespace of their own ({e}): while they run, \
                      mpirun's control socket listens on every interface, and a connection left open there holds up \
-                     the end of the run (docs/design.md)"
+                     the end of the run (docs/design/ranks.md)"
                 );
             }
             command().status().map_err(missing)?

@@ -1,4 +1,4 @@
-//! Every `vramfit` command that README.md and docs/*.md show in a shell
+//! Every `vramfit` command that README.md and the .md files under docs/ show in a shell
 //! code block still parses: the binary is run with the shown arguments and
 //! `--help` appended. clap reads arguments left to right and stops at the
 //! first unknown subcommand, flag or unparsable value before it reaches
@@ -109,11 +109,17 @@ fn the_split_follows_the_shell() {
 fn every_documented_command_parses() {
     let root = workspace();
     let mut files = vec![root.join("README.md")];
-    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
-        .expect("docs/ exists")
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "md"))
-        .collect();
+    let (mut docs, mut folders) = (Vec::<PathBuf>::new(), vec![root.join("docs")]);
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).expect("docs/ exists") {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                docs.push(path);
+            }
+        }
+    }
     docs.sort();
     files.extend(docs);
     let (mut checked, mut failures) = (0, Vec::new());

@@ -440,7 +440,7 @@ fn children_named(pid: u32, name: &str) -> Vec<u32> {
 /// their own, so a stranger on this machine finds every port they listen
 /// on closed, and the run ends as an undisturbed one. (Open MPI's
 /// launcher, reachable, waited at the end of the run for as long as a
-/// silent stranger held a connection to it: docs/design.md.) Where the
+/// silent stranger held a connection to it: docs/design/ranks.md.) Where the
 /// system gives no namespace the launcher says so.
 #[cfg(feature = "mpi")]
 #[test]
@@ -477,7 +477,7 @@ fn strangers_cannot_reach_the_ranks_and_the_run_ends_unchanged() {
     let network = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
     if network("self") == network(&pids[0].to_string()) {
         // No namespace here: the launcher said so; a silent stranger
-        // would hold up the end of the run (docs/design.md).
+        // would hold up the end of the run (docs/design/ranks.md).
         let o = run.wait_with_output().unwrap();
         assert!(o.status.success(), "{}", stderr(&o));
         assert!(

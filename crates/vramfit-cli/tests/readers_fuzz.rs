@@ -119,7 +119,7 @@ fn no_reader_panics_on_mutated_input() {
     };
     let images = vec![encode(image::ImageFormat::Png), encode(image::ImageFormat::Jpeg)];
     panicked.extend(fuzz("image", &images, false, |b| {
-        let _ = vramfit_splat::picture::Picture::decode(b, Path::new("fuzz.png"));
+        let _ = vramfit_gauss::picture::Picture::decode(b, Path::new("fuzz.png"));
     }));
 
     let mut ckpt = vramfit::run::ArrayFile::new("checkpoint", serde_json::json!({ "step": 3 }));

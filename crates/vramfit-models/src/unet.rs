@@ -18,7 +18,7 @@
 //!
 //! BatchNorm in training normalises with the statistics of the samples in
 //! the forward pass, so a micro-batch of `b` is normalised differently from
-//! the full batch of `k·b` (measured in the tests and the README). The
+//! the full batch of `k·b` (measured in the tests and docs/results/unet.md). The
 //! choices: `norm = "group"` (statistics per sample: micro-batching is
 //! exact), or BatchNorm with its population statistics for evaluation
 //! computed after training over many samples ([`Unet::with_population`]),

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use vramfit_splat::picture::{Picture, save_png, to_rgb8};
+use vramfit_gauss::picture::{Picture, save_png, to_rgb8};
 
 use crate::cpu::camera::Camera;
 use crate::dataset::{Dataset, DatasetError, Point, View};

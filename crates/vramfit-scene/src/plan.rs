@@ -25,7 +25,7 @@ pub struct DegreeQuality {
 }
 
 /// What a lower SH degree was measured to cost, on each built-in scene
-/// (docs/results.md). A cost is the largest any of them shows; measured on
+/// (docs/results/scene.md). A cost is the largest any of them shows; measured on
 /// these scenes only.
 pub const MEASURED_QUALITY: [DegreeQuality; 2] = [
     DegreeQuality {

@@ -10,7 +10,7 @@
 
 use std::cell::{Cell, Ref, RefCell};
 
-use vramfit_splat::cpu::ssim::{ssim, ssim_and_backward};
+use vramfit_gauss::ssim::{ssim, ssim_and_backward};
 
 use crate::cpu::camera::Camera;
 use crate::cpu::render::{SceneGrads, render, render_backward};
@@ -501,8 +501,8 @@ impl Fit {
     pub fn render_view(&self, index: usize) -> Result<Vec<u8>, String> {
         let v = &self.data.views[index];
         let image = self.render_image(index)?;
-        let rgb = vramfit_splat::picture::to_rgb8(v.camera.width, v.camera.height, &image);
-        vramfit_splat::picture::encode_png(&rgb).map_err(|e| e.to_string())
+        let rgb = vramfit_gauss::picture::to_rgb8(v.camera.width, v.camera.height, &image);
+        vramfit_gauss::picture::encode_png(&rgb).map_err(|e| e.to_string())
     }
 
     /// The views evaluated: the held-out ones (the training views when none is held out).

@@ -142,8 +142,8 @@ fn bad_datasets_are_refused_with_what_is_wrong() {
     let d = fresh("size");
     let other = Spec { width: 16, ..small() };
     let small_views = dataset(&other);
-    let img = vramfit_splat::picture::to_rgb8(16, 24, &small_views.views[2].image);
-    vramfit_splat::picture::save_png(&d.join("images/view_002.png"), &img).unwrap();
+    let img = vramfit_gauss::picture::to_rgb8(16, 24, &small_views.views[2].image);
+    vramfit_gauss::picture::save_png(&d.join("images/view_002.png"), &img).unwrap();
     let e = error(&d);
     assert!(e.contains("16x24") && e.contains("32x24"), "{e}");
 

@@ -11,10 +11,10 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use burn::backend::{Autodiff, Flex};
 use rand::SeedableRng;
+use vramfit_gauss::ssim::{ssim, ssim_and_backward, ssim_backward};
 use vramfit_splat::config::FitConfig;
 use vramfit_splat::cpu::project::Frame;
 use vramfit_splat::cpu::render::{Splats, render, render_backward, render_backward_kept, render_keeping};
-use vramfit_splat::cpu::ssim::{ssim, ssim_and_backward, ssim_backward};
 use vramfit_splat::fit::Fit;
 use vramfit_splat::gaussians::Gaussians;
 use vramfit_splat::{init, job};

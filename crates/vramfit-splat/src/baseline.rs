@@ -3,7 +3,7 @@
 
 use image::imageops::{FilterType, resize};
 
-use crate::picture::{CHANNELS, Picture, psnr, to_rgb8};
+use vramfit_gauss::picture::{CHANNELS, Picture, psnr, to_rgb8};
 
 /// Bicubic baseline at equal storage.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]

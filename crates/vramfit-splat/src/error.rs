@@ -5,43 +5,9 @@ use std::path::PathBuf;
 /// Everything that can go wrong fitting or rendering Gaussians.
 #[derive(Debug, thiserror::Error)]
 pub enum SplatError {
-    /// The image file does not exist.
-    #[error("image '{0}' does not exist; check the path")]
-    ImageMissing(PathBuf),
-    /// The image file exists but could not be read.
-    #[error("cannot read image '{path}': {cause}")]
-    ImageUnreadable {
-        /// The file.
-        path: PathBuf,
-        /// The OS error.
-        cause: std::io::Error,
-    },
-    /// The format is not one vramfit decodes.
-    #[error("image '{path}' is in an unsupported format ({detail}); convert it to PNG or JPEG")]
-    ImageUnsupported {
-        /// The file.
-        path: PathBuf,
-        /// What the decoder said.
-        detail: String,
-    },
-    /// The file claims a supported format but does not decode.
-    #[error("image '{path}' is corrupt or truncated ({detail}); re-export or re-download it")]
-    ImageCorrupt {
-        /// The file.
-        path: PathBuf,
-        /// What the decoder said.
-        detail: String,
-    },
-    /// Too small to fit.
-    #[error("image is {width}×{height}; fitting needs at least {min}×{min} pixels")]
-    ImageTooSmall {
-        /// Width.
-        width: usize,
-        /// Height.
-        height: usize,
-        /// Minimum side.
-        min: usize,
-    },
+    /// Reading or writing a picture failed.
+    #[error(transparent)]
+    Picture(#[from] vramfit_gauss::picture::PictureError),
     /// A setting has a value that cannot work.
     #[error("invalid setting `{name}`: {why}")]
     InvalidSetting {

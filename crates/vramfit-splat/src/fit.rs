@@ -21,7 +21,7 @@ use crate::gaussians::Gaussians;
 use crate::init::{self, NewGaussians};
 use crate::op::{FusedLoss, LossParts, RenderSpec, SplatBackend, SplatPrimitives, SplatTensors};
 use crate::params::{Param, Params, values_per_gaussian};
-use crate::picture::{CHANNELS, Picture};
+use vramfit_gauss::picture::{CHANNELS, Picture};
 
 /// PSNR gain (dB) that counts as progress for the stall schedule.
 const PSNR_PROGRESS: f64 = 0.1;
@@ -169,7 +169,7 @@ where
     /// What the fit holds between steps: parameters, Adam moments (two per
     /// parameter) and the target; its workspace (the GPU engine's scratch).
     /// On the host the loss also keeps its SSIM planes between steps (14
-    /// f32 per pixel, [`crate::cpu::ssim::SsimWorkspace`]): heap memory the
+    /// f32 per pixel, [`vramfit_gauss::ssim::SsimWorkspace`]): heap memory the
     /// counting allocator measures in the peak, not listed here.
     pub fn accounted(&self) -> Accounted {
         let parameters = (self.len() * values_per_gaussian(CHANNELS) * 4) as u64;

@@ -5,7 +5,7 @@ use rand::Rng;
 use rayon::prelude::*;
 
 use crate::params::HostParams;
-use crate::picture::{CHANNELS, Picture};
+use vramfit_gauss::picture::{CHANNELS, Picture};
 
 /// Initial inverse scale: 1/5, i.e. a 5-pixel standard deviation.
 pub const INITIAL_INV_SCALE: f32 = 0.2;

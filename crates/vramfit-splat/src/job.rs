@@ -20,7 +20,7 @@ use crate::SplatError;
 use crate::config::{BUILTIN_SAMPLE, FitConfig};
 use crate::fit::Fit;
 use crate::op::{FusedLoss, SplatBackend};
-use crate::picture::{Picture, encode_png, to_rgb8};
+use vramfit_gauss::picture::{Picture, encode_png, to_rgb8};
 
 /// The built-in sample photograph (see `assets/README.md`).
 pub const ASTRONAUT_PNG: &[u8] = include_bytes!("../assets/astronaut.png");
@@ -31,9 +31,9 @@ const WORKLOAD: &str = "vramfit fit";
 /// Loads the image a config names (`builtin:astronaut` or a path).
 pub fn load_image(name: &str) -> Result<Picture, SplatError> {
     if name == BUILTIN_SAMPLE {
-        return Picture::decode(ASTRONAUT_PNG, Path::new(BUILTIN_SAMPLE));
+        return Ok(Picture::decode(ASTRONAUT_PNG, Path::new(BUILTIN_SAMPLE))?);
     }
-    Picture::load(Path::new(name))
+    Ok(Picture::load(Path::new(name))?)
 }
 
 /// The fit's fields of `summary.json`.

@@ -6,7 +6,8 @@
 //!
 //! ```
 //! use burn::backend::{Autodiff, Flex};
-//! use vramfit_splat::{config::FitConfig, fit::Fit, sample, picture::Picture};
+//! use vramfit_gauss::picture::Picture;
+//! use vramfit_splat::{config::FitConfig, fit::Fit, sample};
 //!
 //! let picture = Picture::from_rgb8(&sample::procedural(48, 32));
 //! let config = FitConfig { gaussians: 64, steps: 20, ..Default::default() };
@@ -29,10 +30,8 @@ pub mod gaussians;
 pub mod gpu;
 pub mod init;
 pub mod job;
-mod jpeg_scan;
 pub mod op;
 pub mod params;
-pub mod picture;
 pub mod plan;
 /// The procedural test image (its own crate, which the U-Net uses too).
 pub use vramfit_sample as sample;

@@ -21,7 +21,7 @@ use crate::cpu;
 use crate::cpu::project::Frame;
 use crate::cpu::render::{SplatGrads, Splats};
 use crate::params::{HostParams, Params};
-use crate::picture::{CHANNELS, Picture};
+use vramfit_gauss::picture::{CHANNELS, Picture};
 
 /// What to render: frame, top-K and channel count.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -97,7 +97,7 @@ pub trait SplatBackend: vramfit::profile::DeviceMemory {
         let device = device_of::<Self>(&x);
         let (x, y) = (to_host::<Self, 3>(x), to_host::<Self, 3>(y));
         let [h, w, c] = dims;
-        from_host::<Self, 1>(vec![cpu::ssim::ssim(&x, &y, h, w, c)], [1], &device)
+        from_host::<Self, 1>(vec![vramfit_gauss::ssim::ssim(&x, &y, h, w, c)], [1], &device)
     }
 
     /// Gradient of `d_ssim · ssim(x, y)` with respect to `x`.
@@ -111,7 +111,7 @@ pub trait SplatBackend: vramfit::profile::DeviceMemory {
         let d = to_host::<Self, 1>(d_ssim)[0];
         let (x, y) = (to_host::<Self, 3>(x), to_host::<Self, 3>(y));
         let [h, w, c] = dims;
-        from_host::<Self, 3>(cpu::ssim::ssim_backward(&x, &y, h, w, c, d), dims, &device)
+        from_host::<Self, 3>(vramfit_gauss::ssim::ssim_backward(&x, &y, h, w, c, d), dims, &device)
     }
 }
 
@@ -235,12 +235,12 @@ const SUM_CHUNK: usize = 1 << 16;
 #[derive(Debug)]
 pub struct HostTarget {
     data: Vec<f32>,
-    reference: cpu::ssim::SsimReference<f32>,
+    reference: vramfit_gauss::ssim::SsimReference<f32>,
     width: usize,
     height: usize,
     top_k: usize,
     /// The step's SSIM planes, kept from step to step.
-    ssim_workspace: Mutex<cpu::ssim::SsimWorkspace<f32>>,
+    ssim_workspace: Mutex<vramfit_gauss::ssim::SsimWorkspace<f32>>,
 }
 
 impl Clone for HostTarget {
@@ -261,7 +261,7 @@ impl HostTarget {
     pub fn new(data: Vec<f32>, width: usize, height: usize, top_k: usize) -> Self {
         assert_eq!(data.len(), width * height * CHANNELS, "target must be [H, W, C]");
         Self {
-            reference: cpu::ssim::SsimReference::new(&data, height, width, CHANNELS),
+            reference: vramfit_gauss::ssim::SsimReference::new(&data, height, width, CHANNELS),
             data,
             width,
             height,
@@ -296,8 +296,13 @@ impl HostTarget {
             .ssim_workspace
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let ssim =
-            cpu::ssim::ssim_and_backward_into(&x, &self.data, &self.reference, -(ssim_weight as f32), &mut workspace);
+        let ssim = vramfit_gauss::ssim::ssim_and_backward_into(
+            &x,
+            &self.data,
+            &self.reference,
+            -(ssim_weight as f32),
+            &mut workspace,
+        );
         let parts = self.parts_with(&x, ssim as f64);
         // d|x − y|/dx = sign(x − y), 0 at equality; the mean divides by the count.
         let l1_scale = 1.0 / x.len() as f32;
@@ -318,7 +323,7 @@ impl HostTarget {
         // statistics planes, so the step's peak does not grow.
         let metrics = measure.then(|| {
             clamp(&mut x);
-            let ssim = cpu::ssim::ssim_against_in(&x, &self.data, &self.reference, &mut workspace);
+            let ssim = vramfit_gauss::ssim::ssim_against_in(&x, &self.data, &self.reference, &mut workspace);
             self.parts_with(&x, ssim as f64)
         });
         drop(x);
@@ -332,7 +337,10 @@ impl HostTarget {
 
     /// Loss parts of render `x` (clamp it first for the reported quality).
     pub fn parts(&self, x: &[f32]) -> LossParts {
-        self.parts_with(x, cpu::ssim::ssim_against(x, &self.data, &self.reference) as f64)
+        self.parts_with(
+            x,
+            vramfit_gauss::ssim::ssim_against(x, &self.data, &self.reference) as f64,
+        )
     }
 
     /// Loss parts of render `x` whose SSIM is known.

@@ -6,14 +6,14 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use vramfit_gauss::picture::Picture;
+use vramfit_gauss::ssim::ssim_backward;
 use vramfit_splat::config::FitConfig;
 use vramfit_splat::cpu::project::Frame;
 use vramfit_splat::cpu::render::{Splats, render_backward};
-use vramfit_splat::cpu::ssim::ssim_backward;
 use vramfit_splat::fit::Fit;
 use vramfit_splat::op::{self, FusedLoss, RenderSpec, SplatBackend, SplatTensors};
 use vramfit_splat::params::{Param, Params};
-use vramfit_splat::picture::Picture;
 use vramfit_splat::sample;
 
 type Ad = Autodiff<Flex>;
@@ -177,7 +177,7 @@ where
     use vramfit_splat::SplatError;
     let tmp = tempfile::tempdir().unwrap();
     let image = tmp.path().join("in.png");
-    vramfit_splat::picture::save_png(&image, &sample::procedural(64, 48)).unwrap();
+    vramfit_gauss::picture::save_png(&image, &sample::procedural(64, 48)).unwrap();
     let config = FitConfig {
         image: image.display().to_string(),
         gaussians: 120,

@@ -27,10 +27,10 @@ fn gpu_kernels_match_cpu_twins() {
 #[test]
 fn gpu_fit_matches_cpu_fit() {
     use burn::backend::{Autodiff, Flex};
+    use vramfit_gauss::picture::Picture;
     use vramfit_splat::config::FitConfig;
     use vramfit_splat::fit::Fit;
     use vramfit_splat::gpu::backend::WgpuBackend;
-    use vramfit_splat::picture::Picture;
     use vramfit_splat::sample;
 
     let picture = Picture::from_rgb8(&sample::procedural(96, 64));

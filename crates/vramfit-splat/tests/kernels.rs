@@ -3,9 +3,10 @@
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use vramfit_splat::cpu::project::{Frame, TILE, project_and_bin, project_one};
+use vramfit_gauss::ssim::{ssim, ssim_and_backward, ssim_backward};
+use vramfit_gauss::tile::TILE;
+use vramfit_splat::cpu::project::{Frame, project_and_bin, project_one};
 use vramfit_splat::cpu::render::{Splats, render, render_backward, select_top_k};
-use vramfit_splat::cpu::ssim::{ssim, ssim_and_backward, ssim_backward};
 use vramfit_splat::params::{Param, Params};
 
 struct Case {

@@ -28,7 +28,7 @@ const TOLERANCE: f64 = 0.10;
 
 fn base(dir: &Path, width: u32, height: u32, gaussians: usize) -> FitConfig {
     let image = dir.join("in.png");
-    vramfit_splat::picture::save_png(&image, &vramfit_splat::sample::procedural(width, height)).unwrap();
+    vramfit_gauss::picture::save_png(&image, &vramfit_splat::sample::procedural(width, height)).unwrap();
     FitConfig {
         image: image.display().to_string(),
         gaussians,

@@ -16,7 +16,7 @@
 //! the optimizer step).
 //!
 //! The engine is MPI (the `mpi` feature: Open MPI or MPICH, launched by
-//! `mpirun`; docs/design.md says why); [`Collective`] is what the step
+//! `mpirun`; docs/design/ranks.md says why); [`Collective`] is what the step
 //! needs of it, so a single process needs no engine at all.
 
 use std::collections::{HashMap, HashSet};

@@ -3,6 +3,8 @@
 //! pixel `(fx x / z + cx, fy y / z + cy)`, where the upper-left pixel's
 //! centre is (0.5, 0.5).
 
+use vramfit_gauss::tile::TILE;
+
 /// A camera: intrinsics, image size and world-to-camera pose.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Camera {
@@ -74,6 +76,6 @@ impl Camera {
 
     /// Screen tiles across and down.
     pub fn tiles(&self) -> (usize, usize) {
-        (self.width.div_ceil(super::TILE), self.height.div_ceil(super::TILE))
+        (self.width.div_ceil(TILE), self.height.div_ceil(TILE))
     }
 }

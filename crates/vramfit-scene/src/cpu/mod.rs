@@ -16,8 +16,3 @@ pub mod project;
 pub mod raster;
 pub mod render;
 pub mod sh;
-
-pub use vramfit_splat::cpu::Real;
-
-/// Side of a square screen tile, in pixels.
-pub const TILE: usize = 16;

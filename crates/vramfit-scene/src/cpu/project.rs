@@ -13,7 +13,8 @@
 
 use super::camera::Camera;
 use super::sh::{color, color_backward, direction, direction_backward};
-use super::{Real, TILE};
+use vramfit_gauss::Real;
+use vramfit_gauss::tile::TILE;
 
 /// Gaussians nearer the camera than this (in its z) are not drawn.
 pub const NEAR: f64 = 0.2;

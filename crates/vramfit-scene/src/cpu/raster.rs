@@ -19,7 +19,8 @@
 
 use super::camera::Camera;
 use super::project::{Projected, ProjectedGrads};
-use super::{Real, TILE};
+use vramfit_gauss::Real;
+use vramfit_gauss::tile::{TILE, bin_rects};
 
 /// The largest opacity a Gaussian reaches at a pixel.
 pub const MAX_ALPHA: f64 = 0.99;
@@ -48,20 +49,19 @@ impl Bins {
 /// Bins the drawn Gaussians (`None`: not drawn) into the camera's tiles.
 pub fn bin<F: Real>(projected: &[Option<Projected<F>>], camera: &Camera) -> Bins {
     let (tiles_x, tiles_y) = camera.tiles();
-    let mut keyed: Vec<Vec<(F, u32)>> = vec![Vec::new(); tiles_x * tiles_y];
-    for (id, p) in projected.iter().enumerate() {
-        let Some(p) = p else { continue };
-        for ty in p.tiles[2]..p.tiles[3] {
-            for tx in p.tiles[0]..p.tiles[1] {
-                keyed[ty * tiles_x + tx].push((p.depth, id as u32));
-            }
-        }
-    }
-    let lists = keyed
-        .into_iter()
-        .map(|mut list| {
-            list.sort_by(|a, b| a.0.partial_cmp(&b.0).expect("depths are numbers").then(a.1.cmp(&b.1)));
-            list.into_iter().map(|(_, id)| id).collect()
+    let binned = bin_rects(projected.iter().map(|p| p.as_ref().map(|p| p.tiles)), tiles_x, tiles_y);
+    let depth = |id: u32| {
+        projected[id as usize]
+            .as_ref()
+            .expect("binned Gaussians are drawn")
+            .depth
+    };
+    let lists = (0..binned.tiles())
+        .map(|t| {
+            // Ascending ids from the binning; a stable sort by depth keeps ties in id order.
+            let mut list = binned.tile(t).to_vec();
+            list.sort_by(|&a, &b| depth(a).partial_cmp(&depth(b)).expect("depths are numbers"));
+            list
         })
         .collect();
     Bins { tiles_x, lists }

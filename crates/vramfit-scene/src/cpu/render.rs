@@ -2,11 +2,11 @@
 //! ([`super::project`]), binned and composited ([`super::raster`]), and
 //! the backward from the image to every parameter.
 
-use super::Real;
 use super::camera::Camera;
 use super::project::{Gaussian, Projected, project, project_backward};
 use super::raster::{Bins, Kept, bin, composite, composite_backward};
 use super::sh::{MAX_DEGREE, coefficients};
+use vramfit_gauss::Real;
 
 /// A scene's Gaussians as parameter arrays (one row per Gaussian), in the
 /// groups a run's memory report names.

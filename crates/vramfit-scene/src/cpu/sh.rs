@@ -6,7 +6,7 @@
 //! real SH normalisations (public; the 3DGS paper's reference code uses
 //! the same).
 
-use super::Real;
+use vramfit_gauss::Real;
 
 /// The highest degree supported.
 pub const MAX_DEGREE: usize = 3;

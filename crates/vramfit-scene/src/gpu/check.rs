@@ -9,7 +9,7 @@ use cubecl::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
-use vramfit_splat::gpu::check::max_relative_error;
+use vramfit_gauss::gpu::max_relative_error;
 
 use super::engine::Renderer;
 use crate::cpu::camera::Camera;
@@ -293,7 +293,7 @@ fn ulps(a: f32, b: f32) -> u32 {
 pub fn check_adam<R: Runtime>(device: &R::Device, values: usize, steps: usize) -> Result<AdamReport, String> {
     use super::kernels::train::adam;
     use crate::train::ADAM;
-    use vramfit_splat::gpu::engine::{dim, grid};
+    use vramfit_gauss::gpu::{dim, grid};
 
     let renderer = Renderer::<R>::new(device);
     let mut rng = ChaCha8Rng::seed_from_u64(27);

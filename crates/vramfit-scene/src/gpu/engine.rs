@@ -15,16 +15,13 @@
 use cubecl::bytes::Bytes;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
-use vramfit_splat::gpu::engine::{dim, grid};
-use vramfit_splat::gpu::kernels::project::{count_pairs, exclusive_scan, scatter_pairs};
+use vramfit_gauss::gpu::binning::{count_pairs, exclusive_scan, scatter_pairs};
+use vramfit_gauss::gpu::{DeviceError, UNITS, array, dim, grid};
 
-use super::kernels::{self, PROJECTED, SCREEN_GRADS, UNITS, camera_array};
+use super::kernels::{self, PROJECTED, SCREEN_GRADS, camera_array};
 use crate::cpu::camera::Camera;
 use crate::cpu::render::{Scene, SceneGrads};
 use crate::sh_storage::{SH_GROUPS, ShStorage, group_bytes};
-
-/// A device failure (out of memory, lost device), as the runtime said it.
-pub type DeviceError = String;
 
 /// The scene's parameter groups on the device, in [`Scene`]'s order.
 pub struct SceneBuffers {
@@ -89,12 +86,6 @@ pub struct Renderer<R: Runtime> {
     pub(crate) client: ComputeClient<R>,
 }
 
-pub(crate) fn array<R: Runtime>(h: &Handle, len: usize) -> ArrayArg<R> {
-    // SAFETY: every buffer here is allocated with at least `len` elements of
-    // the kernel's element type (f32 or u32, 4 bytes), and launches are checked.
-    unsafe { ArrayArg::from_raw_parts(h.clone(), len.max(1)) }
-}
-
 impl Drawn {
     /// Device bytes of the render's buffers for `n` Gaussians: projected
     /// Gaussians and rectangles, tile offsets and counters, the sorted ids,
@@ -141,7 +132,7 @@ impl<R: Runtime> Renderer<R> {
 
     pub(crate) fn zeros_f32(&self, elems: usize) -> Handle {
         let h = self.empty(elems);
-        vramfit_splat::gpu::kernels::fill_f32::launch::<R>(
+        vramfit_gauss::gpu::binning::fill_f32::launch::<R>(
             &self.client,
             grid(elems),
             dim(),
@@ -154,7 +145,7 @@ impl<R: Runtime> Renderer<R> {
 
     fn zeros_u32(&self, elems: usize) -> Handle {
         let h = self.empty(elems);
-        vramfit_splat::gpu::kernels::fill_u32::launch::<R>(
+        vramfit_gauss::gpu::binning::fill_u32::launch::<R>(
             &self.client,
             grid(elems),
             dim(),

@@ -23,7 +23,7 @@ use cubecl::prelude::*;
 use cubecl::server::Handle;
 use vramfit::optim::Moments;
 use vramfit::profile::MemorySource;
-use vramfit_splat::gpu::engine::{dim, grid};
+use vramfit_gauss::gpu::{dim, grid};
 
 use super::engine::{Renderer, SceneBuffers, array};
 use super::kernels::{PROJECTED, train};

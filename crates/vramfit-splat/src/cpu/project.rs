@@ -1,10 +1,8 @@
 //! Per-Gaussian projection (conic, radius, tile rectangle) and binning of
 //! (Gaussian, tile) pairs, with the derivatives the backward pass needs.
 
-use super::Real;
-
-/// Side of a square screen tile in pixels.
-pub const TILE: usize = 16;
+use vramfit_gauss::Real;
+use vramfit_gauss::tile::{TILE, bin_rects};
 
 /// Image size and the mapping from fitted to rendered pixels.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -171,36 +169,14 @@ pub fn project_and_bin<F: Real>(xy: &[F], inv_scale: &[F], theta: &[F], frame: &
             )
         })
         .collect();
-    let tiles_x = frame.tiles_x();
-    let n_tiles = tiles_x * frame.tiles_y();
-    let mut counts = vec![0usize; n_tiles + 1];
-    for p in &projected {
-        let [x0, x1, y0, y1] = p.tiles;
-        for ty in y0..y1 {
-            for tx in x0..x1 {
-                counts[ty as usize * tiles_x + tx as usize + 1] += 1;
-            }
-        }
-    }
-    for t in 0..n_tiles {
-        counts[t + 1] += counts[t];
-    }
-    let offsets = counts;
-    let mut cursor = offsets.clone();
-    let mut ids = vec![0u32; offsets[n_tiles]];
-    for (i, p) in projected.iter().enumerate() {
-        let [x0, x1, y0, y1] = p.tiles;
-        for ty in y0..y1 {
-            for tx in x0..x1 {
-                let t = ty as usize * tiles_x + tx as usize;
-                ids[cursor[t]] = i as u32;
-                cursor[t] += 1;
-            }
-        }
-    }
+    let lists = bin_rects(
+        projected.iter().map(|p| Some(p.tiles.map(|v| v as usize))),
+        frame.tiles_x(),
+        frame.tiles_y(),
+    );
     Binned {
         projected,
-        offsets,
-        ids,
+        offsets: lists.offsets,
+        ids: lists.ids,
     }
 }

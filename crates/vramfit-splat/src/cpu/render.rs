@@ -5,9 +5,11 @@
 
 use rayon::prelude::*;
 
-use super::project::{Binned, Frame, Projected, TILE, project_and_bin, project_one_backward};
-use super::{EXP_LANES, Real, wide};
+use vramfit_gauss::tile::TILE;
+
+use super::project::{Binned, Frame, Projected, project_and_bin, project_one_backward};
 use crate::params::Params;
+use vramfit_gauss::{EXP_LANES, Real, wide};
 
 /// Largest supported top-K (the selection lives on the stack).
 pub const MAX_TOP_K: usize = 32;

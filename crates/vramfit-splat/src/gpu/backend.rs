@@ -16,7 +16,7 @@ use crate::op::SplatBackend;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 use crate::op::{FusedLoss, SplatPrimitives};
 use crate::params::Params;
-use crate::picture::{CHANNELS, Picture};
+use vramfit_gauss::picture::{CHANNELS, Picture};
 
 /// Device buffers of the parameter tensors (made contiguous if needed),
 /// and one of the tensors to make new ones like.
@@ -101,7 +101,7 @@ macro_rules! cube_fused_loss {
             }
 
             fn fused_band_rungs(width: usize, height: usize) -> Vec<usize> {
-                crate::gpu::engine::band_rungs(width, height, crate::picture::CHANNELS)
+                crate::gpu::engine::band_rungs(width, height, vramfit_gauss::picture::CHANNELS)
             }
 
             fn fused_workspace_bytes(target: &Self::Target) -> u64 {

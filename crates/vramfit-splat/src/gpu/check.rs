@@ -6,13 +6,14 @@ use cubecl::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
+use vramfit_gauss::gpu::max_relative_error;
 
 use super::engine::Lean;
 use crate::cpu::project::Frame;
 use crate::cpu::render::Splats;
 use crate::op::HostTarget;
 use crate::params::{HostParams, Param};
-use crate::picture::CHANNELS;
+use vramfit_gauss::picture::CHANNELS;
 
 /// One random problem.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -125,21 +126,6 @@ pub fn random_problem(case: &Case) -> (HostParams, Vec<u8>) {
         .map(|_| rng.random_range(0..=255u8))
         .collect();
     (g, target)
-}
-
-fn max_abs(v: &[f32]) -> f64 {
-    v.iter().fold(0.0f64, |m, x| m.max(x.abs() as f64))
-}
-
-/// max |GPU − CPU| over max |CPU| (the absolute difference where the CPU's
-/// values are all zero): a gradient group's error relative to its scale.
-pub fn max_relative_error(gpu: &[f32], cpu: &[f32]) -> f64 {
-    let diff = gpu
-        .iter()
-        .zip(cpu)
-        .fold(0.0f64, |m, (a, b)| m.max((*a as f64 - *b as f64).abs()));
-    let scale = max_abs(cpu);
-    if scale == 0.0 { diff } else { diff / scale }
 }
 
 /// Runs one case on `client` and compares with the CPU twins.

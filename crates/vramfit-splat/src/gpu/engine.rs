@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-use super::kernels::{self, GEOMETRY_GRADS, TAPS, TILE, UNITS};
+use vramfit_gauss::gpu::{DeviceError, TILE, UNITS, array, binning, cubes_of, dim, grid};
+
+use super::kernels::{self, GEOMETRY_GRADS, TAPS};
 use crate::cpu::project::Frame;
 use crate::op::LossParts;
 use crate::params::{Param, Params};
@@ -19,14 +21,12 @@ const R: usize = (TAPS / 2) as usize;
 /// Scratch planes per band row (render, five statistics, three
 /// coefficients, their three blurs, the render gradient).
 const PLANES: usize = 13;
-/// Largest cube count along one axis that every runtime accepts.
-const MAX_CUBES_X: usize = 65_535;
 /// Most scratch planes a band may take when its height is automatic.
 pub const DEFAULT_BAND_BYTES: usize = 192 << 20;
 /// Automatic bands stop growing here: each band renders 4·R halo rows
 /// beyond its own, so at this height the halo adds 1/8 of the work, and a
 /// taller band only holds more scratch. (Measured on lavapipe at 2048²:
-/// see the README's memory table.)
+/// docs/results/splat-gpu.md, "Memory of the GPU path (wgpu on software Vulkan)".)
 const EFFICIENT_ROWS: usize = 8 * 4 * R;
 
 /// Parameter buffers on the device, f32, row major, `[N, width]` each
@@ -38,9 +38,6 @@ pub struct ParamBuffers {
     /// Gaussians N.
     pub n: usize,
 }
-
-/// A device failure (out of memory, lost device), as the runtime said it.
-pub type DeviceError = String;
 
 /// Live scratch bytes and their high-water mark: the workspace the engine
 /// declares to the profiler.
@@ -89,28 +86,6 @@ pub struct Lean<R: Runtime> {
 
 fn as_u32_bytes(v: &[u32]) -> &[u8] {
     u32::as_bytes(v)
-}
-
-/// Launch grid for `elems` units of [`UNITS`] per cube.
-pub fn grid(elems: usize) -> CubeCount {
-    let cubes = elems.div_ceil(UNITS as usize).max(1);
-    if cubes <= MAX_CUBES_X {
-        CubeCount::Static(cubes as u32, 1, 1)
-    } else {
-        CubeCount::Static(MAX_CUBES_X as u32, cubes.div_ceil(MAX_CUBES_X) as u32, 1)
-    }
-}
-
-fn cubes_of(count: &CubeCount) -> usize {
-    match count {
-        CubeCount::Static(x, y, z) => (*x as usize) * (*y as usize) * (*z as usize),
-        CubeCount::Dynamic(_) => unreachable!("grids here are static"),
-    }
-}
-
-/// A 1-D cube of [`UNITS`] units.
-pub fn dim() -> CubeDim {
-    CubeDim::new_1d(UNITS)
 }
 
 /// Band height in rows: the given one rounded up to whole tiles, or
@@ -172,7 +147,7 @@ impl<R: Runtime> Lean<R> {
             packed[i / 4] |= (b as u32) << ((i % 4) * 8);
         }
         let target = client.create_from_slice(as_u32_bytes(&packed));
-        let window = client.create_from_slice(f32::as_bytes(&crate::cpu::ssim::window_f32()));
+        let window = client.create_from_slice(f32::as_bytes(&vramfit_gauss::ssim::window_f32()));
         Self {
             client,
             width,
@@ -217,23 +192,17 @@ impl<R: Runtime> Lean<R> {
         self.scratch(len.max(1) * 4)
     }
 
-    fn array(h: &Handle, len: usize) -> ArrayArg<R> {
-        // SAFETY: every buffer here is allocated with at least `len` elements
-        // of the kernel's element type (f32 or u32), and the launches are checked.
-        unsafe { ArrayArg::from_raw_parts(h.clone(), len.max(1)) }
-    }
-
     /// Parameter `q`'s buffer of `p` as a kernel argument.
     fn param(&self, p: &ParamBuffers, q: Param) -> ArrayArg<R> {
-        Self::array(&p.handles[q], p.n * q.width(self.channels))
+        array(&p.handles[q], p.n * q.width(self.channels))
     }
 
     fn fill_u32(&self, h: &Handle, len: usize, value: u32) {
-        kernels::fill_u32::launch::<R>(&self.client, grid(len), dim(), Self::array(h, len), value, len as u32);
+        binning::fill_u32::launch::<R>(&self.client, grid(len), dim(), array(h, len), value, len as u32);
     }
 
     fn fill_f32(&self, h: &Handle, len: usize, value: f32) {
-        kernels::fill_f32::launch::<R>(&self.client, grid(len), dim(), Self::array(h, len), value, len as u32);
+        binning::fill_f32::launch::<R>(&self.client, grid(len), dim(), array(h, len), value, len as u32);
     }
 
     /// Projects every Gaussian to `frame`: `(conic [N·5], rect [N·4])`.
@@ -248,8 +217,8 @@ impl<R: Runtime> Lean<R> {
             self.param(p, Param::Xy),
             self.param(p, Param::InvScale),
             self.param(p, Param::Theta),
-            Self::array(&conic, 5 * n),
-            Self::array(&rect, 4 * n),
+            array(&conic, 5 * n),
+            array(&rect, 4 * n),
             n as u32,
             frame.width as f32,
             frame.height as f32,
@@ -266,24 +235,24 @@ impl<R: Runtime> Lean<R> {
         let tiles = (row1 - row0) * tiles_x;
         let counts = self.scratch(tiles.max(1) * 4);
         self.fill_u32(&counts, tiles, 0);
-        kernels::project::count_pairs::launch::<R>(
+        binning::count_pairs::launch::<R>(
             &self.client,
             grid(n),
             dim(),
-            Self::array(rect, 4 * n),
-            Self::array(&counts, tiles),
+            array(rect, 4 * n),
+            array(&counts, tiles),
             n as u32,
             tiles_x as u32,
             row0 as u32,
             row1 as u32,
         );
         let offsets = self.scratch((tiles + 1) * 4);
-        kernels::project::exclusive_scan::launch::<R>(
+        binning::exclusive_scan::launch::<R>(
             &self.client,
             CubeCount::Static(1, 1, 1),
             dim(),
-            Self::array(&counts, tiles),
-            Self::array(&offsets, tiles + 1),
+            array(&counts, tiles),
+            array(&offsets, tiles + 1),
             tiles as u32,
         );
         let read = self
@@ -293,14 +262,14 @@ impl<R: Runtime> Lean<R> {
         let pairs = u32::from_bytes(&read)[tiles] as usize;
         let ids = self.scratch(pairs.max(1) * 4);
         self.fill_u32(&counts, tiles, 0);
-        kernels::project::scatter_pairs::launch::<R>(
+        binning::scatter_pairs::launch::<R>(
             &self.client,
             grid(n),
             dim(),
-            Self::array(rect, 4 * n),
-            Self::array(&offsets, tiles + 1),
-            Self::array(&counts, tiles),
-            Self::array(&ids, pairs),
+            array(rect, 4 * n),
+            array(&offsets, tiles + 1),
+            array(&counts, tiles),
+            array(&ids, pairs),
             n as u32,
             tiles_x as u32,
             row0 as u32,
@@ -335,11 +304,11 @@ impl<R: Runtime> Lean<R> {
             &self.client,
             CubeCount::Static(frame.tiles_x() as u32, (t1 - t0) as u32, 1),
             dim(),
-            Self::array(&bins.offsets, bins.tiles + 1),
-            Self::array(&bins.ids, bins.pairs),
-            Self::array(conic, 5 * p.n),
+            array(&bins.offsets, bins.tiles + 1),
+            array(&bins.ids, bins.pairs),
+            array(conic, 5 * p.n),
             self.param(p, Param::Color),
-            Self::array(&out, len),
+            array(&out, len),
             w as u32,
             frame.tiles_x() as u32,
             bins.row0 as u32,
@@ -416,10 +385,10 @@ impl<R: Runtime> Lean<R> {
                 &self.client,
                 grid(r_len),
                 dim(),
-                Self::array(&render, r_len),
-                Self::array(&self.target, (w * h * c).div_ceil(4)),
-                Self::array(&self.window, TAPS as usize),
-                Self::array(&h5, 5 * r_len),
+                array(&render, r_len),
+                array(&self.target, (w * h * c).div_ceil(4)),
+                array(&self.window, TAPS as usize),
+                array(&h5, 5 * r_len),
                 w as u32,
                 (ry1 - ry0) as u32,
                 ry0 as u32,
@@ -435,12 +404,12 @@ impl<R: Runtime> Lean<R> {
                 &self.client,
                 count.clone(),
                 dim(),
-                Self::array(&h5, 5 * r_len),
-                Self::array(&render, r_len),
-                Self::array(&self.target, (w * h * c).div_ceil(4)),
-                Self::array(&self.window, TAPS as usize),
-                Self::array(&coef3, if grads { 3 * c_len } else { 1 }),
-                Self::array(&partials, 3 * cubes_of(&count)),
+                array(&h5, 5 * r_len),
+                array(&render, r_len),
+                array(&self.target, (w * h * c).div_ceil(4)),
+                array(&self.window, TAPS as usize),
+                array(&coef3, if grads { 3 * c_len } else { 1 }),
+                array(&partials, 3 * cubes_of(&count)),
                 w as u32,
                 h as u32,
                 (ry1 - ry0) as u32,
@@ -470,9 +439,9 @@ impl<R: Runtime> Lean<R> {
                 &self.client,
                 grid(c_len),
                 dim(),
-                Self::array(&coef3, 3 * c_len),
-                Self::array(&self.window, TAPS as usize),
-                Self::array(&hc3, 3 * c_len),
+                array(&coef3, 3 * c_len),
+                array(&self.window, TAPS as usize),
+                array(&hc3, 3 * c_len),
                 w as u32,
                 (cy1 - cy0) as u32,
                 c,
@@ -484,11 +453,11 @@ impl<R: Runtime> Lean<R> {
                 &self.client,
                 grid(o_len),
                 dim(),
-                Self::array(&hc3, 3 * c_len),
-                Self::array(&render, r_len),
-                Self::array(&self.target, (w * h * c).div_ceil(4)),
-                Self::array(&self.window, TAPS as usize),
-                Self::array(&d_render, o_len),
+                array(&hc3, 3 * c_len),
+                array(&render, r_len),
+                array(&self.target, (w * h * c).div_ceil(4)),
+                array(&self.window, TAPS as usize),
+                array(&d_render, o_len),
                 w as u32,
                 h as u32,
                 (cy1 - cy0) as u32,
@@ -504,12 +473,12 @@ impl<R: Runtime> Lean<R> {
                 &self.client,
                 CubeCount::Static(frame.tiles_x() as u32, (y1.div_ceil(tile) - y0 / tile) as u32, 1),
                 dim(),
-                Self::array(&bins.offsets, bins.tiles + 1),
-                Self::array(&bins.ids, bins.pairs),
-                Self::array(&conic, 5 * n),
+                array(&bins.offsets, bins.tiles + 1),
+                array(&bins.ids, bins.pairs),
+                array(&conic, 5 * n),
                 self.param(p, Param::Color),
-                Self::array(&d_render, o_len),
-                Self::array(&acc, n * stride),
+                array(&d_render, o_len),
+                array(&acc, n * stride),
                 w as u32,
                 frame.tiles_x() as u32,
                 bins.row0 as u32,
@@ -539,7 +508,7 @@ impl<R: Runtime> Lean<R> {
             dim(),
             self.param(p, Param::InvScale),
             self.param(p, Param::Theta),
-            Self::array(&acc, n * stride),
+            array(&acc, n * stride),
             self.param(&out, Param::Xy),
             self.param(&out, Param::InvScale),
             self.param(&out, Param::Theta),

@@ -14,7 +14,7 @@
 //! `dh`-long runs; GELU's erf and exp are branch-free approximations that
 //! the compiler vectorises (within 6e-7 of the exact erf). Together they
 //! took the transformer at PyTorch's shape from 593 to 357 ms per step
-//! (measured one change at a time; see the README). On every other
+//! (measured one change at a time: docs/results/cpu-speed.md). On every other
 //! backend and type the functions are Burn's own
 //! operations (the `*_reference` functions, also the tests' oracle), so GPU
 //! backends, whose fusion already merges elementwise ops, see no change.

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::report::{Headline, MemoryReport, NamedTensor, REPORT_VERSION};
 use super::phase::{Accounted, Category, LeakWarning, PhaseRecord};
 use super::reading::{MemoryReading, OomFigure, Peaks};
+use super::report::{Headline, MemoryReport, NamedTensor, REPORT_VERSION};
 use super::sampler::PeakSampler;
 use super::source::MemorySource;
 

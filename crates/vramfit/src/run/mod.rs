@@ -6,7 +6,12 @@
 mod arrays;
 mod dir;
 mod driver;
+mod errors;
+mod fail_at;
+mod resume;
+mod session;
 mod tensorboard;
+mod workload;
 
 pub use arrays::{ArrayFile, ArrayFileError};
 pub use dir::{
@@ -17,7 +22,8 @@ pub use tensorboard::{EventWriter, crc32c};
 
 // Built by a step (crate::step), reported by the driver.
 pub use crate::step::DeviceFailure;
-pub use driver::{
-    Cadence, Event, FailAt, FileBody, Finished, KEEP_CHECKPOINTS, OutOfMemoryError, Run, RunError, RunPath, RunStats,
-    RunSummary, Start, StepRecord, Workload, categories_at_peak,
-};
+pub use driver::{Run, RunPath, Start, categories_at_peak};
+pub use errors::{OutOfMemoryError, RunError};
+pub use fail_at::FailAt;
+pub use session::KEEP_CHECKPOINTS;
+pub use workload::{Cadence, Event, FileBody, Finished, RunStats, RunSummary, StepRecord, Workload};

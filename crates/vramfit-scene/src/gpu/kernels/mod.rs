@@ -3,7 +3,7 @@
 //! ([`project`]), and the tiles' depth order, compositing and its backward
 //! ([`raster`]), and Adam and densification's statistics ([`train`]).
 //! Tile binning (count, scan, scatter) is the 2D fitter's
-//! ([`vramfit_splat::gpu::kernels::project`]): one implementation for both.
+//! ([`vramfit_gauss::gpu::binning`]): one implementation for both.
 //!
 //! Arrays are flat f32 unless named otherwise. The constants are the CPU
 //! twin's, converted here: defined once.
@@ -14,11 +14,6 @@ pub mod sh;
 pub mod train;
 
 use crate::cpu::{project as cpu_project, raster as cpu_raster};
-
-/// Side of a screen tile.
-pub const TILE: u32 = crate::cpu::TILE as u32;
-/// Units per cube: one per pixel of a tile, and the width of 1-D launches.
-pub const UNITS: u32 = TILE * TILE;
 
 /// Floats per projected Gaussian: depth, screen mean (2), conic (3),
 /// opacity, colour (3), radius in pixels.

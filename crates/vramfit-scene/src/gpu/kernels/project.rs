@@ -10,7 +10,7 @@
 use cubecl::prelude::*;
 
 use super::sh::{basis, coefficients, color_backward, raw_channel};
-use vramfit_splat::gpu::kernels::project::write_tile_rect;
+use vramfit_gauss::gpu::binning::write_tile_rect;
 
 use super::{LOW_PASS, NEAR, PROJECTED, SCREEN_GRADS};
 

@@ -4,7 +4,9 @@
 
 use cubecl::prelude::*;
 
-use super::{MAX_ALPHA, MIN_ALPHA, MIN_TRANSMITTANCE, PROJECTED, SCREEN_GRADS, TILE, UNITS};
+use vramfit_gauss::gpu::{TILE, UNITS};
+
+use super::{MAX_ALPHA, MIN_ALPHA, MIN_TRANSMITTANCE, PROJECTED, SCREEN_GRADS};
 
 /// Swaps entries `i < j` of `ids` when `j`'s Gaussian comes first (nearer,
 /// or as near with a smaller id).

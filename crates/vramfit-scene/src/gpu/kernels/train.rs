@@ -6,6 +6,11 @@ use cubecl::prelude::*;
 
 use super::PROJECTED;
 
+/// Adam's constants: the CPU twin's ([`crate::train::ADAM`]), defined once.
+const BETA1: f32 = crate::train::ADAM.beta1;
+const BETA2: f32 = crate::train::ADAM.beta2;
+const EPS: f32 = crate::train::ADAM.eps;
+
 /// One Adam step on `p[0..len)` with gradient `g` and moments `m`, `v`;
 /// `c1`, `c2` are the bias corrections `1 − βᵗ`. Where `per` > 0 the
 /// entries at `i mod per ≥ active` (SH bands not yet in use) take a zero
@@ -31,13 +36,11 @@ pub fn adam(
         if per > 0 && i % per >= active {
             grad = 0.0;
         }
-        let beta1 = 0.9f32;
-        let beta2 = 0.999f32;
-        let mm = beta1 * m[iu] + (1.0 - beta1) * grad;
-        let vv = beta2 * v[iu] + (1.0 - beta2) * grad * grad;
+        let mm = BETA1 * m[iu] + (1.0 - BETA1) * grad;
+        let vv = BETA2 * v[iu] + (1.0 - BETA2) * grad * grad;
         m[iu] = mm;
         v[iu] = vv;
-        p[iu] -= lr * (mm / c1) / (f32::sqrt(vv / c2) + 1e-15);
+        p[iu] -= lr * (mm / c1) / (f32::sqrt(vv / c2) + EPS);
     }
 }
 

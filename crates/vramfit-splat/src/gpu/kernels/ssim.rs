@@ -1,4 +1,4 @@
-//! The banded SSIM + L1 loss and its gradient: twins of [`crate::cpu::ssim`].
+//! The banded SSIM + L1 loss and its gradient: twins of [`vramfit_gauss::ssim`].
 
 // Kernel code is expanded by `#[cube]`, which supports comparisons but not
 // `Range::contains`.
@@ -8,9 +8,9 @@ use cubecl::prelude::*;
 
 use super::{TAPS, UNITS};
 
-/// SSIM's stabilising constants ([`crate::cpu::ssim`]).
-const C1: f32 = crate::cpu::ssim::C1 as f32;
-const C2: f32 = crate::cpu::ssim::C2 as f32;
+/// SSIM's stabilising constants ([`vramfit_gauss::ssim`]).
+const C1: f32 = vramfit_gauss::ssim::C1 as f32;
+const C2: f32 = vramfit_gauss::ssim::C2 as f32;
 
 /// Target value `[0, 1]` at flat index `i` of the u8 image packed four to a u32.
 #[cube]

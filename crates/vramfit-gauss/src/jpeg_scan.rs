@@ -409,7 +409,7 @@ mod tests {
     use jpeg_encoder::{ColorType, Encoder, SamplingFactor};
 
     fn encode(width: u16, height: u16, sampling: SamplingFactor, restart: u16, progressive: bool) -> Vec<u8> {
-        let pixels = crate::sample::procedural(width as u32, height as u32).into_raw();
+        let pixels = vramfit_sample::procedural(width as u32, height as u32).into_raw();
         let mut bytes = Vec::new();
         let mut e = Encoder::new(&mut bytes, 85);
         e.set_sampling_factor(sampling);
@@ -443,7 +443,7 @@ mod tests {
         }
         // And what the image crate writes.
         let mut bytes = Vec::new();
-        crate::sample::procedural(97, 61)
+        vramfit_sample::procedural(97, 61)
             .write_to(&mut std::io::Cursor::new(&mut bytes), image::ImageFormat::Jpeg)
             .unwrap();
         assert_eq!(check(&bytes), Ok(()));

@@ -1,11 +1,60 @@
 //! Images in and out: decoding with clear errors, f32 `[H, W, 3]` in
 //! `[0, 1]` for fitting, PNG encoding written atomically.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use image::{ImageError, ImageFormat, ImageReader, RgbImage};
 
-use crate::SplatError;
+/// What can go wrong reading or writing a picture: each names the file,
+/// the problem and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum PictureError {
+    /// The image file does not exist.
+    #[error("image '{0}' does not exist; check the path")]
+    Missing(PathBuf),
+    /// The image file exists but could not be read.
+    #[error("cannot read image '{path}': {cause}")]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        cause: std::io::Error,
+    },
+    /// The format is not one vramfit decodes.
+    #[error("image '{path}' is in an unsupported format ({detail}); convert it to PNG or JPEG")]
+    Unsupported {
+        /// The file.
+        path: PathBuf,
+        /// What the decoder said.
+        detail: String,
+    },
+    /// The file claims a supported format but does not decode.
+    #[error("image '{path}' is corrupt or truncated ({detail}); re-export or re-download it")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What the decoder said.
+        detail: String,
+    },
+    /// Too small to fit.
+    #[error("image is {width}×{height}; fitting needs at least {min}×{min} pixels")]
+    TooSmall {
+        /// Width.
+        width: usize,
+        /// Height.
+        height: usize,
+        /// Minimum side.
+        min: usize,
+    },
+    /// Writing a picture failed, or its path cannot name one.
+    #[error("cannot write '{path}': {why}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        why: String,
+    },
+}
 
 /// Smallest side a fit accepts.
 pub const MIN_SIDE: usize = 4;
@@ -26,15 +75,15 @@ pub const CHANNELS: usize = 3;
 
 impl Picture {
     /// Decodes PNG or JPEG bytes; `path` names the source in errors.
-    pub fn decode(bytes: &[u8], path: &Path) -> Result<Self, SplatError> {
+    pub fn decode(bytes: &[u8], path: &Path) -> Result<Self, PictureError> {
         Ok(Self::from_rgb8(&decode_rgb8(bytes, path)?))
     }
 
     /// Reads and decodes a file.
-    pub fn load(path: &Path) -> Result<Self, SplatError> {
+    pub fn load(path: &Path) -> Result<Self, PictureError> {
         let bytes = std::fs::read(path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => SplatError::ImageMissing(path.into()),
-            _ => SplatError::ImageUnreadable {
+            std::io::ErrorKind::NotFound => PictureError::Missing(path.into()),
+            _ => PictureError::Unreadable {
                 path: path.into(),
                 cause: e,
             },
@@ -44,8 +93,8 @@ impl Picture {
 
     /// True when the image file has an alpha channel (read from its header
     /// only). Fitting uses the colour channels and ignores alpha.
-    pub fn has_alpha(path: &Path) -> Result<bool, SplatError> {
-        let unreadable = |cause| SplatError::ImageUnreadable {
+    pub fn has_alpha(path: &Path) -> Result<bool, PictureError> {
+        let unreadable = |cause| PictureError::Unreadable {
             path: path.into(),
             cause,
         };
@@ -53,7 +102,7 @@ impl Picture {
             .map_err(unreadable)?
             .with_guessed_format()
             .map_err(unreadable)?;
-        let decoder = reader.into_decoder().map_err(|e| SplatError::ImageCorrupt {
+        let decoder = reader.into_decoder().map_err(|e| PictureError::Corrupt {
             path: path.into(),
             detail: e.to_string(),
         })?;
@@ -70,9 +119,9 @@ impl Picture {
     }
 
     /// Errors unless both sides are at least [`MIN_SIDE`].
-    pub fn check_fittable(&self) -> Result<(), SplatError> {
+    pub fn check_fittable(&self) -> Result<(), PictureError> {
         if self.width < MIN_SIDE || self.height < MIN_SIDE {
-            return Err(SplatError::ImageTooSmall {
+            return Err(PictureError::TooSmall {
                 width: self.width,
                 height: self.height,
                 min: MIN_SIDE,
@@ -95,9 +144,9 @@ pub fn to_rgb8(width: usize, height: usize, data: &[f32]) -> RgbImage {
 
 /// Errors unless `path` can name an output file: it must not be a
 /// directory. Cheap: callers check before expensive work.
-pub fn check_output_path(path: &Path) -> Result<(), SplatError> {
+pub fn check_output_path(path: &Path) -> Result<(), PictureError> {
     if path.is_dir() {
-        return Err(SplatError::Write {
+        return Err(PictureError::Write {
             path: path.into(),
             why: "it is a directory; give a file name, e.g. DIR/out.png".into(),
         });
@@ -105,7 +154,7 @@ pub fn check_output_path(path: &Path) -> Result<(), SplatError> {
     // PNG is what is written: another extension would misname the file.
     let png = path.extension().is_some_and(|e| e.eq_ignore_ascii_case("png"));
     if !png {
-        return Err(SplatError::Write {
+        return Err(PictureError::Write {
             path: path.into(),
             why: "images are written as PNG: give a name ending in .png".into(),
         });
@@ -113,7 +162,7 @@ pub fn check_output_path(path: &Path) -> Result<(), SplatError> {
     if let Ok(meta) = std::fs::metadata(path)
         && !meta.is_file()
     {
-        return Err(SplatError::Write {
+        return Err(PictureError::Write {
             path: path.into(),
             why: "it is not a regular file (a device, pipe or socket), which writing would replace: give a file path"
                 .into(),
@@ -125,28 +174,28 @@ pub fn check_output_path(path: &Path) -> Result<(), SplatError> {
 /// [`check_output_path`], and the folder the image will be written in
 /// (a link's target's) there and writable, tried with a probe file that
 /// is removed: for a command to call before the work that makes the image.
-pub fn check_output_target(path: &Path) -> Result<(), SplatError> {
+pub fn check_output_target(path: &Path) -> Result<(), PictureError> {
     check_output_path(path)?;
     let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
     match vramfit::run::output_folder_problem(&target, "nothing was made") {
         None => Ok(()),
-        Some(why) => Err(SplatError::Write { path: path.into(), why }),
+        Some(why) => Err(PictureError::Write { path: path.into(), why }),
     }
 }
 
 /// Encodes PNG to `path` atomically; a failure leaves no temporary file.
-pub fn save_png(path: &Path, img: &RgbImage) -> Result<(), SplatError> {
+pub fn save_png(path: &Path, img: &RgbImage) -> Result<(), PictureError> {
     check_output_path(path)?;
-    let write_err = |why: String| SplatError::Write { path: path.into(), why };
+    let write_err = |why: String| PictureError::Write { path: path.into(), why };
     let bytes = encode_png(img)?;
     vramfit::run::atomic_write(path, &bytes).map_err(|e| write_err(e.to_string()))
 }
 
 /// The PNG bytes of `img`.
-pub fn encode_png(img: &RgbImage) -> Result<Vec<u8>, SplatError> {
+pub fn encode_png(img: &RgbImage) -> Result<Vec<u8>, PictureError> {
     let mut bytes = Vec::new();
     img.write_to(&mut std::io::Cursor::new(&mut bytes), ImageFormat::Png)
-        .map_err(|e| SplatError::Write {
+        .map_err(|e| PictureError::Write {
             path: "(PNG in memory)".into(),
             why: e.to_string(),
         })?;
@@ -194,21 +243,21 @@ pub fn psnr(x: &[f32], y: &[f32]) -> f64 {
 pub const MAX_DECODE_BYTES: u64 = 4 << 30;
 
 /// Decodes PNG or JPEG bytes to 8-bit RGB; `path` names the source in errors.
-pub fn decode_rgb8(bytes: &[u8], path: &Path) -> Result<RgbImage, SplatError> {
+pub fn decode_rgb8(bytes: &[u8], path: &Path) -> Result<RgbImage, PictureError> {
     let mut reader = ImageReader::new(std::io::Cursor::new(bytes))
         .with_guessed_format()
-        .map_err(|e| SplatError::ImageUnreadable {
+        .map_err(|e| PictureError::Unreadable {
             path: path.into(),
             cause: e,
         })?;
     let Some(format) = reader.format() else {
-        return Err(SplatError::ImageUnsupported {
+        return Err(PictureError::Unsupported {
             path: path.into(),
             detail: "not a recognised image format".into(),
         });
     };
     if !matches!(format, ImageFormat::Png | ImageFormat::Jpeg) {
-        return Err(SplatError::ImageUnsupported {
+        return Err(PictureError::Unsupported {
             path: path.into(),
             detail: format!("{format:?}"),
         });
@@ -221,7 +270,7 @@ pub fn decode_rgb8(bytes: &[u8], path: &Path) -> Result<RgbImage, SplatError> {
         crate::jpeg_scan::check(bytes)
     };
     if let Err(detail) = complete {
-        return Err(SplatError::ImageCorrupt {
+        return Err(PictureError::Corrupt {
             path: path.into(),
             detail,
         });
@@ -230,18 +279,18 @@ pub fn decode_rgb8(bytes: &[u8], path: &Path) -> Result<RgbImage, SplatError> {
     limits.max_alloc = Some(MAX_DECODE_BYTES);
     reader.limits(limits);
     let img = reader.decode().map_err(|e| match e {
-        ImageError::Unsupported(u) => SplatError::ImageUnsupported {
+        ImageError::Unsupported(u) => PictureError::Unsupported {
             path: path.into(),
             detail: u.to_string(),
         },
-        ImageError::Limits(l) => SplatError::ImageUnsupported {
+        ImageError::Limits(l) => PictureError::Unsupported {
             path: path.into(),
             detail: format!(
                 "decoding it needs more than {} GiB ({l}); give a smaller image",
                 MAX_DECODE_BYTES >> 30
             ),
         },
-        other => SplatError::ImageCorrupt {
+        other => PictureError::Corrupt {
             path: path.into(),
             detail: other.to_string(),
         },
@@ -254,7 +303,7 @@ mod tests {
     use super::*;
 
     fn encoded(format: ImageFormat) -> Vec<u8> {
-        let img = crate::sample::procedural(64, 48);
+        let img = vramfit_sample::procedural(64, 48);
         let mut bytes = Vec::new();
         img.write_to(&mut std::io::Cursor::new(&mut bytes), format).unwrap();
         bytes

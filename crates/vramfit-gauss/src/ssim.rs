@@ -5,13 +5,13 @@
 
 use rayon::prelude::*;
 
-use super::{Real, wide};
+use crate::{Real, wide};
 
 /// Taps of the Gaussian window (the GPU kernels use this one).
 pub const TAPS: usize = 11;
 const SIGMA: f64 = 1.5;
-pub(crate) const C1: f64 = 0.01 * 0.01;
-pub(crate) const C2: f64 = 0.03 * 0.03;
+pub const C1: f64 = 0.01 * 0.01;
+pub const C2: f64 = 0.03 * 0.03;
 
 fn window<F: Real>() -> [F; TAPS] {
     let mut k = [0.0f64; TAPS];

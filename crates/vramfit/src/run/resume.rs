@@ -1,0 +1,101 @@
+//! Which edits of a run's settings a resume may honour: the keys whose
+//! change leaves the run's trajectory as the checkpoint has it.
+
+/// Settings a resume may change: how often things are logged, checked,
+/// drawn, checkpointed and profiled, and how often the allocator is
+/// cleaned up (the run's trajectory does not depend on them); the learning rates (what the advice for a diverging run says
+/// to lower before resuming); and `steps`, to no fewer than the
+/// checkpoint's step (a run may be extended, not cut below where it is);
+/// and `moments` between the device and the host (where Adam's state
+/// lives, not its precision).
+const CADENCE_KEYS: [&str; 6] = [
+    "allocator_cleanup",
+    "log_every",
+    "check_every",
+    "frame_every",
+    "checkpoint_every",
+    "profile_every",
+];
+
+fn may_change(key: &str, then: Option<&toml::Value>, now: Option<&toml::Value>, step: u64) -> bool {
+    let learning_rate = key == "lr" || key.starts_with("lr_") || key.ends_with("_lr") || key.contains("learning_rate");
+    let longer = key == "steps" && now.and_then(|v| v.as_integer()).is_some_and(|s| s >= step as i64);
+    // Where Adam's moments live changes no arithmetic (the host's Adam is
+    // the device's): a resume may move them between the device (`device`,
+    // or f32 moments there) and the host, not change their precision.
+    fn place(v: Option<&toml::Value>) -> &str {
+        v.and_then(|v| v.as_str()).unwrap_or("device")
+    }
+    let moved = key == "moments"
+        && [["device", "host"], ["f32", "host"]]
+            .iter()
+            .any(|pair| pair.contains(&place(then)) && pair.contains(&place(now)));
+    CADENCE_KEYS.contains(&key) || learning_rate || longer || moved
+}
+
+/// The keys (dotted paths) whose values differ between two `config.toml`
+/// texts in a way a resume from the checkpoint of `step` cannot honour, as
+/// `key: then → now`; a text that does not parse is compared whole.
+pub(super) fn contradicting_keys(then: &str, now: &str, step: u64) -> Vec<String> {
+    if then == now {
+        return Vec::new();
+    }
+    let (Ok(a), Ok(b)) = (then.parse::<toml::Table>(), now.parse::<toml::Table>()) else {
+        return vec!["the file (it no longer parses as it did)".into()];
+    };
+    let mut out = Vec::new();
+    diff_tables("", &a, &b, step, &mut out);
+    out
+}
+
+fn diff_tables(prefix: &str, a: &toml::Table, b: &toml::Table, step: u64, out: &mut Vec<String>) {
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    for key in keys {
+        let path = if prefix.is_empty() {
+            key.clone()
+        } else {
+            format!("{prefix}.{key}")
+        };
+        match (a.get(key), b.get(key)) {
+            (Some(toml::Value::Table(x)), Some(toml::Value::Table(y))) => diff_tables(&path, x, y, step, out),
+            (x, y) if x != y && !may_change(key, x, y, step) => {
+                let show = |v: Option<&toml::Value>| v.map_or("(absent)".to_string(), |v| v.to_string());
+                let why = if key == "steps" {
+                    format!(" (the checkpoint is at step {step})")
+                } else {
+                    String::new()
+                };
+                out.push(format!("{path}: {} → {}{why}", show(x), show(y)));
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::contradicting_keys;
+
+    /// A resume may move Adam's moments between the device and the host,
+    /// not change their precision; other edits stay refused.
+    #[test]
+    fn a_resume_may_move_the_moments_but_not_round_them() {
+        let cfg = |moments: &str| format!("steps = 100\nmoments = \"{moments}\"\nlr = 0.1\n");
+        for (then, now) in [("f32", "host"), ("host", "f32"), ("device", "host"), ("host", "device")] {
+            assert!(
+                contradicting_keys(&cfg(then), &cfg(now), 50).is_empty(),
+                "{then} -> {now}"
+            );
+        }
+        for (then, now) in [("bf16", "host"), ("f32", "bf16"), ("host", "bf16"), ("bf16", "f32")] {
+            let keys = contradicting_keys(&cfg(then), &cfg(now), 50);
+            assert_eq!(keys.len(), 1, "{then} -> {now}: {keys:?}");
+            assert!(keys[0].starts_with("moments"), "{keys:?}");
+        }
+        // A scene checkpoint from before the key existed: the moments were on the device.
+        assert!(contradicting_keys("steps = 100\n", "steps = 100\nmoments = \"host\"\n", 50).is_empty());
+        assert_eq!(contradicting_keys("steps = 100\n", "steps = 40\n", 50).len(), 1);
+    }
+}
