@@ -84,7 +84,7 @@ pub fn cleanup(args: CleanupArgs) -> Result<()> {
     );
     for (k, cadence) in args.cadences.iter().enumerate() {
         eprintln!("fitting with allocator_cleanup = {cadence}…");
-        let config = vramfit_scene::job::SceneConfig {
+        let config = vramfit_scene::config::SceneConfig {
             allocator_cleanup: cadence.clone(),
             ..base.clone()
         };

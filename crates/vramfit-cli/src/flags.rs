@@ -10,7 +10,7 @@ use anyhow::Result;
 use vramfit_gauss::picture::Picture;
 use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::ModelSettings;
-use vramfit_scene::job::SceneConfig;
+use vramfit_scene::config::SceneConfig;
 use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
 
 /// A family's settings as flags (shared by `train` and `plan`).

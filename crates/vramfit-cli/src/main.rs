@@ -429,10 +429,10 @@ fn report_ranks(dir: &Path) {
 fn render(path: &Path, size: Option<(u32, u32)>, top_k: usize, out: &Path) -> Result<()> {
     check_output_target(out)?;
     let g = Gaussians::load(path)?;
-    if !(1..=vramfit_splat::cpu::render::MAX_TOP_K).contains(&top_k) {
+    if !(1..=vramfit_splat::cpu::top_k::MAX_TOP_K).contains(&top_k) {
         bail!(
             "--top-k {top_k} is outside 1..={}",
-            vramfit_splat::cpu::render::MAX_TOP_K
+            vramfit_splat::cpu::top_k::MAX_TOP_K
         );
     }
     let (w, h) = size.unwrap_or((g.width as u32, g.height as u32));

@@ -147,7 +147,7 @@ pub fn scene(settings: &crate::flags::SceneSettings, device: &str, action: Actio
 /// [`scene`] on the CubeCL runtime `R`'s default device.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn scene_on<R: cubecl::Runtime>(
-    config: vramfit_scene::job::SceneConfig,
+    config: vramfit_scene::config::SceneConfig,
     allow: Option<f64>,
     counts: Vec<usize>,
     place: impl Fn() -> vramfit_scene::job::Placement + 'static,
@@ -295,7 +295,7 @@ where
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 impl<R: cubecl::Runtime> Planned for vramfit_scene::gpu::plan::SceneTarget<R> {
-    fn command(settings: &vramfit_scene::job::SceneConfig, device: &str) -> String {
+    fn command(settings: &vramfit_scene::config::SceneConfig, device: &str) -> String {
         crate::show_plan::scene_command(settings, device)
     }
     fn print(summary: &RunSummary<<Self::Workload as Workload>::Summary>, dir: &Path) {

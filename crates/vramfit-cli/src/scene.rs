@@ -66,7 +66,7 @@ pub fn run(args: SceneArgs) -> Result<()> {
 /// `vramfit render-scene RUN_DIR --view K OUT.png`.
 pub fn render(run_dir: &std::path::Path, view: usize, out: &std::path::Path) -> Result<()> {
     vramfit_gauss::picture::check_output_target(out)?;
-    let r = vramfit_scene::job::render_run_view(run_dir, view)?;
+    let r = vramfit_scene::view::render_run_view(run_dir, view)?;
     vramfit::run::atomic_write(out, &r.png).map_err(|e| anyhow::anyhow!("{}: cannot write it: {e}", out.display()))?;
     println!(
         "wrote {}: view {view} of {} ({}) at step {}, PSNR {:.2} dB against the view's image",

@@ -393,8 +393,8 @@ impl Show for CapacityCalibration {
 /// that differs from the defaults as `--set` (a scene is planned on a GPU
 /// device only).
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub fn scene_command(c: &vramfit_scene::job::SceneConfig, device: &str) -> String {
-    use vramfit_scene::job::{BUILTIN, SceneConfig};
+pub fn scene_command(c: &vramfit_scene::config::SceneConfig, device: &str) -> String {
+    use vramfit_scene::config::{BUILTIN, SceneConfig};
     let mut args = Vec::new();
     if c.dataset != BUILTIN {
         args.push(c.dataset.clone());

@@ -183,11 +183,11 @@ fn no_reader_panics_on_mutated_input() {
     }));
 
     let fit_toml = vramfit_splat::config::FitConfig::default().to_toml().into_bytes();
-    let scene_toml = vramfit_scene::job::SceneConfig::default().to_toml().into_bytes();
+    let scene_toml = vramfit_scene::config::SceneConfig::default().to_toml().into_bytes();
     panicked.extend(fuzz("settings files", &[fit_toml, scene_toml], false, |b| {
         let t = text(b);
         let _ = vramfit_splat::config::FitConfig::from_toml(&t, Path::new("fuzz.toml"));
-        let _ = vramfit_scene::job::SceneConfig::from_toml(&t, Path::new("fuzz.toml"));
+        let _ = vramfit_scene::config::SceneConfig::from_toml(&t, Path::new("fuzz.toml"));
         let _ = vramfit_models::gpt::TrainConfig::from_toml(&t, Path::new("fuzz.toml"));
     }));
 

@@ -10,9 +10,11 @@
 
 pub mod allocation;
 pub mod colmap;
+pub mod config;
 pub mod cpu;
 pub mod dataset;
 pub mod densify;
+pub mod error;
 #[cfg(feature = "gpu")]
 pub mod gpu;
 pub mod job;
@@ -23,3 +25,4 @@ pub mod ply;
 pub mod sh_storage;
 pub mod synthetic;
 pub mod train;
+pub mod view;

@@ -179,8 +179,9 @@ fn a_wgpu_scene_run_profiles_the_allocator_and_resumes() {
     use std::ops::ControlFlow;
     use vramfit::profile::CubeAllocator;
     use vramfit::run::{Event, RunPath, Start};
+    use vramfit_scene::config::SceneConfig;
     use vramfit_scene::gpu::fit::placement;
-    use vramfit_scene::job::{Placement, SceneConfig, launch};
+    use vramfit_scene::job::{Placement, launch};
 
     let on_wgpu = || -> Placement {
         placement::<WgpuRuntime>(&WgpuDevice::default(), "wgpu", || {

@@ -6,7 +6,8 @@
 use std::ops::ControlFlow;
 
 use vramfit::run::{Event, RunPath, Start};
-use vramfit_scene::job::{Placement, SceneConfig, launch};
+use vramfit_scene::config::SceneConfig;
+use vramfit_scene::job::{Placement, launch};
 
 fn config() -> SceneConfig {
     SceneConfig {
@@ -67,7 +68,7 @@ fn a_scene_fit_runs_states_its_psnr_and_resumes_exactly() {
     // the end of the run from it.
     let decoded = vramfit_scene::ply::decode(&ply).unwrap();
     assert_eq!(vramfit_scene::ply::encode(&decoded), ply);
-    let view = vramfit_scene::job::render_run_view(&whole, 0).unwrap();
+    let view = vramfit_scene::view::render_run_view(&whole, 0).unwrap();
     assert_eq!(view.step, 60);
     assert!(view.held_out && view.png.starts_with(b"\x89PNG"));
     assert!(view.psnr_db > s.initial_psnr_db - 3.0, "{}", view.psnr_db);
@@ -80,7 +81,7 @@ fn a_scene_fit_runs_states_its_psnr_and_resumes_exactly() {
         .replace("sh_storage = \"f32\"", "sh_storage = \"f16\"");
     assert_ne!(gpu_text, text, "the settings name both keys");
     std::fs::write(&config_path, gpu_text).unwrap();
-    let again = vramfit_scene::job::render_run_view(&whole, 0).unwrap();
+    let again = vramfit_scene::view::render_run_view(&whole, 0).unwrap();
     assert_eq!(again.png, view.png);
     let cut_ply = vramfit_scene::ply::decode(&ply[..ply.len() - 4]).unwrap_err();
     assert!(cut_ply.contains("cut"), "{cut_ply}");

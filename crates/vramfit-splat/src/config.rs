@@ -6,7 +6,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::SplatError;
-use crate::cpu::render::MAX_TOP_K;
+use crate::cpu::top_k::MAX_TOP_K;
 use crate::params::Params;
 
 /// Every setting of a fit. Field names are the keys of the TOML file.

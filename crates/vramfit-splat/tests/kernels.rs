@@ -6,7 +6,8 @@ use rand_chacha::ChaCha8Rng;
 use vramfit_gauss::ssim::{ssim, ssim_and_backward, ssim_backward};
 use vramfit_gauss::tile::TILE;
 use vramfit_splat::cpu::project::{Frame, project_and_bin, project_one};
-use vramfit_splat::cpu::render::{Splats, render, render_backward, select_top_k};
+use vramfit_splat::cpu::render::{Splats, render, render_backward};
+use vramfit_splat::cpu::top_k::select_top_k;
 use vramfit_splat::params::{Param, Params};
 
 struct Case {

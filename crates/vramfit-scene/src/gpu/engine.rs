@@ -16,7 +16,7 @@ use cubecl::bytes::Bytes;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use vramfit_gauss::gpu::binning::{count_pairs, exclusive_scan, scatter_pairs};
-use vramfit_gauss::gpu::{DeviceError, UNITS, array, dim, grid};
+use vramfit_gauss::gpu::{DeviceError, TILE, UNITS, array, dim, grid};
 
 use super::kernels::{self, PROJECTED, SCREEN_GRADS, camera_array};
 use crate::cpu::camera::Camera;
@@ -92,7 +92,7 @@ impl Drawn {
     /// the image and what each pixel keeps.
     pub fn bytes(&self, n: usize) -> u64 {
         let pixels = self.width * self.height;
-        let tiles = self.width.div_ceil(kernels::TILE as usize) * self.height.div_ceil(kernels::TILE as usize);
+        let tiles = self.width.div_ceil(TILE as usize) * self.height.div_ceil(TILE as usize);
         4 * ((PROJECTED as usize + 4) * n + 3 * tiles + 1 + self.intersections + 5 * pixels + kernels::CAMERA) as u64
     }
 }
@@ -346,8 +346,8 @@ impl<R: Runtime> Renderer<R> {
     pub fn backward_screen(&self, drawn: &Drawn, d_image: &Handle) -> Handle {
         let n = drawn.gaussians;
         let pixels = drawn.width * drawn.height;
-        let tiles_x = drawn.width.div_ceil(kernels::TILE as usize);
-        let tiles_y = drawn.height.div_ceil(kernels::TILE as usize);
+        let tiles_x = drawn.width.div_ceil(TILE as usize);
+        let tiles_y = drawn.height.div_ceil(TILE as usize);
         let tiles = tiles_x * tiles_y;
         let acc = self.zeros_f32(SCREEN_GRADS as usize * n);
         kernels::raster::composite_backward::launch::<R>(

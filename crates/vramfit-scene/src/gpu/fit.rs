@@ -25,7 +25,9 @@ use vramfit::optim::Moments;
 use vramfit::profile::MemorySource;
 use vramfit_gauss::gpu::{dim, grid};
 
-use super::engine::{Renderer, SceneBuffers, array};
+use vramfit_gauss::gpu::array;
+
+use super::engine::{Renderer, SceneBuffers};
 use super::kernels::{PROJECTED, train};
 pub use crate::allocation::StateAllocation;
 use crate::cpu::camera::Camera;

@@ -12,4 +12,4 @@ pub mod kernels;
 pub mod memory;
 pub mod plan;
 
-pub use engine::{DeviceError, Drawn, Renderer, SceneBuffers};
+pub use engine::{Drawn, Renderer, SceneBuffers};

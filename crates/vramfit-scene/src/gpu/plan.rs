@@ -9,7 +9,9 @@ use vramfit::run::{Run, RunError, Start};
 
 use super::engine::Renderer;
 use super::memory::{MemoryCase, measure_step};
-use crate::job::{Placement, SceneConfig, SceneError, SceneJob, launch};
+use crate::config::SceneConfig;
+use crate::error::SceneError;
+use crate::job::{Placement, SceneJob, launch};
 use crate::plan::{Storage, variants};
 
 /// A scene fit as the planner probes it.

@@ -8,3 +8,4 @@
 
 pub mod project;
 pub mod render;
+pub mod top_k;

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-use vramfit_gauss::gpu::{DeviceError, TILE, UNITS, array, binning, cubes_of, dim, grid};
+use vramfit_gauss::gpu::{DeviceError, TILE, array, binning, cubes_of, dim, grid};
 
 use super::kernels::{self, GEOMETRY_GRADS, TAPS};
 use crate::cpu::project::Frame;

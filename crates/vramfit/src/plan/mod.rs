@@ -42,6 +42,7 @@
 //! process on the CPU (the counting allocator), the allocator's reserved
 //! bytes on CubeCL (wgpu, CUDA).
 
+mod calibrate;
 pub mod capacity;
 pub mod chain;
 mod choose;
@@ -325,7 +326,7 @@ pub trait Plannable {
 /// `probe_batch` runs the probes at a smaller effective batch and
 /// extrapolates to the workload's (`None`: the workload's own).
 pub fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) -> Result<Calibration, PlanError> {
-    model::calibrate(target, probe_batch)
+    calibrate::calibrate(target, probe_batch)
 }
 
 /// The fitted model with the probes it came from.

@@ -4,6 +4,7 @@
 //! streamed as JSON lines.
 
 mod arrays;
+mod atomic;
 mod dir;
 mod driver;
 mod errors;
@@ -14,9 +15,10 @@ mod tensorboard;
 mod workload;
 
 pub use arrays::{ArrayFile, ArrayFileError};
+pub use atomic::{atomic_write, atomic_write_with};
 pub use dir::{
-    LOCK_FILE, RunDir, RunDirError, atomic_write, atomic_write_with, checkpoint_name, checkpoints_newest_first,
-    logged_steps, next_free_run_dir, output_folder_problem,
+    LOCK_FILE, RunDir, RunDirError, checkpoint_name, checkpoints_newest_first, logged_steps, next_free_run_dir,
+    output_folder_problem,
 };
 pub use tensorboard::{EventWriter, crc32c};
 

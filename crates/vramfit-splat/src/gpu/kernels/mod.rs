@@ -13,8 +13,6 @@ pub mod project;
 pub mod render;
 pub mod ssim;
 
-use cubecl::prelude::*;
-
 use vramfit_gauss::gpu::{TILE, UNITS};
 
 /// Taps of the SSIM window ([`vramfit_gauss::ssim::TAPS`]).

@@ -7,7 +7,9 @@
 
 use cubecl::prelude::*;
 
-use super::{BIG, GEOMETRY_GRADS, TILE, UNITS};
+use vramfit_gauss::gpu::binning::write_tile_rect;
+
+use super::{BIG, GEOMETRY_GRADS};
 
 /// True for a finite value (false for NaN, whose comparisons all fail).
 #[cube]

@@ -12,8 +12,8 @@ use cubecl::prelude::*;
 
 use super::{BIG, GEOMETRY_GRADS, TILE, UNITS};
 
-/// Added to the weight sum before normalising ([`crate::cpu::render::EPSILON`]).
-const EPSILON: f32 = crate::cpu::render::EPSILON as f32;
+/// Added to the weight sum before normalising ([`crate::cpu::top_k::EPSILON`]).
+const EPSILON: f32 = crate::cpu::top_k::EPSILON as f32;
 const NO_ID: u32 = 0xFFFF_FFFF;
 
 /// The top-K of pixel centre `(px, py)` over the candidates

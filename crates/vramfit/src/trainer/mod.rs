@@ -9,6 +9,10 @@
 //! snapshots (parameters, Adam moments and step, the loss scaler, the
 //! recent losses) is written and read by [`save_state`] and [`load_state`].
 
+mod target;
+
+pub use target::TrainerTarget;
+
 use std::sync::Arc;
 
 use burn::tensor::backend::AutodiffBackend;
@@ -19,10 +23,10 @@ use crate::allocator::{Cleanup, CleanupPolicy};
 use crate::batch::MicroBatching;
 use crate::optim::{AdamConfig, AdamSnapshot, ModuleAdam};
 use crate::params::{Snapshot, describe, restore, snapshot};
-use crate::plan::{Calibration, Knobs, Measured, Plannable, Runnable, SIMULATED_OOM, Space, run_probe};
-use crate::precision::{Autocast, LossScaler, Precision, ScalerConfig, ScalerState};
+use crate::plan::Knobs;
+use crate::precision::{Autocast, LossScaler, ScalerConfig, ScalerState};
 use crate::profile::{Accounted, DeviceMemory, MemoryReport, MemorySource, NamedTensor};
-use crate::run::{ArrayFile, Cadence, DeviceFailure, Finished, Run, RunError, RunStats, Start, StepRecord, Workload};
+use crate::run::{ArrayFile, Cadence, DeviceFailure, Finished, RunStats, StepRecord, Workload};
 use crate::step::{StepError, StepObserver, Stepper, Trainable};
 use crate::storage::{StoragePolicy, parameter_bytes};
 
@@ -556,157 +560,5 @@ where
             None => Vec::new(),
         };
         Ok(Finished { summary, files })
-    }
-}
-
-/// A user's model for the planner: how to make it, its batches, and the
-/// schedule; each probe is a short [`Trainer`] run through the run driver.
-pub struct TrainerTarget<B: AutodiffBackend, M: Trainable<B, D>, const D: usize> {
-    make: Maker<B, M>,
-    batches: Batches<B, M::Batch>,
-    schedule: Schedule,
-    space: Space,
-    device: B::Device,
-}
-
-impl<B, M, const D: usize> TrainerTarget<B, M, D>
-where
-    B: AutodiffBackend,
-    B::InnerBackend: DeviceMemory,
-    M: Trainable<B, D>,
-{
-    /// The model `make` builds, trained on `batches` with `schedule` on `device`.
-    pub fn new(
-        make: impl Fn(&B::Device) -> M + Send + Sync + 'static,
-        batches: Batches<B, M::Batch>,
-        schedule: Schedule,
-        device: &B::Device,
-    ) -> Self {
-        let model = make(device);
-        // What a checkpointed block keeps per sample: the chain's input.
-        let one = batches(1, 1, device);
-        let input = model.prelude(&one, &Autocast::new(Precision::F32));
-        let block_input_bytes = (input.shape().num_elements() * 4) as u64;
-        let bf16 = B::supports_dtype(device, DType::BF16);
-        let space = Space {
-            batch: schedule.batch_size,
-            blocks: model.blocks().len(),
-            block_input_bytes,
-            precisions: [Precision::F32, Precision::Bf16, Precision::F16]
-                .into_iter()
-                .filter(|p| B::supports_dtype(device, DType::from(p.dtype())))
-                .collect(),
-            storage_groups: if bf16 { parameter_groups(&model) } else { Vec::new() },
-            low_moments: bf16,
-            host_moments: !crate::backends::is_cpu::<B>(),
-            batch_statistics: None,
-            block_shapes: Vec::new(),
-            fused_attention: Vec::new(),
-            parameters: crate::plan::trainable_sizes(&model),
-        };
-        Self {
-            make: Arc::new(make),
-            batches,
-            schedule,
-            space,
-            device: device.clone(),
-        }
-    }
-
-    /// The trainer for a full run with `knobs`.
-    pub fn trainer(&self, knobs: &Knobs) -> Result<Trainer<B, M, D>, TrainerError> {
-        self.trainer_on(knobs, self.schedule.clone())
-    }
-
-    /// A fresh model trained with `knobs` on `schedule`.
-    fn trainer_on(&self, knobs: &Knobs, schedule: Schedule) -> Result<Trainer<B, M, D>, TrainerError> {
-        Trainer::new(
-            (self.make)(&self.device),
-            self.batches.clone(),
-            schedule,
-            knobs,
-            &self.device,
-        )
-    }
-}
-
-impl<B, M, const D: usize> Plannable for TrainerTarget<B, M, D>
-where
-    B: AutodiffBackend,
-    B::InnerBackend: DeviceMemory,
-    M: Trainable<B, D>,
-{
-    fn space(&self) -> Space {
-        self.space.clone()
-    }
-
-    fn measure(&mut self, knobs: &Knobs, batch: usize) -> Result<Measured, String> {
-        run_probe::<B, _, _>(&self.device, |steps| {
-            let schedule = Schedule {
-                steps,
-                batch_size: batch,
-                // Checkpoint writes count towards the peak (host copies): probed when the run makes them.
-                checkpoint_every: if self.schedule.checkpoint_every > 0 { 2 } else { 0 },
-                profile_every: 1,
-                ..self.schedule.clone()
-            };
-            self.trainer_on(knobs, schedule)
-        })
-    }
-}
-
-/// A planned run of the user's model: its settings are the plan's knobs
-/// (`config.toml` holds them, so a fallback rewrites them and resumes).
-impl<B, M, const D: usize> Runnable for TrainerTarget<B, M, D>
-where
-    B: AutodiffBackend,
-    B::InnerBackend: DeviceMemory,
-    M: Trainable<B, D> + 'static,
-{
-    type Strategy = Calibration;
-    type Settings = Knobs;
-    type Workload = Trainer<B, M, D>;
-    type Error = RunError;
-
-    fn target(&mut self) -> &mut (dyn Plannable + 'static) {
-        self
-    }
-    fn settings(&self, knobs: &Knobs) -> Knobs {
-        knobs.clone()
-    }
-    fn to_toml(knobs: &Knobs) -> String {
-        toml::to_string(knobs).expect("knobs are plain data")
-    }
-    fn launch(&self, start: Start<Knobs>) -> Result<(Run, Self::Workload), RunError> {
-        // A fallback starts from pools that hold nothing of the failed attempt:
-        // on CubeCL reserved bytes only shrink on a cleanup, and they are the budget's figure.
-        B::memory_cleanup(&self.device);
-        let device = B::name(&self.device);
-        let trainer = |knobs: &Knobs| self.trainer(knobs).map_err(|e| RunError::Workload(Box::new(e)));
-        match start {
-            Start::New(knobs, out) => {
-                let workload = trainer(&knobs)?;
-                Ok((Run::create(&out, &Self::to_toml(&knobs), &device, WORKLOAD)?, workload))
-            }
-            Start::Resume(dir) => {
-                let (run, text) = Run::open(&dir, &device, WORKLOAD)?;
-                let knobs: Knobs = toml::from_str(&text).map_err(|e| {
-                    RunError::Workload(Box::new(TrainerError::Setting(format!(
-                        "{}: not a plan's knobs: {e}",
-                        dir.join("config.toml").display()
-                    ))))
-                })?;
-                Ok((run, trainer(&knobs)?))
-            }
-        }
-    }
-    fn is_oom(error: &RunError) -> bool {
-        matches!(error, RunError::OutOfMemory(_))
-    }
-    fn simulated_oom(step: u64) -> TrainerError {
-        TrainerError::Step(StepError::Device {
-            step,
-            reason: SIMULATED_OOM.into(),
-        })
     }
 }

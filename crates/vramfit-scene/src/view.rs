@@ -1,0 +1,101 @@
+//! One view of a fitted scene rendered on the CPU twin, from a run's
+//! `gaussians.ply` or its newest checkpoint (`vramfit render-scene`).
+
+use std::path::Path;
+
+use vramfit::optim::Moments;
+use vramfit::run::Workload;
+
+use crate::config::SceneConfig;
+use crate::error::SceneError;
+use crate::job::{Placement, SceneJob};
+use crate::sh_storage::ShStorage;
+use crate::train::State;
+
+/// One view of a fitted scene, rendered by [`render_run_view`].
+pub struct RenderedView {
+    /// PNG bytes.
+    pub png: Vec<u8>,
+    /// The step of the checkpoint it was rendered from.
+    pub step: u64,
+    /// Whether the view was held out of training.
+    pub held_out: bool,
+    /// PSNR of the render against the view's image (dB).
+    pub psnr_db: f64,
+    /// Views in the dataset.
+    pub views: usize,
+}
+
+/// View `view` of the scene that the run in `dir` fits, rendered on the CPU
+/// twin: from `gaussians.ply` when the run has finished, else from its
+/// newest checkpoint that reads back.
+pub fn render_run_view(dir: &Path, view: usize) -> Result<RenderedView, SceneError> {
+    let config_path = dir.join("config.toml");
+    let text = std::fs::read_to_string(&config_path).map_err(|e| {
+        SceneError::Setting(format!(
+            "{}: cannot read it ({e}); give the run directory of a `vramfit scene` run",
+            config_path.display()
+        ))
+    })?;
+    let mut config = SceneConfig::from_toml(&text, &config_path)?;
+    // The CPU twin draws the f32 parameters the run saved, wherever the
+    // run kept its moments and however its device stored the SH.
+    config.moments = Moments::Device;
+    config.sh_storage = ShStorage::F32;
+    let mut job = SceneJob::new(config, Placement::cpu())?;
+    let views = job.fit.data().views.len();
+    if view >= views {
+        return Err(SceneError::Setting(format!(
+            "--view {view}: the scene has {views} views, numbered 0 to {}",
+            views - 1
+        )));
+    }
+    let render = |job: &SceneJob| -> Result<RenderedView, SceneError> {
+        let fit = &job.fit;
+        let image = fit.render_image(view).map_err(SceneError::Device)?;
+        Ok(RenderedView {
+            png: fit.render_view(view).map_err(SceneError::Device)?,
+            step: fit.step,
+            held_out: fit.data().split().1.contains(&view),
+            psnr_db: crate::train::psnr(&image, &fit.data().views[view].image),
+            views,
+        })
+    };
+    // A finished run's Gaussians are in gaussians.ply (no checkpoint is
+    // taken at the last step); a run in progress has its checkpoints.
+    let ply = dir.join("gaussians.ply");
+    if ply.is_file() {
+        let read = std::fs::read(&ply).map_err(|e| e.to_string());
+        let params = read
+            .and_then(|bytes| crate::ply::decode(&bytes))
+            .map_err(|e| SceneError::Checkpoint(format!("{}: {e}", ply.display())))?;
+        let steps = std::fs::read(dir.join("summary.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|s| s["steps"].as_u64())
+            .unwrap_or(0);
+        job.fit
+            .restore(State::fresh(params), steps)
+            .map_err(SceneError::Checkpoint)?;
+        return render(&job);
+    }
+    let checkpoints = vramfit::run::checkpoints_newest_first(&dir.join("checkpoints"));
+    let mut why = Vec::new();
+    for path in &checkpoints {
+        let restored = vramfit::run::ArrayFile::read(path)
+            .map_err(|e| e.to_string())
+            .and_then(|file| job.restore(&file).map_err(|e| e.to_string()));
+        match restored {
+            Ok(()) => return render(&job),
+            Err(e) => why.push(format!("{}: {e}", path.display())),
+        }
+    }
+    Err(SceneError::Checkpoint(if why.is_empty() {
+        format!(
+            "no checkpoint in {}: the run has not written one yet (it writes one every checkpoint_every steps and at its end)",
+            dir.join("checkpoints").display()
+        )
+    } else {
+        format!("no checkpoint reads back: {}", why.join("; "))
+    }))
+}
