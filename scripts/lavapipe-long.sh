@@ -20,5 +20,6 @@ export VK_ICD_FILENAMES="$icd"
 # the advice's and both precision curves on wgpu.
 time cargo test -p vramfit-splat -p vramfit-models -p vramfit-scene -p vramfit-cli \
   --features vramfit-splat/wgpu,vramfit-models/wgpu,vramfit-scene/wgpu,vramfit-cli/wgpu,vramfit-cli/mpi \
-  --test plan --test advice --test toolkit --test unet -- "$@" --exact wgpu \
-  every_advised_setting_lowers_the_deciding_figure::wgpu low_precision_training_follows_the_f32_curve::wgpu
+  --test plan --test advice --test toolkit -- "$@" --exact wgpu \
+  every_advised_setting_lowers_the_deciding_figure::wgpu \
+  transformer::low_precision_training_follows_the_f32_curve::wgpu unet::low_precision_training_follows_the_f32_curve::wgpu

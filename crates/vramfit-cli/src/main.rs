@@ -329,56 +329,7 @@ fn report(dir: &Path) -> Result<()> {
             dir.display()
         );
     }
-    let bytes = std::fs::read(&path).with_context(|| {
-        format!(
-            "cannot read {}: is {} a vramfit run directory?",
-            path.display(),
-            dir.display()
-        )
-    })?;
-    // Schema and version first: a report of another version may parse with
-    // fields that mean something else.
-    let head: serde_json::Value = serde_json::from_slice(&bytes).with_context(|| {
-        format!(
-            "{} is not JSON: the file is damaged or not a memory report",
-            path.display()
-        )
-    })?;
-    let (schema, version) = (head["schema"].as_str(), head["version"].as_u64());
-    if schema != Some("vramfit.memory") {
-        bail!(
-            "{} is not a vramfit memory report (schema {}, expected vramfit.memory)",
-            path.display(),
-            schema.map_or("missing".into(), |s| format!("'{s}'"))
-        );
-    }
-    if version != Some(vramfit::profile::REPORT_VERSION as u64) {
-        bail!(
-            "{} is a memory report of version {}, and this vramfit reads version {}: read it with the vramfit that \
-             wrote it",
-            path.display(),
-            match &head["version"] {
-                serde_json::Value::Null => "(missing)".into(),
-                other => other.to_string(),
-            },
-            vramfit::profile::REPORT_VERSION
-        );
-    }
-    // Every field the report writes is there (`null` where nothing was
-    // measured): one missing was removed by hand, and a table without it
-    // would say something the run did not.
-    if let Some(missing) = ["headline", "records", "peak_bytes", "advice"]
-        .iter()
-        .find(|k| head.get(**k).is_none())
-    {
-        bail!(
-            "{} is not a whole vramfit memory report: its `{missing}` field is missing (the file was edited or \
-             damaged; a new run writes it again)",
-            path.display()
-        );
-    }
-    let report: vramfit::profile::MemoryReport =
-        serde_json::from_value(head).with_context(|| format!("{} is not a vramfit memory report", path.display()))?;
+    let report = vramfit::profile::MemoryReport::read(&path)?;
     print!("{}", report.table());
     let html = dir.join("memory.html");
     let title = dir
@@ -395,7 +346,7 @@ fn report(dir: &Path) -> Result<()> {
 /// A run on data-parallel ranks: every rank's deciding peak (from its own
 /// memory report) and the largest, below rank 0's table.
 fn report_ranks(dir: &Path) {
-    let ranks = ranks::rank_dirs(dir);
+    let ranks = vramfit::ranks::rank_dirs(dir);
     if ranks.len() < 2 {
         return;
     }

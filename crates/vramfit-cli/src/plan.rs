@@ -417,7 +417,7 @@ fn run_planned<T: Planned>(
     options.record_extra.insert("budget_auto".into(), budget.auto.into());
     let mut kept = Vec::new();
     let show = |found: Found<'_, T::Strategy>| match found {
-        Found::Probing => eprintln!("probing on {name} ({})…", <T::Strategy as Show>::PROBES),
+        Found::Probing => <T::Strategy as Show>::print_probing(name),
         Found::Calibrated(cal) => cal.print_probes(),
         Found::Verified(cal, v) => {
             cal.print_choice(&v.choice, budget);

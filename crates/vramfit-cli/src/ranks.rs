@@ -5,13 +5,14 @@
 //! Rank 0 writes the run directory; rank r writes `RUN/ranks/rank-r` (its
 //! own memory figures and checkpoints).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::AutodiffBackend;
 use vramfit::plan::{Calibration, Measured, PROBE_STEPS, Runnable, Strategy, measured_in};
 use vramfit::profile::{DeviceMemory, human_bytes};
-use vramfit::run::{RunPath, Start, checkpoints_newest_first};
+use vramfit::ranks::{rank_dir, rank_dirs};
+use vramfit::run::{RunPath, Start};
 use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::Family;
 use vramfit_models::plan::FamilyTarget;
@@ -117,23 +118,6 @@ fn mpirun(n: usize, args: impl IntoIterator<Item = std::ffi::OsString>, quiet: b
     Ok(())
 }
 
-/// Every rank's run directory of the run at `root` (rank 0's is `root`),
-/// by rank; only rank 0 when it ran alone.
-pub fn rank_dirs(root: &Path) -> Vec<(usize, PathBuf)> {
-    let mut ranks: Vec<(usize, PathBuf)> = std::fs::read_dir(root.join("ranks"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            Some((name.strip_prefix("rank-")?.parse().ok()?, e.path()))
-        })
-        .collect();
-    ranks.push((0, root.to_path_buf()));
-    ranks.sort();
-    ranks
-}
-
 /// `train … --ranks N --budget B`: the plans per rank predicted from
 /// one-rank probes (in this process), the winner verified by a probe on
 /// the N ranks (every rank measured; a plan a rank of which measures over
@@ -153,9 +137,7 @@ where
     B::InnerBackend: DeviceMemory,
     F: Family<D>,
 {
-    eprintln!("probing on {device}, one rank ({})…", <Calibration as Show>::PROBES);
-    let cal = <Calibration as Strategy>::calibrate(target, probe_batch)?;
-    cal.print_probes();
+    let cal = Calibration::probe(target, probe_batch, &format!("{device}, one rank"))?;
     // Beside the run, never in it: the run directory must be new.
     let name = out
         .file_name()
@@ -279,151 +261,6 @@ pub fn hold_for_resume(root: &Path, workload: &str, ranks: usize) -> Result<Vec<
         .iter()
         .map(|(_, d)| vramfit::run::RunDir::open(d).map_err(anyhow::Error::from))
         .collect()
-}
-
-/// Readies the run at `root`, whose checkpoints `rank_dirs(root)` ranks
-/// wrote, to resume on `to` ranks with settings `config` (its
-/// `config.toml`, `ranks = to`): the newest step every rank checkpointed is
-/// gathered into one checkpoint (rank 0's parameters and state, every
-/// rank's share of Adam's moments) written for each of the `to` ranks;
-/// newer checkpoints, which not every rank wrote, are removed; the ranks no
-/// longer run keep their folders, renamed aside. Nothing is changed when a
-/// check fails. Returns the step it resumes from.
-pub fn regather(root: &Path, to: usize, config: &str) -> Result<u64> {
-    let from = rank_dirs(root);
-    let steps = checkpoint_steps(&from);
-    let Some(step) = newest_common(&steps) else {
-        bail!(
-            "cannot resume {} on {to} ranks: no step has a checkpoint from each of its {} ranks",
-            root.display(),
-            from.len()
-        );
-    };
-    let read = |p: &Path| vramfit::run::ArrayFile::read(p).with_context(|| format!("reading {}", p.display()));
-    let name = steps[0][&step].file_name().map(|n| n.to_owned()).unwrap_or_default();
-    let mut gathered = read(&steps[0][&step])?;
-    for files in &steps[1..] {
-        for (key, array) in read(&files[&step])?.arrays {
-            if key.starts_with("adam_") {
-                gathered.arrays.entry(key).or_insert(array);
-            }
-        }
-    }
-    if gathered.meta.get("config_toml").is_some() {
-        gathered.meta["config_toml"] = config.into();
-    }
-    // The retired ranks' folders go aside under names not yet taken.
-    let aside: Vec<(PathBuf, PathBuf)> = from
-        .iter()
-        .filter(|(r, _)| *r >= to)
-        .map(|(r, d)| {
-            (
-                d.clone(),
-                d.with_file_name(format!("rank-{r}.before-{to}-ranks-at-step-{step}")),
-            )
-        })
-        .collect();
-    if let Some((_, taken)) = aside.iter().find(|(_, a)| a.exists()) {
-        bail!(
-            "cannot set rank folders aside: {} exists (nothing was changed)",
-            taken.display()
-        );
-    }
-    for (dir, to) in &aside {
-        std::fs::rename(dir, to).with_context(|| format!("moving {} aside", dir.display()))?;
-    }
-    // Each rank's folder, its checkpoint the gathered one; rank 0's last,
-    // whose config.toml says how many ranks the run has.
-    let root_files = ["workload", "metrics.jsonl"].map(|f| (f, std::fs::read(root.join(f)).ok()));
-    for rank in (0..to).rev() {
-        let dir = if rank == 0 {
-            root.to_path_buf()
-        } else {
-            rank_dir(root, rank)
-        };
-        let checkpoints = dir.join("checkpoints");
-        std::fs::create_dir_all(&checkpoints).with_context(|| format!("creating {}", checkpoints.display()))?;
-        for newer in checkpoints_newest_first(&checkpoints) {
-            if step_of(&newer).is_some_and(|s| s > step) {
-                std::fs::remove_file(&newer).with_context(|| format!("removing {}", newer.display()))?;
-            }
-        }
-        for (file, bytes) in &root_files {
-            if let Some(bytes) = bytes.as_ref().filter(|_| !dir.join(file).exists()) {
-                vramfit::run::atomic_write(&dir.join(file), bytes)?;
-            }
-        }
-        vramfit::run::atomic_write(&dir.join("config.toml"), config.as_bytes())?;
-        let path = checkpoints.join(&name);
-        vramfit::run::atomic_write_with(&path, |w| gathered.write_to(w))
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(step)
-}
-
-/// Each rank's checkpoints by step.
-fn checkpoint_steps(ranks: &[(usize, PathBuf)]) -> Vec<std::collections::BTreeMap<u64, PathBuf>> {
-    ranks
-        .iter()
-        .map(|(_, d)| {
-            checkpoints_newest_first(&d.join("checkpoints"))
-                .into_iter()
-                .filter_map(|p| Some((step_of(&p)?, p)))
-                .collect()
-        })
-        .collect()
-}
-
-/// A checkpoint's step, from its name.
-fn step_of(p: &Path) -> Option<u64> {
-    p.file_stem()?.to_str()?.strip_prefix("step-")?.parse().ok()
-}
-
-/// The newest step every rank has a checkpoint of.
-fn newest_common(steps: &[std::collections::BTreeMap<u64, PathBuf>]) -> Option<u64> {
-    steps
-        .first()?
-        .keys()
-        .rev()
-        .copied()
-        .find(|s| steps.iter().all(|m| m.contains_key(s)))
-}
-
-/// Before the ranks of the run at `root` resume: where a rank died after
-/// the others' last checkpoint (or they after its), the checkpoints newer
-/// than the newest step every rank wrote are removed, so that every rank
-/// resumes from that step. Returns it when anything was removed.
-pub fn align_checkpoints(root: &Path) -> Result<Option<u64>> {
-    let ranks = rank_dirs(root);
-    let steps = checkpoint_steps(&ranks);
-    if steps.iter().all(|m| m.is_empty()) {
-        return Ok(None);
-    }
-    // One rank with none (it stopped before its first) would start over
-    // beside ranks at a later step: their sums would mix steps.
-    let Some(step) = newest_common(&steps) else {
-        let bare = ranks
-            .iter()
-            .zip(&steps)
-            .find(|(_, m)| m.is_empty())
-            .map_or(0, |((r, _), _)| *r);
-        bail!(
-            "cannot resume {}: no step has a checkpoint from every rank (rank {bare} has none: it stopped before \
-             its first). Nothing was changed; start the run again with a new --out",
-            root.display()
-        );
-    };
-    let mut removed = false;
-    for path in steps.iter().flat_map(|m| m.range(step + 1..).map(|(_, p)| p)) {
-        std::fs::remove_file(path).with_context(|| format!("removing {}", path.display()))?;
-        removed = true;
-    }
-    Ok(removed.then_some(step))
-}
-
-/// The run directory of rank `rank` for a run at `root`.
-pub fn rank_dir(root: &Path, rank: usize) -> std::path::PathBuf {
-    root.join("ranks").join(format!("rank-{rank}"))
 }
 
 /// `start` for rank `rank` (rank 0's is the run's own).

@@ -24,9 +24,14 @@ pub trait Show: Strategy {
     /// The accuracy of a preset table's peaks, in words.
     fn accuracy(&self) -> String;
 
+    /// The line that starts the probes on `device`.
+    fn print_probing(device: &str) {
+        eprintln!("probing on {device} ({})…", Self::PROBES);
+    }
+
     /// Calibrates `target` and prints its probes.
     fn probe(target: &mut Self::Target, probe_batch: Option<usize>, device: &str) -> Result<Self> {
-        eprintln!("probing on {device} ({})…", Self::PROBES);
+        Self::print_probing(device);
         let cal = Self::calibrate(target, probe_batch)?;
         cal.print_probes();
         Ok(cal)

@@ -113,7 +113,7 @@ fn run_family<F: Family<D>, const D: usize>(
                 .ok()
                 .and_then(|text| FamilyConfig::<F>::from_toml(&text, &path).ok());
             let ranks = args.settings.ranks().or(config.as_ref().map(|c| c.ranks)).unwrap_or(1);
-            let wrote = crate::ranks::rank_dirs(dir).len();
+            let wrote = vramfit::ranks::rank_dirs(dir).len();
             let launcher = vramfit::ranks::world().is_none();
             // Before anything in it changes: finished, in use or another
             // workload's is refused, every rank's folder held meanwhile.
@@ -135,7 +135,7 @@ fn run_family<F: Family<D>, const D: usize>(
                 }
                 config.ranks = ranks;
                 config.shard_moments &= ranks > 1;
-                let step = crate::ranks::regather(dir, ranks, &config.to_toml())?;
+                let step = vramfit::ranks::regather(dir, ranks, &config.to_toml())?;
                 println!(
                     "resuming on {ranks} rank(s) what {wrote} ran: the state of step {step} gathered from every rank \
                      (Adam's moments from the rank that kept them)"
@@ -143,7 +143,7 @@ fn run_family<F: Family<D>, const D: usize>(
             }
             if ranks > 1
                 && launcher
-                && let Some(step) = crate::ranks::align_checkpoints(dir)?
+                && let Some(step) = vramfit::ranks::align_checkpoints(dir)?
             {
                 println!(
                     "the ranks' newest checkpoints differ (a rank stopped between them): every rank resumes from \

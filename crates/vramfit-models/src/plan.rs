@@ -9,7 +9,7 @@ use burn::tensor::backend::AutodiffBackend;
 use vramfit::plan::{Calibration, Knobs, Measured, Plannable, Runnable, SIMULATED_OOM, Space, run_probe};
 use vramfit::precision::Precision;
 use vramfit::profile::DeviceMemory;
-use vramfit::run::{Run, RunError, Start};
+use vramfit::run::{Run, Start};
 use vramfit::step::StepError;
 use vramfit::trainer::TrainerError;
 
@@ -176,9 +176,6 @@ where
         // A fallback starts from pools that hold nothing of the failed attempt.
         B::memory_cleanup(&self.device);
         crate::job::start::<B, F, D>(start, &self.device, &self.device_name)
-    }
-    fn is_oom(error: &TrainError) -> bool {
-        matches!(error, TrainError::Run(RunError::OutOfMemory(_)))
     }
     fn simulated_oom(step: u64) -> TrainerError {
         TrainerError::Step(StepError::Device {

@@ -12,7 +12,7 @@
 
 use burn::tensor::backend::AutodiffBackend;
 use vramfit::plan::{Ladder, LadderCalibration, Measured, Runnable, SIMULATED_OOM, run_probe};
-use vramfit::run::{Run, RunError, Start};
+use vramfit::run::{Run, Start};
 
 use crate::SplatError;
 use crate::config::FitConfig;
@@ -126,9 +126,6 @@ where
         // A fallback starts from pools that hold nothing of the failed attempt.
         B::memory_cleanup(&self.device);
         launch::<B>(start, &self.device, &self.device_name)
-    }
-    fn is_oom(error: &SplatError) -> bool {
-        matches!(error, SplatError::Run(RunError::OutOfMemory(_)))
     }
     fn simulated_oom(step: u64) -> SplatError {
         SplatError::Device {

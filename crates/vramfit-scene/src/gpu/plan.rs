@@ -5,7 +5,7 @@
 
 use cubecl::prelude::*;
 use vramfit::plan::{Capacity, CapacityCalibration, Counted, Measured, Runnable, SIMULATED_OOM, Variant};
-use vramfit::run::{Run, RunError, Start};
+use vramfit::run::{Run, Start};
 
 use super::engine::Renderer;
 use super::memory::{MemoryCase, measure_step};
@@ -204,9 +204,6 @@ impl<R: Runtime> Runnable for SceneTarget<R> {
         // A fallback starts from pools that hold nothing of the failed attempt.
         R::client(&self.plan.device).memory_cleanup();
         launch(start, (self.placement)())
-    }
-    fn is_oom(error: &SceneError) -> bool {
-        matches!(error, SceneError::Run(RunError::OutOfMemory(_)))
     }
     fn simulated_oom(step: u64) -> SceneError {
         SceneError::DeviceStep {

@@ -48,8 +48,6 @@ pub trait Runnable {
     /// settings written there (`Start::Resume`), with its workload. Empties
     /// the device's pools first: a fallback's budget is read from them.
     fn launch(&self, start: Start<Self::Settings>) -> Result<(Run, Self::Workload), Self::Error>;
-    /// True when `error` is a device out-of-memory (or a budget passed).
-    fn is_oom(error: &Self::Error) -> bool;
     /// The workload's error for a device out-of-memory at `step`, in the
     /// backend's words: what [`Options::simulate_oom_at`] injects.
     fn simulated_oom(step: u64) -> <Self::Workload as Workload>::Error;
@@ -276,7 +274,7 @@ pub fn run_plans<T: Runnable>(
         oom: T::simulated_oom,
         budget,
     }
-    .run(|start| target.launch(start), T::is_oom, observe)
+    .run(|start| target.launch(start), observe)
 }
 
 /// A run within a budget and how it was planned.

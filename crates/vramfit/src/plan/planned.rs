@@ -41,11 +41,12 @@ pub struct PlannedRun<'a, C, W: Workload> {
 
 impl<C: Clone, W: Workload> PlannedRun<'_, C, W> {
     /// Runs the plans in turn (see the module). `launch` opens a new run or
-    /// resumes one; `is_oom` tells an out-of-memory from other errors.
+    /// resumes one. A run that the driver stopped with an out-of-memory
+    /// ([`RunError::OutOfMemory`], a budget passed among them) falls back
+    /// to the next plan; any other error ends the run.
     pub fn run<E: From<RunError> + std::fmt::Display>(
         mut self,
         mut launch: impl FnMut(Start<C>) -> Result<(Run, W), E>,
-        is_oom: impl Fn(&E) -> bool,
         mut observe: impl FnMut(Event) -> ControlFlow<()>,
     ) -> Result<Planned<W::Summary>, E> {
         let mut dir: Option<PathBuf> = None;
@@ -76,7 +77,7 @@ impl<C: Clone, W: Workload> PlannedRun<'_, C, W> {
                     }
                     _ => Start::New(self.plans[i].clone(), self.out.clone()),
                 };
-                let (run, workload) = launch(start)?;
+                let (run, workload) = launch(start).map_err(Attempt::Launch)?;
                 // A fallback continues the run under the next plan's settings.
                 let run = if resumed { run.with_new_settings() } else { run };
                 let run = match self.budget {
@@ -99,9 +100,12 @@ impl<C: Clone, W: Workload> PlannedRun<'_, C, W> {
                     None => run.drive(workload, &mut observe)?,
                 })
             },
-            &is_oom,
+            |failed| matches!(failed, Attempt::Run(RunError::OutOfMemory(_))),
         );
-        let (summary, fallbacks) = result?;
+        let (summary, fallbacks) = result.map_err(|failed| match failed {
+            Attempt::Launch(e) => e,
+            Attempt::Run(e) => E::from(e),
+        })?;
         let dir = dir.expect("the first attempt created the run directory");
         if !fallbacks.is_empty() {
             self.record["fallbacks"] = serde_json::json!(fallbacks);
@@ -113,4 +117,14 @@ impl<C: Clone, W: Workload> PlannedRun<'_, C, W> {
             fallbacks,
         })
     }
+}
+
+/// Why one plan's attempt failed: opening its run (the workload's error),
+/// or the run itself (the driver's, an out-of-memory among them).
+#[derive(Debug, thiserror::Error)]
+enum Attempt<E: std::fmt::Display> {
+    #[error("{0}")]
+    Launch(E),
+    #[error(transparent)]
+    Run(#[from] RunError),
 }

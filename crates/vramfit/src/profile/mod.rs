@@ -33,7 +33,7 @@ pub use oom::{OomReport, OutOfMemory, oom_report, out_of_memory, panics};
 pub use phase::{Accounted, Category, LeakWarning, PhaseRecord};
 pub use reading::{MemoryReading, OomFigure, Peaks};
 pub use record::Profiler;
-pub use report::{Headline, MemoryReport, NamedTensor, REPORT_VERSION, human_bytes};
+pub use report::{Headline, MemoryReport, NamedTensor, REPORT_VERSION, ReportFileError, human_bytes};
 pub use sampler::PeakSampler;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 pub use source::CubeAllocator;

@@ -164,7 +164,110 @@ pub fn human_bytes(b: u64) -> String {
     }
 }
 
+/// Why a `memory.json` cannot be read as a report of this version.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportFileError {
+    /// The file cannot be read.
+    #[error("cannot read {path}: {cause}")]
+    Unreadable {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The OS error.
+        cause: std::io::Error,
+    },
+    /// Not JSON.
+    #[error("{path} is not JSON: the file is damaged or not a memory report ({cause})")]
+    NotJson {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The parser's words.
+        cause: serde_json::Error,
+    },
+    /// JSON of another schema.
+    #[error("{path} is not a vramfit memory report (schema {schema}, expected vramfit.memory)")]
+    OtherSchema {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The schema it names, quoted, or "missing".
+        schema: String,
+    },
+    /// A report of another version: its fields may mean something else.
+    #[error(
+        "{path} is a memory report of version {version}, and this vramfit reads version {REPORT_VERSION}: read it \
+         with the vramfit that wrote it"
+    )]
+    OtherVersion {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The version it names, or "(missing)".
+        version: String,
+    },
+    /// A field the report always writes is missing.
+    #[error(
+        "{path} is not a whole vramfit memory report: its `{field}` field is missing (the file was edited or \
+         damaged; a new run writes it again)"
+    )]
+    FieldMissing {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The field.
+        field: &'static str,
+    },
+    /// The fields do not read as a report.
+    #[error("{path} is not a vramfit memory report ({cause})")]
+    Malformed {
+        /// The file.
+        path: std::path::PathBuf,
+        /// The parser's words.
+        cause: serde_json::Error,
+    },
+}
+
 impl MemoryReport {
+    /// Reads a `memory.json`, refusing a file of another schema or version
+    /// (whose fields may parse and mean something else) and one with a
+    /// field removed (a table without it would say what the run did not).
+    pub fn read(path: &std::path::Path) -> Result<Self, ReportFileError> {
+        let bytes = std::fs::read(path).map_err(|cause| ReportFileError::Unreadable {
+            path: path.into(),
+            cause,
+        })?;
+        let head: serde_json::Value = serde_json::from_slice(&bytes).map_err(|cause| ReportFileError::NotJson {
+            path: path.into(),
+            cause,
+        })?;
+        let (schema, version) = (head["schema"].as_str(), head["version"].as_u64());
+        if schema != Some("vramfit.memory") {
+            return Err(ReportFileError::OtherSchema {
+                path: path.into(),
+                schema: schema.map_or("missing".into(), |s| format!("'{s}'")),
+            });
+        }
+        if version != Some(REPORT_VERSION as u64) {
+            return Err(ReportFileError::OtherVersion {
+                path: path.into(),
+                version: match &head["version"] {
+                    serde_json::Value::Null => "(missing)".into(),
+                    other => other.to_string(),
+                },
+            });
+        }
+        // Every field the report writes is there (`null` where nothing was measured).
+        if let Some(field) = ["headline", "records", "peak_bytes", "advice"]
+            .into_iter()
+            .find(|k| head.get(*k).is_none())
+        {
+            return Err(ReportFileError::FieldMissing {
+                path: path.into(),
+                field,
+            });
+        }
+        serde_json::from_value(head).map_err(|cause| ReportFileError::Malformed {
+            path: path.into(),
+            cause,
+        })
+    }
+
     /// The recorded phase where the headline was reached: the record of that
     /// step and phase, else the same phase of the last recorded step.
     pub fn peak_record(&self) -> Option<&PhaseRecord> {

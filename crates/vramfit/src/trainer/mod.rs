@@ -30,6 +30,10 @@ use crate::run::{ArrayFile, Cadence, DeviceFailure, Finished, RunStats, StepReco
 use crate::step::{StepError, StepObserver, Stepper, Trainable};
 use crate::storage::{StoragePolicy, parameter_bytes};
 
+/// The prefixes of Adam's first and second moments' keys in a checkpoint
+/// ([`save_state`]); a rank of a sharded run holds its share of them.
+pub const MOMENT_KEYS: [&str; 2] = ["adam_m/", "adam_v/"];
+
 const CHECKPOINT_KIND: &str = "vramfit.trainer.checkpoint";
 /// What starts a run of a user's model, as its run directory records it.
 const WORKLOAD: &str = "vramfit::trainer (a user's model)";
@@ -77,8 +81,8 @@ pub fn save_state<B: AutodiffBackend, M: burn::module::AutodiffModule<B>>(
         file.insert(&format!("param/{path}"), shape, values);
     }
     for (path, (m, v)) in adam.moments {
-        file.insert(&format!("adam_m/{path}"), vec![m.len()], m);
-        file.insert(&format!("adam_v/{path}"), vec![v.len()], v);
+        file.insert(&format!("{}{path}", MOMENT_KEYS[0]), vec![m.len()], m);
+        file.insert(&format!("{}{path}", MOMENT_KEYS[1]), vec![v.len()], v);
     }
     file
 }
@@ -95,9 +99,9 @@ pub fn load_state<B: AutodiffBackend, M: burn::module::AutodiffModule<B>>(
     for (name, (shape, values)) in &file.arrays {
         if let Some(p) = name.strip_prefix("param/") {
             params.insert(p.into(), (shape.clone(), DType::F32, values.clone()));
-        } else if let Some(p) = name.strip_prefix("adam_m/") {
+        } else if let Some(p) = name.strip_prefix(MOMENT_KEYS[0]) {
             adam.moments.entry(p.into()).or_default().0 = values.clone();
-        } else if let Some(p) = name.strip_prefix("adam_v/") {
+        } else if let Some(p) = name.strip_prefix(MOMENT_KEYS[1]) {
             adam.moments.entry(p.into()).or_default().1 = values.clone();
         }
     }

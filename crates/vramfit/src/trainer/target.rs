@@ -155,9 +155,6 @@ where
             }
         }
     }
-    fn is_oom(error: &RunError) -> bool {
-        matches!(error, RunError::OutOfMemory(_))
-    }
     fn simulated_oom(step: u64) -> TrainerError {
         TrainerError::Step(StepError::Device {
             step,

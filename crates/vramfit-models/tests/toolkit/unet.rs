@@ -7,12 +7,10 @@
 //! f32's loss curve; Adam's moments on the host give the device's
 //! parameters.
 
-mod common;
-
+use crate::common::{by_path, relative_gap, stepper, supports};
 use burn::module::AutodiffModule;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use common::{by_path, relative_gap, stepper, supports};
 use vramfit::batch::MicroBatching;
 use vramfit::checkpoint::CheckpointPolicy;
 use vramfit::precision::{Autocast, Precision};
@@ -222,7 +220,7 @@ fn moments_on_the_host_give_the_device_parameters<B: AutodiffBackend>() {
         )
     };
     let start = vramfit::params::snapshot(&config.build::<B>(11, &device));
-    common::assert_host_moments_agree::<B>(run(false), run(true), &start);
+    crate::common::assert_host_moments_agree::<B>(run(false), run(true), &start);
 }
 
 /// Through the run driver, as `vramfit train unet` runs it: the loss falls

@@ -24,8 +24,7 @@ use vramfit::storage::{StoragePolicy, parameter_bytes};
 use vramfit_models::data::{SyntheticTask, TaskConfig};
 use vramfit_models::gpt::{Gpt, GptConfig, TokenBatch};
 
-mod common;
-use common::{by_path, relative_gap, stepper, supports};
+use crate::common::{by_path, relative_gap, stepper, supports};
 
 vramfit::test_backends!(
     checkpointed_gradients_equal_plain_gradients,
@@ -548,5 +547,5 @@ fn moments_on_the_host_give_the_device_parameters<B: AutodiffBackend>() {
         (snapshot(&model), s.optimizer.state_bytes(), s.optimizer.host_bytes())
     };
     let start = snapshot(&config.init::<B>(11, &device));
-    common::assert_host_moments_agree::<B>(run(false), run(true), &start);
+    crate::common::assert_host_moments_agree::<B>(run(false), run(true), &start);
 }
