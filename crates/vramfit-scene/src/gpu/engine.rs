@@ -116,8 +116,8 @@ impl<R: Runtime> Renderer<R> {
     }
 
     /// Waits for the queued work.
-    pub(crate) fn sync(&self) -> Result<(), String> {
-        cubecl::future::block_on(self.client.sync()).map_err(|e| e.to_string())
+    pub(crate) fn sync(&self) -> Result<(), DeviceError> {
+        cubecl::future::block_on(self.client.sync()).map_err(DeviceError::runtime)
     }
 
     /// Returns every unused allocation (pages and exact-size ones) to the
@@ -167,12 +167,11 @@ impl<R: Runtime> Renderer<R> {
     pub fn check_buffer(&self, what: &str, bytes: u64) -> Result<(), DeviceError> {
         let limit = self.largest_buffer();
         if bytes > limit {
-            return Err(format!(
-                "{what} needs one buffer of {:.1} MiB, more than this device's largest ({:.1} MiB): use fewer \
-                 Gaussians, a lower SH degree or a smaller image, or a device with larger buffers (CUDA)",
-                bytes as f64 / (1u64 << 20) as f64,
-                limit as f64 / (1u64 << 20) as f64
-            ));
+            return Err(DeviceError::BufferTooLarge {
+                what: what.into(),
+                bytes,
+                largest: limit,
+            });
         }
         Ok(())
     }
@@ -265,7 +264,7 @@ impl<R: Runtime> Renderer<R> {
             array(&offsets, tiles + 1),
             tiles as u32,
         );
-        let read = self.client.read_one(offsets.clone()).map_err(|e| e.to_string())?;
+        let read = self.client.read_one(offsets.clone()).map_err(DeviceError::runtime)?;
         let intersections = u32::from_bytes(&read)[tiles] as usize;
         self.check_buffer(&format!("{intersections} tile intersections"), 4 * intersections as u64)?;
         let ids = self.empty(intersections);
@@ -512,7 +511,7 @@ impl<R: Runtime> Renderer<R> {
     pub fn append_downloads(&self, parts: &[(Handle, usize)], outs: &mut [Vec<f32>]) -> Result<(), DeviceError> {
         assert_eq!(parts.len(), outs.len(), "one output a buffer");
         let bytes = cubecl::future::block_on(self.client.read_async(parts.iter().map(|(h, _)| h.clone()).collect()))
-            .map_err(|e| e.to_string())?;
+            .map_err(DeviceError::runtime)?;
         assert_eq!(bytes.len(), parts.len(), "one read a buffer");
         for ((b, (_, len)), out) in bytes.iter().zip(parts).zip(outs) {
             let floats = f32::from_bytes(b);
@@ -528,7 +527,7 @@ impl<R: Runtime> Renderer<R> {
 
     /// Reads `len` floats of a buffer back to the host.
     pub fn download(&self, h: &Handle, len: usize) -> Result<Vec<f32>, DeviceError> {
-        let bytes = self.client.read_one(h.clone()).map_err(|e| e.to_string())?;
+        let bytes = self.client.read_one(h.clone()).map_err(DeviceError::runtime)?;
         let mut v = f32::from_bytes(&bytes).to_vec();
         v.truncate(len);
         Ok(v)

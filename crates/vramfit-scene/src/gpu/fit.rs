@@ -219,7 +219,9 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
 
     fn render(&self, camera: &Camera, background: [f32; 3]) -> Result<Vec<f32>, String> {
         let drawn = self.renderer.render(self.loaded()?, camera, background)?;
-        self.renderer.download(&drawn.image, 3 * camera.width * camera.height)
+        self.renderer
+            .download(&drawn.image, 3 * camera.width * camera.height)
+            .map_err(String::from)
     }
 
     fn forward_backward(

@@ -121,7 +121,7 @@ macro_rules! cube_fused_loss {
             }
 
             fn fused_metrics(params: SplatPrimitives<Self>, target: &Self::Target) -> Result<LossParts, String> {
-                target.metrics(&buffers(params).0)
+                target.metrics(&buffers(params).0).map_err(String::from)
             }
 
             fn fused_render_host(
@@ -129,7 +129,9 @@ macro_rules! cube_fused_loss {
                 target: &Self::Target,
                 frame: &Frame,
             ) -> Result<Vec<f32>, String> {
-                target.render_host(&buffers(params).0, frame)
+                target
+                    .render_host(&buffers(params).0, frame)
+                    .map_err(String::from)
             }
         }
     };

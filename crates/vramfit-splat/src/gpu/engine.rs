@@ -258,7 +258,7 @@ impl<R: Runtime> Lean<R> {
         let read = self
             .client
             .read_one(offsets.handle.clone())
-            .map_err(|e| e.to_string())?;
+            .map_err(DeviceError::runtime)?;
         let pairs = u32::from_bytes(&read)[tiles] as usize;
         let ids = self.scratch(pairs.max(1) * 4);
         self.fill_u32(&counts, tiles, 0);
@@ -336,7 +336,10 @@ impl<R: Runtime> Lean<R> {
             let y1 = (y0 + rows).min(h);
             let bins = self.bin(&rect, p.n, frame.tiles_x(), y0 / tile, y1.div_ceil(tile))?;
             let band = self.render_rows(p, &conic, &bins, frame, y0, y1);
-            let bytes = self.client.read_one(band.handle.clone()).map_err(|e| e.to_string())?;
+            let bytes = self
+                .client
+                .read_one(band.handle.clone())
+                .map_err(DeviceError::runtime)?;
             out[y0 * w * c..y1 * w * c].copy_from_slice(f32::from_bytes(&bytes));
         }
         Ok(out)
@@ -427,7 +430,7 @@ impl<R: Runtime> Lean<R> {
             let part = self
                 .client
                 .read_one(partials.handle.clone())
-                .map_err(|e| e.to_string())?;
+                .map_err(DeviceError::runtime)?;
             for (q, v) in f32::from_bytes(&part).iter().enumerate() {
                 sums[q % 3] += *v as f64;
             }
@@ -533,7 +536,7 @@ impl<R: Runtime> Lean<R> {
 
     /// Reads a buffer of f32 back to the host.
     pub fn download(&self, h: &Handle) -> Result<Vec<f32>, DeviceError> {
-        let bytes = self.client.read_one(h.clone()).map_err(|e| e.to_string())?;
+        let bytes = self.client.read_one(h.clone()).map_err(DeviceError::runtime)?;
         Ok(f32::from_bytes(&bytes).to_vec())
     }
 }
