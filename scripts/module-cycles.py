@@ -3,16 +3,19 @@
 
 Every `.rs` file under a crate's `src/` is a node (`src/a/b.rs` and
 `src/a/b/mod.rs` are both the module `a::b`; `lib.rs` and `main.rs` are the
-root). An edge A -> B is a path in A's code that reaches an item of B:
-`crate::…`, `super::…` and `self::…`, inside `use` groups too. A path that
-ends at a name a module re-exports (`pub use x::Name`, `pub use x::*`) is
-followed to the file that defines it, so a re-export does not hide a
-circle. Edges between a module and its own ancestors are left out: a
-`mod.rs` declares its children and children reach its own items through
-`super::`; that is the file tree, not an import circle.
+root). An edge A -> B is a path in A's code that reaches an item B defines:
+`crate::…`, `super::…`, `self::…` and a child module's `child::…`, inside
+`use` groups and globs too. A path that ends at a name a module re-exports
+(`pub use x::Name`, `pub use x::*`) is followed to the file that defines
+it, so a re-export does not hide a circle. A folder's `mod.rs` is a file
+like the others: a child that uses an item the `mod.rs` defines, and a
+`mod.rs` whose code uses a child's item (through its own re-export too),
+make two edges; declaring a child (`mod x;`) and re-exporting its items
+make none.
 
-Comments and a trailing `#[cfg(test)] mod tests` are not read (unit tests
-may use anything). Prints each circle (a strongly connected group of two or
+Comments, string and character literals, a trailing `#[cfg(test)] mod
+tests` and unit-test files (`tests.rs`) are not read: tests may use
+anything. Prints each circle (a strongly connected group of two or
 more files) and exits 1 if there is one.
 
 Usage: scripts/module-cycles.py [CRATE_DIR ...]   (default: crates/*)"""
@@ -38,6 +41,7 @@ def code(path):
     if tests:
         text = text[: tests.start()]
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    text = re.sub(r"'(?:\\.|[^'\\\n])'", "' '", text)
     text = re.sub(r'"(?:\\.|[^"\\])*"', '""', text)
     return "\n".join(line.split("//")[0] for line in text.splitlines())
 
@@ -68,21 +72,49 @@ def flatten(tree):
 
 
 def paths_in(text):
-    """Every `crate::`, `super::` and `self::` path, `use` groups flattened."""
+    """Every path (`a::b…`) outside re-exports, `use` groups flattened;
+    the caller keeps those that name a module of the crate."""
     found = []
-    for use in re.finditer(r"\buse\s+([^;]*);", text):
+    for use in re.finditer(r"(?<!pub )(?<!\) )\buse\s+([^;]*);", text):
         found += flatten(use.group(1))
     rest = re.sub(r"\buse\s+[^;]*;", "", text)
-    found += re.findall(r"\b(?:crate|super|self)(?:::" + IDENT + ")+", rest)
-    found = [p.partition(" as ")[0] for p in found]
-    return [p for p in found if re.match(r"(crate|super|self)::", p)]
+    found += re.findall(r"(?<![:\w])" + IDENT + r"(?:::(?:" + IDENT + r"|\*))+", rest)
+    return [p.partition(" as ")[0] for p in found]
+
+
+def scopes(text):
+    """The file's text outside its inline modules (`mod x { … }`), then
+    each inline module's body with its name: `super::` inside one names
+    the file's own module."""
+    inline = []
+    for m in re.finditer(r"\bmod\s+(" + IDENT + r")\s*\{", text):
+        depth, end = 0, len(text)
+        for i in range(m.end() - 1, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                end = i + 1
+                break
+        if not any(a <= m.start() < b for _, a, b in inline):
+            inline.append((m.group(1), m.start(), end))
+    outside, last = [], 0
+    for _, a, b in inline:
+        outside.append(text[last:a])
+        last = b
+    outside.append(text[last:])
+    return [((), "".join(outside))] + [((name,), text[a:b]) for name, a, b in inline]
+
+
+def words(text):
+    """The identifiers a file's code mentions outside `use` lines."""
+    return set(re.findall(IDENT, re.sub(r"\buse\s+[^;]*;", "", text)))
 
 
 class Crate:
     def __init__(self, src):
         self.files = {}
         for path in glob.glob(os.path.join(src, "**", "*.rs"), recursive=True):
-            self.files[module_of(src, path)] = code(path)
+            if os.path.basename(path) != "tests.rs":
+                self.files[module_of(src, path)] = code(path)
         self.reexports = {m: self._reexports(m, t) for m, t in self.files.items()}
 
     def _reexports(self, module, text):
@@ -118,6 +150,8 @@ class Crate:
         """The file module that defines the item a root-relative path names."""
         module = ()
         for k, seg in enumerate(segs):
+            if seg == "*":
+                return module
             if module + (seg,) in self.files:
                 module = module + (seg,)
                 continue
@@ -135,14 +169,24 @@ class Crate:
     def edges(self):
         graph = {m: set() for m in self.files}
         for module, text in self.files.items():
-            for path in paths_in(text):
-                segs = self.absolute(module, path.split("::"))
-                if not segs:
-                    continue
-                to = self.target(segs)
-                ancestor = module[: len(to)] == to or to[: len(module)] == module
-                if to in self.files and not ancestor:
+            used = words(text)
+            for inner, part in scopes(text):
+                for path in paths_in(part):
+                    segs = self.absolute(module + inner, path.split("::"))
+                    if segs is None:
+                        continue
+                    to = self.target(segs)
                     graph[module].add(to)
+                    if segs[-1] == "*":
+                        # A glob reaches what the module re-exports too.
+                        for name, origin in self.reexports.get(to, {}).items():
+                            if name != "*" and name in used:
+                                graph[module].add(self.target(list(origin)))
+            # A name this module re-exports and its own code uses.
+            for name, origin in self.reexports[module].items():
+                if name != "*" and name in used:
+                    graph[module].add(self.target(list(origin)))
+            graph[module] = {to for to in graph[module] if to in self.files and to != module}
         return graph
 
 
@@ -200,6 +244,20 @@ def self_test():
     assert tree(hidden) == [[("p", "a"), ("p", "b")]], tree(hidden)
     hidden["p/a.rs"] = "pub struct A;"
     assert tree(hidden) == [], tree(hidden)
+    # A folder's mod.rs defining what a child uses, and using the child's
+    # item through its own re-export; a glob import; an inline module's
+    # `super::` (its own file: no edge).
+    hub = {
+        "lib.rs": "mod p;\nmod q;",
+        "p/mod.rs": "mod c;\npub use c::C;\npub struct K;\nfn f(_: C) {}",
+        "p/c.rs": "pub struct C(super::K);",
+        "q.rs": "use crate::p::*;\nmod inner {\n    use super::Q;\n}\npub struct Q;",
+    }
+    assert tree(hub) == [[("p",), ("p", "c")]], tree(hub)
+    hub["p/mod.rs"] = "mod c;\npub use c::C;"
+    hub["p/c.rs"] = "pub struct C;\nuse crate::q::Q;"
+    hub["q.rs"] = "use crate::p::*;\npub struct Q(pub C);"
+    assert tree(hub) == [[("p", "c"), ("q",)]], tree(hub)
 
 
 def main(dirs):
@@ -214,7 +272,7 @@ def main(dirs):
             names = ", ".join("::".join(m) or "(root)" for m in group)
             print(f"{crate}: import circle among files: {names}")
             for m in group:
-                inside = sorted("::".join(t) for t in graph[m] if t in group)
+                inside = sorted("::".join(t) or "(root)" for t in graph[m] if t in group)
                 print(f"    {'::'.join(m) or '(root)'} -> {', '.join(inside)}")
         edges = sum(len(v) for v in graph.values())
         print(f"{crate}: {len(graph)} files, {edges} edges between them")

@@ -19,7 +19,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', default_values_t = [0usize, 1, 2, 3])]
     sh_degrees: Vec<usize>,
     /// The rendered view's size, WIDTHxHEIGHT.
-    #[arg(long, default_value = "1280x720", value_parser = crate::parse_size)]
+    #[arg(long, default_value = "1280x720", value_parser = crate::flags::parse_size)]
     size: (u32, u32),
     /// Also measure whole training steps (render, loss, backward, Adam) of
     /// each case with Adam's moments here (device, host; comma-separated):

@@ -40,7 +40,7 @@ pub fn run(args: FitArgs) -> Result<()> {
         let action = crate::plan::Action::Run {
             budget,
             probe_batch: None,
-            out: crate::run_path(&args.out, "fit"),
+            out: crate::runs::run_path(&args.out, "fit"),
             simulate_oom_at: args.simulate_oom_at,
         };
         return crate::plan::splat(config, &args.device.name, action);
@@ -49,7 +49,7 @@ pub fn run(args: FitArgs) -> Result<()> {
         Some(dir) => Start::Resume(dir.clone()),
         None => Start::New(
             crate::flags::resolve_fit(&args.settings)?,
-            crate::run_path(&args.out, "fit"),
+            crate::runs::run_path(&args.out, "fit"),
         ),
     };
     crate::runs::run(&args.device.name, crate::runs::Launch::Fit(start))

@@ -355,6 +355,18 @@ pub fn resolve_scene(args: &SceneSettings) -> Result<SceneConfig> {
     Ok(c)
 }
 
+/// `WIDTHxHEIGHT` (e.g. `1920x1080`), both positive.
+pub(crate) fn parse_size(s: &str) -> Result<(u32, u32), String> {
+    let (w, h) = s
+        .split_once(['x', 'X'])
+        .ok_or_else(|| format!("'{s}' is not WIDTHxHEIGHT (e.g. 1920x1080)"))?;
+    let parse = |v: &str| v.trim().parse::<u32>().ok().filter(|v| *v > 0);
+    match (parse(w), parse(h)) {
+        (Some(w), Some(h)) => Ok((w, h)),
+        _ => Err(format!("'{s}' is not WIDTHxHEIGHT with positive integers")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use vramfit::run::RunPath;
 use vramfit_gauss::picture::{check_output_target, save_png, to_rgb8};
 use vramfit_splat::budget::check_size_here;
 use vramfit_splat::gaussians::Gaussians;
@@ -139,7 +138,7 @@ enum Command {
         /// A `gaussians.vfg` file from a fit's run directory.
         gaussians: PathBuf,
         /// Output size, WIDTHxHEIGHT (default: the fitted size).
-        #[arg(long, allow_hyphen_values = true, value_parser = parse_size)]
+        #[arg(long, allow_hyphen_values = true, value_parser = flags::parse_size)]
         size: Option<(u32, u32)>,
         /// Gaussians blended per pixel.
         #[arg(long, default_value_t = 10, allow_negative_numbers = true, value_parser = flags::parse_count::<usize>)]
@@ -193,17 +192,6 @@ enum Command {
         #[command(subcommand)]
         which: bench::Which,
     },
-}
-
-pub(crate) fn parse_size(s: &str) -> Result<(u32, u32), String> {
-    let (w, h) = s
-        .split_once(['x', 'X'])
-        .ok_or_else(|| format!("'{s}' is not WIDTHxHEIGHT (e.g. 1920x1080)"))?;
-    let parse = |v: &str| v.trim().parse::<u32>().ok().filter(|v| *v > 0);
-    match (parse(w), parse(h)) {
-        (Some(w), Some(h)) => Ok((w, h)),
-        _ => Err(format!("'{s}' is not WIDTHxHEIGHT with positive integers")),
-    }
 }
 
 fn main() {
@@ -298,17 +286,6 @@ fn run(cli: Cli) -> Result<()> {
         Command::Train { which } => train::run(which),
         Command::Plan { which } => plan::run(which),
         Command::Report { run_dir } => report(&run_dir),
-    }
-}
-
-/// `--out`, or the next free `runs/PREFIX-NNN` (claimed atomically when the run starts).
-pub(crate) fn run_path(out: &Option<PathBuf>, prefix: &str) -> RunPath {
-    match out {
-        Some(dir) => RunPath::At(dir.clone()),
-        None => RunPath::Next {
-            base: PathBuf::from("runs"),
-            prefix: prefix.into(),
-        },
     }
 }
 

@@ -4,7 +4,7 @@
 //! `train … --budget` and `fit --budget` (plan, verify, run with
 //! fallbacks), and `bench plan…` (`plan_bench.rs`). The workloads differ
 //! only in the target the library builds and in how a run is printed
-//! ([`Planned`]); the strategies only in how they are printed
+//! ([`PlanTarget`]); the strategies only in how they are printed
 //! ([`Show`]).
 
 use std::path::{Path, PathBuf};
@@ -229,7 +229,7 @@ impl<F: Family<D>, const D: usize> OnBackend for OnModel<F, D> {
             device,
         } = self.action
         {
-            return crate::ranks::run_planned(&mut target, budget, ranks, probe_batch, &out, &device);
+            return crate::ranks::run_within_budget_on_ranks(&mut target, budget, ranks, probe_batch, &out, &device);
         }
         self.action.on(&mut target, &name)
     }
@@ -256,7 +256,7 @@ impl OnSplatBackend for OnSplat {
 
 /// A workload the planning commands serve: the command that runs a plan's
 /// settings, and how a finished run is printed.
-pub trait Planned:
+pub trait PlanTarget:
     Runnable<Strategy: Benched, Settings: serde::Serialize, Error: std::error::Error + Send + Sync + 'static>
 {
     /// The `vramfit` command that runs `settings` on `device`.
@@ -265,7 +265,7 @@ pub trait Planned:
     fn print(summary: &RunSummary<<Self::Workload as Workload>::Summary>, dir: &Path);
 }
 
-impl<B, F: Family<D>, const D: usize> Planned for FamilyTarget<B, F, D>
+impl<B, F: Family<D>, const D: usize> PlanTarget for FamilyTarget<B, F, D>
 where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
@@ -279,7 +279,7 @@ where
     }
 }
 
-impl<B> Planned for SplatTarget<B>
+impl<B> PlanTarget for SplatTarget<B>
 where
     B: AutodiffBackend + SplatBackend,
     B::InnerBackend: FusedLoss + DeviceMemory,
@@ -294,7 +294,7 @@ where
 }
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
-impl<R: cubecl::Runtime> Planned for vramfit_scene::gpu::plan::SceneTarget<R> {
+impl<R: cubecl::Runtime> PlanTarget for vramfit_scene::gpu::plan::SceneTarget<R> {
     fn command(settings: &vramfit_scene::config::SceneConfig, device: &str) -> String {
         crate::show_plan::scene_command(settings, device)
     }
@@ -314,7 +314,7 @@ impl Action {
         }
     }
 
-    fn on<T: Planned>(self, target: &mut T, name: &str) -> Result<()> {
+    fn on<T: PlanTarget>(self, target: &mut T, name: &str) -> Result<()> {
         match self {
             Action::Show(args) => show(target, args, name),
             Action::Run {
@@ -322,7 +322,7 @@ impl Action {
                 probe_batch,
                 out,
                 simulate_oom_at,
-            } => run_planned(target, budget, probe_batch, out, simulate_oom_at, name),
+            } => run_within_budget(target, budget, probe_batch, out, simulate_oom_at, name),
             Action::Bench(request) => crate::plan_bench::bench(target, request, name),
             Action::RunOnRanks { .. } => bail!("only `train` plans on ranks"),
         }
@@ -331,7 +331,7 @@ impl Action {
 
 /// `vramfit plan`: probes, the winner verified (with a budget), the preset
 /// table (with card sizes), all as JSON too.
-fn show<T: Planned>(target: &mut T, args: ShowArgs, name: &str) -> Result<()> {
+fn show<T: PlanTarget>(target: &mut T, args: ShowArgs, name: &str) -> Result<()> {
     let ShowArgs {
         budget,
         gpus,
@@ -401,7 +401,7 @@ fn show<T: Planned>(target: &mut T, args: ShowArgs, name: &str) -> Result<()> {
 /// into the run directory, run the winner held to the budget, fall back to
 /// the next plans from the last checkpoint on an out-of-memory; printed as
 /// it goes, then the run's peak against the budget.
-fn run_planned<T: Planned>(
+fn run_within_budget<T: PlanTarget>(
     target: &mut T,
     budget: Budget,
     probe_batch: Option<usize>,

@@ -129,26 +129,22 @@ pub trait Benched: Show {
 }
 
 impl Benched for Calibration {
-    /// Precision × micro-batch × checkpointed blocks × cleanup.
+    /// Precision × micro-batch × cleanup (the planner's own combinations,
+    /// storage and moments at f32 on the device, attention unfused) ×
+    /// checkpointed blocks (the first k, every k).
     fn sweep(&self) -> Vec<Knobs> {
-        let s = &self.space;
-        let mut out = Vec::new();
-        for &precision in &s.precisions {
-            for micro_batch in s.micro_batches() {
-                for k in 0..=s.blocks {
-                    for cleanup in [false, true] {
-                        out.push(Knobs {
-                            precision,
-                            checkpointed: (0..s.blocks).map(|i| i < k).collect(),
-                            micro_batch,
-                            cleanup,
-                            ..Knobs::base(s.blocks, s.batch)
-                        });
-                    }
-                }
-            }
-        }
-        out
+        let blocks = self.space.blocks;
+        self.space
+            .combinations(1)
+            .into_iter()
+            .filter(|k| k.low_storage == 0 && !k.low_moments && !k.host_moments && !k.fused_attention)
+            .flat_map(|knobs| {
+                (0..=blocks).map(move |k| Knobs {
+                    checkpointed: (0..blocks).map(|i| i < k).collect(),
+                    ..knobs.clone()
+                })
+            })
+            .collect()
     }
 
     fn budgets(&self, fractions: &[f64]) -> Vec<u64> {

@@ -124,7 +124,7 @@ fn mpirun(n: usize, args: impl IntoIterator<Item = std::ffi::OsString>, quiet: b
 /// the budget is dropped), then the run on the N ranks, each rank's peak
 /// checked against the budget; `plan.json` in the run says what was chosen
 /// and what every rank measured.
-pub fn run_planned<B, F, const D: usize>(
+pub fn run_within_budget_on_ranks<B, F, const D: usize>(
     target: &mut FamilyTarget<B, F, D>,
     budget: Budget,
     ranks: usize,

@@ -377,3 +377,14 @@ pub fn print_scene(summary: &vramfit::run::RunSummary<vramfit_scene::job::SceneS
     }
     print_common(summary, dir);
 }
+
+/// `--out`, or the next free `runs/PREFIX-NNN` (claimed atomically when the run starts).
+pub(crate) fn run_path(out: &Option<PathBuf>, prefix: &str) -> vramfit::run::RunPath {
+    match out {
+        Some(dir) => vramfit::run::RunPath::At(dir.clone()),
+        None => vramfit::run::RunPath::Next {
+            base: PathBuf::from("runs"),
+            prefix: prefix.into(),
+        },
+    }
+}

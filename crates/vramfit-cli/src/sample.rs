@@ -15,7 +15,7 @@ pub struct SampleArgs {
     #[command(subcommand)]
     what: Option<What>,
     /// Size, WIDTHxHEIGHT (up to 16K and beyond).
-    #[arg(long, allow_hyphen_values = true, value_parser = crate::parse_size, default_value = "1024x1024")]
+    #[arg(long, allow_hyphen_values = true, value_parser = crate::flags::parse_size, default_value = "1024x1024")]
     size: (u32, u32),
     /// Output PNG.
     out: Option<PathBuf>,
@@ -32,7 +32,7 @@ enum What {
         #[arg(long, default_value_t = 24, allow_negative_numbers = true, value_parser = crate::flags::parse_at_most::<4096>)]
         views: usize,
         /// Image size, WIDTHxHEIGHT.
-        #[arg(long, allow_hyphen_values = true, value_parser = crate::parse_size, default_value = "96x72")]
+        #[arg(long, allow_hyphen_values = true, value_parser = crate::flags::parse_size, default_value = "96x72")]
         size: (u32, u32),
         /// Sparse points seeding the Gaussians, at most 100,000,000.
         #[arg(long, default_value_t = 2000, allow_negative_numbers = true, value_parser = crate::flags::parse_at_most::<100_000_000>)]

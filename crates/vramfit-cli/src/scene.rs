@@ -38,7 +38,7 @@ pub fn run(args: SceneArgs) -> Result<()> {
         let action = crate::plan::Action::Run {
             budget,
             probe_batch: None,
-            out: crate::run_path(&args.out, "scene"),
+            out: crate::runs::run_path(&args.out, "scene"),
             simulate_oom_at: args.simulate_oom_at,
         };
         return crate::plan::scene(&args.settings, &args.device.name, action);
@@ -51,7 +51,7 @@ pub fn run(args: SceneArgs) -> Result<()> {
         Some(dir) => Start::Resume(dir.clone()),
         None => Start::New(
             crate::flags::resolve_scene(&args.settings)?,
-            crate::run_path(&args.out, "scene"),
+            crate::runs::run_path(&args.out, "scene"),
         ),
     };
     let (run, job) = launch(start, placement)?;

@@ -99,7 +99,7 @@ fn run_family<F: Family<D>, const D: usize>(
         let action = crate::plan::Action::Run {
             budget,
             probe_batch: args.probe_batch,
-            out: crate::run_path(&args.out, F::NAME),
+            out: crate::runs::run_path(&args.out, F::NAME),
             simulate_oom_at: args.simulate_oom_at,
         };
         return crate::plan::model::<F, D>(config, &args.device.name, action);
@@ -158,7 +158,7 @@ fn run_family<F: Family<D>, const D: usize>(
             let ranks = config.ranks;
             check_ranks(&config, ranks, "setting `ranks`")?;
             (
-                vramfit::run::Start::New(config, crate::run_path(&args.out, F::NAME)),
+                vramfit::run::Start::New(config, crate::runs::run_path(&args.out, F::NAME)),
                 ranks,
             )
         }

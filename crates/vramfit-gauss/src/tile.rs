@@ -35,11 +35,12 @@ impl TileLists {
 /// a tile's list is ascending and the result does not depend on threads.
 pub fn bin_rects(rects: impl Iterator<Item = Option<TileRect>> + Clone, tiles_x: usize, tiles_y: usize) -> TileLists {
     let tiles = tiles_x * tiles_y;
-    let covered = |[x0, x1, y0, y1]: TileRect| (y0..y1).flat_map(move |ty| (x0..x1).map(move |tx| ty * tiles_x + tx));
     let mut offsets = vec![0usize; tiles + 1];
-    for rect in rects.clone().flatten() {
-        for t in covered(rect) {
-            offsets[t + 1] += 1;
+    for [x0, x1, y0, y1] in rects.clone().flatten() {
+        for ty in y0..y1 {
+            for tx in x0..x1 {
+                offsets[ty * tiles_x + tx + 1] += 1;
+            }
         }
     }
     for t in 0..tiles {
@@ -48,9 +49,13 @@ pub fn bin_rects(rects: impl Iterator<Item = Option<TileRect>> + Clone, tiles_x:
     let mut cursor = offsets.clone();
     let mut ids = vec![0u32; offsets[tiles]];
     for (i, rect) in rects.enumerate() {
-        for t in rect.into_iter().flat_map(covered) {
-            ids[cursor[t]] = i as u32;
-            cursor[t] += 1;
+        let Some([x0, x1, y0, y1]) = rect else { continue };
+        for ty in y0..y1 {
+            for tx in x0..x1 {
+                let t = ty * tiles_x + tx;
+                ids[cursor[t]] = i as u32;
+                cursor[t] += 1;
+            }
         }
     }
     TileLists { offsets, ids }

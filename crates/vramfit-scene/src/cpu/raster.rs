@@ -58,10 +58,9 @@ pub fn bin<F: Real>(projected: &[Option<Projected<F>>], camera: &Camera) -> Bins
     };
     let lists = (0..binned.tiles())
         .map(|t| {
-            // Ascending ids from the binning; a stable sort by depth keeps ties in id order.
-            let mut list = binned.tile(t).to_vec();
-            list.sort_by(|&a, &b| depth(a).partial_cmp(&depth(b)).expect("depths are numbers"));
-            list
+            let mut keyed: Vec<(F, u32)> = binned.tile(t).iter().map(|&id| (depth(id), id)).collect();
+            keyed.sort_by(|a, b| a.0.partial_cmp(&b.0).expect("depths are numbers").then(a.1.cmp(&b.1)));
+            keyed.into_iter().map(|(_, id)| id).collect()
         })
         .collect();
     Bins { tiles_x, lists }

@@ -1,6 +1,6 @@
 //! The renderer on a CubeCL runtime: the scene's parameter groups live in
 //! device buffers; a render projects every Gaussian, bins the tiles (the
-//! 2D fitter's kernels), orders each tile by depth and composites; the
+//! kernels both workloads share, `vramfit_gauss::gpu::binning`), orders each tile by depth and composites; the
 //! backward walks the same lists back to front into a per-Gaussian
 //! accumulator and chains it to the parameters.
 //!
@@ -242,7 +242,7 @@ impl<R: Runtime> Renderer<R> {
             s.degree as u32,
             s.sh.code(),
         );
-        // Binning: count, scan, scatter (the 2D fitter's kernels, all tile rows).
+        // Binning: count, scan, scatter (the shared kernels, all tile rows).
         let counts = self.zeros_u32(tiles);
         count_pairs::launch::<R>(
             &self.client,

@@ -21,14 +21,14 @@ pub(super) const BLEND_LANES: usize = 4;
 /// per-row selection streams through memory instead of chasing indices.
 #[derive(Debug, Default)]
 pub(super) struct TileCandidates<F> {
-    pub(super) ids: Vec<u32>,
+    ids: Vec<u32>,
     /// (σ at the tile's centre, id): the scan order, reused between tiles.
-    pub(super) order: Vec<(F, u32)>,
-    pub(super) cx: Vec<F>,
-    pub(super) cy: Vec<F>,
-    pub(super) a: Vec<F>,
-    pub(super) b: Vec<F>,
-    pub(super) c: Vec<F>,
+    order: Vec<(F, u32)>,
+    cx: Vec<F>,
+    cy: Vec<F>,
+    a: Vec<F>,
+    b: Vec<F>,
+    c: Vec<F>,
 }
 
 impl<F: Real> TileCandidates<F> {
@@ -98,7 +98,7 @@ impl<F: Real> TileCandidates<F> {
     }
 
     #[inline(always)]
-    pub(super) fn select_row_here(&self, top_k: usize, x0: usize, y: usize, row: &mut RowTopK<F>) {
+    fn select_row_here(&self, top_k: usize, x0: usize, y: usize, row: &mut RowTopK<F>) {
         let half = F::c(0.5);
         let py = F::c(y as f64 + 0.5);
         let px: [F; TILE] = std::array::from_fn(|l| F::c((x0 + l) as f64 + 0.5));
@@ -185,13 +185,13 @@ impl<F: Real> TileCandidates<F> {
 /// Whether `(σ, id)` is below `(slot, slot_id)` in (σ, id) order; no
 /// branch, so that it runs on whole vectors of lanes.
 #[inline(always)]
-pub(super) fn below<F: Real>(s: F, id: u32, slot: F, slot_id: u32) -> bool {
+fn below<F: Real>(s: F, id: u32, slot: F, slot_id: u32) -> bool {
     (s < slot) | ((s == slot) & (id < slot_id))
 }
 
 /// Whether `(σ, id)` is below `(slot, slot_id)` in any lane.
 #[inline(always)]
-pub(super) fn any_below<F: Real>(s: &[F; TILE], id: u32, slot: &[F; TILE], slot_id: &[u32; TILE]) -> bool {
+fn any_below<F: Real>(s: &[F; TILE], id: u32, slot: &[F; TILE], slot_id: &[u32; TILE]) -> bool {
     let mut any = false;
     for l in 0..TILE {
         any |= below(s[l], id, slot[l], slot_id[l]);
@@ -204,9 +204,9 @@ pub(super) fn any_below<F: Real>(s: &[F; TILE], id: u32, slot: &[F; TILE], slot_
 /// weight `exp(−σ)`.
 #[derive(Debug)]
 pub(super) struct RowTopK<F> {
-    pub(super) sigma: [[F; TILE]; MAX_TOP_K],
-    pub(super) id: [[u32; TILE]; MAX_TOP_K],
-    pub(super) weight: [[F; TILE]; MAX_TOP_K],
+    sigma: [[F; TILE]; MAX_TOP_K],
+    id: [[u32; TILE]; MAX_TOP_K],
+    weight: [[F; TILE]; MAX_TOP_K],
     pub(super) len: [u8; TILE],
 }
 
@@ -309,8 +309,8 @@ impl<F: Real> RowSlots<'_, F> {
 #[derive(Debug)]
 pub(super) struct Selection<F> {
     pub(super) len: usize,
-    pub(super) ids: [u32; MAX_TOP_K],
-    pub(super) weights: [F; MAX_TOP_K],
+    ids: [u32; MAX_TOP_K],
+    weights: [F; MAX_TOP_K],
 }
 
 impl<F: Real> Selection<F> {

@@ -3,52 +3,55 @@
 //! recomputation that fits what is left, ranked by predicted step time.
 
 use super::chain::{least_peak, optimal};
-use super::{Calibration, Choice, Knobs, Plan, PlanError, Strategy};
+use super::{Calibration, Choice, Knobs, Plan, PlanError, Space, Strategy};
 use crate::profile::human_bytes;
 
 /// Predicted times this close are treated as equal (the probes' resolution).
 const TIME_NOISE: f64 = super::model::TIME_RESOLUTION;
 
-/// Each combination of the non-checkpoint knobs the space allows, on
-/// `ranks` data-parallel ranks (their micro-batches shared evenly).
-fn combinations(c: &Calibration, ranks: usize) -> Vec<Knobs> {
-    let s = &c.space;
-    let mut out = Vec::new();
-    for &precision in &s.precisions {
-        for micro_batch in s.micro_batches() {
-            if !(s.batch / micro_batch).is_multiple_of(ranks.max(1)) {
-                continue;
-            }
-            for low_storage in 0..=s.storage_groups.len() {
-                // Moments: f32 on the device, bf16 on the device, f32 on the host.
-                let moments = [(false, false), (true, false), (false, true)]
-                    .into_iter()
-                    .filter(|&(low, host)| (!low || s.low_moments) && (!host || s.host_moments));
-                for (low_moments, host_moments) in moments {
-                    for cleanup in [false, true] {
-                        // Fused only where it has a kernel at this precision.
-                        for fused_attention in [false, true] {
-                            if fused_attention && !s.fused_attention.contains(&precision) {
-                                continue;
+impl Space {
+    /// Each combination of the knobs other than checkpointing that the
+    /// space allows, on `ranks` data-parallel ranks (their micro-batches
+    /// shared evenly), nothing checkpointed.
+    pub fn combinations(&self, ranks: usize) -> Vec<Knobs> {
+        let s = self;
+        let mut out = Vec::new();
+        for &precision in &s.precisions {
+            for micro_batch in s.micro_batches() {
+                if !(s.batch / micro_batch).is_multiple_of(ranks.max(1)) {
+                    continue;
+                }
+                for low_storage in 0..=s.storage_groups.len() {
+                    // Moments: f32 on the device, bf16 on the device, f32 on the host.
+                    let moments = [(false, false), (true, false), (false, true)]
+                        .into_iter()
+                        .filter(|&(low, host)| (!low || s.low_moments) && (!host || s.host_moments));
+                    for (low_moments, host_moments) in moments {
+                        for cleanup in [false, true] {
+                            // Fused only where it has a kernel at this precision.
+                            for fused_attention in [false, true] {
+                                if fused_attention && !s.fused_attention.contains(&precision) {
+                                    continue;
+                                }
+                                out.push(Knobs {
+                                    precision,
+                                    checkpointed: vec![false; s.blocks],
+                                    micro_batch,
+                                    low_storage,
+                                    low_moments,
+                                    host_moments,
+                                    cleanup,
+                                    fused_attention,
+                                    ranks,
+                                });
                             }
-                            out.push(Knobs {
-                                precision,
-                                checkpointed: vec![false; s.blocks],
-                                micro_batch,
-                                low_storage,
-                                low_moments,
-                                host_moments,
-                                cleanup,
-                                fused_attention,
-                                ranks,
-                            });
                         }
                     }
                 }
             }
         }
+        out
     }
-    out
 }
 
 impl Calibration {
@@ -75,7 +78,7 @@ impl Calibration {
         let margin = self.margin();
         let usable = self.model.pages_down(budget as f64 / (1.0 + margin));
         let mut plans = Vec::new();
-        for mut knobs in combinations(self, ranks) {
+        for mut knobs in self.space.combinations(ranks) {
             let chain = self.model.chain_for(&knobs);
             let (outside, scale, rest) = self.model.split(&knobs, self.space.batch);
             if outside > usable || rest > usable || scale <= 0.0 {
@@ -145,7 +148,8 @@ impl Calibration {
     /// The plan with the least predicted peak per rank on `ranks` ranks
     /// (none where they cannot share the batch).
     pub fn leanest_on(&self, ranks: usize) -> Option<Plan<Knobs>> {
-        combinations(self, ranks)
+        self.space
+            .combinations(ranks)
             .into_iter()
             .map(|mut knobs| {
                 let chain = self.model.chain_for(&knobs);

@@ -7,10 +7,35 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use burn::tensor::backend::Backend;
+use serde::{Deserialize, Serialize};
 
-use super::Measured;
 use crate::profile::MemoryReport;
 use crate::run::{Run, RunPath, Workload};
+
+/// One probe's figures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Measured {
+    /// Peak of the figure that decides an out-of-memory (bytes).
+    pub peak_bytes: u64,
+    /// Its peak inside the forward and backward phases.
+    pub step_peak_bytes: u64,
+    /// Its peak in every other phase (between steps, optimiser, final files).
+    pub rest_peak_bytes: u64,
+    /// Of those, the peak of the phases that write files (checkpoints, the
+    /// final files) where they are encoded in the figure's own memory (on
+    /// the CPU, whose heap is the device: a copy of the state); 0 where
+    /// not measured or not so (a GPU's files are encoded in host memory).
+    #[serde(default)]
+    pub files_peak_bytes: u64,
+    /// With `files_peak_bytes`, the peak of the other phases outside the
+    /// forward and backward (the optimiser's, between steps).
+    #[serde(default)]
+    pub between_peak_bytes: u64,
+    /// Median step time (ms).
+    pub step_ms: f64,
+    /// Wall seconds the probe took, set-up included.
+    pub seconds: f64,
+}
 
 static PROBES: AtomicU64 = AtomicU64::new(0);
 

@@ -15,8 +15,8 @@
 //!
 //! This module must not allocate on the device or synchronise it by itself.
 
-mod driver;
 mod html;
+mod nvml;
 mod oom;
 mod phase;
 mod reading;
@@ -25,10 +25,10 @@ mod report;
 mod sampler;
 mod source;
 
-pub use driver::{DriverReading, process_figure, visible_gpus};
-#[cfg(feature = "nvml")]
-pub use driver::{Nvml, cuda_gpu_count};
 pub use html::{CATEGORY_COLOURS, PEAK_COLOUR};
+pub use nvml::{DriverReading, process_figure, visible_gpus};
+#[cfg(feature = "nvml")]
+pub use nvml::{Nvml, cuda_gpu_count};
 pub use oom::{OomReport, OutOfMemory, oom_report, out_of_memory, panics};
 pub use phase::{Accounted, Category, LeakWarning, PhaseRecord};
 pub use reading::{MemoryReading, OomFigure, Peaks};

@@ -1,5 +1,5 @@
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
-use super::driver::DriverReading;
+use super::nvml::DriverReading;
 
 use super::reading::{MemoryReading, OomFigure, Peaks};
 
@@ -202,7 +202,7 @@ impl<R: cubecl::Runtime> MemorySource for CubeAllocator<R> {
 impl DeviceMemory for burn::backend::Cuda {
     fn memory_source(device: &Self::Device) -> Box<dyn MemorySource> {
         #[cfg(feature = "nvml")]
-        let driver = super::driver::Nvml::open(device.index as u32).map(|n| Box::new(n) as Box<dyn DriverReading>);
+        let driver = super::nvml::Nvml::open(device.index as u32).map(|n| Box::new(n) as Box<dyn DriverReading>);
         #[cfg(not(feature = "nvml"))]
         let driver = Err("built without the nvml feature".to_string());
         Box::new(CubeAllocator::<cubecl::cuda::CudaRuntime>::new(device, "CUDA", driver))

@@ -2,7 +2,7 @@
 //! harmonics ([`sh`]), one Gaussian projected and its backward
 //! ([`project`]), and the tiles' depth order, compositing and its backward
 //! ([`raster`]), and Adam and densification's statistics ([`train`]).
-//! Tile binning (count, scan, scatter) is the 2D fitter's
+//! Tile binning (count, scan, scatter) is shared with the 2D fitter
 //! ([`vramfit_gauss::gpu::binning`]): one implementation for both.
 //!
 //! Arrays are flat f32 unless named otherwise. The constants are the CPU
