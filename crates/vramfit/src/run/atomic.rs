@@ -148,7 +148,8 @@ pub(super) mod tests {
         out
     }
 
-    fn names(dir: &Path) -> Vec<String> {
+    /// The names in `dir`, sorted.
+    pub(in crate::run) fn names(dir: &Path) -> Vec<String> {
         let mut v: Vec<String> = fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -509,7 +509,7 @@ pub fn checkpoints_newest_first(dir: &Path) -> Vec<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::run::atomic::tests::with_disk_left;
+    use crate::run::atomic::tests::{names, with_disk_left};
 
     fn scratch(name: &str) -> PathBuf {
         let p = std::env::temp_dir().join(format!("vramfit-rundir-{name}-{}", std::process::id()));
@@ -527,15 +527,6 @@ mod tests {
             "{err}"
         );
         fs::remove_dir_all(&p).unwrap();
-    }
-
-    fn names(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
     }
 
     #[test]
