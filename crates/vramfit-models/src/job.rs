@@ -76,6 +76,16 @@ impl<B: AutodiffBackend, F: Family<D>, const D: usize> Course<B, F::Net<B>, D> f
     fn checkpoint_kind(&self) -> &'static str {
         F::CHECKPOINT_KIND
     }
+    /// The cadences, the learning rate, more steps, and Adam's moments
+    /// between the device and the host.
+    fn resumable(&self) -> vramfit::run::Resumable {
+        vramfit::run::Resumable {
+            cadence: &["allocator_cleanup", "log_every", "checkpoint_every", "profile_every"],
+            learning_rates: &["lr"],
+            steps: "steps",
+            moments: Some("moments"),
+        }
+    }
 
     fn weights_kind(&self) -> Option<&'static str> {
         Some(F::WEIGHTS_KIND)

@@ -205,6 +205,22 @@ impl Workload for SceneJob {
     fn checkpoint_kind(&self) -> &'static str {
         CHECKPOINT_KIND
     }
+    /// The cadences, more steps, and Adam's moments between the device
+    /// and the host (the learning rates are the 3DGS reference's, not settings).
+    fn resumable(&self) -> vramfit::run::Resumable {
+        vramfit::run::Resumable {
+            cadence: &[
+                "allocator_cleanup",
+                "log_every",
+                "frame_every",
+                "checkpoint_every",
+                "profile_every",
+            ],
+            learning_rates: &[],
+            steps: "steps",
+            moments: Some("moments"),
+        }
+    }
     fn cadence(&self) -> Cadence {
         Cadence {
             log_every: self.config.log_every,

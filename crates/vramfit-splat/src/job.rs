@@ -131,6 +131,21 @@ where
         CHECKPOINT_KIND
     }
 
+    /// The cadences, the four learning rates, and more steps.
+    fn resumable(&self) -> vramfit::run::Resumable {
+        vramfit::run::Resumable {
+            cadence: &[
+                "check_every",
+                "log_every",
+                "frame_every",
+                "checkpoint_every",
+                "profile_every",
+            ],
+            learning_rates: &["lr_xy", "lr_inv_scale", "lr_theta", "lr_color"],
+            steps: "steps",
+            moments: None,
+        }
+    }
     fn cadence(&self) -> Cadence {
         let c = &self.config;
         Cadence {

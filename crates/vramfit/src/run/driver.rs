@@ -242,7 +242,7 @@ impl Run {
                     .trim_end_matches(".ckpt")
                     .parse::<u64>()
                     .unwrap_or(0);
-                let keys = contradicting_keys(then, &self.config, step);
+                let keys = contradicting_keys(&workload.resumable(), then, &self.config, step);
                 if !keys.is_empty() {
                     return Err(RunError::ConfigEdited {
                         dir: self.dir.root().into(),

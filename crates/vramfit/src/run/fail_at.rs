@@ -26,6 +26,9 @@ impl<W: Workload> Workload for FailAt<W> {
     fn checkpoint_kind(&self) -> &'static str {
         self.inner.checkpoint_kind()
     }
+    fn resumable(&self) -> super::Resumable {
+        self.inner.resumable()
+    }
     fn cadence(&self) -> Cadence {
         self.inner.cadence()
     }

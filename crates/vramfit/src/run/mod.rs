@@ -27,5 +27,6 @@ pub use crate::step::DeviceFailure;
 pub use driver::{Run, RunPath, Start, categories_at_peak};
 pub use errors::{OutOfMemoryError, RunError};
 pub use fail_at::FailAt;
+pub use resume::Resumable;
 pub use session::KEEP_CHECKPOINTS;
 pub use workload::{Cadence, Event, FileBody, Finished, RunStats, RunSummary, StepRecord, Workload};

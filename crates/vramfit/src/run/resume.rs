@@ -1,42 +1,56 @@
 //! Which edits of a run's settings a resume may honour: the keys whose
-//! change leaves the run's trajectory as the checkpoint has it.
+//! change leaves the run's trajectory as the checkpoint has it. Each
+//! workload names its own ([`Resumable`]); the driver knows none.
 
-/// Settings a resume may change: how often things are logged, checked,
-/// drawn, checkpointed and profiled, and how often the allocator is
-/// cleaned up (the run's trajectory does not depend on them); the learning rates (what the advice for a diverging run says
-/// to lower before resuming); and `steps`, to no fewer than the
-/// checkpoint's step (a run may be extended, not cut below where it is);
-/// and `moments` between the device and the host (where Adam's state
-/// lives, not its precision).
-const CADENCE_KEYS: [&str; 6] = [
-    "allocator_cleanup",
-    "log_every",
-    "check_every",
-    "frame_every",
-    "checkpoint_every",
-    "profile_every",
-];
+/// The settings (keys of a workload's `config.toml`, at any depth) a
+/// resume may change; any other edit is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resumable {
+    /// How often things are logged, checked, drawn, checkpointed and
+    /// profiled, and how often the allocator is cleaned up: the run's
+    /// trajectory does not depend on them.
+    pub cadence: &'static [&'static str],
+    /// The learning rates: what the advice for a diverging run says to
+    /// lower before resuming.
+    pub learning_rates: &'static [&'static str],
+    /// The step count: it may grow, not fall below the checkpoint's step.
+    pub steps: &'static str,
+    /// Where Adam's moments live (a [`crate::optim::Moments`]): a resume
+    /// may move them between the device and the host, not change their
+    /// precision.
+    pub moments: Option<&'static str>,
+}
 
-fn may_change(key: &str, then: Option<&toml::Value>, now: Option<&toml::Value>, step: u64) -> bool {
-    let learning_rate = key == "lr" || key.starts_with("lr_") || key.ends_with("_lr") || key.contains("learning_rate");
-    let longer = key == "steps" && now.and_then(|v| v.as_integer()).is_some_and(|s| s >= step as i64);
+impl Resumable {
+    /// A workload that says nothing: only `steps` may grow.
+    pub const STEPS_ONLY: Self = Self {
+        cadence: &[],
+        learning_rates: &[],
+        steps: "steps",
+        moments: None,
+    };
+}
+
+fn may_change(keys: &Resumable, key: &str, then: Option<&toml::Value>, now: Option<&toml::Value>, step: u64) -> bool {
+    let learning_rate = keys.learning_rates.contains(&key);
+    let longer = key == keys.steps && now.and_then(|v| v.as_integer()).is_some_and(|s| s >= step as i64);
     // Where Adam's moments live changes no arithmetic (the host's Adam is
     // the device's): a resume may move them between the device (`device`,
     // or f32 moments there) and the host, not change their precision.
     fn place(v: Option<&toml::Value>) -> &str {
         v.and_then(|v| v.as_str()).unwrap_or("device")
     }
-    let moved = key == "moments"
+    let moved = Some(key) == keys.moments
         && [["device", "host"], ["f32", "host"]]
             .iter()
             .any(|pair| pair.contains(&place(then)) && pair.contains(&place(now)));
-    CADENCE_KEYS.contains(&key) || learning_rate || longer || moved
+    keys.cadence.contains(&key) || learning_rate || longer || moved
 }
 
 /// The keys (dotted paths) whose values differ between two `config.toml`
 /// texts in a way a resume from the checkpoint of `step` cannot honour, as
 /// `key: then → now`; a text that does not parse is compared whole.
-pub(super) fn contradicting_keys(then: &str, now: &str, step: u64) -> Vec<String> {
+pub(super) fn contradicting_keys(keys: &Resumable, then: &str, now: &str, step: u64) -> Vec<String> {
     if then == now {
         return Vec::new();
     }
@@ -44,11 +58,18 @@ pub(super) fn contradicting_keys(then: &str, now: &str, step: u64) -> Vec<String
         return vec!["the file (it no longer parses as it did)".into()];
     };
     let mut out = Vec::new();
-    diff_tables("", &a, &b, step, &mut out);
+    diff_tables(keys, "", &a, &b, step, &mut out);
     out
 }
 
-fn diff_tables(prefix: &str, a: &toml::Table, b: &toml::Table, step: u64, out: &mut Vec<String>) {
+fn diff_tables(
+    resumable: &Resumable,
+    prefix: &str,
+    a: &toml::Table,
+    b: &toml::Table,
+    step: u64,
+    out: &mut Vec<String>,
+) {
     let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
     keys.sort();
     keys.dedup();
@@ -59,10 +80,12 @@ fn diff_tables(prefix: &str, a: &toml::Table, b: &toml::Table, step: u64, out: &
             format!("{prefix}.{key}")
         };
         match (a.get(key), b.get(key)) {
-            (Some(toml::Value::Table(x)), Some(toml::Value::Table(y))) => diff_tables(&path, x, y, step, out),
-            (x, y) if x != y && !may_change(key, x, y, step) => {
+            (Some(toml::Value::Table(x)), Some(toml::Value::Table(y))) => {
+                diff_tables(resumable, &path, x, y, step, out)
+            }
+            (x, y) if x != y && !may_change(resumable, key, x, y, step) => {
                 let show = |v: Option<&toml::Value>| v.map_or("(absent)".to_string(), |v| v.to_string());
-                let why = if key == "steps" {
+                let why = if key == resumable.steps {
                     format!(" (the checkpoint is at step {step})")
                 } else {
                     String::new()
@@ -76,12 +99,18 @@ fn diff_tables(prefix: &str, a: &toml::Table, b: &toml::Table, step: u64, out: &
 
 #[cfg(test)]
 mod tests {
-    use super::contradicting_keys;
+    use super::{Resumable, contradicting_keys};
 
     /// A resume may move Adam's moments between the device and the host,
     /// not change their precision; other edits stay refused.
     #[test]
     fn a_resume_may_move_the_moments_but_not_round_them() {
+        let keys = Resumable {
+            learning_rates: &["lr"],
+            moments: Some("moments"),
+            ..Resumable::STEPS_ONLY
+        };
+        let contradicting_keys = |then: &str, now: &str, step| contradicting_keys(&keys, then, now, step);
         let cfg = |moments: &str| format!("steps = 100\nmoments = \"{moments}\"\nlr = 0.1\n");
         for (then, now) in [("f32", "host"), ("host", "f32"), ("device", "host"), ("host", "device")] {
             assert!(
@@ -97,5 +126,12 @@ mod tests {
         // A scene checkpoint from before the key existed: the moments were on the device.
         assert!(contradicting_keys("steps = 100\n", "steps = 100\nmoments = \"host\"\n", 50).is_empty());
         assert_eq!(contradicting_keys("steps = 100\n", "steps = 40\n", 50).len(), 1);
+        // A key the workload does not name stays refused; one it names may change.
+        assert_eq!(contradicting_keys("log_every = 1\n", "log_every = 5\n", 50).len(), 1);
+        let logged = Resumable {
+            cadence: &["log_every"],
+            ..keys
+        };
+        assert!(super::contradicting_keys(&logged, "log_every = 1\n", "log_every = 5\n", 50).is_empty());
     }
 }

@@ -104,6 +104,11 @@ pub trait Workload {
     fn checkpoint_kind(&self) -> &'static str;
     /// How often to log, checkpoint and profile.
     fn cadence(&self) -> Cadence;
+    /// The settings a resume may change ([`super::Resumable`]); by
+    /// default only the step count, which may grow.
+    fn resumable(&self) -> super::Resumable {
+        super::Resumable::STEPS_ONLY
+    }
     /// Where device memory figures come from on its backend.
     fn memory_source(&self) -> Box<dyn MemorySource>;
     /// Steps done.

@@ -26,7 +26,7 @@ use crate::params::{Snapshot, describe, restore, snapshot};
 use crate::plan::Knobs;
 use crate::precision::{Autocast, LossScaler, ScalerConfig, ScalerState};
 use crate::profile::{Accounted, DeviceMemory, MemoryReport, MemorySource, NamedTensor};
-use crate::run::{ArrayFile, Cadence, DeviceFailure, Finished, RunStats, StepRecord, Workload};
+use crate::run::{ArrayFile, Cadence, DeviceFailure, Finished, Resumable, RunStats, StepRecord, Workload};
 use crate::step::{StepError, StepObserver, Stepper, Trainable};
 use crate::storage::{StoragePolicy, parameter_bytes};
 
@@ -197,6 +197,15 @@ pub trait Course<B: AutodiffBackend, M: Trainable<B, D>, const D: usize> {
     /// The kind stored in its checkpoints.
     fn checkpoint_kind(&self) -> &'static str {
         CHECKPOINT_KIND
+    }
+    /// What a resume may change in its settings: by default the
+    /// [`Schedule`]'s learning rate and cadences, and more steps.
+    fn resumable(&self) -> Resumable {
+        Resumable {
+            cadence: &["checkpoint_every", "profile_every"],
+            learning_rates: &["lr"],
+            ..Resumable::STEPS_ONLY
+        }
     }
     /// The kind of a final `weights.bin`, or `None` for none (the default).
     fn weights_kind(&self) -> Option<&'static str> {
@@ -437,6 +446,9 @@ where
 
     fn checkpoint_kind(&self) -> &'static str {
         self.course.checkpoint_kind()
+    }
+    fn resumable(&self) -> Resumable {
+        self.course.resumable()
     }
     fn cadence(&self) -> Cadence {
         Cadence {
