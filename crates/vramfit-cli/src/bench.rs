@@ -199,6 +199,7 @@ fn splat(
             config.clone(),
             vramfit::run::RunPath::At(scratch.clone()),
         )),
+        Default::default(),
         |_| ControlFlow::Continue(()),
     );
     let _ = std::fs::remove_dir_all(&scratch);

@@ -52,5 +52,5 @@ pub fn run(args: FitArgs) -> Result<()> {
             crate::runs::run_path(&args.out, "fit"),
         ),
     };
-    crate::runs::run(&args.device.name, crate::runs::Launch::Fit(start))
+    crate::runs::run(&args.device.name, crate::runs::Launch::Fit(start), Default::default())
 }

@@ -180,6 +180,8 @@ pub enum Action {
         out: PathBuf,
         /// The `--device` given, for the ranks' command.
         device: String,
+        /// Test seam: the first plan fails at this step on every rank.
+        simulate_oom_at: Option<u64>,
     },
 }
 
@@ -227,9 +229,17 @@ impl<F: Family<D>, const D: usize> OnBackend for OnModel<F, D> {
             probe_batch,
             out,
             device,
+            simulate_oom_at,
         } = self.action
         {
-            return crate::ranks::run_within_budget_on_ranks(&mut target, budget, ranks, probe_batch, &out, &device);
+            let on = vramfit::plan::OnRanks {
+                ranks,
+                budget: budget.bytes,
+                out: &out,
+                device: &device,
+                simulate_oom_at,
+            };
+            return crate::ranks::run_within_budget_on_ranks(&mut target, budget, probe_batch, &on);
         }
         self.action.on(&mut target, &name)
     }

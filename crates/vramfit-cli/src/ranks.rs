@@ -7,9 +7,9 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use burn::tensor::backend::AutodiffBackend;
-use vramfit::plan::{Calibration, Measured, PROBE_STEPS, Runnable, Strategy, measured_in};
+use vramfit::plan::{Calibration, Knobs, OnRanks, PROBE_STEPS, RanksJob, RanksLauncher, Runnable, Strategy};
 use vramfit::profile::{DeviceMemory, human_bytes};
 use vramfit::ranks::{rank_dir, rank_dirs};
 use vramfit::run::{RunPath, Start};
@@ -118,92 +118,70 @@ fn mpirun(n: usize, args: impl IntoIterator<Item = std::ffi::OsString>, quiet: b
     Ok(())
 }
 
-/// `train … --ranks N --budget B`: the plans per rank predicted from
-/// one-rank probes (in this process), the winner verified by a probe on
-/// the N ranks (every rank measured; a plan a rank of which measures over
-/// the budget is dropped), then the run on the N ranks, each rank's peak
-/// checked against the budget; `plan.json` in the run says what was chosen
-/// and what every rank measured.
+/// `train … --ranks N --budget B` through the library's pipeline on ranks
+/// ([`vramfit::plan::run_within_on_ranks`]): the plans per rank predicted
+/// from one-rank probes (in this process), the winner verified by a probe
+/// on the N ranks, then the run on them, each rank held to the budget and
+/// falling back to the next plan from the last common checkpoint when a
+/// rank runs out of memory; printed as it goes, then each rank's peak.
 pub fn run_within_budget_on_ranks<B, F, const D: usize>(
     target: &mut FamilyTarget<B, F, D>,
     budget: Budget,
-    ranks: usize,
     probe_batch: Option<usize>,
-    out: &Path,
-    device: &str,
+    on: &OnRanks<'_>,
 ) -> Result<()>
 where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
     F: Family<D>,
 {
-    let cal = Calibration::probe(target, probe_batch, &format!("{device}, one rank"))?;
-    // Beside the run, never in it: the run directory must be new.
-    let name = out
-        .file_name()
-        .map_or("run".into(), |n| n.to_string_lossy().into_owned());
-    let work = out.with_file_name(format!(".{name}.ranks-{}", std::process::id()));
-    std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-    let launch = |config: &FamilyConfig<F>, dir: &Path, quiet: bool| -> Result<()> {
-        let file = work.join("config.toml");
-        vramfit::run::atomic_write(&file, config.to_toml().as_bytes())?;
-        let args = ["train", F::NAME, "--device", device, "--config"].map(std::ffi::OsString::from);
-        mpirun(
-            ranks,
-            args.into_iter().chain([file.into(), "--out".into(), dir.into()]),
-            quiet,
-        )
-    };
-    let mut tried = 0;
-    let verified = vramfit::plan::verify_on_ranks(&cal, budget.bytes, ranks, |knobs| {
-        tried += 1;
+    let ranks = on.ranks;
+    let cal = Calibration::probe(target, probe_batch, &format!("{}, one rank", on.device))?;
+    let config = |knobs: &Knobs, probe: bool| {
         let settings = target.settings(knobs);
+        if !probe {
+            return settings.to_toml();
+        }
         // As the one-rank probes: a run that checkpoints writes one in the
         // probe too (its host copies can be the peak).
-        let probe = FamilyConfig {
+        FamilyConfig {
             steps: PROBE_STEPS,
             log_every: 1,
             profile_every: 1,
             checkpoint_every: if settings.checkpoint_every > 0 { 2 } else { 0 },
             ..settings
-        };
-        let dir = work.join(format!("probe-{tried}"));
-        println!("verifying on {ranks} ranks: {}", cal.describe(knobs));
-        launch(&probe, &dir, true).map_err(|e| format!("{e:#}"))?;
-        rank_dirs(&dir).iter().map(|(_, d)| measured_in(d)).collect()
-    });
-    let verified = match verified {
-        Ok(v) => v,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&work);
-            return Err(e.into());
         }
+        .to_toml()
     };
-    let choice = &verified.verified.choice;
-    cal.print_choice(choice, budget);
-    println!(
-        "verified on {ranks} ranks: a probe of the winner at the run's shape measured {} (planned {} a rank)",
-        each_rank(verified.ranks.iter().map(|m| m.peak_bytes)),
-        human_bytes(choice.plans[0].peak_bytes)
-    );
-    let settings = target.settings(&choice.plans[0].setting);
-    println!("the command that runs it: {}", train_command(&settings, device));
-    let ran = launch(&settings, out, false);
-    let _ = std::fs::remove_dir_all(&work);
-    ran?;
-    let measured: Vec<Measured> = rank_dirs(out)
-        .iter()
-        .map(|(_, d)| measured_in(d))
-        .collect::<Result<_, _>>()
-        .map_err(|e| anyhow::anyhow!(e))?;
-    let mut record = vramfit::plan::record(&cal, &verified.verified, device);
-    record["ranks"] = ranks.into();
-    record["verified_ranks"] = serde_json::to_value(&verified.ranks)?;
-    record["run_ranks"] = serde_json::to_value(&measured)?;
-    let plan = out.join("plan.json");
-    vramfit::run::atomic_write(&plan, serde_json::to_string_pretty(&record)?.as_bytes())
-        .with_context(|| format!("writing {}", plan.display()))?;
-    let peaks: Vec<u64> = measured.iter().map(|m| m.peak_bytes).collect();
+    let mut kept = Vec::new();
+    let show = |verified: &vramfit::plan::VerifiedOnRanks| {
+        let choice = &verified.verified.choice;
+        cal.print_choice(choice, budget);
+        println!(
+            "verified on {ranks} ranks: a probe of the winner at the run's shape measured {} (planned {} a rank)",
+            each_rank(verified.ranks.iter().map(|m| m.peak_bytes)),
+            human_bytes(choice.plans[0].peak_bytes)
+        );
+        let settings = target.settings(&choice.plans[0].setting);
+        println!("the command that runs it: {}", train_command(&settings, on.device));
+        kept = choice.plans.iter().map(|p| cal.describe(&p.setting)).collect();
+    };
+    let mut launcher = Mpirun {
+        ranks,
+        workload: F::NAME,
+        device: on.device,
+    };
+    let within = vramfit::plan::run_within_on_ranks(&cal, on, config, &mut launcher, show)?;
+    for f in &within.fallbacks {
+        println!(
+            "fell back from plan {} to plan {} ({}), from the ranks' last common checkpoint: {}",
+            f.from + 1,
+            f.to + 1,
+            kept[f.to],
+            f.error
+        );
+    }
+    let peaks: Vec<u64> = within.run.iter().map(|m| m.peak_bytes).collect();
     let worst = peaks.iter().copied().max().unwrap_or(0);
     println!(
         "  budget {} bytes on each of {ranks} ranks: {} ({}); plan in {}",
@@ -214,7 +192,7 @@ where
         } else {
             "OVER"
         },
-        plan.display()
+        within.record.display()
     );
     if worst > budget.bytes {
         bail!(
@@ -223,6 +201,49 @@ where
         );
     }
     Ok(())
+}
+
+/// The ranks of a planned run, started as `vramfit train WORKLOAD` under
+/// `mpirun`.
+struct Mpirun<'a> {
+    ranks: usize,
+    workload: &'static str,
+    device: &'a str,
+}
+
+impl RanksLauncher for Mpirun<'_> {
+    fn launch(&mut self, job: RanksJob<'_>) -> std::result::Result<(), String> {
+        let mut args: Vec<std::ffi::OsString> =
+            ["train", self.workload, "--device", self.device].map(Into::into).into();
+        let mut quiet = false;
+        match job {
+            RanksJob::Probe { config, dir } => {
+                println!(
+                    "verifying the winner on {} ranks (a short probe at the run's shape)",
+                    self.ranks
+                );
+                quiet = true;
+                args.extend(["--config".into(), config.into(), "--out".into(), dir.into()]);
+            }
+            RanksJob::Run {
+                config,
+                dir,
+                budget,
+                simulate_oom_at,
+            } => {
+                args.extend(["--config".into(), config.into(), "--out".into(), dir.into()]);
+                args.extend(["--held-to".into(), budget.to_string().into()]);
+                if let Some(step) = simulate_oom_at {
+                    args.extend(["--simulate-oom-at".into(), step.to_string().into()]);
+                }
+            }
+            RanksJob::Fallback { dir, budget } => {
+                args.extend(["--resume".into(), dir.into(), "--fallback".into()]);
+                args.extend(["--held-to".into(), budget.to_string().into()]);
+            }
+        }
+        mpirun(self.ranks, args, quiet).map_err(|e| format!("{e:#}"))
+    }
 }
 
 /// "rank 0 X, rank 1 Y, …".

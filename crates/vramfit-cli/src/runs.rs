@@ -7,12 +7,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{Result, bail};
 use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
+use vramfit::plan::Runnable;
 use vramfit::profile::{DeviceMemory, MemoryReport, human_bytes};
-use vramfit::run::{Event, RunSummary, Start};
+use vramfit::run::{Event, FailAt, RunSummary, Start};
 use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::{Family, ModelSettings};
 use vramfit_models::gpt::{GptConfig, TrainConfig};
 use vramfit_models::job::TrainSummary;
+use vramfit_models::plan::FamilyTarget;
 use vramfit_models::unet::{UnetConfig, UnetTrainConfig};
 use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
 use vramfit_splat::op::{FusedLoss, SplatBackend};
@@ -36,6 +38,20 @@ impl Launch {
             Launch::Fit(Start::Resume(_)) | Launch::Transformer(Start::Resume(_)) | Launch::Unet(Start::Resume(_))
         )
     }
+}
+
+/// How the planner holds a rank's run when it runs a plan on ranks (the
+/// hidden flags `train --held-to B [--fallback] [--simulate-oom-at S]`,
+/// which its launcher gives every rank): held to a budget, resumed under a
+/// fallback plan's settings, the fallback's test seam.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Held {
+    /// Each step held to this many bytes of the deciding figure.
+    pub budget: Option<u64>,
+    /// A resume may change the settings (a fallback plan's).
+    pub new_settings: bool,
+    /// Fails with the backend's out-of-memory at this step.
+    pub simulate_oom_at: Option<u64>,
 }
 
 /// How a run ended.
@@ -69,6 +85,7 @@ impl<O: FnMut(Event) -> ControlFlow<()>> OnSplatBackend for DriveFit<O> {
 /// A model family's training run, driven.
 struct DriveTrain<F: ModelSettings, const D: usize, O> {
     start: Start<FamilyConfig<F>>,
+    held: Held,
     observe: O,
 }
 
@@ -97,7 +114,24 @@ impl<F: Family<D>, const D: usize, O: FnMut(Event) -> ControlFlow<()>> OnBackend
         }
         let (run, w) = started?;
         let dir = run.dir().root().to_path_buf();
-        Ok((dir, run.drive(w, self.observe)?.map(|s| Done::Train(F::NAME, s))))
+        let Held {
+            budget,
+            new_settings,
+            simulate_oom_at,
+        } = self.held;
+        let run = if new_settings { run.with_new_settings() } else { run };
+        let run = match budget {
+            Some(bytes) => run.with_budget(bytes),
+            None => run,
+        };
+        let summary = match simulate_oom_at {
+            Some(step) => {
+                let fail = <FamilyTarget<B, F, D> as Runnable>::simulated_oom;
+                run.drive(FailAt { inner: w, step, fail }, self.observe)?
+            }
+            None => run.drive(w, self.observe)?,
+        };
+        Ok((dir, summary.map(|s| Done::Train(F::NAME, s))))
     }
 }
 
@@ -106,25 +140,26 @@ impl<F: Family<D>, const D: usize, O: FnMut(Event) -> ControlFlow<()>> OnBackend
 pub fn run_with(
     device: &str,
     launch: Launch,
+    held: Held,
     observe: impl FnMut(Event) -> ControlFlow<()>,
 ) -> Result<(PathBuf, Option<Done>)> {
     match launch {
         Launch::Fit(start) => on_splat_device(device, DriveFit { start, observe }),
-        Launch::Transformer(start) => on_device(device, DriveTrain::<GptConfig, 3, _> { start, observe }),
-        Launch::Unet(start) => on_device(device, DriveTrain::<UnetConfig, 4, _> { start, observe }),
+        Launch::Transformer(start) => on_device(device, DriveTrain::<GptConfig, 3, _> { start, held, observe }),
+        Launch::Unet(start) => on_device(device, DriveTrain::<UnetConfig, 4, _> { start, held, observe }),
     }
 }
 
 /// Runs `launch` on `device` with a progress bar, and prints the summary.
-pub fn run(device: &str, launch: Launch) -> Result<()> {
+pub fn run(device: &str, launch: Launch, held: Held) -> Result<()> {
     let resumed = launch.resumed();
     let world = vramfit::ranks::world();
     let rank = world.as_ref().map_or(0, |w| w.rank());
     // Rank 0 shows the progress and the summary; the others work quietly.
     let (out, done) = if rank == 0 {
-        run_with(device, launch, progress())?
+        run_with(device, launch, held, progress())?
     } else {
-        run_with(device, launch, |_| ControlFlow::Continue(()))?
+        run_with(device, launch, held, |_| ControlFlow::Continue(()))?
     };
     let Some(done) = done else {
         bail!("the run stopped before its end")

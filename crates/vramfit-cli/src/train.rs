@@ -40,9 +40,16 @@ pub struct TrainArgs {
     resume: Option<PathBuf>,
     #[command(flatten)]
     device: crate::device::DeviceArg,
-    /// Test seam: with --budget, the first plan fails at this step as an out-of-memory would.
-    #[arg(long, hide = true, requires = "budget")]
+    /// Test seam: with --budget, the first plan fails at this step as an out-of-memory would
+    /// (on ranks: every rank, the planner's launcher passing it on).
+    #[arg(long, hide = true)]
     simulate_oom_at: Option<u64>,
+    /// A rank of a planned run on ranks: each step held to this many bytes (the planner's launcher gives it).
+    #[arg(long, hide = true, conflicts_with = "budget")]
+    held_to: Option<u64>,
+    /// A rank of a planned run on ranks resumed under a fallback plan's settings (the planner's launcher gives it).
+    #[arg(long, hide = true, requires = "resume")]
+    fallback: bool,
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -93,6 +100,7 @@ fn run_family<F: Family<D>, const D: usize>(
                 probe_batch: args.probe_batch,
                 out,
                 device: args.device.name.clone(),
+                simulate_oom_at: args.simulate_oom_at,
             };
             return crate::plan::model::<F, D>(config, &args.device.name, action);
         }
@@ -104,6 +112,14 @@ fn run_family<F: Family<D>, const D: usize>(
         };
         return crate::plan::model::<F, D>(config, &args.device.name, action);
     }
+    if args.simulate_oom_at.is_some() && args.held_to.is_none() {
+        anyhow::bail!("--simulate-oom-at is a test seam of planned runs: give --budget too");
+    }
+    let held = crate::runs::Held {
+        budget: args.held_to,
+        new_settings: args.fallback,
+        simulate_oom_at: args.simulate_oom_at,
+    };
     let (start, ranks) = match &args.resume {
         Some(dir) => {
             // A run's ranks are its config's (none readable: not a run; the resume says why),
@@ -177,7 +193,7 @@ fn run_family<F: Family<D>, const D: usize>(
         ),
         _ => {}
     }
-    crate::runs::run(&args.device.name, launch(start))
+    crate::runs::run(&args.device.name, launch(start), held)
 }
 
 /// Before any rank starts: at least one, sharing the micro-batches evenly.

@@ -566,6 +566,9 @@ const STATEFUL: [&str; 16] = [
 /// `train … --ranks 2 --budget B` where no plan fits B on one rank: the
 /// plan per rank, verified by a probe on the two ranks, runs with every
 /// rank's peak within B (each rank's own summary), and `plan.json` says so.
+/// The winner runs out of memory on the ranks at step 3 (the test seam):
+/// the ranks fall back to the next plan from their checkpoint of step 2
+/// and finish, every step logged once.
 #[cfg(feature = "mpi")]
 #[test]
 fn a_budget_one_rank_cannot_hold_is_planned_verified_and_run_on_two() {
@@ -592,10 +595,16 @@ fn a_budget_one_rank_cannot_hold_is_planned_verified_and_run_on_two() {
                 budget.as_str(),
                 "--steps",
                 "6",
+                "--set",
+                "checkpoint_every=2",
+                "--set",
+                "log_every=1",
                 "--ranks",
                 "2",
                 "--out",
                 out.to_str().unwrap(),
+                "--simulate-oom-at",
+                "3",
             ],
         ]
         .concat(),
@@ -606,6 +615,12 @@ fn a_budget_one_rank_cannot_hold_is_planned_verified_and_run_on_two() {
         said.contains("verified on 2 ranks") && said.contains("every rank within"),
         "{said}"
     );
+    assert!(said.contains("fell back from plan 1 to plan 2"), "{said}");
+    for dir in [out.clone(), out.join("ranks/rank-1")] {
+        let steps = vramfit::run::logged_steps(&dir).unwrap();
+        assert_eq!(steps, (1..=6).collect::<Vec<_>>(), "{}", dir.display());
+        assert!(dir.join("oom.json").exists(), "{}", dir.display());
+    }
     for dir in [out.clone(), out.join("ranks/rank-1")] {
         let summary: serde_json::Value =
             serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap();
@@ -614,6 +629,8 @@ fn a_budget_one_rank_cannot_hold_is_planned_verified_and_run_on_two() {
     }
     let plan: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("plan.json")).unwrap()).unwrap();
     assert_eq!(plan["ranks"], 2);
+    assert_eq!(plan["running"], 1, "{plan}");
+    assert_eq!(plan["fallbacks"][0]["to"], 1, "{plan}");
     for key in ["verified_ranks", "run_ranks"] {
         let ranks = plan[key].as_array().unwrap();
         assert_eq!(ranks.len(), 2, "{key}");

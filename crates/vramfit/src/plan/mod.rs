@@ -25,7 +25,9 @@
 //!    the next plan if it measures over the budget; [`run_plans`] runs it
 //!    held to the budget and, on an out-of-memory (or the budget passed),
 //!    falls back to the next plan from its last checkpoint. [`run_within`]
-//!    does all four in one call for a [`Runnable`] target.
+//!    does all four in one call for a [`Runnable`] target;
+//!    [`run_within_on_ranks`] the same on data-parallel ranks, which a
+//!    [`RanksLauncher`] starts.
 //!
 //! A workload whose memory knob is one ordered setting (the splat fit's
 //! band height) is planned by [`ladder`] instead: every rung of a doubling
@@ -48,6 +50,7 @@ pub mod chain;
 mod choose;
 pub mod ladder;
 mod model;
+mod on_ranks;
 mod pipeline;
 mod planned;
 mod probe;
@@ -56,9 +59,12 @@ mod strategy;
 pub use capacity::{Capacity, CapacityCalibration, Counted, Line, Variant, calibrate_capacity};
 pub use ladder::{Ladder, LadderCalibration, Rung, calibrate_ladder};
 pub use model::{Delta, FusedCosts, Model, ProbeRecord};
+pub use on_ranks::{
+    OnRanks, RanksJob, RanksLauncher, RanksWithinBudget, VerifiedOnRanks, run_within_on_ranks, verify_on_ranks,
+};
 pub use pipeline::{
-    BudgetError, FALLBACKS, Found, Options, Runnable, SIMULATED_OOM, Setting, VERIFY_TRIES, Verified, VerifiedOnRanks,
-    Within, WithinBudget, record, run_plans, run_within, run_within_showing, verify, verify_on_ranks,
+    BudgetError, FALLBACKS, Found, Options, Runnable, SIMULATED_OOM, Setting, VERIFY_TRIES, Verified, Within,
+    WithinBudget, record, run_plans, run_within, run_within_showing, verify,
 };
 pub use planned::{Planned, PlannedRun};
 pub use probe::{Measured, PROBE_STEPS, measure_run, measured_in, run_probe};

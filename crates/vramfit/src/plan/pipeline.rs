@@ -11,7 +11,7 @@ use std::ops::ControlFlow;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Choice, Measured, PlanError, Planned, PlannedRun, Strategy};
+use super::{Choice, Measured, Plan, PlanError, Planned, PlannedRun, Strategy};
 use crate::run::{Event, Run, RunError, RunPath, Start, Workload};
 
 /// Plans a verification may measure over the budget before the planner gives up.
@@ -83,21 +83,61 @@ pub fn verify<S: Strategy>(cal: &S, target: &mut S::Target, budget: u64) -> Resu
             choice
         })
     };
+    let describe = |s: &S::Setting| cal.describe(s);
+    let measure = |winner: &Plan<S::Setting>| {
+        let (settled, measured) = cal.settle(target, winner, budget).map_err(|why| PlanError::Probe {
+            probe: format!("verifying {}", cal.describe(&winner.setting)),
+            why,
+        })?;
+        Ok(Probed {
+            settled,
+            measured,
+            on: String::new(),
+            kept: (),
+        })
+    };
+    verify_ranked(budget, ranked, describe, measure).map(|(verified, ())| verified)
+}
+
+/// What one verification probe of a winner found.
+pub(super) struct Probed<P, X> {
+    /// The plan as measured (a strategy may settle on a neighbour of the winner).
+    pub settled: Plan<P>,
+    /// The figure that decides (on ranks: the highest rank's).
+    pub measured: Measured,
+    /// Where it was measured, in words ("" or " on rank 1").
+    pub on: String,
+    /// What the caller keeps beside it (on ranks: every rank's probe).
+    pub kept: X,
+}
+
+/// The verification loop every planner shares: the winner of
+/// `ranked(rejected)` probed by `measure`; one measured over the budget is
+/// rejected, saying why, and the next one tried, [`VERIFY_TRIES`] at most.
+pub(super) fn verify_ranked<P: Clone + PartialEq, X>(
+    budget: u64,
+    ranked: impl Fn(&[P]) -> Result<Choice<P>, PlanError>,
+    describe: impl Fn(&P) -> String,
+    mut measure: impl FnMut(&Plan<P>) -> Result<Probed<P, X>, PlanError>,
+) -> Result<(Verified<P>, X), PlanError> {
     let mut rejected = Vec::new();
     let mut why_rejected = Vec::new();
     while rejected.len() < VERIFY_TRIES {
         let Some(winner) = ranked(&rejected)?.plans.into_iter().next() else {
             break;
         };
-        let (settled, measured) = cal.settle(target, &winner, budget).map_err(|why| PlanError::Probe {
-            probe: format!("verifying {}", cal.describe(&winner.setting)),
-            why,
-        })?;
+        let Probed {
+            settled,
+            measured,
+            on,
+            kept,
+        } = measure(&winner)?;
         if measured.peak_bytes <= budget {
             let mut choice = ranked(&rejected)?;
             if !why_rejected.is_empty() {
                 choice.why = format!(
-                    "the {} plan(s) ranked above it measured over the budget ({}); this one measured {} bytes of {}",
+                    "the {} plan(s) ranked above it measured over the budget ({}); this one measured {} bytes of \
+                     {}{on}",
                     why_rejected.len(),
                     why_rejected.join("; "),
                     measured.peak_bytes,
@@ -108,16 +148,16 @@ pub fn verify<S: Strategy>(cal: &S, target: &mut S::Target, budget: u64) -> Resu
                 choice.why = format!(
                     "{}; verified at {} instead of {} (where measurements put the budget)",
                     choice.why,
-                    cal.describe(&settled.setting),
-                    cal.describe(&winner.setting)
+                    describe(&settled.setting),
+                    describe(&winner.setting)
                 );
             }
             choice.plans[0] = settled;
-            return Ok(Verified { choice, measured });
+            return Ok((Verified { choice, measured }, kept));
         }
         why_rejected.push(format!(
-            "{}: predicted {} bytes, measured {}",
-            cal.describe(&settled.setting),
+            "{}: predicted {} bytes, measured {}{on}",
+            describe(&settled.setting),
             settled.peak_bytes,
             measured.peak_bytes
         ));
@@ -126,73 +166,6 @@ pub fn verify<S: Strategy>(cal: &S, target: &mut S::Target, budget: u64) -> Resu
     Err(PlanError::Unverified {
         budget,
         rejected: why_rejected.join("; "),
-    })
-}
-
-/// A plan verified on data-parallel ranks: [`Verified`] (its `measured`
-/// the rank that peaked highest) and every rank's probe.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct VerifiedOnRanks {
-    /// The plans for the budget on the ranks, the verified winner first.
-    pub verified: Verified<super::Knobs>,
-    /// Each rank's probe of the winner, rank 0 first.
-    pub ranks: Vec<Measured>,
-}
-
-/// [`super::Calibration::choose_on_ranks`] for `budget` on `ranks` ranks,
-/// its winner verified by `probe`, which runs a plan on the ranks at the
-/// run's shape and measures every rank (one process cannot: the
-/// prediction on ranks is derived from one rank's probes). A winner any
-/// rank of which measured over the budget is dropped and the next one
-/// tried, [`VERIFY_TRIES`] at most.
-pub fn verify_on_ranks(
-    cal: &super::Calibration,
-    budget: u64,
-    ranks: usize,
-    mut probe: impl FnMut(&super::Knobs) -> Result<Vec<Measured>, String>,
-) -> Result<VerifiedOnRanks, PlanError> {
-    let mut choice = cal.choose_on_ranks(budget, ranks)?;
-    let mut rejected = Vec::new();
-    while rejected.len() < VERIFY_TRIES {
-        let Some(winner) = choice.plans.first() else { break };
-        let each = probe(&winner.setting).map_err(|why| PlanError::Probe {
-            probe: format!("verifying {} on {ranks} ranks", cal.describe(&winner.setting)),
-            why,
-        })?;
-        let Some((worst, measured)) = each.iter().enumerate().max_by_key(|(_, m)| m.peak_bytes) else {
-            return Err(PlanError::Probe {
-                probe: format!("verifying {} on {ranks} ranks", cal.describe(&winner.setting)),
-                why: "no rank reported a peak".into(),
-            });
-        };
-        if measured.peak_bytes <= budget {
-            if !rejected.is_empty() {
-                choice.why = format!(
-                    "the {} plan(s) ranked above it measured over the budget on a rank ({}); this one measured {} \
-                     bytes of {} on its highest rank",
-                    rejected.len(),
-                    rejected.join("; "),
-                    measured.peak_bytes,
-                    budget
-                );
-            }
-            let measured = *measured;
-            return Ok(VerifiedOnRanks {
-                verified: Verified { choice, measured },
-                ranks: each,
-            });
-        }
-        rejected.push(format!(
-            "{}: predicted {} bytes a rank, measured {} on rank {worst}",
-            cal.describe(&winner.setting),
-            winner.peak_bytes,
-            measured.peak_bytes
-        ));
-        choice.plans.remove(0);
-    }
-    Err(PlanError::Unverified {
-        budget,
-        rejected: rejected.join("; "),
     })
 }
 
