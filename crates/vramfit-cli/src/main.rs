@@ -85,6 +85,7 @@ mod plan;
 mod plan_bench;
 mod private_network;
 mod ranks;
+mod remedies;
 mod runs;
 mod sample;
 mod scene;
@@ -196,6 +197,7 @@ enum Command {
 
 fn main() {
     keep_freed_pages();
+    remedies::install();
     // A CUDA build on a machine without NVIDIA's driver: cudarc panics when
     // it cannot load libcuda. Said in a line below, not as a panic.
     // The panic comes on the device's thread; this one then fails to hear

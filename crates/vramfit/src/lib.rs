@@ -94,6 +94,7 @@ pub mod plan;
 pub mod precision;
 pub mod profile;
 pub mod ranks;
+pub mod remedy;
 pub mod run;
 pub mod settings;
 pub mod step;

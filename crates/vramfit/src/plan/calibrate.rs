@@ -166,8 +166,8 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
     }
     if p < 2 || p > space.batch {
         return Err(PlanError::Setting(format!(
-            "--probe-batch {p}: probes need an effective batch from 2 to the run's {}",
-            space.batch
+            "a probe batch of {p} is out of range: {}",
+            crate::remedy::Remedy::ProbeBatch { most: space.batch }
         )));
     }
     let q = small_micro_batch(p);

@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::Measured;
+use crate::remedy::Remedy;
 
 /// One plan: what it sets and what the strategy predicts for it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -105,7 +106,8 @@ pub enum PlanError {
     /// Nothing fits the budget.
     #[error(
         "no plan fits {budget}: the leanest plan, {knobs}, is predicted to peak at {least}; with the {margin:.0} % \
-         safety margin, rounded up to a MiB, a budget that works is {smallest} (--budget {smallest_bytes})"
+         safety margin, rounded up to a MiB, a budget that works is {smallest} ({})",
+        Remedy::Budget(*smallest_bytes)
     )]
     Infeasible {
         /// The budget, in words.

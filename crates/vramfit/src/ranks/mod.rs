@@ -31,6 +31,8 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 
+use crate::remedy::Remedy;
+
 /// What a data-parallel step needs of the engine.
 pub trait Collective: Send + Sync {
     /// This process's rank, from 0.
@@ -118,7 +120,8 @@ pub fn share(accumulate: usize, rank: usize, size: usize) -> Range<usize> {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "{ranks} ranks cannot share {accumulate} micro-batches evenly: make accumulate a multiple of the ranks \
-     (e.g. --micro-batch {micro} --accumulate {suggested}, the same batch of {batch}) or use {fits} ranks"
+     (e.g. {}, the same batch of {batch}) or use {fits} ranks",
+    Remedy::MicroBatches { micro: *micro, accumulate: *suggested }
 )]
 pub struct UnevenSplit {
     /// Ranks asked for.
@@ -412,7 +415,7 @@ mod tests {
         assert!(check_split(2, 4, 2).is_ok() && check_split(1, 8, 4).is_ok());
         let e = check_split(4, 1, 2).unwrap_err();
         assert_eq!((e.micro, e.suggested, e.fits), (2, 2, 1), "{e}");
-        assert!(e.to_string().contains("--micro-batch 2 --accumulate 2"), "{e}");
+        assert!(e.to_string().contains("micro-batches of 2, 2 a step"), "{e}");
         let e = check_split(1, 3, 2).unwrap_err();
         // A batch of 3 cannot be split over 2 ranks at all: micro-batches of 1 leave 3.
         assert_eq!(e.fits, 1, "{e}");

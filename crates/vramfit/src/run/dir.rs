@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::atomic::{atomic_write, is_temporary};
+use crate::remedy::Remedy;
 
 /// The lock file inside every run directory (see [`RunDir`]).
 pub const LOCK_FILE: &str = ".lock";
@@ -18,12 +19,12 @@ const SUBFOLDERS: [&str; 2] = ["checkpoints", "frames"];
 #[derive(Debug, thiserror::Error)]
 pub enum RunDirError {
     /// The directory exists and the run is not a resume.
-    #[error("run directory '{0}' already exists; choose another --out{hint}", hint = resume_hint(.0))]
+    #[error("run directory '{0}' already exists; {other}{hint}", other = Remedy::OtherRunDir, hint = resume_hint(.0))]
     Exists(PathBuf),
     /// The path is taken by something that is not a run directory (a
     /// file, or a folder with neither a run's `config.toml` nor its lock
     /// file): resuming it cannot work, so the error does not suggest it.
-    #[error("'{path}' {what}; choose another --out (a path that does not exist yet: vramfit creates the folder)")]
+    #[error("'{path}' {what}; {}", Remedy::OtherRunDir)]
     Taken {
         /// The path.
         path: PathBuf,
@@ -112,22 +113,19 @@ fn full_disk_hint(cause: &io::Error, path: &Path) -> String {
                 None => d,
             },
         )
-        .map_or("RUN_DIR".into(), |d| d.display().to_string());
+        .map_or("RUN_DIR".into(), Path::to_path_buf);
     format!(
-        ". Free space and resume the run (`--resume {run}`): it continues from its last checkpoint as if it had not \
-         stopped"
+        ". Free space and {}: it continues from its last checkpoint as if it had not stopped",
+        Remedy::Resume(run)
     )
 }
 
 /// After "already exists": what to do with the run there, if it is one.
 fn resume_hint(root: &Path) -> String {
     if root.join("summary.json").is_file() {
-        format!(
-            " (the run there finished: `vramfit report {}` shows it)",
-            root.display()
-        )
+        format!(" (the run there finished: {})", Remedy::Report(root.into()))
     } else if root.join("config.toml").is_file() || root.join(LOCK_FILE).is_file() {
-        format!(", or pass --resume {} to continue it", root.display())
+        format!(", or {} to continue it", Remedy::Resume(root.into()))
     } else {
         String::new()
     }
@@ -357,9 +355,10 @@ impl RunDir {
         if !root.join("config.toml").is_file() {
             return Err(RunDirError::NotResumable {
                 path: root.to_path_buf(),
-                why: "it is not a vramfit run (it has no config.toml); give the folder a run wrote (its --out, or \
-                      runs/NAME-NNN)"
-                    .into(),
+                why: format!(
+                    "it is not a vramfit run (it has no config.toml); {}",
+                    Remedy::RunDirWritten
+                ),
             });
         }
         let lock = lock(root)?;
@@ -523,7 +522,7 @@ mod tests {
         RunDir::create(&p).unwrap();
         let err = RunDir::create(&p).unwrap_err();
         assert!(
-            err.to_string().contains("already exists") && err.to_string().contains("--resume"),
+            err.to_string().contains("already exists") && err.to_string().contains("resume the run in"),
             "{err}"
         );
         fs::remove_dir_all(&p).unwrap();

@@ -23,6 +23,8 @@ use super::errors::{DevicePanic, OverBudget};
 use super::resume::contradicting_keys;
 use super::session::Session;
 use super::workload::{Event, RunSummary, Workload};
+use crate::remedy::Remedy;
+
 use super::{ArrayFile, OutOfMemoryError, RunDir, RunDirError, RunError, checkpoints_newest_first};
 use crate::profile::{MemoryReport, Profiler, oom_report, out_of_memory};
 
@@ -144,11 +146,9 @@ impl Run {
                 .into());
             }
             if started != workload {
-                // A command is named as one; the library's trainer is not a command.
-                let how = if started.starts_with("vramfit ") {
-                    format!("resume it with {started} --resume {}", out.display())
-                } else {
-                    format!("resume it with {started}")
+                let how = Remedy::ResumeWith {
+                    command: started.to_string(),
+                    dir: out.to_path_buf(),
                 };
                 return Err(not_resumable(format!("it is a run of {started}, not of {workload}: {how}")).into());
             }
@@ -242,12 +242,14 @@ impl Run {
                     .trim_end_matches(".ckpt")
                     .parse::<u64>()
                     .unwrap_or(0);
-                let keys = contradicting_keys(&workload.resumable(), then, &self.config, step);
+                let resumable = workload.resumable();
+                let keys = contradicting_keys(&resumable, then, &self.config, step);
                 if !keys.is_empty() {
                     return Err(RunError::ConfigEdited {
                         dir: self.dir.root().into(),
                         checkpoint: name,
                         keys: keys.join("; "),
+                        may_change: resumable.describe(),
                     });
                 }
             }
@@ -361,8 +363,8 @@ impl Run {
                 path: self.dir.path("memory.json"),
                 why: format!(
                     "{e}. The run's steps are done, but without its memory report it is not marked finished: free \
-                     space and resume it (`--resume {}`), which repeats the steps after its last checkpoint",
-                    self.dir.root().display()
+                     space and {}, which repeats the steps after its last checkpoint",
+                    Remedy::Resume(self.dir.root().into())
                 ),
             }),
             (result, _) => result,

@@ -4,6 +4,12 @@
 use std::path::{Path, PathBuf};
 
 use super::RunDirError;
+use crate::remedy::Remedy;
+
+/// A new run from the settings of the run in `dir`, in the front end's words.
+fn new_run(dir: &Path) -> Remedy {
+    Remedy::NewRun(dir.join("config.toml"))
+}
 
 /// Why a run stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -29,8 +35,8 @@ pub enum RunError {
     /// over and then fail at the first checkpoint.
     #[error(
         "cannot resume {dir}: its checkpoints folder {dir}/checkpoints is missing (a run keeps its checkpoints \
-         there). Nothing was changed. Restore the folder to resume, or start a new run with the same settings \
-         (`--config {dir}/config.toml`)"
+         there). Nothing was changed. Restore the folder to resume, or {}",
+        new_run(dir)
     )]
     CheckpointsMissing {
         /// The run directory.
@@ -40,10 +46,9 @@ pub enum RunError {
     /// continue the same run.
     #[error(
         "cannot resume {dir}: config.toml was edited since {checkpoint}, and the run would not continue as it \
-         was: {keys}. Nothing was changed. Put the values back to resume, or start a new run with the edited \
-         settings (`--config {dir}/config.toml`). A resume may change the cadences (log_every, check_every, \
-         frame_every, checkpoint_every, profile_every), the learning rates, and `steps` to no fewer than the \
-         checkpoint's"
+         was: {keys}. Nothing was changed. Put the values back to resume, or {} (the edited settings). A resume \
+         may change {may_change}",
+        new_run(dir)
     )]
     ConfigEdited {
         /// The run directory.
@@ -52,13 +57,16 @@ pub enum RunError {
         checkpoint: String,
         /// Each edited key, `key: then → now`.
         keys: String,
+        /// What the workload lets a resume change ([`super::Resumable::describe`]).
+        may_change: String,
     },
     /// The checkpoints folder is empty though the run had written
     /// checkpoints (its log reaches past the first).
     #[error(
         "cannot resume {dir}: its checkpoints folder is empty, but the run had reached step {step} (metrics.jsonl) \
          with a checkpoint every {every} steps: they were removed. Nothing was changed. Restore them to resume, or \
-         start a new run with the same settings (`--config {dir}/config.toml`)"
+         {}",
+        new_run(dir)
     )]
     CheckpointsGone {
         /// The run directory.
@@ -70,8 +78,9 @@ pub enum RunError {
     },
     /// Checkpoints exist but none reads back: the run will not silently start over.
     #[error(
-        "cannot resume {dir}: no checkpoint reads back ({why}). Nothing was changed. Start a new run with the same \
-         settings (`--config {dir}/config.toml`), or move the checkpoints away to restart this run from step 0"
+        "cannot resume {dir}: no checkpoint reads back ({why}). Nothing was changed. To go on: {}, or move the \
+         checkpoints away to restart this run from step 0",
+        new_run(dir)
     )]
     NoReadableCheckpoint {
         /// The run directory.
@@ -135,9 +144,8 @@ pub(super) fn write_err<'a>(root: &'a Path, path: &'a Path) -> impl Fn(std::io::
             path: path.into(),
             why: if full {
                 format!(
-                    "{e}. Free space and resume the run (`--resume {}`): it continues from its last checkpoint as \
-                     if it had not stopped",
-                    root.display()
+                    "{e}. Free space and {}: it continues from its last checkpoint as if it had not stopped",
+                    Remedy::Resume(root.into())
                 )
             } else {
                 e.to_string()

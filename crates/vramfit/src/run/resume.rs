@@ -22,6 +22,22 @@ pub struct Resumable {
 }
 
 impl Resumable {
+    /// What a resume may change, in words.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.cadence.is_empty() {
+            parts.push(format!("the cadences ({})", self.cadence.join(", ")));
+        }
+        if !self.learning_rates.is_empty() {
+            parts.push(format!("the learning rates ({})", self.learning_rates.join(", ")));
+        }
+        if let Some(moments) = self.moments {
+            parts.push(format!("where the moments live (`{moments}`: device or host)"));
+        }
+        parts.push(format!("`{}` to no fewer than the checkpoint's", self.steps));
+        parts.join(", ")
+    }
+
     /// A workload that says nothing: only `steps` may grow.
     pub const STEPS_ONLY: Self = Self {
         cadence: &[],
