@@ -251,7 +251,10 @@ pub fn invalid(name: &'static str, why: impl Into<String>) -> ConfigError {
 impl<M: ModelSettings> FamilyConfig<M> {
     /// Parses TOML; `path` names the source in errors.
     pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
-        vramfit::settings::from_toml(text).map_err(|why| ConfigError::File { path: path.into(), why })
+        vramfit::settings::from_toml(text).map_err(|why| ConfigError::File {
+            path: path.into(),
+            why: why.to_string(),
+        })
     }
 
     /// Reads a TOML file.

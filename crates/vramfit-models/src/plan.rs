@@ -18,6 +18,7 @@ use crate::family::{Family, ModelSettings};
 use crate::gpt::GptConfig;
 use crate::job::{Job, TrainError};
 use crate::unet::UnetConfig;
+use vramfit::plan::ProbeError;
 
 /// A run of family `F` with settings `base`, to be planned on `device`.
 pub struct FamilyTarget<B: AutodiffBackend, F: Family<D>, const D: usize> {
@@ -136,7 +137,7 @@ where
         self.space.clone()
     }
 
-    fn measure(&mut self, knobs: &Knobs, batch: usize) -> Result<Measured, String> {
+    fn measure(&mut self, knobs: &Knobs, batch: usize) -> Result<Measured, ProbeError> {
         run_probe::<B, _, _>(&self.device, |steps| {
             let config = FamilyConfig {
                 steps,

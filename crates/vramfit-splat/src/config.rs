@@ -105,7 +105,10 @@ impl FitConfig {
 
     /// Parses TOML text; `path` names the source in errors.
     pub fn from_toml(text: &str, path: &Path) -> Result<Self, SplatError> {
-        vramfit::settings::from_toml(text).map_err(|why| SplatError::Config { path: path.into(), why })
+        vramfit::settings::from_toml(text).map_err(|why| SplatError::Config {
+            path: path.into(),
+            why: why.to_string(),
+        })
     }
 
     /// Reads a TOML file.

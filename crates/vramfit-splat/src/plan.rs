@@ -18,6 +18,7 @@ use crate::SplatError;
 use crate::config::FitConfig;
 use crate::job::{Splat, launch, load_image};
 use crate::op::{FusedLoss, SplatBackend};
+use vramfit::plan::ProbeError;
 
 /// The fit with settings `base`, to be planned on `device`.
 pub struct SplatTarget<B: AutodiffBackend> {
@@ -83,7 +84,7 @@ where
         }
     }
 
-    fn measure(&mut self, band_rows: usize) -> Result<Measured, String> {
+    fn measure(&mut self, band_rows: usize) -> Result<Measured, ProbeError> {
         run_probe::<B, _, _>(&self.device, |steps| {
             let config = FitConfig {
                 steps,

@@ -6,7 +6,7 @@ use serde::de::DeserializeOwned;
 /// Parses `text`; the error names the line and its text where TOML knows it.
 /// A whole number written as a float (`steps = 1e3`, as the flags and
 /// `--set` accept it) reads as that whole number.
-pub fn from_toml<T: DeserializeOwned>(text: &str) -> Result<T, String> {
+pub fn from_toml<T: DeserializeOwned>(text: &str) -> Result<T, SettingsError> {
     toml::from_str(text)
         .or_else(|e| {
             // Only on failure: a whole float becomes an integer (which serde
@@ -23,14 +23,26 @@ pub fn from_toml<T: DeserializeOwned>(text: &str) -> Result<T, String> {
             let line = e.span().map(|span| {
                 let start = text[..span.start].rfind('\n').map_or(0, |i| i + 1);
                 let end = text[span.start..].find('\n').map_or(text.len(), |i| span.start + i);
-                format!(
-                    "line {}: `{}`: ",
+                (
                     text[..start].matches('\n').count() + 1,
-                    text[start..end].trim()
+                    text[start..end].trim().to_string(),
                 )
             });
-            format!("{}{}", line.unwrap_or_default(), in_words(e.message()))
+            SettingsError {
+                line,
+                why: in_words(e.message()),
+            }
         })
+}
+
+/// Settings that do not read: where, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{why}", line.as_ref().map(|(n, text)| format!("line {n}: `{text}`: ")).unwrap_or_default())]
+pub struct SettingsError {
+    /// The line (from 1) and its text, where TOML knows it.
+    pub line: Option<(usize, String)>,
+    /// What is wrong, in words.
+    pub why: String,
 }
 
 /// Every finite whole float in `table` (nested tables and arrays too) that
@@ -220,17 +232,17 @@ mod tests {
 
     #[test]
     fn names_the_line() {
-        let e = super::from_toml::<S>("steps = 1\nstepz = 2\n").unwrap_err();
+        let e = super::from_toml::<S>("steps = 1\nstepz = 2\n").unwrap_err().to_string();
         assert!(e.contains("line 2") && e.contains("stepz"), "{e}");
-        let e = super::from_toml::<S>("steps = \"x\"").unwrap_err();
+        let e = super::from_toml::<S>("steps = \"x\"").unwrap_err().to_string();
         assert!(e.contains("line 1") && e.contains("steps = \"x\""), "{e}");
         // The number forms the flags and `--set` accept, in a file too; a
         // fraction or a number past the range is still refused, in words.
         assert_eq!(super::from_toml::<S>("steps = 1e1").unwrap().steps, 10);
         assert_eq!(super::from_toml::<S>("steps = 1_000").unwrap().steps, 1000);
-        let e = super::from_toml::<S>("steps = 2.5").unwrap_err();
+        let e = super::from_toml::<S>("steps = 2.5").unwrap_err().to_string();
         assert!(e.contains("line 1") && e.contains("a fractional number"), "{e}");
-        let e = super::from_toml::<S>("steps = 1e19").unwrap_err();
+        let e = super::from_toml::<S>("steps = 1e19").unwrap_err().to_string();
         assert!(e.contains("line 1") && !e.contains("u64"), "{e}");
     }
 

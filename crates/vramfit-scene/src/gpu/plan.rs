@@ -13,6 +13,7 @@ use crate::config::SceneConfig;
 use crate::error::SceneError;
 use crate::job::{Placement, SceneJob, launch};
 use crate::plan::{Storage, variants};
+use vramfit::plan::ProbeError;
 
 /// A scene fit as the planner probes it.
 pub struct ScenePlan<R: Runtime> {
@@ -106,10 +107,10 @@ impl<R: Runtime> Capacity for ScenePlan<R> {
     fn probe_counts(&self) -> Vec<usize> {
         self.counts.clone()
     }
-    fn measure(&mut self, variant: &str, count: usize) -> Result<Measured, String> {
+    fn measure(&mut self, variant: &str, count: usize) -> Result<Measured, ProbeError> {
         let Storage { moments, sh, degree } = self
             .storage(variant)
-            .ok_or_else(|| format!("no variant named `{variant}`"))?;
+            .ok_or_else(|| ProbeError::workload(format!("no variant named `{variant}`")))?;
         let started = std::time::Instant::now();
         let case = MemoryCase {
             gaussians: count,
@@ -117,7 +118,8 @@ impl<R: Runtime> Capacity for ScenePlan<R> {
             width: self.width,
             height: self.height,
         };
-        let m = measure_step::<R>(&self.device, &case, moments, sh, Default::default(), 3)?;
+        let m =
+            measure_step::<R>(&self.device, &case, moments, sh, Default::default(), 3).map_err(ProbeError::workload)?;
         Ok(Measured {
             peak_bytes: m.reserved,
             step_peak_bytes: m.reserved,

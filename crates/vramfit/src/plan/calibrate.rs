@@ -178,7 +178,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         |name: &str, knobs: Knobs, batch: usize, probes: &mut Vec<ProbeRecord>| -> Result<Measured, PlanError> {
             let measured = target.measure(&knobs, batch).map_err(|why| PlanError::Probe {
                 probe: format!("{name} ({})", knobs.describe(batch)),
-                why,
+                why: why.to_string(),
             })?;
             probes.push(ProbeRecord {
                 name: name.into(),
@@ -522,7 +522,7 @@ mod tests {
             }
         }
 
-        fn measure(&mut self, k: &Knobs, batch: usize) -> Result<Measured, String> {
+        fn measure(&mut self, k: &Knobs, batch: usize) -> Result<Measured, crate::plan::ProbeError> {
             // Fused attention: a third of the activations, 1,500 bytes of
             // scratch, a fifth slower a sample and in recomputation.
             let fused = if k.fused_attention { 1.2 } else { 1.0 };

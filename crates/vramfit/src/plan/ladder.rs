@@ -24,6 +24,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::{Choice, Measured, Plan, PlanError, Strategy};
+use crate::plan::ProbeError;
 use crate::profile::human_bytes;
 
 /// A workload with one ordered memory knob, for the planner.
@@ -34,7 +35,7 @@ pub trait Ladder {
     /// no such knob (the workload then has exactly one plan).
     fn rungs(&self) -> Vec<usize>;
     /// Runs a few steps with the knob at `value` and measures them.
-    fn measure(&mut self, value: usize) -> Result<Measured, String>;
+    fn measure(&mut self, value: usize) -> Result<Measured, ProbeError>;
     /// The setting `value` in words, for tables (a workload whose value 0
     /// means something special says what).
     fn describe(&self, value: usize) -> String {
@@ -111,7 +112,7 @@ pub fn calibrate_ladder(target: &mut dyn Ladder) -> Result<LadderCalibration, Pl
     let mut probe = |v: usize| {
         target.measure(v).map_err(|why| PlanError::Probe {
             probe: format!("{knob} = {v}"),
-            why,
+            why: why.to_string(),
         })
     };
     // A first run pays for what later runs reuse (thread pools, compiled kernels).
@@ -274,7 +275,7 @@ impl Strategy for LadderCalibration {
     fn margin(&self) -> f64 {
         (2.0 * self.repeat_error).max(0.03)
     }
-    fn measure(&self, target: &mut (dyn Ladder + 'static), value: &usize) -> Result<Measured, String> {
+    fn measure(&self, target: &mut (dyn Ladder + 'static), value: &usize) -> Result<Measured, ProbeError> {
         target.measure(*value)
     }
     fn describe(&self, value: &usize) -> String {
@@ -327,7 +328,7 @@ mod tests {
         fn rungs(&self) -> Vec<usize> {
             doubling(16, 100, 16)
         }
-        fn measure(&mut self, v: usize) -> Result<Measured, String> {
+        fn measure(&mut self, v: usize) -> Result<Measured, ProbeError> {
             self.calls.push(v);
             Ok(law(v))
         }
@@ -385,7 +386,7 @@ mod tests {
             fn rungs(&self) -> Vec<usize> {
                 vec![1, 2, 4]
             }
-            fn measure(&mut self, v: usize) -> Result<Measured, String> {
+            fn measure(&mut self, v: usize) -> Result<Measured, ProbeError> {
                 let peak = [0, 300, 200, 0, 400][v];
                 Ok(Measured {
                     peak_bytes: peak,

@@ -67,7 +67,7 @@ pub use pipeline::{
     WithinBudget, record, run_plans, run_within, run_within_showing, verify,
 };
 pub use planned::{Planned, PlannedRun};
-pub use probe::{Measured, PROBE_STEPS, measure_run, measured_in, run_probe};
+pub use probe::{Measured, PROBE_STEPS, ProbeError, measure_run, measured_in, run_probe};
 pub use strategy::{Choice, Plan, PlanError, Preset, Strategy};
 
 use serde::{Deserialize, Serialize};
@@ -300,7 +300,7 @@ pub trait Plannable {
     fn space(&self) -> Space;
     /// Runs a few steps with `knobs` at effective batch `batch` (the
     /// workload's own or a reduced one) and measures them.
-    fn measure(&mut self, knobs: &Knobs, batch: usize) -> Result<Measured, String>;
+    fn measure(&mut self, knobs: &Knobs, batch: usize) -> Result<Measured, ProbeError>;
 }
 
 /// Runs the probes and fits the model (see the module's description).
@@ -343,8 +343,22 @@ impl Calibration {
     }
 }
 
+/// A byte count that does not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{text}' {why}; write e.g. 6GiB, 512MiB, 1.5GB or a number of bytes")]
+pub struct SizeError {
+    /// The text given.
+    pub text: String,
+    /// What is wrong with it.
+    pub why: String,
+}
+
 /// Parses a byte count: `6GiB`, `512MiB`, `1.5GB`, `2e9`, `123456`.
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
+pub fn parse_bytes(text: &str) -> Result<u64, SizeError> {
+    let fail = |why: &str| SizeError {
+        text: text.into(),
+        why: why.into(),
+    };
     // `1_000MiB` as counts are written.
     let t = &text.trim().replace('_', "");
     // The unit is the trailing letters (a number like `2e9` or `1e3GiB`
@@ -356,10 +370,7 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     };
     let (number, unit) = t.split_at(split);
     // The number first: `NaNGiB` or `e999gib` has none (all letters).
-    let value: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{text}' is not a size; write e.g. 6GiB, 512MiB, 1.5GB or a number of bytes"))?;
+    let value: f64 = number.trim().parse().map_err(|_| fail("is not a size"))?;
     let scale: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kib" => 1024.0,
@@ -373,18 +384,16 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         "p" | "pib" => 1024f64.powi(5),
         "pb" => 1e15,
         other => {
-            return Err(format!(
-                "'{text}': unknown unit '{other}'; write e.g. 6GiB, 512MiB, 1.5GB or a number of bytes"
-            ));
+            return Err(fail(&format!("has an unknown unit '{other}'")));
         }
     };
     let bytes = value * scale;
     // (An exponent past f64's range is infinite: too large as well.)
     if bytes >= u64::MAX as f64 {
-        return Err(format!("'{text}' is too large: at most 16 EiB"));
+        return Err(fail("is too large: at most 16 EiB"));
     }
     if !(bytes.is_finite() && bytes >= 1.0) {
-        return Err(format!("'{text}' is not a positive size"));
+        return Err(fail("is not a positive size"));
     }
     Ok(bytes.round() as u64)
 }
@@ -444,7 +453,7 @@ impl Strategy for Calibration {
     fn margin(&self) -> f64 {
         (2.0 * self.shortfall).max(0.03)
     }
-    fn measure(&self, target: &mut (dyn Plannable + 'static), knobs: &Knobs) -> Result<Measured, String> {
+    fn measure(&self, target: &mut (dyn Plannable + 'static), knobs: &Knobs) -> Result<Measured, ProbeError> {
         target.measure(knobs, self.space.batch)
     }
     fn describe(&self, knobs: &Knobs) -> String {
@@ -476,15 +485,15 @@ mod tests {
         assert_eq!(parse_bytes("1_000MiB"), Ok(1000 << 20));
         // No number at all is said so, not called a unit.
         for letters in ["NaNGiB", "e999gib", "GiB"] {
-            let e = parse_bytes(letters).unwrap_err();
+            let e = parse_bytes(letters).unwrap_err().to_string();
             assert!(e.contains("is not a size") && !e.contains("unit"), "{letters}: {e}");
         }
         for huge in ["1e999GiB", "1e999", "20000PiB"] {
-            let e = parse_bytes(huge).unwrap_err();
+            let e = parse_bytes(huge).unwrap_err().to_string();
             assert!(e.contains("too large"), "{huge}: {e}");
         }
         for bad in ["six", "6 GiBs", "-1GiB", "0", "nan"] {
-            let e = parse_bytes(bad).unwrap_err();
+            let e = parse_bytes(bad).unwrap_err().to_string();
             assert!(e.contains(bad.trim()), "{e}");
         }
     }

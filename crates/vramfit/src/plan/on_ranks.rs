@@ -14,7 +14,9 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 use super::pipeline::{Probed, verify_ranked};
-use super::{BudgetError, Calibration, FALLBACKS, Fallback, Knobs, Measured, PlanError, Strategy, Verified};
+use super::{
+    BudgetError, Calibration, FALLBACKS, Fallback, Knobs, Measured, PlanError, ProbeError, Strategy, Verified,
+};
 use crate::ranks::{align_checkpoints, rank_dirs};
 use crate::run::atomic_write;
 
@@ -38,7 +40,7 @@ pub fn verify_on_ranks(
     cal: &Calibration,
     budget: u64,
     ranks: usize,
-    mut probe: impl FnMut(&Knobs) -> Result<Vec<Measured>, String>,
+    mut probe: impl FnMut(&Knobs) -> Result<Vec<Measured>, ProbeError>,
 ) -> Result<VerifiedOnRanks, PlanError> {
     let ranked = |rejected: &[Knobs]| {
         cal.choose_on_ranks(budget, ranks).map(|mut choice| {
@@ -51,7 +53,7 @@ pub fn verify_on_ranks(
             probe: format!("verifying {} on {ranks} ranks", cal.describe(&winner.setting)),
             why,
         };
-        let each = probe(&winner.setting).map_err(failed)?;
+        let each = probe(&winner.setting).map_err(|e| failed(e.to_string()))?;
         let Some((worst, measured)) = each.iter().enumerate().max_by_key(|(_, m)| m.peak_bytes) else {
             return Err(failed("no rank reported a peak".into()));
         };
@@ -173,12 +175,14 @@ fn plan_and_run(
     let mut verified = verify_on_ranks(cal, on.budget, on.ranks, |knobs| {
         tried += 1;
         let file = work.join(format!("probe-{tried}.toml"));
-        write(&file, config(knobs, true).as_bytes())?;
+        write(&file, config(knobs, true).as_bytes()).map_err(ProbeError::workload)?;
         let dir = work.join(format!("probe-{tried}"));
-        launcher.launch(RanksJob::Probe {
-            config: &file,
-            dir: &dir,
-        })?;
+        launcher
+            .launch(RanksJob::Probe {
+                config: &file,
+                dir: &dir,
+            })
+            .map_err(ProbeError::workload)?;
         rank_dirs(&dir).iter().map(|(_, d)| super::measured_in(d)).collect()
     })?;
     show(&verified);
@@ -231,7 +235,7 @@ fn plan_and_run(
                     .iter()
                     .map(|(_, d)| super::measured_in(d))
                     .collect::<Result<Vec<_>, _>>()
-                    .map_err(BudgetError::Run)?;
+                    .map_err(|e| BudgetError::Run(e.to_string()))?;
                 record["run_ranks"] = serde_json::json!(run);
                 if !fallbacks.is_empty() {
                     record["fallbacks"] = serde_json::json!(fallbacks);

@@ -87,7 +87,7 @@ pub fn verify<S: Strategy>(cal: &S, target: &mut S::Target, budget: u64) -> Resu
     let measure = |winner: &Plan<S::Setting>| {
         let (settled, measured) = cal.settle(target, winner, budget).map_err(|why| PlanError::Probe {
             probe: format!("verifying {}", cal.describe(&winner.setting)),
-            why,
+            why: why.to_string(),
         })?;
         Ok(Probed {
             settled,

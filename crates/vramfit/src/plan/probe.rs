@@ -39,6 +39,44 @@ pub struct Measured {
 
 static PROBES: AtomicU64 = AtomicU64::new(0);
 
+/// Why a probe measured nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The workload failed: to be built, or in a way of its own.
+    #[error("{0}")]
+    Workload(Box<dyn std::error::Error + Send + Sync>),
+    /// The probe's run failed (an out-of-memory among the causes).
+    #[error(transparent)]
+    Run(#[from] crate::run::RunError),
+    /// The probe's observer stopped it.
+    #[error("the probe stopped before its end")]
+    Stopped,
+    /// The backend measures no figure that decides an out-of-memory.
+    #[error(
+        "this backend measures no figure that decides an out-of-memory ({figure}); on the CPU, install \
+         vramfit::heap::Counting as the global allocator"
+    )]
+    NoFigure {
+        /// What the run reported as its peak's source.
+        figure: String,
+    },
+    /// A run's records (`summary.json`, `memory.json`) do not say what a probe needs.
+    #[error("{path}: {why}")]
+    Records {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+impl ProbeError {
+    /// The workload's own failure.
+    pub fn workload(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        Self::Workload(e.into())
+    }
+}
+
 /// Steps of every probe, whatever the workload: the first compiles kernels
 /// and warms the allocator's pools, the step time is the median of the
 /// other three, and the peak is the high-water of all four.
@@ -48,19 +86,19 @@ pub const PROBE_STEPS: u64 = 4;
 /// workload `make` builds for [`PROBE_STEPS`] steps driven to its end
 /// ([`measure_run`]), pools emptied again, so no probe inherits another's
 /// pages and the run after the probes starts clean.
-pub fn run_probe<B: Backend, W: Workload, E: std::fmt::Display>(
+pub fn run_probe<B: Backend, W: Workload, E: Into<Box<dyn std::error::Error + Send + Sync>>>(
     device: &B::Device,
     make: impl FnOnce(u64) -> Result<W, E>,
-) -> Result<Measured, String> {
+) -> Result<Measured, ProbeError> {
     B::memory_cleanup(device);
-    let measured = make(PROBE_STEPS).map_err(|e| e.to_string()).and_then(measure_run);
+    let measured = make(PROBE_STEPS).map_err(ProbeError::workload).and_then(measure_run);
     B::memory_cleanup(device);
     measured
 }
 
 /// Drives `workload` (built for a few steps) to its end in a temporary run
 /// directory and returns its OOM-deciding peak and median step time.
-pub fn measure_run<W: Workload>(workload: W) -> Result<Measured, String> {
+pub fn measure_run<W: Workload>(workload: W) -> Result<Measured, ProbeError> {
     let started = Instant::now();
     let dir = std::env::temp_dir().join(format!(
         "vramfit-probe-{}-{}",
@@ -68,17 +106,12 @@ pub fn measure_run<W: Workload>(workload: W) -> Result<Measured, String> {
         PROBES.fetch_add(1, Ordering::Relaxed)
     ));
     let result = (|| {
-        let run = Run::create(&RunPath::At(dir.clone()), "", "probe", "a planner probe").map_err(|e| e.to_string())?;
+        let run = Run::create(&RunPath::At(dir.clone()), "", "probe", "a planner probe")?;
         let summary = run
-            .drive(workload, |_| ControlFlow::Continue(()))
-            .map_err(|e| e.to_string())?
-            .ok_or("the probe stopped before its end")?;
-        let peak = summary.peak_memory_bytes.ok_or_else(|| {
-            format!(
-                "this backend measures no figure that decides an out-of-memory ({}); on the CPU, install \
-                 vramfit::heap::Counting as the global allocator",
-                summary.peak_memory_source
-            )
+            .drive(workload, |_| ControlFlow::Continue(()))?
+            .ok_or(ProbeError::Stopped)?;
+        let peak = summary.peak_memory_bytes.ok_or_else(|| ProbeError::NoFigure {
+            figure: summary.peak_memory_source.clone(),
         })?;
         Ok(Measured {
             step_ms: summary.median_step_ms,
@@ -93,13 +126,17 @@ pub fn measure_run<W: Workload>(workload: W) -> Result<Measured, String> {
 /// A finished run's figures as a probe's, read from its directory
 /// (`summary.json`, `memory.json`): how a run in another process (a rank
 /// of a data-parallel probe) is measured.
-pub fn measured_in(dir: &std::path::Path) -> Result<Measured, String> {
+pub fn measured_in(dir: &std::path::Path) -> Result<Measured, ProbeError> {
     let path = dir.join("summary.json");
-    let text = std::fs::read(&path).map_err(|e| format!("{}: {e} (the run did not finish)", path.display()))?;
-    let summary: serde_json::Value = serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let records = |why: String| ProbeError::Records {
+        path: path.clone(),
+        why,
+    };
+    let text = std::fs::read(&path).map_err(|e| records(format!("{e} (the run did not finish)")))?;
+    let summary: serde_json::Value = serde_json::from_slice(&text).map_err(|e| records(e.to_string()))?;
     let peak = summary["peak_memory_bytes"]
         .as_u64()
-        .ok_or_else(|| format!("{}: no peak_memory_bytes", path.display()))?;
+        .ok_or_else(|| records("no peak_memory_bytes".into()))?;
     // A run that recorded no phases (`profile_every = 0`) has its peak only.
     let phases = phase_peaks(&dir.join("memory.json"), peak).unwrap_or(Measured {
         peak_bytes: peak,
@@ -120,9 +157,10 @@ pub fn measured_in(dir: &std::path::Path) -> Result<Measured, String> {
 /// into the phases that write files and the others where the files are
 /// encoded in the figure's own memory (the heap), from the probe's memory
 /// report (every step is recorded): a [`Measured`] without its times.
-fn phase_peaks(path: &std::path::Path, headline: u64) -> Result<Measured, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let report: MemoryReport = serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+fn phase_peaks(path: &std::path::Path, headline: u64) -> Result<Measured, ProbeError> {
+    let records = |why: String| ProbeError::Records { path: path.into(), why };
+    let bytes = std::fs::read(path).map_err(|e| records(e.to_string()))?;
+    let report: MemoryReport = serde_json::from_slice(&bytes).map_err(|e| records(e.to_string()))?;
     let reserved = report.headline.as_ref().is_some_and(|h| h.figure.contains("reserved"));
     let (mut step, mut files, mut between) = (0, 0, 0);
     for r in &report.records {
@@ -135,7 +173,7 @@ fn phase_peaks(path: &std::path::Path, headline: u64) -> Result<Measured, String
         }
     }
     if step == 0 {
-        return Err("the probe recorded no forward or backward phase".into());
+        return Err(records("the probe recorded no forward or backward phase".into()));
     }
     let rest = files.max(between).min(headline);
     // On a device the files are encoded in host memory: no split.

@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::Measured;
+use crate::plan::ProbeError;
 use crate::remedy::Remedy;
 
 /// One plan: what it sets and what the strategy predicts for it.
@@ -142,7 +143,7 @@ pub trait Strategy: Serialize + Sized {
     /// The safety margin on predicted peaks (a fraction).
     fn margin(&self) -> f64;
     /// Runs a probe of `setting` at the run's own shape.
-    fn measure(&self, target: &mut Self::Target, setting: &Self::Setting) -> Result<Measured, String>;
+    fn measure(&self, target: &mut Self::Target, setting: &Self::Setting) -> Result<Measured, ProbeError>;
     /// Verifies `plan` for `budget` by measurement ([`super::verify`]): the
     /// plan to run and its measurement. By default one probe of the plan
     /// as it is; a strategy whose setting is continuous may move it to
@@ -152,7 +153,7 @@ pub trait Strategy: Serialize + Sized {
         target: &mut Self::Target,
         plan: &Plan<Self::Setting>,
         _budget: u64,
-    ) -> Result<(Plan<Self::Setting>, Measured), String> {
+    ) -> Result<(Plan<Self::Setting>, Measured), ProbeError> {
         Ok((plan.clone(), self.measure(target, &plan.setting)?))
     }
     /// `setting` in words, for tables.

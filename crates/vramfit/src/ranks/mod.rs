@@ -182,7 +182,7 @@ pub fn sum_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     step: u64,
     collective: &dyn Collective,
     owners: Option<&HashMap<ParamId, usize>>,
-) -> Result<(GradientsParams, HashSet<ParamId>), String> {
+) -> Result<(GradientsParams, HashSet<ParamId>), RanksApart> {
     struct Count<'a> {
         grads: &'a GradientsParams,
         count: usize,
@@ -252,14 +252,14 @@ pub fn sum_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     collective.sum_f64(&mut check);
     let n = collective.size() as f64;
     if check != own.map(|x| x * n) {
-        return Err(format!(
-            "rank {} is at step {step} with {count} gradients ({values} values), and the {} ranks together are not \
-             all there (sums {check:?}): a rank resumed from another checkpoint than the others, or runs another \
-             model. Resume every rank from the same step: delete the checkpoints newer than the newest one every \
-             rank's directory holds (RUN/checkpoints and RUN/ranks/rank-*/checkpoints)",
-            collective.rank(),
-            collective.size()
-        ));
+        return Err(RanksApart {
+            rank: collective.rank(),
+            ranks: collective.size(),
+            step,
+            gradients: count,
+            values,
+            sums: check,
+        });
     }
     let mut sum = Sum {
         grads,
@@ -269,6 +269,29 @@ pub fn sum_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     };
     module.visit(&mut sum);
     Ok((sum.grads, sum.elsewhere))
+}
+
+/// Ranks that are not at the same step with the same gradients.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error(
+    "rank {rank} is at step {step} with {gradients} gradients ({values} values), and the {ranks} ranks together are \
+     not all there (sums {sums:?}): a rank resumed from another checkpoint than the others, or runs another model. \
+     Resume every rank from the same step: delete the checkpoints newer than the newest one every rank's directory \
+     holds (RUN/checkpoints and RUN/ranks/rank-*/checkpoints)"
+)]
+pub struct RanksApart {
+    /// This rank.
+    pub rank: usize,
+    /// Ranks in the run.
+    pub ranks: usize,
+    /// This rank's step.
+    pub step: u64,
+    /// Gradients this rank holds.
+    pub gradients: usize,
+    /// Their values.
+    pub values: usize,
+    /// The ranks' sums of (step, step², count, count², values, values²).
+    pub sums: [f64; 6],
 }
 
 /// The most values one exchange sends at a time: the send buffer an

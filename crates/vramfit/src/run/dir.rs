@@ -147,13 +147,45 @@ pub(super) fn line_step(line: &str) -> Option<u64> {
 
 /// The steps `run_dir/metrics.jsonl` logged, in file order; an error names
 /// a line that is not a logged step.
-pub fn logged_steps(run_dir: &Path) -> Result<Vec<u64>, String> {
+pub fn logged_steps(run_dir: &Path) -> Result<Vec<u64>, LogError> {
     let path = run_dir.join("metrics.jsonl");
-    let text = fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let text = fs::read_to_string(&path).map_err(|cause| LogError::Read {
+        path: path.clone(),
+        cause,
+    })?;
     text.lines()
         .enumerate()
-        .map(|(i, l)| line_step(l).ok_or_else(|| format!("{} line {}: no step: {l}", path.display(), i + 1)))
+        .map(|(i, l)| {
+            line_step(l).ok_or_else(|| LogError::NoStep {
+                path: path.clone(),
+                line: i + 1,
+                text: l.into(),
+            })
+        })
         .collect()
+}
+
+/// A run's `metrics.jsonl` that does not read as logged steps.
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    /// The file does not read.
+    #[error("{path}: {cause}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        cause: io::Error,
+    },
+    /// A line is not a logged step.
+    #[error("{path} line {line}: no step: {text}")]
+    NoStep {
+        /// The file.
+        path: PathBuf,
+        /// The line, from 1.
+        line: usize,
+        /// Its text.
+        text: String,
+    },
 }
 
 /// The first `base/prefix-NNN` that does not exist yet. Another process may

@@ -17,8 +17,8 @@ mod workload;
 pub use arrays::{ArrayFile, ArrayFileError};
 pub use atomic::{atomic_write, atomic_write_with};
 pub use dir::{
-    LOCK_FILE, RunDir, RunDirError, checkpoint_name, checkpoints_newest_first, logged_steps, next_free_run_dir,
-    output_folder_problem,
+    LOCK_FILE, LogError, RunDir, RunDirError, checkpoint_name, checkpoints_newest_first, logged_steps,
+    next_free_run_dir, output_folder_problem,
 };
 pub use tensorboard::{EventWriter, crc32c};
 

@@ -140,8 +140,8 @@ pub enum StepError {
         skipped: u64,
     },
     /// The data-parallel ranks disagree (on the step, or on the gradients they hold).
-    #[error("{0}")]
-    Ranks(String),
+    #[error(transparent)]
+    Ranks(#[from] crate::ranks::RanksApart),
 }
 
 /// A step that failed on the device: where, and what the backend said.

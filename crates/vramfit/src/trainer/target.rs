@@ -13,6 +13,7 @@ use crate::run::{Run, RunError, Start};
 use crate::step::{StepError, Trainable};
 
 use super::{Batches, Maker, Schedule, Trainer, TrainerError, WORKLOAD, parameter_groups};
+use crate::plan::ProbeError;
 
 /// A user's model for the planner: how to make it, its batches, and the
 /// schedule; each probe is a short [`Trainer`] run through the run driver.
@@ -95,7 +96,7 @@ where
         self.space.clone()
     }
 
-    fn measure(&mut self, knobs: &Knobs, batch: usize) -> Result<Measured, String> {
+    fn measure(&mut self, knobs: &Knobs, batch: usize) -> Result<Measured, ProbeError> {
         run_probe::<B, _, _>(&self.device, |steps| {
             let schedule = Schedule {
                 steps,

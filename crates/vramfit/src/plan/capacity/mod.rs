@@ -30,6 +30,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::{Choice, Measured, Plan, PlanError, Strategy};
+use crate::plan::ProbeError;
 use crate::profile::human_bytes;
 
 /// What a verified count leaves to spare below the budget (the run's
@@ -73,7 +74,7 @@ pub trait Capacity {
     fn probe_counts(&self) -> Vec<usize>;
     /// Runs a step or two of `variant` holding `count` elements and
     /// measures them.
-    fn measure(&mut self, variant: &str, count: usize) -> Result<Measured, String>;
+    fn measure(&mut self, variant: &str, count: usize) -> Result<Measured, ProbeError>;
 }
 
 /// What a capacity plan sets.
@@ -228,7 +229,7 @@ pub fn calibrate_capacity(target: &mut dyn Capacity) -> Result<CapacityCalibrati
         let mut probe = |count: usize| {
             target.measure(&variant.name, count).map_err(|why| PlanError::Probe {
                 probe: format!("{}, {knob} {count}", variant.name),
-                why,
+                why: why.to_string(),
             })
         };
         if i == 0 {
@@ -307,10 +308,10 @@ impl CapacityCalibration {
         target: &mut dyn Capacity,
         plan: &Plan<Counted>,
         budget: u64,
-    ) -> Result<(Plan<Counted>, Measured), String> {
+    ) -> Result<(Plan<Counted>, Measured), ProbeError> {
         let line = self
             .line(&plan.setting.variant)
-            .ok_or_else(|| format!("no line for {}", plan.setting.variant))?;
+            .ok_or_else(|| ProbeError::workload(format!("no line for {}", plan.setting.variant)))?;
         let slope = line.bytes.1.max(1.0);
         let aim = budget as f64 / (1.0 + SETTLE_MARGIN);
         let top = self.wanted.min(line.variant.limit);
@@ -382,7 +383,7 @@ impl CapacityCalibration {
         target: &mut dyn Capacity,
         plan: &Plan<Counted>,
         budget: u64,
-    ) -> Result<(Plan<Counted>, Measured), String> {
+    ) -> Result<(Plan<Counted>, Measured), ProbeError> {
         let (mut best, mut measured) = self.settle_count(target, plan, budget)?;
         if best.setting.count >= self.wanted || measured.peak_bytes > budget {
             return Ok((best, measured));
@@ -560,7 +561,7 @@ impl Strategy for CapacityCalibration {
     fn margin(&self) -> f64 {
         CapacityCalibration::margin(self)
     }
-    fn measure(&self, target: &mut (dyn Capacity + 'static), setting: &Counted) -> Result<Measured, String> {
+    fn measure(&self, target: &mut (dyn Capacity + 'static), setting: &Counted) -> Result<Measured, ProbeError> {
         target.measure(&setting.variant, setting.count)
     }
     fn settle(
@@ -568,7 +569,7 @@ impl Strategy for CapacityCalibration {
         target: &mut (dyn Capacity + 'static),
         plan: &Plan<Counted>,
         budget: u64,
-    ) -> Result<(Plan<Counted>, Measured), String> {
+    ) -> Result<(Plan<Counted>, Measured), ProbeError> {
         self.settle_with_faster(target, plan, budget)
     }
     fn describe(&self, setting: &Counted) -> String {

@@ -2,6 +2,7 @@
 //! time follow known laws.
 
 use super::*;
+use crate::plan::ProbeError;
 
 /// An exact workload with Adam's moments on the device or the host,
 /// probed at `counts`, each probe measured by `measure`.
@@ -30,7 +31,7 @@ impl<F: FnMut(&str, usize) -> Measured> Capacity for TwoVariants<F> {
     fn probe_counts(&self) -> Vec<usize> {
         self.counts.clone()
     }
-    fn measure(&mut self, variant: &str, count: usize) -> Result<Measured, String> {
+    fn measure(&mut self, variant: &str, count: usize) -> Result<Measured, ProbeError> {
         Ok((self.measure)(variant, count))
     }
 }
@@ -78,7 +79,7 @@ impl Capacity for Scene {
     fn probe_counts(&self) -> Vec<usize> {
         vec![100_000, 200_000, 400_000]
     }
-    fn measure(&mut self, variant: &str, count: usize) -> Result<Measured, String> {
+    fn measure(&mut self, variant: &str, count: usize) -> Result<Measured, ProbeError> {
         let (per, ms) = match variant {
             "moments device" => (1000, 1.0),
             "moments host" => (500, 1.3),
