@@ -219,9 +219,7 @@ pub fn parse_count<T: TryFrom<u64>>(s: &str) -> Result<T, String> {
     const MOST: u64 = i64::MAX as u64;
     let too_large = || format!("'{s}' is too large: at most {MOST}");
     if t.starts_with('-') && t.len() > 1 {
-        return Err(format!(
-            "'{s}' is negative: give a count of 0 or more, e.g. 20000 or 2e4"
-        ));
+        return Err(format!("'{s}' is negative: give a whole number, e.g. 20000 or 2e4"));
     }
     let value = match t.parse::<u64>() {
         Ok(v) => v,

@@ -80,6 +80,15 @@ fn parse_scene(name: &str) -> Result<Builtin, String> {
 }
 
 fn scene(dir: PathBuf, which: Builtin, views: usize, (width, height): (u32, u32), points: usize) -> Result<()> {
+    // A symlink to nowhere: where the dataset would go is not there.
+    if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink()) && !dir.exists() {
+        bail!(
+            "{} is a symbolic link to {}, which does not exist: create that folder, or give another path (nothing \
+             was written)",
+            dir.display(),
+            std::fs::read_link(&dir).map_or("nowhere".into(), |t| t.display().to_string())
+        );
+    }
     if dir.exists() && (!dir.is_dir() || std::fs::read_dir(&dir)?.next().is_some()) {
         bail!(
             "{} already exists and is not an empty folder: give a new folder (nothing was written)",

@@ -146,9 +146,6 @@ fn run_family<F: Family<D>, const D: usize>(
                     );
                 };
                 check_ranks(&config, ranks, &format!("--ranks {ranks}"))?;
-                if ranks > 1 {
-                    crate::ranks::check_mpi(ranks)?;
-                }
                 config.ranks = ranks;
                 config.shard_moments &= ranks > 1;
                 let step = vramfit::ranks::regather(dir, ranks, &config.to_toml())?;
@@ -170,8 +167,9 @@ fn run_family<F: Family<D>, const D: usize>(
             (vramfit::run::Start::Resume(dir.clone()), ranks)
         }
         None => {
-            let config = crate::flags::resolve_train::<F>(&args.settings)?;
+            let mut config = crate::flags::resolve_train::<F>(&args.settings)?;
             let ranks = config.ranks;
+            split_over_ranks(&mut config);
             check_ranks(&config, ranks, "setting `ranks`")?;
             (
                 vramfit::run::Start::New(config, crate::runs::run_path(&args.out, F::NAME)),
@@ -196,10 +194,35 @@ fn run_family<F: Family<D>, const D: usize>(
     crate::runs::run(&args.device.name, launch(start), held)
 }
 
-/// Before any rank starts: at least one, sharing the micro-batches evenly.
+/// As data-parallel tools do, a batch given whole (no micro-batches) on
+/// N ranks is split over them: N micro-batches of batch/N, one a rank
+/// (the same batch, the same gradient up to the order of the sums).
+fn split_over_ranks<F: Family<D>, const D: usize>(config: &mut FamilyConfig<F>) {
+    let (ranks, batch) = (config.ranks, config.batch_size);
+    let whole = config.accumulate == 1 && (config.micro_batch == 0 || config.micro_batch == batch);
+    if ranks > 1 && whole && batch.is_multiple_of(ranks) {
+        config.micro_batch = batch / ranks;
+        config.accumulate = ranks;
+        // Every rank splits alike; the launcher says so once.
+        if vramfit::ranks::world().is_some() {
+            return;
+        }
+        println!(
+            "note: the batch of {batch} is split over the {ranks} ranks: {ranks} micro-batches of {}, one a rank              (--micro-batch {} --accumulate {ranks})",
+            batch / ranks,
+            batch / ranks
+        );
+    }
+}
+
+/// Before any rank starts: at least one, an MPI build for more, sharing
+/// the micro-batches evenly.
 fn check_ranks<F: Family<D>, const D: usize>(config: &FamilyConfig<F>, ranks: usize, what: &str) -> Result<()> {
     if ranks == 0 {
         anyhow::bail!("{what}: must be at least 1");
+    }
+    if ranks > 1 {
+        crate::ranks::check_mpi(ranks)?;
     }
     let micro = if config.micro_batch == 0 {
         config.batch_size

@@ -6,10 +6,15 @@
 //! Formats (COLMAP's documentation): a camera line is `CAMERA_ID MODEL
 //! WIDTH HEIGHT PARAMS…`; an image takes two lines, `IMAGE_ID QW QX QY QZ
 //! TX TY TZ CAMERA_ID NAME` (the world-to-camera rotation as a quaternion
-//! and the translation) and its 2D points (ignored here); a point line is
+//! and the translation) and its 2D points, `X Y POINT3D_ID` triples
+//! (possibly none: an empty line; checked, then ignored); a point line is
 //! `POINT3D_ID X Y Z R G B ERROR TRACK…`. Lines starting with `#` are
-//! comments. Only undistorted pinhole models are read: `PINHOLE` (fx fy cx
-//! cy) and `SIMPLE_PINHOLE` (f cx cy).
+//! comments; a UTF-8 byte-order mark is skipped. Only undistorted pinhole
+//! models are read: `PINHOLE` (fx fy cx cy) and `SIMPLE_PINHOLE` (f cx cy).
+//!
+//! A dataset is untrusted input: every image it names must be inside its
+//! folder ([`crate::dataset::inside`]), every number finite in f32, every
+//! id unique.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -17,7 +22,7 @@ use std::path::{Path, PathBuf};
 use vramfit_gauss::picture::{Picture, save_png, to_rgb8};
 
 use crate::cpu::camera::Camera;
-use crate::dataset::{Dataset, DatasetError, Point, View};
+use crate::dataset::{Dataset, DatasetError, Point, View, finite_f32, inside};
 
 /// The rotation matrix of quaternion (w, x, y, z) (normalised first).
 pub fn rotation_from_quaternion(q: [f64; 4]) -> [[f64; 3]; 3] {
@@ -82,12 +87,17 @@ pub fn quaternion_from_rotation(r: &[[f64; 3]; 3]) -> [f64; 4] {
     if q[0] < 0.0 { q.map(|v| -v) } else { q }
 }
 
+/// The folder in `dir` holding a COLMAP text model's `cameras.txt`, if any.
+pub fn model(dir: &Path) -> Option<PathBuf> {
+    [dir.join("sparse/0"), dir.join("sparse"), dir.to_path_buf()]
+        .into_iter()
+        .find(|candidate| candidate.join("cameras.txt").is_file())
+}
+
 /// The folder holding the three text files.
 fn model_folder(dir: &Path) -> Result<PathBuf, DatasetError> {
-    for candidate in [dir.join("sparse/0"), dir.join("sparse"), dir.to_path_buf()] {
-        if candidate.join("cameras.txt").is_file() {
-            return Ok(candidate);
-        }
+    if let Some(found) = model(dir) {
+        return Ok(found);
     }
     Err(DatasetError::Invalid(format!(
         "{}: no COLMAP text model (cameras.txt, images.txt, points3D.txt) in sparse/0/, sparse/ or the folder itself; \
@@ -104,6 +114,8 @@ fn lines(path: &Path) -> Result<Vec<(usize, String)>, DatasetError> {
         why: e.to_string(),
     })?;
     Ok(text
+        .strip_prefix('\u{feff}')
+        .unwrap_or(&text)
         .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim_start().starts_with('#'))
@@ -131,16 +143,40 @@ fn field<T: std::str::FromStr>(
         .map_err(|_| bad(format!("{name} is '{text}', not a number of the right kind")))
 }
 
+/// `v`, where it is a finite number in f32 (the fit's type).
 fn finite(path: &Path, line: usize, name: &str, v: f64) -> Result<f64, DatasetError> {
-    if v.is_finite() {
+    if finite_f32(v) {
         Ok(v)
     } else {
         Err(DatasetError::Line {
             path: path.into(),
             line,
-            why: format!("{name} is {v}; every coordinate must be a finite number"),
+            why: format!(
+                "{name} is {v}; every coordinate must be a finite number within f32's range (±3.4e38), the type the \
+                 fit computes in"
+            ),
         })
     }
+}
+
+/// Checks that a pose's POINTS2D line is `X Y POINT3D_ID` triples (or
+/// empty): a line that is not is another pose read in its place, the
+/// points line missing.
+fn points2d(path: &Path, line: usize, text: &str, pose: usize) -> Result<(), DatasetError> {
+    let f: Vec<&str> = text.split_whitespace().collect();
+    let triple = |t: &[&str]| t[0].parse::<f64>().is_ok() && t[1].parse::<f64>().is_ok() && t[2].parse::<i64>().is_ok();
+    if f.len().is_multiple_of(3) && f.chunks(3).all(triple) {
+        return Ok(());
+    }
+    Err(DatasetError::Line {
+        path: path.into(),
+        line,
+        why: format!(
+            "this should be the POINTS2D line of the image posed on line {pose} (X Y POINT3D_ID triples, or an \
+             empty line), but it is not: in images.txt every pose line is followed by its points line, which may be \
+             empty"
+        ),
+    })
 }
 
 /// Intrinsics and size: (width, height, fx, fy, cx, cy).
@@ -206,17 +242,18 @@ pub fn read(dir: &Path) -> Result<Dataset, DatasetError> {
     // Each image id and file name with the line that gave it: a second is refused.
     let mut seen_ids = HashMap::new();
     let mut seen_names = HashMap::new();
-    let mut pose_line = true;
+    // The line of the pose whose points line comes next.
+    let mut posed_on = None;
     for (n, line) in lines(&images_txt)? {
         // Two lines an image: the pose, then its 2D points (possibly empty).
-        if !pose_line {
-            pose_line = true;
+        if let Some(pose) = posed_on.take() {
+            points2d(&images_txt, n, &line, pose)?;
             continue;
         }
         if line.is_empty() {
             continue;
         }
-        pose_line = false;
+        posed_on = Some(n);
         let f: Vec<&str> = line.split_whitespace().collect();
         let p = &images_txt;
         let mut v = [0.0; 7];
@@ -257,7 +294,7 @@ pub fn read(dir: &Path) -> Result<Dataset, DatasetError> {
                 why: format!("camera {camera_id} is not in cameras.txt"),
             });
         };
-        let file = dir.join("images").join(&name);
+        let file = inside(dir, &dir.join("images"), &name, p, &format!("line {n}"))?;
         if !file.is_file() {
             return Err(DatasetError::Invalid(format!(
                 "{}: the image that images.txt line {n} names is missing",
@@ -298,13 +335,23 @@ pub fn read(dir: &Path) -> Result<Dataset, DatasetError> {
     views.sort_by(|a, b| a.name.cmp(&b.name));
     let points_txt = model.join("points3D.txt");
     let mut points = Vec::new();
+    let mut notes = Vec::new();
     if points_txt.is_file() {
+        let mut seen = HashMap::new();
         for (n, line) in lines(&points_txt)? {
             if line.is_empty() {
                 continue;
             }
             let f: Vec<&str> = line.split_whitespace().collect();
             let p = &points_txt;
+            let id: u64 = field(p, n, &f, 0, "POINT3D_ID")?;
+            if let Some(first) = seen.insert(id, n) {
+                return Err(DatasetError::Line {
+                    path: p.clone(),
+                    line: n,
+                    why: format!("point {id} is also on line {first}; every POINT3D_ID must be unique"),
+                });
+            }
             let mut position = [0.0; 3];
             for (i, name) in ["X", "Y", "Z"].iter().enumerate() {
                 position[i] = finite(p, n, name, field(p, n, &f, 1 + i, name)?)?;
@@ -317,11 +364,26 @@ pub fn read(dir: &Path) -> Result<Dataset, DatasetError> {
             points.push(Point { position, color });
         }
     }
-    Ok(Dataset {
+    if points.is_empty() {
+        notes.push(format!(
+            "{} {}: the Gaussians start at random around where the cameras look, as for a NeRF-synthetic dataset \
+             (a model with its sparse points fits sooner)",
+            points_txt.display(),
+            if points_txt.is_file() {
+                "holds no points"
+            } else {
+                "is missing"
+            }
+        ));
+    }
+    let data = Dataset {
         views,
         points,
         held_out: None,
-    })
+        notes,
+    };
+    data.check_view_sizes()?;
+    Ok(data)
 }
 
 /// Writes `data` as a COLMAP text model in `dir/sparse/0/` with its images

@@ -26,13 +26,19 @@ pub struct SceneConfig {
     /// `transforms_train.json`), or a built-in scene: `builtin` or
     /// `builtin:glossy`.
     pub dataset: String,
-    /// A built-in scene's views, image width and height, sparse points.
+    /// A built-in scene's views, image width and height, sparse points
+    /// (written only where they differ from the default: a dataset's own
+    /// views are its images).
+    #[serde(skip_serializing_if = "is_default_views")]
     pub views: usize,
     /// Built-in scene: image width.
+    #[serde(skip_serializing_if = "is_default_width")]
     pub width: usize,
     /// Built-in scene: image height.
+    #[serde(skip_serializing_if = "is_default_height")]
     pub height: usize,
     /// Built-in scene: sparse points.
+    #[serde(skip_serializing_if = "is_default_points")]
     pub points: usize,
     /// Each view at 1/downscale of its size (1: as it is).
     pub downscale: usize,
@@ -77,6 +83,19 @@ pub struct SceneConfig {
     /// `never`, `step`, or `every:N` steps (each a sync and a cleanup; what
     /// it returns and costs: `vramfit bench scene-cleanup`).
     pub allocator_cleanup: String,
+}
+
+fn is_default_views(v: &usize) -> bool {
+    *v == Spec::default().views
+}
+fn is_default_width(v: &usize) -> bool {
+    *v == Spec::default().width
+}
+fn is_default_height(v: &usize) -> bool {
+    *v == Spec::default().height
+}
+fn is_default_points(v: &usize) -> bool {
+    *v == Spec::default().points
 }
 
 impl Default for SceneConfig {
@@ -136,6 +155,14 @@ impl SceneConfig {
         if self.max_gaussians == 0 {
             return bad("max_gaussians", "must be at least 1");
         }
+        if let Some(bg) = self.background
+            && !bg.iter().all(|c| (0.0..=1.0).contains(c))
+        {
+            return bad(
+                "background",
+                &format!("{bg:?}: each channel must be a number from 0 to 1 (e.g. [0, 0, 0] for black)"),
+            );
+        }
         if !(self.densify_grad_threshold.is_finite() && self.densify_grad_threshold > 0.0) {
             return bad("densify_grad_threshold", "must be a positive number");
         }
@@ -150,6 +177,19 @@ impl SceneConfig {
                 "sh_storage",
                 "16-bit SH storage needs moments = \"host\" (--moments host): the f32 masters the updates land in \
                  live with the moments there",
+            );
+        }
+        let spec = Spec::default();
+        if self.builtin().is_none()
+            && (self.views, self.width, self.height, self.points) != (spec.views, spec.width, spec.height, spec.points)
+        {
+            return bad(
+                "views, width, height, points",
+                &format!(
+                    "these describe a built-in scene, and dataset {} is read from its folder (its views are its \
+                     images, at their own size): leave them out, or use `downscale` to fit smaller images",
+                    self.dataset
+                ),
             );
         }
         if self.builtin().is_some() && (self.views < 2 || self.width < 8 || self.height < 8 || self.points == 0) {
@@ -186,7 +226,17 @@ impl SceneConfig {
                     Builtin::names()
                 )));
             }
-            if dir.join("transforms_train.json").is_file() {
+            let nerf = dir.join("transforms_train.json");
+            if let (true, Some(model)) = (nerf.is_file(), crate::colmap::model(dir)) {
+                return Err(SceneError::Setting(format!(
+                    "dataset {}: holds both a COLMAP model ({}) and a NeRF-synthetic one ({}), and vramfit will not \
+                     guess which you mean: move one of them to a folder of its own",
+                    self.dataset,
+                    model.join("cameras.txt").display(),
+                    nerf.display()
+                )));
+            }
+            if nerf.is_file() {
                 crate::nerf::read(dir)?
             } else {
                 crate::colmap::read(dir)?

@@ -2,7 +2,7 @@
 //! that seed the Gaussians, with the split into training and held-out
 //! views that 3DGS papers report on (every 8th view held out).
 
-use std::path::PathBuf;
+use std::path::{Component, Path, PathBuf};
 
 use crate::cpu::camera::Camera;
 
@@ -41,6 +41,86 @@ pub struct Dataset {
     /// The held-out views, where the dataset names them (NeRF-synthetic's
     /// test frames); `None`: every 8th view.
     pub held_out: Option<Vec<usize>>,
+    /// What the reader noticed and a user should hear (a model without
+    /// sparse points, say), in words.
+    pub notes: Vec<String>,
+}
+
+/// The smallest view a fit takes: 8×8 pixels (a tile's half).
+pub const MIN_VIEW: usize = 8;
+
+/// How far a camera's rotation may be from a rotation: the largest entry
+/// of RᵀR − I, and |det R − 1|. Poses written in f32 (NeRF's JSON) are
+/// orthonormal to about 1e-7; a scaled, sheared or mirrored matrix is far
+/// outside.
+pub const ROTATION_TOLERANCE: f64 = 1e-3;
+
+/// True when `v` is a finite number in f32, the type the fit uses.
+pub fn finite_f32(v: f64) -> bool {
+    v.is_finite() && (v as f32).is_finite()
+}
+
+/// What keeps `r` from being a rotation (orthonormal, det +1, within
+/// [`ROTATION_TOLERANCE`]), in words; `None` when it is one.
+pub fn rotation_problem(r: &[[f64; 3]; 3]) -> Option<String> {
+    let mut off = 0.0f64;
+    for i in 0..3 {
+        for j in 0..3 {
+            let dot: f64 = (0..3).map(|k| r[k][i] * r[k][j]).sum();
+            off = off.max((dot - if i == j { 1.0 } else { 0.0 }).abs());
+        }
+    }
+    let det = r[0][0] * (r[1][1] * r[2][2] - r[1][2] * r[2][1]) - r[0][1] * (r[1][0] * r[2][2] - r[1][2] * r[2][0])
+        + r[0][2] * (r[1][0] * r[2][1] - r[1][1] * r[2][0]);
+    if !(off.is_finite() && det.is_finite()) {
+        Some("holds numbers that are not finite".into())
+    } else if off > ROTATION_TOLERANCE {
+        Some(format!(
+            "is not a rotation: its columns are not orthonormal (RᵀR is {off:.3e} from the identity, at most \
+             {ROTATION_TOLERANCE:e} allowed; a scaled or sheared matrix is not a camera pose)"
+        ))
+    } else if (det - 1.0).abs() > ROTATION_TOLERANCE {
+        Some(format!(
+            "is not a rotation: its determinant is {det:.4} (a mirror image when -1); a camera pose's rotation has \
+             determinant +1"
+        ))
+    } else {
+        None
+    }
+}
+
+/// The file `name`, as the dataset in `root` names it at `at` (its file
+/// and where in it), relative to `base` (a folder inside `root`): a name
+/// that climbs out (`..`), is absolute, or resolves outside `root` through
+/// a symlink is refused before the file is opened. A name that points at
+/// nothing is returned for the caller to call missing.
+pub fn inside(root: &Path, base: &Path, name: &str, source: &Path, at: &str) -> Result<PathBuf, DatasetError> {
+    let outside = |why: &str| DatasetError::Outside {
+        source_file: source.into(),
+        at: at.into(),
+        name: name.into(),
+        why: why.into(),
+        root: root.into(),
+    };
+    let path = Path::new(name);
+    for c in path.components() {
+        match c {
+            Component::Normal(_) | Component::CurDir => {}
+            Component::ParentDir => return Err(outside("climbs out of its folder (`..`)")),
+            Component::RootDir | Component::Prefix(_) => return Err(outside("is an absolute path")),
+        }
+    }
+    let file = base.join(path);
+    if let Ok(real) = std::fs::canonicalize(&file) {
+        let home = std::fs::canonicalize(root).unwrap_or_else(|_| root.into());
+        if !real.starts_with(&home) {
+            return Err(outside(&format!(
+                "resolves through a symlink to {}, outside the dataset",
+                real.display()
+            )));
+        }
+    }
+    Ok(file)
 }
 
 impl Dataset {
@@ -67,9 +147,9 @@ impl Dataset {
         }
         for v in &mut self.views {
             let (w, h) = (v.camera.width / k, v.camera.height / k);
-            if w < 8 || h < 8 {
+            if w < MIN_VIEW || h < MIN_VIEW {
                 return Err(DatasetError::Invalid(format!(
-                    "{}: {}x{} downscaled by {k} is {w}x{h}, below 8x8: give a smaller downscale",
+                    "{}: {}x{} downscaled by {k} is {w}x{h}, below {MIN_VIEW}x{MIN_VIEW}: give a smaller downscale",
                     v.name, v.camera.width, v.camera.height
                 )));
             }
@@ -92,6 +172,21 @@ impl Dataset {
             v.image = image;
         }
         Ok(self)
+    }
+
+    /// Refuses a view smaller than [`MIN_VIEW`] on a side, naming it.
+    pub fn check_view_sizes(&self) -> Result<(), DatasetError> {
+        match self
+            .views
+            .iter()
+            .find(|v| v.camera.width < MIN_VIEW || v.camera.height < MIN_VIEW)
+        {
+            Some(v) => Err(DatasetError::Invalid(format!(
+                "{} is {}x{}: a view must be at least {MIN_VIEW}x{MIN_VIEW} pixels",
+                v.name, v.camera.width, v.camera.height
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Indices of the training views and of the held-out views.
@@ -130,4 +225,18 @@ pub enum DatasetError {
     /// The data does not hold together.
     #[error("{0}")]
     Invalid(String),
+    /// A dataset names a file outside its own folder.
+    #[error("{source_file}, {at}: '{name}' {why}; a dataset may name only files inside its own folder ({root})")]
+    Outside {
+        /// The file that names it.
+        source_file: PathBuf,
+        /// Where in that file (`line 4`, `frame 2`).
+        at: String,
+        /// The name as given.
+        name: String,
+        /// How it gets out.
+        why: String,
+        /// The dataset's folder.
+        root: PathBuf,
+    },
 }

@@ -22,6 +22,21 @@ pub enum SceneError {
     /// The device running the fit failed (out of memory, lost device).
     #[error("device: {0}")]
     Device(String),
+    /// A run's files cannot be drawn (`render-scene`).
+    #[error("{0}")]
+    Drawing(String),
+    /// The loss stopped being a number: the fit diverged.
+    #[error(
+        "the loss became {value} at step {step}: the fit diverged and its Gaussians are no longer numbers. The run \
+         stops here, and its checkpoints (from before) are kept. Check the dataset's poses and points and any \
+         setting changed from its default, then start again"
+    )]
+    NonFinite {
+        /// The step.
+        step: u64,
+        /// The loss seen.
+        value: f32,
+    },
     /// The device failed during a step's phase.
     #[error("device, at step {step} ({phase}): {message}")]
     DeviceStep {

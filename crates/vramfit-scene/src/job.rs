@@ -23,7 +23,8 @@ use crate::train::{Fit, GROUPS, SceneDevice, State};
 
 const CHECKPOINT_KIND: &str = "vramfit.scene.checkpoint";
 /// What starts a scene fit, as its run directory records it.
-const WORKLOAD: &str = "vramfit scene";
+/// The command a scene fit's run directory names as its workload.
+pub(crate) const WORKLOAD: &str = "vramfit scene";
 
 /// Makes the device that holds a fit's state, with Adam's moments where
 /// the run's settings say and the SH groups stored as they say.
@@ -105,6 +106,8 @@ pub struct SceneJob {
     host_times: Vec<[f64; 2]>,
     /// [`Dataset::fingerprint`], kept in checkpoints.
     dataset_fingerprint: String,
+    /// What the user should hear at the first step (the dataset's notes).
+    notes: Vec<String>,
 }
 
 /// The median of each of the pair's two parts.
@@ -139,9 +142,18 @@ impl SceneJob {
         }
         // Checked above: the cadence parses.
         let cleanup = Cleanup::new(CleanupPolicy::parse(&config.allocator_cleanup).unwrap_or_default());
-        let data = config.dataset()?;
+        let mut data = config.dataset()?;
+        let mut notes = std::mem::take(&mut data.notes);
         let dataset_fingerprint = format!("{:016x}", data.fingerprint());
         let mut fit = Fit::new(data, config.settings())?;
+        if !fit.any_visible() {
+            notes.push(format!(
+                "no Gaussian's centre is inside any training view of {}: every camera looks away from where the \
+                 Gaussians start, and the fit has nothing to fit (check the poses' convention: COLMAP's are \
+                 world-to-camera, NeRF's camera-to-world)",
+                config.dataset
+            ));
+        }
         if let Some(make) = placement.device {
             fit = fit
                 .on_device(make(config.moments, config.sh_storage))
@@ -156,6 +168,7 @@ impl SceneJob {
             host_times: Vec::new(),
             memory: placement.memory,
             dataset_fingerprint,
+            notes,
         })
     }
 
@@ -265,6 +278,12 @@ impl Workload for SceneJob {
         let failed = |step: u64, phase: &'static str| move |message| SceneError::DeviceStep { step, phase, message };
         let step = self.fit.step + 1;
         self.fit.forward_backward().map_err(failed(step, "forward_backward"))?;
+        if !self.fit.last_loss.is_finite() {
+            return Err(SceneError::NonFinite {
+                step,
+                value: self.fit.last_loss,
+            });
+        }
         let held = self.accounted();
         // A device says what gradients it holds (with the moments on the
         // host, one chunk's, in its workspace); the CPU twin's are the
@@ -319,6 +338,7 @@ impl Workload for SceneJob {
             metrics,
             status: format!("loss {loss:.4}"),
             files,
+            notes: std::mem::take(&mut self.notes),
             ..Default::default()
         })
     }
@@ -333,9 +353,15 @@ impl Workload for SceneJob {
         }
     }
     fn snapshot(&self) -> Result<ArrayFile, SceneError> {
+        let d = &self.fit.densified;
         let mut file = ArrayFile::new(
             CHECKPOINT_KIND,
-            json!({ "step": self.fit.step, "dataset_fingerprint": self.dataset_fingerprint }),
+            json!({
+                "step": self.fit.step,
+                "dataset_fingerprint": self.dataset_fingerprint,
+                // What the summary reports of densification so far.
+                "densified": [d.cloned, d.split, d.pruned, d.capped],
+            }),
         );
         let state = self.fit.state().map_err(SceneError::Device)?;
         for ((name, group), (m, v)) in GROUPS.iter().zip(state.params.groups()).zip(&state.moments) {
@@ -379,7 +405,19 @@ impl Workload for SceneJob {
         let step = file.meta.get("step").and_then(|s| s.as_u64()).unwrap_or(0);
         self.fit
             .restore(State { params, moments, stats }, step)
-            .map_err(SceneError::Checkpoint)
+            .map_err(SceneError::Checkpoint)?;
+        // Checkpoints from before the counts were kept have none.
+        let counts = file.meta.get("densified").cloned();
+        if let Some([cloned, split, pruned, capped]) = counts.and_then(|d| serde_json::from_value::<[usize; 4]>(d).ok())
+        {
+            self.fit.densified = crate::densify::Report {
+                cloned,
+                split,
+                pruned,
+                capped,
+            };
+        }
+        Ok(())
     }
     fn tensors(&self) -> Vec<NamedTensor> {
         let n = self.fit.len();

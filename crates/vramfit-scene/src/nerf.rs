@@ -5,12 +5,14 @@
 //! (y up, z backwards: flipped here to COLMAP's y down, z forwards). The
 //! images are RGBA, composited over black; the test frames are the
 //! held-out views. There are no sparse points: the Gaussians start at
-//! random inside the cameras' bounds ([`crate::params`]).
+//! random inside the cameras' bounds ([`crate::params`]). Every frame's
+//! image must be inside the dataset's folder, its matrix finite in f32
+//! and its rotation a rotation ([`crate::dataset::rotation_problem`]).
 
 use std::path::Path;
 
 use crate::cpu::camera::Camera;
-use crate::dataset::{Dataset, DatasetError, View};
+use crate::dataset::{Dataset, DatasetError, View, finite_f32, inside, rotation_problem};
 
 fn bad(path: &Path, why: impl Into<String>) -> DatasetError {
     DatasetError::Invalid(format!("{}: {}", path.display(), why.into()))
@@ -23,7 +25,8 @@ fn frames(dir: &Path, file: &str) -> Result<Vec<View>, DatasetError> {
         path: path.clone(),
         why: e.to_string(),
     })?;
-    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(&path, format!("not JSON: {e}")))?;
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    let json: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(&path, format!("not JSON: {e}")))?;
     let fov = json["camera_angle_x"]
         .as_f64()
         .filter(|f| f.is_finite() && *f > 0.0 && *f < std::f64::consts::PI)
@@ -57,18 +60,26 @@ fn frames(dir: &Path, file: &str) -> Result<Vec<View>, DatasetError> {
         if m.len() < 3
             || m.iter()
                 .take(3)
-                .any(|r| r.len() != 4 || r.iter().any(|v| !v.is_finite()))
+                .any(|r| r.len() != 4 || r.iter().any(|v| !finite_f32(*v)))
         {
             return Err(bad(
                 &path,
-                format!("frame {k}: transform_matrix must be 4×4 finite numbers"),
+                format!("frame {k}: transform_matrix must be 4×4 numbers, finite in f32 (±3.4e38)"),
             ));
         }
-        let file = dir.join(if Path::new(name).extension().is_some() {
+        let rotation_gl: [[f64; 3]; 3] = std::array::from_fn(|i| [m[i][0], m[i][1], m[i][2]]);
+        if let Some(why) = rotation_problem(&rotation_gl) {
+            return Err(bad(
+                &path,
+                format!("frame {k} ({name}): the rotation of its transform_matrix (upper left 3×3) {why}"),
+            ));
+        }
+        let named = if Path::new(name).extension().is_some() {
             name.to_string()
         } else {
             format!("{name}.png")
-        });
+        };
+        let file = inside(dir, dir, &named, &path, &format!("frame {k}"))?;
         let image = image::open(&file).map_err(|e| DatasetError::File {
             path: file.clone(),
             why: format!("cannot read the image frame {k} names: {e}"),
@@ -111,9 +122,12 @@ pub fn read(dir: &Path) -> Result<Dataset, DatasetError> {
     } else {
         None
     };
-    Ok(Dataset {
+    let data = Dataset {
         views,
         points: Vec::new(),
         held_out,
-    })
+        notes: Vec::new(),
+    };
+    data.check_view_sizes()?;
+    Ok(data)
 }

@@ -409,6 +409,7 @@ pub fn dataset(spec: &Spec) -> Dataset {
         })
         .collect();
     Dataset {
+        notes: Vec::new(),
         views,
         points: points(spec.scene.layout(), spec.points, &texture),
         held_out: None,

@@ -258,6 +258,19 @@ impl Fit {
         })
     }
 
+    /// True when some Gaussian's centre is inside some training view (a
+    /// fit where none is sees nothing to fit: every camera looks away).
+    pub fn any_visible(&self) -> bool {
+        let state = self.state.borrow();
+        let means = &state.params.means;
+        self.train.iter().any(|&i| {
+            let camera = &self.data.views[i].camera;
+            means
+                .chunks_exact(3)
+                .any(|m| camera.sees([m[0] as f64, m[1] as f64, m[2] as f64]))
+        })
+    }
+
     /// Moves the fit's state to `device`, which runs its steps from now on.
     pub fn on_device(mut self, mut device: Box<dyn SceneDevice>) -> Result<Self, String> {
         self.sync()?;

@@ -30,6 +30,23 @@ pub struct RenderedView {
 /// twin: from `gaussians.ply` when the run has finished, else from its
 /// newest checkpoint that reads back.
 pub fn render_run_view(dir: &Path, view: usize) -> Result<RenderedView, SceneError> {
+    // Another workload's run (a 2D fit, a model) has other settings: said
+    // as such, not as their first unknown key.
+    if let Ok(started) = std::fs::read_to_string(dir.join("workload"))
+        && started.trim() != crate::job::WORKLOAD
+    {
+        return Err(SceneError::Drawing(format!(
+            "{} is a run of `{}`, not of `{}`: render-scene draws a scene fit's views{}",
+            dir.display(),
+            started.trim(),
+            crate::job::WORKLOAD,
+            if started.trim() == "vramfit fit" {
+                " (a 2D fit is drawn with `vramfit render`)"
+            } else {
+                ""
+            }
+        )));
+    }
     let config_path = dir.join("config.toml");
     let text = std::fs::read_to_string(&config_path).map_err(|e| {
         SceneError::Setting(format!(
@@ -66,9 +83,13 @@ pub fn render_run_view(dir: &Path, view: usize) -> Result<RenderedView, SceneErr
     let ply = dir.join("gaussians.ply");
     if ply.is_file() {
         let read = std::fs::read(&ply).map_err(|e| e.to_string());
-        let params = read
-            .and_then(|bytes| crate::ply::decode(&bytes))
-            .map_err(|e| SceneError::Checkpoint(format!("{}: {e}", ply.display())))?;
+        let params = read.and_then(|bytes| crate::ply::decode(&bytes)).map_err(|e| {
+            SceneError::Drawing(format!(
+                "{}, the run's final Gaussians, does not read: {e}. Its checkpoints may still: move gaussians.ply \
+                 out of the run directory to draw the newest of them",
+                ply.display()
+            ))
+        })?;
         let steps = std::fs::read(dir.join("summary.json"))
             .ok()
             .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
@@ -90,7 +111,7 @@ pub fn render_run_view(dir: &Path, view: usize) -> Result<RenderedView, SceneErr
             Err(e) => why.push(format!("{}: {e}", path.display())),
         }
     }
-    Err(SceneError::Checkpoint(if why.is_empty() {
+    Err(SceneError::Drawing(if why.is_empty() {
         format!(
             "no checkpoint in {}: the run has not written one yet (it writes one every checkpoint_every steps and at its end)",
             dir.join("checkpoints").display()

@@ -327,3 +327,209 @@ fn the_default_scene_is_pinned() {
         "views, points"
     );
 }
+
+/// A dataset is untrusted input (issue 47): a name that climbs out of the
+/// dataset, an absolute name, or a symlink out of it is refused before
+/// the file is read, for COLMAP's `images.txt` and NeRF's `file_path`;
+/// a symlink that stays inside the dataset is followed.
+#[test]
+fn a_dataset_cannot_make_vramfit_read_outside_its_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A real image outside every dataset: what a hostile name points at.
+    let secret = tmp.path().join("secret.png");
+    let data = dataset(&small());
+    let first = &data.views[0];
+    vramfit_gauss::picture::save_png(
+        &secret,
+        &vramfit_gauss::picture::to_rgb8(first.camera.width, first.camera.height, &first.image),
+    )
+    .unwrap();
+    let colmap_with = |name: &str, to: &str| {
+        let dir = tmp.path().join(name);
+        colmap::write(&dir, &data).unwrap();
+        edit(&dir.join("sparse/0/images.txt"), " view_000.png", &format!(" {to}"));
+        dir
+    };
+    let climbing = colmap_with("climb", "../../secret.png");
+    let e = error(&climbing);
+    assert!(
+        e.contains("images.txt, line") && e.contains("climbs out") && e.contains("../../secret.png"),
+        "{e}"
+    );
+    let absolute = colmap_with("absolute", secret.to_str().unwrap());
+    let e = error(&absolute);
+    assert!(e.contains("absolute path"), "{e}");
+    let linked = colmap_with("linked", "link.png");
+    std::os::unix::fs::symlink(&secret, linked.join("images/link.png")).unwrap();
+    let e = error(&linked);
+    assert!(e.contains("symlink") && e.contains("secret.png"), "{e}");
+    // A symlink within the dataset is its own file.
+    let within = colmap_with("within", "link.png");
+    std::os::unix::fs::symlink(within.join("images/view_000.png"), within.join("images/link.png")).unwrap();
+    assert_eq!(colmap::read(&within).unwrap().views.len(), data.views.len());
+
+    let nerf = |name: &str, path: &str| {
+        let dir = tmp.path().join(name);
+        write_nerf(&dir, &data, 6);
+        edit(
+            &dir.join("transforms_train.json"),
+            "\"images/view_000\"",
+            &format!("\"{path}\""),
+        );
+        vramfit_scene::nerf::read(&dir).unwrap_err().to_string()
+    };
+    let e = nerf("nerf-climb", "../secret");
+    assert!(
+        e.contains("transforms_train.json, frame 0") && e.contains("climbs out"),
+        "{e}"
+    );
+    let e = nerf("nerf-absolute", secret.with_extension("").to_str().unwrap());
+    assert!(e.contains("absolute path"), "{e}");
+}
+
+/// Numbers that are finite in f64 but not in f32 (the fit's type) are
+/// refused where they are read.
+#[test]
+fn a_number_beyond_f32_is_refused_naming_its_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("far");
+    colmap::write(&dir, &dataset(&small())).unwrap();
+    let points = dir.join("sparse/0/points3D.txt");
+    let text = std::fs::read_to_string(&points).unwrap();
+    let line = text.lines().nth(1).unwrap().to_string();
+    let mut fields: Vec<&str> = line.split(' ').collect();
+    fields[1] = "3.5e38";
+    edit(&points, &line, &fields.join(" "));
+    let e = error(&dir);
+    assert!(e.contains("points3D.txt, line 2") && e.contains("f32"), "{e}");
+}
+
+/// COLMAP's grammar: each pose line is followed by its POINTS2D line (an
+/// image list without them is refused, not read with every second pose
+/// taken as points); a POINT3D_ID given twice is refused; a byte-order
+/// mark is skipped; views under 8×8 are refused; a missing points3D.txt
+/// is said in a note.
+#[test]
+fn colmap_text_is_read_by_its_grammar() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fresh = |name: &str| {
+        let dir = tmp.path().join(name);
+        colmap::write(&dir, &dataset(&small())).unwrap();
+        dir
+    };
+    let model = |dir: &Path, file: &str| dir.join("sparse/0").join(file);
+
+    let d = fresh("no-points2d");
+    let images = model(&d, "images.txt");
+    let text = std::fs::read_to_string(&images).unwrap();
+    let without: String = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&images, without).unwrap();
+    let e = error(&d);
+    assert!(e.contains("POINTS2D") && e.contains("images.txt, line 3"), "{e}");
+
+    let d = fresh("point-twice");
+    let points = model(&d, "points3D.txt");
+    let text = std::fs::read_to_string(&points).unwrap();
+    let first = text.lines().nth(1).unwrap().to_string();
+    std::fs::write(&points, format!("{text}{first}\n")).unwrap();
+    let e = error(&d);
+    assert!(
+        e.contains("point 1 is also on line 2") && e.contains("POINT3D_ID"),
+        "{e}"
+    );
+
+    let d = fresh("bom");
+    let cameras = model(&d, "cameras.txt");
+    let text = std::fs::read_to_string(&cameras).unwrap();
+    std::fs::write(&cameras, format!("\u{feff}{text}")).unwrap();
+    assert_eq!(colmap::read(&d).unwrap().views.len(), 9);
+
+    let d = fresh("no-points");
+    std::fs::remove_file(model(&d, "points3D.txt")).unwrap();
+    let read = colmap::read(&d).unwrap();
+    assert!(read.points.is_empty());
+    assert!(
+        read.notes.iter().any(|n| n.contains("points3D.txt is missing")),
+        "{:?}",
+        read.notes
+    );
+
+    let tiny = tmp.path().join("tiny");
+    colmap::write(
+        &tiny,
+        &dataset(&Spec {
+            width: 4,
+            height: 4,
+            ..small()
+        }),
+    )
+    .unwrap();
+    let e = error(&tiny);
+    assert!(e.contains("4x4") && e.contains("at least 8x8"), "{e}");
+}
+
+/// A NeRF frame's rotation must be a rotation: all zero, singular, scaled
+/// ×5 or mirrored is refused naming the frame.
+#[test]
+fn a_nerf_pose_that_is_not_a_rotation_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(&small());
+    type Edit = fn(&mut [Vec<f64>]);
+    let edits: [(&str, Edit, &str); 4] = [
+        (
+            "zero",
+            |m| m.iter_mut().take(3).for_each(|r| r[..3].fill(0.0)),
+            "orthonormal",
+        ),
+        ("singular", |m| m[2][..3].fill(0.0), "orthonormal"),
+        (
+            "scaled",
+            |m| {
+                m.iter_mut()
+                    .take(3)
+                    .for_each(|r| r[..3].iter_mut().for_each(|v| *v *= 5.0))
+            },
+            "orthonormal",
+        ),
+        (
+            "mirrored",
+            |m| m.iter_mut().take(3).for_each(|r| r[0] = -r[0]),
+            "determinant",
+        ),
+    ];
+    for (name, change, says) in edits {
+        let dir = tmp.path().join(name);
+        write_nerf(&dir, &data, 6);
+        let path = dir.join("transforms_train.json");
+        let mut json: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let mut m: Vec<Vec<f64>> = serde_json::from_value(json["frames"][1]["transform_matrix"].clone()).unwrap();
+        change(&mut m);
+        json["frames"][1]["transform_matrix"] = serde_json::json!(m);
+        std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+        let e = vramfit_scene::nerf::read(&dir).unwrap_err().to_string();
+        assert!(e.contains("frame 1") && e.contains(says), "{name}: {e}");
+    }
+}
+
+/// A folder holding both a COLMAP model and NeRF's transforms is refused:
+/// which one is meant is the user's to say.
+#[test]
+fn a_folder_with_two_formats_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(&small());
+    colmap::write(tmp.path(), &data).unwrap();
+    write_nerf(tmp.path(), &data, 6);
+    let config = vramfit_scene::config::SceneConfig {
+        dataset: tmp.path().display().to_string(),
+        ..Default::default()
+    };
+    let e = config.dataset().unwrap_err().to_string();
+    assert!(
+        e.contains("both a COLMAP model") && e.contains("transforms_train.json"),
+        "{e}"
+    );
+}

@@ -110,6 +110,64 @@ fn a_scene_fit_runs_states_its_psnr_and_resumes_exactly() {
     );
     assert_eq!(resumed.workload.held_out_psnr_db, s.held_out_psnr_db);
     assert_eq!(resumed.workload.held_out_ssim, s.held_out_ssim);
+    // What densification did before the checkpoint is counted too: the
+    // summary reports what the uninterrupted run's does.
+    assert!(s.densified.iter().sum::<usize>() > 0, "{:?}", s.densified);
+    assert_eq!(resumed.workload.densified, s.densified);
+}
+
+/// A loss that stops being a number stops the run at that step with an
+/// error that says so, and the checkpoints written before it are kept
+/// (issue 47: a NaN background once trained to NaN and printed a PSNR).
+#[test]
+fn a_non_finite_loss_stops_the_fit_and_keeps_its_checkpoints() {
+    let c = SceneConfig {
+        steps: 6,
+        checkpoint_every: 2,
+        densify_from: 100,
+        frame_every: 0,
+        ..config()
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("nan");
+    let (run, job) = launch(Start::New(c.clone(), RunPath::At(dir.clone())), Placement::cpu()).unwrap();
+    let stopped = run
+        .drive(job, |e| match e {
+            Event::Checkpoint(_) => ControlFlow::Break(()),
+            _ => ControlFlow::Continue(()),
+        })
+        .unwrap();
+    assert!(stopped.is_none());
+    // The checkpoint's colours poisoned (infinite): the next step's loss is not a number.
+    let checkpoints = vramfit::run::checkpoints_newest_first(&dir.join("checkpoints"));
+    let mut file = vramfit::run::ArrayFile::read(&checkpoints[0]).unwrap();
+    let n = file.get("param/sh_dc").unwrap().len();
+    file.insert("param/sh_dc", vec![n], vec![f32::INFINITY; n]);
+    vramfit::run::atomic_write(&checkpoints[0], &file.to_bytes()).unwrap();
+    let (run, job) = launch(Start::Resume(dir.clone()), Placement::cpu()).unwrap();
+    let e = run
+        .drive(job, |_| ControlFlow::Continue(()))
+        .err()
+        .expect("the run stops")
+        .to_string();
+    assert!(
+        e.contains("the loss became") && e.contains("at step 3") && e.contains("checkpoints"),
+        "{e}"
+    );
+    assert!(checkpoints[0].is_file(), "the checkpoint is kept");
+    assert!(!dir.join("summary.json").exists(), "no summary of a diverged fit");
+
+    // A background that is not a colour is refused before anything runs.
+    let bad = SceneConfig {
+        background: Some([f32::NAN, 0.0, 0.0]),
+        ..c
+    };
+    let e = launch(Start::New(bad, RunPath::At(tmp.path().join("bg"))), Placement::cpu())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("background") && e.contains("from 0 to 1"), "{e}");
+    assert!(!tmp.path().join("bg").exists());
 }
 
 /// `dataset = "builtin:glossy"` names the second built-in scene: its views
@@ -152,4 +210,59 @@ fn the_second_built_in_scene_is_named_as_a_dataset() {
     assert!(s.held_out_psnr_db > s.initial_psnr_db, "{s:?}");
     let text = std::fs::read_to_string(dir.join("config.toml")).unwrap();
     assert!(text.contains("dataset = \"builtin:glossy\""), "{text}");
+}
+
+/// A scene where every camera looks away from the Gaussians' start is
+/// fitted with a warning at its first step, not silently to a blank.
+#[test]
+fn a_fit_that_sees_no_gaussian_warns() {
+    use vramfit_scene::synthetic::{Spec, dataset};
+    let tmp = tempfile::tempdir().unwrap();
+    let mut data = dataset(&Spec {
+        views: 4,
+        width: 16,
+        height: 16,
+        points: 50,
+        ..Spec::default()
+    });
+    let notes_of = |data: &vramfit_scene::dataset::Dataset, name: &str| {
+        let folder = tmp.path().join(name);
+        vramfit_scene::colmap::write(&folder, data).unwrap();
+        let c = SceneConfig {
+            dataset: folder.display().to_string(),
+            steps: 2,
+            checkpoint_every: 0,
+            frame_every: 0,
+            ..SceneConfig::default()
+        };
+        let out = RunPath::At(tmp.path().join(format!("{name}-run")));
+        let (run, job) = launch(Start::New(c, out), Placement::cpu()).unwrap();
+        let mut notes = Vec::new();
+        run.drive(job, |e| {
+            if let Event::Step(r) = e {
+                notes.extend(r.notes.clone());
+            }
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+        notes
+    };
+    let warned = |notes: &[String]| {
+        notes
+            .iter()
+            .any(|n| n.contains("no Gaussian's centre is inside any training view"))
+    };
+    let facing = notes_of(&data, "facing");
+    assert!(!warned(&facing), "{facing:?}");
+    // Each camera turned half round about its own vertical axis: the same
+    // centre, looking the other way.
+    for v in &mut data.views {
+        let c = &mut v.camera;
+        for i in [0, 2] {
+            c.rotation[i] = c.rotation[i].map(|x| -x);
+            c.translation[i] = -c.translation[i];
+        }
+    }
+    let away = notes_of(&data, "away");
+    assert!(warned(&away), "{away:?}");
 }

@@ -75,6 +75,17 @@ impl Camera {
     }
 
     /// Screen tiles across and down.
+    /// True when point `p` (world) is in front of the camera and inside its image.
+    pub fn sees(&self, p: [f64; 3]) -> bool {
+        let (r, t) = (&self.rotation, &self.translation);
+        let c: [f64; 3] = std::array::from_fn(|i| r[i][0] * p[0] + r[i][1] * p[1] + r[i][2] * p[2] + t[i]);
+        if !(c[2] > 1e-6) {
+            return false;
+        }
+        let (u, v) = (self.fx * c[0] / c[2] + self.cx, self.fy * c[1] / c[2] + self.cy);
+        (0.0..self.width as f64).contains(&u) && (0.0..self.height as f64).contains(&v)
+    }
+
     pub fn tiles(&self) -> (usize, usize) {
         (self.width.div_ceil(TILE), self.height.div_ceil(TILE))
     }
