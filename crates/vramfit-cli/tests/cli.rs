@@ -288,6 +288,10 @@ fn a_fit_writes_its_run_directory_and_renders_at_any_size() {
     ] {
         assert!(d.join("r").join(f).is_file(), "missing {f}");
     }
+    // render-scene on a 2D fit's run says what the run is (issue 47).
+    let o = run(&["render-scene", "r", "v.png"], d);
+    refused_saying(&o, "is a run of `vramfit fit`, not of `vramfit scene`");
+    refused_saying(&o, "vramfit render");
     let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("r/summary.json")).unwrap()).unwrap();
     for key in [
         "psnr_db",
@@ -1173,6 +1177,16 @@ fn sample_scene_writes_a_colmap_dataset_and_refuses_to_overwrite() {
     );
     let o = run(&["sample"], dir);
     refused_saying(&o, "sample scene DIR");
+    // A symlink to a folder that does not exist: refused, and the user's
+    // link left as it was (issue 47).
+    std::os::unix::fs::symlink(dir.join("nowhere"), dir.join("dangling")).unwrap();
+    let o = run(&["sample", "scene", "dangling", "--views", "2", "--size", "8x8"], dir);
+    refused_saying(&o, "symbolic link");
+    refused_saying(&o, "nowhere");
+    assert!(
+        std::fs::symlink_metadata(dir.join("dangling")).is_ok(),
+        "the link is kept"
+    );
 }
 
 /// `vramfit scene` fits a COLMAP dataset that `sample scene` wrote and
@@ -1235,6 +1249,14 @@ fn scene_fits_a_sampled_dataset_and_refuses_bad_input() {
             stderr(&o)
         );
     }
+    // A damaged final gaussians.ply is said as such, not as a checkpoint
+    // that does not match the scene (issue 47).
+    let ply = dir.join("fitted/gaussians.ply");
+    let bytes = std::fs::read(&ply).unwrap();
+    std::fs::write(&ply, &bytes[..bytes.len() - 7]).unwrap();
+    let o = run(&["render-scene", "fitted", "v.png"], dir);
+    refused_saying(&o, "the run's final Gaussians, does not read");
+    assert!(!stderr(&o).contains("does not match the scene"), "{}", stderr(&o));
 
     std::fs::create_dir(dir.join("empty")).unwrap();
     let o = run(&["scene", "empty", "--out", "bad"], dir);

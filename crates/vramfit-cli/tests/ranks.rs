@@ -659,4 +659,21 @@ fn ranks_without_mpi_say_how_to_build_it() {
         stderr(&o)
     );
     assert!(!out.exists(), "nothing is created");
+    // A whole batch (no micro-batches given) is split over the ranks, so
+    // the missing MPI is what is said (issue 47: it first asked to split).
+    let o = vramfit(&[
+        "train",
+        "transformer",
+        "--batch-size",
+        "8",
+        "--ranks",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("built without MPI") && !stderr(&o).contains("--accumulate"),
+        "{}",
+        stderr(&o)
+    );
 }

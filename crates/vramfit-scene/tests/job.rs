@@ -145,11 +145,10 @@ fn a_non_finite_loss_stops_the_fit_and_keeps_its_checkpoints() {
     file.insert("param/sh_dc", vec![n], vec![f32::INFINITY; n]);
     vramfit::run::atomic_write(&checkpoints[0], &file.to_bytes()).unwrap();
     let (run, job) = launch(Start::Resume(dir.clone()), Placement::cpu()).unwrap();
-    let e = run
-        .drive(job, |_| ControlFlow::Continue(()))
-        .err()
-        .expect("the run stops")
-        .to_string();
+    let Err(e) = run.drive(job, |_| ControlFlow::Continue(())) else {
+        panic!("the run stops")
+    };
+    let e = e.to_string();
     assert!(
         e.contains("the loss became") && e.contains("at step 3") && e.contains("checkpoints"),
         "{e}"
@@ -162,10 +161,10 @@ fn a_non_finite_loss_stops_the_fit_and_keeps_its_checkpoints() {
         background: Some([f32::NAN, 0.0, 0.0]),
         ..c
     };
-    let e = launch(Start::New(bad, RunPath::At(tmp.path().join("bg"))), Placement::cpu())
-        .err()
-        .expect("refused")
-        .to_string();
+    let Err(e) = launch(Start::New(bad, RunPath::At(tmp.path().join("bg"))), Placement::cpu()) else {
+        panic!("refused")
+    };
+    let e = e.to_string();
     assert!(e.contains("background") && e.contains("from 0 to 1"), "{e}");
     assert!(!tmp.path().join("bg").exists());
 }

@@ -79,7 +79,8 @@ impl Camera {
     pub fn sees(&self, p: [f64; 3]) -> bool {
         let (r, t) = (&self.rotation, &self.translation);
         let c: [f64; 3] = std::array::from_fn(|i| r[i][0] * p[0] + r[i][1] * p[1] + r[i][2] * p[2] + t[i]);
-        if !(c[2] > 1e-6) {
+        // Behind the camera, on its plane, or not a number: not seen.
+        if c[2].is_nan() || c[2] <= 1e-6 {
             return false;
         }
         let (u, v) = (self.fx * c[0] / c[2] + self.cx, self.fy * c[1] / c[2] + self.cy);
