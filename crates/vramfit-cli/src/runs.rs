@@ -196,6 +196,16 @@ pub fn run(device: &str, launch: Launch, held: Held) -> Result<()> {
     Ok(())
 }
 
+/// A line above the bar; where the bar is hidden (output not a terminal:
+/// a log, a pipe), on standard error, since a hidden bar prints nothing.
+fn say(bar: &ProgressBar, line: &str) {
+    if bar.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        bar.println(line);
+    }
+}
+
 /// The progress bar every run shows.
 pub fn progress() -> impl FnMut(Event) -> ControlFlow<()> {
     let bar = ProgressBar::new(0);
@@ -216,10 +226,10 @@ pub fn progress() -> impl FnMut(Event) -> ControlFlow<()> {
                     bar.set_message(r.status.clone());
                 }
                 for n in &r.notes {
-                    bar.println(n);
+                    say(&bar, n);
                 }
             }
-            Event::Note(n) => bar.println(format!("note: {n}")),
+            Event::Note(n) => say(&bar, &format!("note: {n}")),
             Event::Checkpoint(_) => {}
         }
         ControlFlow::Continue(())

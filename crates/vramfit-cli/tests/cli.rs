@@ -1952,3 +1952,50 @@ fn plan_with_ranks_prints_the_per_rank_plans() {
     let o = run(&[&small[..], &["--gpus", "8", "--ranks", "2"]].concat(), d);
     refused_saying(&o, "needs --budget");
 }
+
+/// A resume says what it did where the output is not a terminal (a log, a
+/// pipe: the progress bar is hidden there and printed nothing): a corrupt
+/// newest checkpoint skipped, a run without checkpoints started over
+/// (issue 47).
+#[test]
+fn a_resume_says_what_it_skipped_when_output_is_a_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let o = run(&["sample", "--size", "32x24", "in.png"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(
+        d.join("c.toml"),
+        "image = \"in.png\"\ngaussians = 40\nsteps = 30\ncheckpoint_every = 10\n",
+    )
+    .unwrap();
+    let o = run(&["fit", "--config", "c.toml", "--out", "r"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::remove_file(d.join("r/summary.json")).unwrap();
+    let newest = vramfit::run::checkpoints_newest_first(&d.join("r/checkpoints"))[0].clone();
+    let bytes = std::fs::read(&newest).unwrap();
+    std::fs::write(&newest, &bytes[..100]).unwrap();
+    let o = run(&["fit", "--resume", "r"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("skipped an unreadable checkpoint") && stderr(&o).contains("resuming from"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(
+        &[
+            "fit",
+            "--config",
+            "c.toml",
+            "--out",
+            "none",
+            "--set",
+            "checkpoint_every=0",
+        ],
+        d,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::remove_file(d.join("none/summary.json")).unwrap();
+    let o = run(&["fit", "--resume", "none"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("starting from step 0"), "{}", stderr(&o));
+}
