@@ -10,6 +10,7 @@
 //! - `gpu` (feature `gpu`): CubeCL launch helpers, the binning kernels,
 //!   a device error type and the measure a GPU-versus-twin check uses.
 
+mod device;
 #[cfg(feature = "gpu")]
 pub mod gpu;
 mod jpeg_scan;
@@ -18,4 +19,5 @@ mod real;
 pub mod ssim;
 pub mod tile;
 
+pub use device::DeviceError;
 pub use real::{EXP_LANES, Real, wide};

@@ -275,7 +275,13 @@ impl Workload for SceneJob {
         }
     }
     fn step(&mut self, observer: &mut dyn StepObserver) -> Result<StepRecord, SceneError> {
-        let failed = |step: u64, phase: &'static str| move |message| SceneError::DeviceStep { step, phase, message };
+        let failed = |step: u64, phase: &'static str| {
+            move |e: crate::train::FitError| SceneError::DeviceStep {
+                step,
+                phase,
+                message: e.to_string(),
+            }
+        };
         let step = self.fit.step + 1;
         self.fit.forward_backward().map_err(failed(step, "forward_backward"))?;
         if !self.fit.last_loss.is_finite() {
@@ -328,7 +334,7 @@ impl Workload for SceneJob {
         if self.config.frame_every > 0 && (step.is_multiple_of(self.config.frame_every) || step == self.config.steps) {
             let (_, held) = self.fit.data().split();
             if let Some(&view) = held.first() {
-                let png = self.fit.render_view(view).map_err(SceneError::Setting)?;
+                let png = self.fit.render_view(view).map_err(SceneError::Device)?;
                 files.push((format!("frames/step-{step:08}.png"), png));
             }
         }
@@ -405,7 +411,7 @@ impl Workload for SceneJob {
         let step = file.meta.get("step").and_then(|s| s.as_u64()).unwrap_or(0);
         self.fit
             .restore(State { params, moments, stats }, step)
-            .map_err(SceneError::Checkpoint)?;
+            .map_err(|e| SceneError::Checkpoint(e.to_string()))?;
         // Checkpoints from before the counts were kept have none.
         let counts = file.meta.get("densified").cloned();
         if let Some([cloned, split, pruned, capped]) = counts.and_then(|d| serde_json::from_value::<[usize; 4]>(d).ok())

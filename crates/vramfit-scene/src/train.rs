@@ -10,6 +10,7 @@
 
 use std::cell::{Cell, Ref, RefCell};
 
+use vramfit_gauss::DeviceError;
 use vramfit_gauss::ssim::{ssim, ssim_and_backward};
 
 use crate::cpu::camera::Camera;
@@ -123,6 +124,20 @@ impl State {
     }
 }
 
+/// Why a fit's call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FitError {
+    /// The device running it.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// A state that does not fit this fit (a checkpoint of another scene).
+    #[error("{0}")]
+    Mismatch(String),
+    /// A view could not be encoded as a picture.
+    #[error("the view does not encode as PNG: {0}")]
+    Picture(String),
+}
+
 /// A device that holds a fit's state between steps and runs its steps (the
 /// CubeCL renderer: `crate::gpu::fit`). The host copy in [`Fit`] is then
 /// brought up to date only when something reads it.
@@ -130,11 +145,11 @@ pub trait SceneDevice {
     /// What the device is, for reports.
     fn name(&self) -> String;
     /// Replaces the device's state with `state`.
-    fn load(&mut self, state: &State) -> Result<(), String>;
+    fn load(&mut self, state: &State) -> Result<(), DeviceError>;
     /// Copies the device's state into `state`.
-    fn store(&self, state: &mut State) -> Result<(), String>;
+    fn store(&self, state: &mut State) -> Result<(), DeviceError>;
     /// The image of the current Gaussians through `camera`.
-    fn render(&self, camera: &Camera, background: [f32; 3]) -> Result<Vec<f32>, String>;
+    fn render(&self, camera: &Camera, background: [f32; 3]) -> Result<Vec<f32>, DeviceError>;
     /// Renders one view, computes the loss against `target` and keeps every
     /// parameter's gradient; adds densification's statistics when `stats`.
     /// Returns the loss.
@@ -144,11 +159,11 @@ pub trait SceneDevice {
         background: [f32; 3],
         target: &[f32],
         stats: bool,
-    ) -> Result<f32, String>;
+    ) -> Result<f32, DeviceError>;
     /// One Adam step on every group with the kept gradients (`rates` per
     /// group, bias corrections `c1`, `c2`; SH rest values at or past
     /// `active_rest` of each Gaussian's take no gradient).
-    fn optimize(&mut self, rates: [f32; 6], c1: f32, c2: f32, active_rest: usize) -> Result<(), String>;
+    fn optimize(&mut self, rates: [f32; 6], c1: f32, c2: f32, active_rest: usize) -> Result<(), DeviceError>;
     /// Device bytes held now by each category: parameters, gradients,
     /// optimizer state, workspace (the render's buffers).
     fn held_bytes(&self) -> [u64; 4];
@@ -166,7 +181,7 @@ pub trait SceneDevice {
     }
     /// Returns the allocator's unused pools to the device (after the queued
     /// work is done): the time the cleanup itself took (not the wait).
-    fn cleanup(&self) -> Result<std::time::Duration, String> {
+    fn cleanup(&self) -> Result<std::time::Duration, DeviceError> {
         Ok(std::time::Duration::ZERO)
     }
 }
@@ -272,7 +287,7 @@ impl Fit {
     }
 
     /// Moves the fit's state to `device`, which runs its steps from now on.
-    pub fn on_device(mut self, mut device: Box<dyn SceneDevice>) -> Result<Self, String> {
+    pub fn on_device(mut self, mut device: Box<dyn SceneDevice>) -> Result<Self, FitError> {
         self.sync()?;
         device.load(&self.state.borrow())?;
         self.device = Some(device);
@@ -304,12 +319,12 @@ impl Fit {
 
     /// Returns the device allocator's unused pools ([`SceneDevice::cleanup`]):
     /// the time it took, or `None` on the CPU twin.
-    pub fn cleanup_device(&self) -> Result<Option<std::time::Duration>, String> {
-        self.device.as_ref().map(|d| d.cleanup()).transpose()
+    pub fn cleanup_device(&self) -> Result<Option<std::time::Duration>, FitError> {
+        Ok(self.device.as_ref().map(|d| d.cleanup()).transpose()?)
     }
 
     /// Brings the host copy up to date with the device.
-    fn sync(&self) -> Result<(), String> {
+    fn sync(&self) -> Result<(), FitError> {
         if self.stale.get()
             && let Some(d) = &self.device
         {
@@ -320,13 +335,13 @@ impl Fit {
     }
 
     /// The state (read from the device first when one runs the fit).
-    pub fn state(&self) -> Result<Ref<'_, State>, String> {
+    pub fn state(&self) -> Result<Ref<'_, State>, FitError> {
         self.sync()?;
         Ok(self.state.borrow())
     }
 
     /// The parameters (read from the device first when one runs the fit).
-    pub fn params(&self) -> Result<Ref<'_, Params>, String> {
+    pub fn params(&self) -> Result<Ref<'_, Params>, FitError> {
         Ok(Ref::map(self.state()?, |s| &s.params))
     }
 
@@ -347,7 +362,7 @@ impl Fit {
     }
 
     /// One step on the next training view; returns the loss.
-    pub fn step(&mut self) -> Result<f32, String> {
+    pub fn step(&mut self) -> Result<f32, FitError> {
         self.forward_backward()?;
         self.optimize()?;
         Ok(self.last_loss)
@@ -356,7 +371,7 @@ impl Fit {
     /// The first half of a step: render the next training view, the loss
     /// and every parameter's gradient, kept for [`Fit::optimize`] (the
     /// step counter advances).
-    pub fn forward_backward(&mut self) -> Result<(), String> {
+    pub fn forward_backward(&mut self) -> Result<(), FitError> {
         self.step += 1;
         let view = &self.data.views[self.train[(self.step as usize - 1) % self.train.len()]];
         let camera = &view.camera;
@@ -393,7 +408,7 @@ impl Fit {
 
     /// The second half: Adam on every group, then densification and the
     /// opacity reset when their step has come.
-    pub fn optimize(&mut self) -> Result<(), String> {
+    pub fn optimize(&mut self) -> Result<(), FitError> {
         const BETA1: f32 = ADAM.beta1;
         const BETA2: f32 = ADAM.beta2;
         let lr = self.settings.lr;
@@ -405,7 +420,10 @@ impl Fit {
         if let Some(device) = &mut self.device {
             device.optimize(rates, c1, c2, active)?;
         } else {
-            let grads = self.grads.take().ok_or("optimize before forward_backward")?;
+            let grads = self
+                .grads
+                .take()
+                .ok_or(DeviceError::OutOfOrder("optimize before forward_backward"))?;
             adam(&mut self.state.borrow_mut(), &grads, rates, c1, c2);
         }
         let (d, step) = (self.settings.densify, self.step);
@@ -473,23 +491,25 @@ impl Fit {
     /// Restores the state and the step of a checkpoint (the number of
     /// Gaussians may differ from the seeded fit's); an error names a group
     /// whose length does not fit the others.
-    pub fn restore(&mut self, state: State, step: u64) -> Result<(), String> {
+    pub fn restore(&mut self, state: State, step: u64) -> Result<(), FitError> {
         let n = state.params.len();
         for (i, (g, width)) in state.params.groups().iter().zip(state.params.widths()).enumerate() {
             let (m, v) = &state.moments[i];
             if g.len() != n * width || m.len() != g.len() || v.len() != g.len() {
-                return Err(format!(
+                return Err(FitError::Mismatch(format!(
                     "{}: {} values (moments {} and {}) for {n} Gaussians of {width}",
                     GROUPS[i],
                     g.len(),
                     m.len(),
                     v.len()
-                ));
+                )));
             }
         }
         let s = &state.stats;
         if [s.grad.len(), s.seen.len(), s.max_radius.len()] != [n; 3] {
-            return Err(format!("densification statistics for other than {n} Gaussians"));
+            return Err(FitError::Mismatch(format!(
+                "densification statistics for other than {n} Gaussians"
+            )));
         }
         if let Some(device) = &mut self.device {
             device.load(&state)?;
@@ -502,20 +522,20 @@ impl Fit {
     }
 
     /// The image of view `index` by the current Gaussians (`[H, W, 3]`).
-    pub fn render_image(&self, index: usize) -> Result<Vec<f32>, String> {
+    pub fn render_image(&self, index: usize) -> Result<Vec<f32>, FitError> {
         let v = &self.data.views[index];
         match &self.device {
-            Some(d) => d.render(&v.camera, self.settings.background),
+            Some(d) => Ok(d.render(&v.camera, self.settings.background)?),
             None => Ok(render(&self.state.borrow().params.scene(), &v.camera, self.settings.background).image),
         }
     }
 
     /// View `index` rendered by the current Gaussians, as PNG bytes.
-    pub fn render_view(&self, index: usize) -> Result<Vec<u8>, String> {
+    pub fn render_view(&self, index: usize) -> Result<Vec<u8>, FitError> {
         let v = &self.data.views[index];
         let image = self.render_image(index)?;
         let rgb = vramfit_gauss::picture::to_rgb8(v.camera.width, v.camera.height, &image);
-        vramfit_gauss::picture::encode_png(&rgb).map_err(|e| e.to_string())
+        vramfit_gauss::picture::encode_png(&rgb).map_err(|e| FitError::Picture(e.to_string()))
     }
 
     /// The views evaluated: the held-out ones (the training views when none is held out).
@@ -528,7 +548,7 @@ impl Fit {
     }
 
     /// Mean PSNR over the held-out views (the training views when none is held out).
-    pub fn held_out_psnr(&self) -> Result<f64, String> {
+    pub fn held_out_psnr(&self) -> Result<f64, FitError> {
         let views = self.evaluated();
         let mut total = 0.0;
         for &i in views {
@@ -539,7 +559,7 @@ impl Fit {
 
     /// Mean SSIM (11×11 Gaussian window, as the 3DGS papers report it) over
     /// the same views, the render clamped to [0, 1] as an image file holds it.
-    pub fn held_out_ssim(&self) -> Result<f64, String> {
+    pub fn held_out_ssim(&self) -> Result<f64, FitError> {
         let views = self.evaluated();
         let mut total = 0.0;
         for &i in views {

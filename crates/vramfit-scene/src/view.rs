@@ -97,7 +97,7 @@ pub fn render_run_view(dir: &Path, view: usize) -> Result<RenderedView, SceneErr
             .unwrap_or(0);
         job.fit
             .restore(State::fresh(params), steps)
-            .map_err(SceneError::Checkpoint)?;
+            .map_err(|e| SceneError::Checkpoint(e.to_string()))?;
         return render(&job);
     }
     let checkpoints = vramfit::run::checkpoints_newest_first(&dir.join("checkpoints"));

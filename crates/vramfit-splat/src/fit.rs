@@ -12,6 +12,7 @@ use serde_json::json;
 use vramfit::optim::{Adam, AdamConfig, AdamMoments};
 use vramfit::profile::{Accounted, Category, NamedTensor};
 use vramfit::run::ArrayFile;
+use vramfit_gauss::DeviceError;
 use vramfit::step::StepObserver;
 
 use crate::SplatError;
@@ -195,11 +196,7 @@ where
         let measure = next.is_multiple_of(c.log_every) || next.is_multiple_of(c.check_every) || next == c.steps;
         let (parts, grads, measured) =
             <B::InnerBackend as FusedLoss>::fused_step(entering.clone(), &self.target, c.ssim_weight, measure)
-                .map_err(|message| SplatError::Device {
-                    step: next,
-                    phase: "forward_backward",
-                    message,
-                })?;
+                .map_err(Self::device_error(next, "forward_backward"))?;
         let loss_value = parts.loss(c.ssim_weight) as f32;
         if !loss_value.is_finite() {
             return Err(SplatError::NonFinite {
@@ -299,8 +296,12 @@ where
         Self::primitives_of(&self.params)
     }
 
-    fn device_error(step: u64, phase: &'static str) -> impl FnOnce(String) -> SplatError {
-        move |message| SplatError::Device { step, phase, message }
+    fn device_error(step: u64, phase: &'static str) -> impl FnOnce(DeviceError) -> SplatError {
+        move |e| SplatError::Device {
+            step,
+            phase,
+            message: e.to_string(),
+        }
     }
 
     fn metrics_of(&self, params: SplatPrimitives<B::InnerBackend>, step: u64) -> Result<LossParts, SplatError> {

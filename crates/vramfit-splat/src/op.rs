@@ -21,6 +21,7 @@ use crate::cpu;
 use crate::cpu::project::Frame;
 use crate::cpu::render::{SplatGrads, Splats};
 use crate::params::{HostParams, Params};
+use vramfit_gauss::DeviceError;
 use vramfit_gauss::picture::{CHANNELS, Picture};
 
 /// What to render: frame, top-K and channel count.
@@ -192,7 +193,7 @@ pub trait FusedLoss: SplatBackend {
         params: SplatPrimitives<Self>,
         target: &Self::Target,
         ssim_weight: f64,
-    ) -> Result<(LossParts, SplatPrimitives<Self>), String>;
+    ) -> Result<(LossParts, SplatPrimitives<Self>), DeviceError>;
 
     /// [`FusedLoss::fused_loss_and_grads`], and, where `measure` and the
     /// backend can at no extra render, [`FusedLoss::fused_metrics`] of the
@@ -205,20 +206,20 @@ pub trait FusedLoss: SplatBackend {
         target: &Self::Target,
         ssim_weight: f64,
         _measure: bool,
-    ) -> Result<(LossParts, SplatPrimitives<Self>, Option<LossParts>), String> {
+    ) -> Result<(LossParts, SplatPrimitives<Self>, Option<LossParts>), DeviceError> {
         let (parts, grads) = Self::fused_loss_and_grads(params, target, ssim_weight)?;
         Ok((parts, grads, None))
     }
 
     /// Loss parts of the clamped render (the reported quality).
-    fn fused_metrics(params: SplatPrimitives<Self>, target: &Self::Target) -> Result<LossParts, String>;
+    fn fused_metrics(params: SplatPrimitives<Self>, target: &Self::Target) -> Result<LossParts, DeviceError>;
 
     /// The render of `frame` on the host, `[H, W, C]`, unclamped.
     fn fused_render_host(
         params: SplatPrimitives<Self>,
         target: &Self::Target,
         frame: &Frame,
-    ) -> Result<Vec<f32>, String>;
+    ) -> Result<Vec<f32>, DeviceError>;
 }
 
 /// Clamps a render to `[0, 1]`: the image a user sees, whose quality is reported.
@@ -389,7 +390,7 @@ impl FusedLoss for burn::backend::Flex {
         params: SplatPrimitives<Self>,
         target: &HostTarget,
         ssim_weight: f64,
-    ) -> Result<(LossParts, SplatPrimitives<Self>), String> {
+    ) -> Result<(LossParts, SplatPrimitives<Self>), DeviceError> {
         let device = device_of::<Self>(&params.xy);
         let host = read_host::<Self>(params);
         let (parts, g) = target.loss_and_grads(&Splats::new(&host, CHANNELS), ssim_weight);
@@ -401,14 +402,14 @@ impl FusedLoss for burn::backend::Flex {
         target: &HostTarget,
         ssim_weight: f64,
         measure: bool,
-    ) -> Result<(LossParts, SplatPrimitives<Self>, Option<LossParts>), String> {
+    ) -> Result<(LossParts, SplatPrimitives<Self>, Option<LossParts>), DeviceError> {
         let device = device_of::<Self>(&params.xy);
         let host = read_host::<Self>(params);
         let (parts, g, metrics) = target.loss_grads_and_metrics(&Splats::new(&host, CHANNELS), ssim_weight, measure);
         Ok((parts, grads_to_device::<Self>(g, CHANNELS, &device), metrics))
     }
 
-    fn fused_metrics(params: SplatPrimitives<Self>, target: &HostTarget) -> Result<LossParts, String> {
+    fn fused_metrics(params: SplatPrimitives<Self>, target: &HostTarget) -> Result<LossParts, DeviceError> {
         let host = read_host::<Self>(params);
         let mut x = target.render(&host, &Frame::new(target.width, target.height));
         clamp(&mut x);
@@ -419,7 +420,7 @@ impl FusedLoss for burn::backend::Flex {
         params: SplatPrimitives<Self>,
         target: &HostTarget,
         frame: &Frame,
-    ) -> Result<Vec<f32>, String> {
+    ) -> Result<Vec<f32>, DeviceError> {
         Ok(target.render(&read_host::<Self>(params), frame))
     }
 }

@@ -1,5 +1,5 @@
 //! The CubeCL side both workloads share: launch shapes, buffers as kernel
-//! arguments, the binning kernels, the device error, and the measure by
+//! arguments, the binning kernels, and the measure by
 //! which a GPU result is compared with its CPU twin.
 
 pub mod binning;
@@ -14,45 +14,7 @@ pub const UNITS: u32 = TILE * TILE;
 /// Largest cube count along one axis that every runtime accepts.
 const MAX_CUBES_X: usize = 65_535;
 
-/// What went wrong on the device.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum DeviceError {
-    /// The runtime failed a read, a sync or a memory query (an
-    /// out-of-memory, a lost device), in its own words: the profiler's
-    /// out-of-memory reader recognises them.
-    #[error("{0}")]
-    Runtime(String),
-    /// One buffer larger than the largest this device allocates.
-    #[error(
-        "{what} needs one buffer of {:.1} MiB, more than this device's largest ({:.1} MiB): use fewer \
-         Gaussians, a lower SH degree or a smaller image, or a device with larger buffers (CUDA)",
-        *bytes as f64 / MIB, *largest as f64 / MIB
-    )]
-    BufferTooLarge {
-        /// What the buffer holds, e.g. "12 million tile intersections".
-        what: String,
-        /// Its bytes.
-        bytes: u64,
-        /// The device's largest buffer.
-        largest: u64,
-    },
-}
-
-const MIB: f64 = (1u64 << 20) as f64;
-
-impl DeviceError {
-    /// The runtime's error, in its words.
-    pub fn runtime(error: impl std::fmt::Display) -> Self {
-        Self::Runtime(error.to_string())
-    }
-}
-
-/// For callers that report errors in words.
-impl From<DeviceError> for String {
-    fn from(error: DeviceError) -> Self {
-        error.to_string()
-    }
-}
+pub use crate::device::DeviceError;
 
 /// Launch grid for `elems` units of [`UNITS`] per cube (two axes where one
 /// would exceed what every runtime accepts).

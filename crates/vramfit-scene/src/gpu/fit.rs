@@ -33,6 +33,7 @@ pub use crate::allocation::StateAllocation;
 use crate::cpu::camera::Camera;
 use crate::sh_storage::{SH_GROUPS, ShStorage};
 use crate::train::{ADAM, SceneDevice, State, loss_and_gradient, mask_inactive_bands};
+use vramfit_gauss::DeviceError;
 
 /// Gaussians per chunk of the backward when the moments are on the host
 /// (a multiple of [`super::engine::CHUNK_ALIGN`]): 15 MiB of gradients at
@@ -119,10 +120,10 @@ impl<R: Runtime> DeviceFit<R> {
         self.moved
     }
 
-    fn loaded(&self) -> Result<&SceneBuffers, String> {
+    fn loaded(&self) -> Result<&SceneBuffers, DeviceError> {
         self.scene
             .as_ref()
-            .ok_or_else(|| "the scene is not on the device".to_string())
+            .ok_or(DeviceError::OutOfOrder("the scene is not on the device"))
     }
 }
 
@@ -138,14 +139,14 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
         format!("{} (the scene renderer's CubeCL kernels{at})", self.label)
     }
 
-    fn load(&mut self, state: &State) -> Result<(), String> {
+    fn load(&mut self, state: &State) -> Result<(), DeviceError> {
         let r = &self.renderer;
         if self.sh != ShStorage::F32 && self.host.is_none() {
-            return Err(format!(
+            return Err(DeviceError::Unsupported(format!(
                 "SH stored in {} needs Adam's moments on the host (moments = \"host\"), where the f32 masters the \
                  updates land in are kept: an update rounded into 16 bits on the device would be lost",
                 self.sh
-            ));
+            )));
         }
         r.check_scene(state.params.len(), state.params.widths(), self.sh, 0)?;
         // The old state goes first: the device never holds two (allocated
@@ -189,7 +190,7 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
         Ok(())
     }
 
-    fn store(&self, state: &mut State) -> Result<(), String> {
+    fn store(&self, state: &mut State) -> Result<(), DeviceError> {
         let s = self.loaded()?;
         let widths = s.widths();
         let r = &self.renderer;
@@ -217,11 +218,9 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
         Ok(())
     }
 
-    fn render(&self, camera: &Camera, background: [f32; 3]) -> Result<Vec<f32>, String> {
+    fn render(&self, camera: &Camera, background: [f32; 3]) -> Result<Vec<f32>, DeviceError> {
         let drawn = self.renderer.render(self.loaded()?, camera, background)?;
-        self.renderer
-            .download(&drawn.image, 3 * camera.width * camera.height)
-            .map_err(String::from)
+        self.renderer.download(&drawn.image, 3 * camera.width * camera.height)
     }
 
     fn forward_backward(
@@ -230,8 +229,11 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
         background: [f32; 3],
         target: &[f32],
         stats: bool,
-    ) -> Result<f32, String> {
-        let s = self.scene.as_ref().ok_or("the scene is not on the device")?;
+    ) -> Result<f32, DeviceError> {
+        let s = self
+            .scene
+            .as_ref()
+            .ok_or(DeviceError::OutOfOrder("the scene is not on the device"))?;
         let r = &self.renderer;
         let n = s.n;
         let drawn = r.render(s, camera, background)?;
@@ -299,11 +301,17 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
         Ok(loss)
     }
 
-    fn optimize(&mut self, rates: [f32; 6], c1: f32, c2: f32, active_rest: usize) -> Result<(), String> {
-        let s = self.scene.as_ref().ok_or("the scene is not on the device")?;
+    fn optimize(&mut self, rates: [f32; 6], c1: f32, c2: f32, active_rest: usize) -> Result<(), DeviceError> {
+        let s = self
+            .scene
+            .as_ref()
+            .ok_or(DeviceError::OutOfOrder("the scene is not on the device"))?;
         let widths = s.widths();
         if let Some(host) = &mut self.host {
-            let mut grads = host.grads.take().ok_or("optimize before forward_backward")?;
+            let mut grads = host
+                .grads
+                .take()
+                .ok_or(DeviceError::OutOfOrder("optimize before forward_backward"))?;
             mask_inactive_bands(&mut grads[5], active_rest, widths[5]);
             // The whole update timed once (the uploads queue while the next
             // group's Adam runs); the host's Adam is the part of it timed
@@ -341,7 +349,10 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
             self.moved += s.bytes();
             return Ok(());
         }
-        let grads = self.grads.take().ok_or("optimize before forward_backward")?;
+        let grads = self
+            .grads
+            .take()
+            .ok_or(DeviceError::OutOfOrder("optimize before forward_backward"))?;
         for g in 0..6 {
             let len = s.n * widths[g];
             let per = if g == 5 { widths[5] } else { 0 };
@@ -373,9 +384,9 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
         [s.bytes(), grads, moments + 12 * s.n as u64, self.workspace]
     }
 
-    fn cleanup(&self) -> Result<std::time::Duration, String> {
+    fn cleanup(&self) -> Result<std::time::Duration, DeviceError> {
         let client = &self.renderer.client;
-        let sync = || cubecl::future::block_on(client.sync()).map_err(|e| e.to_string());
+        let sync = || cubecl::future::block_on(client.sync()).map_err(DeviceError::runtime);
         sync()?;
         let started = std::time::Instant::now();
         client.memory_cleanup();

@@ -16,6 +16,7 @@ use crate::op::SplatBackend;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 use crate::op::{FusedLoss, SplatPrimitives};
 use crate::params::Params;
+use vramfit_gauss::DeviceError;
 use vramfit_gauss::picture::{CHANNELS, Picture};
 
 /// Device buffers of the parameter tensors (made contiguous if needed),
@@ -75,7 +76,7 @@ impl<R: CubeRuntime> CubeFused<R> {
         params: Params<CubeTensor<R>>,
         target: &Lean<R>,
         ssim_weight: f64,
-    ) -> Result<(LossParts, Params<CubeTensor<R>>), String> {
+    ) -> Result<(LossParts, Params<CubeTensor<R>>), DeviceError> {
         let (p, like) = buffers(params);
         let (parts, g) = target.loss_and_grads(&p, ssim_weight as f32)?;
         let n = p.n;
@@ -116,22 +117,20 @@ macro_rules! cube_fused_loss {
                 params: SplatPrimitives<Self>,
                 target: &Self::Target,
                 ssim_weight: f64,
-            ) -> Result<(LossParts, SplatPrimitives<Self>), String> {
+            ) -> Result<(LossParts, SplatPrimitives<Self>), DeviceError> {
                 CubeFused::loss_and_grads(params, target, ssim_weight)
             }
 
-            fn fused_metrics(params: SplatPrimitives<Self>, target: &Self::Target) -> Result<LossParts, String> {
-                target.metrics(&buffers(params).0).map_err(String::from)
+            fn fused_metrics(params: SplatPrimitives<Self>, target: &Self::Target) -> Result<LossParts, DeviceError> {
+                target.metrics(&buffers(params).0)
             }
 
             fn fused_render_host(
                 params: SplatPrimitives<Self>,
                 target: &Self::Target,
                 frame: &Frame,
-            ) -> Result<Vec<f32>, String> {
-                target
-                    .render_host(&buffers(params).0, frame)
-                    .map_err(String::from)
+            ) -> Result<Vec<f32>, DeviceError> {
+                target.render_host(&buffers(params).0, frame)
             }
         }
     };
