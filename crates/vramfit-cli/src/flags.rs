@@ -47,11 +47,15 @@ pub struct TrainSettings {
     /// Allocator cleanup: never, step, every:N.
     #[arg(long)]
     allocator_cleanup: Option<String>,
-    /// The transformer's attention: standard (the scores kept for the
-    /// backward) or fused (recomputed there, never stored). The key
+    /// The transformer's and the llm's attention: standard (the scores kept
+    /// for the backward) or fused (recomputed there, never stored). The key
     /// `model.attention`.
     #[arg(long)]
     attention: Option<vramfit::fused::Attention>,
+    /// The llm: a published model's shape (tinyllama-1.1b, qwen2-1.5b,
+    /// mistral-7b), its settings each overridable with --set model.KEY=VALUE.
+    #[arg(long, value_name = "NAME")]
+    shape: Option<String>,
     /// Seed of the weights.
     #[arg(long, allow_negative_numbers = true, value_parser = parse_count::<u64>)]
     seed: Option<u64>,
@@ -118,11 +122,15 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
     if !a.storage.is_empty() {
         c.storage = a.storage.clone();
     }
+    if let Some(name) = &a.shape {
+        // Before the user's own --set, which may still override any of it.
+        c.model = M::named(name)?;
+    }
     let mut sets = a.set.clone();
     if let Some(attention) = a.attention {
-        if M::NAME != "transformer" {
+        if M::default().attention().is_none() {
             anyhow::bail!(
-                "--attention: `train {}` has no attention layers; it is a setting of the transformer",
+                "--attention: `train {}` has no attention layers; it is a setting of the transformer and the llm",
                 M::NAME
             );
         }

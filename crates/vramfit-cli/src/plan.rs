@@ -17,6 +17,7 @@ use vramfit::run::{RunPath, RunSummary, Workload};
 use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::{Family, ModelSettings};
 use vramfit_models::gpt::GptConfig;
+use vramfit_models::llama::LlamaConfig;
 use vramfit_models::plan::FamilyTarget;
 use vramfit_models::unet::UnetConfig;
 use vramfit_splat::config::FitConfig;
@@ -32,6 +33,8 @@ use crate::show_plan::{Show, fit_command, train_command};
 pub enum Which {
     /// Plan the transformer (same settings flags as `vramfit train transformer`).
     Transformer(PlanArgs<crate::flags::TrainSettings>),
+    /// Plan the Llama-family decoder (same settings flags as `vramfit train llm`).
+    Llm(PlanArgs<crate::flags::TrainSettings>),
     /// Plan the U-Net (same settings flags as `vramfit train unet`).
     Unet(PlanArgs<crate::flags::TrainSettings>),
     /// Plan a splat fit's band height (same settings flags as `vramfit fit`).
@@ -81,6 +84,10 @@ pub fn run(which: Which) -> Result<()> {
         Which::Transformer(args) => {
             let (config, action) = on_ranks(crate::flags::resolve_train(&args.settings)?, args.action()?)?;
             model::<GptConfig, 3>(config, &args.device.name, action)
+        }
+        Which::Llm(args) => {
+            let (config, action) = on_ranks(crate::flags::resolve_train(&args.settings)?, args.action()?)?;
+            model::<LlamaConfig, 3>(config, &args.device.name, action)
         }
         Which::Unet(args) => {
             let (config, action) = on_ranks(crate::flags::resolve_train(&args.settings)?, args.action()?)?;

@@ -14,6 +14,7 @@ use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::{Family, ModelSettings};
 use vramfit_models::gpt::{GptConfig, TrainConfig};
 use vramfit_models::job::TrainSummary;
+use vramfit_models::llama::{LlamaConfig, LlmConfig};
 use vramfit_models::plan::FamilyTarget;
 use vramfit_models::unet::{UnetConfig, UnetTrainConfig};
 use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
@@ -27,6 +28,8 @@ pub enum Launch {
     Fit(Start<FitConfig>),
     /// `vramfit train transformer`.
     Transformer(Start<TrainConfig>),
+    /// `vramfit train llm`.
+    Llm(Start<LlmConfig>),
     /// `vramfit train unet`.
     Unet(Start<UnetTrainConfig>),
 }
@@ -35,7 +38,10 @@ impl Launch {
     fn resumed(&self) -> bool {
         matches!(
             self,
-            Launch::Fit(Start::Resume(_)) | Launch::Transformer(Start::Resume(_)) | Launch::Unet(Start::Resume(_))
+            Launch::Fit(Start::Resume(_))
+                | Launch::Transformer(Start::Resume(_))
+                | Launch::Llm(Start::Resume(_))
+                | Launch::Unet(Start::Resume(_))
         )
     }
 }
@@ -146,6 +152,7 @@ pub fn run_with(
     match launch {
         Launch::Fit(start) => on_splat_device(device, DriveFit { start, observe }),
         Launch::Transformer(start) => on_device(device, DriveTrain::<GptConfig, 3, _> { start, held, observe }),
+        Launch::Llm(start) => on_device(device, DriveTrain::<LlamaConfig, 3, _> { start, held, observe }),
         Launch::Unet(start) => on_device(device, DriveTrain::<UnetConfig, 4, _> { start, held, observe }),
     }
 }
@@ -297,6 +304,9 @@ pub(crate) fn print_train(name: &str, s: &RunSummary<TrainSummary>) {
         "  {loss} · {} steps ({} skipped, loss scale {})",
         s.steps, t.skipped_steps, t.loss_scale
     );
+    if let Some(parameters) = t.extra.get("parameters").and_then(|v| v.as_u64()) {
+        println!("  {parameters} parameters");
+    }
     println!(
         "  {:.1} s · {:.1} ms per step (median) · {throughput}",
         s.wall_seconds, s.median_step_ms

@@ -7,12 +7,16 @@ use anyhow::Result;
 use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::Family;
 use vramfit_models::gpt::GptConfig;
+use vramfit_models::llama::LlamaConfig;
 use vramfit_models::unet::UnetConfig;
 
 #[derive(clap::Subcommand)]
 pub enum Which {
     /// A GPT-style decoder on deterministic synthetic sequences.
     Transformer(TrainArgs),
+    /// A Llama-family decoder (RMSNorm, rotary positions, SwiGLU, grouped-query
+    /// attention) on the same sequences; `--shape NAME` for a published shape.
+    Llm(TrainArgs),
     /// A convolutional U-Net with BatchNorm denoising crops of the procedural
     /// sample (`--set task.resolution=256`, `--set model.norm=group`, …).
     Unet(TrainArgs),
@@ -36,7 +40,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "RUN_DIR", conflicts_with_all = [
         "config", "precision", "checkpoint", "micro_batch", "accumulate", "batch_size", "steps",
         "storage", "moments", "allocator_cleanup", "attention", "seed", "out", "set", "budget",
-        "shard_moments"])]
+        "shard_moments", "shape"])]
     resume: Option<PathBuf>,
     #[command(flatten)]
     device: crate::device::DeviceArg,
@@ -55,6 +59,7 @@ pub struct TrainArgs {
 pub fn run(which: Which) -> Result<()> {
     match which {
         Which::Transformer(args) => run_family::<GptConfig, 3>(args, crate::runs::Launch::Transformer),
+        Which::Llm(args) => run_family::<LlamaConfig, 3>(args, crate::runs::Launch::Llm),
         Which::Unet(args) => run_family::<UnetConfig, 4>(args, crate::runs::Launch::Unet),
     }
 }

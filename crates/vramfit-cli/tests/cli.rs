@@ -1999,3 +1999,75 @@ fn a_resume_says_what_it_skipped_when_output_is_a_log() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("starting from step 0"), "{}", stderr(&o));
 }
+
+/// `train llm` (issue 44): the Llama-family decoder trains on the task,
+/// its loss falling, and names its parameters; `--shape` takes a
+/// published shape (an unknown one lists the known ones, another family
+/// has none); `plan llm` plans it into a budget.
+#[test]
+fn the_llm_trains_and_takes_a_named_shape() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let small = [
+        "--set",
+        "model.width=32",
+        "--set",
+        "model.depth=2",
+        "--set",
+        "model.heads=4",
+        "--set",
+        "model.kv_heads=2",
+        "--set",
+        "model.ffn=48",
+        "--set",
+        "model.vocab=16",
+        "--set",
+        "task.tokens=16",
+    ];
+    let args = [
+        &["train", "llm", "--steps", "60", "--batch-size", "8", "--out", "r"][..],
+        &small,
+    ]
+    .concat();
+    let o = run(&args, d);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    assert!(out.contains("trained llm") && out.contains("parameters"), "{out}");
+    let log = std::fs::read_to_string(d.join("r/metrics.jsonl")).unwrap();
+    let losses: Vec<f64> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()?["loss"].as_f64())
+        .collect();
+    let (first, last) = (losses[0], *losses.last().unwrap());
+    assert!(last < first - 0.3, "the loss falls: {first} → {last}");
+    let config = std::fs::read_to_string(d.join("r/config.toml")).unwrap();
+    assert!(config.contains("kv_heads = 2"), "{config}");
+
+    let o = run(&["train", "llm", "--shape", "llama-9000", "--out", "x"], d);
+    refused_saying(&o, "llama-9000");
+    refused_saying(&o, "tinyllama-1.1b");
+    let o = run(&["train", "transformer", "--shape", "tinyllama-1.1b", "--out", "x"], d);
+    refused_saying(&o, "has no named shapes");
+    // A named shape with one setting overridden, refused for its task
+    // before anything is built (no run directory).
+    let o = run(
+        &[
+            "train",
+            "llm",
+            "--shape",
+            "mistral-7b",
+            "--set",
+            "model.kv_heads=5",
+            "--out",
+            "x",
+        ],
+        d,
+    );
+    refused_saying(&o, "kv_heads");
+    assert!(!d.join("x").exists());
+
+    let plan = [&["plan", "llm", "--batch-size", "4", "--budget", "64MiB"][..], &small].concat();
+    let o = run(&plan, d);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && out.contains("winner"), "{out}{}", stderr(&o));
+}

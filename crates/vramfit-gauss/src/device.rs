@@ -46,4 +46,3 @@ impl From<DeviceError> for String {
         error.to_string()
     }
 }
-

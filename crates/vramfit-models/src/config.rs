@@ -74,6 +74,18 @@ pub trait ModelSettings:
         self
     }
 
+    /// The model of a published shape (`--shape NAME`); the error lists
+    /// the known ones, or says the family has none.
+    fn named(name: &str) -> Result<Self, ConfigError> {
+        Err(invalid(
+            "shape",
+            format!(
+                "`{name}`: `train {}` has no named shapes (the llm family has)",
+                Self::NAME
+            ),
+        ))
+    }
+
     /// The family's own defaults of the shared settings (steps, batch, lr).
     fn defaults(config: FamilyConfig<Self>) -> FamilyConfig<Self> {
         config

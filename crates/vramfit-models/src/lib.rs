@@ -1,13 +1,14 @@
 //! Workloads that show vramfit's techniques, trained by the composed step
 //! of [`vramfit::step::Stepper`]: a GPT-style decoder ([`gpt`]) on
-//! deterministic synthetic sequences ([`data`]), and a convolutional U-Net
-//! with BatchNorm ([`unet`]) denoising crops of the procedural sample
-//! ([`denoise`]).
+//! deterministic synthetic sequences ([`data`]), a Llama-family decoder
+//! with named published shapes ([`llama`]) on the same sequences, and a
+//! convolutional U-Net with BatchNorm ([`unet`]) denoising crops of the
+//! procedural sample ([`denoise`]).
 //!
 //! Each is a model family ([`family`]): [`job::Job`] is the workload the
-//! run driver runs into a run directory (`vramfit train transformer|unet`),
+//! run driver runs into a run directory (`vramfit train transformer|llm|unet`),
 //! with settings from [`config`]; [`plan`] makes it fit a memory budget
-//! (`vramfit plan transformer|unet`).
+//! (`vramfit plan transformer|llm|unet`).
 //!
 //! ```
 //! use burn::backend::{Autodiff, Flex};
@@ -30,5 +31,6 @@ pub mod denoise;
 pub mod family;
 pub mod gpt;
 pub mod job;
+pub mod llama;
 pub mod plan;
 pub mod unet;

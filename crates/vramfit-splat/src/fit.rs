@@ -12,8 +12,8 @@ use serde_json::json;
 use vramfit::optim::{Adam, AdamConfig, AdamMoments};
 use vramfit::profile::{Accounted, Category, NamedTensor};
 use vramfit::run::ArrayFile;
-use vramfit_gauss::DeviceError;
 use vramfit::step::StepObserver;
+use vramfit_gauss::DeviceError;
 
 use crate::SplatError;
 use crate::config::FitConfig;

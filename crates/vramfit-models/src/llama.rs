@@ -1,0 +1,571 @@
+//! A Llama-family decoder (`vramfit train llm`): token embedding, pre-norm
+//! blocks of RMSNorm, grouped-query causal attention with rotary positions
+//! and a SwiGLU MLP, a final RMSNorm and a head (untied unless the shape
+//! ties it). Named shapes from the models' published configurations
+//! ([`SHAPES`], `--shape NAME`), each setting overridable. As the GPT
+//! family: matrix work through [`Autocast`], norms, softmax, the residual
+//! stream and the loss in f32, no dropout (a checkpointed block recomputes
+//! exactly what it computed).
+
+use burn::module::{Module, Param};
+use burn::prelude::*;
+use burn::tensor::TensorData;
+use burn::tensor::activation::{log_softmax, silu};
+use burn::tensor::backend::AutodiffBackend;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use vramfit::checkpoint::Block;
+use vramfit::fused::Attention;
+use vramfit::precision::Autocast;
+use vramfit::step::Trainable;
+
+use crate::config::{ConfigError, RoughFloats, invalid};
+use crate::data::{SyntheticTask, TaskConfig, TokenBatch};
+use crate::gpt::{constant, normal};
+
+/// A training run of the family.
+pub type LlmConfig = crate::config::FamilyConfig<LlamaConfig>;
+
+/// The `[model]` settings of `vramfit train llm`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LlamaConfig {
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Residual stream width.
+    pub width: usize,
+    /// Blocks.
+    pub depth: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key and value heads (grouped-query attention: each serves
+    /// heads / kv_heads query heads; equal to `heads`, multi-head).
+    pub kv_heads: usize,
+    /// The MLP's hidden width (SwiGLU: gate and up, then down).
+    pub ffn: usize,
+    /// Longest sequence (rotary positions need no table; the data's
+    /// tokens must fit it).
+    pub context: usize,
+    /// Rotary base θ.
+    pub rope_theta: f64,
+    /// RMSNorm's ε.
+    pub norm_eps: f64,
+    /// Biases on the q, k and v projections (Qwen2 has them).
+    pub qkv_bias: bool,
+    /// The head is the token embedding transposed.
+    pub tie_head: bool,
+    /// How attention is computed.
+    pub attention: Attention,
+}
+
+impl Default for LlamaConfig {
+    fn default() -> Self {
+        Self {
+            vocab: 64,
+            width: 64,
+            depth: 4,
+            heads: 4,
+            kv_heads: 2,
+            ffn: 172,
+            context: 256,
+            rope_theta: 10_000.0,
+            norm_eps: 1e-5,
+            qkv_bias: false,
+            tie_head: false,
+            attention: Attention::Standard,
+        }
+    }
+}
+
+/// A published shape: (name, what it is, its settings).
+pub struct Shape {
+    /// `--shape NAME`.
+    pub name: &'static str,
+    /// Whose it is.
+    pub source: &'static str,
+    /// The settings.
+    pub config: LlamaConfig,
+}
+
+/// The named shapes, from each model's published `config.json`.
+pub fn shapes() -> Vec<Shape> {
+    let base = LlamaConfig::default();
+    vec![
+        Shape {
+            name: "tinyllama-1.1b",
+            source: "TinyLlama-1.1B (Llama 2 architecture)",
+            config: LlamaConfig {
+                vocab: 32_000,
+                width: 2048,
+                depth: 22,
+                heads: 32,
+                kv_heads: 4,
+                ffn: 5632,
+                context: 2048,
+                rope_theta: 10_000.0,
+                norm_eps: 1e-5,
+                ..base.clone()
+            },
+        },
+        Shape {
+            name: "qwen2-1.5b",
+            source: "Qwen2-1.5B (q, k, v biases; head tied to the embedding)",
+            config: LlamaConfig {
+                vocab: 151_936,
+                width: 1536,
+                depth: 28,
+                heads: 12,
+                kv_heads: 2,
+                ffn: 8960,
+                context: 32_768,
+                rope_theta: 1_000_000.0,
+                norm_eps: 1e-6,
+                qkv_bias: true,
+                tie_head: true,
+                ..base.clone()
+            },
+        },
+        Shape {
+            name: "mistral-7b",
+            source: "Mistral-7B v0.1",
+            config: LlamaConfig {
+                vocab: 32_000,
+                width: 4096,
+                depth: 32,
+                heads: 32,
+                kv_heads: 8,
+                ffn: 14_336,
+                context: 32_768,
+                rope_theta: 10_000.0,
+                norm_eps: 1e-5,
+                ..base
+            },
+        },
+    ]
+}
+
+impl LlamaConfig {
+    /// Width of a head.
+    pub fn head_width(&self) -> usize {
+        self.width / self.heads.max(1)
+    }
+
+    /// Parameters the model holds.
+    pub fn parameters(&self) -> u64 {
+        let [v, w, f] = [self.vocab, self.width, self.ffn].map(|x| x as u64);
+        let kv = (self.kv_heads * self.head_width()) as u64;
+        let bias = if self.qkv_bias { w + 2 * kv } else { 0 };
+        let block = 2 * w * w + 2 * w * kv + bias + 3 * w * f + 2 * w;
+        let head = if self.tie_head { 0 } else { w * v };
+        v * w + self.depth as u64 * block + w + head
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        for (key, v) in [
+            ("model.vocab", self.vocab),
+            ("model.width", self.width),
+            ("model.depth", self.depth),
+            ("model.heads", self.heads),
+            ("model.kv_heads", self.kv_heads),
+            ("model.ffn", self.ffn),
+            ("model.context", self.context),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, "must be at least 1"));
+            }
+        }
+        if !self.width.is_multiple_of(self.heads) || !self.head_width().is_multiple_of(2) {
+            return Err(invalid(
+                "model.heads",
+                format!(
+                    "{} heads of width {} {} a width of {}: the heads must divide the width into an even head \
+                     width (rotary positions turn pairs of values)",
+                    self.heads,
+                    self.width as f64 / self.heads as f64,
+                    if self.width.is_multiple_of(self.heads) {
+                        "make"
+                    } else {
+                        "do not make"
+                    },
+                    self.width
+                ),
+            ));
+        }
+        if !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(invalid(
+                "model.kv_heads",
+                format!(
+                    "{} key and value heads do not divide {} query heads: each must serve the same number",
+                    self.kv_heads, self.heads
+                ),
+            ));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
+            return Err(invalid("model.rope_theta", "must be a number above 1 (e.g. 10000)"));
+        }
+        if !(self.norm_eps.is_finite() && self.norm_eps > 0.0) {
+            return Err(invalid("model.norm_eps", "must be a positive number (e.g. 1e-5)"));
+        }
+        Ok(())
+    }
+
+    /// The network with weights drawn from `seed` (normal, σ 0.02; the
+    /// projections into the residual stream σ 0.02/√(2·depth); norms 1).
+    pub fn init<B: Backend>(&self, seed: u64, device: &B::Device) -> Llama<B> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let (w, kv) = (self.width, self.kv_heads * self.head_width());
+        let residual = 0.02 / (2.0 * self.depth as f64).sqrt();
+        let mut proj = |inputs, outputs, std, bias: bool| Proj {
+            weight: normal(&mut rng, [inputs, outputs], std, device),
+            bias: bias.then(|| constant(outputs, 0.0, device)),
+        };
+        let blocks = (0..self.depth)
+            .map(|_| LlamaBlock {
+                attn_norm: RmsNorm::new(w, self.norm_eps, device),
+                q: proj(w, w, 0.02, self.qkv_bias),
+                k: proj(w, kv, 0.02, self.qkv_bias),
+                v: proj(w, kv, 0.02, self.qkv_bias),
+                o: proj(w, w, residual, false),
+                mlp_norm: RmsNorm::new(w, self.norm_eps, device),
+                gate: proj(w, self.ffn, 0.02, false),
+                up: proj(w, self.ffn, 0.02, false),
+                down: proj(self.ffn, w, residual, false),
+                heads: self.heads,
+                kv_heads: self.kv_heads,
+                rope_theta: self.rope_theta,
+                fused_attention: self.attention == Attention::Fused,
+            })
+            .collect();
+        Llama {
+            embedding: normal(&mut rng, [self.vocab, w], 0.02, device),
+            blocks,
+            final_norm: RmsNorm::new(w, self.norm_eps, device),
+            head: (!self.tie_head).then(|| normal(&mut rng, [w, self.vocab], 0.02, device)),
+        }
+    }
+}
+
+/// A projection `x · W (+ b)`, `W: [in, out]`.
+#[derive(Module, Debug)]
+pub struct Proj<B: Backend> {
+    /// Weight, `[in, out]`.
+    pub weight: Param<Tensor<B, 2>>,
+    /// Bias, where the shape has one.
+    pub bias: Option<Param<Tensor<B, 1>>>,
+}
+
+impl<B: Backend> Proj<B> {
+    fn forward(&self, x: Tensor<B, 3>, ac: &Autocast) -> Tensor<B, 3> {
+        ac.linear(x, self.weight.val(), self.bias.as_ref().map(|b| b.val()))
+    }
+}
+
+/// RMSNorm: `x / √(mean(x²) + ε) · γ`, in f32.
+#[derive(Module, Debug)]
+pub struct RmsNorm<B: Backend> {
+    /// γ.
+    pub weight: Param<Tensor<B, 1>>,
+    eps: f64,
+}
+
+impl<B: Backend> RmsNorm<B> {
+    fn new(width: usize, eps: f64, device: &B::Device) -> Self {
+        Self {
+            weight: constant(width, 1.0, device),
+            eps,
+        }
+    }
+
+    /// Normalises the last axis of `x`.
+    pub fn forward(&self, x: Tensor<B, 3>, ac: &Autocast) -> Tensor<B, 3> {
+        let x = ac.full(x);
+        let scale = (x.clone().powi_scalar(2).mean_dim(2) + self.eps).sqrt().recip();
+        x * scale * ac.full(self.weight.val()).unsqueeze::<3>()
+    }
+}
+
+/// Rotary positions on `x: [b, h, t, dh]` (f32; positions 0..t): each pair
+/// (i, i + dh/2) turned by position · θ^(−2i/dh), as Llama's reference
+/// does ("rotate half").
+pub fn rotary<B: Backend>(x: Tensor<B, 4>, theta: f64) -> Tensor<B, 4> {
+    let [_, _, t, dh] = x.dims();
+    let half = dh / 2;
+    let (mut cos, mut sin) = (Vec::with_capacity(t * half), Vec::with_capacity(t * half));
+    for p in 0..t {
+        for i in 0..half {
+            let angle = p as f64 * theta.powf(-2.0 * i as f64 / dh as f64);
+            cos.push(angle.cos() as f32);
+            sin.push(angle.sin() as f32);
+        }
+    }
+    let device = x.device();
+    let table = |v: Vec<f32>| Tensor::<B, 2>::from_data(TensorData::new(v, [t, half]), &device).unsqueeze::<4>();
+    let (cos, sin) = (table(cos), table(sin));
+    let (a, b) = (x.clone().narrow(3, 0, half), x.narrow(3, half, half));
+    Tensor::cat(
+        vec![a.clone() * cos.clone() - b.clone() * sin.clone(), b * cos + a * sin],
+        3,
+    )
+}
+
+/// One decoder block.
+#[derive(Module, Debug)]
+pub struct LlamaBlock<B: Backend> {
+    /// Norm before attention.
+    pub attn_norm: RmsNorm<B>,
+    /// Query projection.
+    pub q: Proj<B>,
+    /// Key projection (kv_heads heads).
+    pub k: Proj<B>,
+    /// Value projection (kv_heads heads).
+    pub v: Proj<B>,
+    /// Output projection.
+    pub o: Proj<B>,
+    /// Norm before the MLP.
+    pub mlp_norm: RmsNorm<B>,
+    /// SwiGLU gate.
+    pub gate: Proj<B>,
+    /// SwiGLU up.
+    pub up: Proj<B>,
+    /// SwiGLU down.
+    pub down: Proj<B>,
+    heads: usize,
+    kv_heads: usize,
+    rope_theta: f64,
+    fused_attention: bool,
+}
+
+impl<B: Backend> LlamaBlock<B> {
+    /// `x: [b, kv, t, dh]` with each head repeated for the query heads it serves.
+    fn shared(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let group = self.heads / self.kv_heads;
+        if group == 1 {
+            return x;
+        }
+        let [b, kv, t, dh] = x.dims();
+        x.unsqueeze_dim::<5>(2)
+            .repeat_dim(2, group)
+            .reshape([b, kv * group, t, dh])
+    }
+}
+
+impl<B: Backend> Block<B, 3> for LlamaBlock<B> {
+    fn forward(&self, x: Tensor<B, 3>, ac: &Autocast) -> Tensor<B, 3> {
+        let dh = x.dims()[2] / self.heads;
+        let normed = self.attn_norm.forward(x.clone(), ac);
+        let split = |p: &Proj<B>, heads| vramfit::fused::split_heads(p.forward(normed.clone(), ac), heads);
+        let q = rotary(ac.full(split(&self.q, self.heads)), self.rope_theta);
+        let k = self.shared(rotary(ac.full(split(&self.k, self.kv_heads)), self.rope_theta));
+        let v = self.shared(split(&self.v, self.kv_heads));
+        let scale = 1.0 / (dh as f64).sqrt();
+        let mixed = if self.fused_attention {
+            vramfit::fused::attention(q, k, ac.full(v), scale, true)
+        } else {
+            let scores = ac.full(ac.matmul(q, k.swap_dims(2, 3))); // [b, h, t, t]
+            let attn = vramfit::fused::causal_softmax(scores, scale);
+            ac.matmul(attn, v)
+        };
+        let x = x + ac.full(self.o.forward(vramfit::fused::merge_heads(mixed), ac));
+        let normed = self.mlp_norm.forward(x.clone(), ac);
+        let hidden = silu(ac.full(self.gate.forward(normed.clone(), ac))) * ac.full(self.up.forward(normed, ac));
+        x + ac.full(self.down.forward(hidden, ac))
+    }
+}
+
+/// The decoder.
+#[derive(Module, Debug)]
+pub struct Llama<B: Backend> {
+    /// Token embedding, `[vocab, width]`.
+    pub embedding: Param<Tensor<B, 2>>,
+    /// The blocks.
+    pub blocks: Vec<LlamaBlock<B>>,
+    /// Norm before the head.
+    pub final_norm: RmsNorm<B>,
+    /// Head, `[width, vocab]` (`None`: the embedding transposed).
+    pub head: Option<Param<Tensor<B, 2>>>,
+}
+
+impl<B: Backend> Llama<B> {
+    /// The embedded tokens, `[b, t, width]`.
+    pub fn embed(&self, batch: &TokenBatch<B>, ac: &Autocast) -> Tensor<B, 3> {
+        let [b, t] = batch.tokens.dims();
+        let table = self.embedding.val();
+        let w = table.dims()[1];
+        ac.full(
+            table
+                .select(0, batch.tokens.clone().reshape([b * t]))
+                .reshape([b, t, w]),
+        )
+    }
+
+    /// The mean next-token loss (nats) of the blocks' output `x`.
+    pub fn head_loss(&self, x: Tensor<B, 3>, batch: &TokenBatch<B>, ac: &Autocast) -> Tensor<B, 1> {
+        let [b, t] = batch.tokens.dims();
+        let x = self.final_norm.forward(x, ac);
+        let w = x.dims()[2];
+        let head = match &self.head {
+            Some(h) => h.val(),
+            None => self.embedding.val().transpose(),
+        };
+        let logits = ac.full(ac.matmul(x.reshape([b * t, w]), head)); // [b·t, vocab]
+        let picked = log_softmax(logits, 1).gather(1, batch.targets.clone().reshape([b * t, 1]));
+        picked.mean().neg()
+    }
+
+    /// The loss of `batch` through every block.
+    pub fn loss(&self, batch: &TokenBatch<B>, ac: &Autocast) -> Tensor<B, 1> {
+        let mut x = self.embed(batch, ac);
+        for block in &self.blocks {
+            x = block.forward(x, ac);
+        }
+        self.head_loss(x, batch, ac)
+    }
+}
+
+impl<B: AutodiffBackend> Trainable<B, 3> for Llama<B> {
+    type Batch = TokenBatch<B>;
+    type Block = LlamaBlock<B>;
+
+    fn micro_batch(batch: &Self::Batch, range: std::ops::Range<usize>) -> Self::Batch {
+        batch.slice(range)
+    }
+
+    fn batch_bytes(batch: &Self::Batch) -> u64 {
+        batch.bytes()
+    }
+
+    fn prelude(&self, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, 3> {
+        self.embed(batch, autocast)
+    }
+
+    fn blocks(&self) -> &[LlamaBlock<B>] {
+        &self.blocks
+    }
+
+    fn head(&self, x: Tensor<B, 3>, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, 1> {
+        self.head_loss(x, batch, autocast)
+    }
+}
+
+impl crate::family::ModelSettings for LlamaConfig {
+    type Task = TaskConfig;
+    const NAME: &'static str = "llm";
+    const CHECKPOINT_KIND: &'static str = "vramfit.llm.checkpoint";
+    const WEIGHTS_KIND: &'static str = "vramfit.llm.weights";
+
+    fn check(&self, task: &TaskConfig) -> Result<(), ConfigError> {
+        self.validate()?;
+        if task.tokens < 1 || task.topics < 1 || !(0.0..=1.0).contains(&task.p_follow) {
+            return Err(invalid("task", "tokens and topics must be ≥ 1 and p_follow in [0, 1]"));
+        }
+        if task.frames > 0 {
+            return Err(invalid(
+                "task.frames",
+                "the llm family reads tokens only (frames are the transformer's: `train transformer`)",
+            ));
+        }
+        if task.tokens > self.context {
+            return Err(invalid(
+                "task.tokens",
+                format!(
+                    "{} tokens do not fit a context of {}: lower task.tokens or raise model.context",
+                    task.tokens, self.context
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn named(name: &str) -> Result<Self, ConfigError> {
+        let all = shapes();
+        all.iter()
+            .find(|s| s.name == name)
+            .map(|s| s.config.clone())
+            .ok_or_else(|| {
+                let known: Vec<String> = all.iter().map(|s| format!("{} ({})", s.name, s.source)).collect();
+                invalid(
+                    "shape",
+                    format!("`{name}` is not a known shape; the known ones: {}", known.join(", ")),
+                )
+            })
+    }
+
+    fn activation_lever(&self, task: &TaskConfig) -> Option<String> {
+        (self.attention == Attention::Standard && task.tokens >= crate::gpt::FUSED_PAYS_FROM_TOKENS)
+            .then(|| "--attention fused (attention's scores recomputed in the backward, never stored)".into())
+    }
+
+    fn attention(&self) -> Option<Attention> {
+        Some(self.attention)
+    }
+
+    fn with_attention(self, attention: Attention) -> Self {
+        Self { attention, ..self }
+    }
+
+    fn blocks(&self) -> usize {
+        self.depth
+    }
+
+    fn rough_floats(&self, task: &TaskConfig) -> RoughFloats {
+        let [w, d, v, f] = [self.width, self.depth, self.vocab, self.ffn].map(|x| x as f64);
+        let t = task.tokens as f64;
+        let scores = match self.attention {
+            Attention::Standard => 2.0 * self.heads as f64 * t * t,
+            _ => 0.0,
+        };
+        RoughFloats {
+            parameters: self.parameters() as f64,
+            // A block keeps some ten widths and four hidden widths a
+            // position, the scores twice a head; the logits thrice.
+            activations_per_sample: d * (t * (10.0 * w + 4.0 * f) + scores) + 3.0 * t * v,
+            task: task.topics as f64 * v,
+        }
+    }
+}
+
+impl crate::family::Family<3> for LlamaConfig {
+    type Net<B: AutodiffBackend> = Llama<B>;
+    type Data = SyntheticTask;
+
+    fn init<B: AutodiffBackend>(&self, seed: u64, device: &B::Device) -> Llama<B> {
+        LlamaConfig::init(self, seed, device)
+    }
+
+    fn data(&self, task: &TaskConfig) -> SyntheticTask {
+        SyntheticTask::new(task.clone(), self.vocab, 0)
+    }
+
+    fn batch<B: AutodiffBackend>(data: &SyntheticTask, step: u64, size: usize, device: &B::Device) -> TokenBatch<B> {
+        data.batch::<B>(step, size, device)
+    }
+
+    fn block_input_bytes(&self, task: &TaskConfig) -> u64 {
+        (task.tokens * self.width * 4) as u64
+    }
+
+    fn summary<B: AutodiffBackend>(
+        &self,
+        data: &SyntheticTask,
+        _: &Llama<B>,
+        batch_size: usize,
+        _: usize,
+        median_step_ms: f64,
+        _: &B::Device,
+    ) -> serde_json::Map<String, serde_json::Value> {
+        let tokens = (batch_size * data.config().tokens) as f64;
+        let mut out = serde_json::Map::new();
+        out.insert("entropy_floor".into(), data.entropy_floor().into());
+        out.insert("parameters".into(), self.parameters().into());
+        out.insert(
+            "tokens_per_second".into(),
+            (if median_step_ms > 0.0 {
+                tokens / (median_step_ms / 1e3)
+            } else {
+                0.0
+            })
+            .into(),
+        );
+        out
+    }
+}
