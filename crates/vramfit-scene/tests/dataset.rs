@@ -533,3 +533,43 @@ fn a_folder_with_two_formats_is_refused() {
         "{e}"
     );
 }
+
+/// `views`, `width`, `height` and `points` describe a built-in scene: with
+/// a dataset they are refused (they were ignored and written), and a
+/// dataset's settings do not record them.
+#[test]
+fn built_in_sizes_are_refused_for_a_dataset_and_not_written_for_it() {
+    use vramfit_scene::config::SceneConfig;
+    let tmp = tempfile::tempdir().unwrap();
+    colmap::write(tmp.path(), &dataset(&small())).unwrap();
+    let folder = tmp.path().display().to_string();
+    let with_views = SceneConfig {
+        dataset: folder.clone(),
+        views: 5,
+        ..Default::default()
+    };
+    let e = with_views.check().unwrap_err().to_string();
+    assert!(e.contains("views") && e.contains("built-in scene"), "{e}");
+    let plain = SceneConfig {
+        dataset: folder,
+        ..Default::default()
+    };
+    plain.check().unwrap();
+    let text = plain.to_toml();
+    for key in ["views", "width", "height", "points"] {
+        assert!(
+            !text.lines().any(|l| l.starts_with(&format!("{key} ="))),
+            "{key} written: {text}"
+        );
+    }
+    // A built-in scene of another size keeps its sizes.
+    let sized = SceneConfig {
+        views: 5,
+        ..Default::default()
+    };
+    assert!(sized.to_toml().contains("views = 5"));
+    assert_eq!(
+        SceneConfig::from_toml(&sized.to_toml(), Path::new("c.toml")).unwrap(),
+        sized
+    );
+}
