@@ -56,6 +56,11 @@ pub struct TrainSettings {
     /// mistral-7b), its settings each overridable with --set model.KEY=VALUE.
     #[arg(long, value_name = "NAME")]
     shape: Option<String>,
+    /// The llm: what trains, all (default), lora:RANK (lora:RANK:mlp: the MLP
+    /// too) or frozen:GROUP,... (embedding, head, final_norm, blocks, blocks.I-J).
+    /// The key `model.train`.
+    #[arg(long, value_name = "MODE")]
+    train: Option<String>,
     /// Seed of the weights.
     #[arg(long, allow_negative_numbers = true, value_parser = parse_count::<u64>)]
     seed: Option<u64>,
@@ -127,6 +132,16 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
         c.model = M::named(name)?;
     }
     let mut sets = a.set.clone();
+    if let Some(train) = &a.train {
+        if M::NAME != "llm" {
+            anyhow::bail!(
+                "--train {train}: `train {}` trains every parameter; LoRA and frozen groups are the llm's",
+                M::NAME
+            );
+        }
+        // Before the user's own --set, which may still override it.
+        sets.insert(0, format!("model.train=\"{train}\""));
+    }
     if let Some(attention) = a.attention {
         if M::default().attention().is_none() {
             anyhow::bail!(

@@ -305,7 +305,13 @@ pub(crate) fn print_train(name: &str, s: &RunSummary<TrainSummary>) {
         s.steps, t.skipped_steps, t.loss_scale
     );
     if let Some(parameters) = t.extra.get("parameters").and_then(|v| v.as_u64()) {
-        println!("  {parameters} parameters");
+        let bytes = |key: &str| t.extra.get(key).and_then(|v| v.as_u64()).map(human_bytes);
+        match (bytes("trainable_bytes"), bytes("frozen_bytes")) {
+            (Some(trainable), Some(frozen)) => {
+                println!("  {parameters} parameters: {trainable} trainable, {frozen} frozen (no gradients, no moments)")
+            }
+            _ => println!("  {parameters} parameters"),
+        }
     }
     println!(
         "  {:.1} s · {:.1} ms per step (median) · {throughput}",

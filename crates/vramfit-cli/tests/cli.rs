@@ -2068,6 +2068,43 @@ fn the_llm_trains_and_takes_a_named_shape() {
     refused_saying(&o, "kv_heads");
     assert!(!d.join("x").exists());
 
+    // LoRA: every frozen parameter ends bit-identical to the initial
+    // weights, holds no moments, and only the adapters move.
+    let args = [
+        &["train", "llm", "--train", "lora:4", "--steps", "5", "--out", "lora"][..],
+        &small,
+    ]
+    .concat();
+    let o = run(&args, d);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    assert!(
+        out.contains("trainable") && out.contains("frozen (no gradients, no moments)"),
+        "{out}"
+    );
+    let text = std::fs::read_to_string(d.join("lora/config.toml")).unwrap();
+    let config = vramfit_models::llama::LlmConfig::from_toml(&text, std::path::Path::new("config.toml")).unwrap();
+    assert_eq!(config.model.train, "lora:4");
+    type Ad = burn::backend::Autodiff<burn::backend::Flex>;
+    let initial = vramfit::params::snapshot(&config.model.init::<Ad>(config.seed, &Default::default()));
+    let path = d.join("lora/weights.bin");
+    let saved = vramfit::run::ArrayFile::read(&path).unwrap().arrays;
+    let (mut frozen, mut moved) = (0, 0);
+    for (name, (_, _, values)) in &initial {
+        let (_, after) = &saved[&format!("param/{name}")];
+        if name.contains(".lora.") {
+            moved += usize::from(after != values);
+            assert!(saved.contains_key(&format!("adam_m/{name}")), "{name} has moments");
+        } else {
+            frozen += 1;
+            assert!(after == values, "{name} changed");
+            assert!(!saved.contains_key(&format!("adam_m/{name}")), "{name} holds moments");
+        }
+    }
+    assert!(frozen > 0 && moved > 0, "{frozen} frozen, {moved} adapters moved");
+    let o = run(&["train", "transformer", "--train", "lora:4", "--out", "x"], d);
+    refused_saying(&o, "LoRA and frozen groups are the llm's");
+
     let plan = [&["plan", "llm", "--batch-size", "4", "--budget", "64MiB"][..], &small].concat();
     let o = run(&plan, d);
     let out = String::from_utf8_lossy(&o.stdout);

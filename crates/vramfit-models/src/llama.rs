@@ -6,6 +6,12 @@
 //! family: matrix work through [`Autocast`], norms, softmax, the residual
 //! stream and the loss in f32, no dropout (a checkpointed block recomputes
 //! exactly what it computed).
+//!
+//! What trains is a setting (`model.train`, `--train`): everything
+//! (`all`), low-rank adapters on the attention projections and the base
+//! frozen (`lora:R`; `lora:R:mlp` adapts the MLP too), or everything but
+//! the named groups (`frozen:embedding,blocks.0-3,...`). A frozen
+//! parameter takes no gradient, so it holds no gradient and no moments.
 
 use burn::module::{Module, Param};
 use burn::prelude::*;
@@ -56,6 +62,78 @@ pub struct LlamaConfig {
     pub tie_head: bool,
     /// How attention is computed.
     pub attention: Attention,
+    /// What trains: `all`, `lora:RANK` (`lora:RANK:mlp`: the MLP too), or
+    /// `frozen:GROUP,...` (`embedding`, `head`, `final_norm`, `blocks`,
+    /// `blocks.I`, `blocks.I-J`).
+    pub train: String,
+}
+
+/// What trains, parsed from `model.train`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Training {
+    /// Every parameter.
+    All,
+    /// Adapters of rank `rank` on q, k, v and o (and the MLP when `mlp`);
+    /// every base parameter frozen.
+    Lora {
+        /// The adapters' rank.
+        rank: usize,
+        /// Adapt the MLP's projections too.
+        mlp: bool,
+    },
+    /// Every parameter but those under these path prefixes.
+    Frozen(Vec<String>),
+}
+
+impl Training {
+    /// Parses `text` for a model of `depth` blocks and `width`.
+    pub fn parse(text: &str, depth: usize, width: usize) -> Result<Self, ConfigError> {
+        let bad = |why: String| Err(invalid("model.train", why));
+        if text == "all" {
+            return Ok(Training::All);
+        }
+        if let Some(rest) = text.strip_prefix("lora:") {
+            let (rank, mlp) = match rest.split_once(':') {
+                Some((r, "mlp")) => (r, true),
+                Some((_, other)) => return bad(format!("`{other}` after the rank: only `mlp` (lora:8:mlp)")),
+                None => (rest, false),
+            };
+            return match rank.parse::<usize>() {
+                Ok(0) => bad("lora:0 adapts nothing: give a rank of 1 or more (e.g. lora:8)".into()),
+                Ok(r) if r > width => bad(format!(
+                    "rank {r} is above the width {width}: a low-rank adapter's rank is below it"
+                )),
+                Ok(rank) => Ok(Training::Lora { rank, mlp }),
+                Err(_) => bad(format!("`{rank}` is not a rank: give lora:RANK, e.g. lora:8")),
+            };
+        }
+        if let Some(list) = text.strip_prefix("frozen:") {
+            let mut groups = Vec::new();
+            for group in list.split(',').map(str::trim) {
+                let blocks = |range: &str| -> Option<Vec<String>> {
+                    let (a, b) = range.split_once('-').unwrap_or((range, range));
+                    let (a, b) = (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?);
+                    (a <= b && b < depth).then(|| (a..=b).map(|i| format!("blocks.{i}")).collect())
+                };
+                match group {
+                    "embedding" | "head" | "final_norm" | "blocks" => groups.push(group.to_string()),
+                    g if g.strip_prefix("blocks.").and_then(blocks).is_some() => {
+                        groups.extend(g.strip_prefix("blocks.").and_then(blocks).unwrap_or_default())
+                    }
+                    other => {
+                        return bad(format!(
+                            "`{other}` is not a group of this model: the groups are embedding, head, final_norm, \
+                             blocks, blocks.I and blocks.I-J (I ≤ J < {depth})"
+                        ));
+                    }
+                }
+            }
+            return Ok(Training::Frozen(groups));
+        }
+        bad(format!(
+            "`{text}`: give all, lora:RANK (lora:RANK:mlp) or frozen:GROUP,..."
+        ))
+    }
 }
 
 impl Default for LlamaConfig {
@@ -73,6 +151,7 @@ impl Default for LlamaConfig {
             qkv_bias: false,
             tie_head: false,
             attention: Attention::Standard,
+            train: "all".into(),
         }
     }
 }
@@ -206,18 +285,65 @@ impl LlamaConfig {
         if !(self.norm_eps.is_finite() && self.norm_eps > 0.0) {
             return Err(invalid("model.norm_eps", "must be a positive number (e.g. 1e-5)"));
         }
+        if let Training::Frozen(groups) = self.training()?
+            && self.tie_head
+            && groups.iter().any(|g| g == "head")
+        {
+            return Err(invalid(
+                "model.train",
+                "`head` is the embedding in this shape (tie_head): freeze `embedding`",
+            ));
+        }
         Ok(())
     }
 
+    /// What trains ([`Training`]).
+    pub fn training(&self) -> Result<Training, ConfigError> {
+        Training::parse(&self.train, self.depth, self.width)
+    }
+
     /// The network with weights drawn from `seed` (normal, σ 0.02; the
-    /// projections into the residual stream σ 0.02/√(2·depth); norms 1).
+    /// projections into the residual stream σ 0.02/√(2·depth); norms 1),
+    /// its parameters frozen and adapters added as `train` says (adapters:
+    /// A normal with σ 1/√in, B zero, so the adapted model starts as the
+    /// base; scale 1).
     pub fn init<B: Backend>(&self, seed: u64, device: &B::Device) -> Llama<B> {
+        let model = self.base::<B>(seed, device);
+        match self.training().unwrap_or(Training::All) {
+            Training::All => model,
+            Training::Lora { rank, mlp } => {
+                // The adapters' own stream: the base's weights are the
+                // full model's whatever the rank.
+                let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x4c6f_5241);
+                let mut model = freeze(model, |_| true);
+                for block in &mut model.blocks {
+                    let mut adapt = |p: &mut Proj<B>| p.lora = Some(Lora::new(&mut rng, p.shape(), rank, device));
+                    for p in [&mut block.q, &mut block.k, &mut block.v, &mut block.o] {
+                        adapt(p);
+                    }
+                    if mlp {
+                        for p in [&mut block.gate, &mut block.up, &mut block.down] {
+                            adapt(p);
+                        }
+                    }
+                }
+                model
+            }
+            Training::Frozen(groups) => freeze(model, |path| {
+                groups.iter().any(|g| path == g || path.starts_with(&format!("{g}.")))
+            }),
+        }
+    }
+
+    /// The network as `init` draws it, every parameter trainable.
+    fn base<B: Backend>(&self, seed: u64, device: &B::Device) -> Llama<B> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let (w, kv) = (self.width, self.kv_heads * self.head_width());
         let residual = 0.02 / (2.0 * self.depth as f64).sqrt();
         let mut proj = |inputs, outputs, std, bias: bool| Proj {
             weight: normal(&mut rng, [inputs, outputs], std, device),
             bias: bias.then(|| constant(outputs, 0.0, device)),
+            lora: None,
         };
         let blocks = (0..self.depth)
             .map(|_| LlamaBlock {
@@ -245,19 +371,76 @@ impl LlamaConfig {
     }
 }
 
-/// A projection `x · W (+ b)`, `W: [in, out]`.
+/// A projection `x · W (+ b)`, `W: [in, out]`, with a low-rank adapter
+/// `(x · A) · B` added where the model has one.
 #[derive(Module, Debug)]
 pub struct Proj<B: Backend> {
     /// Weight, `[in, out]`.
     pub weight: Param<Tensor<B, 2>>,
     /// Bias, where the shape has one.
     pub bias: Option<Param<Tensor<B, 1>>>,
+    /// The adapter (LoRA), where `train = lora:R` put one.
+    pub lora: Option<Lora<B>>,
 }
 
 impl<B: Backend> Proj<B> {
     fn forward(&self, x: Tensor<B, 3>, ac: &Autocast) -> Tensor<B, 3> {
-        ac.linear(x, self.weight.val(), self.bias.as_ref().map(|b| b.val()))
+        let base = ac.linear(x.clone(), self.weight.val(), self.bias.as_ref().map(|b| b.val()));
+        match &self.lora {
+            Some(l) => ac.full(base) + ac.full(ac.linear(ac.linear(x, l.a.val(), None), l.b.val(), None)),
+            None => base,
+        }
     }
+
+    fn shape(&self) -> [usize; 2] {
+        self.weight.val().dims()
+    }
+}
+
+/// A low-rank adapter: `A: [in, r]`, `B: [r, out]`.
+#[derive(Module, Debug)]
+pub struct Lora<B: Backend> {
+    /// Down to the rank.
+    pub a: Param<Tensor<B, 2>>,
+    /// Up from it (zero at the start).
+    pub b: Param<Tensor<B, 2>>,
+}
+
+impl<B: Backend> Lora<B> {
+    fn new(rng: &mut ChaCha8Rng, [inputs, outputs]: [usize; 2], rank: usize, device: &B::Device) -> Self {
+        Self {
+            a: normal(rng, [inputs, rank], 1.0 / (inputs as f64).sqrt(), device),
+            b: Param::from_tensor(Tensor::zeros([rank, outputs], device)),
+        }
+    }
+}
+
+/// `model` with the parameters whose dotted path `frozen` picks taking no
+/// gradient (none kept, no moments).
+fn freeze<B: Backend, M: Module<B>>(model: M, frozen: impl Fn(&str) -> bool) -> M {
+    struct Freeze<F> {
+        path: vramfit::params::PathTracker,
+        frozen: F,
+    }
+    impl<B: Backend, F: Fn(&str) -> bool> burn::module::ModuleMapper<B> for Freeze<F> {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.path.enter(name)
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.exit()
+        }
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+            if (self.frozen)(&self.path.path()) {
+                param.set_require_grad(false)
+            } else {
+                param
+            }
+        }
+    }
+    model.map(&mut Freeze {
+        path: vramfit::params::PathTracker::default(),
+        frozen,
+    })
 }
 
 /// RMSNorm: `x / √(mean(x²) + ε) · γ`, in f32.
@@ -547,7 +730,7 @@ impl crate::family::Family<3> for LlamaConfig {
     fn summary<B: AutodiffBackend>(
         &self,
         data: &SyntheticTask,
-        _: &Llama<B>,
+        net: &Llama<B>,
         batch_size: usize,
         _: usize,
         median_step_ms: f64,
@@ -556,7 +739,19 @@ impl crate::family::Family<3> for LlamaConfig {
         let tokens = (batch_size * data.config().tokens) as f64;
         let mut out = serde_json::Map::new();
         out.insert("entropy_floor".into(), data.entropy_floor().into());
-        out.insert("parameters".into(), self.parameters().into());
+        // What trains and what is frozen (no gradient, no moments), as stored.
+        let params = vramfit::params::describe(net);
+        let bytes = |trainable: bool| -> u64 {
+            params
+                .iter()
+                .filter(|p| p.trainable == trainable)
+                .map(|p| p.bytes())
+                .sum()
+        };
+        let count: usize = params.iter().map(|p| p.shape.iter().product::<usize>()).sum();
+        out.insert("parameters".into(), count.into());
+        out.insert("trainable_bytes".into(), bytes(true).into());
+        out.insert("frozen_bytes".into(), bytes(false).into());
         out.insert(
             "tokens_per_second".into(),
             (if median_step_ms > 0.0 {

@@ -15,7 +15,7 @@ use vramfit::checkpoint::CheckpointPolicy;
 use vramfit::precision::{Autocast, Precision};
 use vramfit_models::data::{SyntheticTask, TaskConfig, TokenBatch};
 use vramfit_models::family::ModelSettings;
-use vramfit_models::llama::{Llama, LlamaConfig, rotary};
+use vramfit_models::llama::{Llama, LlamaConfig, Training, rotary};
 
 use crate::common::{by_path, relative_gap, stepper};
 
@@ -24,6 +24,7 @@ vramfit::test_backends!(
     grouped_query_attention_is_multi_head_attention_with_shared_heads,
     llm_gradients_agree_with_finite_differences,
     llm_checkpointed_gradients_equal_plain_gradients,
+    lora_and_frozen_groups_give_gradients_only_to_what_trains,
 );
 
 fn tiny(kv_heads: usize) -> LlamaConfig {
@@ -241,4 +242,83 @@ fn named_shapes_hold_their_published_parameter_counts() {
         .map(|(_, _, v)| v.len())
         .sum();
     assert_eq!(held as u64, config.parameters());
+}
+
+/// `lora:4`: the adapted model starts as its base (B is zero) and only the
+/// adapters take gradients (q, k, v, o in each block, A and B); `frozen:`
+/// groups take none, the rest do.
+fn lora_and_frozen_groups_give_gradients_only_to_what_trains<B: AutodiffBackend>() {
+    let device = Default::default();
+    let base_config = tiny(2);
+    let lora_config = LlamaConfig {
+        train: "lora:4".into(),
+        ..tiny(2)
+    };
+    let (base, lora) = (base_config.init::<B>(5, &device), lora_config.init::<B>(5, &device));
+    let b = batch::<B>(&base_config, 2);
+    let ac = Autocast::new(Precision::F32);
+    let (lb, ll): (f32, f32) = (
+        base.loss(&b, &ac).into_scalar().elem(),
+        lora.loss(&b, &ac).into_scalar().elem(),
+    );
+    assert!(
+        (lb - ll).abs() <= 1e-6 * lb.abs(),
+        "the adapted model starts as its base: {lb} vs {ll}"
+    );
+    let grads = by_path(&lora, &gradients(&lora, &b, &ac));
+    assert_eq!(grads.len(), 4 * 2 * base_config.depth, "{:?}", grads.keys());
+    assert!(grads.keys().all(|k| k.contains(".lora.")), "{:?}", grads.keys());
+    let with_mlp = LlamaConfig {
+        train: "lora:4:mlp".into(),
+        ..tiny(2)
+    };
+    let m = with_mlp.init::<B>(5, &device);
+    assert_eq!(by_path(&m, &gradients(&m, &b, &ac)).len(), 7 * 2 * base_config.depth);
+
+    let frozen_config = LlamaConfig {
+        train: "frozen:embedding,blocks.0-1".into(),
+        ..tiny(2)
+    };
+    let frozen = frozen_config.init::<B>(5, &device);
+    let grads = by_path(&frozen, &gradients(&frozen, &b, &ac));
+    assert!(grads.keys().any(|k| k.starts_with("blocks.2.")), "{:?}", grads.keys());
+    assert!(grads.contains_key("head"), "{:?}", grads.keys());
+    for k in grads.keys() {
+        assert!(
+            !(k.starts_with("embedding") || k.starts_with("blocks.0.") || k.starts_with("blocks.1.")),
+            "{k} is frozen"
+        );
+    }
+}
+
+/// A training mode that cannot be is refused naming what is wrong.
+#[test]
+fn training_modes_refuse_what_cannot_be() {
+    assert_eq!(
+        Training::parse("lora:8", 4, 64).unwrap(),
+        Training::Lora { rank: 8, mlp: false }
+    );
+    assert_eq!(
+        Training::parse("frozen:blocks.1-2,head", 4, 64).unwrap(),
+        Training::Frozen(vec!["blocks.1".into(), "blocks.2".into(), "head".into()])
+    );
+    for (mode, says) in [
+        ("lora:0", "adapts nothing"),
+        ("lora:65", "above the width"),
+        ("lora:x", "not a rank"),
+        ("lora:4:attn", "only `mlp`"),
+        ("frozen:blocks.4", "not a group"),
+        ("frozen:decoder", "not a group"),
+        ("some", "give all, lora:RANK"),
+    ] {
+        let e = Training::parse(mode, 4, 64).unwrap_err().to_string();
+        assert!(e.contains("model.train") && e.contains(says), "{mode}: {e}");
+    }
+    let tied = LlamaConfig {
+        tie_head: true,
+        train: "frozen:head".into(),
+        ..Default::default()
+    };
+    let e = tied.check(&TaskConfig::default()).unwrap_err().to_string();
+    assert!(e.contains("freeze `embedding`"), "{e}");
 }
