@@ -158,3 +158,34 @@ impl<B: Backend> TokenBatch<B> {
         }
     }
 }
+
+/// Mean next-token cross-entropy (nats) of `logits` (`[b·t, vocab]`, f32)
+/// against `batch`'s targets: both decoders' loss.
+pub fn next_token_loss<B: Backend>(logits: Tensor<B, 2>, batch: &TokenBatch<B>) -> Tensor<B, 1> {
+    let [b, t] = batch.tokens.dims();
+    let picked = burn::tensor::activation::log_softmax(logits, 1).gather(1, batch.targets.clone().reshape([b * t, 1]));
+    picked.mean().neg()
+}
+
+/// Both decoders' fields of `summary.json`: the task's floor and the
+/// tokens a second at `median_step_ms` for batches of `batch_size`.
+pub fn token_summary(
+    data: &SyntheticTask,
+    batch_size: usize,
+    median_step_ms: f64,
+) -> serde_json::Map<String, serde_json::Value> {
+    let tokens = (batch_size * data.config().tokens) as f64;
+    let mut out = serde_json::Map::new();
+    // The task's floor: a predictor that knows the hidden topic (nats per token).
+    out.insert("entropy_floor".into(), data.entropy_floor().into());
+    out.insert(
+        "tokens_per_second".into(),
+        (if median_step_ms > 0.0 {
+            tokens / (median_step_ms / 1e3)
+        } else {
+            0.0
+        })
+        .into(),
+    );
+    out
+}

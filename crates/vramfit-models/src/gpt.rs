@@ -9,7 +9,6 @@
 use burn::module::{Module, Param};
 use burn::prelude::*;
 use burn::tensor::TensorData;
-use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::AutodiffBackend;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -340,8 +339,7 @@ impl<B: Backend> Gpt<B> {
         let x = self.final_norm.forward(x, ac).narrow(1, len - t, t); // token positions only
         let w = x.dims()[2];
         let logits = ac.full(ac.matmul(x.reshape([b * t, w]), self.token_embedding.val().transpose())); // [b·t, vocab]
-        let picked = log_softmax(logits, 1).gather(1, batch.targets.clone().reshape([b * t, 1]));
-        picked.mean().neg()
+        crate::data::next_token_loss(logits, batch)
     }
 
     /// The whole forward to the loss, as one graph.
@@ -486,19 +484,6 @@ impl crate::family::Family<3> for GptConfig {
         median_step_ms: f64,
         _: &B::Device,
     ) -> serde_json::Map<String, serde_json::Value> {
-        let tokens = (batch_size * data.config().tokens) as f64;
-        let mut out = serde_json::Map::new();
-        // The task's floor: a predictor that knows the hidden topic (nats per token).
-        out.insert("entropy_floor".into(), data.entropy_floor().into());
-        out.insert(
-            "tokens_per_second".into(),
-            (if median_step_ms > 0.0 {
-                tokens / (median_step_ms / 1e3)
-            } else {
-                0.0
-            })
-            .into(),
-        );
-        out
+        crate::data::token_summary(data, batch_size, median_step_ms)
     }
 }

@@ -16,7 +16,7 @@
 use burn::module::{Module, Param};
 use burn::prelude::*;
 use burn::tensor::TensorData;
-use burn::tensor::activation::{log_softmax, silu};
+use burn::tensor::activation::silu;
 use burn::tensor::backend::AutodiffBackend;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -591,8 +591,7 @@ impl<B: Backend> Llama<B> {
             None => self.embedding.val().transpose(),
         };
         let logits = ac.full(ac.matmul(x.reshape([b * t, w]), head)); // [b·t, vocab]
-        let picked = log_softmax(logits, 1).gather(1, batch.targets.clone().reshape([b * t, 1]));
-        picked.mean().neg()
+        crate::data::next_token_loss(logits, batch)
     }
 
     /// The loss of `batch` through every block.
@@ -736,9 +735,7 @@ impl crate::family::Family<3> for LlamaConfig {
         median_step_ms: f64,
         _: &B::Device,
     ) -> serde_json::Map<String, serde_json::Value> {
-        let tokens = (batch_size * data.config().tokens) as f64;
-        let mut out = serde_json::Map::new();
-        out.insert("entropy_floor".into(), data.entropy_floor().into());
+        let mut out = crate::data::token_summary(data, batch_size, median_step_ms);
         // What trains and what is frozen (no gradient, no moments), as stored.
         let params = vramfit::params::describe(net);
         let bytes = |trainable: bool| -> u64 {
@@ -752,15 +749,6 @@ impl crate::family::Family<3> for LlamaConfig {
         out.insert("parameters".into(), count.into());
         out.insert("trainable_bytes".into(), bytes(true).into());
         out.insert("frozen_bytes".into(), bytes(false).into());
-        out.insert(
-            "tokens_per_second".into(),
-            (if median_step_ms > 0.0 {
-                tokens / (median_step_ms / 1e3)
-            } else {
-                0.0
-            })
-            .into(),
-        );
         out
     }
 }

@@ -107,6 +107,18 @@ fn edit(path: &Path, from: &str, to: &str) {
     std::fs::write(path, text.replacen(from, to, 1)).unwrap();
 }
 
+/// The small built-in scene written as a COLMAP dataset in `base/name`.
+fn written(base: &Path, name: &str) -> std::path::PathBuf {
+    let dir = base.join(name);
+    colmap::write(&dir, &dataset(&small())).unwrap();
+    dir
+}
+
+/// A file of a written dataset's model.
+fn model(dir: &Path, file: &str) -> std::path::PathBuf {
+    dir.join("sparse/0").join(file)
+}
+
 fn error(dir: &Path) -> String {
     let e = colmap::read(dir)
         .map(|d: Dataset| d.views.len())
@@ -119,12 +131,7 @@ fn error(dir: &Path) -> String {
 #[test]
 fn bad_datasets_are_refused_with_what_is_wrong() {
     let tmp = tempfile::tempdir().unwrap();
-    let fresh = |name: &str| {
-        let dir = tmp.path().join(name);
-        colmap::write(&dir, &dataset(&small())).unwrap();
-        dir
-    };
-    let model = |dir: &Path, file: &str| dir.join("sparse/0").join(file);
+    let fresh = |name: &str| written(tmp.path(), name);
 
     let d = fresh("model");
     edit(&model(&d, "cameras.txt"), "1 PINHOLE", "1 OPENCV");
@@ -412,12 +419,7 @@ fn a_number_beyond_f32_is_refused_naming_its_line() {
 #[test]
 fn colmap_text_is_read_by_its_grammar() {
     let tmp = tempfile::tempdir().unwrap();
-    let fresh = |name: &str| {
-        let dir = tmp.path().join(name);
-        colmap::write(&dir, &dataset(&small())).unwrap();
-        dir
-    };
-    let model = |dir: &Path, file: &str| dir.join("sparse/0").join(file);
+    let fresh = |name: &str| written(tmp.path(), name);
 
     let d = fresh("no-points2d");
     let images = model(&d, "images.txt");

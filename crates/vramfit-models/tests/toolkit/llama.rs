@@ -102,25 +102,16 @@ fn grouped_query_attention_is_multi_head_attention_with_shared_heads<B: Autodiff
     let grouped = grouped_config.init::<B>(5, &device);
     let mut full = full_config.init::<B>(6, &device);
     let dh = grouped_config.head_width();
-    // Column block g of [w, kv·dh], repeated for its 2 query heads.
-    let repeat = |w: Tensor<B, 2>| {
-        let blocks: Vec<Tensor<B, 2>> = (0..2)
+    // Head block g along `dim` (kv·dh wide), repeated for its 2 query heads.
+    fn repeat<B: Backend, const D: usize>(x: Tensor<B, D>, dim: usize, dh: usize) -> Param<Tensor<B, D>> {
+        let blocks: Vec<Tensor<B, D>> = (0..2)
             .flat_map(|g| {
-                let block = w.clone().narrow(1, g * dh, dh);
+                let block = x.clone().narrow(dim, g * dh, dh);
                 [block.clone(), block]
             })
             .collect();
-        Param::from_tensor(Tensor::cat(blocks, 1).detach())
-    };
-    let repeat_bias = |b: Tensor<B, 1>| {
-        let blocks: Vec<Tensor<B, 1>> = (0..2)
-            .flat_map(|g| {
-                let block = b.clone().narrow(0, g * dh, dh);
-                [block.clone(), block]
-            })
-            .collect();
-        Param::from_tensor(Tensor::cat(blocks, 0).detach())
-    };
+        Param::from_tensor(Tensor::cat(blocks, dim).detach())
+    }
     full.embedding = grouped.embedding.clone();
     full.final_norm = grouped.final_norm.clone();
     full.head = grouped.head.clone();
@@ -128,10 +119,10 @@ fn grouped_query_attention_is_multi_head_attention_with_shared_heads<B: Autodiff
         f.attn_norm = g.attn_norm.clone();
         f.mlp_norm = g.mlp_norm.clone();
         (f.q, f.o, f.gate, f.up, f.down) = (g.q.clone(), g.o.clone(), g.gate.clone(), g.up.clone(), g.down.clone());
-        f.k.weight = repeat(g.k.weight.val());
-        f.v.weight = repeat(g.v.weight.val());
-        f.k.bias = g.k.bias.as_ref().map(|b| repeat_bias(b.val()));
-        f.v.bias = g.v.bias.as_ref().map(|b| repeat_bias(b.val()));
+        f.k.weight = repeat(g.k.weight.val(), 1, dh);
+        f.v.weight = repeat(g.v.weight.val(), 1, dh);
+        f.k.bias = g.k.bias.as_ref().map(|b| repeat(b.val(), 0, dh));
+        f.v.bias = g.v.bias.as_ref().map(|b| repeat(b.val(), 0, dh));
     }
     let b = batch::<B>(&grouped_config, 3);
     let ac = Autocast::new(Precision::F32);
