@@ -156,18 +156,15 @@ fn fused_costs(
 pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) -> Result<Calibration, PlanError> {
     let started = Instant::now();
     let space = target.space();
-    let p = probe_batch.unwrap_or(space.batch);
-    if space.batch < 2 {
-        return Err(PlanError::Setting(format!(
-            "planning needs a batch of at least 2 (batch_size is {}): the planner learns the bytes per sample \
-             from two batch sizes",
-            space.batch
-        )));
-    }
-    if p < 2 || p > space.batch {
+    // The bytes per sample are learned from two batch sizes: a run of one
+    // sample is probed at two and one (the law is then measured at its own
+    // batch, not extrapolated to it).
+    let most = space.batch.max(2);
+    let p = probe_batch.unwrap_or(most);
+    if p < 2 || p > most {
         return Err(PlanError::Setting(format!(
             "a probe batch of {p} is out of range: {}",
-            crate::remedy::Remedy::ProbeBatch { most: space.batch }
+            crate::remedy::Remedy::ProbeBatch { most }
         )));
     }
     let q = small_micro_batch(p);
@@ -460,6 +457,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         checks,
         seconds: started.elapsed().as_secs_f64(),
         probe_batch: p,
+        slice: None,
     })
 }
 

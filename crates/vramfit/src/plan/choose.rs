@@ -252,6 +252,7 @@ mod tests {
             time_error: 0.0,
             seconds: 0.0,
             probe_batch: 16,
+            slice: None,
         }
     }
 

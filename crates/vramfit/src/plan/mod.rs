@@ -54,6 +54,7 @@ mod on_ranks;
 mod pipeline;
 mod planned;
 mod probe;
+pub mod slice;
 mod strategy;
 
 pub use capacity::{Capacity, CapacityCalibration, Counted, Line, Variant, calibrate_capacity};
@@ -68,6 +69,7 @@ pub use pipeline::{
 };
 pub use planned::{Planned, PlannedRun};
 pub use probe::{Measured, PROBE_STEPS, ProbeError, measure_run, measured_in, run_probe};
+pub use slice::{Deep, Slice, calibrate_sliced};
 pub use strategy::{Choice, Plan, PlanError, Preset, Strategy};
 
 use serde::{Deserialize, Serialize};
@@ -301,13 +303,23 @@ pub trait Plannable {
     /// Runs a few steps with `knobs` at effective batch `batch` (the
     /// workload's own or a reduced one) and measures them.
     fn measure(&mut self, knobs: &Knobs, batch: usize) -> Result<Measured, ProbeError>;
+    /// Where it is to be planned from a slice of its blocks ([`slice`]):
+    /// itself as a [`Deep`] workload. `None` (the default): probe the whole.
+    fn deep(&self) -> Option<&dyn Deep> {
+        None
+    }
 }
 
 /// Runs the probes and fits the model (see the module's description).
 /// `probe_batch` runs the probes at a smaller effective batch and
-/// extrapolates to the workload's (`None`: the workload's own).
+/// extrapolates to the workload's (`None`: the workload's own). A
+/// workload that asks to be planned from a slice ([`Plannable::deep`]) is
+/// probed only that deep and extrapolated ([`calibrate_sliced`]).
 pub fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) -> Result<Calibration, PlanError> {
-    calibrate::calibrate(target, probe_batch)
+    match target.deep() {
+        Some(deep) => calibrate_sliced(deep, probe_batch),
+        None => calibrate::calibrate(target, probe_batch),
+    }
 }
 
 /// The fitted model with the probes it came from.
@@ -334,6 +346,10 @@ pub struct Calibration {
     pub seconds: f64,
     /// The effective batch the probes ran at.
     pub probe_batch: usize,
+    /// Where the probes ran on a slice of the model's blocks: how the
+    /// whole depth was extrapolated (every predicted figure then is).
+    #[serde(default)]
+    pub slice: Option<Slice>,
 }
 
 impl Calibration {
@@ -464,8 +480,9 @@ impl Strategy for Calibration {
             "model": self.model,
             "model_peak_error": self.peak_error,
             "model_time_error": self.time_error,
-            "probes": self.probes.len() + self.checks.len(),
+            "probes": self.probes.len() + self.checks.len() + usize::from(self.slice.is_some()),
             "probe_seconds": self.seconds,
+            "extrapolated_from_slice": self.slice,
         })
     }
 }

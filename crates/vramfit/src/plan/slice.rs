@@ -1,0 +1,424 @@
+//! Planning a model deeper than the probing machine holds, from a slice.
+//!
+//! A model whose blocks repeat (a transformer's, a Llama's) costs
+//! `prelude + N·block + head` in every term the planner fits. The planner
+//! probes the workload only `k` blocks deep at its real width, context and
+//! batch ([`Deep::sliced`]): the whole calibration on that slice, and one
+//! more plain step `k + 1` blocks deep. Then:
+//!
+//! - what a sample keeps per block (activations, checkpoint input,
+//!   recomputation) is the slice's mean block, as in any calibration;
+//! - what each block adds outside the samples (its parameters, gradients,
+//!   moments, their copies in the rest phases, its step time) is the
+//!   difference between the two depths' plain steps, less the activations
+//!   the calibration already gave the extra block;
+//! - what a knob adds in proportion to the parameters (bf16 storage, bf16
+//!   or host moments, the gradient accumulator, a precision's copies) is
+//!   scaled by the ratio of the parameters it acts on, counted at both
+//!   depths by the slices' own [`Space`]s (arithmetic, not measured);
+//! - the whole depth's space (its parameters and storage groups) is
+//!   extrapolated from the two slices' in the same way ([`deepened`]).
+//!
+//! Nothing of the whole model is built to plan it. Every figure this gives
+//! is an extrapolation, and [`Calibration::slice`] says so; a verification
+//! probe, where the whole model fits the machine, measures it.
+
+use serde::{Deserialize, Serialize};
+
+use super::model::Model;
+use super::{Calibration, Knobs, PlanError, Plannable, ProbeError, ProbeRecord, Space};
+
+/// A workload whose blocks repeat, to be planned from a slice of it.
+pub trait Deep {
+    /// Blocks of the whole workload.
+    fn depth(&self) -> usize;
+    /// Blocks of the slice the planner probes (at least 1).
+    fn probe_blocks(&self) -> usize;
+    /// The workload `blocks` deep, everything else as it is.
+    fn sliced(&self, blocks: usize) -> Result<Box<dyn Plannable>, ProbeError>;
+}
+
+/// How a calibration was extrapolated from a slice: what `plan.json` and
+/// the printout name as not measured on the whole model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Slice {
+    /// Blocks of the probed slice.
+    pub blocks: usize,
+    /// Blocks of the whole model, which every prediction is for.
+    pub depth: usize,
+    /// The plain step one block deeper than the slice.
+    pub deeper: ProbeRecord,
+    /// What each block adds outside the samples' activations, fitted from
+    /// the two depths: bytes to the step's peak, bytes to the rest's peak
+    /// and ms to the step.
+    pub per_block_fixed_bytes: f64,
+    /// See `per_block_fixed_bytes`.
+    pub per_block_rest_bytes: f64,
+    /// See `per_block_fixed_bytes`.
+    pub per_block_ms: f64,
+    /// What was scaled by arithmetic rather than fitted, in words.
+    pub scaled: Vec<String>,
+}
+
+/// The space of a workload `depth` blocks deep, from its spaces `k` and
+/// `k + 1` blocks deep (`at` and `next`): every storage group's bytes and
+/// the trainable parameters' list grown by what one block adds.
+pub fn deepened(at: &Space, next: &Space, depth: usize) -> Space {
+    let k = at.blocks;
+    let extra = depth.saturating_sub(k);
+    let mut storage_groups: Vec<(String, u64)> = next
+        .storage_groups
+        .iter()
+        .map(|(name, bytes)| {
+            let before = at.storage_groups.iter().find(|(n, _)| n == name).map_or(0, |(_, b)| *b);
+            (name.clone(), before + extra as u64 * bytes.saturating_sub(before))
+        })
+        .collect();
+    // Largest first, as a space lists them (the order can change with depth).
+    storage_groups.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    Space {
+        blocks: depth,
+        storage_groups,
+        parameters: repeated_block(&at.parameters, &next.parameters, extra),
+        ..at.clone()
+    }
+}
+
+/// `at`'s parameter sizes with the block that `next` (one block deeper)
+/// adds repeated `extra` times where `next` has it: after their common
+/// prefix. (Where the head happens to start like a block, what is repeated
+/// is a rotation of the block's sizes: the same sizes, so the same sums.)
+fn repeated_block(at: &[usize], next: &[usize], extra: usize) -> Vec<usize> {
+    let added = next.len().saturating_sub(at.len());
+    if added == 0 {
+        return at.to_vec();
+    }
+    let common = at.iter().zip(next).take_while(|(a, b)| a == b).count();
+    let block = &next[common..common + added];
+    let mut out = at[..common].to_vec();
+    for _ in 0..extra {
+        out.extend_from_slice(block);
+    }
+    out.extend_from_slice(&at[common..]);
+    out
+}
+
+/// Bytes in the storage groups, trainable values, and bytes of all
+/// parameters in f32 (the groups hold them all, where the space has any).
+fn total(space: &Space) -> (f64, f64, f64) {
+    let stored = space.storage_groups.iter().map(|(_, b)| *b as f64).sum::<f64>();
+    let trainable = space.parameters.iter().sum::<usize>() as f64;
+    (stored, trainable, if stored > 0.0 { stored } else { 4.0 * trainable })
+}
+
+/// `whole / slice`, 1 where the slice has none.
+fn growth(whole: f64, slice: f64) -> f64 {
+    if slice > 0.0 { whole / slice } else { 1.0 }
+}
+
+/// Calibrates `deep` from a slice of it (see the module's description).
+pub fn calibrate_sliced(deep: &dyn Deep, probe_batch: Option<usize>) -> Result<Calibration, PlanError> {
+    let (k, depth) = (deep.probe_blocks(), deep.depth());
+    if k == 0 || k >= depth {
+        return Err(PlanError::Setting(format!(
+            "a slice of {k} block(s) of a model {depth} blocks deep: give a probe slice from 1 to {} blocks",
+            depth.saturating_sub(1)
+        )));
+    }
+    let probe = |blocks: usize| {
+        deep.sliced(blocks).map_err(|why| PlanError::Probe {
+            probe: format!("the {blocks}-block slice"),
+            why: why.to_string(),
+        })
+    };
+    let mut slice = probe(k)?;
+    let cal = super::calibrate::calibrate(slice.as_mut(), probe_batch)?;
+    drop(slice);
+    let mut deeper = probe(k + 1)?;
+    let p = cal.probe_batch;
+    let knobs = Knobs::base(k + 1, p);
+    let measured = deeper.measure(&knobs, p).map_err(|why| PlanError::Probe {
+        probe: format!("one block deeper ({})", knobs.describe(p)),
+        why: why.to_string(),
+    })?;
+    let next = deeper.space();
+    drop(deeper);
+    let base = cal
+        .probes
+        .iter()
+        .find(|r| r.name == "base")
+        .expect("every calibration probes a base")
+        .measured;
+    let space = deepened(&cal.space, &next, depth);
+    let deeper = ProbeRecord {
+        name: format!("one block deeper ({} blocks)", k + 1),
+        knobs,
+        batch: p,
+        measured,
+        predicted_peak: 0.0,
+        predicted_ms: 0.0,
+    };
+    let (model, record) = deepened_model(&cal.model, &cal.space, &space, &base, deeper);
+    let seconds = cal.seconds + measured.seconds;
+    Ok(Calibration {
+        space,
+        model,
+        seconds,
+        slice: Some(record),
+        ..cal
+    })
+}
+
+/// The slice's model (`model`, fitted on `at`) grown to the whole space,
+/// with the two depths' plain steps (`base` at `at`; `deeper`, one block
+/// more, at the same batch).
+fn deepened_model(
+    model: &Model,
+    at: &Space,
+    whole: &Space,
+    base: &super::Measured,
+    record: ProbeRecord,
+) -> (Model, Slice) {
+    let (deeper, p) = (&record.measured, record.batch);
+    let extra = (whole.blocks - at.blocks) as f64;
+    // The extra block's plain step adds its parameters' bytes and a batch
+    // of its activations.
+    let per_block_fixed =
+        deeper.step_peak_bytes as f64 - base.step_peak_bytes as f64 - p as f64 * model.block.activations;
+    let per_block_rest = deeper.rest_peak_bytes as f64 - base.rest_peak_bytes as f64;
+    let per_block_ms = deeper.step_ms - base.step_ms;
+    let ((stored_at, trainable_at, all_at), (stored, trainable, all)) = (total(at), total(whole));
+    let (r_stored, r_trainable, r_all) = (
+        growth(stored, stored_at),
+        growth(trainable, trainable_at),
+        growth(all, all_at),
+    );
+    let scale = |d: super::Delta, r: f64| super::Delta {
+        step: d.step * r,
+        rest: d.rest * r,
+        ms: d.ms * r,
+    };
+    let files = |x: f64, per: f64| if x > 0.0 { x + extra * per } else { 0.0 };
+    let per_block_files = deeper.files_peak_bytes as f64 - base.files_peak_bytes as f64;
+    let per_block_between = deeper.between_peak_bytes as f64 - base.between_peak_bytes as f64;
+    // The extra block's time is its samples' (its optimiser share is not
+    // told apart at one batch): per sample of the batch.
+    let per_block_sample_ms = (per_block_ms / p as f64).max(0.0);
+    let sample_growth = growth(model.sample_ms + extra * per_block_sample_ms, model.sample_ms);
+    let total_stored: f64 = whole.storage_groups.iter().map(|(_, b)| *b as f64).sum();
+    let mut acc = 0.0;
+    let storage_share = if model.storage_share.is_empty() {
+        Vec::new()
+    } else {
+        std::iter::once(0.0)
+            .chain(whole.storage_groups.iter().map(|(_, b)| {
+                acc += *b as f64;
+                acc / total_stored.max(1.0)
+            }))
+            .collect()
+    };
+    let grown = Model {
+        fixed_bytes: model.fixed_bytes + extra * per_block_fixed,
+        blocks: whole.blocks,
+        accumulator_bytes: model.accumulator_bytes * r_trainable,
+        precisions: model
+            .precisions
+            .iter()
+            .map(|&(p, rho, pi, rest)| (p, rho, pi, rest * r_all))
+            .collect(),
+        storage: scale(model.storage, r_stored),
+        storage_share,
+        moments: scale(model.moments, r_trainable),
+        host_moments: scale(model.host_moments, r_trainable),
+        cleanup: scale(model.cleanup, r_all),
+        rest_bytes: model.rest_bytes + extra * per_block_rest,
+        files_bytes: files(model.files_bytes, per_block_files),
+        between_bytes: files(model.between_bytes, per_block_between),
+        sample_ms: model.sample_ms + extra * per_block_sample_ms,
+        fused_attention: model.fused_attention.clone().map(|f| super::FusedCosts {
+            fixed_bytes: f.fixed_bytes + extra * per_block_fixed,
+            sample_ms: f.sample_ms * sample_growth,
+            ..f
+        }),
+        parameters: whole.parameters.clone(),
+        ..model.clone()
+    };
+    let slice = Slice {
+        blocks: at.blocks,
+        depth: whole.blocks,
+        per_block_fixed_bytes: per_block_fixed,
+        per_block_rest_bytes: per_block_rest,
+        per_block_ms,
+        scaled: vec![
+            format!("bf16 storage's saving by the stored parameters ({r_stored:.2}×)"),
+            format!(
+                "bf16 and host moments' savings and the gradient accumulator by the trainable parameters \
+                 ({r_trainable:.2}×)"
+            ),
+            format!("each precision's and cleanup's bytes outside the step by all parameters ({r_all:.2}×)"),
+            "the extra blocks' time as time per sample (their optimiser share is not told apart)".into(),
+        ],
+        deeper: record,
+    };
+    (grown, slice)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Measured;
+    use crate::plan::chain::{BlockCost, chain_peak};
+    use crate::precision::Precision;
+
+    /// A model `blocks` deep whose figures follow a known law: a prelude
+    /// and head of 40,000 parameter bytes, 10,000 a block; activations of
+    /// 900 bytes a block a sample and 300 outside; 16 bytes a trainable
+    /// parameter's byte in gradients and moments.
+    #[derive(Clone)]
+    struct Tower {
+        blocks: usize,
+    }
+
+    const PRELUDE: f64 = 40_000.0;
+    const BLOCK: f64 = 10_000.0;
+
+    impl Plannable for Tower {
+        fn space(&self) -> Space {
+            let n = self.blocks;
+            Space {
+                batch: 8,
+                blocks: n,
+                block_input_bytes: 100,
+                precisions: vec![Precision::F32],
+                storage_groups: vec![
+                    ("blocks".into(), (BLOCK * n as f64) as u64),
+                    ("embed".into(), PRELUDE as u64),
+                ],
+                low_moments: true,
+                host_moments: false,
+                batch_statistics: None,
+                block_shapes: Vec::new(),
+                fused_attention: Vec::new(),
+                parameters: std::iter::once(PRELUDE as usize / 4)
+                    .chain((0..n).flat_map(|_| [BLOCK as usize / 8; 2]))
+                    .collect(),
+            }
+        }
+
+        fn measure(&mut self, k: &Knobs, batch: usize) -> Result<Measured, ProbeError> {
+            let n = self.blocks as f64;
+            let params = PRELUDE + BLOCK * n;
+            let blocks = vec![
+                BlockCost {
+                    activations: 900.0,
+                    input: 100.0,
+                    recompute: 0.1,
+                };
+                self.blocks
+            ];
+            let stored: f64 = self.space().storage_groups[..k.low_storage]
+                .iter()
+                .map(|(_, b)| *b as f64)
+                .sum();
+            let state = params * 3.0 - stored / 2.0 - if k.low_moments { params } else { 0.0 };
+            let accumulator = if batch > k.micro_batch { params } else { 0.0 };
+            let m = k.micro_batch as f64;
+            let step = 5_000.0 + state + accumulator + m * (300.0 + chain_peak(&blocks, &k.checkpointed));
+            let rest = 6_000.0 + state * 1.5;
+            let marked = k.checkpointed.iter().filter(|x| **x).count() as f64;
+            let ms = 1.0 + (batch / k.micro_batch) as f64 * 0.2 + batch as f64 * (0.5 + n * (1.0 + 0.1 * marked / n));
+            Ok(Measured {
+                peak_bytes: step.max(rest) as u64,
+                step_peak_bytes: step as u64,
+                rest_peak_bytes: rest as u64,
+                files_peak_bytes: 0,
+                between_peak_bytes: 0,
+                step_ms: ms,
+                seconds: 0.0,
+            })
+        }
+    }
+
+    impl Deep for Tower {
+        fn depth(&self) -> usize {
+            self.blocks
+        }
+        fn probe_blocks(&self) -> usize {
+            2
+        }
+        fn sliced(&self, blocks: usize) -> Result<Box<dyn Plannable>, ProbeError> {
+            Ok(Box::new(Tower { blocks }))
+        }
+    }
+
+    #[test]
+    fn a_two_block_slice_predicts_the_whole_depth() {
+        let whole = Tower { blocks: 24 };
+        let cal = calibrate_sliced(&whole, None).unwrap();
+        assert_eq!(
+            cal.space,
+            deepened(&Tower { blocks: 2 }.space(), &Tower { blocks: 3 }.space(), 24)
+        );
+        assert_eq!(cal.space.parameters, Tower { blocks: 24 }.space().parameters);
+        assert_eq!(cal.space.storage_groups, whole.space().storage_groups);
+        let slice = cal.slice.as_ref().expect("extrapolated");
+        assert_eq!((slice.blocks, slice.depth), (2, 24));
+        let mut truth = whole.clone();
+        for knobs in [
+            Knobs::base(24, 8),
+            Knobs {
+                checkpointed: vec![true; 24],
+                ..Knobs::base(24, 8)
+            },
+            Knobs {
+                micro_batch: 2,
+                checkpointed: (0..24).map(|i| i % 3 == 0).collect(),
+                low_storage: 1,
+                low_moments: true,
+                ..Knobs::base(24, 8)
+            },
+        ] {
+            let (peak, ms) = cal.predict(&knobs);
+            let measured = truth.measure(&knobs, 8).unwrap();
+            let bytes = measured.peak_bytes as f64;
+            assert!(
+                (peak - bytes).abs() / bytes < 2e-3,
+                "{}: predicted {peak}, measured {bytes}",
+                knobs.describe(8)
+            );
+            assert!(
+                (ms - measured.step_ms).abs() / measured.step_ms < 1e-6,
+                "{ms} {measured:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_slice_as_deep_as_the_model_is_refused() {
+        struct Shallow;
+        impl Deep for Shallow {
+            fn depth(&self) -> usize {
+                2
+            }
+            fn probe_blocks(&self) -> usize {
+                2
+            }
+            fn sliced(&self, blocks: usize) -> Result<Box<dyn Plannable>, ProbeError> {
+                Ok(Box::new(Tower { blocks }))
+            }
+        }
+        let e = calibrate_sliced(&Shallow, None).unwrap_err().to_string();
+        assert!(e.contains("from 1 to 1"), "{e}");
+    }
+
+    #[test]
+    fn the_block_repeats_after_the_common_prefix() {
+        assert_eq!(
+            repeated_block(&[4, 1, 2, 1, 2, 9], &[4, 1, 2, 1, 2, 1, 2, 9], 2),
+            vec![4, 1, 2, 1, 2, 1, 2, 1, 2, 9]
+        );
+        // A head that starts like a block: a rotation, the same sizes.
+        let grown = repeated_block(&[4, 1, 2, 1, 2, 1], &[4, 1, 2, 1, 2, 1, 2, 1], 1);
+        assert_eq!(grown.iter().sum::<usize>(), 4 + 3 * 3 + 1);
+    }
+}
