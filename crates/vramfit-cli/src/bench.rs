@@ -83,7 +83,7 @@ pub fn run(which: Which) -> Result<()> {
         Which::Plan(args) => {
             let config = crate::flags::resolve_train::<GptConfig>(args.settings())?;
             let (request, device) = args.request(serde_json::to_value(&config)?, "transformer");
-            crate::plan::model::<GptConfig, 3>(config, device, Action::Bench(request))
+            crate::plan::model::<GptConfig, 3>(config, device, Some(0), Action::Bench(request))
         }
         Which::SceneMemory(args) => crate::bench_scene::run(args),
         Which::SceneCleanup(args) => crate::bench_scene::cleanup(args),

@@ -58,6 +58,10 @@ pub struct PlanArgs<S: clap::Args> {
     /// Probe at this effective batch and extrapolate to the run's (transformer, U-Net).
     #[arg(long, allow_negative_numbers = true, value_parser = crate::flags::parse_count::<usize>)]
     probe_batch: Option<usize>,
+    /// Probe a slice this many blocks deep and extrapolate to the model's
+    /// depth (0: probe the whole model; default: 2 for llm, whole otherwise).
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::flags::parse_count::<usize>)]
+    probe_blocks: Option<usize>,
     /// Write the probes, the model and the plans as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -83,15 +87,15 @@ pub fn run(which: Which) -> Result<()> {
     match which {
         Which::Transformer(args) => {
             let (config, action) = on_ranks(crate::flags::resolve_train(&args.settings)?, args.action()?)?;
-            model::<GptConfig, 3>(config, &args.device.name, action)
+            model::<GptConfig, 3>(config, &args.device.name, args.probe_blocks, action)
         }
         Which::Llm(args) => {
             let (config, action) = on_ranks(crate::flags::resolve_train(&args.settings)?, args.action()?)?;
-            model::<LlamaConfig, 3>(config, &args.device.name, action)
+            model::<LlamaConfig, 3>(config, &args.device.name, args.probe_blocks, action)
         }
         Which::Unet(args) => {
             let (config, action) = on_ranks(crate::flags::resolve_train(&args.settings)?, args.action()?)?;
-            model::<UnetConfig, 4>(config, &args.device.name, action)
+            model::<UnetConfig, 4>(config, &args.device.name, args.probe_blocks, action)
         }
         Which::Splat(args) => splat(
             crate::flags::resolve_fit(&args.settings)?,
@@ -205,9 +209,25 @@ pub struct ShowArgs {
     ranks: usize,
 }
 
-/// Runs `action` on a model family with settings `config` on `device`.
-pub fn model<F: Family<D>, const D: usize>(config: FamilyConfig<F>, device: &str, action: Action) -> Result<()> {
-    on_device(device, OnModel::<F, D> { config, action })
+/// Runs `action` on a model family with settings `config` on `device`,
+/// probing a slice `probe_blocks` deep (`Some(0)`: the whole model;
+/// `None`: the family's default).
+pub fn model<F: Family<D>, const D: usize>(
+    config: FamilyConfig<F>,
+    device: &str,
+    probe_blocks: Option<usize>,
+    action: Action,
+) -> Result<()> {
+    let probe_blocks = match probe_blocks {
+        Some(0) => None,
+        Some(k) => Some(k),
+        None => config.model.default_probe_blocks(),
+    };
+    on_device(device, OnModel::<F, D> {
+        config,
+        probe_blocks,
+        action,
+    })
 }
 
 /// Runs `action` on a splat fit with settings `config` on `device`.
@@ -217,6 +237,7 @@ pub fn splat(config: FitConfig, device: &str, action: Action) -> Result<()> {
 
 struct OnModel<F: ModelSettings, const D: usize> {
     config: FamilyConfig<F>,
+    probe_blocks: Option<usize>,
     action: Action,
 }
 
@@ -229,7 +250,11 @@ impl<F: Family<D>, const D: usize> OnBackend for OnModel<F, D> {
         B::InnerBackend: DeviceMemory,
     {
         self.action.check()?;
-        let mut target = FamilyTarget::<B, F, D>::new(self.config, device)?.with_device_name(&name);
+        let target = match self.probe_blocks {
+            Some(k) => FamilyTarget::<B, F, D>::sliced(self.config, device, k)?,
+            None => FamilyTarget::<B, F, D>::new(self.config, device)?,
+        };
+        let mut target = target.with_device_name(&name);
         if let Action::RunOnRanks {
             budget,
             ranks,
@@ -401,6 +426,43 @@ fn show<T: PlanTarget>(target: &mut T, args: ShowArgs, name: &str) -> Result<()>
     if !gpus.is_empty() {
         let table = cal.presets(gpus);
         cal.print_presets(&table, name);
+        // The least card: what a budget of nothing is told it needs.
+        if let Err(vramfit::plan::PlanError::Infeasible {
+            smallest,
+            smallest_bytes,
+            ..
+        }) = cal.choose(1)
+        {
+            println!("the least card it needs: {smallest} (the leanest plan's predicted peak with the margin)");
+            out["least_card_bytes"] = serde_json::json!(smallest_bytes);
+        }
+        let basis = format!(
+            "the figure that decides an out-of-memory on {name}, {}",
+            cal.extrapolated()
+                .unwrap_or_else(|| "predicted from probes of the whole workload".into())
+        );
+        out["cards"] = table
+            .iter()
+            .map(|p| {
+                let mut row = serde_json::json!({
+                    "card_bytes": p.budget,
+                    "fits": p.plan.is_some(),
+                    "basis": basis,
+                });
+                match &p.plan {
+                    Some(plan) => {
+                        row["peak_bytes"] = serde_json::json!(plan.peak_bytes);
+                        row["step_ms"] = serde_json::json!(plan.step_ms);
+                        row["plan"] = serde_json::json!(cal.describe(&plan.setting));
+                        row["setting"] = serde_json::json!(plan.setting);
+                        row["numerics"] = serde_json::json!(plan.quality);
+                        row["dominant"] = serde_json::json!(cal.dominant(&plan.setting));
+                    }
+                    None => row["why_not"] = serde_json::json!(p.error),
+                }
+                row
+            })
+            .collect();
         out["presets"] = serde_json::json!(table);
         if let Some(caveat) = vramfit::plan::preset_caveat(device) {
             println!("note: {caveat}");

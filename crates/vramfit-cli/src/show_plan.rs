@@ -24,6 +24,18 @@ pub trait Show: Strategy {
     /// The accuracy of a preset table's peaks, in words.
     fn accuracy(&self) -> String;
 
+    /// Where the predicted figures were not measured on the workload
+    /// itself, what they were extrapolated from, in words.
+    fn extrapolated(&self) -> Option<String> {
+        None
+    }
+
+    /// What dominates `setting`'s predicted peak, in words, where the
+    /// strategy tells its parts apart.
+    fn dominant(&self, _setting: &Self::Setting) -> Option<String> {
+        None
+    }
+
     /// The line that starts the probes on `device`.
     fn print_probing(device: &str) {
         eprintln!("probing on {device} ({})…", Self::PROBES);
@@ -52,6 +64,9 @@ pub trait Show: Strategy {
                 n => format!("{n} plans fit; the best {}:", n.min(8)),
             }
         );
+        if let Some(from) = self.extrapolated() {
+            println!("  (peaks and times {from})");
+        }
         println!(
             "  {:>2}  {:>10}  {:>9}  {:<56}  numerics",
             "#", "peak", "step ms", "plan"
@@ -103,16 +118,20 @@ pub trait Show: Strategy {
             "\npreset table (calibrated on {device}; peaks in its OOM-deciding figure; {}):",
             self.accuracy()
         );
+        if let Some(from) = self.extrapolated() {
+            println!("  (peaks and times {from})");
+        }
         println!("  {:>8}  {:>10}  {:>9}  plan", "card", "peak", "step ms");
         for p in table {
             match &p.plan {
                 Some(plan) => println!(
-                    "  {:>8}  {:>10}  {:>9.1}  {}{}",
+                    "  {:>8}  {:>10}  {:>9.1}  {}{}{}",
                     human_bytes(p.budget),
                     human_bytes(plan.peak_bytes),
                     plan.step_ms,
                     self.describe(&plan.setting),
-                    if plan.exact() { "" } else { " (changes numerics)" }
+                    if plan.exact() { "" } else { " (changes numerics)" },
+                    self.dominant(&plan.setting).map(|d| format!("; {d}")).unwrap_or_default()
                 ),
                 None => println!(
                     "  {:>8}  nothing fits: {}",
@@ -165,6 +184,24 @@ impl Show for Calibration {
                 String::new()
             }
         );
+        if let Some(slice) = &self.slice {
+            let d = &slice.deeper.measured;
+            println!(
+                "the probes ran on a {}-block slice of the {}-block model; one block deeper, a plain step measured \
+                 {} ({:.1} ms): each block adds {} to the step outside the samples, {} to the other phases and \
+                 {:.1} ms. Every plan's peak and time is extrapolated to {} blocks, not measured; scaled by \
+                 arithmetic: {}",
+                slice.blocks,
+                slice.depth,
+                human_bytes(d.peak_bytes),
+                d.step_ms,
+                human_bytes(slice.per_block_fixed_bytes.max(0.0) as u64),
+                human_bytes(slice.per_block_rest_bytes.max(0.0) as u64),
+                slice.per_block_ms,
+                slice.depth,
+                slice.scaled.join("; ")
+            );
+        }
         // The attention's share of a block's activations: what fusing it
         // removed, from the two fits (each from its own probes).
         if let Some(f) = &self.model.fused_attention {
@@ -181,10 +218,43 @@ impl Show for Calibration {
 
     fn accuracy(&self) -> String {
         format!(
-            "model error on unseen combinations ±{:.1} %; margin {:.0} %",
+            "model error on unseen combinations ±{:.1} %{}; margin {:.0} %",
             self.peak_error * 100.0,
+            if self.slice.is_some() { " of the slice" } else { "" },
             self.margin() * 100.0
         )
+    }
+
+    fn extrapolated(&self) -> Option<String> {
+        self.slice.as_ref().map(|s| {
+            format!(
+                "extrapolated from a {}-block slice to the model's {} blocks, not measured",
+                s.blocks, s.depth
+            )
+        })
+    }
+
+    fn dominant(&self, knobs: &vramfit::plan::Knobs) -> Option<String> {
+        let model = self.model.with(knobs);
+        let (outside, scale, rest) = model.split(knobs, self.space.batch);
+        let samples = scale * vramfit::plan::chain::chain_peak(&model.chain(), &knobs.checkpointed);
+        let state = outside - scale * model.outside_bytes;
+        Some(if rest > outside + samples {
+            format!(
+                "dominated by the phases outside the step (optimiser, files): {}",
+                human_bytes(rest.max(0.0) as u64)
+            )
+        } else if state >= samples + scale * model.outside_bytes {
+            format!(
+                "dominated by parameters and optimiser state: {} of it",
+                human_bytes(state.max(0.0) as u64)
+            )
+        } else {
+            format!(
+                "dominated by activations: {} of it",
+                human_bytes((samples + scale * model.outside_bytes).max(0.0) as u64)
+            )
+        })
     }
     fn print_ranks(&self, budget: u64, ranks: usize) -> Option<serde_json::Value> {
         let mut counts: Vec<usize> = std::iter::successors(Some(1usize), |n| n.checked_mul(2))

@@ -33,6 +33,10 @@ pub struct TrainArgs {
     /// With --budget: probe at this effective batch and extrapolate to the run's.
     #[arg(long, requires = "budget", allow_negative_numbers = true, value_parser = crate::flags::parse_count::<usize>)]
     probe_batch: Option<usize>,
+    /// With --budget: probe a slice this many blocks deep and extrapolate to
+    /// the model's depth (0: probe the whole model; default: 2 for llm, whole otherwise).
+    #[arg(long, requires = "budget", allow_negative_numbers = true, value_parser = crate::flags::parse_count::<usize>)]
+    probe_blocks: Option<usize>,
     /// Run directory (default: the next free runs/<workload>-NNN).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -107,7 +111,7 @@ fn run_family<F: Family<D>, const D: usize>(
                 device: args.device.name.clone(),
                 simulate_oom_at: args.simulate_oom_at,
             };
-            return crate::plan::model::<F, D>(config, &args.device.name, action);
+            return crate::plan::model::<F, D>(config, &args.device.name, args.probe_blocks, action);
         }
         let action = crate::plan::Action::Run {
             budget,
@@ -115,7 +119,7 @@ fn run_family<F: Family<D>, const D: usize>(
             out: crate::runs::run_path(&args.out, F::NAME),
             simulate_oom_at: args.simulate_oom_at,
         };
-        return crate::plan::model::<F, D>(config, &args.device.name, action);
+        return crate::plan::model::<F, D>(config, &args.device.name, args.probe_blocks, action);
     }
     if args.simulate_oom_at.is_some() && args.held_to.is_none() {
         anyhow::bail!("--simulate-oom-at is a test seam of planned runs: give --budget too");

@@ -36,6 +36,19 @@ pub trait ModelSettings:
     /// Blocks of the chain (what `checkpoint` marks).
     fn blocks(&self) -> usize;
 
+    /// The same model `blocks` deep, where its blocks repeat (a slice the
+    /// planner probes: [`vramfit::plan::slice`]); `None` where they do not
+    /// or a setting names single blocks.
+    fn with_blocks(&self, _blocks: usize) -> Option<Self> {
+        None
+    }
+
+    /// The slice the planner probes by default (`--probe-blocks`), where
+    /// the family is planned from one unless asked otherwise.
+    fn default_probe_blocks(&self) -> Option<usize> {
+        None
+    }
+
     /// A rough count of the floats the model and task hold: parameters,
     /// activations a sample (kept for the backward), and the task's own
     /// tables. Only to refuse shapes past [`MOST_BYTES`] before anything
@@ -162,8 +175,10 @@ pub const MOST_BYTES: f64 = (1u64 << 40) as f64;
 /// [`ModelSettings::rough_floats`]: floats held, roughly.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RoughFloats {
-    /// Parameters (each also has a gradient and two Adam moments).
+    /// Parameters (each trainable one also has a gradient and two Adam moments).
     pub parameters: f64,
+    /// Of them, the frozen ones (no gradient, no moments; storable in 16 bits).
+    pub frozen: f64,
     /// Activations kept for the backward, a sample.
     pub activations_per_sample: f64,
     /// The task's data (tables, source images).
@@ -174,14 +189,15 @@ impl RoughFloats {
     /// Bytes of a step at `samples` a forward pass, all f32: parameters,
     /// gradients and two moments; the activations; the task.
     pub fn bytes(&self, samples: usize) -> f64 {
-        4.0 * (4.0 * self.parameters + self.activations_per_sample * samples as f64 + self.task)
+        4.0 * (4.0 * self.parameters - 3.0 * self.frozen + self.activations_per_sample * samples as f64 + self.task)
     }
 
-    /// Bytes every plan needs at least: parameters, gradients and two
-    /// moments in 16 bits, and the task; no activations (recomputed or
-    /// split into micro-batches of one, they can be small).
+    /// Bytes every plan needs at least: trainable parameters, gradients
+    /// and two moments in 16 bits, frozen parameters in 16 bits, and the
+    /// task; no activations (recomputed or split into micro-batches of
+    /// one, they can be small).
     pub fn floor_bytes(&self) -> f64 {
-        2.0 * 4.0 * self.parameters + 4.0 * self.task
+        2.0 * 4.0 * (self.parameters - self.frozen) + 2.0 * self.frozen + 4.0 * self.task
     }
 }
 
@@ -296,6 +312,17 @@ impl<M: ModelSettings> FamilyConfig<M> {
 
     /// Checks every setting and combination against backend `B` on `device`.
     pub fn resolve<B: Backend>(&self, device: &B::Device) -> Result<Resolved, ConfigError> {
+        self.resolve_on::<B>(device, true)
+    }
+
+    /// [`Self::resolve`] but for whether the model fits this machine's
+    /// memory: a model planned from a slice ([`vramfit::plan::slice`]) for
+    /// a card it is not run on.
+    pub fn resolve_elsewhere<B: Backend>(&self, device: &B::Device) -> Result<Resolved, ConfigError> {
+        self.resolve_on::<B>(device, false)
+    }
+
+    fn resolve_on<B: Backend>(&self, device: &B::Device, here: bool) -> Result<Resolved, ConfigError> {
         // Sizes first: a model or task size past any real one would overflow
         // a buffer's length (a panic) or ask the allocator for terabytes.
         for (table, value) in [
@@ -350,7 +377,7 @@ impl<M: ModelSettings> FamilyConfig<M> {
         // would abort the process. What every plan needs at least (16-bit
         // state, the task's tables; activations can be recomputed or split)
         // is held against it.
-        if let Some(total) = vramfit::memory::total_bytes().filter(|_| vramfit::backends::is_cpu::<B>())
+        if let Some(total) = vramfit::memory::total_bytes().filter(|_| here && vramfit::backends::is_cpu::<B>())
             && rough.floor_bytes() > total as f64
         {
             return Err(ConfigError::Invalid {

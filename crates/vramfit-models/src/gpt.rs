@@ -435,6 +435,13 @@ impl crate::family::ModelSettings for GptConfig {
         self.depth
     }
 
+    fn with_blocks(&self, blocks: usize) -> Option<Self> {
+        Some(Self {
+            depth: blocks,
+            ..self.clone()
+        })
+    }
+
     fn rough_floats(&self, task: &Self::Task) -> crate::config::RoughFloats {
         let [w, d, v, r] = [self.width, self.depth, self.vocab, self.mlp_ratio].map(|x| x as f64);
         let t = (self.frames_used(task.frames) + task.tokens) as f64;
@@ -446,6 +453,7 @@ impl crate::family::ModelSettings for GptConfig {
         };
         crate::config::RoughFloats {
             parameters: 2.0 * v * w + (self.context + self.frame_dim) as f64 * w + d * block,
+            frozen: 0.0,
             // A block keeps some ten widths and the MLP's hidden a position,
             // and the scores twice a head; the logits thrice.
             activations_per_sample: d * (t * w * (10.0 + 2.0 * r) + scores) + 3.0 * t * v,

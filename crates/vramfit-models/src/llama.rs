@@ -231,12 +231,50 @@ impl LlamaConfig {
 
     /// Parameters the model holds.
     pub fn parameters(&self) -> u64 {
-        let [v, w, f] = [self.vocab, self.width, self.ffn].map(|x| x as u64);
+        let [v, w] = [self.vocab, self.width].map(|x| x as u64);
+        let head = if self.tie_head { 0 } else { w * v };
+        v * w + self.depth as u64 * self.block_parameters() + w + head
+    }
+
+    /// Parameters of one block.
+    fn block_parameters(&self) -> u64 {
+        let [w, f] = [self.width, self.ffn].map(|x| x as u64);
         let kv = (self.kv_heads * self.head_width()) as u64;
         let bias = if self.qkv_bias { w + 2 * kv } else { 0 };
-        let block = 2 * w * w + 2 * w * kv + bias + 3 * w * f + 2 * w;
-        let head = if self.tie_head { 0 } else { w * v };
-        v * w + self.depth as u64 * block + w + head
+        2 * w * w + 2 * w * kv + bias + 3 * w * f + 2 * w
+    }
+
+    /// Parameters of the LoRA adapters `train` adds (0: none).
+    pub fn adapter_parameters(&self) -> u64 {
+        let Ok(Training::Lora { rank, mlp }) = self.training() else {
+            return 0;
+        };
+        let [w, f, r] = [self.width, self.ffn, rank].map(|x| x as u64);
+        let kv = (self.kv_heads * self.head_width()) as u64;
+        // An adapter of an `in → out` projection holds rank·(in + out).
+        let attention = r * ((w + w) + 2 * (w + kv) + (w + w));
+        let feed = if mlp { 3 * r * (w + f) } else { 0 };
+        self.depth as u64 * (attention + feed)
+    }
+
+    /// Parameters `train` freezes (no gradient, no moments).
+    pub fn frozen_parameters(&self) -> u64 {
+        let (v, w) = (self.vocab as u64, self.width as u64);
+        match self.training() {
+            Ok(Training::All) | Err(_) => 0,
+            Ok(Training::Lora { .. }) => self.parameters(),
+            Ok(Training::Frozen(groups)) => groups
+                .iter()
+                .map(|g| match g.as_str() {
+                    "embedding" => v * w,
+                    "head" if !self.tie_head => w * v,
+                    "final_norm" => w,
+                    "blocks" => self.depth as u64 * self.block_parameters(),
+                    g if g.starts_with("blocks.") => self.block_parameters(),
+                    _ => 0,
+                })
+                .sum(),
+        }
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -689,6 +727,21 @@ impl crate::family::ModelSettings for LlamaConfig {
         self.depth
     }
 
+    /// Blocks repeat unless `train` freezes single blocks (then they differ).
+    fn with_blocks(&self, blocks: usize) -> Option<Self> {
+        let single = matches!(self.training(), Ok(Training::Frozen(g)) if g.iter().any(|g| g.starts_with("blocks.")));
+        (!single).then(|| Self {
+            depth: blocks,
+            ..self.clone()
+        })
+    }
+
+    /// Two blocks, whenever the model has more: a Llama is planned from a
+    /// slice, so what is predicted is always the extrapolation.
+    fn default_probe_blocks(&self) -> Option<usize> {
+        (self.depth > 2 && self.with_blocks(2).is_some()).then_some(2)
+    }
+
     fn rough_floats(&self, task: &TaskConfig) -> RoughFloats {
         let [w, d, v, f] = [self.width, self.depth, self.vocab, self.ffn].map(|x| x as f64);
         let t = task.tokens as f64;
@@ -697,7 +750,8 @@ impl crate::family::ModelSettings for LlamaConfig {
             _ => 0.0,
         };
         RoughFloats {
-            parameters: self.parameters() as f64,
+            parameters: (self.parameters() + self.adapter_parameters()) as f64,
+            frozen: self.frozen_parameters() as f64,
             // A block keeps some ten widths and four hidden widths a
             // position, the scores twice a head; the logits thrice.
             activations_per_sample: d * (t * (10.0 * w + 4.0 * f) + scores) + 3.0 * t * v,

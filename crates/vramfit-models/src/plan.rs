@@ -6,26 +6,28 @@
 
 use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
-use vramfit::plan::{Calibration, Knobs, Measured, Plannable, Runnable, SIMULATED_OOM, Space, run_probe};
+use vramfit::plan::{Calibration, Deep, Knobs, Measured, Plannable, Runnable, SIMULATED_OOM, Space, run_probe};
 use vramfit::precision::Precision;
 use vramfit::profile::DeviceMemory;
 use vramfit::run::{Run, Start};
 use vramfit::step::StepError;
 use vramfit::trainer::TrainerError;
 
-use crate::config::FamilyConfig;
+use crate::config::{FamilyConfig, invalid};
 use crate::family::{Family, ModelSettings};
 use crate::gpt::GptConfig;
 use crate::job::{Job, TrainError};
 use crate::unet::UnetConfig;
 use vramfit::plan::ProbeError;
 
-/// A run of family `F` with settings `base`, to be planned on `device`.
+/// A run of family `F` with settings `base`, to be planned on `device`
+/// (from a slice of its blocks where `probe_blocks` says so).
 pub struct FamilyTarget<B: AutodiffBackend, F: Family<D>, const D: usize> {
     base: FamilyConfig<F>,
     space: Space,
     device: B::Device,
     device_name: String,
+    probe_blocks: Option<usize>,
 }
 
 /// The transformer for the planner.
@@ -42,41 +44,50 @@ where
     /// Validates `base` on `device` and reads the knob space.
     pub fn new(base: FamilyConfig<F>, device: &B::Device) -> Result<Self, TrainError> {
         base.resolve::<B>(device)?;
-        let supported = |d: DType| B::supports_dtype(device, d);
-        let precisions: Vec<Precision> = [Precision::F32, Precision::Bf16, Precision::F16]
-            .into_iter()
-            .filter(|p| supported(DType::from(p.dtype())))
-            .collect();
-        let bf16 = supported(DType::BF16);
-        let model = base.model.init::<B>(base.seed, device);
-        let groups = vramfit::trainer::parameter_groups(&model);
-        let parameters = vramfit::plan::trainable_sizes(&model);
-        drop(model);
-        // The transformer widens Q, K and V to f32 for the fused
-        // attention: fused at every precision where it has a kernel.
-        let fused_attention = if base.model.attention().is_some() && vramfit::fused::Attention::is_fused_on::<B>() {
-            precisions.clone()
-        } else {
-            Vec::new()
-        };
-        let space = Space {
-            batch: base.batch_size,
-            blocks: base.model.blocks(),
-            block_input_bytes: base.model.block_input_bytes(&base.task),
-            precisions,
-            storage_groups: if bf16 { groups } else { Vec::new() },
-            low_moments: bf16,
-            host_moments: !vramfit::backends::is_cpu::<B>(),
-            batch_statistics: base.model.batch_statistics(),
-            block_shapes: base.model.block_shapes(&base.task),
-            fused_attention,
-            parameters,
-        };
+        let space = space_of::<B, F, D>(&base, device);
         Ok(Self {
             base,
             space,
             device: device.clone(),
             device_name: B::name(device),
+            probe_blocks: None,
+        })
+    }
+
+    /// `base`, to be planned from a slice `probe_blocks` deep
+    /// ([`vramfit::plan::slice`]): nothing of the whole model is built, so
+    /// it need not fit this machine (`base` is validated but for that).
+    /// The slice must be shallower than the model, whose blocks must repeat.
+    pub fn sliced(base: FamilyConfig<F>, device: &B::Device, probe_blocks: usize) -> Result<Self, TrainError> {
+        base.resolve_elsewhere::<B>(device)?;
+        let depth = base.model.blocks();
+        let slice_error = |why: String| TrainError::Config(invalid("probe_blocks", why));
+        if probe_blocks == 0 || probe_blocks >= depth {
+            return Err(slice_error(format!(
+                "a slice of {probe_blocks} block(s) of a model {depth} blocks deep: give 1 to {} (or probe the \
+                 whole model, without a slice)",
+                depth.saturating_sub(1)
+            )));
+        }
+        let at = |blocks: usize| -> Result<Space, TrainError> {
+            let model = base.model.with_blocks(blocks).ok_or_else(|| {
+                slice_error(format!(
+                    "`{}` cannot be planned from a slice: its blocks differ (or a setting names single blocks); \
+                     probe the whole model",
+                    F::NAME
+                ))
+            })?;
+            let sliced = FamilyConfig { model, ..base.clone() };
+            sliced.resolve_elsewhere::<B>(device)?;
+            Ok(space_of::<B, F, D>(&sliced, device))
+        };
+        let space = vramfit::plan::slice::deepened(&at(probe_blocks)?, &at(probe_blocks + 1)?, depth);
+        Ok(Self {
+            base,
+            space,
+            device: device.clone(),
+            device_name: B::name(device),
+            probe_blocks: Some(probe_blocks),
         })
     }
 
@@ -84,6 +95,45 @@ where
     pub fn with_device_name(mut self, name: &str) -> Self {
         self.device_name = name.into();
         self
+    }
+}
+
+/// The knob space of `base` on `device`: its model is built once to count
+/// its parameters and groups.
+fn space_of<B, F: Family<D>, const D: usize>(base: &FamilyConfig<F>, device: &B::Device) -> Space
+where
+    B: AutodiffBackend,
+    B::InnerBackend: DeviceMemory,
+{
+    let supported = |d: DType| B::supports_dtype(device, d);
+    let precisions: Vec<Precision> = [Precision::F32, Precision::Bf16, Precision::F16]
+        .into_iter()
+        .filter(|p| supported(DType::from(p.dtype())))
+        .collect();
+    let bf16 = supported(DType::BF16);
+    let model = base.model.init::<B>(base.seed, device);
+    let groups = vramfit::trainer::parameter_groups(&model);
+    let parameters = vramfit::plan::trainable_sizes(&model);
+    drop(model);
+    // The transformer widens Q, K and V to f32 for the fused
+    // attention: fused at every precision where it has a kernel.
+    let fused_attention = if base.model.attention().is_some() && vramfit::fused::Attention::is_fused_on::<B>() {
+        precisions.clone()
+    } else {
+        Vec::new()
+    };
+    Space {
+        batch: base.batch_size,
+        blocks: base.model.blocks(),
+        block_input_bytes: base.model.block_input_bytes(&base.task),
+        precisions,
+        storage_groups: if bf16 { groups } else { Vec::new() },
+        low_moments: bf16,
+        host_moments: !vramfit::backends::is_cpu::<B>(),
+        batch_statistics: base.model.batch_statistics(),
+        block_shapes: base.model.block_shapes(&base.task),
+        fused_attention,
+        parameters,
     }
 }
 
@@ -149,6 +199,43 @@ where
             };
             crate::job::build::<B, F, D>(config, &self.device)
         })
+    }
+
+    fn deep(&self) -> Option<&dyn Deep> {
+        self.probe_blocks.map(|_| self as &dyn Deep)
+    }
+}
+
+/// The model `blocks` deep, for a planner that probes a slice of it.
+impl<B, F: Family<D>, const D: usize> Deep for FamilyTarget<B, F, D>
+where
+    B: AutodiffBackend,
+    B::InnerBackend: DeviceMemory,
+{
+    fn depth(&self) -> usize {
+        self.base.model.blocks()
+    }
+
+    fn probe_blocks(&self) -> usize {
+        self.probe_blocks.unwrap_or(self.depth())
+    }
+
+    fn sliced(&self, blocks: usize) -> Result<Box<dyn Plannable>, ProbeError> {
+        let model = self.base.model.with_blocks(blocks).ok_or_else(|| {
+            ProbeError::workload(format!("`{}` cannot be planned from a slice: its blocks differ", F::NAME))
+        })?;
+        let base = FamilyConfig {
+            model,
+            ..self.base.clone()
+        };
+        base.resolve_elsewhere::<B>(&self.device).map_err(ProbeError::workload)?;
+        Ok(Box::new(Self {
+            space: space_of::<B, F, D>(&base, &self.device),
+            base,
+            device: self.device.clone(),
+            device_name: self.device_name.clone(),
+            probe_blocks: None,
+        }))
     }
 }
 

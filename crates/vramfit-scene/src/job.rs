@@ -260,7 +260,7 @@ impl Workload for SceneJob {
                 optimizer_state,
                 inputs: 0,
                 workspace,
-                activations: None,
+                ..Default::default()
             };
         }
         let params = self.fit.len() * self.widths().iter().sum::<usize>();
@@ -270,8 +270,7 @@ impl Workload for SceneJob {
             gradients: 0,
             optimizer_state: bytes(2 * params),
             inputs: bytes(images),
-            workspace: 0,
-            activations: None,
+            ..Default::default()
         }
     }
     fn step(&mut self, observer: &mut dyn StepObserver) -> Result<StepRecord, SceneError> {

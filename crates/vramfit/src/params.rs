@@ -77,7 +77,14 @@ pub fn describe<B: Backend, M: Module<B>>(module: &M) -> Vec<ParamInfo> {
 pub fn named_tensors<B: Backend, M: Module<B>>(module: &M) -> Vec<crate::profile::NamedTensor> {
     let mut t: Vec<_> = describe(module)
         .into_iter()
-        .map(|p| crate::profile::NamedTensor::new(p.path.clone(), p.bytes(), crate::profile::Category::Parameters))
+        .map(|p| {
+            let category = if p.trainable {
+                crate::profile::Category::Parameters
+            } else {
+                crate::profile::Category::FrozenParameters
+            };
+            crate::profile::NamedTensor::new(p.path.clone(), p.bytes(), category)
+        })
         .collect();
     t.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.name.cmp(&b.name)));
     t

@@ -9,8 +9,9 @@ use super::phase::Category;
 use super::report::{MemoryReport, human_bytes};
 
 /// Colour of each category in the chart (also checked by the screenshot test).
-pub const CATEGORY_COLOURS: [(Category, &str); 8] = [
+pub const CATEGORY_COLOURS: [(Category, &str); 9] = [
     (Category::Parameters, "#4e79a7"),
+    (Category::FrozenParameters, "#a0cbe8"),
     (Category::Gradients, "#f28e2b"),
     (Category::OptimizerState, "#e15759"),
     (Category::Activations, "#76b7b2"),

@@ -11,8 +11,10 @@ use super::reading::MemoryReading;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Category {
-    /// Trainable and frozen parameter tensors (walked).
+    /// Trainable parameter tensors (walked).
     Parameters,
+    /// Frozen parameter tensors: no gradient, no optimiser state (walked).
+    FrozenParameters,
     /// Gradient tensors alive at the phase (walked).
     Gradients,
     /// Optimiser moments and buffers (walked).
@@ -38,8 +40,9 @@ pub enum Category {
 
 impl Category {
     /// Every category, in the order reports stack them.
-    pub const ALL: [Category; 8] = [
+    pub const ALL: [Category; 9] = [
         Category::Parameters,
+        Category::FrozenParameters,
         Category::Gradients,
         Category::OptimizerState,
         Category::Activations,
@@ -53,6 +56,7 @@ impl Category {
     pub fn name(self) -> &'static str {
         match self {
             Category::Parameters => "parameters",
+            Category::FrozenParameters => "frozen_parameters",
             Category::Gradients => "gradients",
             Category::OptimizerState => "optimizer_state",
             Category::Activations => "activations",
@@ -68,8 +72,10 @@ impl Category {
 /// declared (inputs, workspace).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Accounted {
-    /// Parameter bytes.
+    /// Trainable parameter bytes.
     pub parameters: u64,
+    /// Frozen parameter bytes (no gradient, no moments).
+    pub frozen_parameters: u64,
     /// Gradient bytes alive now.
     pub gradients: u64,
     /// Optimiser state bytes.
@@ -85,7 +91,7 @@ pub struct Accounted {
 
 impl Accounted {
     pub(super) fn named(&self) -> u64 {
-        self.parameters + self.gradients + self.optimizer_state + self.inputs
+        self.parameters + self.frozen_parameters + self.gradients + self.optimizer_state + self.inputs
     }
 }
 

@@ -169,6 +169,7 @@ impl Profiler {
     fn categories(&mut self, phase: &str, acc: &Accounted, device: Option<MemoryReading>) -> BTreeMap<Category, u64> {
         let mut c = BTreeMap::from([
             (Category::Parameters, acc.parameters),
+            (Category::FrozenParameters, acc.frozen_parameters),
             (Category::Gradients, acc.gradients),
             (Category::OptimizerState, acc.optimizer_state),
             (Category::Inputs, acc.inputs),

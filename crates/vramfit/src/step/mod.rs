@@ -24,7 +24,7 @@ use crate::checkpoint::{Block, forward_backward};
 use crate::optim::ModuleAdam;
 use crate::precision::{Autocast, LossScaler};
 use crate::profile::{Accounted, Profiler};
-use crate::storage::parameter_bytes;
+use crate::storage::trainable_and_frozen_bytes;
 
 /// A model the composed step can train: `prelude → blocks → head`, where
 /// the blocks are a chain of rank-`D` activations (a stack of them where the
@@ -203,8 +203,10 @@ type Gathered<B> = (
 impl<B: AutodiffBackend> Stepper<B> {
     /// What `model` and the optimiser hold between steps.
     pub fn accounted<M: burn::module::Module<B>>(&self, model: &M) -> Accounted {
+        let (parameters, frozen_parameters) = trainable_and_frozen_bytes(model);
         Accounted {
-            parameters: parameter_bytes(model),
+            parameters,
+            frozen_parameters,
             optimizer_state: self.optimizer.state_bytes(),
             ..Default::default()
         }
@@ -246,13 +248,14 @@ impl<B: AutodiffBackend> Stepper<B> {
         let split = self.batching.accumulate > 1;
         let mut acc = Accumulator::new();
         let mut loss_sum: Option<Tensor<B::InnerBackend, 1>> = None;
-        let (params, optimizer, inputs) = (
-            parameter_bytes(model),
+        let ((params, frozen), optimizer, inputs) = (
+            trainable_and_frozen_bytes(model),
             self.optimizer.state_bytes(),
             M::batch_bytes(batch),
         );
         let walked = |gradients: u64| Accounted {
             parameters: params,
+            frozen_parameters: frozen,
             gradients,
             optimizer_state: optimizer,
             inputs,
@@ -380,8 +383,10 @@ impl<B: AutodiffBackend> Stepper<B> {
         let inputs = M::batch_bytes(batch);
         // Observed before the cleanup: the allocator's reservation is read
         // before anything can release it.
+        let (parameters, frozen_parameters) = trainable_and_frozen_bytes(&model);
         observer.phase("optimizer", None, &|| Accounted {
-            parameters: parameter_bytes(&model),
+            parameters,
+            frozen_parameters,
             optimizer_state: self.optimizer.state_bytes(),
             inputs,
             ..Default::default()
