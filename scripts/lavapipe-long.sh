@@ -16,10 +16,10 @@ icd=$(ls /usr/share/vulkan/icd.d/lvp_icd*.json 2>/dev/null | head -1)
 export VK_ICD_FILENAMES="$icd"
 # The same packages and features as CI's lavapipe line, so Burn's wgpu
 # build is shared; other test targets rebuild vramfit-models (3-5 minutes).
-# One invocation, the bodies named exactly: the planners' `wgpu` tests,
+# One invocation, the bodies named exactly: the planners' `calibration_wgpu` tests,
 # the advice's and both precision curves on wgpu.
 time cargo test -p vramfit-splat -p vramfit-models -p vramfit-scene -p vramfit-cli \
   --features vramfit-splat/wgpu,vramfit-models/wgpu,vramfit-scene/wgpu,vramfit-cli/wgpu,vramfit-cli/mpi \
-  --test plan --test advice --test toolkit -- "$@" --exact wgpu \
+  --test plan --test advice --test toolkit -- "$@" --exact calibration_wgpu \
   every_advised_setting_lowers_the_deciding_figure::wgpu \
   transformer::low_precision_training_follows_the_f32_curve::wgpu unet::low_precision_training_follows_the_f32_curve::wgpu

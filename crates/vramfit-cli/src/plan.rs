@@ -223,11 +223,14 @@ pub fn model<F: Family<D>, const D: usize>(
         Some(k) => Some(k),
         None => config.model.default_probe_blocks(),
     };
-    on_device(device, OnModel::<F, D> {
-        config,
-        probe_blocks,
-        action,
-    })
+    on_device(
+        device,
+        OnModel::<F, D> {
+            config,
+            probe_blocks,
+            action,
+        },
+    )
 }
 
 /// Runs `action` on a splat fit with settings `config` on `device`.

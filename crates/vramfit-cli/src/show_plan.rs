@@ -131,7 +131,9 @@ pub trait Show: Strategy {
                     plan.step_ms,
                     self.describe(&plan.setting),
                     if plan.exact() { "" } else { " (changes numerics)" },
-                    self.dominant(&plan.setting).map(|d| format!("; {d}")).unwrap_or_default()
+                    self.dominant(&plan.setting)
+                        .map(|d| format!("; {d}"))
+                        .unwrap_or_default()
                 ),
                 None => println!(
                     "  {:>8}  nothing fits: {}",
@@ -187,12 +189,13 @@ impl Show for Calibration {
         if let Some(slice) = &self.slice {
             let d = &slice.deeper.measured;
             println!(
-                "the probes ran on a {}-block slice of the {}-block model; one block deeper, a plain step measured \
+                "the probes ran on a {}-block slice of the {}-block model; {} blocks deep, a plain step measured \
                  {} ({:.1} ms): each block adds {} to the step outside the samples, {} to the other phases and \
                  {:.1} ms. Every plan's peak and time is extrapolated to {} blocks, not measured; scaled by \
                  arithmetic: {}",
                 slice.blocks,
                 slice.depth,
+                slice.deeper.knobs.checkpointed.len(),
                 human_bytes(d.peak_bytes),
                 d.step_ms,
                 human_bytes(slice.per_block_fixed_bytes.max(0.0) as u64),

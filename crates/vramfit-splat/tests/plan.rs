@@ -177,6 +177,6 @@ fn flex() {
 /// taller bands' buffers in larger pages.
 #[cfg(feature = "wgpu")]
 #[test]
-fn wgpu() {
+fn calibration_wgpu() {
     bands_fit_their_budgets::<vramfit::backends::Wgpu>(1024, 512, 1500);
 }

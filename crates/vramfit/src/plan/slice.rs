@@ -4,14 +4,17 @@
 //! `prelude + N·block + head` in every term the planner fits. The planner
 //! probes the workload only `k` blocks deep at its real width, context and
 //! batch ([`Deep::sliced`]): the whole calibration on that slice, and one
-//! more plain step `k + 1` blocks deep. Then:
+//! more plain step `k + m` blocks deep (`m = 1`, or on a paged allocator
+//! enough blocks to span [`PAGES_SPANNED`] pages by the counted
+//! parameters: a difference of one block would be quantised to a page).
+//! Then:
 //!
 //! - what a sample keeps per block (activations, checkpoint input,
 //!   recomputation) is the slice's mean block, as in any calibration;
 //! - what each block adds outside the samples (its parameters, gradients,
 //!   moments, their copies in the rest phases, its step time) is the
 //!   difference between the two depths' plain steps, less the activations
-//!   the calibration already gave the extra block;
+//!   the calibration already gave the extra blocks, over `m`;
 //! - what a knob adds in proportion to the parameters (bf16 storage, bf16
 //!   or host moments, the gradient accumulator, a precision's copies) is
 //!   scaled by the ratio of the parameters it acts on, counted at both
@@ -46,7 +49,7 @@ pub struct Slice {
     pub blocks: usize,
     /// Blocks of the whole model, which every prediction is for.
     pub depth: usize,
-    /// The plain step one block deeper than the slice.
+    /// The plain step `deeper.knobs.checkpointed.len()` blocks deep.
     pub deeper: ProbeRecord,
     /// What each block adds outside the samples' activations, fitted from
     /// the two depths: bytes to the step's peak, bytes to the rest's peak
@@ -60,18 +63,19 @@ pub struct Slice {
     pub scaled: Vec<String>,
 }
 
-/// The space of a workload `depth` blocks deep, from its spaces `k` and
-/// `k + 1` blocks deep (`at` and `next`): every storage group's bytes and
+/// The space of a workload `depth` blocks deep, from its spaces at two
+/// depths (`at` and the deeper `next`): every storage group's bytes and
 /// the trainable parameters' list grown by what one block adds.
 pub fn deepened(at: &Space, next: &Space, depth: usize) -> Space {
     let k = at.blocks;
     let extra = depth.saturating_sub(k);
+    let m = next.blocks.saturating_sub(k).max(1) as u64;
     let mut storage_groups: Vec<(String, u64)> = next
         .storage_groups
         .iter()
         .map(|(name, bytes)| {
             let before = at.storage_groups.iter().find(|(n, _)| n == name).map_or(0, |(_, b)| *b);
-            (name.clone(), before + extra as u64 * bytes.saturating_sub(before))
+            (name.clone(), before + extra as u64 * bytes.saturating_sub(before) / m)
         })
         .collect();
     // Largest first, as a space lists them (the order can change with depth).
@@ -79,17 +83,18 @@ pub fn deepened(at: &Space, next: &Space, depth: usize) -> Space {
     Space {
         blocks: depth,
         storage_groups,
-        parameters: repeated_block(&at.parameters, &next.parameters, extra),
+        parameters: repeated_block(&at.parameters, &next.parameters, m as usize, extra),
         ..at.clone()
     }
 }
 
-/// `at`'s parameter sizes with the block that `next` (one block deeper)
-/// adds repeated `extra` times where `next` has it: after their common
-/// prefix. (Where the head happens to start like a block, what is repeated
-/// is a rotation of the block's sizes: the same sizes, so the same sums.)
-fn repeated_block(at: &[usize], next: &[usize], extra: usize) -> Vec<usize> {
-    let added = next.len().saturating_sub(at.len());
+/// `at`'s parameter sizes with a block of those that `next` (`m` blocks
+/// deeper) adds repeated `extra` times where `next` has it: after their
+/// common prefix. (Where the head happens to start like a block, what is
+/// repeated is a rotation of the block's sizes: the same sizes, so the
+/// same sums.)
+fn repeated_block(at: &[usize], next: &[usize], m: usize, extra: usize) -> Vec<usize> {
+    let added = next.len().saturating_sub(at.len()) / m.max(1);
     if added == 0 {
         return at.to_vec();
     }
@@ -134,11 +139,17 @@ pub fn calibrate_sliced(deep: &dyn Deep, probe_batch: Option<usize>) -> Result<C
     let mut slice = probe(k)?;
     let cal = super::calibrate::calibrate(slice.as_mut(), probe_batch)?;
     drop(slice);
-    let mut deeper = probe(k + 1)?;
     let p = cal.probe_batch;
-    let knobs = Knobs::base(k + 1, p);
+    // (Counting needs the model one block deeper built: only where pages are.)
+    let m = if cal.model.page_bytes > 1 {
+        blocks_spanning_pages(&cal, probe(k + 1)?.space(), p, depth - k)
+    } else {
+        1
+    };
+    let mut deeper = probe(k + m)?;
+    let knobs = Knobs::base(k + m, p);
     let measured = deeper.measure(&knobs, p).map_err(|why| PlanError::Probe {
-        probe: format!("one block deeper ({})", knobs.describe(p)),
+        probe: format!("{m} block(s) deeper ({})", knobs.describe(p)),
         why: why.to_string(),
     })?;
     let next = deeper.space();
@@ -151,7 +162,7 @@ pub fn calibrate_sliced(deep: &dyn Deep, probe_batch: Option<usize>) -> Result<C
         .measured;
     let space = deepened(&cal.space, &next, depth);
     let deeper = ProbeRecord {
-        name: format!("one block deeper ({} blocks)", k + 1),
+        name: format!("{m} block(s) deeper ({} blocks)", k + m),
         knobs,
         batch: p,
         measured,
@@ -169,9 +180,27 @@ pub fn calibrate_sliced(deep: &dyn Deep, probe_batch: Option<usize>) -> Result<C
     })
 }
 
+/// Pages the deeper probe's extra blocks should span by their counted
+/// bytes: the per-block difference is then off by at most a page over
+/// that many.
+pub const PAGES_SPANNED: f64 = 8.0;
+
+/// How many blocks deeper than the slice the second probe runs on a paged
+/// allocator: enough blocks for their
+/// parameters, gradients, moments and a batch `p` of activations (counted
+/// from the space `next`, one block deeper, and the slice's fit) to span
+/// [`PAGES_SPANNED`] pages, at most `room`.
+fn blocks_spanning_pages(cal: &Calibration, next: Space, p: usize, room: usize) -> usize {
+    let page = cal.model.page_bytes.max(1);
+    let ((_, trainable_at, all_at), (_, trainable, all)) = (total(&cal.space), total(&next));
+    // f32 parameters, their f32 gradients and two f32 moments.
+    let per_block = (all - all_at) + 12.0 * (trainable - trainable_at) + p as f64 * cal.model.block.activations;
+    ((PAGES_SPANNED * page as f64 / per_block.max(1.0)).ceil() as usize).clamp(1, room)
+}
+
 /// The slice's model (`model`, fitted on `at`) grown to the whole space,
-/// with the two depths' plain steps (`base` at `at`; `deeper`, one block
-/// more, at the same batch).
+/// with the two depths' plain steps (`base` at `at`; `record`, deeper, at
+/// the same batch).
 fn deepened_model(
     model: &Model,
     at: &Space,
@@ -181,12 +210,13 @@ fn deepened_model(
 ) -> (Model, Slice) {
     let (deeper, p) = (&record.measured, record.batch);
     let extra = (whole.blocks - at.blocks) as f64;
-    // The extra block's plain step adds its parameters' bytes and a batch
-    // of its activations.
+    let m = record.knobs.checkpointed.len().saturating_sub(at.blocks).max(1) as f64;
+    // Each extra block's plain step adds its parameters' bytes and a
+    // batch of its activations.
     let per_block_fixed =
-        deeper.step_peak_bytes as f64 - base.step_peak_bytes as f64 - p as f64 * model.block.activations;
-    let per_block_rest = deeper.rest_peak_bytes as f64 - base.rest_peak_bytes as f64;
-    let per_block_ms = deeper.step_ms - base.step_ms;
+        (deeper.step_peak_bytes as f64 - base.step_peak_bytes as f64) / m - p as f64 * model.block.activations;
+    let per_block_rest = (deeper.rest_peak_bytes as f64 - base.rest_peak_bytes as f64) / m;
+    let per_block_ms = (deeper.step_ms - base.step_ms) / m;
     let ((stored_at, trainable_at, all_at), (stored, trainable, all)) = (total(at), total(whole));
     let (r_stored, r_trainable, r_all) = (
         growth(stored, stored_at),
@@ -199,8 +229,8 @@ fn deepened_model(
         ms: d.ms * r,
     };
     let files = |x: f64, per: f64| if x > 0.0 { x + extra * per } else { 0.0 };
-    let per_block_files = deeper.files_peak_bytes as f64 - base.files_peak_bytes as f64;
-    let per_block_between = deeper.between_peak_bytes as f64 - base.between_peak_bytes as f64;
+    let per_block_files = (deeper.files_peak_bytes as f64 - base.files_peak_bytes as f64) / m;
+    let per_block_between = (deeper.between_peak_bytes as f64 - base.between_peak_bytes as f64) / m;
     // The extra block's time is its samples' (its optimiser share is not
     // told apart at one batch): per sample of the batch.
     let per_block_sample_ms = (per_block_ms / p as f64).max(0.0);
@@ -414,11 +444,16 @@ mod tests {
     #[test]
     fn the_block_repeats_after_the_common_prefix() {
         assert_eq!(
-            repeated_block(&[4, 1, 2, 1, 2, 9], &[4, 1, 2, 1, 2, 1, 2, 9], 2),
+            repeated_block(&[4, 1, 2, 1, 2, 9], &[4, 1, 2, 1, 2, 1, 2, 9], 1, 2),
             vec![4, 1, 2, 1, 2, 1, 2, 1, 2, 9]
         );
         // A head that starts like a block: a rotation, the same sizes.
-        let grown = repeated_block(&[4, 1, 2, 1, 2, 1], &[4, 1, 2, 1, 2, 1, 2, 1], 1);
+        let grown = repeated_block(&[4, 1, 2, 1, 2, 1], &[4, 1, 2, 1, 2, 1, 2, 1], 1, 1);
         assert_eq!(grown.iter().sum::<usize>(), 4 + 3 * 3 + 1);
+        // Two blocks deeper: one of them repeated.
+        assert_eq!(
+            repeated_block(&[4, 1, 2, 9], &[4, 1, 2, 1, 2, 1, 2, 9], 2, 3),
+            vec![4, 1, 2, 1, 2, 1, 2, 1, 2, 9]
+        );
     }
 }

@@ -127,9 +127,13 @@ pub fn parameter_bytes<B: Backend, M: Module<B>>(module: &M) -> u64 {
 
 /// Bytes of `module`'s trainable and of its frozen parameters, as stored.
 pub fn trainable_and_frozen_bytes<B: Backend, M: Module<B>>(module: &M) -> (u64, u64) {
-    crate::params::describe(module)
-        .iter()
-        .fold((0, 0), |(t, f), p| if p.trainable { (t + p.bytes(), f) } else { (t, f + p.bytes()) })
+    crate::params::describe(module).iter().fold((0, 0), |(t, f), p| {
+        if p.trainable {
+            (t + p.bytes(), f)
+        } else {
+            (t, f + p.bytes())
+        }
+    })
 }
 
 #[cfg(test)]
