@@ -40,6 +40,9 @@ pub enum Which {
     /// The planner on the transformer: predicted vs measured peaks at budgets
     /// from infeasible to ample, the chosen plan against an exhaustive sweep.
     Plan(crate::plan_bench::Args<crate::flags::TrainSettings>),
+    /// The planner's depth slice on the llm: each plan predicted from a
+    /// K-block slice against the whole model measured.
+    Slice(crate::bench_slice::Args),
     /// The band-height planner against a sweep of every band height on the splat fit.
     PlanSplat(crate::plan_bench::Args<crate::flags::FitSettings>),
     /// The scene planner (wgpu, CUDA) against a sweep of Gaussian counts:
@@ -85,6 +88,7 @@ pub fn run(which: Which) -> Result<()> {
             let (request, device) = args.request(serde_json::to_value(&config)?, "transformer");
             crate::plan::model::<GptConfig, 3>(config, device, Some(0), Action::Bench(request))
         }
+        Which::Slice(args) => crate::bench_slice::run(args),
         Which::SceneMemory(args) => crate::bench_scene::run(args),
         Which::SceneCleanup(args) => crate::bench_scene::cleanup(args),
         Which::HostAdam { values, link_gb_s, out } => host_adam(values, link_gb_s, out),

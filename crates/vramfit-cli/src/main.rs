@@ -76,6 +76,7 @@ mod stdout {
 
 mod bench;
 mod bench_scene;
+mod bench_slice;
 mod budget;
 mod check_kernels;
 mod device;

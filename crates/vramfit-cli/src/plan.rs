@@ -427,8 +427,16 @@ fn show<T: PlanTarget>(target: &mut T, args: ShowArgs, name: &str) -> Result<()>
         out["verified"] = serde_json::json!(measured);
     }
     if !gpus.is_empty() {
+        let for_cards = cal.for_cards();
+        let (cal, left_out) = match &for_cards {
+            Some((c, left_out)) => (c, Some(*left_out)),
+            None => (&cal, None),
+        };
         let table = cal.presets(gpus);
         cal.print_presets(&table, name);
+        if let Some(left_out) = left_out {
+            println!("note: the card rows are the bytes a card holds, {left_out}");
+        }
         // The least card: what a budget of nothing is told it needs.
         if let Err(vramfit::plan::PlanError::Infeasible {
             smallest,
@@ -440,7 +448,8 @@ fn show<T: PlanTarget>(target: &mut T, args: ShowArgs, name: &str) -> Result<()>
             out["least_card_bytes"] = serde_json::json!(smallest_bytes);
         }
         let basis = format!(
-            "the figure that decides an out-of-memory on {name}, {}",
+            "the figure that decides an out-of-memory on {name}{}, {}",
+            left_out.map(|l| format!(" {l}")).unwrap_or_default(),
             cal.extrapolated()
                 .unwrap_or_else(|| "predicted from probes of the whole workload".into())
         );

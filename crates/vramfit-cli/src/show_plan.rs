@@ -30,6 +30,13 @@ pub trait Show: Strategy {
         None
     }
 
+    /// The calibration a card's row is computed from, where it differs
+    /// from the probing device's (the CPU's heap holds the files phases'
+    /// copies, a GPU's memory does not), with what it leaves out in words.
+    fn for_cards(&self) -> Option<(Self, &'static str)> {
+        None
+    }
+
     /// What dominates `setting`'s predicted peak, in words, where the
     /// strategy tells its parts apart.
     fn dominant(&self, _setting: &Self::Setting) -> Option<String> {
@@ -226,6 +233,16 @@ impl Show for Calibration {
             if self.slice.is_some() { " of the slice" } else { "" },
             self.margin() * 100.0
         )
+    }
+
+    fn for_cards(&self) -> Option<(Self, &'static str)> {
+        self.on_a_card().map(|c| {
+            (
+                c,
+                "without the copy of the state the CPU's files phases (checkpoints, final weights) hold in its heap: \
+                 a GPU encodes them in host memory",
+            )
+        })
     }
 
     fn extrapolated(&self) -> Option<String> {

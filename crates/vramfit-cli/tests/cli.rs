@@ -2110,3 +2110,78 @@ fn the_llm_trains_and_takes_a_named_shape() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success() && out.contains("winner"), "{out}{}", stderr(&o));
 }
+
+/// A model deeper than its slice is planned from two blocks by default:
+/// the printout and `plan.json` say every figure is extrapolated, the run
+/// stays within its budget, and the card table names what fits; slices
+/// that cannot be are refused naming the setting.
+#[test]
+fn the_llm_is_planned_from_a_slice() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let small = [
+        "--set",
+        "model.width=32",
+        "--set",
+        "model.depth=6",
+        "--set",
+        "model.ffn=48",
+        "--set",
+        "model.vocab=16",
+        "--set",
+        "task.tokens=16",
+        "--batch-size",
+        "4",
+    ];
+    let args = [
+        &["train", "llm", "--steps", "3", "--budget", "64MiB", "--out", "r"][..],
+        &small,
+    ]
+    .concat();
+    let o = run(&args, d);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    assert!(
+        out.contains("extrapolated from a 2-block slice to the model's 6 blocks"),
+        "{out}"
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("r/plan.json")).unwrap()).unwrap();
+    let slice = &plan["extrapolated_from_slice"];
+    assert_eq!(
+        (slice["blocks"].as_u64(), slice["depth"].as_u64()),
+        (Some(2), Some(6)),
+        "{plan}"
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("r/summary.json")).unwrap()).unwrap();
+    assert!(summary["peak_memory_bytes"].as_u64().unwrap() <= 64 << 20, "{summary}");
+
+    let json = d.join("cards.json");
+    let args = [
+        &["plan", "llm", "--gpus", "1MiB,1GiB", "--json", json.to_str().unwrap()][..],
+        &small,
+    ]
+    .concat();
+    let o = run(&args, d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let cards = table["cards"].as_array().unwrap();
+    assert_eq!(cards[0]["fits"], false, "{table}");
+    assert_eq!(cards[1]["fits"], true, "{table}");
+    assert!(cards[1]["peak_bytes"].as_u64().unwrap() < 1 << 30, "{table}");
+    assert!(cards[1]["basis"].as_str().unwrap().contains("extrapolated"), "{table}");
+    assert!(table["least_card_bytes"].as_u64().unwrap() > 1 << 20, "{table}");
+
+    // The whole model, asked for: nothing extrapolated.
+    let args = [&["plan", "llm", "--probe-blocks", "0", "--budget", "64MiB"][..], &small].concat();
+    let o = run(&args, d);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && !out.contains("extrapolated"),
+        "{out}{}",
+        stderr(&o)
+    );
+    let args = [&["plan", "llm", "--probe-blocks", "6"][..], &small].concat();
+    refused_saying(&run(&args, d), "give 1 to 5");
+    let o = run(&["plan", "unet", "--probe-blocks", "1", "--budget", "1GiB"], d);
+    refused_saying(&o, "cannot be planned from a slice");
+}

@@ -186,6 +186,13 @@ impl<B: AutodiffBackend, F: Family<D>, const D: usize> Course<B, F::Net<B>, D> f
                     (!ways.is_empty()).then(|| format!("activations: {}", ways.join(", or ")))
                 }
                 Category::Parameters if !all_low => Some("parameters: --storage '*:bf16' (half the bytes)".into()),
+                // Frozen weights take no updates: storing them in bf16 loses
+                // only their rounding (nothing where they came in bf16).
+                Category::FrozenParameters if !all_low => Some(
+                    "frozen parameters: --storage '*:bf16' (half the bytes; no updates to lose, only the weights' \
+                     rounding)"
+                        .into(),
+                ),
                 Category::OptimizerState => {
                     let mut ways = Vec::new();
                     if !vramfit::backends::is_cpu::<B>() {

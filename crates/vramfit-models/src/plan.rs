@@ -62,21 +62,22 @@ where
         base.resolve_elsewhere::<B>(device)?;
         let depth = base.model.blocks();
         let slice_error = |why: String| TrainError::Config(invalid("probe_blocks", why));
+        if base.model.with_blocks(1).is_none() {
+            return Err(slice_error(format!(
+                "`{}` cannot be planned from a slice: its blocks differ (or a setting names single blocks); \
+                 probe the whole model (--probe-blocks 0)",
+                F::NAME
+            )));
+        }
         if probe_blocks == 0 || probe_blocks >= depth {
             return Err(slice_error(format!(
-                "a slice of {probe_blocks} block(s) of a model {depth} blocks deep: give 1 to {} (or probe the \
-                 whole model, without a slice)",
+                "a slice of {probe_blocks} block(s) of a model {depth} blocks deep: give 1 to {} (or 0: probe \
+                 the whole model)",
                 depth.saturating_sub(1)
             )));
         }
         let at = |blocks: usize| -> Result<Space, TrainError> {
-            let model = base.model.with_blocks(blocks).ok_or_else(|| {
-                slice_error(format!(
-                    "`{}` cannot be planned from a slice: its blocks differ (or a setting names single blocks); \
-                     probe the whole model",
-                    F::NAME
-                ))
-            })?;
+            let model = base.model.with_blocks(blocks).expect("the family slices");
             let sliced = FamilyConfig { model, ..base.clone() };
             sliced.resolve_elsewhere::<B>(device)?;
             Ok(space_of::<B, F, D>(&sliced, device))

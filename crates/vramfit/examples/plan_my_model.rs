@@ -106,9 +106,11 @@ fn batch<B: Backend>(step: u64, n: usize, device: &B::Device) -> Batch<B> {
 fn main() {
     type B = Autodiff<Flex>;
     let device = Default::default();
-    let make = |d: &burn::tensor::Device<B>| Mlp::<B> {
+    // The model `depth` blocks deep (what planning from a slice needs; a
+    // fixed depth is enough for the rest).
+    let make_at = |depth: usize, d: &burn::tensor::Device<B>| Mlp::<B> {
         embed: LinearConfig::new(64, 128).init(d),
-        blocks: (0..6)
+        blocks: (0..depth)
             .map(|_| Residual {
                 up: LinearConfig::new(128, 512).init(d),
                 down: LinearConfig::new(512, 128).init(d),
@@ -116,6 +118,7 @@ fn main() {
             .collect(),
         head: LinearConfig::new(128, 10).init(d),
     };
+    let make = move |d: &burn::tensor::Device<B>| make_at(6, d);
     let schedule = Schedule {
         steps: 12,
         batch_size: 256,
@@ -123,7 +126,7 @@ fn main() {
         checkpoint_every: 2,
         profile_every: 4,
     };
-    let mut target = TrainerTarget::new(make, Arc::new(batch::<B>), schedule, &device);
+    let mut target = TrainerTarget::new(make, Arc::new(batch::<B>), schedule.clone(), &device);
     // A card a tenth smaller than the plain step needs.
     let plain = target
         .measure(&Knobs::base(6, 256), 256)
@@ -177,6 +180,26 @@ fn main() {
         Ok(_) => panic!("a tenth of the plain step cannot fit"),
     }
     assert!(!dir.exists(), "nothing was created for the infeasible budget");
+
+    // ---- a model deeper than you would probe: planned from two blocks ----
+    // Only the 2-block slice (and one step a block deeper) is probed; every
+    // figure is extrapolated to the 24 blocks, and says so.
+    let mut deep = TrainerTarget::sliced(make_at, 24, 2, Arc::new(batch::<B>), schedule, &device);
+    let cal = vramfit::plan::calibrate(&mut deep, None).expect("the slice's probes run");
+    let plain = Knobs::base(24, 256);
+    let predicted = cal.predict(&plain).0;
+    let measured = deep.measure(&plain, 256).expect("the whole model runs here").peak_bytes;
+    println!(
+        "24 blocks, planned from a 2-block slice: plain step predicted {}, measured {} ({:+.1} %)",
+        human_bytes(predicted as u64),
+        human_bytes(measured),
+        (predicted / measured as f64 - 1.0) * 100.0
+    );
+    assert!(cal.slice.is_some(), "extrapolated, and recorded as such");
+    assert!(
+        (predicted / measured as f64 - 1.0).abs() < 0.10,
+        "the slice predicts the whole"
+    );
 }
 
 #[cfg(test)]

@@ -357,6 +357,21 @@ impl Calibration {
     pub fn predict(&self, knobs: &Knobs) -> (f64, f64) {
         self.model.predict(knobs, self.space.batch)
     }
+
+    /// The calibration as a GPU card would hold it, where the probes ran
+    /// on a device whose files phases encode a copy of the state in the
+    /// deciding memory (the CPU's heap, [`Measured::files_peak_bytes`]): a
+    /// GPU encodes its checkpoints and final files in host memory, so its
+    /// rest is the other phases' (the optimiser's, between steps). `None`
+    /// where the probes measured no such copy.
+    pub fn on_a_card(&self) -> Option<Calibration> {
+        (self.model.files_bytes > 0.0).then(|| {
+            let mut card = self.clone();
+            card.model.rest_bytes = card.model.between_bytes;
+            card.model.files_bytes = 0.0;
+            card
+        })
+    }
 }
 
 /// A byte count that does not read.

@@ -345,6 +345,14 @@ impl Model {
         (outside, rho * m, self.rest(knobs, rest + d.rest))
     }
 
+    /// The predicted peaks of the two parts, not rounded to pages: the
+    /// forward and backward's, and the other phases' (optimiser, files).
+    pub fn parts(&self, knobs: &Knobs, batch: usize) -> (f64, f64) {
+        let model = self.with(knobs);
+        let (outside, scale, rest) = model.split(knobs, batch);
+        (outside + scale * chain_peak(&model.chain(), &knobs.checkpointed), rest)
+    }
+
     /// Predicted peak bytes (in whole pages) and step ms of `knobs` at effective batch `batch`.
     pub fn predict(&self, knobs: &Knobs, batch: usize) -> (f64, f64) {
         if let Cow::Owned(fused) = self.with(knobs) {

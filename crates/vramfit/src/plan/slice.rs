@@ -260,7 +260,8 @@ fn deepened_model(
         storage_share,
         moments: scale(model.moments, r_trainable),
         host_moments: scale(model.host_moments, r_trainable),
-        cleanup: scale(model.cleanup, r_all),
+        // Cleanup returns cached pages: nothing proportional to count.
+        cleanup: model.cleanup,
         rest_bytes: model.rest_bytes + extra * per_block_rest,
         files_bytes: files(model.files_bytes, per_block_files),
         between_bytes: files(model.between_bytes, per_block_between),
@@ -285,7 +286,7 @@ fn deepened_model(
                 "bf16 and host moments' savings and the gradient accumulator by the trainable parameters \
                  ({r_trainable:.2}×)"
             ),
-            format!("each precision's and cleanup's bytes outside the step by all parameters ({r_all:.2}×)"),
+            format!("each precision's bytes outside the step by all parameters ({r_all:.2}×)"),
             "the extra blocks' time as time per sample (their optimiser share is not told apart)".into(),
         ],
         deeper: record,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
 
-use crate::plan::{Calibration, Knobs, Measured, Plannable, Runnable, SIMULATED_OOM, Space, run_probe};
+use crate::plan::{Calibration, Deep, Knobs, Measured, Plannable, Runnable, SIMULATED_OOM, Space, run_probe};
 use crate::precision::{Autocast, Precision};
 use crate::profile::DeviceMemory;
 use crate::run::{Run, RunError, Start};
@@ -23,7 +23,13 @@ pub struct TrainerTarget<B: AutodiffBackend, M: Trainable<B, D>, const D: usize>
     schedule: Schedule,
     space: Space,
     device: B::Device,
+    /// Planned from a slice: its depth in blocks and the maker of the
+    /// model any number of blocks deep.
+    slice: Option<(usize, DeepMaker<B, M>)>,
 }
+
+/// Makes the model `blocks` deep on a device.
+type DeepMaker<B, M> = Arc<dyn Fn(usize, &burn::tensor::Device<B>) -> M + Send + Sync>;
 
 impl<B, M, const D: usize> TrainerTarget<B, M, D>
 where
@@ -38,37 +44,92 @@ where
         schedule: Schedule,
         device: &B::Device,
     ) -> Self {
-        let model = make(device);
-        // What a checkpointed block keeps per sample: the chain's input.
-        let one = batches(1, 1, device);
-        let input = model.prelude(&one, &Autocast::new(Precision::F32));
-        let block_input_bytes = (input.shape().num_elements() * 4) as u64;
-        let bf16 = B::supports_dtype(device, DType::BF16);
-        let space = Space {
-            batch: schedule.batch_size,
-            blocks: model.blocks().len(),
-            block_input_bytes,
-            precisions: [Precision::F32, Precision::Bf16, Precision::F16]
-                .into_iter()
-                .filter(|p| B::supports_dtype(device, DType::from(p.dtype())))
-                .collect(),
-            storage_groups: if bf16 { parameter_groups(&model) } else { Vec::new() },
-            low_moments: bf16,
-            host_moments: !crate::backends::is_cpu::<B>(),
-            batch_statistics: None,
-            block_shapes: Vec::new(),
-            fused_attention: Vec::new(),
-            parameters: crate::plan::trainable_sizes(&model),
-        };
+        let space = space_of(&make(device), &batches, &schedule, device);
         Self {
             make: Arc::new(make),
             batches,
             schedule,
             space,
             device: device.clone(),
+            slice: None,
         }
     }
+}
 
+impl<B, M, const D: usize> TrainerTarget<B, M, D>
+where
+    B: AutodiffBackend,
+    B::InnerBackend: DeviceMemory,
+    M: Trainable<B, D> + 'static,
+{
+    /// The model `make_at(depth)` builds, to be planned from a slice
+    /// `probe_blocks` deep ([`crate::plan::slice`]): `make_at(n, device)`
+    /// makes it `n` blocks deep, everything else as it is. The whole model
+    /// is built only when a probe or the run needs it (the verification,
+    /// the run), never to plan it.
+    pub fn sliced(
+        make_at: impl Fn(usize, &B::Device) -> M + Send + Sync + 'static,
+        depth: usize,
+        probe_blocks: usize,
+        batches: Batches<B, M::Batch>,
+        schedule: Schedule,
+        device: &B::Device,
+    ) -> Self {
+        let make_at: DeepMaker<B, M> = Arc::new(make_at);
+        let at = |n: usize| space_of(&make_at(n, device), &batches, &schedule, device);
+        let space = crate::plan::slice::deepened(&at(probe_blocks), &at(probe_blocks + 1), depth);
+        let whole = make_at.clone();
+        Self {
+            make: Arc::new(move |d: &B::Device| whole(depth, d)),
+            batches,
+            schedule,
+            space,
+            device: device.clone(),
+            slice: Some((probe_blocks, make_at)),
+        }
+    }
+}
+
+/// The knob space of `model`, trained on `batches` with `schedule`.
+fn space_of<B, M, const D: usize>(
+    model: &M,
+    batches: &Batches<B, M::Batch>,
+    schedule: &Schedule,
+    device: &B::Device,
+) -> Space
+where
+    B: AutodiffBackend,
+    M: Trainable<B, D>,
+{
+    // What a checkpointed block keeps per sample: the chain's input.
+    let one = batches(1, 1, device);
+    let input = model.prelude(&one, &Autocast::new(Precision::F32));
+    let block_input_bytes = (input.shape().num_elements() * 4) as u64;
+    let bf16 = B::supports_dtype(device, DType::BF16);
+    Space {
+        batch: schedule.batch_size,
+        blocks: model.blocks().len(),
+        block_input_bytes,
+        precisions: [Precision::F32, Precision::Bf16, Precision::F16]
+            .into_iter()
+            .filter(|p| B::supports_dtype(device, DType::from(p.dtype())))
+            .collect(),
+        storage_groups: if bf16 { parameter_groups(model) } else { Vec::new() },
+        low_moments: bf16,
+        host_moments: !crate::backends::is_cpu::<B>(),
+        batch_statistics: None,
+        block_shapes: Vec::new(),
+        fused_attention: Vec::new(),
+        parameters: crate::plan::trainable_sizes(model),
+    }
+}
+
+impl<B, M, const D: usize> TrainerTarget<B, M, D>
+where
+    B: AutodiffBackend,
+    B::InnerBackend: DeviceMemory,
+    M: Trainable<B, D>,
+{
     /// The trainer for a full run with `knobs`.
     pub fn trainer(&self, knobs: &Knobs) -> Result<Trainer<B, M, D>, TrainerError> {
         self.trainer_on(knobs, self.schedule.clone())
@@ -90,7 +151,7 @@ impl<B, M, const D: usize> Plannable for TrainerTarget<B, M, D>
 where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
-    M: Trainable<B, D>,
+    M: Trainable<B, D> + 'static,
 {
     fn space(&self) -> Space {
         self.space.clone()
@@ -108,6 +169,42 @@ where
             };
             self.trainer_on(knobs, schedule)
         })
+    }
+
+    fn deep(&self) -> Option<&dyn Deep> {
+        self.slice.as_ref().map(|_| self as &dyn Deep)
+    }
+}
+
+/// The user's model any number of blocks deep, where it was made with
+/// [`TrainerTarget::sliced`].
+impl<B, M, const D: usize> Deep for TrainerTarget<B, M, D>
+where
+    B: AutodiffBackend,
+    B::InnerBackend: DeviceMemory,
+    M: Trainable<B, D> + 'static,
+{
+    fn depth(&self) -> usize {
+        self.space.blocks
+    }
+
+    fn probe_blocks(&self) -> usize {
+        self.slice.as_ref().map_or(self.space.blocks, |(k, _)| *k)
+    }
+
+    fn sliced(&self, blocks: usize) -> Result<Box<dyn Plannable>, ProbeError> {
+        let Some((_, make_at)) = &self.slice else {
+            return Err(ProbeError::workload(
+                "this model was not made to be sliced (TrainerTarget::sliced)",
+            ));
+        };
+        let make_at = make_at.clone();
+        Ok(Box::new(TrainerTarget::new(
+            move |d: &B::Device| make_at(blocks, d),
+            self.batches.clone(),
+            self.schedule.clone(),
+            &self.device,
+        )))
     }
 }
 

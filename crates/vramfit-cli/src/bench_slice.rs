@@ -1,0 +1,183 @@
+//! `vramfit bench slice`: how far the planner's extrapolation from a depth
+//! slice is from the whole model measured. The slice is calibrated
+//! exactly as `plan llm --probe-blocks K` does; then every plan of a fixed
+//! list (chosen before any figure is seen, never tuned on them) is
+//! predicted at the whole depth and measured on the whole model.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use burn::tensor::backend::AutodiffBackend;
+use serde_json::json;
+use vramfit::plan::{Knobs, Plannable, calibrate};
+use vramfit::profile::{DeviceMemory, human_bytes};
+use vramfit_models::config::FamilyConfig;
+use vramfit_models::llama::LlamaConfig;
+use vramfit_models::plan::FamilyTarget;
+
+use crate::device::{OnBackend, on_device};
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    settings: crate::flags::TrainSettings,
+    /// Blocks of the probed slice.
+    #[arg(long, default_value_t = 2, value_parser = crate::flags::parse_count::<usize>)]
+    probe_blocks: usize,
+    #[command(flatten)]
+    device: crate::device::DeviceArg,
+    /// JSON output (a .md table is written beside it).
+    #[arg(long, default_value = "bench-results/slice.json")]
+    out: PathBuf,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    crate::budget::check_bench_out(&args.out)?;
+    let config = crate::flags::resolve_train::<LlamaConfig>(&args.settings)?;
+    on_device(
+        &args.device.name,
+        Bench {
+            config,
+            probe_blocks: args.probe_blocks,
+            out: args.out,
+        },
+    )
+}
+
+struct Bench {
+    config: FamilyConfig<LlamaConfig>,
+    probe_blocks: usize,
+    out: PathBuf,
+}
+
+/// The plans measured: the plain step, every block checkpointed, the batch
+/// in micro-batches of one, the attention fused, every group stored in
+/// bf16, and bf16 moments, where the space offers each.
+fn plans(space: &vramfit::plan::Space) -> Vec<(&'static str, Knobs)> {
+    let (n, batch) = (space.blocks, space.batch);
+    let base = Knobs::base(n, batch);
+    let mut out = vec![
+        ("plain", base.clone()),
+        (
+            "checkpoint all",
+            Knobs {
+                checkpointed: vec![true; n],
+                ..base.clone()
+            },
+        ),
+    ];
+    if batch > 1 {
+        out.push((
+            "micro-batches of one",
+            Knobs {
+                micro_batch: 1,
+                ..base.clone()
+            },
+        ));
+    }
+    if !space.fused_attention.is_empty() {
+        out.push((
+            "attention fused",
+            Knobs {
+                fused_attention: true,
+                ..base.clone()
+            },
+        ));
+    }
+    if !space.storage_groups.is_empty() {
+        out.push((
+            "storage bf16 (every group)",
+            Knobs {
+                low_storage: space.storage_groups.len(),
+                ..base.clone()
+            },
+        ));
+    }
+    if space.low_moments && space.parameters.iter().sum::<usize>() > 0 {
+        out.push((
+            "moments bf16",
+            Knobs {
+                low_moments: true,
+                ..base.clone()
+            },
+        ));
+    }
+    out
+}
+
+impl OnBackend for Bench {
+    type Output = ();
+
+    fn run<B>(self, device: &B::Device, name: String) -> Result<()>
+    where
+        B: AutodiffBackend,
+        B::InnerBackend: DeviceMemory,
+    {
+        let depth = self.config.model.depth;
+        eprintln!(
+            "bench slice: calibrating a {}-block slice of the {depth}-block model on {name}…",
+            self.probe_blocks
+        );
+        let mut sliced = FamilyTarget::<B, LlamaConfig, 3>::sliced(self.config.clone(), device, self.probe_blocks)?;
+        let cal = calibrate(&mut sliced, None)?;
+        drop(sliced);
+        eprintln!("measuring the whole model on each plan…");
+        let mut whole = FamilyTarget::<B, LlamaConfig, 3>::new(self.config.clone(), device)?;
+        let batch = cal.space.batch;
+        let mut table = String::from(
+            "| plan | peak predicted from the slice | peak measured, whole model | error | forward and backward: \
+             predicted | measured | error | step ms predicted | step ms measured |\n\
+             |---|---|---|---|---|---|---|---|---|\n",
+        );
+        let mut rows = Vec::new();
+        let (mut worst, mut worst_step): (f64, f64) = (0.0, 0.0);
+        for (label, knobs) in plans(&cal.space) {
+            let (peak, ms) = cal.predict(&knobs);
+            let (step, _) = cal.model.parts(&knobs, batch);
+            let measured = whole.measure(&knobs, batch)?;
+            let error = peak / measured.peak_bytes as f64 - 1.0;
+            let step_error = step / measured.step_peak_bytes as f64 - 1.0;
+            worst = worst.max(error.abs());
+            worst_step = worst_step.max(step_error.abs());
+            table.push_str(&format!(
+                "| {label} ({}) | {} | {} | {:+.2} % | {} | {} | {:+.2} % | {ms:.0} | {:.0} |\n",
+                knobs.describe(batch),
+                human_bytes(peak as u64),
+                human_bytes(measured.peak_bytes),
+                error * 100.0,
+                human_bytes(step as u64),
+                human_bytes(measured.step_peak_bytes),
+                step_error * 100.0,
+                measured.step_ms
+            ));
+            rows.push(json!({
+                "plan": label, "knobs": knobs, "predicted_peak_bytes": peak, "predicted_step_peak_bytes": step,
+                "measured": measured, "peak_error": error, "step_peak_error": step_error, "predicted_step_ms": ms,
+            }));
+        }
+        let slice = cal.slice.as_ref().expect("calibrated from a slice");
+        let summary = format!(
+            "{}-block slice of a {depth}-block model on {name}: calibration {:.0} s ({} probes and a plain step {} \
+             blocks deep); worst error of the deciding peak {:.2} %, of the forward and backward's peak {:.2} % \
+             (measured on the whole model; predictions extrapolated; step times this machine's)",
+            slice.blocks,
+            cal.seconds,
+            cal.probes.len() + cal.checks.len(),
+            slice.deeper.knobs.checkpointed.len(),
+            worst * 100.0,
+            worst_step * 100.0
+        );
+        println!("{summary}\n\n{table}");
+        let command = std::env::args().collect::<Vec<_>>().join(" ");
+        let record = json!({
+            "bench": "slice", "command": command, "device": name, "config": self.config,
+            "slice": slice, "calibration_seconds": cal.seconds, "worst_peak_error": worst,
+            "worst_step_peak_error": worst_step, "rows": rows,
+        });
+        crate::plan_bench::write_results(
+            &self.out,
+            &record,
+            &format!("Command: `{command}`\n\n{summary}\n\n{table}"),
+        )
+    }
+}
