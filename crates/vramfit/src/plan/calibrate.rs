@@ -303,10 +303,18 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         model.precisions.push((precision, rho, pi, rest));
     }
     let rest_bytes = model.rest_bytes;
-    let delta = |m: Measured| Delta {
-        step: m.step_peak_bytes as f64 - pb,
-        rest: rest_delta(&m, &mb, rest_bytes),
-        ms: resolved(m.step_ms - mb.step_ms, mb.step_ms),
+    let delta = |m: Measured| {
+        let rest = rest_delta(&m, &mb, rest_bytes);
+        Delta {
+            step: m.step_peak_bytes as f64 - pb,
+            rest,
+            between: if m.files_peak_bytes > 0 && mb.files_peak_bytes > 0 {
+                m.between_peak_bytes as f64 - mb.between_peak_bytes as f64
+            } else {
+                rest
+            },
+            ms: resolved(m.step_ms - mb.step_ms, mb.step_ms),
+        }
     };
     if !space.storage_groups.is_empty() {
         let g = space.storage_groups.len();

@@ -218,18 +218,21 @@ mod tests {
                 storage: Delta {
                     step: -500.0,
                     rest: -500.0,
+                    between: -500.0,
                     ms: 0.1,
                 },
                 storage_share: vec![0.0, 1.0],
                 moments: Delta {
                     step: -1000.0,
                     rest: -1000.0,
+                    between: -1000.0,
                     ms: 0.1,
                 },
                 host_moments: Delta::default(),
                 cleanup: Delta {
                     step: 0.0,
                     rest: 0.0,
+                    between: 0.0,
                     ms: 1.0,
                 },
                 rest_bytes: 12_000.0,

@@ -367,8 +367,12 @@ impl Calibration {
     pub fn on_a_card(&self) -> Option<Calibration> {
         (self.model.files_bytes > 0.0).then(|| {
             let mut card = self.clone();
-            card.model.rest_bytes = card.model.between_bytes;
-            card.model.files_bytes = 0.0;
+            let m = &mut card.model;
+            m.rest_bytes = m.between_bytes;
+            m.files_bytes = 0.0;
+            for d in [&mut m.storage, &mut m.moments, &mut m.host_moments, &mut m.cleanup] {
+                d.rest = d.between;
+            }
             card
         })
     }

@@ -138,6 +138,11 @@ pub struct Delta {
     pub step: f64,
     /// Bytes added to the peak of the other phases.
     pub rest: f64,
+    /// Of those, bytes added to the phases that write no files (the
+    /// optimiser's, between steps), where the probes told them apart (on
+    /// the CPU, whose files phases hold a copy of the state); else `rest`.
+    #[serde(default)]
+    pub between: f64,
     /// Milliseconds added per step.
     pub ms: f64,
 }
@@ -224,6 +229,7 @@ impl Model {
         parts.iter().fold(Delta::default(), |a, (d, f)| Delta {
             step: a.step + d.step * f,
             rest: a.rest + d.rest * f,
+            between: a.between + d.between * f,
             ms: a.ms + d.ms * f,
         })
     }
@@ -258,6 +264,7 @@ impl Model {
         let delta = Delta {
             step: exchange - saved,
             rest: exchange - saved,
+            between: exchange - saved,
             ms: 0.0,
         };
         (delta, saved)

@@ -226,6 +226,7 @@ fn deepened_model(
     let scale = |d: super::Delta, r: f64| super::Delta {
         step: d.step * r,
         rest: d.rest * r,
+        between: d.between * r,
         ms: d.ms * r,
     };
     let files = |x: f64, per: f64| if x > 0.0 { x + extra * per } else { 0.0 };

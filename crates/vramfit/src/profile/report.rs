@@ -11,8 +11,9 @@ use super::phase::{Category, LeakWarning, PhaseRecord};
 /// 4 the headline (the figure that decides an out-of-memory), the
 /// categories `inputs`, `workspace`, `other` and `cached` (which replace
 /// `temporaries` and `fragmentation`), per-micro-batch phases, tensor
-/// categories and advice. Older files still read.
-pub const REPORT_VERSION: u32 = 4;
+/// categories and advice, 5 `frozen_parameters` beside `parameters`
+/// (which since holds the trainable ones only).
+pub const REPORT_VERSION: u32 = 5;
 
 /// The high-water mark of the figure that decides an out-of-memory.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
