@@ -2181,7 +2181,7 @@ fn the_llm_is_planned_from_a_slice() {
         stderr(&o)
     );
     let args = [&["plan", "llm", "--probe-blocks", "6", "--budget", "1GiB"][..], &small].concat();
-    refused_saying(&run(&args, d), "give 1 to 5");
+    refused_saying(&run(&args, d), "give --probe-blocks 1 to 5");
     let o = run(&["plan", "unet", "--probe-blocks", "1", "--budget", "1GiB"], d);
     refused_saying(&o, "cannot be planned from a slice");
 }

@@ -71,8 +71,8 @@ where
         }
         if probe_blocks == 0 || probe_blocks >= depth {
             return Err(slice_error(format!(
-                "a slice of {probe_blocks} block(s) of a model {depth} blocks deep: give 1 to {} (or 0: probe \
-                 the whole model)",
+                "a slice of {probe_blocks} block(s) of a model {depth} blocks deep: give --probe-blocks 1 to {} \
+                 (or 0: probe the whole model)",
                 depth.saturating_sub(1)
             )));
         }
