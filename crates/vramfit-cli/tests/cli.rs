@@ -35,6 +35,26 @@ fn setup(dir: &Path) -> (PathBuf, PathBuf) {
     (img, cfg)
 }
 
+/// Settings of a small llm (4 heads, 2 of them key/value) `depth` deep.
+fn small_llm(depth: &'static str) -> [&'static str; 14] {
+    [
+        "--set",
+        "model.width=32",
+        "--set",
+        depth,
+        "--set",
+        "model.heads=4",
+        "--set",
+        "model.kv_heads=2",
+        "--set",
+        "model.ffn=48",
+        "--set",
+        "model.vocab=16",
+        "--set",
+        "task.tokens=16",
+    ]
+}
+
 /// Asserts that a command failed and its error says `says`.
 fn refused_saying(o: &Output, says: &str) {
     assert!(!o.status.success() && stderr(o).contains(says), "{}", stderr(o));
@@ -2010,22 +2030,7 @@ fn a_resume_says_what_it_skipped_when_output_is_a_log() {
 fn the_llm_trains_and_takes_a_named_shape() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
-    let small = [
-        "--set",
-        "model.width=32",
-        "--set",
-        "model.depth=2",
-        "--set",
-        "model.heads=4",
-        "--set",
-        "model.kv_heads=2",
-        "--set",
-        "model.ffn=48",
-        "--set",
-        "model.vocab=16",
-        "--set",
-        "task.tokens=16",
-    ];
+    let small = small_llm("model.depth=2");
     let args = [
         &["train", "llm", "--steps", "60", "--batch-size", "8", "--out", "r"][..],
         &small,
@@ -2119,20 +2124,7 @@ fn the_llm_trains_and_takes_a_named_shape() {
 fn the_llm_is_planned_from_a_slice() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
-    let small = [
-        "--set",
-        "model.width=32",
-        "--set",
-        "model.depth=6",
-        "--set",
-        "model.ffn=48",
-        "--set",
-        "model.vocab=16",
-        "--set",
-        "task.tokens=16",
-        "--batch-size",
-        "4",
-    ];
+    let small = [&small_llm("model.depth=6")[..], &["--batch-size", "4"]].concat();
     let args = [
         &["train", "llm", "--steps", "3", "--budget", "64MiB", "--out", "r"][..],
         &small,
