@@ -61,6 +61,11 @@ pub struct TrainSettings {
     /// The key `model.train`.
     #[arg(long, value_name = "MODE")]
     train: Option<String>,
+    /// The llm: start from a safetensors checkpoint in the Hugging Face
+    /// layout (a directory with model.safetensors or its index and shards),
+    /// checked against the shape. The key `model.weights`.
+    #[arg(long, value_name = "DIR")]
+    weights: Option<PathBuf>,
     /// Seed of the weights.
     #[arg(long, allow_negative_numbers = true, value_parser = parse_count::<u64>)]
     seed: Option<u64>,
@@ -141,6 +146,17 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
         }
         // Before the user's own --set, which may still override it.
         sets.insert(0, format!("model.train=\"{train}\""));
+    }
+    if let Some(dir) = &a.weights {
+        if M::NAME != "llm" {
+            anyhow::bail!(
+                "--weights: `train {}` draws its weights; a Hugging Face checkpoint is the llm's",
+                M::NAME
+            );
+        }
+        // JSON's string escapes are TOML's basic string's.
+        let path = serde_json::to_string(&dir.display().to_string())?;
+        sets.insert(0, format!("model.weights={path}"));
     }
     if let Some(attention) = a.attention {
         if M::default().attention().is_none() {

@@ -2110,6 +2110,62 @@ fn the_llm_trains_and_takes_a_named_shape() {
     let o = run(&["train", "transformer", "--train", "lora:4", "--out", "x"], d);
     refused_saying(&o, "LoRA and frozen groups are the llm's");
 
+    // --weights: a Hugging Face checkpoint of this shape starts the run
+    // (its loading is tested exactly in vramfit-models); a truncated one
+    // is refused before the run directory exists.
+    let shape = vramfit_models::llama::LlamaConfig {
+        width: 32,
+        depth: 2,
+        heads: 4,
+        kv_heads: 2,
+        ffn: 48,
+        vocab: 16,
+        ..Default::default()
+    };
+    let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = shape
+        .hf_tensors()
+        .into_iter()
+        .map(|(n, s)| {
+            let values = vec![0.01; s.iter().product()];
+            (n, s, values)
+        })
+        .collect();
+    let refs: Vec<_> = tensors
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.clone(), v.as_slice()))
+        .collect();
+    std::fs::create_dir(d.join("hf")).unwrap();
+    let file = d.join("hf/model.safetensors");
+    vramfit_models::safetensors::write(&file, &refs, vramfit_models::safetensors::Dtype::Bf16).unwrap();
+    let args = [
+        &[
+            "train",
+            "llm",
+            "--weights",
+            "hf",
+            "--train",
+            "lora:4",
+            "--steps",
+            "2",
+            "--out",
+            "hf-run",
+        ][..],
+        &small,
+    ]
+    .concat();
+    let o = run(&args, d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let config = std::fs::read_to_string(d.join("hf-run/config.toml")).unwrap();
+    assert!(config.contains("weights = \"hf\""), "{config}");
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &bytes[..bytes.len() - 4]).unwrap();
+    let args = [&["train", "llm", "--weights", "hf", "--out", "cut"][..], &small].concat();
+    let o = run(&args, d);
+    refused_saying(&o, "the file is truncated");
+    assert!(!d.join("cut").exists());
+    let o = run(&["train", "transformer", "--weights", "hf", "--out", "x"], d);
+    refused_saying(&o, "a Hugging Face checkpoint is the llm's");
+
     let plan = [&["plan", "llm", "--batch-size", "4", "--budget", "64MiB"][..], &small].concat();
     let o = run(&plan, d);
     let out = String::from_utf8_lossy(&o.stdout);

@@ -12,6 +12,8 @@
 use burn::tensor::backend::AutodiffBackend;
 use vramfit::step::Trainable;
 
+use crate::config::ConfigError;
+
 // The plain-data part lives with the settings it describes.
 pub use crate::config::ModelSettings;
 
@@ -23,8 +25,9 @@ pub trait Family<const D: usize>: ModelSettings {
     /// The task's generator (tables, images), made once per run.
     type Data: Send + Sync;
 
-    /// The network with weights drawn from `seed`.
-    fn init<B: AutodiffBackend>(&self, seed: u64, device: &B::Device) -> Self::Net<B>;
+    /// The network with weights drawn from `seed`, or read from the
+    /// checkpoint its settings name (an unreadable one is an error).
+    fn init<B: AutodiffBackend>(&self, seed: u64, device: &B::Device) -> Result<Self::Net<B>, ConfigError>;
 
     /// The task's generator.
     fn data(&self, task: &Self::Task) -> Self::Data;

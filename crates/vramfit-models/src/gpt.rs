@@ -467,8 +467,8 @@ impl crate::family::Family<3> for GptConfig {
     type Net<B: AutodiffBackend> = Gpt<B>;
     type Data = crate::data::SyntheticTask;
 
-    fn init<B: AutodiffBackend>(&self, seed: u64, device: &B::Device) -> Gpt<B> {
-        GptConfig::init(self, seed, device)
+    fn init<B: AutodiffBackend>(&self, seed: u64, device: &B::Device) -> Result<Gpt<B>, crate::config::ConfigError> {
+        Ok(GptConfig::init(self, seed, device))
     }
 
     fn data(&self, task: &Self::Task) -> Self::Data {

@@ -226,7 +226,7 @@ pub fn build<B: AutodiffBackend, F: Family<D>, const D: usize>(
     device: &B::Device,
 ) -> Result<Job<B, F, D>, TrainError> {
     let r = config.resolve::<B>(device)?;
-    let model = config.model.init::<B>(config.seed, device);
+    let model = config.model.init::<B>(config.seed, device)?;
     let model = r.storage.apply(model).map_err(|e| ConfigError::Invalid {
         name: "storage",
         why: e.to_string(),

@@ -33,4 +33,5 @@ pub mod gpt;
 pub mod job;
 pub mod llama;
 pub mod plan;
+pub mod safetensors;
 pub mod unet;

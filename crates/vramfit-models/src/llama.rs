@@ -66,6 +66,11 @@ pub struct LlamaConfig {
     /// `frozen:GROUP,...` (`embedding`, `head`, `final_norm`, `blocks`,
     /// `blocks.I`, `blocks.I-J`).
     pub train: String,
+    /// A safetensors checkpoint in the Hugging Face layout (a directory
+    /// holding `model.safetensors` or its index and shards, or one file)
+    /// to start from; empty: weights drawn from the seed. Checked against
+    /// the shape before anything is built. The key `--weights` sets.
+    pub weights: String,
 }
 
 /// What trains, parsed from `model.train`.
@@ -152,6 +157,7 @@ impl Default for LlamaConfig {
             tie_head: false,
             attention: Attention::Standard,
             train: "all".into(),
+            weights: String::new(),
         }
     }
 }
@@ -332,7 +338,78 @@ impl LlamaConfig {
                 "`head` is the embedding in this shape (tie_head): freeze `embedding`",
             ));
         }
+        if !self.weights.is_empty() {
+            self.checkpoint()?;
+        }
         Ok(())
+    }
+
+    /// The tensors a Hugging Face checkpoint of this shape holds: name
+    /// and shape (projections `[out, in]`, as `torch.nn.Linear` keeps them).
+    pub fn hf_tensors(&self) -> Vec<(String, Vec<usize>)> {
+        let (w, f, v) = (self.width, self.ffn, self.vocab);
+        let kv = self.kv_heads * self.head_width();
+        let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, w])];
+        for i in 0..self.depth {
+            let at = |name: &str| format!("model.layers.{i}.{name}");
+            out.push((at("input_layernorm.weight"), vec![w]));
+            for (p, rows) in [("q", w), ("k", kv), ("v", kv), ("o", w)] {
+                out.push((at(&format!("self_attn.{p}_proj.weight")), vec![rows, w]));
+                if self.qkv_bias && p != "o" {
+                    out.push((at(&format!("self_attn.{p}_proj.bias")), vec![rows]));
+                }
+            }
+            out.push((at("post_attention_layernorm.weight"), vec![w]));
+            for (p, shape) in [("gate", [f, w]), ("up", [f, w]), ("down", [w, f])] {
+                out.push((at(&format!("mlp.{p}_proj.weight")), shape.to_vec()));
+            }
+        }
+        out.push(("model.norm.weight".into(), vec![w]));
+        if !self.tie_head {
+            out.push(("lm_head.weight".into(), vec![v, w]));
+        }
+        out
+    }
+
+    /// The checkpoint `weights` names, checked against this shape: every
+    /// tensor there with its shape, nothing of another model.
+    fn checkpoint(&self) -> Result<crate::safetensors::Checkpoint, ConfigError> {
+        let bad = |why: String| invalid("model.weights", why);
+        let file = crate::safetensors::Checkpoint::open(std::path::Path::new(&self.weights)).map_err(bad)?;
+        let expected = self.hf_tensors();
+        for (name, shape) in &expected {
+            match file.shape(name) {
+                None => {
+                    return Err(bad(format!(
+                        "{}: no tensor `{name}`: not a Llama-family checkpoint of this shape (depth {}, qkv_bias {},                          tie_head {})",
+                        self.weights, self.depth, self.qkv_bias, self.tie_head
+                    )));
+                }
+                Some(got) if got != shape.as_slice() => {
+                    return Err(bad(format!(
+                        "{}: `{name}` is {got:?}, this shape's is {shape:?}: the checkpoint is of another shape                          (set model.width, depth, heads, kv_heads, ffn and vocab to its config.json's)",
+                        self.weights
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        let known: std::collections::HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+        // Rotary tables some exports keep, and a tied head's copy, are not weights.
+        let extra: Vec<&str> = file
+            .names()
+            .filter(|n| {
+                !known.contains(n) && !n.ends_with("rotary_emb.inv_freq") && !(self.tie_head && *n == "lm_head.weight")
+            })
+            .collect();
+        if let Some(first) = extra.first() {
+            return Err(bad(format!(
+                "{}: {} tensor(s) this shape has no place for (`{first}` first): a checkpoint of a deeper or                  different model",
+                self.weights,
+                extra.len()
+            )));
+        }
+        Ok(file)
     }
 
     /// What trains ([`Training`]).
@@ -346,7 +423,32 @@ impl LlamaConfig {
     /// A normal with σ 1/√in, B zero, so the adapted model starts as the
     /// base; scale 1).
     pub fn init<B: Backend>(&self, seed: u64, device: &B::Device) -> Llama<B> {
-        let model = self.base::<B>(seed, device);
+        self.adapted(
+            self.base::<B>(&mut Weights::Drawn(ChaCha8Rng::seed_from_u64(seed)), device),
+            seed,
+            device,
+        )
+    }
+
+    /// [`init`](Self::init) with the base read from the checkpoint
+    /// `weights` names (bf16 and f16 values exactly), where it names one.
+    pub fn load<B: Backend>(&self, seed: u64, device: &B::Device) -> Result<Llama<B>, ConfigError> {
+        if self.weights.is_empty() {
+            return Ok(self.init(seed, device));
+        }
+        let mut read = Weights::Read {
+            file: self.checkpoint()?,
+            failed: None,
+        };
+        let base = self.base::<B>(&mut read, device);
+        match read {
+            Weights::Read { failed: Some(why), .. } => Err(invalid("model.weights", why)),
+            _ => Ok(self.adapted(base, seed, device)),
+        }
+    }
+
+    /// `model` frozen and given adapters as `train` says.
+    fn adapted<B: Backend>(&self, model: Llama<B>, seed: u64, device: &B::Device) -> Llama<B> {
         match self.training().unwrap_or(Training::All) {
             Training::All => model,
             Training::Lora { rank, mlp } => {
@@ -373,38 +475,132 @@ impl LlamaConfig {
         }
     }
 
-    /// The network as `init` draws it, every parameter trainable.
-    fn base<B: Backend>(&self, seed: u64, device: &B::Device) -> Llama<B> {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    /// The network, every parameter trainable, its weights drawn or read.
+    fn base<B: Backend>(&self, weights: &mut Weights, device: &B::Device) -> Llama<B> {
         let (w, kv) = (self.width, self.kv_heads * self.head_width());
         let residual = 0.02 / (2.0 * self.depth as f64).sqrt();
-        let mut proj = |inputs, outputs, std, bias: bool| Proj {
-            weight: normal(&mut rng, [inputs, outputs], std, device),
-            bias: bias.then(|| constant(outputs, 0.0, device)),
-            lora: None,
-        };
         let blocks = (0..self.depth)
-            .map(|_| LlamaBlock {
-                attn_norm: RmsNorm::new(w, self.norm_eps, device),
-                q: proj(w, w, 0.02, self.qkv_bias),
-                k: proj(w, kv, 0.02, self.qkv_bias),
-                v: proj(w, kv, 0.02, self.qkv_bias),
-                o: proj(w, w, residual, false),
-                mlp_norm: RmsNorm::new(w, self.norm_eps, device),
-                gate: proj(w, self.ffn, 0.02, false),
-                up: proj(w, self.ffn, 0.02, false),
-                down: proj(self.ffn, w, residual, false),
-                heads: self.heads,
-                kv_heads: self.kv_heads,
-                rope_theta: self.rope_theta,
-                fused_attention: self.attention == Attention::Fused,
+            .map(|i| {
+                let at = |name: &str| format!("model.layers.{i}.{name}");
+                let mut proj = |name: &str, inputs, outputs, std, bias: bool| Proj {
+                    weight: weights.matrix(&at(&format!("{name}.weight")), [inputs, outputs], std, device),
+                    bias: bias.then(|| weights.vector(&at(&format!("{name}.bias")), outputs, 0.0, device)),
+                    lora: None,
+                };
+                let (q, k, v) = (
+                    proj("self_attn.q_proj", w, w, 0.02, self.qkv_bias),
+                    proj("self_attn.k_proj", w, kv, 0.02, self.qkv_bias),
+                    proj("self_attn.v_proj", w, kv, 0.02, self.qkv_bias),
+                );
+                let o = proj("self_attn.o_proj", w, w, residual, false);
+                let (gate, up) = (
+                    proj("mlp.gate_proj", w, self.ffn, 0.02, false),
+                    proj("mlp.up_proj", w, self.ffn, 0.02, false),
+                );
+                let down = proj("mlp.down_proj", self.ffn, w, residual, false);
+                let mut norm = |name: &str| RmsNorm {
+                    weight: weights.vector(&at(name), w, 1.0, device),
+                    eps: self.norm_eps,
+                };
+                LlamaBlock {
+                    attn_norm: norm("input_layernorm.weight"),
+                    q,
+                    k,
+                    v,
+                    o,
+                    mlp_norm: norm("post_attention_layernorm.weight"),
+                    gate,
+                    up,
+                    down,
+                    heads: self.heads,
+                    kv_heads: self.kv_heads,
+                    rope_theta: self.rope_theta,
+                    fused_attention: self.attention == Attention::Fused,
+                }
             })
             .collect();
         Llama {
-            embedding: normal(&mut rng, [self.vocab, w], 0.02, device),
+            embedding: weights.table("model.embed_tokens.weight", [self.vocab, w], device),
             blocks,
-            final_norm: RmsNorm::new(w, self.norm_eps, device),
-            head: (!self.tie_head).then(|| normal(&mut rng, [w, self.vocab], 0.02, device)),
+            final_norm: RmsNorm {
+                weight: weights.vector("model.norm.weight", w, 1.0, device),
+                eps: self.norm_eps,
+            },
+            head: (!self.tie_head).then(|| weights.matrix("lm_head.weight", [w, self.vocab], 0.02, device)),
+        }
+    }
+}
+
+/// Where a base model's weights come from: drawn from a seed, or read from
+/// a checkpoint in the Hugging Face layout (its names; projections
+/// `[out, in]`, transposed here into `[in, out]`).
+enum Weights {
+    Drawn(ChaCha8Rng),
+    Read {
+        file: crate::safetensors::Checkpoint,
+        /// The first read that failed (the rest are then zeros, unused).
+        failed: Option<String>,
+    },
+}
+
+impl Weights {
+    fn values(
+        file: &crate::safetensors::Checkpoint,
+        failed: &mut Option<String>,
+        name: &str,
+        count: usize,
+    ) -> Vec<f32> {
+        if failed.is_none() {
+            match file.read_f32(name) {
+                Ok(v) => return v,
+                Err(e) => *failed = Some(e),
+            }
+        }
+        vec![0.0; count]
+    }
+
+    /// A projection's weight `[in, out]` (normal, σ `std`, where drawn).
+    fn matrix<B: Backend>(
+        &mut self,
+        name: &str,
+        [inputs, outputs]: [usize; 2],
+        std: f64,
+        device: &B::Device,
+    ) -> Param<Tensor<B, 2>> {
+        match self {
+            Weights::Drawn(rng) => normal(rng, [inputs, outputs], std, device),
+            Weights::Read { file, failed } => {
+                let stored = Self::values(file, failed, name, inputs * outputs); // [out, in]
+                let mut t = vec![0.0f32; stored.len()];
+                for (o, row) in stored.chunks_exact(inputs).enumerate() {
+                    for (i, &x) in row.iter().enumerate() {
+                        t[i * outputs + o] = x;
+                    }
+                }
+                Param::from_tensor(Tensor::from_data(TensorData::new(t, [inputs, outputs]), device))
+            }
+        }
+    }
+
+    /// The token embedding `[vocab, width]` (normal, σ 0.02, where drawn).
+    fn table<B: Backend>(&mut self, name: &str, shape: [usize; 2], device: &B::Device) -> Param<Tensor<B, 2>> {
+        match self {
+            Weights::Drawn(rng) => normal(rng, shape, 0.02, device),
+            Weights::Read { file, failed } => {
+                let values = Self::values(file, failed, name, shape[0] * shape[1]);
+                Param::from_tensor(Tensor::from_data(TensorData::new(values, shape), device))
+            }
+        }
+    }
+
+    /// A norm's scale or a bias (`value` everywhere, where drawn).
+    fn vector<B: Backend>(&mut self, name: &str, n: usize, value: f32, device: &B::Device) -> Param<Tensor<B, 1>> {
+        match self {
+            Weights::Drawn(_) => constant(n, value, device),
+            Weights::Read { file, failed } => {
+                let values = Self::values(file, failed, name, n);
+                Param::from_tensor(Tensor::from_data(TensorData::new(values, [n]), device))
+            }
         }
     }
 }
@@ -490,13 +686,6 @@ pub struct RmsNorm<B: Backend> {
 }
 
 impl<B: Backend> RmsNorm<B> {
-    fn new(width: usize, eps: f64, device: &B::Device) -> Self {
-        Self {
-            weight: constant(width, 1.0, device),
-            eps,
-        }
-    }
-
     /// Normalises the last axis of `x`.
     pub fn forward(&self, x: Tensor<B, 3>, ac: &Autocast) -> Tensor<B, 3> {
         let x = ac.full(x);
@@ -730,8 +919,11 @@ impl crate::family::ModelSettings for LlamaConfig {
     /// Blocks repeat unless `train` freezes single blocks (then they differ).
     fn with_blocks(&self, blocks: usize) -> Option<Self> {
         let single = matches!(self.training(), Ok(Training::Frozen(g)) if g.iter().any(|g| g.starts_with("blocks.")));
+        // A slice draws its weights: a probe's bytes do not depend on
+        // their values, and the checkpoint is the whole depth's.
         (!single).then(|| Self {
             depth: blocks,
+            weights: String::new(),
             ..self.clone()
         })
     }
@@ -764,8 +956,8 @@ impl crate::family::Family<3> for LlamaConfig {
     type Net<B: AutodiffBackend> = Llama<B>;
     type Data = SyntheticTask;
 
-    fn init<B: AutodiffBackend>(&self, seed: u64, device: &B::Device) -> Llama<B> {
-        LlamaConfig::init(self, seed, device)
+    fn init<B: AutodiffBackend>(&self, seed: u64, device: &B::Device) -> Result<Llama<B>, ConfigError> {
+        self.load(seed, device)
     }
 
     fn data(&self, task: &TaskConfig) -> SyntheticTask {

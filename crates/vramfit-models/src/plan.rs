@@ -44,7 +44,7 @@ where
     /// Validates `base` on `device` and reads the knob space.
     pub fn new(base: FamilyConfig<F>, device: &B::Device) -> Result<Self, TrainError> {
         base.resolve::<B>(device)?;
-        let space = space_of::<B, F, D>(&base, device);
+        let space = space_of::<B, F, D>(&base, device)?;
         Ok(Self {
             base,
             space,
@@ -80,7 +80,7 @@ where
             let model = base.model.with_blocks(blocks).expect("the family slices");
             let sliced = FamilyConfig { model, ..base.clone() };
             sliced.resolve_elsewhere::<B>(device)?;
-            Ok(space_of::<B, F, D>(&sliced, device))
+            space_of::<B, F, D>(&sliced, device)
         };
         let space = vramfit::plan::slice::deepened(&at(probe_blocks)?, &at(probe_blocks + 1)?, depth);
         Ok(Self {
@@ -101,7 +101,7 @@ where
 
 /// The knob space of `base` on `device`: its model is built once to count
 /// its parameters and groups.
-fn space_of<B, F: Family<D>, const D: usize>(base: &FamilyConfig<F>, device: &B::Device) -> Space
+fn space_of<B, F: Family<D>, const D: usize>(base: &FamilyConfig<F>, device: &B::Device) -> Result<Space, TrainError>
 where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
@@ -112,7 +112,7 @@ where
         .filter(|p| supported(DType::from(p.dtype())))
         .collect();
     let bf16 = supported(DType::BF16);
-    let model = base.model.init::<B>(base.seed, device);
+    let model = base.model.init::<B>(base.seed, device)?;
     let groups = vramfit::trainer::parameter_groups(&model);
     let parameters = vramfit::plan::trainable_sizes(&model);
     drop(model);
@@ -123,7 +123,7 @@ where
     } else {
         Vec::new()
     };
-    Space {
+    Ok(Space {
         batch: base.batch_size,
         blocks: base.model.blocks(),
         block_input_bytes: base.model.block_input_bytes(&base.task),
@@ -135,7 +135,7 @@ where
         block_shapes: base.model.block_shapes(&base.task),
         fused_attention,
         parameters,
-    }
+    })
 }
 
 /// The settings of `base` with `knobs` at effective batch `batch` in
@@ -235,7 +235,7 @@ where
         base.resolve_elsewhere::<B>(&self.device)
             .map_err(ProbeError::workload)?;
         Ok(Box::new(Self {
-            space: space_of::<B, F, D>(&base, &self.device),
+            space: space_of::<B, F, D>(&base, &self.device).map_err(ProbeError::workload)?,
             base,
             device: self.device.clone(),
             device_name: self.device_name.clone(),

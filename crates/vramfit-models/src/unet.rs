@@ -575,8 +575,8 @@ impl Family<4> for UnetConfig {
     type Net<B: AutodiffBackend> = Unet<B>;
     type Data = Denoise;
 
-    fn init<B: AutodiffBackend>(&self, seed: u64, device: &B::Device) -> Unet<B> {
-        self.build(seed, device)
+    fn init<B: AutodiffBackend>(&self, seed: u64, device: &B::Device) -> Result<Unet<B>, crate::config::ConfigError> {
+        Ok(self.build(seed, device))
     }
 
     fn data(&self, task: &DenoiseConfig) -> Denoise {

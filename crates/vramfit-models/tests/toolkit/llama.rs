@@ -16,6 +16,7 @@ use vramfit::precision::{Autocast, Precision};
 use vramfit_models::data::{SyntheticTask, TaskConfig, TokenBatch};
 use vramfit_models::family::ModelSettings;
 use vramfit_models::llama::{Llama, LlamaConfig, Training, rotary};
+use vramfit_models::safetensors::{Dtype, write};
 
 use crate::common::{by_path, relative_gap, stepper};
 
@@ -25,6 +26,7 @@ vramfit::test_backends!(
     llm_gradients_agree_with_finite_differences,
     llm_checkpointed_gradients_equal_plain_gradients,
     lora_and_frozen_groups_give_gradients_only_to_what_trains,
+    a_hugging_face_checkpoint_loads_exactly,
 );
 
 fn tiny(kv_heads: usize) -> LlamaConfig {
@@ -312,4 +314,174 @@ fn training_modes_refuse_what_cannot_be() {
     };
     let e = tied.check(&TaskConfig::default()).unwrap_err().to_string();
     assert!(e.contains("freeze `embedding`"), "{e}");
+}
+
+/// A checkpoint in the Hugging Face layout for `config`: every tensor
+/// `hf_tensors` names, with values distinct per tensor and position.
+fn hf_checkpoint(config: &LlamaConfig, path: &std::path::Path, dtype: Dtype) -> Vec<(String, Vec<usize>, Vec<f32>)> {
+    let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = config
+        .hf_tensors()
+        .into_iter()
+        .enumerate()
+        .map(|(t, (name, shape))| {
+            let n: usize = shape.iter().product();
+            let values = (0..n)
+                .map(|j| ((j * 7919 + t * 104_729) % 2003) as f32 / 1000.0 - 1.0)
+                .collect();
+            (name, shape, values)
+        })
+        .collect();
+    let refs: Vec<(&str, Vec<usize>, &[f32])> = tensors
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.clone(), v.as_slice()))
+        .collect();
+    write(path, &refs, dtype).unwrap();
+    tensors
+}
+
+/// The Hugging Face name of a parameter of ours, and whether the file
+/// holds it transposed (`torch.nn.Linear` keeps `[out, in]`).
+fn hf_name(ours: &str) -> (String, bool) {
+    match ours {
+        "embedding" => ("model.embed_tokens.weight".into(), false),
+        "head" => ("lm_head.weight".into(), true),
+        "final_norm.weight" => ("model.norm.weight".into(), false),
+        _ => {
+            let parts: Vec<&str> = ours.split('.').collect();
+            let [_, i, module, field] = parts[..] else {
+                panic!("unexpected parameter {ours}")
+            };
+            let name = match module {
+                "attn_norm" => "input_layernorm".to_string(),
+                "mlp_norm" => "post_attention_layernorm".to_string(),
+                "q" | "k" | "v" | "o" => format!("self_attn.{module}_proj"),
+                _ => format!("mlp.{module}_proj"),
+            };
+            let projection = !module.ends_with("norm") && field == "weight";
+            (format!("model.layers.{i}.{name}.{field}"), projection)
+        }
+    }
+}
+
+/// `--weights`: a bf16 checkpoint in the Hugging Face layout loads
+/// exactly (bf16 is exact in f32), projections transposed into `[in, out]`,
+/// biases and norms read, every tensor placed once; LoRA on top freezes
+/// the loaded base and starts as it (the adapters' B is zero).
+fn a_hugging_face_checkpoint_loads_exactly<B: AutodiffBackend>() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("model.safetensors");
+    let config = tiny(2);
+    let written = hf_checkpoint(&config, &path, Dtype::Bf16);
+    let loaded = LlamaConfig {
+        weights: tmp.path().display().to_string(),
+        ..config.clone()
+    };
+    let device = Default::default();
+    let model = loaded.load::<B>(1, &device).unwrap();
+    let file: std::collections::BTreeMap<_, _> = written.into_iter().map(|(n, s, v)| (n, (s, v))).collect();
+    let mut placed = std::collections::BTreeSet::new();
+    for (ours, (shape, _, values)) in vramfit::params::snapshot(&model) {
+        let (name, transposed) = hf_name(&ours);
+        let (stored, raw) = &file[&name];
+        let expected: Vec<f32> = if transposed {
+            let (out, inp) = (stored[0], stored[1]);
+            assert_eq!(shape, [inp, out], "{ours}");
+            (0..inp * out).map(|k| raw[(k % out) * inp + k / out]).collect()
+        } else {
+            assert_eq!(&shape, stored, "{ours}");
+            raw.clone()
+        };
+        let exact: Vec<f32> = expected.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect();
+        assert!(values == exact, "{ours} ({name}) differs from the file");
+        placed.insert(name);
+    }
+    assert_eq!(placed.len(), file.len(), "every tensor of the file placed once");
+
+    let adapted = LlamaConfig {
+        train: "lora:2".into(),
+        ..loaded
+    };
+    let lora = adapted.load::<B>(1, &device).unwrap();
+    let batch = batch::<B>(&config, 2);
+    let ac = Autocast::new(Precision::F32);
+    let (a, b) = (
+        values(model.loss(&batch, &ac)).remove(0),
+        values(lora.loss(&batch, &ac)).remove(0),
+    );
+    assert_eq!(a, b, "LoRA starts as the loaded base");
+    let grads = gradients(&lora, &batch, &ac);
+    let moved = by_path(&lora, &grads);
+    assert!(
+        !moved.is_empty() && moved.keys().all(|k| k.contains(".lora.")),
+        "{:?}",
+        moved.keys()
+    );
+}
+
+/// A checkpoint that is not this shape's, or not whole, is refused by
+/// `check` (before anything is built), naming the file and what is wrong.
+#[test]
+fn a_checkpoint_of_another_shape_or_truncated_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ok");
+    std::fs::create_dir(&dir).unwrap();
+    let config = tiny(2);
+    hf_checkpoint(&config, &dir.join("model.safetensors"), Dtype::F32);
+    let at = |weights: &std::path::Path, config: &LlamaConfig| {
+        let c = LlamaConfig {
+            weights: weights.display().to_string(),
+            ..config.clone()
+        };
+        let task = TaskConfig {
+            tokens: 12,
+            ..Default::default()
+        };
+        c.check(&task).err().map(|e| e.to_string())
+    };
+    assert_eq!(at(&dir, &config), None, "the matching checkpoint is accepted");
+
+    let wider = LlamaConfig {
+        ffn: 48,
+        ..config.clone()
+    };
+    let shallower = LlamaConfig {
+        depth: 2,
+        ..config.clone()
+    };
+    let deeper = LlamaConfig {
+        depth: 4,
+        ..config.clone()
+    };
+    let no_bias = LlamaConfig {
+        qkv_bias: false,
+        ..config.clone()
+    };
+    for (other, says) in [
+        (&wider, "is [40, 32], this shape's is [48, 32]"),
+        (&shallower, "no place for (`model.layers.2."),
+        (&deeper, "no tensor `model.layers.3."),
+        (&no_bias, "no place for"),
+    ] {
+        let e = at(&dir, other).expect("refused");
+        assert!(e.contains("model.weights") && e.contains(says), "{e}");
+    }
+
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let cut = tmp.path().join("cut.safetensors");
+    for (keep, says) in [
+        (bytes.len() - 10, "is truncated"),
+        (100, "truncated, or not a safetensors file"),
+        (5, "too short"),
+    ] {
+        std::fs::write(&cut, &bytes[..keep]).unwrap();
+        let e = at(&cut, &config).expect("refused");
+        assert!(e.contains("cut.safetensors") && e.contains(says), "{keep} bytes: {e}");
+    }
+    std::fs::write(&cut, [&16u64.to_le_bytes()[..], b"{not json at all", &[0; 64]].concat()).unwrap();
+    assert!(at(&cut, &config).unwrap().contains("not a safetensors header"));
+    let e = at(&tmp.path().join("nowhere"), &config).unwrap();
+    assert!(e.contains("no such directory"), "{e}");
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    assert!(at(&empty, &config).unwrap().contains("no *.safetensors file"));
 }
