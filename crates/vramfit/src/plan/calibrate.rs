@@ -220,6 +220,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
             input: 0.0,
             recompute: 0.0,
         },
+        head_bytes: 0.0,
         blocks: n,
         block_shapes: space.block_shapes.clone(),
         accumulator_bytes: (pm - ph).max(0.0),

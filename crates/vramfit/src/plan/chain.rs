@@ -10,6 +10,13 @@
 //! before it is still held, so the chain's peak is
 //! `max(total kept, max over checkpointed j of (kept before j + j's activations))`.
 //! Blocks may differ (a U-Net's stages do), so each carries its own costs.
+//!
+//! What follows the chain (a language model's head: its logits and loss)
+//! holds its own bytes at the forward's end, on top of everything the chain
+//! keeps but not while a block is recomputed: the `head` term of
+//! [`peak_with_head`]. Where the head is large against a block (32,000
+//! logits a position against a 2,048-wide block), it, not the
+//! recomputation, decides a checkpointed chain's peak.
 
 /// What one block costs, per unit of work (per sample, say).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -24,6 +31,12 @@ pub struct BlockCost {
 
 /// The activation peak of the chain when `marks[i]` says block `i` is checkpointed.
 pub fn chain_peak(blocks: &[BlockCost], marks: &[bool]) -> f64 {
+    peak_with_head(blocks, marks, 0.0)
+}
+
+/// [`chain_peak`] with `head` bytes held on top of all the chain keeps at
+/// the forward's end.
+pub fn peak_with_head(blocks: &[BlockCost], marks: &[bool], head: f64) -> f64 {
     let (mut kept, mut peak) = (0.0_f64, 0.0_f64);
     for (b, &m) in blocks.iter().zip(marks) {
         if m {
@@ -33,7 +46,7 @@ pub fn chain_peak(blocks: &[BlockCost], marks: &[bool]) -> f64 {
             kept += b.activations;
         }
     }
-    peak.max(kept)
+    peak.max(kept + head)
 }
 
 /// The recomputation `marks` costs.
@@ -46,11 +59,11 @@ pub fn recompute(blocks: &[BlockCost], marks: &[bool]) -> f64 {
         .sum()
 }
 
-/// The marks with the least recomputation whose [`chain_peak`] is at most
-/// `limit`, or `None` when no set fits. Exact: the programme walks the chain
+/// The marks with the least recomputation whose [`peak_with_head`] is at
+/// most `limit`, or `None` when no set fits. Exact: the programme walks the chain
 /// keeping, for each prefix, every (bytes kept, time) pair that no other
 /// pair beats on both, which is all an optimal completion depends on.
-pub fn optimal(blocks: &[BlockCost], limit: f64) -> Option<Vec<bool>> {
+pub fn optimal(blocks: &[BlockCost], head: f64, limit: f64) -> Option<Vec<bool>> {
     // (bytes kept so far, recomputation so far, marks so far)
     let mut states: Vec<(f64, f64, Vec<bool>)> = vec![(0.0, 0.0, Vec::with_capacity(blocks.len()))];
     for b in blocks {
@@ -76,7 +89,7 @@ pub fn optimal(blocks: &[BlockCost], limit: f64) -> Option<Vec<bool>> {
     }
     states
         .into_iter()
-        .filter(|(kept, _, _)| *kept <= limit)
+        .filter(|(kept, _, _)| *kept + head <= limit)
         .min_by(|a, b| a.1.total_cmp(&b.1))
         .map(|(_, _, marks)| marks)
 }
@@ -96,33 +109,33 @@ fn pareto(mut states: Vec<(f64, f64, Vec<bool>)>) -> Vec<(f64, f64, Vec<bool>)> 
 
 /// The least `limit` at which [`optimal`] finds a set: the smallest peak any
 /// checkpoint set reaches.
-pub fn least_peak(blocks: &[BlockCost]) -> f64 {
+pub fn least_peak(blocks: &[BlockCost], head: f64) -> f64 {
     // Feasibility is monotone in the limit; the answer is one of the peaks
     // of the sets the programme keeps, so bisect then snap to the found set.
     let all_plain = vec![false; blocks.len()];
     let (mut lo, mut hi) = (
         0.0_f64,
-        chain_peak(blocks, &all_plain).max(chain_peak(blocks, &vec![true; blocks.len()])),
+        peak_with_head(blocks, &all_plain, head).max(peak_with_head(blocks, &vec![true; blocks.len()], head)),
     );
     for _ in 0..64 {
         let mid = 0.5 * (lo + hi);
-        if optimal(blocks, mid).is_some() {
+        if optimal(blocks, head, mid).is_some() {
             hi = mid;
         } else {
             lo = mid;
         }
     }
-    optimal(blocks, hi).map_or(hi, |m| chain_peak(blocks, &m))
+    optimal(blocks, head, hi).map_or(hi, |m| peak_with_head(blocks, &m, head))
 }
 
 /// Every set tried: the reference [`optimal`] is tested against (chains of
 /// a few blocks only: 2ⁿ sets).
-pub fn brute_force(blocks: &[BlockCost], limit: f64) -> Option<(Vec<bool>, f64)> {
+pub fn brute_force(blocks: &[BlockCost], head: f64, limit: f64) -> Option<(Vec<bool>, f64)> {
     let n = blocks.len();
     assert!(n <= 20, "brute force over {n} blocks is 2^{n} sets");
     (0u32..1 << n)
         .map(|bits| (0..n).map(|i| bits >> i & 1 == 1).collect::<Vec<bool>>())
-        .filter(|m| chain_peak(blocks, m) <= limit)
+        .filter(|m| peak_with_head(blocks, m, head) <= limit)
         .map(|m| {
             let t = recompute(blocks, &m);
             (m, t)
@@ -156,15 +169,17 @@ mod tests {
                         }
                     })
                     .collect();
-                let none = chain_peak(&blocks, &vec![false; n]);
+                // A head of none, or up to a few blocks' activations.
+                let head = [0.0, 8.0 * lcg(&mut seed)][usize::from(lcg(&mut seed) < 0.5)];
+                let none = peak_with_head(&blocks, &vec![false; n], head);
                 for f in [0.2, 0.35, 0.5, 0.65, 0.8, 1.0, 1.2] {
                     let limit = none * f;
-                    let dp = optimal(&blocks, limit);
-                    let brute = brute_force(&blocks, limit);
+                    let dp = optimal(&blocks, head, limit);
+                    let brute = brute_force(&blocks, head, limit);
                     match (&dp, &brute) {
                         (None, None) => {}
                         (Some(m), Some((_, t))) => {
-                            assert!(chain_peak(&blocks, m) <= limit);
+                            assert!(peak_with_head(&blocks, m, head) <= limit);
                             assert!(
                                 (recompute(&blocks, m) - t).abs() < 1e-9,
                                 "n {n}, limit {limit}: programme {} vs brute force {t}",
@@ -188,14 +203,32 @@ mod tests {
             recompute: 1.0,
         };
         let blocks = vec![b; 6];
-        assert_eq!(optimal(&blocks, 60.0), Some(vec![false; 6]));
+        assert_eq!(optimal(&blocks, 0.0, 60.0), Some(vec![false; 6]));
         // 51 fits one checkpointed block (51 kept); 41 needs two.
-        let one = optimal(&blocks, 51.0).unwrap();
+        let one = optimal(&blocks, 0.0, 51.0).unwrap();
         assert_eq!(one.iter().filter(|m| **m).count(), 1);
-        let two = optimal(&blocks, 42.0).unwrap();
+        let two = optimal(&blocks, 0.0, 42.0).unwrap();
         assert_eq!(two.iter().filter(|m| **m).count(), 2);
         // All checkpointed: 5 inputs kept + the last block recomputed = 15.
-        assert_eq!(least_peak(&blocks), 15.0);
-        assert!(optimal(&blocks, 14.9).is_none());
+        assert_eq!(least_peak(&blocks, 0.0), 15.0);
+        assert!(optimal(&blocks, 0.0, 14.9).is_none());
+    }
+
+    #[test]
+    fn a_large_head_decides_the_checkpointed_peak() {
+        let b = BlockCost {
+            activations: 10.0,
+            input: 1.0,
+            recompute: 1.0,
+        };
+        let blocks = vec![b; 6];
+        // Six inputs kept and a head of 20 on top: 26, above the last
+        // block's recomputation (5 + 10).
+        assert_eq!(peak_with_head(&blocks, &[true; 6], 20.0), 26.0);
+        assert_eq!(least_peak(&blocks, 20.0), 26.0);
+        // The head counts where the chain ends, not during recomputation.
+        assert_eq!(peak_with_head(&blocks, &[true; 6], 2.0), 15.0);
+        assert_eq!(optimal(&blocks, 20.0, 80.0), Some(vec![false; 6]));
+        assert!(optimal(&blocks, 20.0, 79.0).unwrap().contains(&true));
     }
 }

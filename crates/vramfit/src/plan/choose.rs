@@ -84,7 +84,7 @@ impl Calibration {
             if outside > usable || rest > usable || scale <= 0.0 {
                 continue;
             }
-            if let Some(marks) = optimal(&chain, (usable - outside) / scale) {
+            if let Some(marks) = optimal(&chain, self.model.head_for(&knobs), (usable - outside) / scale) {
                 knobs.checkpointed = marks;
                 plans.push(self.plan(knobs));
             }
@@ -153,8 +153,9 @@ impl Calibration {
             .into_iter()
             .map(|mut knobs| {
                 let chain = self.model.chain_for(&knobs);
-                let least = least_peak(&chain);
-                knobs.checkpointed = optimal(&chain, least).unwrap_or_else(|| vec![true; chain.len()]);
+                let head = self.model.head_for(&knobs);
+                let least = least_peak(&chain, head);
+                knobs.checkpointed = optimal(&chain, head, least).unwrap_or_else(|| vec![true; chain.len()]);
                 self.plan(knobs)
             })
             .min_by(|a, b| a.peak_bytes.cmp(&b.peak_bytes).then(a.step_ms.total_cmp(&b.step_ms)))
@@ -211,6 +212,7 @@ mod tests {
                     input: 100.0,
                     recompute: 0.05,
                 },
+                head_bytes: 0.0,
                 blocks: 4,
                 block_shapes: Vec::new(),
                 accumulator_bytes: 1000.0,

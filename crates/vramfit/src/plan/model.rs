@@ -29,7 +29,7 @@ use std::borrow::Cow;
 
 use serde::{Deserialize, Serialize};
 
-use super::chain::{BlockCost, chain_peak};
+use super::chain::{BlockCost, peak_with_head};
 use super::{Knobs, Measured};
 use crate::precision::Precision;
 
@@ -42,6 +42,11 @@ pub struct Model {
     pub outside_bytes: f64,
     /// The mean block's costs per sample (bytes; recomputation in ms).
     pub block: BlockCost,
+    /// Bytes per sample the head holds at the forward's end on top of all
+    /// the chain keeps ([`super::chain::peak_with_head`]); fitted only from
+    /// a depth slice (two depths tell it apart), else 0.
+    #[serde(default)]
+    pub head_bytes: f64,
     /// Blocks in the chain.
     pub blocks: usize,
     /// Blocks that differ: each one's activation share of the mean block's
@@ -315,6 +320,16 @@ impl Model {
         shaped(self.block, self.blocks, &self.block_shapes)
     }
 
+    /// The chain's peak per sample with `marks`, the head included.
+    fn chain_peak(&self, marks: &[bool]) -> f64 {
+        peak_with_head(&self.chain(), marks, self.head_bytes)
+    }
+
+    /// The head's bytes per sample in a step with `knobs`.
+    pub fn head_for(&self, knobs: &Knobs) -> f64 {
+        self.with(knobs).head_bytes
+    }
+
     /// The chain's blocks, per sample, in a step with `knobs`.
     pub fn chain_for(&self, knobs: &Knobs) -> Vec<BlockCost> {
         self.with(knobs).chain()
@@ -357,7 +372,7 @@ impl Model {
     pub fn parts(&self, knobs: &Knobs, batch: usize) -> (f64, f64) {
         let model = self.with(knobs);
         let (outside, scale, rest) = model.split(knobs, batch);
-        (outside + scale * chain_peak(&model.chain(), &knobs.checkpointed), rest)
+        (outside + scale * model.chain_peak(&knobs.checkpointed), rest)
     }
 
     /// Predicted peak bytes (in whole pages) and step ms of `knobs` at effective batch `batch`.
@@ -366,7 +381,7 @@ impl Model {
             return fused.predict(knobs, batch);
         }
         let (outside, scale, rest) = self.split(knobs, batch);
-        let step = outside + scale * chain_peak(&self.chain(), &knobs.checkpointed);
+        let step = outside + scale * self.chain_peak(&knobs.checkpointed);
         (self.pages_up(step.max(rest)), self.time(knobs, batch))
     }
 

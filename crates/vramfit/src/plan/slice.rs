@@ -9,12 +9,20 @@
 //! parameters: a difference of one block would be quantised to a page).
 //! Then:
 //!
-//! - what a sample keeps per block (activations, checkpoint input,
-//!   recomputation) is the slice's mean block, as in any calibration;
 //! - what each block adds outside the samples (its parameters, gradients,
-//!   moments, their copies in the rest phases, its step time) is the
-//!   difference between the two depths' plain steps, less the activations
-//!   the calibration already gave the extra blocks, over `m`;
+//!   moments) is the difference between the two depths' steps with every
+//!   block checkpointed, less the inputs the extra blocks keep, over `m`;
+//!   what a sample keeps per plain block is then the difference between
+//!   the two depths' plain steps less that, per sample. At one depth the
+//!   two cannot be told apart from what the head holds at the forward's
+//!   end (a checkpointed step's peak is there when the head's logits
+//!   outweigh a block), so the slice's own split is replaced: the head's
+//!   bytes ([`super::model::Model::head_bytes`]) are what remains of the
+//!   slice's plain-minus-checkpointed difference (measured: a 2-block
+//!   split put TinyLlama's checkpointed peak 20 % under; the fused
+//!   attention's block is solved again with that head);
+//! - the copies in the rest phases and the step time per block are the
+//!   difference between the two depths' plain steps, over `m`;
 //! - what a knob adds in proportion to the parameters (bf16 storage, bf16
 //!   or host moments, the gradient accumulator, a precision's copies) is
 //!   scaled by the ratio of the parameters it acts on, counted at both
@@ -51,6 +59,18 @@ pub struct Slice {
     pub depth: usize,
     /// The plain step `deeper.knobs.checkpointed.len()` blocks deep.
     pub deeper: ProbeRecord,
+    /// The same depth's step with every block checkpointed (a slice of two
+    /// blocks or more).
+    #[serde(default)]
+    pub deeper_checkpointed: Option<ProbeRecord>,
+    /// Bytes a sample keeps per plain block and the head holds at the
+    /// forward's end, fitted from the two depths (0 and the slice's own
+    /// split where they were not).
+    #[serde(default)]
+    pub per_block_activation_bytes: f64,
+    /// See `per_block_activation_bytes`.
+    #[serde(default)]
+    pub head_bytes: f64,
     /// What each block adds outside the samples' activations, fitted from
     /// the two depths: bytes to the step's peak, bytes to the rest's peak
     /// and ms to the step.
@@ -152,25 +172,48 @@ pub fn calibrate_sliced(deep: &dyn Deep, probe_batch: Option<usize>) -> Result<C
         probe: format!("{m} block(s) deeper ({})", knobs.describe(p)),
         why: why.to_string(),
     })?;
-    let next = deeper.space();
-    drop(deeper);
-    let base = cal
-        .probes
-        .iter()
-        .find(|r| r.name == "base")
-        .expect("every calibration probes a base")
-        .measured;
-    let space = deepened(&cal.space, &next, depth);
-    let deeper = ProbeRecord {
-        name: format!("{m} block(s) deeper ({} blocks)", k + m),
+    let record = |name: String, knobs: Knobs, measured| ProbeRecord {
+        name,
         knobs,
         batch: p,
         measured,
         predicted_peak: 0.0,
         predicted_ms: 0.0,
     };
-    let (model, record) = deepened_model(&cal.model, &cal.space, &space, &base, deeper);
-    let seconds = cal.seconds + measured.seconds;
+    let probed = |name: &str| cal.probes.iter().find(|r| r.name == name).map(|r| r.measured);
+    // The same depth checkpointed, where the slice was (two blocks or more).
+    let checkpointed = match probed("checkpoint all") {
+        Some(_) => {
+            let knobs = Knobs {
+                checkpointed: vec![true; k + m],
+                ..Knobs::base(k + m, p)
+            };
+            let measured = deeper.measure(&knobs, p).map_err(|why| PlanError::Probe {
+                probe: format!("{m} block(s) deeper ({})", knobs.describe(p)),
+                why: why.to_string(),
+            })?;
+            Some(record(
+                format!("{m} block(s) deeper, checkpoint all ({} blocks)", k + m),
+                knobs,
+                measured,
+            ))
+        }
+        None => None,
+    };
+    let next = deeper.space();
+    drop(deeper);
+    let base = probed("base").expect("every calibration probes a base");
+    let space = deepened(&cal.space, &next, depth);
+    let probes = Depths {
+        base,
+        checkpointed: probed("checkpoint all"),
+        fused_checkpointed: probed("attention fused, checkpoint all"),
+        deeper: record(format!("{m} block(s) deeper ({} blocks)", k + m), knobs, measured),
+        deeper_checkpointed: checkpointed,
+    };
+    let extra_seconds = probes.deeper_checkpointed.as_ref().map_or(0.0, |r| r.measured.seconds);
+    let (model, record) = deepened_model(&cal.model, &cal.space, &space, probes);
+    let seconds = cal.seconds + measured.seconds + extra_seconds;
     Ok(Calibration {
         space,
         model,
@@ -198,23 +241,86 @@ fn blocks_spanning_pages(cal: &Calibration, next: Space, p: usize, room: usize) 
     ((PAGES_SPANNED * page as f64 / per_block.max(1.0)).ceil() as usize).clamp(1, room)
 }
 
+/// The steps at the slice's depth and deeper, at one batch.
+struct Depths {
+    /// The slice's plain step.
+    base: super::Measured,
+    /// The slice's step with every block checkpointed, where probed.
+    checkpointed: Option<super::Measured>,
+    /// The same with the attention fused, where probed.
+    fused_checkpointed: Option<super::Measured>,
+    /// The plain step deeper.
+    deeper: ProbeRecord,
+    /// The deeper step with every block checkpointed, where probed.
+    deeper_checkpointed: Option<ProbeRecord>,
+}
+
+/// What a sample keeps per plain block and the head holds, from the two
+/// depths' plain and checkpointed steps (`None` where either was not
+/// probed, or they do not give a block at least its input), and what each
+/// block adds outside the samples: `(activations, head, per-block bytes)`.
+/// The slice's model `model` is `k` blocks deep, fitted with no head.
+fn split_by_depth(model: &Model, at: &Space, probes: &Depths) -> Option<(f64, f64, f64)> {
+    let (all, deeper_all) = (probes.checkpointed?, probes.deeper_checkpointed.as_ref()?.measured);
+    let (k, p) = (at.blocks as f64, probes.deeper.batch as f64);
+    let m = probes.deeper.knobs.checkpointed.len().saturating_sub(at.blocks).max(1) as f64;
+    let s = at.block_input_bytes as f64;
+    let step = |x: &super::Measured| x.step_peak_bytes as f64;
+    let fixed = (step(&deeper_all) - step(&all)) / m - p * s;
+    let activations = ((step(&probes.deeper.measured) - step(&probes.base)) / m - fixed) / p;
+    if activations < s || fixed < 0.0 {
+        return None;
+    }
+    // Per sample, plain less checkpointed at the slice's depth is
+    // min(k(a − s), head + (k − 1)(a − s)): where the head decides, only
+    // a lower bound on it shows, and the least head is the larger
+    // prediction for plans whose recomputation could decide instead.
+    let plain = model.outside_bytes + k * model.block.activations;
+    let kept = (step(&all) - model.fixed_bytes) / p;
+    let head = (plain - kept - (k - 1.0) * (activations - s)).max(0.0);
+    Some((activations, head, fixed))
+}
+
+/// The block's activations with the attention fused, solved again with the
+/// head: from `plain − kept = min(k·x, head + (k − 1)·x)`, `x = a − s`.
+fn fused_split(f: &mut super::FusedCosts, k: f64, s: f64, p: f64, head: f64, all: &super::Measured) {
+    let plain = f.outside_bytes + k * f.block.activations;
+    let difference = plain - (all.step_peak_bytes as f64 - f.fixed_bytes) / p;
+    let x = if difference / k <= head || k < 2.0 {
+        difference / k
+    } else {
+        (difference - head) / (k - 1.0)
+    };
+    f.block.activations = s + x.max(0.0);
+    f.outside_bytes = plain - k * f.block.activations - head;
+}
+
 /// The slice's model (`model`, fitted on `at`) grown to the whole space,
-/// with the two depths' plain steps (`base` at `at`; `record`, deeper, at
-/// the same batch).
-fn deepened_model(
-    model: &Model,
-    at: &Space,
-    whole: &Space,
-    base: &super::Measured,
-    record: ProbeRecord,
-) -> (Model, Slice) {
-    let (deeper, p) = (&record.measured, record.batch);
+/// with the two depths' steps (`probes`, at one batch).
+fn deepened_model(model: &Model, at: &Space, whole: &Space, probes: Depths) -> (Model, Slice) {
+    let (base, deeper, p) = (&probes.base, &probes.deeper.measured, probes.deeper.batch);
     let extra = (whole.blocks - at.blocks) as f64;
-    let m = record.knobs.checkpointed.len().saturating_sub(at.blocks).max(1) as f64;
-    // Each extra block's plain step adds its parameters' bytes and a
-    // batch of its activations.
-    let per_block_fixed =
-        (deeper.step_peak_bytes as f64 - base.step_peak_bytes as f64) / m - p as f64 * model.block.activations;
+    let m = probes.deeper.knobs.checkpointed.len().saturating_sub(at.blocks).max(1) as f64;
+    let mut model = model.clone();
+    // Each extra block's step adds its parameters' bytes and a batch of
+    // its activations (the split from the two depths where it was probed,
+    // else the slice's own).
+    let per_block_fixed = match split_by_depth(&model, at, &probes) {
+        Some((activations, head, fixed)) => {
+            let k = at.blocks as f64;
+            let s = at.block_input_bytes as f64;
+            let plain = model.outside_bytes + k * model.block.activations;
+            model.block.activations = activations;
+            model.outside_bytes = plain - k * activations - head;
+            model.head_bytes = head;
+            if let (Some(f), Some(all)) = (model.fused_attention.as_mut(), probes.fused_checkpointed.as_ref()) {
+                fused_split(f, k, s, p as f64, head, all);
+            }
+            fixed
+        }
+        None => (deeper.step_peak_bytes as f64 - base.step_peak_bytes as f64) / m - p as f64 * model.block.activations,
+    };
+    let model = &model;
     let per_block_rest = (deeper.rest_peak_bytes as f64 - base.rest_peak_bytes as f64) / m;
     let per_block_ms = (deeper.step_ms - base.step_ms) / m;
     let ((stored_at, trainable_at, all_at), (stored, trainable, all)) = (total(at), total(whole));
@@ -278,6 +384,8 @@ fn deepened_model(
     let slice = Slice {
         blocks: at.blocks,
         depth: whole.blocks,
+        per_block_activation_bytes: model.block.activations,
+        head_bytes: model.head_bytes,
         per_block_fixed_bytes: per_block_fixed,
         per_block_rest_bytes: per_block_rest,
         per_block_ms,
@@ -290,7 +398,8 @@ fn deepened_model(
             format!("each precision's bytes outside the step by all parameters ({r_all:.2}×)"),
             "the extra blocks' time as time per sample (their optimiser share is not told apart)".into(),
         ],
-        deeper: record,
+        deeper: probes.deeper,
+        deeper_checkpointed: probes.deeper_checkpointed,
     };
     (grown, slice)
 }
@@ -299,16 +408,18 @@ fn deepened_model(
 mod tests {
     use super::*;
     use crate::plan::Measured;
-    use crate::plan::chain::{BlockCost, chain_peak};
+    use crate::plan::chain::{BlockCost, peak_with_head};
     use crate::precision::Precision;
 
     /// A model `blocks` deep whose figures follow a known law: a prelude
     /// and head of 40,000 parameter bytes, 10,000 a block; activations of
-    /// 900 bytes a block a sample and 300 outside; 16 bytes a trainable
-    /// parameter's byte in gradients and moments.
+    /// 900 bytes a block a sample and 300 outside, and `head` bytes a
+    /// sample at the forward's end; 16 bytes a trainable parameter's byte
+    /// in gradients and moments.
     #[derive(Clone)]
     struct Tower {
         blocks: usize,
+        head: f64,
     }
 
     const PRELUDE: f64 = 40_000.0;
@@ -355,7 +466,8 @@ mod tests {
             let state = params * 3.0 - stored / 2.0 - if k.low_moments { params } else { 0.0 };
             let accumulator = if batch > k.micro_batch { params } else { 0.0 };
             let m = k.micro_batch as f64;
-            let step = 5_000.0 + state + accumulator + m * (300.0 + chain_peak(&blocks, &k.checkpointed));
+            let step =
+                5_000.0 + state + accumulator + m * (300.0 + peak_with_head(&blocks, &k.checkpointed, self.head));
             let rest = 6_000.0 + state * 1.5;
             let marked = k.checkpointed.iter().filter(|x| **x).count() as f64;
             let ms = 1.0 + (batch / k.micro_batch) as f64 * 0.2 + batch as f64 * (0.5 + n * (1.0 + 0.1 * marked / n));
@@ -379,19 +491,25 @@ mod tests {
             2
         }
         fn sliced(&self, blocks: usize) -> Result<Box<dyn Plannable>, ProbeError> {
-            Ok(Box::new(Tower { blocks }))
+            Ok(Box::new(Tower { blocks, ..*self }))
         }
     }
 
+    /// With no head, and with a head whose bytes at the forward's end
+    /// outweigh a block's recomputation (where a split at one depth fails).
     #[test]
     fn a_two_block_slice_predicts_the_whole_depth() {
-        let whole = Tower { blocks: 24 };
+        for head in [0.0, 2_000.0] {
+            predicts_the_whole_depth(head);
+        }
+    }
+
+    fn predicts_the_whole_depth(head: f64) {
+        let tower = |blocks| Tower { blocks, head };
+        let whole = tower(24);
         let cal = calibrate_sliced(&whole, None).unwrap();
-        assert_eq!(
-            cal.space,
-            deepened(&Tower { blocks: 2 }.space(), &Tower { blocks: 3 }.space(), 24)
-        );
-        assert_eq!(cal.space.parameters, Tower { blocks: 24 }.space().parameters);
+        assert_eq!(cal.space, deepened(&tower(2).space(), &tower(3).space(), 24));
+        assert_eq!(cal.space.parameters, tower(24).space().parameters);
         assert_eq!(cal.space.storage_groups, whole.space().storage_groups);
         let slice = cal.slice.as_ref().expect("extrapolated");
         assert_eq!((slice.blocks, slice.depth), (2, 24));
@@ -415,7 +533,7 @@ mod tests {
             let bytes = measured.peak_bytes as f64;
             assert!(
                 (peak - bytes).abs() / bytes < 2e-3,
-                "{}: predicted {peak}, measured {bytes}",
+                "head {head}, {}: predicted {peak}, measured {bytes}",
                 knobs.describe(8)
             );
             assert!(
@@ -436,7 +554,7 @@ mod tests {
                 2
             }
             fn sliced(&self, blocks: usize) -> Result<Box<dyn Plannable>, ProbeError> {
-                Ok(Box::new(Tower { blocks }))
+                Ok(Box::new(Tower { blocks, head: 0.0 }))
             }
         }
         let e = calibrate_sliced(&Shallow, None).unwrap_err().to_string();
