@@ -86,7 +86,15 @@ pub fn run(which: Which) -> Result<()> {
         Which::Plan(args) => {
             let config = crate::flags::resolve_train::<GptConfig>(args.settings())?;
             let (request, device) = args.request(serde_json::to_value(&config)?, "transformer");
-            crate::plan::model::<GptConfig, 3>(config, device, Some(0), Action::Bench(request))
+            crate::plan::model::<GptConfig, 3>(
+                config,
+                device,
+                crate::plan::Probes {
+                    blocks: Some(0),
+                    tokens: Some(0),
+                },
+                Action::Bench(request),
+            )
         }
         Which::Slice(args) => crate::bench_slice::run(args),
         Which::SceneMemory(args) => crate::bench_scene::run(args),

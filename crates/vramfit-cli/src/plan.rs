@@ -62,6 +62,11 @@ pub struct PlanArgs<S: clap::Args> {
     /// depth (0: probe the whole model; default: 2 for llm, whole otherwise).
     #[arg(long, allow_negative_numbers = true, value_parser = crate::flags::parse_count::<usize>)]
     probe_blocks: Option<usize>,
+    /// Probe at this many tokens a sample (and twice it) and extrapolate to
+    /// the run's (0: probe at the run's; default: 128 for an llm run of 512
+    /// tokens or more).
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::flags::parse_count::<usize>)]
+    probe_tokens: Option<usize>,
     /// Write the probes, the model and the plans as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -70,6 +75,13 @@ pub struct PlanArgs<S: clap::Args> {
 }
 
 impl<S: clap::Args> PlanArgs<S> {
+    fn probes(&self) -> Probes {
+        Probes {
+            blocks: self.probe_blocks,
+            tokens: self.probe_tokens,
+        }
+    }
+
     fn action(&self) -> Result<Action> {
         let (budget, gpus) = budget_and_cards(self.budget.as_deref(), &self.gpus, &self.device.name)?;
         Ok(Action::Show(ShowArgs {
@@ -87,15 +99,15 @@ pub fn run(which: Which) -> Result<()> {
     match which {
         Which::Transformer(args) => {
             let (config, action) = on_ranks(crate::flags::resolve_train(&args.settings)?, args.action()?)?;
-            model::<GptConfig, 3>(config, &args.device.name, args.probe_blocks, action)
+            model::<GptConfig, 3>(config, &args.device.name, args.probes(), action)
         }
         Which::Llm(args) => {
             let (config, action) = on_ranks(crate::flags::resolve_train(&args.settings)?, args.action()?)?;
-            model::<LlamaConfig, 3>(config, &args.device.name, args.probe_blocks, action)
+            model::<LlamaConfig, 3>(config, &args.device.name, args.probes(), action)
         }
         Which::Unet(args) => {
             let (config, action) = on_ranks(crate::flags::resolve_train(&args.settings)?, args.action()?)?;
-            model::<UnetConfig, 4>(config, &args.device.name, args.probe_blocks, action)
+            model::<UnetConfig, 4>(config, &args.device.name, args.probes(), action)
         }
         Which::Splat(args) => splat(
             crate::flags::resolve_fit(&args.settings)?,
@@ -209,25 +221,38 @@ pub struct ShowArgs {
     ranks: usize,
 }
 
+/// How shallow and short the planner probes (`--probe-blocks`,
+/// `--probe-tokens`): `Some(0)`, the whole; `None`, the family's default.
+#[derive(Clone, Copy, Default)]
+pub struct Probes {
+    pub blocks: Option<usize>,
+    pub tokens: Option<usize>,
+}
+
 /// Runs `action` on a model family with settings `config` on `device`,
-/// probing a slice `probe_blocks` deep (`Some(0)`: the whole model;
-/// `None`: the family's default).
+/// probing as `probes` says.
 pub fn model<F: Family<D>, const D: usize>(
     config: FamilyConfig<F>,
     device: &str,
-    probe_blocks: Option<usize>,
+    probes: Probes,
     action: Action,
 ) -> Result<()> {
-    let probe_blocks = match probe_blocks {
+    let probe_blocks = match probes.blocks {
         Some(0) => None,
         Some(k) => Some(k),
         None => config.model.default_probe_blocks(),
+    };
+    let probe_tokens = match probes.tokens {
+        Some(0) => None,
+        Some(t) => Some(t),
+        None => config.model.default_probe_tokens(&config.task),
     };
     on_device(
         device,
         OnModel::<F, D> {
             config,
             probe_blocks,
+            probe_tokens,
             action,
         },
     )
@@ -241,6 +266,7 @@ pub fn splat(config: FitConfig, device: &str, action: Action) -> Result<()> {
 struct OnModel<F: ModelSettings, const D: usize> {
     config: FamilyConfig<F>,
     probe_blocks: Option<usize>,
+    probe_tokens: Option<usize>,
     action: Action,
 }
 
@@ -256,6 +282,10 @@ impl<F: Family<D>, const D: usize> OnBackend for OnModel<F, D> {
         let target = match self.probe_blocks {
             Some(k) => FamilyTarget::<B, F, D>::sliced(self.config, device, k)?,
             None => FamilyTarget::<B, F, D>::new(self.config, device)?,
+        };
+        let target = match self.probe_tokens {
+            Some(t) => target.with_probe_tokens(t)?,
+            None => target,
         };
         let mut target = target.with_device_name(&name);
         if let Action::RunOnRanks {

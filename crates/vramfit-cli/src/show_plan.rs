@@ -211,6 +211,28 @@ impl Show for Calibration {
                 slice.depth,
                 slice.scaled.join("; ")
             );
+            if slice.deeper_checkpointed.is_some() {
+                println!(
+                    "from the two depths' plain and checkpointed steps: a block keeps {} a sample, and the head \
+                     holds {} a sample at the forward's end",
+                    human_bytes(slice.per_block_activation_bytes.max(0.0) as u64),
+                    human_bytes(slice.head_bytes.max(0.0) as u64)
+                );
+            }
+        }
+        if let Some(law) = &self.tokens {
+            let [t0, t1] = law.probed;
+            println!(
+                "the probes ran at {t0} tokens a sample and, plain, at {t1}: every plan's peak and time is \
+                 extrapolated to {} tokens, not measured; scaled: {}{}",
+                law.tokens,
+                law.scaled.join("; "),
+                law.check_error.map_or(String::new(), |e| format!(
+                    "; the law's check, every block checkpointed at {t1} tokens: predicted {:+.2} % off the \
+                     measured forward/backward peak",
+                    e * 100.0
+                ))
+            );
         }
         // The attention's share of a block's activations: what fusing it
         // removed, from the two fits (each from its own probes).
@@ -251,18 +273,28 @@ impl Show for Calibration {
     }
 
     fn extrapolated(&self) -> Option<String> {
-        self.slice.as_ref().map(|s| {
-            format!(
-                "extrapolated from a {}-block slice to the model's {} blocks, not measured",
-                s.blocks, s.depth
-            )
-        })
+        let depth = self
+            .slice
+            .as_ref()
+            .map(|s| format!("from a {}-block slice to the model's {} blocks", s.blocks, s.depth));
+        let tokens = self
+            .tokens
+            .as_ref()
+            .map(|t| format!("from {} and {} tokens to {}", t.probed[0], t.probed[1], t.tokens));
+        match (depth, tokens) {
+            (None, None) => None,
+            (a, b) => Some(format!(
+                "extrapolated {}, not measured",
+                a.into_iter().chain(b).collect::<Vec<_>>().join(" and ")
+            )),
+        }
     }
 
     fn dominant(&self, knobs: &vramfit::plan::Knobs) -> Option<String> {
         let model = self.model.with(knobs);
         let (outside, scale, rest) = model.split(knobs, self.space.batch);
-        let samples = scale * vramfit::plan::chain::chain_peak(&model.chain(), &knobs.checkpointed);
+        let samples =
+            scale * vramfit::plan::chain::peak_with_head(&model.chain(), &knobs.checkpointed, model.head_bytes);
         let state = outside - scale * model.outside_bytes;
         Some(if rest > outside + samples {
             format!(

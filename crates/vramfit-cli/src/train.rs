@@ -22,6 +22,15 @@ pub enum Which {
     Unet(TrainArgs),
 }
 
+impl TrainArgs {
+    fn probes(&self) -> crate::plan::Probes {
+        crate::plan::Probes {
+            blocks: self.probe_blocks,
+            tokens: self.probe_tokens,
+        }
+    }
+}
+
 #[derive(clap::Args)]
 pub struct TrainArgs {
     #[command(flatten)]
@@ -37,6 +46,11 @@ pub struct TrainArgs {
     /// the model's depth (0: probe the whole model; default: 2 for llm, whole otherwise).
     #[arg(long, requires = "budget", allow_negative_numbers = true, value_parser = crate::flags::parse_count::<usize>)]
     probe_blocks: Option<usize>,
+    /// With --budget: probe at this many tokens a sample (and twice it) and
+    /// extrapolate to the run's (0: at the run's; default: 128 for an llm
+    /// run of 512 tokens or more).
+    #[arg(long, requires = "budget", allow_negative_numbers = true, value_parser = crate::flags::parse_count::<usize>)]
+    probe_tokens: Option<usize>,
     /// Run directory (default: the next free runs/<workload>-NNN).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -111,7 +125,7 @@ fn run_family<F: Family<D>, const D: usize>(
                 device: args.device.name.clone(),
                 simulate_oom_at: args.simulate_oom_at,
             };
-            return crate::plan::model::<F, D>(config, &args.device.name, args.probe_blocks, action);
+            return crate::plan::model::<F, D>(config, &args.device.name, args.probes(), action);
         }
         let action = crate::plan::Action::Run {
             budget,
@@ -119,7 +133,7 @@ fn run_family<F: Family<D>, const D: usize>(
             out: crate::runs::run_path(&args.out, F::NAME),
             simulate_oom_at: args.simulate_oom_at,
         };
-        return crate::plan::model::<F, D>(config, &args.device.name, args.probe_blocks, action);
+        return crate::plan::model::<F, D>(config, &args.device.name, args.probes(), action);
     }
     if args.simulate_oom_at.is_some() && args.held_to.is_none() {
         anyhow::bail!("--simulate-oom-at is a test seam of planned runs: give --budget too");

@@ -49,6 +49,24 @@ pub trait ModelSettings:
         None
     }
 
+    /// Tokens a sample of `task` has, where its samples are sequences the
+    /// planner can probe shorter ([`vramfit::plan::tokens`]).
+    fn sequence_tokens(_task: &Self::Task) -> Option<usize> {
+        None
+    }
+
+    /// `task` with `tokens` a sample, where [`Self::sequence_tokens`] has it.
+    fn with_sequence_tokens(_task: &Self::Task, _tokens: usize) -> Option<Self::Task> {
+        None
+    }
+
+    /// The tokens the planner probes at by default (`--probe-tokens`),
+    /// where a run of `task` is long enough to be planned from shorter
+    /// probes unless asked otherwise.
+    fn default_probe_tokens(&self, _task: &Self::Task) -> Option<usize> {
+        None
+    }
+
     /// A rough count of the floats the model and task hold: parameters,
     /// activations a sample (kept for the backward), and the task's own
     /// tables. Only to refuse shapes past [`MOST_BYTES`] before anything

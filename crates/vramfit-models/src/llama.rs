@@ -29,6 +29,9 @@ use crate::config::{ConfigError, RoughFloats, invalid};
 use crate::data::{SyntheticTask, TaskConfig, TokenBatch};
 use crate::gpt::{constant, normal};
 
+/// Tokens the planner probes a long run at by default.
+pub const PROBE_TOKENS: usize = 128;
+
 /// A training run of the family.
 pub type LlmConfig = crate::config::FamilyConfig<LlamaConfig>;
 
@@ -932,6 +935,21 @@ impl crate::family::ModelSettings for LlamaConfig {
     /// slice, so what is predicted is always the extrapolation.
     fn default_probe_blocks(&self) -> Option<usize> {
         (self.depth > 2 && self.with_blocks(2).is_some()).then_some(2)
+    }
+
+    fn sequence_tokens(task: &TaskConfig) -> Option<usize> {
+        Some(task.tokens)
+    }
+
+    fn with_sequence_tokens(task: &TaskConfig, tokens: usize) -> Option<TaskConfig> {
+        Some(TaskConfig { tokens, ..task.clone() })
+    }
+
+    /// 128 tokens, where a sample has 512 or more: the law in tokens is
+    /// fitted through 128 and 256 (its check measured in
+    /// docs/results/llm.md).
+    fn default_probe_tokens(&self, task: &TaskConfig) -> Option<usize> {
+        (task.tokens >= 512).then_some(PROBE_TOKENS)
     }
 
     fn rough_floats(&self, task: &TaskConfig) -> RoughFloats {

@@ -28,6 +28,7 @@ pub struct FamilyTarget<B: AutodiffBackend, F: Family<D>, const D: usize> {
     device: B::Device,
     device_name: String,
     probe_blocks: Option<usize>,
+    probe_tokens: Option<usize>,
 }
 
 /// The transformer for the planner.
@@ -51,6 +52,7 @@ where
             device: device.clone(),
             device_name: B::name(device),
             probe_blocks: None,
+            probe_tokens: None,
         })
     }
 
@@ -89,7 +91,30 @@ where
             device: device.clone(),
             device_name: B::name(device),
             probe_blocks: Some(probe_blocks),
+            probe_tokens: None,
         })
+    }
+
+    /// Probed at `tokens` a sample and extrapolated to the run's
+    /// ([`vramfit::plan::tokens`]); the family's samples must be sequences
+    /// longer than that.
+    pub fn with_probe_tokens(mut self, tokens: usize) -> Result<Self, TrainError> {
+        let error = |why: String| TrainError::Config(invalid("probe_tokens", why));
+        let Some(run) = F::sequence_tokens(&self.base.task) else {
+            return Err(error(format!(
+                "`{}` has no sequence to shorten: --probe-tokens is the llm's",
+                F::NAME
+            )));
+        };
+        if tokens == 0 || tokens >= run {
+            return Err(error(format!(
+                "probes at {tokens} tokens for a run of {run}: give --probe-tokens 1 to {} (or 0: probe at the run's \
+                 tokens)",
+                run.saturating_sub(1)
+            )));
+        }
+        self.probe_tokens = Some(tokens);
+        Ok(self)
     }
 
     /// The device as a planned run's directory and `plan.json` name it.
@@ -205,6 +230,10 @@ where
     fn deep(&self) -> Option<&dyn Deep> {
         self.probe_blocks.map(|_| self as &dyn Deep)
     }
+
+    fn long(&self) -> Option<&dyn vramfit::plan::Long> {
+        self.probe_tokens.map(|_| self as &dyn vramfit::plan::Long)
+    }
 }
 
 /// The model `blocks` deep, for a planner that probes a slice of it.
@@ -240,6 +269,48 @@ where
             device: self.device.clone(),
             device_name: self.device_name.clone(),
             probe_blocks: None,
+            probe_tokens: None,
+        }))
+    }
+}
+
+/// The run at fewer tokens a sample, for a planner that probes it shorter.
+impl<B, F: Family<D>, const D: usize> vramfit::plan::Long for FamilyTarget<B, F, D>
+where
+    B: AutodiffBackend,
+    B::InnerBackend: DeviceMemory,
+{
+    fn tokens(&self) -> usize {
+        F::sequence_tokens(&self.base.task).unwrap_or(0)
+    }
+
+    fn probe_tokens(&self) -> usize {
+        self.probe_tokens.unwrap_or(self.tokens())
+    }
+
+    /// The space does not change with the tokens but for the blocks'
+    /// inputs: nothing is built.
+    fn shortened(&self, tokens: usize) -> Result<Box<dyn Plannable>, ProbeError> {
+        let task = F::with_sequence_tokens(&self.base.task, tokens)
+            .ok_or_else(|| ProbeError::workload(format!("`{}` has no sequence to shorten", F::NAME)))?;
+        let base = FamilyConfig {
+            task,
+            ..self.base.clone()
+        };
+        base.resolve_elsewhere::<B>(&self.device)
+            .map_err(ProbeError::workload)?;
+        let space = Space {
+            block_input_bytes: base.model.block_input_bytes(&base.task),
+            block_shapes: base.model.block_shapes(&base.task),
+            ..self.space.clone()
+        };
+        Ok(Box::new(Self {
+            base,
+            space,
+            device: self.device.clone(),
+            device_name: self.device_name.clone(),
+            probe_blocks: self.probe_blocks,
+            probe_tokens: None,
         }))
     }
 }

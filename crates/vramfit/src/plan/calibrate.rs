@@ -467,6 +467,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         seconds: started.elapsed().as_secs_f64(),
         probe_batch: p,
         slice: None,
+        tokens: None,
     })
 }
 

@@ -258,6 +258,7 @@ mod tests {
             seconds: 0.0,
             probe_batch: 16,
             slice: None,
+            tokens: None,
         }
     }
 

@@ -56,6 +56,7 @@ mod planned;
 mod probe;
 pub mod slice;
 mod strategy;
+pub mod tokens;
 
 pub use capacity::{Capacity, CapacityCalibration, Counted, Line, Variant, calibrate_capacity};
 pub use ladder::{Ladder, LadderCalibration, Rung, calibrate_ladder};
@@ -71,6 +72,7 @@ pub use planned::{Planned, PlannedRun};
 pub use probe::{Measured, PROBE_STEPS, ProbeError, measure_run, measured_in, run_probe};
 pub use slice::{Deep, Slice, calibrate_sliced};
 pub use strategy::{Choice, Plan, PlanError, Preset, Strategy};
+pub use tokens::{Long, TokenLaw, calibrate_long};
 
 use serde::{Deserialize, Serialize};
 
@@ -308,6 +310,11 @@ pub trait Plannable {
     fn deep(&self) -> Option<&dyn Deep> {
         None
     }
+    /// Where it is to be probed at fewer tokens a sample ([`tokens`]):
+    /// itself as a [`Long`] workload. `None` (the default): at its own.
+    fn long(&self) -> Option<&dyn Long> {
+        None
+    }
 }
 
 /// Runs the probes and fits the model (see the module's description).
@@ -316,6 +323,9 @@ pub trait Plannable {
 /// workload that asks to be planned from a slice ([`Plannable::deep`]) is
 /// probed only that deep and extrapolated ([`calibrate_sliced`]).
 pub fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) -> Result<Calibration, PlanError> {
+    if let Some(long) = target.long() {
+        return calibrate_long(long, target.space(), probe_batch);
+    }
     match target.deep() {
         Some(deep) => calibrate_sliced(deep, probe_batch),
         None => calibrate::calibrate(target, probe_batch),
@@ -350,6 +360,10 @@ pub struct Calibration {
     /// whole depth was extrapolated (every predicted figure then is).
     #[serde(default)]
     pub slice: Option<Slice>,
+    /// Where the probes ran at fewer tokens a sample: how the run's length
+    /// was extrapolated (every predicted figure then is).
+    #[serde(default)]
+    pub tokens: Option<TokenLaw>,
 }
 
 impl Calibration {
@@ -499,9 +513,11 @@ impl Strategy for Calibration {
             "model": self.model,
             "model_peak_error": self.peak_error,
             "model_time_error": self.time_error,
-            "probes": self.probes.len() + self.checks.len() + usize::from(self.slice.is_some()),
+            "probes": self.probes.len() + self.checks.len() + usize::from(self.slice.is_some())
+                + self.tokens.as_ref().map_or(0, |t| t.probes.len()),
             "probe_seconds": self.seconds,
             "extrapolated_from_slice": self.slice,
+            "extrapolated_in_tokens": self.tokens,
         })
     }
 }
