@@ -2,7 +2,9 @@
 //! slice is from the whole model measured. The slice is calibrated
 //! exactly as `plan llm --probe-blocks K` does; then every plan of a fixed
 //! list (chosen before any figure is seen, never tuned on them) is
-//! predicted at the whole depth and measured on the whole model.
+//! predicted at the whole depth and measured on the whole model. With
+//! `--probe-tokens T` the slice is probed at `T` and `2T` tokens and the
+//! predictions extrapolated to the run's length too.
 
 use std::path::PathBuf;
 
@@ -24,6 +26,10 @@ pub struct Args {
     /// Blocks of the probed slice.
     #[arg(long, default_value_t = 2, value_parser = crate::flags::parse_count::<usize>)]
     probe_blocks: usize,
+    /// Probe at this many tokens a sample (and twice it) and extrapolate to
+    /// the run's (0: at the run's).
+    #[arg(long, default_value_t = 0, value_parser = crate::flags::parse_count::<usize>)]
+    probe_tokens: usize,
     #[command(flatten)]
     device: crate::device::DeviceArg,
     /// JSON output (a .md table is written beside it).
@@ -39,6 +45,7 @@ pub fn run(args: Args) -> Result<()> {
         Bench {
             config,
             probe_blocks: args.probe_blocks,
+            probe_tokens: args.probe_tokens,
             out: args.out,
         },
     )
@@ -47,6 +54,7 @@ pub fn run(args: Args) -> Result<()> {
 struct Bench {
     config: FamilyConfig<LlamaConfig>,
     probe_blocks: usize,
+    probe_tokens: usize,
     out: PathBuf,
 }
 
@@ -119,6 +127,9 @@ impl OnBackend for Bench {
             self.probe_blocks
         );
         let mut sliced = FamilyTarget::<B, LlamaConfig, 3>::sliced(self.config.clone(), device, self.probe_blocks)?;
+        if self.probe_tokens > 0 {
+            sliced = sliced.with_probe_tokens(self.probe_tokens)?;
+        }
         let cal = calibrate(&mut sliced, None)?;
         drop(sliced);
         eprintln!("measuring the whole model on each plan…");
@@ -167,11 +178,22 @@ impl OnBackend for Bench {
             worst * 100.0,
             worst_step * 100.0
         );
+        let summary = match &cal.tokens {
+            Some(law) => format!(
+                "{summary}; probed at {} and {} tokens, extrapolated to {} (the law's check at {}: {:+.2} %)",
+                law.probed[0],
+                law.probed[1],
+                law.tokens,
+                law.probed[1],
+                law.check_error.unwrap_or(f64::NAN) * 100.0
+            ),
+            None => summary,
+        };
         println!("{summary}\n\n{table}");
         let command = std::env::args().collect::<Vec<_>>().join(" ");
         let record = json!({
             "bench": "slice", "command": command, "device": name, "config": self.config,
-            "slice": slice, "calibration_seconds": cal.seconds, "worst_peak_error": worst,
+            "slice": slice, "tokens": cal.tokens, "calibration_seconds": cal.seconds, "worst_peak_error": worst,
             "worst_step_peak_error": worst_step, "rows": rows,
         });
         crate::plan_bench::write_results(

@@ -2232,4 +2232,36 @@ fn the_llm_is_planned_from_a_slice() {
     refused_saying(&run(&args, d), "give --probe-blocks 1 to 5");
     let o = run(&["plan", "unet", "--probe-blocks", "1", "--budget", "1GiB"], d);
     refused_saying(&o, "cannot be planned from a slice");
+
+    // Shorter probes: at 4 and 8 tokens, extrapolated to the run's 16.
+    let json = d.join("short.json");
+    let args = [
+        &[
+            "plan",
+            "llm",
+            "--probe-tokens",
+            "4",
+            "--budget",
+            "64MiB",
+            "--json",
+            json.to_str().unwrap(),
+        ][..],
+        &small,
+    ]
+    .concat();
+    let o = run(&args, d);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.contains("and from 4 and 8 tokens to 16, not measured"),
+        "{out}{}",
+        stderr(&o)
+    );
+    let plan: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let law = &plan["calibration"]["tokens"];
+    assert_eq!(law["probed"], serde_json::json!([4, 8]), "{law}");
+    assert!(law["check_error"].is_number(), "{law}");
+    let args = [&["plan", "llm", "--probe-tokens", "16", "--budget", "1GiB"][..], &small].concat();
+    refused_saying(&run(&args, d), "give --probe-tokens 1 to 15");
+    let o = run(&["plan", "unet", "--probe-tokens", "4", "--budget", "1GiB"], d);
+    refused_saying(&o, "--probe-tokens is the llm's");
 }
