@@ -29,7 +29,13 @@ pub struct FamilyTarget<B: AutodiffBackend, F: Family<D>, const D: usize> {
     device_name: String,
     probe_blocks: Option<usize>,
     probe_tokens: Option<usize>,
+    /// The spaces of the slices counted so far, by depth, shared with the
+    /// targets made from this one (counting builds the model: for a 7B's
+    /// slice, some 30 s of drawing weights each time).
+    slices: SliceSpaces,
 }
+
+type SliceSpaces = std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<usize, Space>>>;
 
 /// The transformer for the planner.
 pub type TransformerTarget<B> = FamilyTarget<B, GptConfig, 3>;
@@ -53,6 +59,7 @@ where
             device_name: B::name(device),
             probe_blocks: None,
             probe_tokens: None,
+            slices: SliceSpaces::default(),
         })
     }
 
@@ -78,11 +85,10 @@ where
                 depth.saturating_sub(1)
             )));
         }
+        let slices = SliceSpaces::default();
         let at = |blocks: usize| -> Result<Space, TrainError> {
             let model = base.model.with_blocks(blocks).expect("the family slices");
-            let sliced = FamilyConfig { model, ..base.clone() };
-            sliced.resolve_elsewhere::<B>(device)?;
-            space_of::<B, F, D>(&sliced, device)
+            slice_space::<B, F, D>(&slices, &FamilyConfig { model, ..base.clone() }, device)
         };
         let space = vramfit::plan::slice::deepened(&at(probe_blocks)?, &at(probe_blocks + 1)?, depth);
         Ok(Self {
@@ -92,6 +98,7 @@ where
             device_name: B::name(device),
             probe_blocks: Some(probe_blocks),
             probe_tokens: None,
+            slices,
         })
     }
 
@@ -122,6 +129,40 @@ where
         self.device_name = name.into();
         self
     }
+}
+
+/// The space of `base`, a slice (validated but for whether the whole fits
+/// here), counted once per depth in `slices`: what depends on the task
+/// (the blocks' inputs) is the task's own.
+fn slice_space<B, F: Family<D>, const D: usize>(
+    slices: &SliceSpaces,
+    base: &FamilyConfig<F>,
+    device: &B::Device,
+) -> Result<Space, TrainError>
+where
+    B: AutodiffBackend,
+    B::InnerBackend: DeviceMemory,
+{
+    base.resolve_elsewhere::<B>(device)?;
+    let blocks = base.model.blocks();
+    let counted = slices.lock().unwrap_or_else(|e| e.into_inner()).get(&blocks).cloned();
+    let space = match counted {
+        Some(space) => space,
+        None => {
+            let space = space_of::<B, F, D>(base, device)?;
+            slices
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(blocks, space.clone());
+            space
+        }
+    };
+    Ok(Space {
+        batch: base.batch_size,
+        block_input_bytes: base.model.block_input_bytes(&base.task),
+        block_shapes: base.model.block_shapes(&base.task),
+        ..space
+    })
 }
 
 /// The knob space of `base` on `device`: its model is built once to count
@@ -261,15 +302,14 @@ where
             model,
             ..self.base.clone()
         };
-        base.resolve_elsewhere::<B>(&self.device)
-            .map_err(ProbeError::workload)?;
         Ok(Box::new(Self {
-            space: space_of::<B, F, D>(&base, &self.device).map_err(ProbeError::workload)?,
+            space: slice_space::<B, F, D>(&self.slices, &base, &self.device).map_err(ProbeError::workload)?,
             base,
             device: self.device.clone(),
             device_name: self.device_name.clone(),
             probe_blocks: None,
             probe_tokens: None,
+            slices: self.slices.clone(),
         }))
     }
 }
@@ -311,6 +351,7 @@ where
             device_name: self.device_name.clone(),
             probe_blocks: self.probe_blocks,
             probe_tokens: None,
+            slices: self.slices.clone(),
         }))
     }
 }
