@@ -23,10 +23,15 @@
 //!   attention's block is solved again with that head);
 //! - the copies in the rest phases and the step time per block are the
 //!   difference between the two depths' plain steps, over `m`;
-//! - what a knob adds in proportion to the parameters (bf16 storage, bf16
-//!   or host moments, the gradient accumulator, a precision's copies) is
-//!   scaled by the ratio of the parameters it acts on, counted at both
-//!   depths by the slices' own [`Space`]s (arithmetic, not measured);
+//! - what bf16 storage of every group does is measured at both depths too
+//!   (it is not in proportion to the stored bytes: a block's and the
+//!   head's weights are cast for their matmuls, the embedding's looked-up
+//!   rows only; scaling the slice's effect by the stored bytes put it
+//!   7 % over on TinyLlama); what another knob adds in proportion to the
+//!   parameters (bf16 or host moments, the gradient accumulator, a
+//!   precision's copies) is scaled by the ratio of the parameters it acts
+//!   on, counted at both depths by the slices' own [`Space`]s
+//!   (arithmetic, not measured);
 //! - the whole depth's space (its parameters and storage groups) is
 //!   extrapolated from the two slices' in the same way ([`deepened`]).
 //!
@@ -63,6 +68,10 @@ pub struct Slice {
     /// blocks or more).
     #[serde(default)]
     pub deeper_checkpointed: Option<ProbeRecord>,
+    /// The same depth's step with every group stored in bf16, where the
+    /// space has groups.
+    #[serde(default)]
+    pub deeper_stored: Option<ProbeRecord>,
     /// Bytes a sample keeps per plain block and the head holds at the
     /// forward's end, fitted from the two depths (0 and the slice's own
     /// split where they were not).
@@ -201,6 +210,28 @@ pub fn calibrate_sliced(deep: &dyn Deep, probe_batch: Option<usize>) -> Result<C
         None => None,
     };
     let next = deeper.space();
+    // Every group stored in bf16 at the same depth, where the slice probed
+    // it: what storage does per block (it is not in proportion to the
+    // stored bytes: the head's and blocks' weights are cast for their
+    // matmuls, the embedding's rows only are looked up).
+    let stored = match probed("storage bf16") {
+        Some(_) if !next.storage_groups.is_empty() => {
+            let knobs = Knobs {
+                low_storage: next.storage_groups.len(),
+                ..Knobs::base(k + m, p)
+            };
+            let measured = deeper.measure(&knobs, p).map_err(|why| PlanError::Probe {
+                probe: format!("{m} block(s) deeper ({})", knobs.describe(p)),
+                why: why.to_string(),
+            })?;
+            Some(record(
+                format!("{m} block(s) deeper, storage bf16 ({} blocks)", k + m),
+                knobs,
+                measured,
+            ))
+        }
+        _ => None,
+    };
     drop(deeper);
     let base = probed("base").expect("every calibration probes a base");
     let space = deepened(&cal.space, &next, depth);
@@ -210,8 +241,13 @@ pub fn calibrate_sliced(deep: &dyn Deep, probe_batch: Option<usize>) -> Result<C
         fused_checkpointed: probed("attention fused, checkpoint all"),
         deeper: record(format!("{m} block(s) deeper ({} blocks)", k + m), knobs, measured),
         deeper_checkpointed: checkpointed,
+        deeper_stored: stored,
     };
-    let extra_seconds = probes.deeper_checkpointed.as_ref().map_or(0.0, |r| r.measured.seconds);
+    let extra_seconds = [&probes.deeper_checkpointed, &probes.deeper_stored]
+        .iter()
+        .filter_map(|r| r.as_ref())
+        .map(|r| r.measured.seconds)
+        .sum::<f64>();
     let (model, record) = deepened_model(&cal.model, &cal.space, &space, probes);
     let seconds = cal.seconds + measured.seconds + extra_seconds;
     Ok(Calibration {
@@ -253,6 +289,8 @@ struct Depths {
     deeper: ProbeRecord,
     /// The deeper step with every block checkpointed, where probed.
     deeper_checkpointed: Option<ProbeRecord>,
+    /// The deeper step with every group stored in bf16, where probed.
+    deeper_stored: Option<ProbeRecord>,
 }
 
 /// What a sample keeps per plain block and the head holds, from the two
@@ -293,6 +331,41 @@ fn fused_split(f: &mut super::FusedCosts, k: f64, s: f64, p: f64, head: f64, all
     };
     f.block.activations = s + x.max(0.0);
     f.outside_bytes = plain - k * f.block.activations - head;
+}
+
+/// What a knob's probe `knob` adds against the plain probe `plain` at the
+/// same depth (the rest only where both read their own, not the step's
+/// pages still held).
+fn knob_delta(knob: &super::Measured, plain: &super::Measured) -> super::Delta {
+    let own = |x: &super::Measured| x.rest_peak_bytes != x.step_peak_bytes;
+    let rest = if own(knob) && own(plain) {
+        knob.rest_peak_bytes as f64 - plain.rest_peak_bytes as f64
+    } else {
+        0.0
+    };
+    super::Delta {
+        step: knob.step_peak_bytes as f64 - plain.step_peak_bytes as f64,
+        rest,
+        between: if knob.files_peak_bytes > 0 && plain.files_peak_bytes > 0 {
+            knob.between_peak_bytes as f64 - plain.between_peak_bytes as f64
+        } else {
+            rest
+        },
+        ms: 0.0,
+    }
+}
+
+/// A knob's effect at the whole depth from its effect at the slice's
+/// (`at`) and `m` blocks deeper (`deeper`): linear in the blocks; its time
+/// scaled by `r`.
+fn grown_delta(at: super::Delta, deeper: super::Delta, m: f64, extra: f64, r: f64) -> super::Delta {
+    let grow = |a: f64, d: f64| a + extra * (d - a) / m;
+    super::Delta {
+        step: grow(at.step, deeper.step),
+        rest: grow(at.rest, deeper.rest),
+        between: grow(at.between, deeper.between),
+        ms: at.ms * r,
+    }
 }
 
 /// The slice's model (`model`, fitted on `at`) grown to the whole space,
@@ -363,7 +436,10 @@ fn deepened_model(model: &Model, at: &Space, whole: &Space, probes: Depths) -> (
             .iter()
             .map(|&(p, rho, pi, rest)| (p, rho, pi, rest * r_all))
             .collect(),
-        storage: scale(model.storage, r_stored),
+        storage: match &probes.deeper_stored {
+            Some(r) => grown_delta(model.storage, knob_delta(&r.measured, deeper), m, extra, r_stored),
+            None => scale(model.storage, r_stored),
+        },
         storage_share,
         moments: scale(model.moments, r_trainable),
         host_moments: scale(model.host_moments, r_trainable),
@@ -390,7 +466,13 @@ fn deepened_model(model: &Model, at: &Space, whole: &Space, probes: Depths) -> (
         per_block_rest_bytes: per_block_rest,
         per_block_ms,
         scaled: vec![
-            format!("bf16 storage's saving by the stored parameters ({r_stored:.2}×)"),
+            if probes.deeper_stored.is_some() {
+                format!(
+                    "bf16 storage's bytes by the blocks (from the two depths), its time by the stored parameters ({r_stored:.2}×)"
+                )
+            } else {
+                format!("bf16 storage's saving by the stored parameters ({r_stored:.2}×)")
+            },
             format!(
                 "bf16 and host moments' savings and the gradient accumulator by the trainable parameters \
                  ({r_trainable:.2}×)"
@@ -400,6 +482,7 @@ fn deepened_model(model: &Model, at: &Space, whole: &Space, probes: Depths) -> (
         ],
         deeper: probes.deeper,
         deeper_checkpointed: probes.deeper_checkpointed,
+        deeper_stored: probes.deeper_stored,
     };
     (grown, slice)
 }
