@@ -479,6 +479,35 @@ fn a_checkpoint_of_another_shape_or_truncated_is_refused() {
     }
     std::fs::write(&cut, [&16u64.to_le_bytes()[..], b"{not json at all", &[0; 64]].concat()).unwrap();
     assert!(at(&cut, &config).unwrap().contains("not a safetensors header"));
+    // Shards listed by an index, as a large checkpoint is published.
+    let sharded = tmp.path().join("sharded");
+    std::fs::create_dir(&sharded).unwrap();
+    let tensors = hf_checkpoint(&config, &tmp.path().join("unused.safetensors"), Dtype::F32);
+    let (first, second) = tensors.split_at(tensors.len() / 2);
+    let mut map = serde_json::Map::new();
+    for (file, part) in [
+        ("model-00001-of-00002.safetensors", first),
+        ("model-00002-of-00002.safetensors", second),
+    ] {
+        let refs: Vec<(&str, Vec<usize>, &[f32])> = part
+            .iter()
+            .map(|(n, s, v)| (n.as_str(), s.clone(), v.as_slice()))
+            .collect();
+        write(&sharded.join(file), &refs, Dtype::F32).unwrap();
+        for (name, _, _) in part {
+            map.insert(name.clone(), file.into());
+        }
+    }
+    let index = serde_json::json!({ "metadata": {}, "weight_map": map });
+    std::fs::write(sharded.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    assert_eq!(at(&sharded, &config), None, "the sharded checkpoint is accepted");
+    std::fs::remove_file(sharded.join("model-00002-of-00002.safetensors")).unwrap();
+    let e = at(&sharded, &config).unwrap();
+    assert!(
+        e.contains("model-00002-of-00002.safetensors, which is not there"),
+        "{e}"
+    );
+
     let e = at(&tmp.path().join("nowhere"), &config).unwrap();
     assert!(e.contains("no such directory"), "{e}");
     let empty = tmp.path().join("empty");
