@@ -168,12 +168,13 @@ impl OnBackend for Bench {
         }
         let slice = cal.slice.as_ref().expect("calibrated from a slice");
         let summary = format!(
-            "{}-block slice of a {depth}-block model on {name}: calibration {:.0} s ({} probes and a plain step {} \
+            "{}-block slice of a {depth}-block model on {name}: calibration {:.0} s ({} probes and {} step(s) {} \
              blocks deep); worst error of the deciding peak {:.2} %, of the forward and backward's peak {:.2} % \
              (measured on the whole model; predictions extrapolated; step times this machine's)",
             slice.blocks,
             cal.seconds,
             cal.probes.len() + cal.checks.len(),
+            1 + usize::from(slice.deeper_checkpointed.is_some()) + usize::from(slice.deeper_stored.is_some()),
             slice.deeper.knobs.checkpointed.len(),
             worst * 100.0,
             worst_step * 100.0
