@@ -174,7 +174,7 @@ impl OnBackend for Bench {
             slice.blocks,
             cal.seconds,
             cal.probes.len() + cal.checks.len(),
-            1 + usize::from(slice.deeper_checkpointed.is_some()) + usize::from(slice.deeper_stored.is_some()),
+            slice.deeper_probes(),
             slice.deeper.knobs.checkpointed.len(),
             worst * 100.0,
             worst_step * 100.0

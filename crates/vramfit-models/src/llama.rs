@@ -384,13 +384,13 @@ impl LlamaConfig {
             match file.shape(name) {
                 None => {
                     return Err(bad(format!(
-                        "{}: no tensor `{name}`: not a Llama-family checkpoint of this shape (depth {}, qkv_bias {},                          tie_head {})",
+                        "{}: no tensor `{name}`: not a Llama-family checkpoint of this shape (depth {}, qkv_bias {}, tie_head {})",
                         self.weights, self.depth, self.qkv_bias, self.tie_head
                     )));
                 }
                 Some(got) if got != shape.as_slice() => {
                     return Err(bad(format!(
-                        "{}: `{name}` is {got:?}, this shape's is {shape:?}: the checkpoint is of another shape                          (set model.width, depth, heads, kv_heads, ffn and vocab to its config.json's)",
+                        "{}: `{name}` is {got:?}, this shape's is {shape:?}: the checkpoint is of another shape (set model.width, depth, heads, kv_heads, ffn and vocab to its config.json's)",
                         self.weights
                     )));
                 }
@@ -407,7 +407,7 @@ impl LlamaConfig {
             .collect();
         if let Some(first) = extra.first() {
             return Err(bad(format!(
-                "{}: {} tensor(s) this shape has no place for (`{first}` first): a checkpoint of a deeper or                  different model",
+                "{}: {} tensor(s) this shape has no place for (`{first}` first): a checkpoint of a deeper or different model",
                 self.weights,
                 extra.len()
             )));

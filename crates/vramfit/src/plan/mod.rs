@@ -513,7 +513,8 @@ impl Strategy for Calibration {
             "model": self.model,
             "model_peak_error": self.peak_error,
             "model_time_error": self.time_error,
-            "probes": self.probes.len() + self.checks.len() + usize::from(self.slice.is_some())
+            "probes": self.probes.len() + self.checks.len()
+                + self.slice.as_ref().map_or(0, Slice::deeper_probes)
                 + self.tokens.as_ref().map_or(0, |t| t.probes.len()),
             "probe_seconds": self.seconds,
             "extrapolated_from_slice": self.slice,

@@ -6,12 +6,14 @@
 //! micro-batch and `k` micro-batches, the step part is
 //!
 //! `fixed + storage·f(groups) + moments + cleanup + [k > 1]·accumulator
-//!   + ρ(precision) · m · (outside + chain_peak(blocks, marks))`
+//!   + ρ(precision) · m · (outside + peak_with_head(blocks, marks, head))`
 //!
 //! and the rest is `rest + what precision, storage, moments and cleanup
-//! add to it`, where `outside` is what a sample keeps outside the blocks (embeddings,
-//! head, loss) and each block keeps `activations` per sample when plain and
-//! its `input` when checkpointed ([`super::chain`]). Step time:
+//! add to it`, where `outside` is what a sample keeps outside the blocks
+//! throughout (embeddings, loss), `head` what it holds at the forward's
+//! end on top of all the chain keeps (fitted from a depth slice, else 0
+//! and in `outside`), and each block keeps `activations` per sample when
+//! plain and its `input` when checkpointed ([`super::chain`]). Step time:
 //!
 //! `fixed_ms + π(precision) · (k·micro_batch_ms + B·sample_ms + B·recompute·|marks|)
 //!   + storage_ms·f(groups) + moments_ms + cleanup_ms`.

@@ -92,6 +92,13 @@ pub struct Slice {
     pub scaled: Vec<String>,
 }
 
+impl Slice {
+    /// Steps run deeper than the slice (plain, checkpointed, stored).
+    pub fn deeper_probes(&self) -> usize {
+        1 + usize::from(self.deeper_checkpointed.is_some()) + usize::from(self.deeper_stored.is_some())
+    }
+}
+
 /// The space of a workload `depth` blocks deep, from its spaces at two
 /// depths (`at` and the deeper `next`): every storage group's bytes and
 /// the trainable parameters' list grown by what one block adds.
@@ -241,6 +248,7 @@ pub fn calibrate_sliced(deep: &dyn Deep, probe_batch: Option<usize>) -> Result<C
         fused_checkpointed: probed("attention fused, checkpoint all"),
         deeper: record(format!("{m} block(s) deeper ({} blocks)", k + m), knobs, measured),
         deeper_checkpointed: checkpointed,
+        stored: probed("storage bf16"),
         deeper_stored: stored,
     };
     let extra_seconds = [&probes.deeper_checkpointed, &probes.deeper_stored]
@@ -289,6 +297,8 @@ struct Depths {
     deeper: ProbeRecord,
     /// The deeper step with every block checkpointed, where probed.
     deeper_checkpointed: Option<ProbeRecord>,
+    /// The slice's step with every group stored in bf16, where probed.
+    stored: Option<super::Measured>,
     /// The deeper step with every group stored in bf16, where probed.
     deeper_stored: Option<ProbeRecord>,
 }
@@ -334,16 +344,12 @@ fn fused_split(f: &mut super::FusedCosts, k: f64, s: f64, p: f64, head: f64, all
 }
 
 /// What a knob's probe `knob` adds against the plain probe `plain` at the
-/// same depth (the rest only where both read their own, not the step's
-/// pages still held).
-fn knob_delta(knob: &super::Measured, plain: &super::Measured) -> super::Delta {
+/// same depth, and whether its rest is a reading of its own (both rests
+/// not just the step's pages still held).
+fn knob_delta(knob: &super::Measured, plain: &super::Measured) -> (super::Delta, bool) {
     let own = |x: &super::Measured| x.rest_peak_bytes != x.step_peak_bytes;
-    let rest = if own(knob) && own(plain) {
-        knob.rest_peak_bytes as f64 - plain.rest_peak_bytes as f64
-    } else {
-        0.0
-    };
-    super::Delta {
+    let rest = knob.rest_peak_bytes as f64 - plain.rest_peak_bytes as f64;
+    let delta = super::Delta {
         step: knob.step_peak_bytes as f64 - plain.step_peak_bytes as f64,
         rest,
         between: if knob.files_peak_bytes > 0 && plain.files_peak_bytes > 0 {
@@ -352,19 +358,33 @@ fn knob_delta(knob: &super::Measured, plain: &super::Measured) -> super::Delta {
             rest
         },
         ms: 0.0,
-    }
+    };
+    (delta, own(knob) && own(plain))
 }
 
-/// A knob's effect at the whole depth from its effect at the slice's
-/// (`at`) and `m` blocks deeper (`deeper`): linear in the blocks; its time
-/// scaled by `r`.
-fn grown_delta(at: super::Delta, deeper: super::Delta, m: f64, extra: f64, r: f64) -> super::Delta {
+/// A knob's effect at the whole depth from its probes at the slice's
+/// depth (`at`, against `base`) and `m` blocks deeper (`deeper`, against
+/// `deeper_plain`): its step's bytes linear in the blocks; its rest's too
+/// where all four read their own, else `fitted`'s scaled by `r`, as its
+/// time is.
+fn grown_delta(
+    fitted: super::Delta,
+    (at, base): (&super::Measured, &super::Measured),
+    (deeper, deeper_plain): (&super::Measured, &super::Measured),
+    (m, extra, r): (f64, f64, f64),
+) -> super::Delta {
+    let ((a, own_at), (d, own_deeper)) = (knob_delta(at, base), knob_delta(deeper, deeper_plain));
     let grow = |a: f64, d: f64| a + extra * (d - a) / m;
+    let (rest, between) = if own_at && own_deeper {
+        (grow(a.rest, d.rest), grow(a.between, d.between))
+    } else {
+        (fitted.rest * r, fitted.between * r)
+    };
     super::Delta {
-        step: grow(at.step, deeper.step),
-        rest: grow(at.rest, deeper.rest),
-        between: grow(at.between, deeper.between),
-        ms: at.ms * r,
+        step: grow(a.step, d.step),
+        rest,
+        between,
+        ms: fitted.ms * r,
     }
 }
 
@@ -437,8 +457,13 @@ fn deepened_model(model: &Model, at: &Space, whole: &Space, probes: Depths) -> (
             .map(|&(p, rho, pi, rest)| (p, rho, pi, rest * r_all))
             .collect(),
         storage: match &probes.deeper_stored {
-            Some(r) => grown_delta(model.storage, knob_delta(&r.measured, deeper), m, extra, r_stored),
-            None => scale(model.storage, r_stored),
+            Some(r) if let Some(stored) = &probes.stored => grown_delta(
+                model.storage,
+                (stored, base),
+                (&r.measured, deeper),
+                (m, extra, r_stored),
+            ),
+            _ => scale(model.storage, r_stored),
         },
         storage_share,
         moments: scale(model.moments, r_trainable),

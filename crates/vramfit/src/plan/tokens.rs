@@ -13,14 +13,20 @@
 //!
 //! So the planner calibrates fully at `t₀` tokens ([`Long::probe_tokens`],
 //! on a slice where the workload asks for one), then runs plain steps at
-//! `t₁ = 2·t₀` (with the attention fused too, where the space has it):
-//! each gives a block's bytes at a second length, and the two give `α`
-//! and `β`. The step time per sample follows `c₁·t + c₂·t²` through the
-//! two plain steps. A step with every block checkpointed at `t₁` is
-//! predicted from the law before it is measured: the law's check, recorded
-//! and printed ([`TokenLaw::check_error`]). Every figure at the run's
-//! tokens is then an extrapolation, and [`super::Calibration::tokens`]
-//! says so.
+//! `t₁ = 2·t₀`, at two batches (and with the attention fused too, where
+//! the space has it): they give a block's bytes at a second length, and
+//! the two lengths give `α` and `β`; what the step holds outside the
+//! samples may grow with the tokens too (a causal mask is the step's, not
+//! a sample's), and its growth from `t₀` to `t₁` is carried on as `t²`.
+//! The step time per sample follows `c₁·t + c₂·t²` through the two plain
+//! steps (of the slice: where the head's time, linear in t, is a large
+//! share of the slice's, the whole depth's time at long lengths comes out
+//! low; time ranks plans, bytes decide them). A step with every block
+//! checkpointed at `t₁` is predicted from the law before it is measured:
+//! the law's check, recorded and printed ([`TokenLaw::check_error`]); a
+//! check under its measurement widens the planner's margin by as much.
+//! Every figure at the run's tokens is then an extrapolation, and
+//! [`super::Calibration::tokens`] says so.
 
 use serde::{Deserialize, Serialize};
 
@@ -51,6 +57,10 @@ pub struct TokenLaw {
     pub block: [f64; 2],
     /// The same with the attention fused, where the space has it.
     pub fused_block: Option<[f64; 2]>,
+    /// What the step's bytes outside the samples grew by from the first
+    /// length to the second (taken as growing with t² beyond).
+    #[serde(default)]
+    pub fixed_growth_bytes: f64,
     /// The step's time per sample, `[c₁, c₂]` of `c₁·t + c₂·t²` (ms).
     pub time: [f64; 2],
     /// The steps at the second length (plain; fused; checkpoint all).
@@ -123,15 +133,15 @@ pub fn calibrate_long(
         .as_ref()
         .map_or(0.0, |s| (s.depth - s.blocks) as f64 * s.per_block_fixed_bytes);
     let mut probes = Vec::new();
-    let mut run = |name: &str, knobs: Knobs| -> Result<Measured, PlanError> {
-        let measured = longer.measure(&knobs, p).map_err(|why| PlanError::Probe {
-            probe: format!("{name} at {t1} tokens ({})", knobs.describe(p)),
+    let mut run = |name: &str, knobs: Knobs, batch: usize| -> Result<Measured, PlanError> {
+        let measured = longer.measure(&knobs, batch).map_err(|why| PlanError::Probe {
+            probe: format!("{name} at {t1} tokens ({})", knobs.describe(batch)),
             why: why.to_string(),
         })?;
         probes.push(ProbeRecord {
             name: format!("{name} at {t1} tokens"),
             knobs,
-            batch: p,
+            batch,
             measured,
             predicted_peak: 0.0,
             predicted_ms: 0.0,
@@ -141,18 +151,35 @@ pub fn calibrate_long(
     let (f0, f1) = (t0 as f64, t1 as f64);
     let (r1, r) = (f1 / f0, tokens as f64 / f0);
     let model = &cal.model;
-    // A block's bytes at t₁: the plain step's per sample, less what the
-    // prelude and head hold (per token, as at t₀).
-    let block_at_t1 = |measured: &Measured, fixed: f64, outside: f64| {
-        ((measured.step_peak_bytes as f64 - (fixed - added)) / p as f64 - (outside + model.head_bytes) * r1) / k as f64
+    // Per sample and per step at t₁, from two batches (as at t₀): what
+    // does not scale with the batch may grow with the tokens too (a
+    // causal mask of t² is one step's, not a sample's).
+    let plain = run("plain", Knobs::base(k, p), p)?;
+    let q = model.least_probed_micro_batch;
+    let (per_sample, fixed_growth) = if (1..p).contains(&q) {
+        let smaller = run("smaller batch", Knobs::base(k, q), q)?;
+        let step = |m: &Measured| m.step_peak_bytes as f64;
+        let per_sample = (step(&plain) - step(&smaller)) / (p - q) as f64;
+        let fixed = step(&plain) - p as f64 * per_sample;
+        (per_sample, (fixed - (model.fixed_bytes - added)).max(0.0))
+    } else {
+        (
+            (plain.step_peak_bytes as f64 - (model.fixed_bytes - added)) / p as f64,
+            0.0,
+        )
     };
-    let plain = run("plain", Knobs::base(k, p))?;
+    // A block's bytes at t₁: a sample's, less what the prelude and head
+    // hold (per token, as at t₀).
+    let block_of = |per_sample: f64, outside: f64| (per_sample - (outside + model.head_bytes) * r1) / k as f64;
     let block = law(
         f0,
         model.block.activations,
         f1,
-        block_at_t1(&plain, model.fixed_bytes, model.outside_bytes),
+        block_of(per_sample, model.outside_bytes),
     );
+    // The growth of the step's own bytes, taken as t² (the larger reading
+    // between the two lengths' t and t²).
+    let fixed_at = |t: f64| fixed_growth * (t * t - f0 * f0) / (f1 * f1 - f0 * f0);
     let fused_block = match &model.fused_attention {
         Some(f) => {
             let fused = run(
@@ -161,13 +188,10 @@ pub fn calibrate_long(
                     fused_attention: true,
                     ..Knobs::base(k, p)
                 },
+                p,
             )?;
-            Some(law(
-                f0,
-                f.block.activations,
-                f1,
-                block_at_t1(&fused, f.fixed_bytes, f.outside_bytes),
-            ))
+            let per_sample = (fused.step_peak_bytes as f64 - (f.fixed_bytes - added + fixed_growth)) / p as f64;
+            Some(law(f0, f.block.activations, f1, block_of(per_sample, f.outside_bytes)))
         }
         None => None,
     };
@@ -201,12 +225,13 @@ pub fn calibrate_long(
             &[],
         );
         let predicted = model.fixed_bytes - added
+            + fixed_growth
             + p as f64 * (model.outside_bytes * r1 + peak_with_head(&chain, &vec![true; k], model.head_bytes * r1));
         let all = Knobs {
             checkpointed: vec![true; k],
             ..Knobs::base(k, p)
         };
-        let measured = run("checkpoint all", all)?;
+        let measured = run("checkpoint all", all, p)?;
         if let Some(record) = probes.last_mut() {
             record.predicted_peak = predicted;
         }
@@ -219,6 +244,7 @@ pub fn calibrate_long(
     let t = tokens as f64;
     let s = space.block_input_bytes as f64;
     let mut grown = model.clone();
+    grown.fixed_bytes += fixed_at(t);
     grown.outside_bytes *= r;
     grown.head_bytes *= r;
     grown.below_probed_bytes *= r;
@@ -228,14 +254,18 @@ pub fn calibrate_long(
     grown.sample_ms *= time_ratio;
     grown.block_shapes = space.block_shapes.clone();
     if let (Some(f), Some(fb)) = (grown.fused_attention.as_mut(), fused_block) {
+        f.fixed_bytes += fixed_at(t);
         f.outside_bytes *= r;
         f.block.activations = at(fb, t);
         f.block.input = s;
         f.block.recompute *= time_ratio;
         f.sample_ms *= time_ratio;
     }
+    // A check under its measurement widens the margin by as much.
+    let shortfall = cal.shortfall.max(check_error.map_or(0.0, |e| -e));
     let law = TokenLaw {
         tokens,
+        fixed_growth_bytes: fixed_growth,
         probed: [t0, t1],
         block,
         fused_block,
@@ -255,6 +285,7 @@ pub fn calibrate_long(
         space,
         model: grown,
         seconds: cal.seconds + seconds,
+        shortfall,
         tokens: Some(law),
         ..cal
     })
@@ -269,7 +300,8 @@ mod tests {
 
     /// A sequence model with a known law: per sample, each block keeps
     /// `30·t + 0.5·t²` bytes, its input `4·t`, the prelude and head `10·t`
-    /// and `50·t` at the forward's end; 20,000 bytes of parameters a block.
+    /// and `50·t` at the forward's end; 20,000 bytes of parameters a block;
+    /// a causal mask of `2·t²` bytes a step.
     #[derive(Clone, Copy)]
     struct Seq {
         blocks: usize,
@@ -309,7 +341,9 @@ mod tests {
             } else {
                 0.0
             };
-            let step = fixed + accumulator + m * (10.0 * t + peak_with_head(&chain, &k.checkpointed, 50.0 * t));
+            // A causal mask of 2·t² bytes a step.
+            let mask = 2.0 * t * t;
+            let step = fixed + mask + accumulator + m * (10.0 * t + peak_with_head(&chain, &k.checkpointed, 50.0 * t));
             let ms = 2.0 + batch as f64 * self.blocks as f64 * (0.01 * t + 1e-4 * t * t);
             Ok(Measured {
                 peak_bytes: step as u64,
