@@ -402,7 +402,8 @@ impl LlamaConfig {
         let extra: Vec<&str> = file
             .names()
             .filter(|n| {
-                !known.contains(n) && !n.ends_with("rotary_emb.inv_freq") && !(self.tie_head && *n == "lm_head.weight")
+                let ignored = n.ends_with("rotary_emb.inv_freq") || (self.tie_head && *n == "lm_head.weight");
+                !(known.contains(n) || ignored)
             })
             .collect();
         if let Some(first) = extra.first() {
@@ -427,7 +428,7 @@ impl LlamaConfig {
     /// base; scale 1).
     pub fn init<B: Backend>(&self, seed: u64, device: &B::Device) -> Llama<B> {
         self.adapted(
-            self.base::<B>(&mut Weights::Drawn(ChaCha8Rng::seed_from_u64(seed)), device),
+            self.base::<B>(&mut Weights::Drawn(Box::new(ChaCha8Rng::seed_from_u64(seed))), device),
             seed,
             device,
         )
@@ -538,7 +539,7 @@ impl LlamaConfig {
 /// a checkpoint in the Hugging Face layout (its names; projections
 /// `[out, in]`, transposed here into `[in, out]`).
 enum Weights {
-    Drawn(ChaCha8Rng),
+    Drawn(Box<ChaCha8Rng>),
     Read {
         file: crate::safetensors::Checkpoint,
         /// The first read that failed (the rest are then zeros, unused).
