@@ -27,7 +27,9 @@
 //!   (it is not in proportion to the stored bytes: a block's and the
 //!   head's weights are cast for their matmuls, the embedding's looked-up
 //!   rows only; scaling the slice's effect by the stored bytes put it
-//!   7 % over on TinyLlama); what another knob adds in proportion to the
+//!   7 % over on TinyLlama; a plan that stores only some groups still gets
+//!   a share of it by their stored bytes, which credits the embedding with
+//!   more than it saves: not measured per group); what another knob adds in proportion to the
 //!   parameters (bf16 or host moments, the gradient accumulator, a
 //!   precision's copies) is scaled by the ratio of the parameters it acts
 //!   on, counted at both depths by the slices' own [`Space`]s
