@@ -252,8 +252,9 @@ impl Show for Calibration {
         let mut from = String::new();
         if self.slice.is_some() {
             from.push_str(
-                " of the probed slice; from a 2-block slice to the whole depth, six plans' peaks were measured \
-                 within 0.4 % on TinyLlama-1.1B (docs/results/llm.md)",
+                " of the probed slice; from a 2-block slice to the whole depth, six plans' forward/backward peaks \
+                 were measured within 0.4 % on TinyLlama-1.1B LoRA, from 3.0 % under on a 1024×24 full \
+                 fine-tune (docs/results/llm.md)",
             );
         }
         if let Some(law) = &self.tokens {
