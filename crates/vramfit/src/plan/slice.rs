@@ -199,46 +199,42 @@ pub fn calibrate_sliced(deep: &dyn Deep, probe_batch: Option<usize>) -> Result<C
         predicted_ms: 0.0,
     };
     let probed = |name: &str| cal.probes.iter().find(|r| r.name == name).map(|r| r.measured);
+    let next = deeper.space();
+    // A knob's step at the deeper depth, recorded under `what`.
+    let mut at_depth = |what: &str, knobs: Knobs| -> Result<ProbeRecord, PlanError> {
+        let measured = deeper.measure(&knobs, p).map_err(|why| PlanError::Probe {
+            probe: format!("{m} block(s) deeper ({})", knobs.describe(p)),
+            why: why.to_string(),
+        })?;
+        Ok(record(
+            format!("{m} block(s) deeper, {what} ({} blocks)", k + m),
+            knobs,
+            measured,
+        ))
+    };
     // The same depth checkpointed, where the slice was (two blocks or more).
     let checkpointed = match probed("checkpoint all") {
-        Some(_) => {
-            let knobs = Knobs {
+        Some(_) => Some(at_depth(
+            "checkpoint all",
+            Knobs {
                 checkpointed: vec![true; k + m],
                 ..Knobs::base(k + m, p)
-            };
-            let measured = deeper.measure(&knobs, p).map_err(|why| PlanError::Probe {
-                probe: format!("{m} block(s) deeper ({})", knobs.describe(p)),
-                why: why.to_string(),
-            })?;
-            Some(record(
-                format!("{m} block(s) deeper, checkpoint all ({} blocks)", k + m),
-                knobs,
-                measured,
-            ))
-        }
+            },
+        )?),
         None => None,
     };
-    let next = deeper.space();
     // Every group stored in bf16 at the same depth, where the slice probed
     // it: what storage does per block (it is not in proportion to the
     // stored bytes: the head's and blocks' weights are cast for their
     // matmuls, the embedding's rows only are looked up).
     let stored = match probed("storage bf16") {
-        Some(_) if !next.storage_groups.is_empty() => {
-            let knobs = Knobs {
+        Some(_) if !next.storage_groups.is_empty() => Some(at_depth(
+            "storage bf16",
+            Knobs {
                 low_storage: next.storage_groups.len(),
                 ..Knobs::base(k + m, p)
-            };
-            let measured = deeper.measure(&knobs, p).map_err(|why| PlanError::Probe {
-                probe: format!("{m} block(s) deeper ({})", knobs.describe(p)),
-                why: why.to_string(),
-            })?;
-            Some(record(
-                format!("{m} block(s) deeper, storage bf16 ({} blocks)", k + m),
-                knobs,
-                measured,
-            ))
-        }
+            },
+        )?),
         _ => None,
     };
     drop(deeper);
