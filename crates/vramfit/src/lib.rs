@@ -8,7 +8,8 @@
 //! techniques: mixed precision and loss scaling ([`precision`]), block
 //! activation checkpointing ([`checkpoint`]), micro-batching with gradient
 //! accumulation ([`batch`]), reduced-precision storage ([`storage`]) and
-//! the allocator policy ([`allocator`]), fused CPU softmax and layer norm
+//! the allocator policy ([`allocator`]) and the allocator of a card modelled
+//! ([`pools`]), fused CPU softmax and layer norm
 //! ([`fused`]), and the planner that picks the
 //! fastest combination of them for a memory budget ([`plan`], with
 //! [`trainer`] for a user's own model).
@@ -91,6 +92,7 @@ pub mod memory;
 pub mod optim;
 pub mod params;
 pub mod plan;
+pub mod pools;
 pub mod precision;
 pub mod profile;
 pub mod ranks;
