@@ -15,6 +15,8 @@
 use cubecl::bytes::Bytes;
 use cubecl::prelude::*;
 use cubecl::server::Handle;
+use std::sync::{Arc, Mutex};
+use vramfit::pools::Recorder;
 use vramfit_gauss::gpu::binning::{count_pairs, exclusive_scan, scatter_pairs};
 use vramfit_gauss::gpu::{DeviceError, TILE, UNITS, array, dim, grid};
 
@@ -84,6 +86,10 @@ pub const CHUNK_ALIGN: usize = 128;
 /// Renders scenes and their backward on one device.
 pub struct Renderer<R: Runtime> {
     pub(crate) client: ComputeClient<R>,
+    /// Where the renderer's allocations are recorded, when they are
+    /// ([`vramfit::pools`]): every device buffer the scene makes is made
+    /// here, so the recording is the whole of its use of the allocator.
+    recorder: Option<Arc<Mutex<Recorder>>>,
 }
 
 impl Drawn {
@@ -102,7 +108,25 @@ impl<R: Runtime> Renderer<R> {
     pub fn new(device: &R::Device) -> Self {
         Self {
             client: R::client(device),
+            recorder: None,
         }
+    }
+
+    /// Records every allocation and release into `recorder` from now on.
+    pub fn record_into(&mut self, recorder: Arc<Mutex<Recorder>>) {
+        self.recorder = Some(recorder);
+    }
+
+    fn recorded(&self, bytes: usize, make: impl FnOnce() -> Handle) -> Handle {
+        match &self.recorder {
+            Some(r) => r.lock().expect("the recorder is not poisoned").made(bytes as u64, make),
+            None => make(),
+        }
+    }
+
+    /// A buffer holding `bytes`.
+    fn create_from_slice(&self, bytes: &[u8]) -> Handle {
+        self.recorded(bytes.len(), || self.client.create_from_slice(bytes))
     }
 
     /// Runs `allocate` with the device's allocations made at their exact
@@ -110,9 +134,16 @@ impl<R: Runtime> Renderer<R> {
     /// buffers that live long (a scene's state). A later allocation of the
     /// same size also lands there.
     pub(crate) fn persistent(&self, allocate: impl FnOnce() + Send) {
+        let mode = |on| {
+            if let Some(r) = &self.recorder {
+                r.lock().expect("the recorder is not poisoned").set_persistent(on);
+            }
+        };
+        mode(true);
         self.client
             .memory_persistent_allocation((), |()| allocate())
             .expect("the device's allocation mode is set by a message to its server");
+        mode(false);
     }
 
     /// Waits for the queued work.
@@ -123,11 +154,15 @@ impl<R: Runtime> Renderer<R> {
     /// Returns every unused allocation (pages and exact-size ones) to the
     /// device.
     pub(crate) fn release_unused(&self) {
+        if let Some(r) = &self.recorder {
+            r.lock().expect("the recorder is not poisoned").cleanup();
+        }
         self.client.memory_cleanup();
     }
 
     pub(crate) fn empty(&self, elems: usize) -> Handle {
-        self.client.empty(elems.max(1) * 4)
+        let bytes = elems.max(1) * 4;
+        self.recorded(bytes, || self.client.empty(bytes))
     }
 
     pub(crate) fn zeros_f32(&self, elems: usize) -> Handle {
@@ -220,7 +255,7 @@ impl<R: Runtime> Renderer<R> {
         let (tiles_x, tiles_y) = camera.tiles();
         let tiles = tiles_x * tiles_y;
         let pixels = camera.width * camera.height;
-        let cam = self.client.create_from_slice(f32::as_bytes(&camera_array(camera)));
+        let cam = self.create_from_slice(f32::as_bytes(&camera_array(camera)));
         let projected = self.empty(PROJECTED as usize * n);
         let rect = self.empty(4 * n);
         kernels::project::project::launch::<R>(
@@ -443,7 +478,7 @@ impl<R: Runtime> Renderer<R> {
         if words == 0 {
             return;
         }
-        self.copy_staged_at(dst, first, self.client.create_from_slice(bytes), words);
+        self.copy_staged_at(dst, first, self.create_from_slice(bytes), words);
     }
 
     /// [`Self::write_at`] for words the caller hands over: cubecl 0.10
@@ -455,7 +490,8 @@ impl<R: Runtime> Renderer<R> {
         if count == 0 {
             return;
         }
-        self.copy_staged_at(dst, first, self.client.create(Bytes::from_elems(words)), count);
+        let staged = self.recorded(4 * count, || self.client.create(Bytes::from_elems(words)));
+        self.copy_staged_at(dst, first, staged, count);
     }
 
     fn copy_staged_at(&self, dst: &Handle, first: usize, staged: Handle, words: usize) {
@@ -475,7 +511,7 @@ impl<R: Runtime> Renderer<R> {
         if v.is_empty() {
             self.empty(1)
         } else {
-            self.client.create_from_slice(f32::as_bytes(v))
+            self.create_from_slice(f32::as_bytes(v))
         }
     }
 
@@ -484,7 +520,7 @@ impl<R: Runtime> Renderer<R> {
         if v.is_empty() {
             self.empty(1)
         } else {
-            self.client.create_from_slice(u32::as_bytes(v))
+            self.create_from_slice(u32::as_bytes(v))
         }
     }
 

@@ -113,6 +113,13 @@ impl<R: Runtime> DeviceFit<R> {
         self
     }
 
+    /// The same with every allocation and release recorded into
+    /// `recorder` ([`vramfit::pools`]).
+    pub fn recorded_into(mut self, recorder: std::sync::Arc<std::sync::Mutex<vramfit::pools::Recorder>>) -> Self {
+        self.renderer.record_into(recorder);
+        self
+    }
+
     /// Bytes copied between host and device by the last step (the loss's
     /// image and gradient; with the moments on the host also every
     /// gradient down and every parameter up).

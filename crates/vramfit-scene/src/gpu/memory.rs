@@ -9,7 +9,10 @@
 use cubecl::prelude::*;
 use serde::Serialize;
 
+use std::sync::{Arc, Mutex};
+
 use vramfit::optim::Moments;
+use vramfit::pools::{Recorder, Trace};
 
 use super::check::{Case, case_camera, random_scene, scene};
 use super::engine::Renderer;
@@ -215,6 +218,35 @@ pub fn measure_step<R: Runtime>(
     allocation: StateAllocation,
     steps: usize,
 ) -> Result<StepMemory, String> {
+    measure_step_recorded::<R>(device, case, moments, sh, allocation, steps, None)
+}
+
+/// [`measure_step`] with the fit's allocations and releases recorded into
+/// `recorder` (from the cleanup before the fit is loaded), for
+/// [`vramfit::pools::replay`].
+pub fn trace_step<R: Runtime>(
+    device: &R::Device,
+    case: &MemoryCase,
+    moments: Moments,
+    sh: ShStorage,
+    allocation: StateAllocation,
+    steps: usize,
+) -> Result<(StepMemory, Trace), String> {
+    let recorder = Arc::new(Mutex::new(Recorder::new()));
+    let m = measure_step_recorded::<R>(device, case, moments, sh, allocation, steps, Some(recorder.clone()))?;
+    let trace = recorder.lock().map_err(|e| e.to_string())?.trace();
+    Ok((m, trace))
+}
+
+fn measure_step_recorded<R: Runtime>(
+    device: &R::Device,
+    case: &MemoryCase,
+    moments: Moments,
+    sh: ShStorage,
+    allocation: StateAllocation,
+    steps: usize,
+    recorder: Option<Arc<Mutex<Recorder>>>,
+) -> Result<StepMemory, String> {
     use rand::{Rng, SeedableRng};
 
     let check = case.check_case();
@@ -238,6 +270,9 @@ pub fn measure_step<R: Runtime>(
     let client = R::client(device);
     client.memory_cleanup();
     let mut fit = DeviceFit::<R>::with_storage(device, "probe", moments, sh).with_state_allocation(allocation);
+    if let Some(recorder) = recorder {
+        fit = fit.recorded_into(recorder);
+    }
     fit.load(&state)?;
     drop(state);
     let active = 3 * (crate::cpu::sh::coefficients(case.degree) - 1);

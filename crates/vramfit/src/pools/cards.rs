@@ -27,6 +27,17 @@ impl Allocator {
     }
 }
 
+impl From<&cubecl_ir::MemoryDeviceProperties> for Allocator {
+    /// The pools of a client made with `properties` (a live client's
+    /// `properties().memory`: the probing device's own).
+    fn from(properties: &cubecl_ir::MemoryDeviceProperties) -> Self {
+        Self {
+            max_page_size: properties.max_page_size,
+            alignment: properties.alignment,
+        }
+    }
+}
+
 /// A card a plan is made for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Card {
