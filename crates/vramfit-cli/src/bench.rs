@@ -71,6 +71,10 @@ pub enum Which {
     /// Allocator cleanup cadences on a scene fit (wgpu, CUDA): the deciding
     /// figure each leaves and the step time each costs, one run each.
     SceneCleanup(crate::bench_scene::CleanupArgs),
+    /// A scene fit's reserved bytes on cards it did not run on (wgpu,
+    /// CUDA probes): traced at small counts here, grown and replayed
+    /// through each card's CubeCL pools, against recorded figures.
+    SceneCards(crate::bench_cards::Args),
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -99,6 +103,7 @@ pub fn run(which: Which) -> Result<()> {
         Which::Slice(args) => crate::bench_slice::run(args),
         Which::SceneMemory(args) => crate::bench_scene::run(args),
         Which::SceneCleanup(args) => crate::bench_scene::cleanup(args),
+        Which::SceneCards(args) => crate::bench_cards::run(args),
         Which::HostAdam { values, link_gb_s, out } => host_adam(values, link_gb_s, out),
         Which::PlanScene(args) => {
             let config = crate::flags::resolve_scene(args.settings())?;

@@ -70,6 +70,22 @@ pub(crate) fn parse_card_gib(s: &str) -> Result<f64, String> {
     }
 }
 
+/// A card for `--gpus`/`--cards`: a known CUDA card's name (`h100-80`,
+/// `rtx4090`) or a size as [`parse_card_gib`] reads it (a CUDA card of that
+/// memory where a card's allocator is modelled).
+pub(crate) fn parse_card(s: &str) -> Result<vramfit::pools::Card, String> {
+    use vramfit::pools::Card;
+    if let Ok(card) = Card::named(s) {
+        return Ok(card);
+    }
+    let looks_like_a_name = s.trim().starts_with(|c: char| c.is_ascii_alphabetic());
+    match parse_card_gib(s) {
+        Ok(gib) => Ok(Card::cuda(format!("{gib} GiB"), (gib * (1u64 << 30) as f64) as u64)),
+        Err(_) if looks_like_a_name => Err(Card::named(s).unwrap_err().to_string()),
+        Err(e) => Err(e),
+    }
+}
+
 /// A budget for `bench … --budgets`: a fraction of the plain plan's peak,
 /// above 0 and at most 100.
 pub(crate) fn parse_fraction(s: &str) -> Result<f64, String> {
@@ -81,24 +97,19 @@ pub(crate) fn parse_fraction(s: &str) -> Result<f64, String> {
     }
 }
 
-/// `--budget` and `--gpus` (GiB) read, at least one given; cards in bytes, each once.
-pub(crate) fn budget_and_cards(budget: Option<&str>, gpus: &[f64], device: &str) -> Result<(Option<Budget>, Vec<u64>)> {
+/// `--budget` and `--gpus` read, at least one given; cards by memory, each once.
+pub(crate) fn budget_and_cards(
+    budget: Option<&str>,
+    gpus: &[vramfit::pools::Card],
+    device: &str,
+) -> Result<(Option<Budget>, Vec<vramfit::pools::Card>)> {
     let budget = budget.map(|b| Budget::parse(b, device)).transpose()?;
     if budget.is_none() && gpus.is_empty() {
-        bail!("give --budget (e.g. --budget 6GiB) or --gpus (e.g. --gpus 8,16,24,48,80), or both");
+        bail!("give --budget (e.g. --budget 6GiB) or --gpus (e.g. --gpus 8,16,24,48,80 or h100-80,rtx4090), or both");
     }
-    let mut cards: Vec<u64> = gpus
-        .iter()
-        .map(|g| {
-            if (MIN_CARD_GIB..=MAX_CARD_GIB).contains(g) {
-                Ok((g * (1u64 << 30) as f64) as u64)
-            } else {
-                bail!("--gpus {g}: card sizes are positive numbers of GiB up to {MAX_CARD_GIB} (1 PiB), e.g. 8,16,24")
-            }
-        })
-        .collect::<Result<_>>()?;
-    cards.sort_unstable();
-    cards.dedup();
+    let mut cards = gpus.to_vec();
+    cards.sort_by_key(|c| c.memory_bytes);
+    cards.dedup_by_key(|c| c.memory_bytes);
     Ok((budget, cards))
 }
 

@@ -75,6 +75,7 @@ mod stdout {
 }
 
 mod bench;
+mod bench_cards;
 mod bench_scene;
 mod bench_slice;
 mod budget;

@@ -51,10 +51,10 @@ pub struct PlanArgs<S: clap::Args> {
     /// Memory budget: 6GiB, 512MiB, 1.5GB, a number of bytes, or auto (free memory).
     #[arg(long, allow_hyphen_values = true)]
     budget: Option<String>,
-    /// Card sizes in GiB for a preset table, e.g. 8,16,24,48,80 (or with
-    /// units: 24GiB, 512MiB).
-    #[arg(long, value_delimiter = ',', allow_negative_numbers = true, value_parser = crate::budget::parse_card_gib)]
-    gpus: Vec<f64>,
+    /// Cards for a preset table: sizes in GiB, e.g. 8,16,24,48,80 (or with
+    /// units: 24GiB, 512MiB), or CUDA cards by name (h100-80, rtx4090, …).
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true, value_parser = crate::budget::parse_card)]
+    gpus: Vec<vramfit::pools::Card>,
     /// Probe at this effective batch and extrapolate to the run's (transformer, U-Net).
     #[arg(long, allow_negative_numbers = true, value_parser = crate::flags::parse_count::<usize>)]
     probe_batch: Option<usize>,
@@ -211,7 +211,7 @@ pub enum Action {
 /// What `vramfit plan` was asked for.
 pub struct ShowArgs {
     budget: Option<Budget>,
-    gpus: Vec<u64>,
+    gpus: Vec<vramfit::pools::Card>,
     probe_batch: Option<usize>,
     json: Option<PathBuf>,
     /// The `--device` given, for the command that runs the plan.
@@ -338,6 +338,17 @@ pub trait PlanTarget:
     fn command(settings: &Self::Settings, device: &str) -> String;
     /// Prints a finished planned run.
     fn print(summary: &RunSummary<<Self::Workload as Workload>::Summary>, dir: &Path);
+    /// Each card's rows where the workload predicts a card's own allocator
+    /// ([`vramfit::pools`]), printed and as JSON objects; `None` where it
+    /// does not (the rows then scale what the probing device measured).
+    fn card_rows(
+        &self,
+        _cal: &Self::Strategy,
+        _cards: &[vramfit::pools::Card],
+        _name: &str,
+    ) -> Option<Vec<serde_json::Value>> {
+        None
+    }
 }
 
 impl<B, F: Family<D>, const D: usize> PlanTarget for FamilyTarget<B, F, D>
@@ -375,6 +386,23 @@ impl<R: cubecl::Runtime> PlanTarget for vramfit_scene::gpu::plan::SceneTarget<R>
     }
     fn print(summary: &RunSummary<<Self::Workload as Workload>::Summary>, dir: &Path) {
         crate::runs::print_scene(summary, dir);
+    }
+    fn card_rows(
+        &self,
+        cal: &vramfit::plan::CapacityCalibration,
+        cards: &[vramfit::pools::Card],
+        name: &str,
+    ) -> Option<Vec<serde_json::Value>> {
+        let margin = cal.margin();
+        let scaled = |variant: &str, bytes: u64| {
+            cal.lines
+                .iter()
+                .find(|l| l.variant.name == variant)
+                .map_or(0, |l| l.by_memory(bytes, margin).max(l.measured_within(bytes)))
+        };
+        let rows = self.plan().card_rows(cards, margin, scaled);
+        crate::show_plan::print_card_rows(&rows, name);
+        Some(rows.iter().map(|r| serde_json::json!(r)).collect())
     }
 }
 
@@ -415,7 +443,9 @@ fn show<T: PlanTarget>(target: &mut T, args: ShowArgs, name: &str) -> Result<()>
         device,
         ranks,
     } = args;
-    let (gpus, json, device) = (&gpus[..], json.as_deref(), &device[..]);
+    let (cards, json, device) = (&gpus[..], json.as_deref(), &device[..]);
+    let gpus: Vec<u64> = cards.iter().map(|c| c.memory_bytes).collect();
+    let gpus = &gpus[..];
     let cal = T::Strategy::probe(target.target(), probe_batch, name)?;
     let mut out = serde_json::json!({ "device": name, "calibration": cal });
     if let Some(b) = budget.filter(|_| ranks > 1)
@@ -485,11 +515,14 @@ fn show<T: PlanTarget>(target: &mut T, args: ShowArgs, name: &str) -> Result<()>
         );
         out["cards"] = table
             .iter()
-            .map(|p| {
+            .zip(cards)
+            .map(|(p, card)| {
                 let mut row = serde_json::json!({
+                    "card": card.name,
                     "card_bytes": p.budget,
                     "fits": p.plan.is_some(),
-                    "basis": basis,
+                    "basis": "measured here, scaled",
+                    "rests_on": basis,
                 });
                 match &p.plan {
                     Some(plan) => {
@@ -506,7 +539,11 @@ fn show<T: PlanTarget>(target: &mut T, args: ShowArgs, name: &str) -> Result<()>
             })
             .collect();
         out["presets"] = serde_json::json!(table);
-        if let Some(caveat) = vramfit::plan::preset_caveat(device) {
+        let replayed = target.card_rows(cal, cards, name);
+        if let Some(rows) = replayed {
+            // One object per card and variant, each figure the card's own.
+            out["cards"] = serde_json::json!(rows);
+        } else if let Some(caveat) = vramfit::plan::preset_caveat(device) {
             println!("note: {caveat}");
             out["presets_caveat"] = serde_json::json!(caveat);
         }

@@ -593,3 +593,26 @@ pub fn fit_command(c: &FitConfig, device: &str) -> String {
     }
     format!("vramfit fit {}", shell_words(&args))
 }
+
+/// The scene's rows for each card ([`vramfit_scene::gpu::plan::CardRow`]):
+/// each variant's largest count on the card and what it rests on.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub fn print_card_rows(rows: &[vramfit_scene::gpu::plan::CardRow], device: &str) {
+    println!(
+        "\neach card's own allocator (probed on {device}; \"replayed for the card\": the step's allocations \
+         grown to the count and replayed through CubeCL's pools as that card's client makes them):"
+    );
+    println!(
+        "  {:<22} {:<26} {:>13} {:>20}  basis",
+        "card", "variant", "max_gaussians", "predicted reserved"
+    );
+    for r in rows {
+        let card = format!("{} ({})", r.card, human_bytes(r.card_bytes));
+        let count = r.max_gaussians.map_or_else(|| "none".to_string(), |n| n.to_string());
+        let reserved = r.predicted_reserved.map_or_else(|| "—".to_string(), human_bytes);
+        println!("  {card:<22} {:<26} {count:>13} {reserved:>20}  {}", r.variant, r.basis);
+        if let Some(why) = &r.why_not {
+            println!("      {why}");
+        }
+    }
+}

@@ -1906,6 +1906,14 @@ fn full_stderr_huge_sizes_links_and_output_names_are_answered() {
     let o = run(&["plan", "transformer", "--gpus", "8,abc"], dir);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("'abc' is not a card size"), "{}", stderr(&o));
+    // A card by a name vramfit does not know: the known ones listed.
+    let o = run(&["plan", "transformer", "--gpus", "24,rtx9090"], dir);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("unknown card `rtx9090`") && stderr(&o).contains("h100-80 (H100 80 GB HBM3, 81559 MiB)"),
+        "{}",
+        stderr(&o)
+    );
     let o = run(&["bench", "plan", "--budgets", "nan"], dir);
     assert!(stderr(&o).contains("'nan' is not a fraction"), "{}", stderr(&o));
     // Negative numbers on every count and size flag: said so, in words.

@@ -283,3 +283,53 @@ fn a_scene_with_host_moments_times_its_copies() {
         "{lines}"
     );
 }
+
+/// `plan scene --gpus` on wgpu: each card's rows from the card's own pools
+/// (the probes' traces grown and replayed, `vramfit::pools`), one object per
+/// card and variant; a card too small for the seeded scene is a row that
+/// does not fit, not an error; cards by name.
+#[test]
+fn a_scene_plan_predicts_each_cards_own_allocator() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let json_path = d.join("cards.json");
+    let text = ok(&run(
+        &[
+            "plan",
+            "scene",
+            "--device",
+            "wgpu",
+            "--max-gaussians",
+            "6000000",
+            "--probe-gaussians",
+            "2000,4000,8000",
+            "--gpus",
+            "0.01,16,80,h100-80",
+            "--json",
+            json_path.to_str().unwrap(),
+        ],
+        d,
+    ));
+    assert!(text.contains("each card's own allocator"), "{text}");
+    let plan = json(&json_path);
+    let rows = plan["cards"].as_array().expect("card rows");
+    let row = |card: &str, variant: &str| {
+        rows.iter()
+            .find(|r| r["card"] == card && r["variant"] == variant)
+            .unwrap_or_else(|| panic!("no row for {card}, {variant}: {rows:?}"))
+    };
+    let count = |card: &str| row(card, "moments device")["max_gaussians"].as_u64();
+    for card in ["16 GiB", "80 GiB", "h100-80"] {
+        assert_eq!(row(card, "moments device")["basis"], "replayed for the card", "{card}");
+        let reserved = row(card, "moments device")["predicted_reserved"].as_u64().unwrap();
+        assert!(reserved <= row(card, "moments device")["card_bytes"].as_u64().unwrap());
+    }
+    assert!(count("80 GiB").unwrap() > count("16 GiB").unwrap(), "{rows:?}");
+    // 10 MiB holds less than the seeded scene's step: no count, and why.
+    let tiny = row("0.01 GiB", "moments device");
+    assert!(tiny["max_gaussians"].is_null(), "{tiny}");
+    assert!(tiny["why_not"].as_str().unwrap().contains("does not fit"), "{tiny}");
+    // The moments on the host: this device's line, labelled so.
+    assert_eq!(row("16 GiB", "moments host")["basis"], "measured here, scaled");
+    assert_eq!(row("h100-80", "moments device")["card_bytes"], 81_559u64 << 20);
+}

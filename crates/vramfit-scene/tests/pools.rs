@@ -40,8 +40,13 @@ fn a_replayed_scene_step_gives_the_reserved_bytes_of_the_device() {
         let what = format!("{moments:?} moments, {sh:?} SH, {state:?} state");
         let mut traces = Vec::new();
         for n in [3_000u64, 6_000, 9_000] {
-            let (measured, trace) = trace_step::<WgpuRuntime>(&device, &case(n as usize), moments, sh, state, 3).unwrap();
-            assert!(trace.reserves() > 20, "{what}: {} reservations recorded", trace.reserves());
+            let (measured, trace) =
+                trace_step::<WgpuRuntime>(&device, &case(n as usize), moments, sh, state, 3).unwrap();
+            assert!(
+                trace.reserves() > 20,
+                "{what}: {} reservations recorded",
+                trace.reserves()
+            );
             let replayed = replay(&trace, &allocator).unwrap();
             assert_eq!(
                 replayed.reserved_peak, measured.reserved,
@@ -57,15 +62,14 @@ fn a_replayed_scene_step_gives_the_reserved_bytes_of_the_device() {
             traces.push((n, trace, measured.reserved));
         }
         // Grown from the first two to the third.
-        let law = TraceLaw::fit(
-            (traces[0].0, traces[0].1.clone()),
-            (traces[1].0, traces[1].1.clone()),
-        )
-        .unwrap();
+        let law = TraceLaw::fit((traces[0].0, traces[0].1.clone()), (traces[1].0, traces[1].1.clone())).unwrap();
         let (n, _, measured) = &traces[2];
         let grown = replay(&law.at(*n), &allocator).unwrap().reserved_peak;
         let off = (grown as f64 - *measured as f64) / *measured as f64;
-        eprintln!("{what}: grown to {n} Gaussians {grown} against {measured} ({:+.2} %)", 100.0 * off);
+        eprintln!(
+            "{what}: grown to {n} Gaussians {grown} against {measured} ({:+.2} %)",
+            100.0 * off
+        );
         assert!(
             off.abs() <= GROWN_BOUND,
             "{what}: grown to {n} Gaussians {grown} against {measured} measured ({:+.1} %)",

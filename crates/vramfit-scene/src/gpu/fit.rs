@@ -40,6 +40,17 @@ use vramfit_gauss::DeviceError;
 /// SH degree 3.
 pub const CHUNK: usize = 1 << 16;
 
+/// How many chunks a step's backward makes its gradients in for `n`
+/// Gaussians: one with the moments on the device, one per [`CHUNK`] with
+/// them on the host. Steps whose chunk counts differ are not the same
+/// steps (a recorded trace grows only between counts of one chunk count).
+pub fn backward_chunks(n: usize, moments: Moments) -> usize {
+    match moments {
+        Moments::Device => 1,
+        Moments::Host => n.div_ceil(CHUNK).max(1),
+    }
+}
+
 /// The moments and the parameters' mirror when Adam runs on the host.
 struct HostSide {
     /// The parameters, as on the device (only Adam changes them).

@@ -123,6 +123,9 @@ mod tests {
         assert_eq!(h200.allocator.alignment, 512);
         assert_eq!(Card::named("h100_80").unwrap().name, "h100-80");
         let e = Card::named("rtx9090").unwrap_err().to_string();
-        assert!(e.contains("rtx9090") && e.contains("h100-80") && e.contains("size in GiB"), "{e}");
+        assert!(
+            e.contains("rtx9090") && e.contains("h100-80") && e.contains("size in GiB"),
+            "{e}"
+        );
     }
 }

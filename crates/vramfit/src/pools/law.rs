@@ -163,9 +163,6 @@ mod tests {
             TraceLaw::fit((1000, steps(1000)), (2000, swapped)),
             Err(LawError::Structure { event: 3, .. })
         ));
-        assert_eq!(
-            TraceLaw::fit((7, steps(7)), (7, steps(7))),
-            Err(LawError::SameCount(7))
-        );
+        assert_eq!(TraceLaw::fit((7, steps(7)), (7, steps(7))), Err(LawError::SameCount(7)));
     }
 }

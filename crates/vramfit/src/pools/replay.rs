@@ -48,7 +48,10 @@ pub struct Trace {
 impl Trace {
     /// Reservations in the trace.
     pub fn reserves(&self) -> usize {
-        self.events.iter().filter(|e| matches!(e, Event::Reserve { .. })).count()
+        self.events
+            .iter()
+            .filter(|e| matches!(e, Event::Reserve { .. }))
+            .count()
     }
 
     /// The largest number of bytes held at once, as asked for (no
@@ -222,9 +225,14 @@ mod tests {
     fn a_card_reserves_whole_pages() {
         let card = Allocator::cuda(16 << 30);
         let one = |bytes| {
-            replay(&Trace { events: vec![reserve(bytes)] }, &card)
-                .unwrap()
-                .reserved_peak
+            replay(
+                &Trace {
+                    events: vec![reserve(bytes)],
+                },
+                &card,
+            )
+            .unwrap()
+            .reserved_peak
         };
         assert_eq!(one(1000), 16 * MIB);
         assert_eq!(one(2 * MIB), 64 * MIB);
@@ -233,7 +241,12 @@ mod tests {
         // A buffer within 20 % of a page takes the page's pool.
         assert_eq!(one(15 * MIB), 16 * MIB);
         assert!(matches!(
-            replay(&Trace { events: vec![reserve(5 << 30)] }, &card),
+            replay(
+                &Trace {
+                    events: vec![reserve(5 << 30)]
+                },
+                &card
+            ),
             Err(ReplayError::BufferTooBig { .. })
         ));
     }
@@ -256,16 +269,16 @@ mod tests {
         let bad = Trace {
             events: vec![reserve(1), Event::Free { reserve: 0 }, Event::Free { reserve: 0 }],
         };
-        assert_eq!(
-            replay(&bad, &card),
-            Err(ReplayError::BadFree { event: 2, reserve: 0 })
-        );
+        assert_eq!(replay(&bad, &card), Err(ReplayError::BadFree { event: 2, reserve: 0 }));
     }
 
     #[test]
     fn persistent_reservations_are_exact_and_reused_by_size() {
         let card = Allocator::cuda(16 << 30);
-        let p = |bytes| Event::Reserve { bytes, persistent: true };
+        let p = |bytes| Event::Reserve {
+            bytes,
+            persistent: true,
+        };
         let events = vec![p(3 * MIB + 1), Event::Free { reserve: 0 }, p(3 * MIB + 1), p(5 * MIB)];
         let r = replay(&Trace { events }, &card).unwrap();
         assert_eq!(r.reserved_peak, (3 * MIB + 512) + 5 * MIB);
