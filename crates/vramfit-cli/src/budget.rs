@@ -80,7 +80,16 @@ pub(crate) fn parse_card(s: &str) -> Result<vramfit::pools::Card, String> {
     }
     let looks_like_a_name = s.trim().starts_with(|c: char| c.is_ascii_alphabetic());
     match parse_card_gib(s) {
-        Ok(gib) => Ok(Card::cuda(format!("{gib} GiB"), (gib * (1u64 << 30) as f64) as u64)),
+        Ok(gib) => {
+            // Named as given: `24` → "24 GiB", `512MiB` as is.
+            let text = s.trim();
+            let name = if text.parse::<f64>().is_ok() {
+                format!("{text} GiB")
+            } else {
+                text.to_string()
+            };
+            Ok(Card::cuda(name, (gib * (1u64 << 30) as f64) as u64))
+        }
         Err(_) if looks_like_a_name => Err(Card::named(s).unwrap_err().to_string()),
         Err(e) => Err(e),
     }

@@ -304,7 +304,7 @@ fn a_scene_plan_predicts_each_cards_own_allocator() {
             "--probe-gaussians",
             "2000,4000,8000",
             "--gpus",
-            "0.01,16,80,h100-80",
+            "1MiB,16,80,h100-80",
             "--json",
             json_path.to_str().unwrap(),
         ],
@@ -325,8 +325,8 @@ fn a_scene_plan_predicts_each_cards_own_allocator() {
         assert!(reserved <= row(card, "moments device")["card_bytes"].as_u64().unwrap());
     }
     assert!(count("80 GiB").unwrap() > count("16 GiB").unwrap(), "{rows:?}");
-    // 10 MiB holds less than the seeded scene's step: no count, and why.
-    let tiny = row("0.01 GiB", "moments device");
+    // 1 MiB holds less than the seeded scene's step: no count, and why.
+    let tiny = row("1MiB", "moments device");
     assert!(tiny["max_gaussians"].is_null(), "{tiny}");
     assert!(tiny["why_not"].as_str().unwrap().contains("does not fit"), "{tiny}");
     // The moments on the host: this device's line, labelled so.

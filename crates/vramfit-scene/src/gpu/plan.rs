@@ -165,7 +165,7 @@ impl<R: Runtime> ScenePlan<R> {
                 match &law {
                     Ok(law) => {
                         let rests_on = format!(
-                            " CubeCL's pools as a CUDA client of {} makes them (pages up to {}), \
+                            "CubeCL's pools as a CUDA client of {} makes them (pages up to {}), \
                              the step traced here at {} and {} Gaussians and grown; margin {:.0} %",
                             human_bytes(card.memory_bytes),
                             human_bytes(card.allocator.max_page_size),
