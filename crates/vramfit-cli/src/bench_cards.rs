@@ -11,7 +11,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use vramfit::optim::Moments;
 use vramfit::pools::Card;
 use vramfit_scene::allocation::StateAllocation;
@@ -69,29 +69,6 @@ fn parse_recorded(s: &str) -> Result<(Card, PathBuf), String> {
     Ok((card, file))
 }
 
-/// A recorded step's reserved bytes for one case and place, from a
-/// `bench scene-memory` JSON.
-pub(crate) fn recorded_reserved(
-    record: &serde_json::Value,
-    gaussians: usize,
-    degree: usize,
-    size: (usize, usize),
-    place: (Moments, ShStorage, StateAllocation),
-) -> Option<u64> {
-    let text = |v: &serde_json::Value| v.as_str().map(str::to_string);
-    record["steps"].as_array()?.iter().find_map(|s| {
-        let c = &s["case"];
-        let same = c["gaussians"].as_u64() == Some(gaussians as u64)
-            && c["degree"].as_u64() == Some(degree as u64)
-            && c["width"].as_u64() == Some(size.0 as u64)
-            && c["height"].as_u64() == Some(size.1 as u64)
-            && text(&s["moments"]) == Some(place.0.to_string())
-            && text(&s["sh"]) == Some(place.1.to_string())
-            && text(&s["state"]) == Some(place.2.to_string());
-        same.then(|| s["reserved"].as_u64()).flatten()
-    })
-}
-
 pub fn run(args: Args) -> Result<()> {
     if args.sh_degree > 3 {
         bail!("--sh-degree {}: the highest SH degree is 3", args.sh_degree);
@@ -118,11 +95,35 @@ pub fn run(args: Args) -> Result<()> {
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 mod device {
     use super::*;
+    use anyhow::Context;
     use serde_json::json;
     use vramfit::pools::{Allocator, Replayed, Trace, TraceLaw, replay};
     use vramfit::profile::human_bytes;
     use vramfit_scene::gpu::fit::backward_chunks;
     use vramfit_scene::gpu::memory::{MemoryCase, StepMemory, trace_step};
+
+    /// A recorded step's reserved bytes for one case and place, from a
+    /// `bench scene-memory` JSON.
+    fn recorded_reserved(
+        record: &serde_json::Value,
+        gaussians: usize,
+        degree: usize,
+        size: (usize, usize),
+        place: (Moments, ShStorage, StateAllocation),
+    ) -> Option<u64> {
+        let text = |v: &serde_json::Value| v.as_str().map(str::to_string);
+        record["steps"].as_array()?.iter().find_map(|s| {
+            let c = &s["case"];
+            let same = c["gaussians"].as_u64() == Some(gaussians as u64)
+                && c["degree"].as_u64() == Some(degree as u64)
+                && c["width"].as_u64() == Some(size.0 as u64)
+                && c["height"].as_u64() == Some(size.1 as u64)
+                && text(&s["moments"]) == Some(place.0.to_string())
+                && text(&s["sh"]) == Some(place.1.to_string())
+                && text(&s["state"]) == Some(place.2.to_string());
+            same.then(|| s["reserved"].as_u64()).flatten()
+        })
+    }
 
     type Traced = (StepMemory, Trace, Allocator);
 
@@ -225,7 +226,7 @@ mod device {
                     let recorded = recorded
                         .iter()
                         .filter(|(c, _)| c.memory_bytes == card.memory_bytes)
-                        .find_map(|(_, v)| super::recorded_reserved(v, n, args.sh_degree, (w, h), place));
+                        .find_map(|(_, v)| recorded_reserved(v, n, args.sh_degree, (w, h), place));
                     let predicted: Result<Replayed, String> = if backward_chunks(n, m) != chunks {
                         Err(format!(
                             "not predicted: the backward runs in {} chunks at {n} Gaussians and in {chunks} at the probes",
