@@ -77,18 +77,31 @@ pub use tokens::{Long, TokenLaw, calibrate_long};
 use serde::{Deserialize, Serialize};
 
 /// What a preset table calibrated on `device` (a `--device` name) cannot
-/// know about cards of other sizes, where that matters. CubeCL's CUDA
-/// client sizes its pool pages from the card's memory (a quarter of it,
-/// then a sixteenth, …, each pool taking slices up to a fraction of its
-/// page), so the measured peaks hold this card's pages: on an H200 one
-/// 1.03 GiB buffer took an 8.8 GiB page, on a 16 GiB card the same buffer
-/// would take a 4 GiB one.
+/// know about cards, where that matters: CubeCL sizes its pool pages from
+/// the device (CUDA: a quarter of the card's memory, then a sixteenth, …;
+/// wgpu: the adapter's largest storage binding, 128 MiB on lavapipe), so
+/// the peaks measured here hold this device's pages. On an H200 one
+/// 1.03 GiB buffer took an 8.8 GiB page; a 16 GiB card would give it a
+/// 4 GiB one. [`crate::pools`] replays a card's own pools for workloads
+/// whose buffers it records (the scene); for the others this caveat
+/// stands.
 pub fn preset_caveat(device: &str) -> Option<&'static str> {
-    device.starts_with("cuda").then_some(
-        "CubeCL's CUDA allocator sizes its pool pages from the card's memory, so the peaks measured here hold \
-         this card's pages: rows for cards of another size are extrapolations that do not know theirs (a \
-         buffer can cost a smaller card a whole page). Plan on the card itself before relying on its row.",
-    )
+    if device.starts_with("cuda") {
+        Some(
+            "CubeCL's CUDA allocator sizes its pool pages from the card's memory, so the peaks measured here hold \
+             this card's pages: rows for cards of another size are extrapolations that do not know theirs (a \
+             buffer can cost a smaller card a whole page). Plan on the card itself before relying on its row.",
+        )
+    } else if device.starts_with("wgpu") {
+        Some(
+            "the peaks measured here hold this adapter's pool pages (up to its largest storage binding: 128 MiB \
+             on lavapipe), not a CUDA card's, which are fractions of the card's memory: the rows are this device's \
+             figures, not the cards' own (vramfit replays a card's own pools only for workloads whose buffers it \
+             records, the scene). Plan on the card itself before relying on its row.",
+        )
+    } else {
+        None
+    }
 }
 
 use crate::precision::Precision;
