@@ -20,9 +20,12 @@ use vramfit_scene::sh_storage::ShStorage;
 /// The benchmark's arguments.
 #[derive(clap::Args)]
 pub struct Args {
-    /// Gaussian counts to probe at on this device, comma-separated: the
-    /// trace grows through the first two and is checked at the others.
-    #[arg(long, value_delimiter = ',', default_values_t = [20_000usize, 40_000, 60_000])]
+    /// Gaussian counts to probe at on this device with the moments on the
+    /// device, comma-separated: the trace grows through the first two and
+    /// is checked at the others. (With the moments on the host each count
+    /// is probed by scaled copies of its own step: smaller chunks, the
+    /// same chunk count.)
+    #[arg(long, value_delimiter = ',', default_values_t = [100_000usize, 200_000, 300_000])]
     probe_gaussians: Vec<usize>,
     /// Gaussian counts to predict each card's reserved bytes at.
     #[arg(long, value_delimiter = ',', default_values_t = [1_000_000usize, 6_000_000])]
@@ -97,9 +100,10 @@ mod device {
     use super::*;
     use anyhow::Context;
     use serde_json::json;
-    use vramfit::pools::{Allocator, Replayed, Trace, TraceLaw, replay};
+    use vramfit::pools::{Allocator, Trace, TraceLaw, replay};
     use vramfit::profile::human_bytes;
-    use vramfit_scene::gpu::fit::backward_chunks;
+    use vramfit_scene::gpu::engine::CHUNK_ALIGN;
+    use vramfit_scene::gpu::fit::{CHUNK, backward_chunks};
     use vramfit_scene::gpu::memory::{MemoryCase, StepMemory, trace_step};
 
     /// A recorded step's reserved bytes for one case and place, from a
@@ -126,22 +130,58 @@ mod device {
     }
 
     type Traced = (StepMemory, Trace, Allocator);
+    type Place = (Moments, ShStorage, StateAllocation);
+    /// Counts to predict, and the probes whose law grows to them
+    /// (Gaussians, the backward's chunk where not the fit's own).
+    type ProbePlan = (Vec<usize>, Vec<(usize, Option<usize>)>);
 
-    fn traced(device: &str, case: &MemoryCase, place: (Moments, ShStorage, StateAllocation)) -> Result<Traced> {
-        fn on<R: cubecl::Runtime>(case: &MemoryCase, place: (Moments, ShStorage, StateAllocation)) -> Result<Traced> {
+    fn traced(device: &str, case: &MemoryCase, place: Place, chunk: Option<usize>) -> Result<Traced> {
+        fn on<R: cubecl::Runtime>(case: &MemoryCase, place: Place, chunk: Option<usize>) -> Result<Traced> {
             let device = R::Device::default();
-            let (m, trace) = trace_step::<R>(&device, case, place.0, place.1, place.2, 3)
+            let (m, trace) = trace_step::<R>(&device, case, place.0, place.1, place.2, 3, chunk)
                 .map_err(|e| anyhow::anyhow!("device failure: {e}"))?;
             let here = Allocator::from(&R::client(&device).properties().memory);
             Ok((m, trace, here))
         }
         match device {
             #[cfg(feature = "wgpu")]
-            "wgpu" => on::<cubecl::wgpu::WgpuRuntime>(case, place),
+            "wgpu" => on::<cubecl::wgpu::WgpuRuntime>(case, place, chunk),
             #[cfg(feature = "cuda")]
-            "cuda" => on::<cubecl::cuda::CudaRuntime>(case, place),
+            "cuda" => on::<cubecl::cuda::CudaRuntime>(case, place, chunk),
             other => Err(crate::device::unavailable(other)),
         }
+    }
+
+    /// Which probes grow to which counts: (the counts, the probes as
+    /// (Gaussians, chunk)). With the moments on the device one law through
+    /// `probe_gaussians` serves every count. With them on the host the
+    /// backward's chunk count grows with the count, so each count gets
+    /// probes of its own: scaled copies of its step, with its chunk count,
+    /// each chunk 1,024, 2,048 (the law) and 1,536 (the check) Gaussians
+    /// instead of [`CHUNK`] and the last chunk in proportion. Small probes
+    /// misgrow the tile lists: the random scene's Gaussians shrink as their
+    /// count grows, so its intersections are not proportional to the count
+    /// (at 3,906 and 7,813 Gaussians the grown list at 1 M was 3.5 times
+    /// too long and took a larger page).
+    fn probe_plan(moments: Moments, probe_gaussians: &[usize], targets: &[usize]) -> Vec<ProbePlan> {
+        if moments == Moments::Device {
+            return vec![(targets.to_vec(), probe_gaussians.iter().map(|&n| (n, None)).collect())];
+        }
+        targets
+            .iter()
+            .map(|&target| {
+                let chunks = backward_chunks(target, moments);
+                let last = target - (chunks - 1) * CHUNK;
+                let probes = [8, 16, 12]
+                    .map(|k| {
+                        let chunk = k * CHUNK_ALIGN;
+                        let scaled_last = ((chunk * last) as f64 / CHUNK as f64).round().max(1.0) as usize;
+                        ((chunks - 1) * chunk + scaled_last, Some(chunk))
+                    })
+                    .to_vec();
+                (vec![target], probes)
+            })
+            .collect()
     }
 
     fn pct(predicted: u64, measured: u64) -> f64 {
@@ -185,92 +225,90 @@ mod device {
         let mut out_places = Vec::new();
         for place in places {
             let (m, sh, state) = place;
-            eprintln!(
-                "tracing moments {m}, SH {sh}, state {state} at {:?} Gaussians…",
-                args.probe_gaussians
-            );
-            let mut probes = Vec::new();
-            for &n in &args.probe_gaussians {
-                let (measured, trace, here) = traced(&args.device.name, &case(n), place)?;
-                let replayed = replay(&trace, &here)?;
-                probes.push((n, measured, trace, here, replayed));
-            }
-            let law = TraceLaw::fit(
-                (probes[0].0 as u64, probes[0].2.clone()),
-                (probes[1].0 as u64, probes[1].2.clone()),
-            )?;
-            let mut probe_rows = Vec::new();
-            for (n, measured, trace, here, replayed) in &probes {
-                let grown = replay(&law.at(*n as u64), here)?.reserved_peak;
-                checks += &format!(
-                    "| {m} | {sh} | {state} | {n} | {} | {} ({:+.2} %) | {} ({:+.2} %) |\n",
-                    measured.reserved,
-                    replayed.reserved_peak,
-                    pct(replayed.reserved_peak, measured.reserved),
-                    grown,
-                    pct(grown, measured.reserved)
-                );
-                probe_rows.push(json!({
-                    "gaussians": n,
-                    "measured_reserved": measured.reserved,
-                    "replayed_reserved": replayed.reserved_peak,
-                    "grown_reserved": grown,
-                    "reservations": trace.reserves(),
-                    "allocator": here,
-                }));
-            }
-            let chunks = backward_chunks(args.probe_gaussians[0], m);
-            let mut predictions = Vec::new();
-            for &n in &args.gaussians {
-                for card in &args.cards {
-                    let recorded = recorded
-                        .iter()
-                        .filter(|(c, _)| c.memory_bytes == card.memory_bytes)
-                        .find_map(|(_, v)| recorded_reserved(v, n, args.sh_degree, (w, h), place));
-                    let predicted: Result<Replayed, String> = if backward_chunks(n, m) != chunks {
-                        Err(format!(
-                            "not predicted: the backward runs in {} chunks at {n} Gaussians and in {chunks} at the probes",
-                            backward_chunks(n, m)
-                        ))
-                    } else {
-                        replay(&law.at(n as u64), &card.allocator).map_err(|e| e.to_string())
-                    };
-                    let (shown, off) = match (&predicted, recorded) {
-                        (Ok(r), Some(rec)) => (
-                            human_bytes(r.reserved_peak),
-                            format!("{:+.2} %", pct(r.reserved_peak, rec)),
-                        ),
-                        (Ok(r), None) => (human_bytes(r.reserved_peak), "—".into()),
-                        (Err(e), _) => (e.clone(), "—".into()),
-                    };
-                    table += &format!(
-                        "| {m} | {sh} | {state} | {n} | {} ({}) | {shown} | {} | {off} |\n",
-                        card.name,
-                        human_bytes(card.memory_bytes),
-                        recorded.map(human_bytes).unwrap_or_else(|| "—".into()),
+            let mut laws = Vec::new();
+            for (targets, probe_counts) in probe_plan(m, &args.probe_gaussians, &args.gaussians) {
+                eprintln!("tracing moments {m}, SH {sh}, state {state} at {probe_counts:?} (Gaussians, chunk)…");
+                let mut probes = Vec::new();
+                for &(n, chunk) in &probe_counts {
+                    let (measured, trace, here) = traced(&args.device.name, &case(n), place, chunk)?;
+                    let replayed = replay(&trace, &here)?;
+                    probes.push((n, chunk, measured, trace, here, replayed));
+                }
+                let law = TraceLaw::fit(
+                    (probes[0].0 as u64, probes[0].3.clone()),
+                    (probes[1].0 as u64, probes[1].3.clone()),
+                )?;
+                let mut probe_rows = Vec::new();
+                for (n, chunk, measured, trace, here, replayed) in &probes {
+                    let grown = replay(&law.at(*n as u64), here)?.reserved_peak;
+                    let chunked = chunk.map(|c| format!(" (chunks of {c})")).unwrap_or_default();
+                    checks += &format!(
+                        "| {m} | {sh} | {state} | {n}{chunked} | {} | {} ({:+.2} %) | {} ({:+.2} %) |\n",
+                        measured.reserved,
+                        replayed.reserved_peak,
+                        pct(replayed.reserved_peak, measured.reserved),
+                        grown,
+                        pct(grown, measured.reserved)
                     );
-                    predictions.push(json!({
+                    probe_rows.push(json!({
                         "gaussians": n,
-                        "card": card.name,
-                        "card_bytes": card.memory_bytes,
-                        "allocator": card.allocator,
-                        "predicted_reserved": predicted.as_ref().ok().map(|r| r.reserved_peak),
-                        "not_predicted": predicted.as_ref().err(),
-                        "recorded_reserved": recorded,
-                        "off_percent": match (&predicted, recorded) {
-                            (Ok(r), Some(rec)) => Some(pct(r.reserved_peak, rec)),
-                            _ => None,
-                        },
+                        "chunk": chunk,
+                        "measured_reserved": measured.reserved,
+                        "replayed_reserved": replayed.reserved_peak,
+                        "grown_reserved": grown,
+                        "reservations": trace.reserves(),
+                        "allocator": here,
                     }));
                 }
+                let mut predictions = Vec::new();
+                for &n in &targets {
+                    for card in &args.cards {
+                        let recorded = recorded
+                            .iter()
+                            .filter(|(c, _)| c.memory_bytes == card.memory_bytes)
+                            .find_map(|(_, v)| recorded_reserved(v, n, args.sh_degree, (w, h), place));
+                        let predicted = replay(&law.at(n as u64), &card.allocator).map_err(|e| e.to_string());
+                        let (shown, off) = match (&predicted, recorded) {
+                            (Ok(r), Some(rec)) => (
+                                human_bytes(r.reserved_peak),
+                                format!("{:+.2} %", pct(r.reserved_peak, rec)),
+                            ),
+                            (Ok(r), None) => (human_bytes(r.reserved_peak), "—".into()),
+                            (Err(e), _) => (e.clone(), "—".into()),
+                        };
+                        table += &format!(
+                            "| {m} | {sh} | {state} | {n} | {} ({}) | {shown} | {} | {off} |\n",
+                            card.name,
+                            human_bytes(card.memory_bytes),
+                            recorded.map(human_bytes).unwrap_or_else(|| "—".into()),
+                        );
+                        predictions.push(json!({
+                            "gaussians": n,
+                            "card": card.name,
+                            "card_bytes": card.memory_bytes,
+                            "allocator": card.allocator,
+                            "predicted_reserved": predicted.as_ref().ok().map(|r| r.reserved_peak),
+                            "not_predicted": predicted.as_ref().err(),
+                            "recorded_reserved": recorded,
+                            "off_percent": match (&predicted, recorded) {
+                                (Ok(r), Some(rec)) => Some(pct(r.reserved_peak, rec)),
+                                _ => None,
+                            },
+                        }));
+                    }
+                }
+                laws.push(json!({
+                    "for_gaussians": targets,
+                    "probes": probe_rows,
+                    "law": law,
+                    "predictions": predictions,
+                }));
             }
             out_places.push(json!({
                 "moments": m.to_string(),
                 "sh": sh.to_string(),
                 "state": state.to_string(),
-                "probes": probe_rows,
-                "law": law,
-                "predictions": predictions,
+                "laws": laws,
             }));
         }
         let command = std::env::args().collect::<Vec<_>>().join(" ");

@@ -41,7 +41,7 @@ fn a_replayed_scene_step_gives_the_reserved_bytes_of_the_device() {
         let mut traces = Vec::new();
         for n in [3_000u64, 6_000, 9_000] {
             let (measured, trace) =
-                trace_step::<WgpuRuntime>(&device, &case(n as usize), moments, sh, state, 3).unwrap();
+                trace_step::<WgpuRuntime>(&device, &case(n as usize), moments, sh, state, 3, None).unwrap();
             assert!(
                 trace.reserves() > 20,
                 "{what}: {} reservations recorded",

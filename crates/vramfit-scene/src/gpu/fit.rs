@@ -79,6 +79,9 @@ pub struct DeviceFit<R: Runtime> {
     /// ([`SceneDevice::host_times`]).
     times: [std::time::Duration; 2],
     state: StateAllocation,
+    /// Gaussians a backward chunk (and an upload chunk) holds with the
+    /// moments on the host: [`CHUNK`], or a probe's smaller one.
+    chunk: usize,
 }
 
 impl<R: Runtime> DeviceFit<R> {
@@ -115,12 +118,28 @@ impl<R: Runtime> DeviceFit<R> {
             moved: 0,
             times: Default::default(),
             state: StateAllocation::default(),
+            chunk: CHUNK,
         }
     }
 
     /// The same with the long-lived state allocated as `state` says.
     pub fn with_state_allocation(mut self, state: StateAllocation) -> Self {
         self.state = state;
+        self
+    }
+
+    /// The same with the moments' chunks `chunk` Gaussians long instead of
+    /// [`CHUNK`] (a multiple of [`super::engine::CHUNK_ALIGN`]): a probe of
+    /// a smaller scene with a larger one's chunk count, so that its trace
+    /// is the larger step's sequence at a smaller size
+    /// ([`vramfit::pools::TraceLaw`]).
+    pub fn with_backward_chunk(mut self, chunk: usize) -> Self {
+        assert!(
+            chunk > 0 && chunk.is_multiple_of(super::engine::CHUNK_ALIGN),
+            "a chunk of {chunk} Gaussians is not a positive multiple of {}",
+            super::engine::CHUNK_ALIGN
+        );
+        self.chunk = chunk;
         self
     }
 
@@ -254,6 +273,7 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
             .ok_or(DeviceError::OutOfOrder("the scene is not on the device"))?;
         let r = &self.renderer;
         let n = s.n;
+        let chunk = self.chunk;
         let drawn = r.render(s, camera, background)?;
         let image = r.download(&drawn.image, 3 * camera.width * camera.height)?;
         let (loss, d_image) = loss_and_gradient(&image, target, camera.width, camera.height);
@@ -276,8 +296,8 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
                 // The copies timed on their own: the chunk's kernels are
                 // waited for first.
                 let mut copying = std::time::Duration::ZERO;
-                for first in (0..n).step_by(CHUNK) {
-                    let count = CHUNK.min(n - first);
+                for first in (0..n).step_by(chunk) {
+                    let count = chunk.min(n - first);
                     let part = r.backward_params(s, &drawn, &acc, &screen, first, count);
                     r.sync()?;
                     let t = std::time::Instant::now();
@@ -288,7 +308,7 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
                 self.times = [copying, std::time::Duration::ZERO];
                 let values: usize = widths.iter().map(|w| w * n).sum();
                 moved += 4 * values as u64;
-                chunk_bytes = 4 * CHUNK.min(n) as u64 * widths.iter().sum::<usize>() as u64;
+                chunk_bytes = 4 * chunk.min(n) as u64 * widths.iter().sum::<usize>() as u64;
                 host.grads = Some(down);
                 (None, screen)
             }
@@ -349,7 +369,7 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
                 } else {
                     ShStorage::F32
                 };
-                let span = CHUNK * widths[g];
+                let span = self.chunk * widths[g];
                 for (k, part) in host.params[g].chunks(span.max(1)).enumerate() {
                     // f32 goes up as it is; 16-bit storage packed first
                     // (and handed over, which saves cubecl a host copy).

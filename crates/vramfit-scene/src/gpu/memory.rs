@@ -218,12 +218,13 @@ pub fn measure_step<R: Runtime>(
     allocation: StateAllocation,
     steps: usize,
 ) -> Result<StepMemory, String> {
-    measure_step_recorded::<R>(device, case, moments, sh, allocation, steps, None)
+    measure_step_recorded::<R>(device, case, moments, sh, allocation, steps, None, None)
 }
 
-/// [`measure_step`] with the fit's allocations and releases recorded into
-/// `recorder` (from the cleanup before the fit is loaded), for
-/// [`vramfit::pools::replay`].
+/// [`measure_step`] with the fit's allocations and releases recorded (from
+/// the cleanup before the fit is loaded), for [`vramfit::pools::replay`];
+/// with the moments on the host, the chunks `chunk` Gaussians long where
+/// given ([`DeviceFit::with_backward_chunk`]).
 pub fn trace_step<R: Runtime>(
     device: &R::Device,
     case: &MemoryCase,
@@ -231,13 +232,24 @@ pub fn trace_step<R: Runtime>(
     sh: ShStorage,
     allocation: StateAllocation,
     steps: usize,
+    chunk: Option<usize>,
 ) -> Result<(StepMemory, Trace), String> {
     let recorder = Arc::new(Mutex::new(Recorder::new()));
-    let m = measure_step_recorded::<R>(device, case, moments, sh, allocation, steps, Some(recorder.clone()))?;
+    let m = measure_step_recorded::<R>(
+        device,
+        case,
+        moments,
+        sh,
+        allocation,
+        steps,
+        chunk,
+        Some(recorder.clone()),
+    )?;
     let trace = recorder.lock().map_err(|e| e.to_string())?.trace();
     Ok((m, trace))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn measure_step_recorded<R: Runtime>(
     device: &R::Device,
     case: &MemoryCase,
@@ -245,6 +257,7 @@ fn measure_step_recorded<R: Runtime>(
     sh: ShStorage,
     allocation: StateAllocation,
     steps: usize,
+    chunk: Option<usize>,
     recorder: Option<Arc<Mutex<Recorder>>>,
 ) -> Result<StepMemory, String> {
     use rand::{Rng, SeedableRng};
@@ -272,6 +285,9 @@ fn measure_step_recorded<R: Runtime>(
     let mut fit = DeviceFit::<R>::with_storage(device, "probe", moments, sh).with_state_allocation(allocation);
     if let Some(recorder) = recorder {
         fit = fit.recorded_into(recorder);
+    }
+    if let Some(chunk) = chunk {
+        fit = fit.with_backward_chunk(chunk);
     }
     fit.load(&state)?;
     drop(state);

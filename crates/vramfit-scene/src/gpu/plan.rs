@@ -283,8 +283,8 @@ impl<R: Runtime> Capacity for ScenePlan<R> {
             width: self.width,
             height: self.height,
         };
-        let (m, trace) =
-            trace_step::<R>(&self.device, &case, moments, sh, Default::default(), 3).map_err(ProbeError::workload)?;
+        let (m, trace) = trace_step::<R>(&self.device, &case, moments, sh, Default::default(), 3, None)
+            .map_err(ProbeError::workload)?;
         self.traces.retain(|(v, c, _)| !(v == variant && *c == count));
         self.traces.push((variant.to_string(), count, trace));
         Ok(Measured {
