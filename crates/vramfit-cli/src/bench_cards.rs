@@ -201,7 +201,15 @@ mod device {
             .iter()
             .map(|(card, file)| -> Result<_> {
                 let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-                let v = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
+                let v: serde_json::Value =
+                    serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
+                if !v["steps"].as_array().is_some_and(|s| !s.is_empty()) {
+                    bail!(
+                        "{} holds no training steps: give the JSON of a `vramfit bench scene-memory --moments … \
+                         --steps-only` run on that card",
+                        file.display()
+                    );
+                }
                 Ok((card.clone(), v))
             })
             .collect::<Result<_>>()?;

@@ -71,7 +71,7 @@ pub const KNOWN_CARDS: &[(&str, &str, u64)] = &[
 pub enum CardError {
     /// Neither a known name nor a size.
     #[error(
-        "unknown card `{0}`: give a size in GiB (e.g. 24) or one of {known}",
+        "'{0}' is not a card size or a known card: give a size in GiB (e.g. 24) or one of {known}",
         known = known_names()
     )]
     Unknown(String),
