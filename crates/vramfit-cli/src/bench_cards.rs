@@ -203,7 +203,7 @@ mod device {
                 let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
                 let v: serde_json::Value =
                     serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
-                if !v["steps"].as_array().is_some_and(|s| !s.is_empty()) {
+                if v["steps"].as_array().is_none_or(|s| s.is_empty()) {
                     bail!(
                         "{} holds no training steps: give the JSON of a `vramfit bench scene-memory --moments … \
                          --steps-only` run on that card",
