@@ -366,7 +366,10 @@ impl RunDir {
                 continue;
             }
             match Self::create_with(&root, files) {
-                Err(RunDirError::Exists(p)) => last = Some(p),
+                // Claimed by another creator since the look above; one that
+                // has made the folder but not yet its lock looks like a
+                // folder that is not a run (`Taken`): the name is theirs.
+                Err(RunDirError::Exists(p) | RunDirError::Taken { path: p, .. }) => last = Some(p),
                 other => return other,
             }
         }
