@@ -104,11 +104,6 @@ impl Card {
             .map(|&(known, _, mib)| Self::cuda(known, mib << 20))
             .ok_or_else(|| CardError::Unknown(name.trim().to_string()))
     }
-
-    /// Whether `text` names a known card rather than a size.
-    pub fn is_name(text: &str) -> bool {
-        Self::named(text).is_ok()
-    }
 }
 
 #[cfg(test)]
