@@ -21,10 +21,15 @@
 //! The counters are process-wide atomics (two relaxed read-modify-writes
 //! per allocation). They count the bytes asked for, not what the inner
 //! allocator rounds them up to or keeps cached: the process's resident set
-//! is reported beside them for that. This module must not allocate.
+//! is reported beside them for that. The allocator path never allocates.
+//!
+//! [`record`] also keeps the order of allocations and releases (of blocks
+//! at least a given size) for a while: on the CPU, Burn's tensor buffers
+//! are such blocks, so a step run here gives the sequence a device's pools
+//! would see ([`crate::pools::Trace::from_heap`]).
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 static CURRENT: AtomicU64 = AtomicU64::new(0);
 static PEAK: AtomicU64 = AtomicU64::new(0);
@@ -56,6 +61,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         let p = unsafe { self.0.alloc(layout) };
         if !p.is_null() {
             grew(layout.size() as u64);
+            trace(ALLOC, p, layout.size());
         }
         p
     }
@@ -65,20 +71,29 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         let p = unsafe { self.0.alloc_zeroed(layout) };
         if !p.is_null() {
             grew(layout.size() as u64);
+            trace(ALLOC, p, layout.size());
         }
         p
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // Recorded before the block goes, so that no other thread can be
+        // handed the same address and record it first.
+        trace(FREE, ptr, layout.size());
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { self.0.dealloc(ptr, layout) };
         shrank(layout.size() as u64);
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        trace(FREE, ptr, layout.size());
         // SAFETY: forwarded with the caller's guarantees.
         let p = unsafe { self.0.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
+        if p.is_null() {
+            // The old block stays: recorded again as made.
+            trace(ALLOC, ptr, layout.size());
+        } else {
+            trace(ALLOC, p, new_size);
             // The live bytes change by the difference. (Where the inner
             // allocator moves the block, both copies exist for a moment; that
             // moment is not counted.)
@@ -114,4 +129,161 @@ pub fn peak() -> u64 {
 pub fn take_peak() -> u64 {
     let now = current();
     PEAK.swap(now, Ordering::Relaxed).max(now)
+}
+
+const ALLOC: u8 = 1;
+const FREE: u8 = 2;
+
+/// One slot of a recording; `kind` is written last (0: not yet written).
+#[derive(Default)]
+struct Slot {
+    kind: AtomicU8,
+    ptr: AtomicUsize,
+    bytes: AtomicU64,
+}
+
+static RECORDING: AtomicBool = AtomicBool::new(false);
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+static SLOTS: AtomicPtr<Slot> = AtomicPtr::new(std::ptr::null_mut());
+static CAPACITY: AtomicUsize = AtomicUsize::new(0);
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+static MIN_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+#[inline]
+fn trace(kind: u8, ptr: *mut u8, bytes: usize) {
+    // One relaxed load on every allocation while nothing records.
+    if !RECORDING.load(Ordering::Relaxed) || bytes < MIN_BYTES.load(Ordering::Relaxed) {
+        return;
+    }
+    IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+    let slots = SLOTS.load(Ordering::SeqCst);
+    if RECORDING.load(Ordering::SeqCst) && !slots.is_null() {
+        let i = NEXT.fetch_add(1, Ordering::SeqCst);
+        if i < CAPACITY.load(Ordering::SeqCst) {
+            // SAFETY: `slots` points at `CAPACITY` slots that `HeapRecording`
+            // keeps alive until no writer is in flight (see `finish`).
+            let slot = unsafe { &*slots.add(i) };
+            slot.ptr.store(ptr as usize, Ordering::Relaxed);
+            slot.bytes.store(bytes as u64, Ordering::Relaxed);
+            slot.kind.store(kind, Ordering::Release);
+        }
+    }
+    IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// One block made or released while recording, in the order seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeapEvent {
+    /// A block of `bytes` at `ptr` was made.
+    Alloc {
+        /// Its address.
+        ptr: usize,
+        /// Its size.
+        bytes: u64,
+    },
+    /// The block at `ptr` was released.
+    Free {
+        /// Its address.
+        ptr: usize,
+        /// Its size.
+        bytes: u64,
+    },
+}
+
+/// Why a heap recording could not start or be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeapRecordError {
+    /// No [`Counting`] allocator serves this process.
+    #[error(
+        "no counting allocator is installed: a heap recording needs vramfit::heap::Counting as the global allocator"
+    )]
+    NotInstalled,
+    /// Another recording is running.
+    #[error("a heap recording is already running in this process (one at a time)")]
+    Busy,
+    /// More events than the recording's room.
+    #[error("the heap recording outgrew its room for {0} events: record fewer steps or raise the room")]
+    Full(usize),
+}
+
+/// A running recording of the heap's blocks of at least `min_bytes`;
+/// process-wide (every thread's blocks), one at a time.
+pub struct HeapRecording {
+    slots: Box<[Slot]>,
+}
+
+impl std::fmt::Debug for HeapRecording {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeapRecording")
+            .field("room", &self.slots.len())
+            .finish()
+    }
+}
+
+/// Starts recording the blocks of at least `min_bytes` (room for `room`
+/// events, taken now, so that recording never allocates).
+pub fn record(min_bytes: usize, room: usize) -> Result<HeapRecording, HeapRecordError> {
+    if !installed() {
+        return Err(HeapRecordError::NotInstalled);
+    }
+    let mut slots: Box<[Slot]> = (0..room).map(|_| Slot::default()).collect();
+    if SLOTS
+        .compare_exchange(
+            std::ptr::null_mut(),
+            slots.as_mut_ptr(),
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        )
+        .is_err()
+    {
+        return Err(HeapRecordError::Busy);
+    }
+    CAPACITY.store(room, Ordering::SeqCst);
+    NEXT.store(0, Ordering::SeqCst);
+    MIN_BYTES.store(min_bytes.max(1), Ordering::SeqCst);
+    RECORDING.store(true, Ordering::SeqCst);
+    Ok(HeapRecording { slots })
+}
+
+impl HeapRecording {
+    /// Stops and returns the events in the order they were recorded.
+    pub fn finish(self) -> Result<Vec<HeapEvent>, HeapRecordError> {
+        let room = self.slots.len();
+        let used = self.stop();
+        if used > room {
+            return Err(HeapRecordError::Full(room));
+        }
+        Ok(self.slots[..used]
+            .iter()
+            .filter_map(|s| {
+                let (ptr, bytes) = (s.ptr.load(Ordering::Relaxed), s.bytes.load(Ordering::Relaxed));
+                match s.kind.load(Ordering::Acquire) {
+                    ALLOC => Some(HeapEvent::Alloc { ptr, bytes }),
+                    FREE => Some(HeapEvent::Free { ptr, bytes }),
+                    _ => None,
+                }
+            })
+            .collect())
+    }
+
+    /// Stops recording and waits out writers still in a slot; returns how
+    /// many slots were claimed.
+    fn stop(&self) -> usize {
+        RECORDING.store(false, Ordering::SeqCst);
+        while IN_FLIGHT.load(Ordering::SeqCst) > 0 {
+            std::hint::spin_loop();
+        }
+        let used = NEXT.load(Ordering::SeqCst);
+        MIN_BYTES.store(usize::MAX, Ordering::SeqCst);
+        SLOTS.store(std::ptr::null_mut(), Ordering::SeqCst);
+        used
+    }
+}
+
+impl Drop for HeapRecording {
+    fn drop(&mut self) {
+        if SLOTS.load(Ordering::SeqCst) == self.slots.as_mut_ptr() {
+            self.stop();
+        }
+    }
 }

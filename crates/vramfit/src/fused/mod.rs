@@ -52,9 +52,33 @@ pub(crate) fn downcast<A: 'static, T: 'static>(value: A) -> Result<T, A> {
     }
 }
 
-/// `t` as an f32 tensor of the CPU backend, if it is one.
+/// Set while [`as_on_a_device`] runs.
+static AS_ON_A_DEVICE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// While held, the CPU's kernels here are off (process-wide): every
+/// function of this module takes Burn's own operations, as on a CubeCL
+/// device, so that a step run on the CPU makes the tensors a device's step
+/// makes, one for one. A heap recording of such a step is a device's
+/// allocation sequence ([`crate::pools::trace_on_cpu`]).
+#[derive(Debug)]
+#[must_use = "the CPU's kernels are back on when this is dropped"]
+pub struct AsOnADevice(bool);
+
+/// Turns the CPU's kernels off until the guard is dropped.
+pub fn as_on_a_device() -> AsOnADevice {
+    AsOnADevice(AS_ON_A_DEVICE.swap(true, std::sync::atomic::Ordering::SeqCst))
+}
+
+impl Drop for AsOnADevice {
+    fn drop(&mut self) {
+        AS_ON_A_DEVICE.store(self.0, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// `t` as an f32 tensor of the CPU backend, if it is one (and the CPU's
+/// kernels are on).
 fn on_cpu<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Tensor<Cpu, D>, Tensor<B, D>> {
-    if t.dtype() != DType::F32 {
+    if t.dtype() != DType::F32 || AS_ON_A_DEVICE.load(std::sync::atomic::Ordering::Relaxed) {
         return Err(t);
     }
     downcast(t)

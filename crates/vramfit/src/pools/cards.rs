@@ -27,6 +27,14 @@ impl Allocator {
     }
 }
 
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+impl Allocator {
+    /// The pools of `device`'s own client.
+    pub fn of<R: cubecl::Runtime>(device: &R::Device) -> Self {
+        Self::from(&R::client(device).properties().memory)
+    }
+}
+
 impl From<&cubecl_ir::MemoryDeviceProperties> for Allocator {
     /// The pools of a client made with `properties` (a live client's
     /// `properties().memory`: the probing device's own).

@@ -13,6 +13,10 @@
 //! memory. The result is that card's reserved high-water mark for the same
 //! sequence, to the byte where the sequence is the card's.
 //!
+//! Burn's tensors are recorded on the CPU instead ([`trace_on_cpu`]): a
+//! step run there with the CPU's own kernels off makes the tensors a
+//! device's step makes, each one heap block.
+//!
 //! A trace recorded at one size is grown to another by [`TraceLaw`] (each
 //! reservation's bytes affine in the count, fitted from two probes of the
 //! same structure), so that a probe on a small device predicts a card too
@@ -20,10 +24,12 @@
 
 mod cards;
 mod law;
+mod on_cpu;
 mod record;
 mod replay;
 
 pub use cards::{Allocator, Card, CardError, KNOWN_CARDS};
 pub use law::{LawError, TraceLaw};
+pub use on_cpu::{CpuTraceError, TRACE_ROOM, trace_on_cpu};
 pub use record::Recorder;
 pub use replay::{Event, ReplayError, Replayed, Trace, replay};

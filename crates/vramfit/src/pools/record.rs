@@ -1,8 +1,11 @@
 //! Recording what a workload's own code asks CubeCL's allocator for.
 
+use std::collections::HashMap;
+
 use cubecl_runtime::server::Handle;
 
 use super::{Event, Trace};
+use crate::heap::HeapEvent;
 
 /// Records the buffers a workload makes and when their last handle goes.
 ///
@@ -73,5 +76,37 @@ impl Recorder {
         Trace {
             events: self.events.clone(),
         }
+    }
+}
+
+impl Trace {
+    /// The trace of a heap recording ([`crate::heap::record`]) of a step
+    /// run on the CPU, where each of Burn's tensor buffers is one heap
+    /// block: each block made is a reservation of its size, each release
+    /// of a block made while recording frees it. Releases of blocks made
+    /// before the recording are not in the trace (the trace starts with
+    /// what it made), nor are blocks moved by `realloc` twice.
+    pub fn from_heap(events: &[HeapEvent]) -> Self {
+        let mut out = Vec::with_capacity(events.len());
+        let mut live: HashMap<usize, usize> = HashMap::new();
+        let mut reserves = 0;
+        for e in events {
+            match *e {
+                HeapEvent::Alloc { ptr, bytes } => {
+                    out.push(Event::Reserve {
+                        bytes,
+                        persistent: false,
+                    });
+                    live.insert(ptr, reserves);
+                    reserves += 1;
+                }
+                HeapEvent::Free { ptr, .. } => {
+                    if let Some(reserve) = live.remove(&ptr) {
+                        out.push(Event::Free { reserve });
+                    }
+                }
+            }
+        }
+        Self { events: out }
     }
 }

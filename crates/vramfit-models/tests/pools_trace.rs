@@ -1,0 +1,126 @@
+//! Burn's tensors recorded on the CPU ([`vramfit::pools::trace_on_cpu`])
+//! and replayed through wgpu's own pools, against the reserved peak the
+//! wgpu allocator measures for the same run (lavapipe in CI): the
+//! transformer with and without checkpointing (measured equal to the
+//! byte), and the U-Net (measured 14.3 % over: the CPU's convolution
+//! makes an NHWC copy and im2col tiles that CubeCL's does not). Alone in
+//! its test binary: the heap recording is process-wide.
+#![cfg(feature = "wgpu")]
+
+use burn::backend::wgpu::WgpuRuntime;
+use vramfit::pools::{Allocator, Trace, replay, trace_on_cpu};
+use vramfit::run::{RunPath, Start};
+use vramfit_models::config::FamilyConfig;
+use vramfit_models::family::Family;
+use vramfit_models::gpt::{GptConfig, TrainConfig};
+use vramfit_models::unet::{UnetConfig, UnetTrainConfig};
+
+#[global_allocator]
+static HEAP: vramfit::heap::Counting<std::alloc::System> = vramfit::heap::Counting(std::alloc::System);
+
+/// Steps of each run: the pools reach their high-water within two.
+const STEPS: u64 = 3;
+
+/// The most the transformer's replayed peak may fall short of or exceed
+/// the measured one (measured: equal).
+const BOUND: f64 = 0.05;
+
+/// The most the U-Net's replayed peak may exceed the measured one; it may
+/// not fall short (the CPU's convolution only adds scratch).
+const CONV_OVER: f64 = 0.20;
+
+fn transformer(checkpoint: &str) -> TrainConfig {
+    let mut c = TrainConfig {
+        steps: STEPS,
+        batch_size: 16,
+        micro_batch: 16,
+        checkpoint: checkpoint.into(),
+        checkpoint_every: 0,
+        ..Default::default()
+    };
+    c.model.width = 256;
+    c.model.heads = 4;
+    c.model.context = 128;
+    c.task.tokens = 128;
+    c
+}
+
+fn unet() -> UnetTrainConfig {
+    let mut c = UnetTrainConfig {
+        steps: STEPS,
+        batch_size: 8,
+        micro_batch: 8,
+        checkpoint_every: 0,
+        ..Default::default()
+    };
+    c.model.width = 16;
+    c
+}
+
+/// The wgpu run's reserved high-water and the CPU trace of the same run.
+fn both<F: Family<D>, const D: usize>(config: FamilyConfig<F>) -> (u64, Trace) {
+    let tmp = tempfile::tempdir().unwrap();
+    let trace = trace_on_cpu(
+        || {
+            vramfit_models::job::start::<vramfit::backends::Flex, F, D>(
+                Start::New(config.clone(), RunPath::At(tmp.path().join("cpu"))),
+                &Default::default(),
+                "cpu",
+            )
+        },
+        STEPS,
+    )
+    .unwrap();
+    type W = vramfit::backends::Wgpu;
+    let device = Default::default();
+    <W as burn::tensor::backend::Backend>::memory_cleanup(&device);
+    let (run, job) = vramfit_models::job::start::<W, F, D>(
+        Start::New(config, RunPath::At(tmp.path().join("wgpu"))),
+        &device,
+        "wgpu",
+    )
+    .unwrap();
+    let summary = run
+        .drive(job, |_| std::ops::ControlFlow::Continue(()))
+        .unwrap()
+        .unwrap();
+    assert_eq!(summary.peak_memory_source, "allocator reserved bytes");
+    (summary.peak_memory_bytes.unwrap(), trace)
+}
+
+fn error(measured: u64, trace: &Trace, allocator: &Allocator, name: &str) -> f64 {
+    let predicted = replay(trace, allocator).unwrap().reserved_peak;
+    let error = predicted as f64 / measured as f64 - 1.0;
+    eprintln!(
+        "{name}: measured {measured} B, replayed {predicted} B ({:+.2} %), {} reservations",
+        100.0 * error,
+        trace.reserves()
+    );
+    error
+}
+
+#[test]
+fn a_cpu_trace_replayed_through_wgpus_pools_gives_its_reserved_peak() {
+    let lavapipe = Allocator::of::<WgpuRuntime>(&Default::default());
+    for checkpoint in ["none", "list:0,1"] {
+        let (measured, trace) = both::<GptConfig, 3>(transformer(checkpoint));
+        let e = error(
+            measured,
+            &trace,
+            &lavapipe,
+            &format!("transformer, checkpoint {checkpoint}"),
+        );
+        assert!(
+            e.abs() <= BOUND,
+            "the transformer's replayed peak is {:+.1} % off",
+            100.0 * e
+        );
+    }
+    let (measured, trace) = both::<UnetConfig, 4>(unet());
+    let e = error(measured, &trace, &lavapipe, "U-Net");
+    assert!(
+        (0.0..=CONV_OVER).contains(&e),
+        "the U-Net's replayed peak is {:+.1} % off",
+        100.0 * e
+    );
+}
