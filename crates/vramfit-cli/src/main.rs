@@ -81,6 +81,7 @@ mod bench_slice;
 mod budget;
 mod check_kernels;
 mod device;
+mod family_cards;
 mod fit;
 mod flags;
 mod plan;

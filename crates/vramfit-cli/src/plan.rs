@@ -363,6 +363,22 @@ where
         crate::runs::print_train(F::NAME, summary);
         crate::runs::print_common(summary, dir);
     }
+    /// On a CubeCL device, each card's reserved peak from CPU traces of
+    /// the plans ([`crate::family_cards`]); on the CPU the heap is the
+    /// device and has no pools.
+    fn card_rows(
+        &self,
+        cal: &vramfit::plan::Calibration,
+        cards: &[vramfit::pools::Card],
+        name: &str,
+    ) -> Option<Vec<serde_json::Value>> {
+        if vramfit::backends::is_cpu::<B>() {
+            return None;
+        }
+        let rows = crate::family_cards::rows(|k| self.settings(k), cal, cards);
+        crate::family_cards::print(&rows, name);
+        Some(rows)
+    }
 }
 
 impl<B> PlanTarget for SplatTarget<B>

@@ -514,7 +514,8 @@ impl<M: ModelSettings> FamilyConfig<M> {
             "bf16" => burn::tensor::FloatDType::BF16,
             other => return Err(invalid("moments", format!("`{other}` is not one of f32, bf16, host"))),
         };
-        if moments_on_host && vramfit::backends::is_cpu::<B>() {
+        // A CPU run standing for a device's (a heap trace) keeps them apart.
+        if moments_on_host && vramfit::backends::is_cpu::<B>() && !vramfit::fused::is_as_on_a_device() {
             return Err(invalid(
                 "moments",
                 "host keeps Adam's moments in host memory instead of a GPU's; on the CPU (--device cpu) they are \

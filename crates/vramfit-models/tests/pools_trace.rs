@@ -25,16 +25,19 @@ const STEPS: u64 = 3;
 /// the measured one (measured: equal).
 const BOUND: f64 = 0.05;
 
-/// The most the U-Net's replayed peak may exceed the measured one; it may
-/// not fall short (the CPU's convolution only adds scratch).
+/// The most the replayed peak of the U-Net and of the fused attention may
+/// exceed the measured one; it may not fall short (the CPU's convolution
+/// and fused attention only add copies and scratch).
 const CONV_OVER: f64 = 0.20;
 
-fn transformer(checkpoint: &str) -> TrainConfig {
+fn transformer(checkpoint: &str, attention: &str, moments: &str, cleanup: &str) -> TrainConfig {
     let mut c = TrainConfig {
         steps: STEPS,
         batch_size: 16,
         micro_batch: 16,
         checkpoint: checkpoint.into(),
+        moments: moments.into(),
+        allocator_cleanup: cleanup.into(),
         checkpoint_every: 0,
         ..Default::default()
     };
@@ -42,6 +45,7 @@ fn transformer(checkpoint: &str) -> TrainConfig {
     c.model.heads = 4;
     c.model.context = 128;
     c.task.tokens = 128;
+    c.model.attention = attention.parse().unwrap();
     c
 }
 
@@ -102,20 +106,25 @@ fn error(measured: u64, trace: &Trace, allocator: &Allocator, name: &str) -> f64
 #[test]
 fn a_cpu_trace_replayed_through_wgpus_pools_gives_its_reserved_peak() {
     let lavapipe = Allocator::of::<WgpuRuntime>(&Default::default());
-    for checkpoint in ["none", "list:0,1"] {
-        let (measured, trace) = both::<GptConfig, 3>(transformer(checkpoint));
-        let e = error(
-            measured,
-            &trace,
-            &lavapipe,
-            &format!("transformer, checkpoint {checkpoint}"),
-        );
-        assert!(
-            e.abs() <= BOUND,
-            "the transformer's replayed peak is {:+.1} % off",
-            100.0 * e
-        );
+    for (checkpoint, moments, cleanup) in [
+        ("none", "f32", "never"),
+        ("list:0,1", "f32", "never"),
+        ("none", "host", "never"),
+        ("list:0,1", "f32", "step"),
+    ] {
+        let (measured, trace) = both::<GptConfig, 3>(transformer(checkpoint, "standard", moments, cleanup));
+        let name = format!("transformer, checkpoint {checkpoint}, moments {moments}, cleanup {cleanup}");
+        let e = error(measured, &trace, &lavapipe, &name);
+        assert!(e.abs() <= BOUND, "{name}: the replayed peak is {:+.1} % off", 100.0 * e);
     }
+    // The CPU's fused attention makes copies the device's kernel does not.
+    let (measured, trace) = both::<GptConfig, 3>(transformer("none", "fused", "f32", "never"));
+    let e = error(measured, &trace, &lavapipe, "transformer, attention fused");
+    assert!(
+        (0.0..=CONV_OVER).contains(&e),
+        "the fused attention's replayed peak is {:+.1} % off",
+        100.0 * e
+    );
     let (measured, trace) = both::<UnetConfig, 4>(unet());
     let e = error(measured, &trace, &lavapipe, "U-Net");
     assert!(

@@ -133,6 +133,7 @@ pub fn take_peak() -> u64 {
 
 const ALLOC: u8 = 1;
 const FREE: u8 = 2;
+const CLEANUP: u8 = 3;
 
 /// One slot of a recording; `kind` is written last (0: not yet written).
 #[derive(Default)]
@@ -148,11 +149,16 @@ static SLOTS: AtomicPtr<Slot> = AtomicPtr::new(std::ptr::null_mut());
 static CAPACITY: AtomicUsize = AtomicUsize::new(0);
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 static MIN_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// Open [`off_device`] scopes: blocks made inside are not recorded.
+static OFF_DEVICE: AtomicUsize = AtomicUsize::new(0);
 
 #[inline]
 fn trace(kind: u8, ptr: *mut u8, bytes: usize) {
     // One relaxed load on every allocation while nothing records.
     if !RECORDING.load(Ordering::Relaxed) || bytes < MIN_BYTES.load(Ordering::Relaxed) {
+        return;
+    }
+    if kind == ALLOC && OFF_DEVICE.load(Ordering::Relaxed) > 0 {
         return;
     }
     IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
@@ -169,6 +175,39 @@ fn trace(kind: u8, ptr: *mut u8, bytes: usize) {
         }
     }
     IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Runs `f` with the blocks it makes left out of a recording (their
+/// releases, later, are then of blocks the recording never saw): for host
+/// memory a device run would hold outside the device, such as Adam's
+/// moments on the host and the gradients copied down to them. Releases
+/// inside `f` are still recorded. Process-wide, as the recording is.
+pub fn off_device<T>(f: impl FnOnce() -> T) -> T {
+    struct Close;
+    impl Drop for Close {
+        fn drop(&mut self) {
+            OFF_DEVICE.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+    OFF_DEVICE.fetch_add(1, Ordering::SeqCst);
+    let _close = Close;
+    f()
+}
+
+/// Records `bytes` at `ptr` as a block just made on the device, whatever
+/// the block at that address was before (released first): for a host
+/// vector that the CPU takes as a tensor without a copy where a device
+/// would upload it into a new buffer.
+pub fn to_device(ptr: *const u8, bytes: usize) {
+    trace(FREE, ptr as *mut u8, bytes);
+    trace(ALLOC, ptr as *mut u8, bytes);
+}
+
+/// Records that the device's pools were told to give back what they do
+/// not use (`Backend::memory_cleanup`), where a recording is running.
+pub fn cleanup_mark() {
+    // Not a block: any size passes the recording's floor.
+    trace(CLEANUP, std::ptr::null_mut(), usize::MAX);
 }
 
 /// One block made or released while recording, in the order seen.
@@ -188,6 +227,8 @@ pub enum HeapEvent {
         /// Its size.
         bytes: u64,
     },
+    /// The device's pools were cleaned ([`cleanup_mark`]).
+    Cleanup,
 }
 
 /// Why a heap recording could not start or be read.
@@ -260,6 +301,7 @@ impl HeapRecording {
                 match s.kind.load(Ordering::Acquire) {
                     ALLOC => Some(HeapEvent::Alloc { ptr, bytes }),
                     FREE => Some(HeapEvent::Free { ptr, bytes }),
+                    CLEANUP => Some(HeapEvent::Cleanup),
                     _ => None,
                 }
             })

@@ -69,6 +69,11 @@ pub fn as_on_a_device() -> AsOnADevice {
     AsOnADevice(AS_ON_A_DEVICE.swap(true, std::sync::atomic::Ordering::SeqCst))
 }
 
+/// Whether an [`AsOnADevice`] guard is held: a CPU run stands for a device's.
+pub fn is_as_on_a_device() -> bool {
+    AS_ON_A_DEVICE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 impl Drop for AsOnADevice {
     fn drop(&mut self) {
         AS_ON_A_DEVICE.store(self.0, std::sync::atomic::Ordering::SeqCst);

@@ -318,12 +318,21 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
                 let p = if let Some(host) = self.host.as_deref_mut() {
                     let down =
                         |t: Tensor<B::InnerBackend, 1>| t.into_data().to_vec::<f32>().expect("f32 after the cast");
-                    let (mut pv, gv) = (down(p), down(g));
-                    let (m, v) = host
-                        .entry(path)
-                        .or_insert_with(|| (vec![0.0; gv.len()], vec![0.0; gv.len()]));
+                    // Host memory on a device: left out of a heap trace
+                    // (`crate::pools::trace_on_cpu`), and the upload is a
+                    // new device buffer there even where the CPU takes the
+                    // vector as it is.
+                    let (mut pv, gv, (m, v)) = crate::heap::off_device(|| {
+                        let (pv, gv) = (down(p), down(g));
+                        let mv = host
+                            .entry(path)
+                            .or_insert_with(|| (vec![0.0; gv.len()], vec![0.0; gv.len()]));
+                        (pv, gv, mv)
+                    });
                     adam_f32(&mut pv, &gv, m, v, &k);
+                    drop(gv);
                     let n = pv.len();
+                    crate::heap::to_device(pv.as_ptr().cast(), n * 4);
                     Tensor::<B::InnerBackend, 1>::from_data(TensorData::new(pv, [n]), &device)
                 } else {
                     let (m, v) = match self.state.remove(&path) {

@@ -105,6 +105,7 @@ impl Trace {
                         out.push(Event::Free { reserve });
                     }
                 }
+                HeapEvent::Cleanup => out.push(Event::Cleanup),
             }
         }
         Self { events: out }

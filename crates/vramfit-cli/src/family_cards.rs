@@ -1,0 +1,185 @@
+//! Each card's own reserved peak for a model's plans: a plan's steps run
+//! on the CPU with its heap recorded ([`vramfit::pools::trace_on_cpu`])
+//! and replayed through the CubeCL pools the card's client makes. The
+//! planner's model, fitted on the probing device, ranks the plans; the
+//! replay decides, per card, whether a plan fits.
+
+use std::collections::HashMap;
+
+use serde_json::{Value, json};
+use vramfit::plan::{Calibration, Knobs, Strategy};
+use vramfit::pools::{Card, ReplayError, Trace, replay, trace_on_cpu};
+use vramfit::profile::human_bytes;
+use vramfit::run::{RunPath, Start};
+use vramfit_models::config::FamilyConfig;
+use vramfit_models::family::Family;
+
+/// Plans traced per card at most, in the planner's order: each trace is a
+/// CPU run of a few steps at the run's shape.
+const TRIES: usize = 4;
+
+/// Steps traced: the pools reach their high-water within two.
+const TRACED_STEPS: u64 = 3;
+
+/// The margin on a replayed peak: the bound the tests hold a replay to
+/// (the transformer: equal to the byte on lavapipe, −1.15 % on an H200).
+const REPLAY_MARGIN: f64 = 0.05;
+
+/// What the rows rest on.
+const RESTS_ON: &str = "the plan's first steps run on this machine's CPU with Burn's tensors recorded as heap \
+                        blocks (the CPU's own kernels off), replayed through the CubeCL pools the card's client makes";
+
+/// Why a plan cannot be traced on the CPU as the card would run it, if so.
+/// (Checked against lavapipe's allocator, `vramfit-models/tests/pools_trace.rs`:
+/// f32 with checkpointing, micro-batches, moments on the host and the
+/// allocator cleanup replay equal to the byte.)
+fn untraceable(k: &Knobs) -> Option<&'static str> {
+    if k.precision.name() != "f32" || k.low_storage > 0 || k.low_moments {
+        Some("16-bit tensors (the trace is checked against a device in f32 only)")
+    } else if k.ranks > 1 {
+        Some("several ranks")
+    } else {
+        None
+    }
+}
+
+/// What a traced plan's replay over-predicts, where measured.
+fn over_predicted(k: &Knobs) -> Option<&'static str> {
+    k.fused_attention.then_some(
+        "the fused attention: the CPU's kernel makes copies the device's does not (the replay 13.8 % over \
+         lavapipe's measured peak): conservative",
+    )
+}
+
+/// One row per card: the fastest plan (in the planner's order) whose
+/// replayed peak, with [`REPLAY_MARGIN`], fits the card.
+pub fn rows<F: Family<D>, const D: usize>(
+    settings: impl Fn(&Knobs) -> FamilyConfig<F>,
+    cal: &Calibration,
+    cards: &[Card],
+) -> Vec<Value> {
+    let mut traces: HashMap<String, Result<Trace, String>> = HashMap::new();
+    let mut n = 0;
+    let mut trace = |knobs: &Knobs| {
+        let key = serde_json::to_string(knobs).unwrap_or_default();
+        traces
+            .entry(key)
+            .or_insert_with(|| {
+                let mut config = settings(knobs);
+                config.steps = TRACED_STEPS;
+                config.checkpoint_every = 0;
+                // A throw-away run directory, as a probe's.
+                let dir = std::env::temp_dir().join(format!("vramfit-trace-{}-{n}", std::process::id()));
+                n += 1;
+                let traced = trace_on_cpu(
+                    || {
+                        vramfit_models::job::start::<vramfit::backends::Flex, F, D>(
+                            Start::New(config, RunPath::At(dir.clone())),
+                            &Default::default(),
+                            "cpu",
+                        )
+                    },
+                    TRACED_STEPS,
+                )
+                .map_err(|e| format!("the CPU trace failed: {e}"));
+                let _ = std::fs::remove_dir_all(&dir);
+                traced
+            })
+            .clone()
+    };
+    cards
+        .iter()
+        .map(|card| {
+            let mut row = json!({
+                "card": card.name,
+                "card_bytes": card.memory_bytes,
+                "basis": "replayed for the card",
+                "rests_on": RESTS_ON,
+                "fits": false,
+            });
+            let plans = match cal.choose(card.memory_bytes) {
+                Ok(choice) => choice.plans,
+                Err(e) => {
+                    row["why_not"] = json!(e.to_string());
+                    return row;
+                }
+            };
+            let (mut passed, mut tried) = (Vec::new(), 0);
+            for plan in &plans {
+                if tried == TRIES {
+                    break;
+                }
+                let name = cal.describe(&plan.setting);
+                if let Some(why) = untraceable(&plan.setting) {
+                    passed.push(format!("{name}: not traced, {why}"));
+                    continue;
+                }
+                tried += 1;
+                let peak = trace(&plan.setting).and_then(|t| {
+                    replay(&t, &card.allocator).map_err(|e| match e {
+                        ReplayError::BufferTooBig { .. } => format!("on this card {e}"),
+                        other => other.to_string(),
+                    })
+                });
+                match peak {
+                    Ok(r) if r.reserved_peak as f64 * (1.0 + REPLAY_MARGIN) <= card.memory_bytes as f64 => {
+                        row["fits"] = json!(true);
+                        row["peak_bytes"] = json!(r.reserved_peak);
+                        row["margin"] = json!(REPLAY_MARGIN);
+                        row["plan"] = json!(name);
+                        row["setting"] = json!(plan.setting);
+                        if let Some(over) = over_predicted(&plan.setting) {
+                            row["over_predicted"] = json!(over);
+                        }
+                        break;
+                    }
+                    Ok(r) => passed.push(format!(
+                        "{name}: replayed {} with the {:.0} % margin, over the card",
+                        human_bytes(r.reserved_peak),
+                        100.0 * REPLAY_MARGIN
+                    )),
+                    Err(e) => passed.push(format!("{name}: {e}")),
+                }
+            }
+            if !passed.is_empty() {
+                row["passed_over"] = json!(passed);
+            }
+            if row["fits"] != json!(true) {
+                row["why_not"] = json!(format!(
+                    "none of the first {} plans the planner ranks for this card was traced and fits it",
+                    plans.len().min(TRIES + passed.len())
+                ));
+            }
+            row
+        })
+        .collect()
+}
+
+/// Prints the rows.
+pub fn print(rows: &[Value], device: &str) {
+    println!(
+        "\neach card's own allocator (ranked on {device}; \"replayed for the card\": the plan's steps traced on this \
+         machine's CPU and replayed through CubeCL's pools as that card's client makes them, with a {:.0} % margin):",
+        100.0 * REPLAY_MARGIN
+    );
+    println!("  {:<22} {:>14}  plan", "card", "reserved");
+    for r in rows {
+        let card = format!(
+            "{} ({})",
+            r["card"].as_str().unwrap_or(""),
+            human_bytes(r["card_bytes"].as_u64().unwrap_or(0))
+        );
+        let peak = r["peak_bytes"].as_u64().map_or_else(|| "—".to_string(), human_bytes);
+        println!("  {card:<22} {peak:>14}  {}", r["plan"].as_str().unwrap_or("none fits"));
+        let passed = r["passed_over"].as_array().map_or(0, Vec::len);
+        if passed > 0 {
+            println!("      {passed} faster plans passed over (why: \"passed_over\" in --json)");
+        }
+        if let Some(over) = r["over_predicted"].as_str() {
+            println!("      over-predicted: {over}");
+        }
+        if let Some(why) = r["why_not"].as_str() {
+            println!("      {why}");
+        }
+    }
+}
