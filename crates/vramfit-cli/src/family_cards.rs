@@ -97,11 +97,15 @@ pub fn rows<F: Family<D>, const D: usize>(
                 "rests_on": RESTS_ON,
                 "fits": false,
             });
-            let plans = match cal.choose(card.memory_bytes) {
-                Ok(choice) => choice.plans,
+            // The planner's plans for the card by this device's model;
+            // where that model fits none (its pages are not the card's),
+            // the leanest plans, for the replay to decide.
+            let (plans, refused) = match cal.choose(card.memory_bytes) {
+                Ok(choice) => (choice.plans, None),
                 Err(e) => {
-                    row["why_not"] = json!(e.to_string());
-                    return row;
+                    let mut all = cal.choose(u64::MAX).map(|c| c.plans).unwrap_or_default();
+                    all.sort_by_key(|p| p.peak_bytes);
+                    (all, Some(e.to_string()))
                 }
             };
             let (mut passed, mut tried) = (Vec::new(), 0);
@@ -145,9 +149,13 @@ pub fn rows<F: Family<D>, const D: usize>(
                 row["passed_over"] = json!(passed);
             }
             if row["fits"] != json!(true) {
+                let which = if refused.is_some() { "leanest" } else { "fastest" };
                 row["why_not"] = json!(format!(
-                    "none of the first {} plans the planner ranks for this card was traced and fits it",
-                    plans.len().min(TRIES + passed.len())
+                    "none of the {tried} {which} plans traced fits the card's pools with the {:.0} % margin{}",
+                    100.0 * REPLAY_MARGIN,
+                    refused
+                        .map(|e| format!(" (on this device's model: {e})"))
+                        .unwrap_or_default()
                 ));
             }
             row

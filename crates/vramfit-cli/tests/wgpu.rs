@@ -333,3 +333,42 @@ fn a_scene_plan_predicts_each_cards_own_allocator() {
     assert_eq!(row("16 GiB", "moments host")["basis"], "measured here, scaled");
     assert_eq!(row("h100-80", "moments device")["card_bytes"], 81_559u64 << 20);
 }
+
+/// `plan transformer --gpus` on wgpu: each card's row is the plan's CPU
+/// trace replayed through that card's pools (`vramfit::pools::trace_on_cpu`),
+/// not this device's figure scaled; a card the replay fits nothing into is
+/// a row that does not fit, saying why.
+#[test]
+fn a_transformer_plan_replays_each_cards_own_allocator() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let json_path = d.join("cards.json");
+    let mut args = vec!["plan", "transformer", "--device", "wgpu", "--gpus", "1MiB,16,h200"];
+    for set in ["model.width=32", "model.depth=2", "model.context=16", "task.tokens=16"] {
+        args.extend(["--set", set]);
+    }
+    args.extend(["--json", json_path.to_str().unwrap()]);
+    let text = ok(&run(&args, d));
+    assert!(text.contains("each card's own allocator"), "{text}");
+    let plan = json(&json_path);
+    let rows = plan["cards"].as_array().expect("card rows");
+    let row = |card: &str| {
+        rows.iter()
+            .find(|r| r["card"] == card)
+            .unwrap_or_else(|| panic!("no row for {card}: {rows:?}"))
+    };
+    for card in ["16 GiB", "h200"] {
+        let r = row(card);
+        assert_eq!(r["basis"], "replayed for the card", "{r}");
+        assert_eq!(r["fits"], true, "{r}");
+        let peak = r["peak_bytes"].as_u64().unwrap();
+        assert!(peak > 0 && peak < r["card_bytes"].as_u64().unwrap(), "{r}");
+    }
+    assert_eq!(row("h200")["card_bytes"], 143_771u64 << 20);
+    let tiny = row("1MiB");
+    assert_eq!(tiny["fits"], false, "{tiny}");
+    assert!(
+        tiny["why_not"].as_str().unwrap().contains("fits the card's pools"),
+        "{tiny}"
+    );
+}
