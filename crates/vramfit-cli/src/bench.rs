@@ -75,6 +75,10 @@ pub enum Which {
     /// CUDA probes): traced at small counts here, grown and replayed
     /// through each card's CubeCL pools, against recorded figures.
     SceneCards(crate::bench_cards::Args),
+    /// A transformer's reserved bytes on a card it did not run on: each
+    /// f32 step of a `bench plan` record made on the card, traced on this
+    /// machine's CPU and replayed through the card's CubeCL pools.
+    ModelCards(crate::bench_model_cards::Args),
 }
 
 pub fn run(which: Which) -> Result<()> {
@@ -104,6 +108,7 @@ pub fn run(which: Which) -> Result<()> {
         Which::SceneMemory(args) => crate::bench_scene::run(args),
         Which::SceneCleanup(args) => crate::bench_scene::cleanup(args),
         Which::SceneCards(args) => crate::bench_cards::run(args),
+        Which::ModelCards(args) => crate::bench_model_cards::run(args),
         Which::HostAdam { values, link_gb_s, out } => host_adam(values, link_gb_s, out),
         Which::PlanScene(args) => {
             let config = crate::flags::resolve_scene(args.settings())?;

@@ -60,7 +60,7 @@ pub struct Args {
     out: PathBuf,
 }
 
-fn parse_recorded(s: &str) -> Result<(Card, PathBuf), String> {
+pub(crate) fn parse_recorded(s: &str) -> Result<(Card, PathBuf), String> {
     let (card, file) = s.split_once('=').ok_or_else(|| {
         format!("'{s}': give CARD=FILE, e.g. h200=bench-results/gpu-h200-3/scene/scene-steps-cuda.json")
     })?;

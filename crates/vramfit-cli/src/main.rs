@@ -76,6 +76,7 @@ mod stdout {
 
 mod bench;
 mod bench_cards;
+mod bench_model_cards;
 mod bench_scene;
 mod bench_slice;
 mod budget;

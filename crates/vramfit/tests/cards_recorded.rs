@@ -83,3 +83,54 @@ fn an_h200s_recorded_scene_steps_are_predicted_from_lavapipe_traces() {
     // on the host: f32 or f16 SH, exact or pooled) at 1 M and 6 M.
     assert_eq!(compared.len(), 12, "{compared:?}");
 }
+
+/// The transformer's steps an H200 measured (`bench plan` on CUDA:
+/// bench-results/gpu-h200-2/second/plan-transformer-cuda.json), predicted
+/// from this machine's CPU (`vramfit bench model-cards`, committed in
+/// bench-results/model-cards-h200.json): every f32 probe and check, each
+/// against the record's own figure. The bounds are docs/results/cards.md's.
+#[test]
+fn an_h200s_recorded_transformer_steps_are_predicted_from_cpu_traces() {
+    let bench = read("bench-results/model-cards-h200.json");
+    let recorded = read("bench-results/gpu-h200-2/second/plan-transformer-cuda.json");
+    assert_eq!(bench["card"]["name"], "h200");
+    let mut figures = std::collections::HashMap::new();
+    for cal in ["calibration", "extrapolating_calibration"] {
+        for list in ["probes", "checks"] {
+            for p in recorded[cal][list].as_array().unwrap() {
+                figures.insert(
+                    (knobs(&p["knobs"]), p["batch"].as_u64().unwrap()),
+                    p["measured"]["peak_bytes"].as_u64().unwrap(),
+                );
+            }
+        }
+    }
+    let rows = bench["rows"].as_array().unwrap();
+    // Every f32 step of the record (the 16-bit ones are not traced).
+    assert_eq!(rows.len(), 26, "{rows:?}");
+    let (mut under, mut over) = (0f64, 0f64);
+    for r in rows {
+        let key = (knobs(&r["knobs"]), r["batch"].as_u64().unwrap());
+        let figure = figures[&key];
+        assert_eq!(r["recorded_reserved"].as_u64(), Some(figure), "{r}");
+        let off = 100.0 * (r["predicted_reserved"].as_u64().unwrap() as f64 / figure as f64 - 1.0);
+        under = under.min(off);
+        over = over.max(off);
+    }
+    eprintln!("{} steps: {under:+.2} … {over:+.2} %", rows.len());
+    assert!(
+        under >= -UNDER_PERCENT && over <= OVER_PERCENT,
+        "{under:+.2} … {over:+.2} %"
+    );
+}
+
+/// Knobs as one key, whichever fields the record wrote.
+fn knobs(v: &Value) -> String {
+    let k: vramfit::plan::Knobs = serde_json::from_value(v.clone()).unwrap();
+    serde_json::to_string(&k).unwrap()
+}
+
+/// The most a CPU trace's prediction fell short of an H200's figure (measured −2.52 %).
+const UNDER_PERCENT: f64 = 3.0;
+/// The most it exceeded one (measured +5.72 %: conservative).
+const OVER_PERCENT: f64 = 6.0;

@@ -1,0 +1,154 @@
+//! `vramfit bench model-cards`: a card's reserved figure for transformer
+//! steps, predicted on this machine's CPU ([`vramfit::pools::trace_on_cpu`]:
+//! the step's tensors recorded as heap blocks with the CPU's own kernels
+//! off, replayed through CubeCL's pools as the card's client makes them),
+//! against what the card measured for the same steps: every probe and check
+//! of a `bench plan` record made on that card in f32 (the settings, the
+//! model and the batch are the record's own).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use vramfit::plan::{Knobs, PROBE_STEPS, Space};
+use vramfit::pools::{Card, replay, trace_on_cpu};
+use vramfit::run::{RunPath, Start};
+use vramfit_models::gpt::{GptConfig, TrainConfig};
+
+/// The benchmark's arguments.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The card and its record, CARD=FILE: a `bench plan` JSON (the
+    /// transformer) measured on that card.
+    #[arg(long, value_parser = crate::bench_cards::parse_recorded)]
+    recorded: (Card, PathBuf),
+    /// JSON output (a .md table is written beside it).
+    #[arg(long, default_value = "bench-results/model-cards.json")]
+    out: PathBuf,
+}
+
+/// One measured step of the record: its name, batch, knobs and peak.
+struct Recorded {
+    name: String,
+    batch: usize,
+    knobs: Knobs,
+    peak: u64,
+}
+
+/// Every probe and check of each calibration in the record.
+fn recorded_steps(record: &Value) -> Result<(TrainConfig, Space, Vec<Recorded>)> {
+    let config: TrainConfig = serde_json::from_value(record["config"].clone()).context("the record's `config`")?;
+    let space: Space =
+        serde_json::from_value(record["calibration"]["space"].clone()).context("the record's `calibration.space`")?;
+    let mut steps = Vec::new();
+    for cal in ["calibration", "extrapolating_calibration"] {
+        for list in ["probes", "checks"] {
+            for p in record[cal][list].as_array().into_iter().flatten() {
+                steps.push(Recorded {
+                    name: format!(
+                        "{}{}",
+                        p["name"].as_str().unwrap_or("?"),
+                        if cal == "calibration" { "" } else { " (extrapolating)" }
+                    ),
+                    batch: p["batch"].as_u64().context("a probe without `batch`")? as usize,
+                    knobs: serde_json::from_value(p["knobs"].clone()).context("a probe's `knobs`")?,
+                    peak: p["measured"]["peak_bytes"]
+                        .as_u64()
+                        .context("a probe without `measured.peak_bytes`")?,
+                });
+            }
+        }
+    }
+    if steps.is_empty() {
+        bail!("the record has no probes: give a `vramfit bench plan` JSON");
+    }
+    Ok((config, space, steps))
+}
+
+pub fn run(args: Args) -> Result<()> {
+    crate::budget::check_bench_out(&args.out)?;
+    let (card, file) = &args.recorded;
+    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let record: Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
+    let (config, space, steps) = recorded_steps(&record).with_context(|| file.display().to_string())?;
+    let mut peaks: HashMap<String, u64> = HashMap::new();
+    let mut rows = Vec::new();
+    let mut table =
+        String::from("| step | plan | batch | recorded | predicted | off |\n|---|---|---:|---:|---:|---:|\n");
+    for (i, s) in steps.iter().enumerate() {
+        let plan = s.knobs.describe(s.batch);
+        if s.knobs.precision.name() != "f32" || s.knobs.low_storage > 0 || s.knobs.low_moments {
+            println!("{}: {plan}: 16-bit, not traced", s.name);
+            continue;
+        }
+        let key = format!("{}|{}", serde_json::to_string(&s.knobs)?, s.batch);
+        let predicted = match peaks.get(&key) {
+            Some(p) => *p,
+            None => {
+                let mut c = vramfit_models::plan::apply(&config, &s.knobs, s.batch, &space);
+                c.steps = PROBE_STEPS;
+                c.checkpoint_every = 0;
+                let dir = std::env::temp_dir().join(format!("vramfit-model-cards-{}-{i}", std::process::id()));
+                let started = std::time::Instant::now();
+                let trace = trace_on_cpu(
+                    || {
+                        vramfit_models::job::start::<vramfit::backends::Flex, GptConfig, 3>(
+                            Start::New(c, RunPath::At(dir.clone())),
+                            &Default::default(),
+                            "cpu",
+                        )
+                    },
+                    PROBE_STEPS,
+                );
+                let _ = std::fs::remove_dir_all(&dir);
+                let trace = trace.with_context(|| format!("tracing {}", s.name))?;
+                let p = replay(&trace, &card.allocator)?.reserved_peak;
+                eprintln!(
+                    "  traced {plan} at batch {} in {:.1} s",
+                    s.batch,
+                    started.elapsed().as_secs_f64()
+                );
+                peaks.insert(key, p);
+                p
+            }
+        };
+        let off = 100.0 * (predicted as f64 / s.peak as f64 - 1.0);
+        println!(
+            "{}: {plan}: recorded {} predicted {predicted} ({off:+.2} %)",
+            s.name, s.peak
+        );
+        table += &format!(
+            "| {} | {plan} | {} | {} | {predicted} | {off:+.2} % |\n",
+            s.name, s.batch, s.peak
+        );
+        rows.push(json!({
+            "name": s.name,
+            "batch": s.batch,
+            "knobs": s.knobs,
+            "plan": plan,
+            "recorded_reserved": s.peak,
+            "predicted_reserved": predicted,
+            "off_percent": off,
+        }));
+    }
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let out = json!({
+        "bench": "model-cards",
+        "command": command,
+        "card": card,
+        "recorded_file": file,
+        "measured": "recorded: the card's allocator reserved bytes over a probe's 4 steps (the record's own); \
+                     predicted: the same 4 steps run on this machine's CPU with their heap recorded \
+                     (vramfit::pools::trace_on_cpu) and replayed through cubecl-runtime's pools as the card's \
+                     client makes them",
+        "rows": rows,
+    });
+    let md = format!(
+        "The transformer's steps recorded on {} ({}), predicted from this machine's CPU:\n\n{table}",
+        card.name,
+        file.display()
+    );
+    print!("{md}");
+    crate::plan_bench::write_results(&args.out, &out, &md)
+}
