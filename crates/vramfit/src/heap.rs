@@ -61,7 +61,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         let p = unsafe { self.0.alloc(layout) };
         if !p.is_null() {
             grew(layout.size() as u64);
-            trace(ALLOC, p, layout.size());
+            trace(ALLOC, p, layout.size(), layout.align());
         }
         p
     }
@@ -71,7 +71,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         let p = unsafe { self.0.alloc_zeroed(layout) };
         if !p.is_null() {
             grew(layout.size() as u64);
-            trace(ALLOC, p, layout.size());
+            trace(ALLOC, p, layout.size(), layout.align());
         }
         p
     }
@@ -79,21 +79,21 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // Recorded before the block goes, so that no other thread can be
         // handed the same address and record it first.
-        trace(FREE, ptr, layout.size());
+        trace(FREE, ptr, layout.size(), layout.align());
         // SAFETY: forwarded with the caller's guarantees.
         unsafe { self.0.dealloc(ptr, layout) };
         shrank(layout.size() as u64);
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        trace(FREE, ptr, layout.size());
+        trace(FREE, ptr, layout.size(), layout.align());
         // SAFETY: forwarded with the caller's guarantees.
         let p = unsafe { self.0.realloc(ptr, layout, new_size) };
         if p.is_null() {
             // The old block stays: recorded again as made.
-            trace(ALLOC, ptr, layout.size());
+            trace(ALLOC, ptr, layout.size(), layout.align());
         } else {
-            trace(ALLOC, p, new_size);
+            trace(ALLOC, p, new_size, layout.align());
             // The live bytes change by the difference. (Where the inner
             // allocator moves the block, both copies exist for a moment; that
             // moment is not counted.)
@@ -149,16 +149,17 @@ static SLOTS: AtomicPtr<Slot> = AtomicPtr::new(std::ptr::null_mut());
 static CAPACITY: AtomicUsize = AtomicUsize::new(0);
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 static MIN_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
+static ALIGNS: AtomicUsize = AtomicUsize::new(0);
 /// Open [`off_device`] scopes: blocks made inside are not recorded.
 static OFF_DEVICE: AtomicUsize = AtomicUsize::new(0);
 
 #[inline]
-fn trace(kind: u8, ptr: *mut u8, bytes: usize) {
+fn trace(kind: u8, ptr: *mut u8, bytes: usize, align: usize) {
     // One relaxed load on every allocation while nothing records.
     if !RECORDING.load(Ordering::Relaxed) || bytes < MIN_BYTES.load(Ordering::Relaxed) {
         return;
     }
-    if kind == ALLOC && OFF_DEVICE.load(Ordering::Relaxed) > 0 {
+    if kind == ALLOC && (OFF_DEVICE.load(Ordering::Relaxed) > 0 || ALIGNS.load(Ordering::Relaxed) & align == 0) {
         return;
     }
     IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
@@ -199,15 +200,15 @@ pub fn off_device<T>(f: impl FnOnce() -> T) -> T {
 /// vector that the CPU takes as a tensor without a copy where a device
 /// would upload it into a new buffer.
 pub fn to_device(ptr: *const u8, bytes: usize) {
-    trace(FREE, ptr as *mut u8, bytes);
-    trace(ALLOC, ptr as *mut u8, bytes);
+    trace(FREE, ptr as *mut u8, bytes, 1);
+    trace(ALLOC, ptr as *mut u8, bytes, 1);
 }
 
 /// Records that the device's pools were told to give back what they do
 /// not use (`Backend::memory_cleanup`), where a recording is running.
 pub fn cleanup_mark() {
     // Not a block: any size passes the recording's floor.
-    trace(CLEANUP, std::ptr::null_mut(), usize::MAX);
+    trace(CLEANUP, std::ptr::null_mut(), usize::MAX, 1);
 }
 
 /// One block made or released while recording, in the order seen.
@@ -261,9 +262,20 @@ impl std::fmt::Debug for HeapRecording {
     }
 }
 
-/// Starts recording the blocks of at least `min_bytes` (room for `room`
+/// Which blocks a recording keeps (releases are kept whatever their
+/// block: those of blocks never kept are dropped when read).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Blocks {
+    /// Blocks smaller than this are left out.
+    pub min_bytes: usize,
+    /// The alignments kept, one bit each (the bit of value `a` for
+    /// alignment `a`, a power of two).
+    pub aligns: usize,
+}
+
+/// Starts recording the `blocks` made and every release (room for `room`
 /// events, taken now, so that recording never allocates).
-pub fn record(min_bytes: usize, room: usize) -> Result<HeapRecording, HeapRecordError> {
+pub fn record(blocks: Blocks, room: usize) -> Result<HeapRecording, HeapRecordError> {
     if !installed() {
         return Err(HeapRecordError::NotInstalled);
     }
@@ -281,7 +293,8 @@ pub fn record(min_bytes: usize, room: usize) -> Result<HeapRecording, HeapRecord
     }
     CAPACITY.store(room, Ordering::SeqCst);
     NEXT.store(0, Ordering::SeqCst);
-    MIN_BYTES.store(min_bytes.max(1), Ordering::SeqCst);
+    MIN_BYTES.store(blocks.min_bytes.max(1), Ordering::SeqCst);
+    ALIGNS.store(blocks.aligns, Ordering::SeqCst);
     RECORDING.store(true, Ordering::SeqCst);
     Ok(HeapRecording { slots })
 }

@@ -30,6 +30,6 @@ mod replay;
 
 pub use cards::{Allocator, Card, CardError, KNOWN_CARDS};
 pub use law::{LawError, TraceLaw};
-pub use on_cpu::{CpuTraceError, TRACE_ROOM, trace_on_cpu};
+pub use on_cpu::{CpuTraceError, TENSOR_BLOCKS, TRACE_ROOM, trace_on_cpu};
 pub use record::Recorder;
 pub use replay::{Event, ReplayError, Replayed, Trace, replay};
