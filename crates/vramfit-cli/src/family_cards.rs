@@ -18,6 +18,9 @@ use vramfit_models::family::Family;
 /// CPU run of a few steps at the run's shape.
 const TRIES: usize = 4;
 
+/// Plans looked at per card at most (traced or passed over).
+const CONSIDERED: usize = 32;
+
 /// Steps traced: the pools reach their high-water within two.
 const TRACED_STEPS: u64 = 3;
 
@@ -102,13 +105,24 @@ pub fn rows<F: Family<D>, const D: usize>(
                 }
             };
             let (mut passed, mut tried) = (Vec::new(), 0);
-            for plan in &plans {
+            for plan in plans.iter().take(CONSIDERED) {
                 if tried == TRIES {
                     break;
                 }
                 let name = cal.describe(&plan.setting);
                 if let Some(why) = untraceable(&plan.setting) {
                     passed.push(format!("{name}: not traced, {why}"));
+                    continue;
+                }
+                // The trace runs the plan here: not one this machine's
+                // memory cannot hold twice over (by its predicted peak).
+                let free = vramfit::memory::available_bytes().unwrap_or(u64::MAX);
+                if plan.peak_bytes.saturating_mul(2) > free {
+                    passed.push(format!(
+                        "{name}: not traced, predicted at {} where this machine has {} free",
+                        human_bytes(plan.peak_bytes),
+                        human_bytes(free)
+                    ));
                     continue;
                 }
                 tried += 1;
