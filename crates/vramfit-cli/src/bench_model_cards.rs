@@ -71,6 +71,13 @@ pub fn run(args: Args) -> Result<()> {
     let (card, file) = &args.recorded;
     let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     let record: Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
+    if record["bench"] != "plan-transformer" {
+        bail!(
+            "{} is not a record of `vramfit bench plan` (the transformer's probes on a card): its `bench` is {}",
+            file.display(),
+            record["bench"]
+        );
+    }
     let (config, space, steps) = recorded_steps(&record).with_context(|| file.display().to_string())?;
     let mut peaks: HashMap<String, u64> = HashMap::new();
     let mut rows = Vec::new();
