@@ -11,7 +11,7 @@ static HEAP: vramfit::heap::Counting<std::alloc::System> = vramfit::heap::Counti
 
 #[test]
 fn a_recording_keeps_the_tensor_like_blocks_in_order() {
-    let _warm = vec![0u8; 1];
+    assert!(vramfit::heap::installed(), "the harness has allocated");
     let recording = record(TENSOR_BLOCKS, 1 << 16).unwrap();
     assert_eq!(record(TENSOR_BLOCKS, 16).unwrap_err(), HeapRecordError::Busy);
     let a = vec![1.0f32; 4096]; // 16 KiB, 4-aligned: kept
