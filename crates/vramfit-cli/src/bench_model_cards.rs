@@ -85,8 +85,8 @@ pub fn run(args: Args) -> Result<()> {
         String::from("| step | plan | batch | recorded | predicted | off |\n|---|---|---:|---:|---:|---:|\n");
     for (i, s) in steps.iter().enumerate() {
         let plan = s.knobs.describe(s.batch);
-        if s.knobs.precision.name() != "f32" || s.knobs.low_storage > 0 || s.knobs.low_moments {
-            println!("{}: {plan}: 16-bit, not traced", s.name);
+        if let Some(why) = crate::family_cards::untraceable(&s.knobs) {
+            println!("{}: {plan}: not traced, {why}", s.name);
             continue;
         }
         let key = format!("{}|{}", serde_json::to_string(&s.knobs)?, s.batch);

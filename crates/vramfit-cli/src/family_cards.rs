@@ -37,7 +37,7 @@ const RESTS_ON: &str = "the plan's first steps run on this machine's CPU with Bu
 /// f32 with checkpointing, moments on the host, the allocator cleanup and
 /// the fused attention replay equal to the byte; against an H200's 26
 /// recorded f32 steps, -2.52 … +5.72 %, docs/results/cards.md.)
-fn untraceable(k: &Knobs) -> Option<&'static str> {
+pub(crate) fn untraceable(k: &Knobs) -> Option<&'static str> {
     if k.precision.name() != "f32" || k.low_storage > 0 || k.low_moments {
         Some("16-bit tensors (the trace is checked against a device in f32 only)")
     } else if k.ranks > 1 {
@@ -54,34 +54,34 @@ pub fn rows<F: Family<D>, const D: usize>(
     cal: &Calibration,
     cards: &[Card],
 ) -> Vec<Value> {
-    let mut traces: HashMap<String, Result<Trace, String>> = HashMap::new();
+    let mut traces: HashMap<String, Trace> = HashMap::new();
     let mut n = 0;
-    let mut trace = |knobs: &Knobs| {
-        let key = serde_json::to_string(knobs).unwrap_or_default();
-        traces
-            .entry(key)
-            .or_insert_with(|| {
-                let mut config = settings(knobs);
-                config.steps = TRACED_STEPS;
-                config.checkpoint_every = 0;
-                // A throw-away run directory, as a probe's.
-                let dir = std::env::temp_dir().join(format!("vramfit-trace-{}-{n}", std::process::id()));
-                n += 1;
-                let traced = trace_on_cpu(
-                    || {
-                        vramfit_models::job::start::<vramfit::backends::Flex, F, D>(
-                            Start::New(config, RunPath::At(dir.clone())),
-                            &Default::default(),
-                            "cpu",
-                        )
-                    },
-                    TRACED_STEPS,
+    let mut trace = |knobs: &Knobs| -> Result<Trace, String> {
+        let key = serde_json::to_string(knobs).expect("knobs serialise");
+        if let Some(t) = traces.get(&key) {
+            return Ok(t.clone());
+        }
+        let mut config = settings(knobs);
+        config.steps = TRACED_STEPS;
+        config.checkpoint_every = 0;
+        // A throw-away run directory, as a probe's.
+        let dir = std::env::temp_dir().join(format!("vramfit-trace-{}-{n}", std::process::id()));
+        n += 1;
+        let traced = trace_on_cpu(
+            || {
+                vramfit_models::job::start::<vramfit::backends::Flex, F, D>(
+                    Start::New(config, RunPath::At(dir.clone())),
+                    &Default::default(),
+                    "cpu",
                 )
-                .map_err(|e| format!("the CPU trace failed: {e}"));
-                let _ = std::fs::remove_dir_all(&dir);
-                traced
-            })
-            .clone()
+            },
+            TRACED_STEPS,
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        // Failures are not kept: a later card tries again.
+        let traced = traced.map_err(|e| format!("the CPU trace failed: {e}"))?;
+        traces.insert(key, traced.clone());
+        Ok(traced)
     };
     cards
         .iter()
@@ -104,7 +104,8 @@ pub fn rows<F: Family<D>, const D: usize>(
                     (all, Some(e.to_string()))
                 }
             };
-            let (mut passed, mut tried) = (Vec::new(), 0);
+            // Traced plans, and of those the ones the replay decided on.
+            let (mut passed, mut tried, mut decided) = (Vec::new(), 0, 0);
             for plan in plans.iter().take(CONSIDERED) {
                 if tried == TRIES {
                     break;
@@ -132,6 +133,10 @@ pub fn rows<F: Family<D>, const D: usize>(
                         other => other.to_string(),
                     })
                 });
+                let too_big = matches!(&peak, Err(e) if e.starts_with("on this card"));
+                if peak.is_ok() || too_big {
+                    decided += 1;
+                }
                 match peak {
                     Ok(r) if r.reserved_peak as f64 * (1.0 + REPLAY_MARGIN) <= card.memory_bytes as f64 => {
                         row["fits"] = json!(true);
@@ -152,14 +157,22 @@ pub fn rows<F: Family<D>, const D: usize>(
             if !passed.is_empty() {
                 row["passed_over"] = json!(passed);
             }
-            if row["fits"] != json!(true) {
-                let which = if refused.is_some() { "leanest" } else { "fastest" };
+            let refused = refused
+                .map(|e| format!(" (on this device's model: {e})"))
+                .unwrap_or_default();
+            let fits = row["fits"] == json!(true);
+            if !fits && decided == 0 {
+                // Nothing was replayed: not a verdict on the card.
+                row["fits"] = Value::Null;
+                row["basis"] = json!("not replayed");
                 row["why_not"] = json!(format!(
-                    "none of the {tried} {which} plans traced fits the card's pools with the {:.0} % margin{}",
+                    "no plan could be traced and replayed for this card (why: passed_over){refused}"
+                ));
+            } else if !fits {
+                let which = if refused.is_empty() { "fastest" } else { "leanest" };
+                row["why_not"] = json!(format!(
+                    "none of the {decided} {which} plans replayed fits the card's pools with the {:.0} % margin{refused}",
                     100.0 * REPLAY_MARGIN,
-                    refused
-                        .map(|e| format!(" (on this device's model: {e})"))
-                        .unwrap_or_default()
                 ));
             }
             row
@@ -182,10 +195,15 @@ pub fn print(rows: &[Value], device: &str) {
             human_bytes(r["card_bytes"].as_u64().unwrap_or(0))
         );
         let peak = r["peak_bytes"].as_u64().map_or_else(|| "—".to_string(), human_bytes);
-        println!("  {card:<22} {peak:>14}  {}", r["plan"].as_str().unwrap_or("none fits"));
+        let plan = match r["fits"].as_bool() {
+            Some(true) => r["plan"].as_str().unwrap_or(""),
+            Some(false) => "none fits",
+            None => "not replayed",
+        };
+        println!("  {card:<22} {peak:>14}  {plan}");
         let passed = r["passed_over"].as_array().map_or(0, Vec::len);
         if passed > 0 {
-            println!("      {passed} faster plans passed over (why: \"passed_over\" in --json)");
+            println!("      {passed} plans passed over (why: \"passed_over\" in --json)");
         }
         if let Some(why) = r["why_not"].as_str() {
             println!("      {why}");

@@ -19,7 +19,7 @@
 //! ```
 //!
 //! The counters are process-wide atomics (two relaxed read-modify-writes
-//! per allocation). They count the bytes asked for, not what the inner
+//! and, for [`record`], one relaxed load per allocation). They count the bytes asked for, not what the inner
 //! allocator rounds them up to or keeps cached: the process's resident set
 //! is reported beside them for that. The allocator path never allocates.
 //!
@@ -153,22 +153,32 @@ static ALIGNS: AtomicUsize = AtomicUsize::new(0);
 /// Open [`off_device`] scopes: blocks made inside are not recorded.
 static OFF_DEVICE: AtomicUsize = AtomicUsize::new(0);
 
+/// Records a block made or released, where the recording keeps it:
+/// its size and alignment pass the recording's [`Blocks`], and a block made
+/// is not inside an [`off_device`] scope.
 #[inline]
 fn trace(kind: u8, ptr: *mut u8, bytes: usize, align: usize) {
     // One relaxed load on every allocation while nothing records.
-    if !RECORDING.load(Ordering::Relaxed) || bytes < MIN_BYTES.load(Ordering::Relaxed) {
+    if !RECORDING.load(Ordering::Relaxed)
+        || bytes < MIN_BYTES.load(Ordering::Relaxed)
+        || ALIGNS.load(Ordering::Relaxed) & align == 0
+        || (kind == ALLOC && OFF_DEVICE.load(Ordering::Relaxed) > 0)
+    {
         return;
     }
-    if kind == ALLOC && (OFF_DEVICE.load(Ordering::Relaxed) > 0 || ALIGNS.load(Ordering::Relaxed) & align == 0) {
-        return;
-    }
+    push(kind, ptr, bytes);
+}
+
+/// Appends an event to the running recording, if there is one.
+fn push(kind: u8, ptr: *mut u8, bytes: usize) {
     IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
     let slots = SLOTS.load(Ordering::SeqCst);
     if RECORDING.load(Ordering::SeqCst) && !slots.is_null() {
         let i = NEXT.fetch_add(1, Ordering::SeqCst);
         if i < CAPACITY.load(Ordering::SeqCst) {
             // SAFETY: `slots` points at `CAPACITY` slots that `HeapRecording`
-            // keeps alive until no writer is in flight (see `finish`).
+            // frees only after `stop`, which waits until no writer is in
+            // flight and no later one can see the pointer.
             let slot = unsafe { &*slots.add(i) };
             slot.ptr.store(ptr as usize, Ordering::Relaxed);
             slot.bytes.store(bytes as u64, Ordering::Relaxed);
@@ -200,15 +210,15 @@ pub fn off_device<T>(f: impl FnOnce() -> T) -> T {
 /// vector that the CPU takes as a tensor without a copy where a device
 /// would upload it into a new buffer.
 pub fn to_device(ptr: *const u8, bytes: usize) {
-    trace(FREE, ptr as *mut u8, bytes, 1);
-    trace(ALLOC, ptr as *mut u8, bytes, 1);
+    // Said on purpose: past the recording's filters and any host scope.
+    push(FREE, ptr as *mut u8, bytes);
+    push(ALLOC, ptr as *mut u8, bytes);
 }
 
 /// Records that the device's pools were told to give back what they do
 /// not use (`Backend::memory_cleanup`), where a recording is running.
 pub fn cleanup_mark() {
-    // Not a block: any size passes the recording's floor.
-    trace(CLEANUP, std::ptr::null_mut(), usize::MAX, 1);
+    push(CLEANUP, std::ptr::null_mut(), 0);
 }
 
 /// One block made or released while recording, in the order seen.
@@ -248,22 +258,25 @@ pub enum HeapRecordError {
     Full(usize),
 }
 
-/// A running recording of the heap's blocks of at least `min_bytes`;
-/// process-wide (every thread's blocks), one at a time.
+/// A running recording of the heap's blocks; process-wide (every
+/// thread's blocks), one at a time.
 pub struct HeapRecording {
-    slots: Box<[Slot]>,
+    /// The slots (from `Box::into_raw`), shared with the allocator's
+    /// writers through `SLOTS` until [`HeapRecording::stop`]; freed on drop.
+    slots: std::ptr::NonNull<Slot>,
+    room: usize,
+    stopped: bool,
 }
 
 impl std::fmt::Debug for HeapRecording {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HeapRecording")
-            .field("room", &self.slots.len())
-            .finish()
+        f.debug_struct("HeapRecording").field("room", &self.room).finish()
     }
 }
 
-/// Which blocks a recording keeps (releases are kept whatever their
-/// block: those of blocks never kept are dropped when read).
+/// Which blocks a recording keeps, made and released (a release of a
+/// block made before the recording or inside [`off_device`] is dropped
+/// when read).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Blocks {
     /// Blocks smaller than this are left out.
@@ -273,22 +286,22 @@ pub struct Blocks {
     pub aligns: usize,
 }
 
-/// Starts recording the `blocks` made and every release (room for `room`
-/// events, taken now, so that recording never allocates).
+/// Starts recording the `blocks` made and released (room for `room`
+/// events, at least one, taken now, so that recording never allocates).
 pub fn record(blocks: Blocks, room: usize) -> Result<HeapRecording, HeapRecordError> {
     if !installed() {
         return Err(HeapRecordError::NotInstalled);
     }
-    let mut slots: Box<[Slot]> = (0..room).map(|_| Slot::default()).collect();
+    let room = room.max(1);
+    let slots: Box<[Slot]> = (0..room).map(|_| Slot::default()).collect();
+    let raw = Box::into_raw(slots).cast::<Slot>();
     if SLOTS
-        .compare_exchange(
-            std::ptr::null_mut(),
-            slots.as_mut_ptr(),
-            Ordering::SeqCst,
-            Ordering::SeqCst,
-        )
+        .compare_exchange(std::ptr::null_mut(), raw, Ordering::SeqCst, Ordering::SeqCst)
         .is_err()
     {
+        // SAFETY: `raw` came from `Box::into_raw` of `room` slots just above
+        // and was never shared.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(raw, room)) });
         return Err(HeapRecordError::Busy);
     }
     CAPACITY.store(room, Ordering::SeqCst);
@@ -296,22 +309,29 @@ pub fn record(blocks: Blocks, room: usize) -> Result<HeapRecording, HeapRecordEr
     MIN_BYTES.store(blocks.min_bytes.max(1), Ordering::SeqCst);
     ALIGNS.store(blocks.aligns, Ordering::SeqCst);
     RECORDING.store(true, Ordering::SeqCst);
-    Ok(HeapRecording { slots })
+    Ok(HeapRecording {
+        slots: std::ptr::NonNull::new(raw).expect("Box::into_raw is never null"),
+        room,
+        stopped: false,
+    })
 }
 
 impl HeapRecording {
     /// Stops and returns the events in the order they were recorded.
-    pub fn finish(self) -> Result<Vec<HeapEvent>, HeapRecordError> {
-        let room = self.slots.len();
+    pub fn finish(mut self) -> Result<Vec<HeapEvent>, HeapRecordError> {
         let used = self.stop();
-        if used > room {
-            return Err(HeapRecordError::Full(room));
+        if used > self.room {
+            return Err(HeapRecordError::Full(self.room));
         }
-        Ok(self.slots[..used]
+        // SAFETY: stopped: no writer is in a slot or can reach one, and the
+        // slots live until `self` is dropped.
+        let slots = unsafe { std::slice::from_raw_parts(self.slots.as_ptr(), used) };
+        Ok(slots
             .iter()
             .filter_map(|s| {
+                let kind = s.kind.load(Ordering::Acquire);
                 let (ptr, bytes) = (s.ptr.load(Ordering::Relaxed), s.bytes.load(Ordering::Relaxed));
-                match s.kind.load(Ordering::Acquire) {
+                match kind {
                     ALLOC => Some(HeapEvent::Alloc { ptr, bytes }),
                     FREE => Some(HeapEvent::Free { ptr, bytes }),
                     CLEANUP => Some(HeapEvent::Cleanup),
@@ -321,24 +341,30 @@ impl HeapRecording {
             .collect())
     }
 
-    /// Stops recording and waits out writers still in a slot; returns how
-    /// many slots were claimed.
-    fn stop(&self) -> usize {
+    /// Stops recording (once) and waits out writers still in a slot;
+    /// returns how many slots were claimed.
+    fn stop(&mut self) -> usize {
+        if self.stopped {
+            return 0;
+        }
         RECORDING.store(false, Ordering::SeqCst);
         while IN_FLIGHT.load(Ordering::SeqCst) > 0 {
             std::hint::spin_loop();
         }
         let used = NEXT.load(Ordering::SeqCst);
         MIN_BYTES.store(usize::MAX, Ordering::SeqCst);
+        // This recording owns `SLOTS` (taken by compare-exchange in `record`).
         SLOTS.store(std::ptr::null_mut(), Ordering::SeqCst);
+        self.stopped = true;
         used
     }
 }
 
 impl Drop for HeapRecording {
     fn drop(&mut self) {
-        if SLOTS.load(Ordering::SeqCst) == self.slots.as_mut_ptr() {
-            self.stop();
-        }
+        self.stop();
+        // SAFETY: from `Box::into_raw` of `room` slots in `record`; after
+        // `stop` no writer can reach them.
+        drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.slots.as_ptr(), self.room)) });
     }
 }

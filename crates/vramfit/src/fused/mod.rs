@@ -52,8 +52,8 @@ pub(crate) fn downcast<A: 'static, T: 'static>(value: A) -> Result<T, A> {
     }
 }
 
-/// Set while [`as_on_a_device`] runs.
-static AS_ON_A_DEVICE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// [`AsOnADevice`] guards held.
+static AS_ON_A_DEVICE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// While held, the CPU's kernels here are off (process-wide): every
 /// function of this module takes Burn's own operations, as on a CubeCL
@@ -62,28 +62,30 @@ static AS_ON_A_DEVICE: std::sync::atomic::AtomicBool = std::sync::atomic::Atomic
 /// allocation sequence ([`crate::pools::trace_on_cpu`]).
 #[derive(Debug)]
 #[must_use = "the CPU's kernels are back on when this is dropped"]
-pub struct AsOnADevice(bool);
+pub struct AsOnADevice(());
 
-/// Turns the CPU's kernels off until the guard is dropped.
+/// Turns the CPU's kernels off until the guard (and every other one held)
+/// is dropped.
 pub fn as_on_a_device() -> AsOnADevice {
-    AsOnADevice(AS_ON_A_DEVICE.swap(true, std::sync::atomic::Ordering::SeqCst))
+    AS_ON_A_DEVICE.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    AsOnADevice(())
 }
 
 /// Whether an [`AsOnADevice`] guard is held: a CPU run stands for a device's.
 pub fn is_as_on_a_device() -> bool {
-    AS_ON_A_DEVICE.load(std::sync::atomic::Ordering::Relaxed)
+    AS_ON_A_DEVICE.load(std::sync::atomic::Ordering::Relaxed) > 0
 }
 
 impl Drop for AsOnADevice {
     fn drop(&mut self) {
-        AS_ON_A_DEVICE.store(self.0, std::sync::atomic::Ordering::SeqCst);
+        AS_ON_A_DEVICE.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
 /// `t` as an f32 tensor of the CPU backend, if it is one (and the CPU's
 /// kernels are on).
 fn on_cpu<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Tensor<Cpu, D>, Tensor<B, D>> {
-    if t.dtype() != DType::F32 || AS_ON_A_DEVICE.load(std::sync::atomic::Ordering::Relaxed) {
+    if t.dtype() != DType::F32 || is_as_on_a_device() {
         return Err(t);
     }
     downcast(t)

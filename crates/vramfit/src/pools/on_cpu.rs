@@ -65,8 +65,8 @@ pub fn trace_on_cpu<W: Workload, E: Into<Box<dyn std::error::Error + Send + Sync
     make: impl FnOnce() -> Result<(Run, W), E>,
     steps: u64,
 ) -> Result<Trace, CpuTraceError> {
-    let _kernels_off = crate::fused::as_on_a_device();
     let mut recording: Option<HeapRecording> = Some(crate::heap::record(TENSOR_BLOCKS, TRACE_ROOM)?);
+    let _kernels_off = crate::fused::as_on_a_device();
     let (run, workload) = make().map_err(|e| CpuTraceError::Build(e.into()))?;
     let mut events = None;
     run.drive(workload, |event| match event {

@@ -85,7 +85,8 @@ impl Trace {
     /// block: each block made is a reservation of its size, each release
     /// of a block made while recording frees it. Releases of blocks made
     /// before the recording are not in the trace (the trace starts with
-    /// what it made), nor are blocks moved by `realloc` twice.
+    /// what it made). A block `realloc` moves is a release and a new
+    /// reservation.
     pub fn from_heap(events: &[HeapEvent]) -> Self {
         let mut out = Vec::with_capacity(events.len());
         let mut live: HashMap<usize, usize> = HashMap::new();
