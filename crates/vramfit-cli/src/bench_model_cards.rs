@@ -12,9 +12,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use vramfit::plan::{Knobs, PROBE_STEPS, Space};
-use vramfit::pools::{Card, replay, trace_on_cpu};
-use vramfit::run::{RunPath, Start};
-use vramfit_models::gpt::{GptConfig, TrainConfig};
+use vramfit::pools::{Card, replay};
+use vramfit_models::gpt::TrainConfig;
 
 /// The benchmark's arguments.
 #[derive(clap::Args)]
@@ -83,7 +82,7 @@ pub fn run(args: Args) -> Result<()> {
     let mut rows = Vec::new();
     let mut table =
         String::from("| step | plan | batch | recorded | predicted | off |\n|---|---|---:|---:|---:|---:|\n");
-    for (i, s) in steps.iter().enumerate() {
+    for s in &steps {
         let plan = s.knobs.describe(s.batch);
         if let Some(why) = crate::family_cards::untraceable(&s.knobs) {
             println!("{}: {plan}: not traced, {why}", s.name);
@@ -93,22 +92,9 @@ pub fn run(args: Args) -> Result<()> {
         let predicted = match peaks.get(&key) {
             Some(p) => *p,
             None => {
-                let mut c = vramfit_models::plan::apply(&config, &s.knobs, s.batch, &space);
-                c.steps = PROBE_STEPS;
-                c.checkpoint_every = 0;
-                let dir = std::env::temp_dir().join(format!("vramfit-model-cards-{}-{i}", std::process::id()));
+                let c = vramfit_models::plan::apply(&config, &s.knobs, s.batch, &space);
                 let started = std::time::Instant::now();
-                let trace = trace_on_cpu(
-                    || {
-                        vramfit_models::job::start::<vramfit::backends::Flex, GptConfig, 3>(
-                            Start::New(c, RunPath::At(dir.clone())),
-                            &Default::default(),
-                            "cpu",
-                        )
-                    },
-                    PROBE_STEPS,
-                );
-                let _ = std::fs::remove_dir_all(&dir);
+                let trace = crate::family_cards::trace_config(c, PROBE_STEPS);
                 let trace = trace.with_context(|| format!("tracing {}", s.name))?;
                 let p = replay(&trace, &card.allocator)?.reserved_peak;
                 eprintln!(

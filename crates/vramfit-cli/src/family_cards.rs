@@ -47,6 +47,31 @@ pub(crate) fn untraceable(k: &Knobs) -> Option<&'static str> {
     }
 }
 
+/// The first `steps` steps of a run of `config`, traced on the CPU
+/// ([`trace_on_cpu`]) in a throw-away run directory, as a probe's.
+pub(crate) fn trace_config<F: Family<D>, const D: usize>(
+    mut config: FamilyConfig<F>,
+    steps: u64,
+) -> Result<Trace, vramfit::pools::CpuTraceError> {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    config.steps = steps;
+    config.checkpoint_every = 0;
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("vramfit-trace-{}-{n}", std::process::id()));
+    let traced = trace_on_cpu(
+        || {
+            vramfit_models::job::start::<vramfit::backends::Flex, F, D>(
+                Start::New(config, RunPath::At(dir.clone())),
+                &Default::default(),
+                "cpu",
+            )
+        },
+        steps,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    traced
+}
+
 /// One row per card: the fastest plan (in the planner's order) whose
 /// replayed peak, with [`REPLAY_MARGIN`], fits the card.
 pub fn rows<F: Family<D>, const D: usize>(
@@ -55,29 +80,12 @@ pub fn rows<F: Family<D>, const D: usize>(
     cards: &[Card],
 ) -> Vec<Value> {
     let mut traces: HashMap<String, Trace> = HashMap::new();
-    let mut n = 0;
     let mut trace = |knobs: &Knobs| -> Result<Trace, String> {
         let key = serde_json::to_string(knobs).expect("knobs serialise");
         if let Some(t) = traces.get(&key) {
             return Ok(t.clone());
         }
-        let mut config = settings(knobs);
-        config.steps = TRACED_STEPS;
-        config.checkpoint_every = 0;
-        // A throw-away run directory, as a probe's.
-        let dir = std::env::temp_dir().join(format!("vramfit-trace-{}-{n}", std::process::id()));
-        n += 1;
-        let traced = trace_on_cpu(
-            || {
-                vramfit_models::job::start::<vramfit::backends::Flex, F, D>(
-                    Start::New(config, RunPath::At(dir.clone())),
-                    &Default::default(),
-                    "cpu",
-                )
-            },
-            TRACED_STEPS,
-        );
-        let _ = std::fs::remove_dir_all(&dir);
+        let traced = trace_config(settings(knobs), TRACED_STEPS);
         // Failures are not kept: a later card tries again.
         let traced = traced.map_err(|e| format!("the CPU trace failed: {e}"))?;
         traces.insert(key, traced.clone());
