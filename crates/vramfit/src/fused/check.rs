@@ -52,8 +52,9 @@ impl Case {
 }
 
 /// Causal and not, head widths 16 to 128, lengths that are multiples of
-/// nothing (and past one cube of units), more keys than queries, a value
-/// width of its own: small enough for a software device.
+/// no tile (past one block of 64 rows, and several key tiles: 16 rows at
+/// width 128 + 128, 32 at 64 + 64, 64 at 32 + 32), more keys than queries
+/// and fewer, a value width of its own: small enough for a software device.
 pub fn standard_cases() -> Vec<Case> {
     [
         (2, 3, 7, 7, 16, 16, true),
@@ -61,6 +62,9 @@ pub fn standard_cases() -> Vec<Case> {
         (2, 1, 13, 29, 24, 40, false),
         (1, 1, 5, 5, 128, 128, false),
         (1, 2, 2, 2, 16, 16, true),
+        (1, 1, 100, 100, 128, 128, true),
+        (1, 2, 130, 77, 32, 32, false),
+        (2, 1, 67, 150, 96, 64, false),
     ]
     .into_iter()
     .map(Case::new)

@@ -1,20 +1,25 @@
 //! The fused attention on CubeCL (wgpu, CUDA): the CPU version's twin,
-//! one unit per row.
+//! tiled through shared memory as FlashAttention-2 is.
 //!
-//! The forward runs one unit per query row: an online softmax over the
-//! row's keys (a running maximum and sum, the output accumulated and
-//! rescaled as the maximum rises), writing the row's output and its
-//! log-sum-exp. The backward is FlashAttention-2's in two launches: one
-//! unit per query row recomputes its probabilities from the log-sum-exp
-//! and makes dQ (and `δ = dO·O`, the row's term of the softmax backward),
-//! then one unit per key row goes over the queries that see it and makes
-//! dK and dV, so neither needs atomics. Nothing is `[t, s]`: the memory
-//! beyond the inputs is the output, one log-sum-exp and one `δ` per query
-//! row. Each unit keeps its query (or key) row and its accumulators in
-//! local arrays, so the head widths are compile-time (a kernel per width).
+//! The forward gives each cube a block of [`UNITS`] query rows of one head
+//! (one unit a row): the cube loads a tile of keys and values into shared
+//! memory, every unit scores its row against the whole tile, and the
+//! online softmax is updated once per tile (the tile's maximum, one
+//! rescale of the running sum and output), so a key is read from device
+//! memory once per query block instead of once per query. It writes the
+//! output and each row's log-sum-exp. The backward is the same tiles in
+//! two launches: query blocks over key tiles make dQ (and `δ = dO·O`, the
+//! row's term of the softmax backward, from the saved log-sum-exp), then
+//! key blocks over query tiles (queries, dO, log-sum-exps and δ in shared
+//! memory) make dK and dV, so neither needs atomics. Nothing is `[t, s]`:
+//! the memory beyond the inputs is the output, one log-sum-exp and one δ a
+//! query row. A unit keeps its row and accumulators in local arrays, so
+//! the head widths are compile-time (a kernel per width); a tile holds as
+//! many rows as fit in 16 KiB of shared memory (wgpu's default limit), at
+//! most one a unit.
 //!
-//! These are not tiled through shared memory: they are the memory
-//! technique on the device and the CPU's twin, not a fast GPU attention.
+//! Not yet: tensor cores (the tile products are scalar f32) and 16-bit
+//! inputs (the caller widens them to f32 first).
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -33,22 +38,80 @@ pub(super) type Cube<R> = CubeBackend<R, f32, i32, u8>;
 /// Stands in for −∞ (WGSL has no infinity literal).
 const LOWEST: f32 = -3.0e38;
 
-/// Units per cube.
+/// Units per cube, and query (or key) rows per block.
 const UNITS: u32 = 64;
 
-/// The softmax attention of one query row over its keys: its output row
-/// and log-sum-exp. `q` `[rows, dh]` (`rows` = heads × t), `k` `[heads·s,
-/// dh]`, `v` `[heads·s, dv]`; key `j` is masked for query `i < j` when
-/// causal.
+/// Bytes of shared memory a tile may take: wgpu's default limit for a
+/// workgroup (CUDA allows 48 KiB without opting in).
+const SHARED_BYTES: usize = 16 * 1024;
+
+/// Rows of a tile of `floats` values a row: as many as fit in
+/// [`SHARED_BYTES`], at most [`UNITS`].
+const fn tile_rows(floats: usize) -> usize {
+    let rows = SHARED_BYTES / 4 / floats;
+    if rows > UNITS as usize { UNITS as usize } else { rows }
+}
+
+/// The cube's index, whatever the grid's shape ([`blocks`]).
+#[cube]
+fn cube_index() -> u32 {
+    CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X
+}
+
+/// Copies rows `[first, first + rows)` of the `[count, width]` rows that
+/// start at row `base` of `from` into `tile` (zeros past `count`), each
+/// unit a stride of the values, scaled by `scale`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_tile(
+    from: &Array<f32>,
+    tile: &mut SharedMemory<f32>,
+    base: u32,
+    first: u32,
+    count: u32,
+    scale: f32,
+    #[comptime] rows: usize,
+    #[comptime] width: usize,
+) {
+    let passes = comptime!((rows * width).div_ceil(UNITS as usize));
+    for pass in 0..passes {
+        let e = pass * UNITS as usize + UNIT_POS as usize;
+        if e < comptime!(rows * width) {
+            let r = (e / width) as u32;
+            let mut x = 0.0f32;
+            if first + r < count {
+                x = from[((base + first + r) as usize) * width + e % width] * scale;
+            }
+            tile[e] = x;
+        }
+    }
+}
+
+/// `Σ_c row[c] · tile[at + c]`: a row against a tile's row.
+#[cube]
+fn dot_tile(row: &Array<f32>, tile: &SharedMemory<f32>, at: usize, #[comptime] width: usize) -> f32 {
+    let mut x = 0.0f32;
+    for c in 0..width {
+        x += row[c] * tile[at + c];
+    }
+    x
+}
+
+/// A block of query rows' softmax attention over their keys, a key tile at
+/// a time: each row's output and log-sum-exp. `q` `[heads·t, dh]`, `k`
+/// `[heads·s, dh]`, `v` `[heads·s, dv]`; key `j` is masked for query
+/// `i < j` when causal. Cube `c` is block `c % q_blocks` of head
+/// `c / q_blocks`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn forward_rows(
+fn forward_tiles(
     q: &Array<f32>,
     k: &Array<f32>,
     v: &Array<f32>,
     o: &mut Array<f32>,
     lse: &mut Array<f32>,
-    rows: u32,
+    cubes: u32,
+    q_blocks: u32,
     t: u32,
     s: u32,
     scale: f32,
@@ -56,54 +119,83 @@ fn forward_rows(
     #[comptime] dv: usize,
     #[comptime] causal: bool,
 ) {
-    let row = ABSOLUTE_POS as u32;
-    if row < rows {
-        let head = row / t;
-        let i = row % t;
+    let cube = cube_index();
+    // Uniform across the cube: a cube past the grid's work leaves whole.
+    if cube < cubes {
+        let bk = comptime!(tile_rows(dh + dv));
+        let bk32 = comptime!(bk as u32);
+        let head = cube / q_blocks;
+        let first = (cube % q_blocks) * UNITS;
+        let i = first + UNIT_POS;
+        let live = i < t;
+        let row = (head * t + i) as usize;
+        let mut kt = SharedMemory::<f32>::new(comptime!(bk * dh));
+        let mut vt = SharedMemory::<f32>::new(comptime!(bk * dv));
         let mut qi = Array::<f32>::new(dh);
         for c in 0..dh {
-            qi[c] = q[row as usize * dh + c] * scale;
+            qi[c] = 0.0;
+            if live {
+                qi[c] = q[row * dh + c] * scale;
+            }
         }
         let mut acc = Array::<f32>::new(dv);
         for c in 0..dv {
             acc[c] = 0.0;
         }
+        let mut scores = Array::<f32>::new(bk);
         let mut m = LOWEST.runtime();
         let mut l = 0.0f32;
-        let end = if comptime!(causal) { i + 1 } else { s };
-        for j in 0..end {
-            let key = (head * s + j) as usize;
-            let x = score(&qi, k, key * dh, dh);
-            let top = f32::max(m, x);
-            let shrink = f32::exp(m - top);
-            let p = f32::exp(x - top);
-            l = l * shrink + p;
-            for c in 0..dv {
-                acc[c] = acc[c] * shrink + p * v[key * dv + c];
+        // The keys the block's last row sees, and this row's.
+        let mut end = s;
+        let mut mine = s;
+        if comptime!(causal) {
+            end = u32::min(s, first + UNITS);
+            mine = i + 1;
+        }
+        let tiles = (end + bk32 - 1) / bk32;
+        for tile in 0..tiles {
+            let j0 = tile * bk32;
+            load_tile(k, &mut kt, head * s, j0, s, 1.0, bk, dh);
+            load_tile(v, &mut vt, head * s, j0, s, 1.0, bk, dv);
+            sync_cube();
+            if live && mine > j0 {
+                let count = u32::min(bk32, u32::min(mine, s) - j0) as usize;
+                let mut top = m;
+                for jj in 0..count {
+                    let x = dot_tile(&qi, &kt, jj * dh, dh);
+                    scores[jj] = x;
+                    top = f32::max(top, x);
+                }
+                let shrink = f32::exp(m - top);
+                l *= shrink;
+                for c in 0..dv {
+                    acc[c] *= shrink;
+                }
+                for jj in 0..count {
+                    let p = f32::exp(scores[jj] - top);
+                    l += p;
+                    for c in 0..dv {
+                        acc[c] += p * vt[jj * dv + c];
+                    }
+                }
+                m = top;
             }
-            m = top;
+            sync_cube();
         }
-        for c in 0..dv {
-            o[row as usize * dv + c] = acc[c] / l;
+        if live {
+            for c in 0..dv {
+                o[row * dv + c] = acc[c] / l;
+            }
+            lse[row] = m + f32::ln(l);
         }
-        lse[row as usize] = m + f32::ln(l);
     }
 }
 
-/// `Σ_c qi[c] · k[at + c]`: a query row (already scaled) against a key row.
-#[cube]
-fn score(qi: &Array<f32>, k: &Array<f32>, at: usize, #[comptime] dh: usize) -> f32 {
-    let mut x = 0.0f32;
-    for c in 0..dh {
-        x += qi[c] * k[at + c];
-    }
-    x
-}
-
-/// dQ of one query row, and its `δ = dO·O`.
+/// dQ of a block of query rows over the key tiles, and each row's
+/// `δ = dO·O`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn backward_queries(
+fn backward_query_tiles(
     q: &Array<f32>,
     k: &Array<f32>,
     v: &Array<f32>,
@@ -112,7 +204,8 @@ fn backward_queries(
     d_o: &Array<f32>,
     dq: &mut Array<f32>,
     delta: &mut Array<f32>,
-    rows: u32,
+    cubes: u32,
+    q_blocks: u32,
     t: u32,
     s: u32,
     scale: f32,
@@ -120,45 +213,79 @@ fn backward_queries(
     #[comptime] dv: usize,
     #[comptime] causal: bool,
 ) {
-    let row = ABSOLUTE_POS as u32;
-    if row < rows {
-        let head = row / t;
-        let i = row % t;
+    let cube = cube_index();
+    if cube < cubes {
+        let bk = comptime!(tile_rows(dh + dv));
+        let bk32 = comptime!(bk as u32);
+        let head = cube / q_blocks;
+        let first = (cube % q_blocks) * UNITS;
+        let i = first + UNIT_POS;
+        let live = i < t;
+        let row = (head * t + i) as usize;
+        let mut kt = SharedMemory::<f32>::new(comptime!(bk * dh));
+        let mut vt = SharedMemory::<f32>::new(comptime!(bk * dv));
         let mut qi = Array::<f32>::new(dh);
         let mut acc = Array::<f32>::new(dh);
         for c in 0..dh {
-            qi[c] = q[row as usize * dh + c] * scale;
+            qi[c] = 0.0;
             acc[c] = 0.0;
+            if live {
+                qi[c] = q[row * dh + c] * scale;
+            }
         }
+        let mut gi = Array::<f32>::new(dv);
         let mut di = 0.0f32;
         for c in 0..dv {
-            di += d_o[row as usize * dv + c] * o[row as usize * dv + c];
-        }
-        let li = lse[row as usize];
-        let end = if comptime!(causal) { i + 1 } else { s };
-        for j in 0..end {
-            let key = (head * s + j) as usize;
-            let p = f32::exp(score(&qi, k, key * dh, dh) - li);
-            let mut dp = 0.0f32;
-            for c in 0..dv {
-                dp += d_o[row as usize * dv + c] * v[key * dv + c];
+            gi[c] = 0.0;
+            if live {
+                gi[c] = d_o[row * dv + c];
+                di += gi[c] * o[row * dv + c];
             }
-            let ds = p * (dp - di);
+        }
+        let mut li = 0.0f32;
+        if live {
+            li = lse[row];
+        }
+        let mut end = s;
+        let mut mine = s;
+        if comptime!(causal) {
+            end = u32::min(s, first + UNITS);
+            mine = i + 1;
+        }
+        let tiles = (end + bk32 - 1) / bk32;
+        for tile in 0..tiles {
+            let j0 = tile * bk32;
+            load_tile(k, &mut kt, head * s, j0, s, 1.0, bk, dh);
+            load_tile(v, &mut vt, head * s, j0, s, 1.0, bk, dv);
+            sync_cube();
+            if live && mine > j0 {
+                let count = u32::min(bk32, u32::min(mine, s) - j0) as usize;
+                for jj in 0..count {
+                    let p = f32::exp(dot_tile(&qi, &kt, jj * dh, dh) - li);
+                    let dp = dot_tile(&gi, &vt, jj * dv, dv);
+                    let ds = p * (dp - di);
+                    for c in 0..dh {
+                        acc[c] += ds * kt[jj * dh + c];
+                    }
+                }
+            }
+            sync_cube();
+        }
+        if live {
             for c in 0..dh {
-                acc[c] += ds * k[key * dh + c];
+                dq[row * dh + c] = acc[c] * scale;
             }
+            delta[row] = di;
         }
-        for c in 0..dh {
-            dq[row as usize * dh + c] = acc[c] * scale;
-        }
-        delta[row as usize] = di;
     }
 }
 
-/// dK and dV of one key row, over the queries that see it.
+/// dK and dV of a block of key rows over the query tiles that see them
+/// (queries, dO, log-sum-exps and δ in shared memory). Cube `c` is block
+/// `c % k_blocks` of head `c / k_blocks`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn backward_keys(
+fn backward_key_tiles(
     q: &Array<f32>,
     k: &Array<f32>,
     v: &Array<f32>,
@@ -167,7 +294,8 @@ fn backward_keys(
     d_o: &Array<f32>,
     dk: &mut Array<f32>,
     dvv: &mut Array<f32>,
-    keys: u32,
+    cubes: u32,
+    k_blocks: u32,
     t: u32,
     s: u32,
     scale: f32,
@@ -175,48 +303,82 @@ fn backward_keys(
     #[comptime] dv: usize,
     #[comptime] causal: bool,
 ) {
-    let key = ABSOLUTE_POS as u32;
-    if key < keys {
-        let head = key / s;
-        let j = key % s;
+    let cube = cube_index();
+    if cube < cubes {
+        let bq = comptime!(tile_rows(dh + dv + 2));
+        let bq32 = comptime!(bq as u32);
+        let head = cube / k_blocks;
+        let first = (cube % k_blocks) * UNITS;
+        let j = first + UNIT_POS;
+        let live = j < s;
+        let key = (head * s + j) as usize;
+        let mut qt = SharedMemory::<f32>::new(comptime!(bq * dh));
+        let mut gt = SharedMemory::<f32>::new(comptime!(bq * dv));
+        let mut lt = SharedMemory::<f32>::new(bq);
+        let mut dt = SharedMemory::<f32>::new(bq);
         let mut kj = Array::<f32>::new(dh);
         let mut gk = Array::<f32>::new(dh);
         for c in 0..dh {
-            kj[c] = k[key as usize * dh + c];
+            kj[c] = 0.0;
             gk[c] = 0.0;
+            if live {
+                kj[c] = k[key * dh + c];
+            }
         }
+        let mut vj = Array::<f32>::new(dv);
         let mut gv = Array::<f32>::new(dv);
         for c in 0..dv {
+            vj[c] = 0.0;
             gv[c] = 0.0;
+            if live {
+                vj[c] = v[key * dv + c];
+            }
         }
+        // The first query the block's first key is seen by.
         let mut start = 0u32;
         if comptime!(causal) {
-            start = j;
+            start = u32::min(first, t);
         }
-        for i in start..t {
-            let row = (head * t + i) as usize;
-            // The forward's score, the same operations in the same order.
-            let mut x = 0.0f32;
-            for c in 0..dh {
-                x += q[row * dh + c] * scale * kj[c];
+        let tiles = (t - start + bq32 - 1) / bq32;
+        for tile in 0..tiles {
+            let i0 = start + tile * bq32;
+            // Queries scaled as the forward scales them, so the score is
+            // the same product.
+            load_tile(q, &mut qt, head * t, i0, t, scale, bq, dh);
+            load_tile(d_o, &mut gt, head * t, i0, t, 1.0, bq, dv);
+            load_tile(lse, &mut lt, head * t, i0, t, 1.0, bq, 1usize);
+            load_tile(delta, &mut dt, head * t, i0, t, 1.0, bq, 1usize);
+            sync_cube();
+            if live {
+                let count = u32::min(bq32, t - i0) as usize;
+                for ii in 0..count {
+                    let mut seen = true;
+                    if comptime!(causal) {
+                        seen = i0 + ii as u32 >= j;
+                    }
+                    if seen {
+                        let x = dot_tile(&kj, &qt, ii * dh, dh);
+                        let p = f32::exp(x - lt[ii]);
+                        let dp = dot_tile(&vj, &gt, ii * dv, dv);
+                        for c in 0..dv {
+                            gv[c] += p * gt[ii * dv + c];
+                        }
+                        let ds = p * (dp - dt[ii]);
+                        for c in 0..dh {
+                            gk[c] += ds * qt[ii * dh + c];
+                        }
+                    }
+                }
             }
-            let p = f32::exp(x - lse[row]);
-            let mut dp = 0.0f32;
+            sync_cube();
+        }
+        if live {
+            for c in 0..dh {
+                dk[key * dh + c] = gk[c];
+            }
             for c in 0..dv {
-                let g = d_o[row * dv + c];
-                gv[c] += p * g;
-                dp += g * v[key as usize * dv + c];
+                dvv[key * dv + c] = gv[c];
             }
-            let ds = p * (dp - delta[row]);
-            for c in 0..dh {
-                gk[c] += ds * q[row * dh + c];
-            }
-        }
-        for c in 0..dh {
-            dk[key as usize * dh + c] = gk[c] * scale;
-        }
-        for c in 0..dv {
-            dvv[key as usize * dv + c] = gv[c];
         }
     }
 }
@@ -254,11 +416,19 @@ impl Shape4 {
     }
 }
 
-fn grid(units: usize) -> CubeCount {
-    // At most 65,535 cubes a dimension (wgpu's limit); rows past it go to y.
-    let cubes = units.div_ceil(UNITS as usize).max(1);
-    let x = cubes.min(65_535);
-    CubeCount::Static(x as u32, cubes.div_ceil(x) as u32, 1)
+/// The grid of a launch over `heads` heads of `rows` rows each, a block of
+/// [`UNITS`] rows a cube: the count, the cubes that have work, and the
+/// blocks a head.
+fn blocks(heads: usize, rows: usize) -> (CubeCount, u32, u32) {
+    let per_head = rows.div_ceil(UNITS as usize).max(1);
+    let cubes = heads * per_head;
+    // At most 65,535 cubes a dimension (wgpu's limit); the rest go to y.
+    let x = cubes.clamp(1, 65_535);
+    (
+        CubeCount::Static(x as u32, cubes.div_ceil(x).max(1) as u32, 1),
+        cubes as u32,
+        per_head as u32,
+    )
 }
 
 fn contiguous<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
@@ -290,17 +460,18 @@ fn forward<R: CubeRuntime>(
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     let o = empty(q, &[d.batch, d.heads, d.t, d.dv]);
     let lse = empty(q, &[d.batch, d.heads, d.t]);
-    let rows = d.bh() * d.t;
-    forward_rows::launch::<R>(
+    let (count, cubes, q_blocks) = blocks(d.bh(), d.t);
+    forward_tiles::launch::<R>(
         &q.client,
-        grid(rows),
+        count,
         CubeDim::new_1d(UNITS),
         arg(q),
         arg(k),
         arg(v),
         arg(&o),
         arg(&lse),
-        rows as u32,
+        cubes,
+        q_blocks,
         d.t as u32,
         d.s as u32,
         d.scale,
@@ -348,10 +519,10 @@ pub(super) fn attention<R: CubeRuntime>(
             let dk = empty(&q, &[d.batch, d.heads, d.s, d.dh]);
             let dv = empty(&q, &[d.batch, d.heads, d.s, d.dv]);
             let delta = empty(&q, &[d.bh() * d.t]);
-            let (rows, keys) = (d.bh() * d.t, d.bh() * d.s);
-            backward_queries::launch::<R>(
+            let (count, cubes, q_blocks) = blocks(d.bh(), d.t);
+            backward_query_tiles::launch::<R>(
                 &q.client,
-                grid(rows),
+                count,
                 CubeDim::new_1d(UNITS),
                 arg(&q),
                 arg(&k),
@@ -361,7 +532,8 @@ pub(super) fn attention<R: CubeRuntime>(
                 arg(&d_o),
                 arg(&dq),
                 arg(&delta),
-                rows as u32,
+                cubes,
+                q_blocks,
                 d.t as u32,
                 d.s as u32,
                 d.scale,
@@ -369,9 +541,10 @@ pub(super) fn attention<R: CubeRuntime>(
                 d.dv,
                 d.causal,
             );
-            backward_keys::launch::<R>(
+            let (count, cubes, k_blocks) = blocks(d.bh(), d.s);
+            backward_key_tiles::launch::<R>(
                 &q.client,
-                grid(keys),
+                count,
                 CubeDim::new_1d(UNITS),
                 arg(&q),
                 arg(&k),
@@ -381,7 +554,8 @@ pub(super) fn attention<R: CubeRuntime>(
                 arg(&d_o),
                 arg(&dk),
                 arg(&dv),
-                keys as u32,
+                cubes,
+                k_blocks,
                 d.t as u32,
                 d.s as u32,
                 d.scale,
