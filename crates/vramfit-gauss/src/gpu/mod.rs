@@ -3,6 +3,7 @@
 //! which a GPU result is compared with its CPU twin.
 
 pub mod binning;
+pub mod ssim;
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;

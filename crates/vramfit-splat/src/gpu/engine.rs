@@ -9,15 +9,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-use vramfit_gauss::gpu::{DeviceError, TILE, array, binning, cubes_of, dim, grid};
+use vramfit_gauss::gpu::ssim::{self, Band, Image, Target, Weights};
+use vramfit_gauss::gpu::{DeviceError, TILE, array, binning, dim, grid};
 
-use super::kernels::{self, GEOMETRY_GRADS, TAPS};
+use super::kernels::{self, GEOMETRY_GRADS};
 use crate::cpu::project::Frame;
 use crate::op::LossParts;
 use crate::params::{Param, Params};
 
 /// Rows of SSIM halo on each side of a band: the window's radius.
-const R: usize = (TAPS / 2) as usize;
+const R: usize = ssim::RADIUS;
 /// Scratch planes per band row (render, five statistics, three
 /// coefficients, their three blurs, the render gradient).
 const PLANES: usize = 13;
@@ -79,13 +80,9 @@ pub struct Lean<R: Runtime> {
     channels: usize,
     top_k: usize,
     band_rows: usize,
-    target: Handle,
+    target: Target,
     window: Handle,
     meter: Arc<Meter>,
-}
-
-fn as_u32_bytes(v: &[u32]) -> &[u8] {
-    u32::as_bytes(v)
 }
 
 /// Band height in rows: the given one rounded up to whole tiles, or
@@ -142,12 +139,8 @@ impl<R: Runtime> Lean<R> {
         band_rows_requested: usize,
     ) -> Self {
         assert_eq!(target.len(), width * height * channels, "target must be [H, W, C]");
-        let mut packed = vec![0u32; target.len().div_ceil(4)];
-        for (i, &b) in target.iter().enumerate() {
-            packed[i / 4] |= (b as u32) << ((i % 4) * 8);
-        }
-        let target = client.create_from_slice(as_u32_bytes(&packed));
-        let window = client.create_from_slice(f32::as_bytes(&vramfit_gauss::ssim::window_f32()));
+        let target = Target::from_u8(&client, target);
+        let window = ssim::window(&client);
         Self {
             client,
             width,
@@ -168,7 +161,7 @@ impl<R: Runtime> Lean<R> {
 
     /// Device bytes the target takes.
     pub fn target_bytes(&self) -> u64 {
-        (self.width * self.height * self.channels).div_ceil(4) as u64 * 4
+        self.target.bytes()
     }
 
     /// The most scratch the engine has held at once (bytes): projected
@@ -373,105 +366,37 @@ impl<R: Runtime> Lean<R> {
         let acc = self.f32_buffer(n * stride);
         self.fill_f32(&acc, n * stride, 0.0);
         let grads = ssim_weight.is_some();
-        let clamp = !grads;
         let mut sums = [0.0f64; 3];
-        for y0 in (0..h).step_by(self.band_rows) {
-            let y1 = (y0 + self.band_rows).min(h);
+        let image = Image {
+            width: w,
+            height: h,
+            channels: c,
+        };
+        let weights = ssim_weight.map(|sw| Weights { l1: 1.0, ssim: sw });
+        for band in Band::all(h, self.band_rows) {
+            let (y0, y1) = (band.y0, band.y1);
             // Render rows reach 2R past the band: statistics R past it need them.
-            let (ry0, ry1) = (y0.saturating_sub(2 * R), (y1 + 2 * R).min(h));
-            let (cy0, cy1) = (y0.saturating_sub(R), (y1 + R).min(h));
-            let bins = self.bin(&rect, n, frame.tiles_x(), ry0 / tile, ry1.div_ceil(tile))?;
-            let render = self.render_rows(p, &conic, &bins, &frame, ry0, ry1);
-            let r_len = (ry1 - ry0) * w * c;
-            let h5 = self.f32_buffer(5 * r_len);
-            kernels::ssim::hblur_stats::launch::<R>(
+            let bins = self.bin(&rect, n, frame.tiles_x(), band.ry0 / tile, band.ry1.div_ceil(tile))?;
+            let render = self.render_rows(p, &conic, &bins, &frame, band.ry0, band.ry1);
+            let loss = ssim::band(
                 &self.client,
-                grid(r_len),
-                dim(),
-                array(&render, r_len),
-                array(&self.target, (w * h * c).div_ceil(4)),
-                array(&self.window, TAPS as usize),
-                array(&h5, 5 * r_len),
-                w as u32,
-                (ry1 - ry0) as u32,
-                ry0 as u32,
-                c,
-                clamp,
+                &self.window,
+                &render,
+                &self.target,
+                image,
+                &band,
+                weights,
+                |len| self.f32_buffer(len),
             );
-            let c_len = (cy1 - cy0) * w * c;
-            let coef3 = self.f32_buffer(if grads { 3 * c_len } else { 1 });
-            let count = grid(c_len);
-            let partials = self.f32_buffer(3 * cubes_of(&count));
-            let scale = ssim_weight.map_or(0.0, |sw| -(sw as f64) / values) as f32;
-            kernels::ssim::ssim_terms::launch::<R>(
-                &self.client,
-                count.clone(),
-                dim(),
-                array(&h5, 5 * r_len),
-                array(&render, r_len),
-                array(&self.target, (w * h * c).div_ceil(4)),
-                array(&self.window, TAPS as usize),
-                array(&coef3, if grads { 3 * c_len } else { 1 }),
-                array(&partials, 3 * cubes_of(&count)),
-                w as u32,
-                h as u32,
-                (ry1 - ry0) as u32,
-                ry0 as u32,
-                cy0 as u32,
-                (cy1 - cy0) as u32,
-                y0 as u32,
-                y1 as u32,
-                scale,
-                c,
-                clamp,
-                grads,
-            );
-            drop(h5);
             let part = self
                 .client
-                .read_one(partials.handle.clone())
+                .read_one(loss.partials.handle.clone())
                 .map_err(DeviceError::runtime)?;
-            for (q, v) in f32::from_bytes(&part).iter().enumerate() {
-                sums[q % 3] += *v as f64;
-            }
-            if !grads {
+            ssim::add_partials(f32::from_bytes(&part), &mut sums);
+            let Some(d_render) = loss.d_render else {
                 continue;
-            }
-            let hc3 = self.f32_buffer(3 * c_len);
-            kernels::ssim::hblur_coeffs::launch::<R>(
-                &self.client,
-                grid(c_len),
-                dim(),
-                array(&coef3, 3 * c_len),
-                array(&self.window, TAPS as usize),
-                array(&hc3, 3 * c_len),
-                w as u32,
-                (cy1 - cy0) as u32,
-                c,
-            );
-            drop(coef3);
+            };
             let o_len = (y1 - y0) * w * c;
-            let d_render = self.f32_buffer(o_len);
-            kernels::ssim::render_grad::launch::<R>(
-                &self.client,
-                grid(o_len),
-                dim(),
-                array(&hc3, 3 * c_len),
-                array(&render, r_len),
-                array(&self.target, (w * h * c).div_ceil(4)),
-                array(&self.window, TAPS as usize),
-                array(&d_render, o_len),
-                w as u32,
-                h as u32,
-                (cy1 - cy0) as u32,
-                cy0 as u32,
-                ry0 as u32,
-                y0 as u32,
-                (y1 - y0) as u32,
-                (1.0 / values) as f32,
-                c,
-            );
-            drop(hc3);
             kernels::render::render_backward_tiles::launch::<R>(
                 &self.client,
                 CubeCount::Static(frame.tiles_x() as u32, (y1.div_ceil(tile) - y0 / tile) as u32, 1),

@@ -1,22 +1,19 @@
 //! The CubeCL kernels of the lean fit, twins of [`crate::cpu`] and split
 //! as it is, stage by stage: [`project`] (projection, tile binning: count,
-//! scan, scatter; and the projection's backward), [`render`] (top-K render
-//! forward and backward) and [`ssim`] (the banded SSIM + L1 loss and its
-//! gradient). All arrays are flat, row major, f32 unless named otherwise;
-//! planes of a band are `[rows, W, C]`.
+//! scan, scatter; and the projection's backward) and [`render`] (top-K
+//! render forward and backward). The banded SSIM + L1 loss and its
+//! gradient are shared with the scene ([`vramfit_gauss::gpu::ssim`]). All
+//! arrays are flat, row major, f32 unless named otherwise; planes of a band
+//! are `[rows, W, C]`.
 //!
-//! The constants the kernels share with the CPU maths (tile side, SSIM
-//! window taps and C1/C2, the blend's epsilon) are the CPU's, converted
-//! here: defined once.
+//! The constants the kernels share with the CPU maths (tile side, the
+//! blend's epsilon) are the CPU's, converted here: defined once.
 
 pub mod project;
 pub mod render;
-pub mod ssim;
 
 use vramfit_gauss::gpu::{TILE, UNITS};
 
-/// Taps of the SSIM window ([`vramfit_gauss::ssim::TAPS`]).
-pub const TAPS: u32 = vramfit_gauss::ssim::TAPS as u32;
 /// Stands in for +∞ (WGSL has no infinity literal).
 const BIG: f32 = 3.0e38;
 /// Values per Gaussian in the gradient accumulator before the colour:
