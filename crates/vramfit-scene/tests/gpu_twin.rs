@@ -23,6 +23,31 @@ fn scene_kernels_match_the_cpu_twin() {
     assert!(failed.is_empty(), "cases outside tolerance: {failed:#?}");
 }
 
+/// The loss on the device (the image fit's banded SSIM kernels) gives the
+/// host's loss and image gradient: one band and several (the last one
+/// short), an 8-bit target (held as bytes) and an f32 one, sizes that are
+/// not tile multiples.
+#[test]
+fn the_loss_on_the_device_matches_the_host() {
+    let cases = standard_cases();
+    for (case, rows, eight_bit) in [
+        (&cases[1], 1000, true),
+        (&cases[2], 8, true),
+        (&cases[2], 13, false),
+        (&cases[4], 32, false),
+    ] {
+        let [loss, grad] =
+            vramfit_scene::gpu::check::loss_gaps::<WgpuRuntime>(&WgpuDevice::default(), case, rows, eight_bit)
+                .expect("the device ran the loss");
+        eprintln!(
+            "{}×{} bands of {rows}, 8-bit {eight_bit}: loss gap {loss:e}, gradient gap {grad:e}",
+            case.width, case.height
+        );
+        assert!(loss <= 1e-5, "{case:?}: the loss differs by {loss:e}");
+        assert!(grad <= 1e-4, "{case:?}: the image gradient differs by {grad:e}");
+    }
+}
+
 /// The device's Adam kernel and the host's Adam (what `--moments host`
 /// runs) give the same parameters and moments, to the last ulp, over 20
 /// steps of gradients spanning nine decades.

@@ -49,7 +49,8 @@ fn render_at(render: &Array<f32>, i: u32, #[comptime] clamp: bool) -> f32 {
 }
 
 /// Horizontal window sums of `x, y, x², y², xy` (x the render, y the target)
-/// for the render band rows `[ry0, ry0 + rows)`: five planes in `h5`.
+/// for the render band rows `[ry0, ry0 + rows)`: five planes in `h5`. The
+/// render buffer's first row is image row `render_row0`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn hblur_stats(
@@ -60,6 +61,7 @@ pub fn hblur_stats(
     width: u32,
     rows: u32,
     ry0: u32,
+    render_row0: u32,
     #[comptime] channels: usize,
     #[comptime] clamp: bool,
     #[comptime] packed: bool,
@@ -83,7 +85,7 @@ pub fn hblur_stats(
             if xs >= TAPS / 2 && xs < width + TAPS / 2 {
                 let col = xs - TAPS / 2;
                 let kv = window[j as usize];
-                let xv = render_at(render, (row * width + col) * c + ch, clamp);
+                let xv = render_at(render, ((ry0 - render_row0 + row) * width + col) * c + ch, clamp);
                 let yv = target_at(target, img_row + col * c + ch, packed);
                 s[0] += kv * xv;
                 s[1] += kv * yv;
@@ -135,6 +137,7 @@ pub fn ssim_terms(
     height: u32,
     h_rows: u32,
     ry0: u32,
+    render_row0: u32,
     cy0: u32,
     rows: u32,
     y0: u32,
@@ -187,7 +190,7 @@ pub fn ssim_terms(
             coef3[(2 * plane + e) as usize] = scale * (2.0 * a1 / den);
         }
         if y >= y0 && y < y1 {
-            let xv = render_at(render, (y - ry0) * width * c + rest, clamp);
+            let xv = render_at(render, (y - render_row0) * width * c + rest, clamp);
             let yv = target_at(target, y * width * c + rest, packed);
             ssim = sv;
             l1 = f32::abs(xv - yv);
@@ -248,7 +251,8 @@ pub fn hblur_coeffs(
 
 /// Gradient of the loss with respect to the render for rows
 /// `[y0, y0 + rows)`: the vertical window sums of `hc3` (rows from `cy0`)
-/// give the SSIM part, `l1_scale · sign(x − y)` the L1 part.
+/// give the SSIM part, `l1_scale · sign(x − y)` the L1 part. The render's
+/// first row is image row `render_row0`, `d_render`'s `out_row0`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
 pub fn render_grad(
@@ -261,9 +265,10 @@ pub fn render_grad(
     height: u32,
     hc_rows: u32,
     cy0: u32,
-    ry0: u32,
+    render_row0: u32,
     y0: u32,
     rows: u32,
+    out_row0: u32,
     l1_scale: f32,
     #[comptime] channels: usize,
     #[comptime] packed: bool,
@@ -292,7 +297,7 @@ pub fn render_grad(
                 }
             }
         }
-        let xv = render[((y - ry0) * width * c + rest) as usize];
+        let xv = render[((y - render_row0) * width * c + rest) as usize];
         let yv = target_at(target, y * width * c + rest, packed);
         let diff = xv - yv;
         let mut sign = 0.0f32;
@@ -302,7 +307,7 @@ pub fn render_grad(
         if diff < 0.0 {
             sign = -1.0;
         }
-        d_render[e as usize] = g[0] + 2.0 * xv * g[1] + yv * g[2] + l1_scale * sign;
+        d_render[((y - out_row0) * width * c + rest) as usize] = g[0] + 2.0 * xv * g[1] + yv * g[2] + l1_scale * sign;
     }
 }
 
@@ -321,14 +326,15 @@ pub struct Target {
 }
 
 impl Target {
-    /// 8-bit values, packed four to a word (a quarter of f32's bytes).
-    pub fn from_u8<R: Runtime>(client: &ComputeClient<R>, values: &[u8]) -> Self {
+    /// 8-bit values, packed four to a word (a quarter of f32's bytes), in
+    /// the buffer `make` makes of the bytes given.
+    pub fn from_u8(values: &[u8], make: impl FnOnce(&[u8]) -> Handle) -> Self {
         let mut words = vec![0u32; values.len().div_ceil(4).max(1)];
         for (i, &b) in values.iter().enumerate() {
             words[i / 4] |= (b as u32) << ((i % 4) * 8);
         }
         Self {
-            handle: client.create_from_slice(u32::as_bytes(&words)),
+            handle: make(u32::as_bytes(&words)),
             values: values.len(),
             packed: true,
         }
@@ -337,7 +343,7 @@ impl Target {
     /// Values in `[0, 1]`: packed as bytes where every value is exactly
     /// `byte / 255` in f32 (an 8-bit image read as floats, so the kernels
     /// read back the same values), else kept as f32.
-    pub fn from_f32<R: Runtime>(client: &ComputeClient<R>, values: &[f32]) -> Self {
+    pub fn from_f32(values: &[f32], make: impl FnOnce(&[u8]) -> Handle) -> Self {
         let bytes: Option<Vec<u8>> = values
             .iter()
             .map(|&v| {
@@ -346,9 +352,9 @@ impl Target {
             })
             .collect();
         match bytes {
-            Some(bytes) => Self::from_u8(client, &bytes),
+            Some(bytes) => Self::from_u8(&bytes, make),
             None => Self {
-                handle: client.create_from_slice(f32::as_bytes(if values.is_empty() { &[0.0] } else { values })),
+                handle: make(f32::as_bytes(if values.is_empty() { &[0.0] } else { values })),
                 values: values.len(),
                 packed: false,
             },
@@ -366,7 +372,12 @@ impl Target {
     }
 
     fn words(&self) -> usize {
-        if self.packed { self.values.div_ceil(4) } else { self.values }.max(1)
+        if self.packed {
+            self.values.div_ceil(4)
+        } else {
+            self.values
+        }
+        .max(1)
     }
 
     fn arg<R: Runtime>(&self) -> ArrayArg<R> {
@@ -436,34 +447,65 @@ pub struct Image {
 /// What [`band`] made: the per-cube partial sums of SSIM, `|x − y|` and
 /// `(x − y)²` over the band's rows (three floats a cube, `cubes` cubes),
 /// and with weights the loss's gradient with respect to the band's output
-/// rows of the render (`[y1 − y0, W, C]`).
+/// rows of the render (`[y1 − y0, W, C]`), unless it went into the
+/// caller's buffer.
 pub struct BandLoss<S> {
     /// The partial sums.
     pub partials: S,
     /// Cubes in `partials`.
     pub cubes: usize,
-    /// The render's gradient.
+    /// The render's gradient in a band buffer of its own.
     pub d_render: Option<S>,
+    /// Whether a gradient was written (here or into the caller's buffer).
+    pub written: bool,
 }
 
-/// The SSIM and L1 terms of band `b` of `render` (its rows `[ry0, ry1)`)
-/// against `target`: with `weights`, of the raw render and with the
-/// render's gradient; without, of the render clamped to `[0, 1]` (metrics).
-/// `scratch(len)` gives an f32 buffer of `len` values (the caller's, so it
-/// can count them); the planes are released as soon as the next kernel
-/// has them.
+/// Image rows of a render on the device: `handle` holds rows
+/// `[first_row, first_row + rows)`.
+#[derive(Clone, Copy)]
+pub struct Rows<'a> {
+    /// The values, `[rows, W, C]`.
+    pub handle: &'a Handle,
+    /// The image row of its first row.
+    pub first_row: usize,
+    /// Rows it holds.
+    pub rows: usize,
+}
+
+/// The SSIM and L1 terms of band `b` of `render` (holding at least its
+/// rows `[ry0, ry1)`) against `target`: with `weights`, of the raw render
+/// and with the render's gradient; without, of the render clamped to
+/// `[0, 1]` (metrics). The gradient is written into `into`'s rows `[y0,
+/// y1)` where given (a buffer of the same rows as `render`), else into a
+/// band buffer of its own. `scratch(len)` gives an f32 buffer of `len`
+/// values (the caller's, so it can count them); the planes are released as
+/// soon as the next kernel has them.
 #[allow(clippy::too_many_arguments)]
 pub fn band<R: Runtime, S: Deref<Target = Handle>>(
     client: &ComputeClient<R>,
     window: &Handle,
-    render: &Handle,
+    render: Rows,
     target: &Target,
     image: Image,
     b: &Band,
     weights: Option<Weights>,
+    into: Option<&Handle>,
     scratch: impl Fn(usize) -> S,
 ) -> BandLoss<S> {
-    let Image { width: w, height: h, channels: c } = image;
+    let Image {
+        width: w,
+        height: h,
+        channels: c,
+    } = image;
+    assert!(
+        render.first_row <= b.ry0 && b.ry1 <= render.first_row + render.rows,
+        "the render holds rows {}..{}, the band reads {}..{}",
+        render.first_row,
+        render.first_row + render.rows,
+        b.ry0,
+        b.ry1
+    );
+    let render_len = render.rows * w * c;
     let values = (w * h * c) as f64;
     let grads = weights.is_some();
     let clamp = !grads;
@@ -473,13 +515,14 @@ pub fn band<R: Runtime, S: Deref<Target = Handle>>(
         client,
         grid(r_len),
         dim(),
-        array(render, r_len),
+        array(render.handle, render_len),
         target.arg(),
         array(window, TAPS as usize),
         array(&h5, 5 * r_len),
         w as u32,
         (b.ry1 - b.ry0) as u32,
         b.ry0 as u32,
+        render.first_row as u32,
         c,
         clamp,
         target.packed,
@@ -496,7 +539,7 @@ pub fn band<R: Runtime, S: Deref<Target = Handle>>(
         count,
         dim(),
         array(&h5, 5 * r_len),
-        array(render, r_len),
+        array(render.handle, render_len),
         target.arg(),
         array(window, TAPS as usize),
         array(&coef3, coef_len),
@@ -505,6 +548,7 @@ pub fn band<R: Runtime, S: Deref<Target = Handle>>(
         h as u32,
         (b.ry1 - b.ry0) as u32,
         b.ry0 as u32,
+        render.first_row as u32,
         b.cy0 as u32,
         (b.cy1 - b.cy0) as u32,
         b.y0 as u32,
@@ -521,6 +565,7 @@ pub fn band<R: Runtime, S: Deref<Target = Handle>>(
             partials,
             cubes,
             d_render: None,
+            written: false,
         };
     };
     let hc3 = scratch(3 * c_len);
@@ -537,23 +582,29 @@ pub fn band<R: Runtime, S: Deref<Target = Handle>>(
     );
     drop(coef3);
     let o_len = (b.y1 - b.y0) * w * c;
-    let d_render = scratch(o_len);
+    let own = into.is_none().then(|| scratch(o_len));
+    let (out, out_len, out_row0) = match (into, &own) {
+        (Some(h), _) => (h, render_len, render.first_row),
+        (None, Some(own)) => (&**own, o_len, b.y0),
+        (None, None) => unreachable!("a band buffer is made when none is given"),
+    };
     render_grad::launch::<R>(
         client,
         grid(o_len),
         dim(),
         array(&hc3, 3 * c_len),
-        array(render, r_len),
+        array(render.handle, render_len),
         target.arg(),
         array(window, TAPS as usize),
-        array(&d_render, o_len),
+        array(out, out_len),
         w as u32,
         h as u32,
         (b.cy1 - b.cy0) as u32,
         b.cy0 as u32,
-        b.ry0 as u32,
+        render.first_row as u32,
         b.y0 as u32,
         (b.y1 - b.y0) as u32,
+        out_row0 as u32,
         (weights.l1 as f64 / values) as f32,
         c,
         target.packed,
@@ -561,7 +612,19 @@ pub fn band<R: Runtime, S: Deref<Target = Handle>>(
     BandLoss {
         partials,
         cubes,
-        d_render: Some(d_render),
+        d_render: own,
+        written: true,
+    }
+}
+
+/// A scratch buffer that is only its handle (for callers that count their
+/// buffers elsewhere).
+pub struct Buffer(pub Handle);
+
+impl Deref for Buffer {
+    type Target = Handle;
+    fn deref(&self) -> &Handle {
+        &self.0
     }
 }
 

@@ -2,8 +2,9 @@
 //! the image, every parameter group's gradient and the screen means'
 //! gradient, in f32 on both sides (with the SH stored in 16 bits, the CPU
 //! twin renders the same rounded coefficients); and the kernels' 16-bit
-//! decoder against the host's for every bit pattern. Run by the wgpu test in CI and by
-//! `vramfit check-kernels` on the GPU machine.
+//! decoder against the host's for every bit pattern; and the loss on the
+//! device against the host's. Run by the wgpu test in CI and by `vramfit
+//! check-kernels` on the GPU machine.
 
 use cubecl::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -219,6 +220,40 @@ pub fn run_case<R: Runtime>(device: &R::Device, case: &Case) -> Result<CaseRepor
         grad_rel,
         non_finite,
     })
+}
+
+/// The loss on the device ([`Renderer::loss`], in bands of `band_rows`)
+/// against the host's ([`crate::train::loss_and_gradient`]) for `case`'s
+/// render: the loss's relative gap and the image gradient's largest gap
+/// over its largest value. The target is 8-bit (as an image file's) when
+/// `eight_bit`, else any f32 in `[0, 1]`.
+pub fn loss_gaps<R: Runtime>(
+    device: &R::Device,
+    case: &Case,
+    band_rows: usize,
+    eight_bit: bool,
+) -> Result<[f64; 2], String> {
+    let params = random_scene(case);
+    let s = scene(&params, case.degree);
+    let camera = case_camera(case);
+    let mut rng = ChaCha8Rng::seed_from_u64(case.seed ^ 0x1055);
+    let target: Vec<f32> = (0..3 * case.width * case.height)
+        .map(|_| {
+            let v = rng.random_range(0.0f32..1.0);
+            if eight_bit { (v * 255.0).round() / 255.0 } else { v }
+        })
+        .collect();
+    let renderer = Renderer::<R>::new(device);
+    let buffers = renderer.upload_as(&s, case.sh);
+    let drawn = renderer.render(&buffers, &camera, [0.2, 0.1, 0.3])?;
+    let image = renderer.download(&drawn.image, target.len())?;
+    let on_device = renderer.loss_in_bands(&drawn, &target, band_rows)?;
+    let d_image = renderer.download(&on_device.d_image, target.len())?;
+    let (loss, d_host) = crate::train::loss_and_gradient(&image, &target, case.width, case.height);
+    Ok([
+        ((on_device.loss - loss).abs() / loss.abs().max(1e-12)) as f64,
+        max_relative_error(&d_image, &d_host),
+    ])
 }
 
 /// Bit patterns of 16-bit storage that the device widened differently from

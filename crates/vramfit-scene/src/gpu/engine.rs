@@ -515,6 +515,15 @@ impl<R: Runtime> Renderer<R> {
         }
     }
 
+    /// Uploads host bytes.
+    pub(crate) fn upload_bytes(&self, v: &[u8]) -> Handle {
+        if v.is_empty() {
+            self.empty(1)
+        } else {
+            self.create_from_slice(v)
+        }
+    }
+
     /// Uploads host 32-bit words.
     pub fn upload_words(&self, v: &[u32]) -> Handle {
         if v.is_empty() {

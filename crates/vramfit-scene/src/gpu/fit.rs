@@ -1,9 +1,9 @@
 //! A scene fit's state on a CubeCL device ([`crate::train::SceneDevice`]):
 //! the parameter groups, their gradients and Adam's moments live in device
 //! buffers; each step renders, differentiates and updates there. The loss
-//! (L1 + SSIM) runs on the host: the image goes down and its gradient up,
-//! 24 bytes a pixel each step (the 2D fitter's banded SSIM kernels are
-//! written for its own renderer; sharing them is a next step).
+//! (L1 + SSIM) runs there too ([`super::loss`]): a step sends its view's
+//! image up (a byte a value for an 8-bit image) and the render never comes
+//! down.
 //!
 //! With [`Moments::Host`] Adam's moments stay in host memory: the backward
 //! runs chunk by chunk ([`CHUNK`] Gaussians), each chunk's gradients come
@@ -32,7 +32,7 @@ use super::kernels::{PROJECTED, train};
 pub use crate::allocation::StateAllocation;
 use crate::cpu::camera::Camera;
 use crate::sh_storage::{SH_GROUPS, ShStorage};
-use crate::train::{ADAM, SceneDevice, State, loss_and_gradient, mask_inactive_bands};
+use crate::train::{ADAM, SceneDevice, State, mask_inactive_bands};
 use vramfit_gauss::DeviceError;
 
 /// Gaussians per chunk of the backward when the moments are on the host
@@ -150,9 +150,9 @@ impl<R: Runtime> DeviceFit<R> {
         self
     }
 
-    /// Bytes copied between host and device by the last step (the loss's
-    /// image and gradient; with the moments on the host also every
-    /// gradient down and every parameter up).
+    /// Bytes copied between host and device by the last step (the view's
+    /// image up and the loss's partial sums down; with the moments on the
+    /// host also every gradient down and every parameter up).
     pub fn moved_bytes(&self) -> u64 {
         self.moved
     }
@@ -275,11 +275,10 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
         let n = s.n;
         let chunk = self.chunk;
         let drawn = r.render(s, camera, background)?;
-        let image = r.download(&drawn.image, 3 * camera.width * camera.height)?;
-        let (loss, d_image) = loss_and_gradient(&image, target, camera.width, camera.height);
-        let pixels = camera.width * camera.height;
-        let d_image = r.upload_f32(&d_image);
-        let mut moved = 24 * pixels as u64;
+        let loss = r.loss(&drawn, target)?;
+        let d_image = loss.d_image;
+        let mut moved = loss.moved;
+        let loss = loss.loss;
         let mut chunk_bytes = 0;
         let (grads, screen) = match &mut self.host {
             None => {
@@ -329,10 +328,12 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
                 camera.height as f32 / 2.0,
             );
         }
-        // The render's buffers, the image gradient, the backward's
-        // accumulator (9 floats a Gaussian), the screen gradients, and with
-        // the moments on the host one chunk's gradients.
-        let step_bytes = drawn.bytes(n) + 12 * pixels as u64 + 44 * n as u64 + chunk_bytes;
+        // The render's buffers, the loss's (the target, the image gradient,
+        // one band's SSIM planes), the backward's accumulator (9 floats a
+        // Gaussian), the screen gradients, and with the moments on the host
+        // one chunk's gradients.
+        let step_bytes =
+            drawn.bytes(n) + super::loss::scratch_bytes(camera.width, camera.height) + 44 * n as u64 + chunk_bytes;
         self.workspace = self.workspace.max(step_bytes);
         self.grads = grads;
         self.moved = moved;

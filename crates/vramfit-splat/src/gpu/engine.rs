@@ -139,7 +139,7 @@ impl<R: Runtime> Lean<R> {
         band_rows_requested: usize,
     ) -> Self {
         assert_eq!(target.len(), width * height * channels, "target must be [H, W, C]");
-        let target = Target::from_u8(&client, target);
+        let target = Target::from_u8(target, |bytes| client.create_from_slice(bytes));
         let window = ssim::window(&client);
         Self {
             client,
@@ -381,11 +381,16 @@ impl<R: Runtime> Lean<R> {
             let loss = ssim::band(
                 &self.client,
                 &self.window,
-                &render,
+                ssim::Rows {
+                    handle: &render,
+                    first_row: band.ry0,
+                    rows: band.ry1 - band.ry0,
+                },
                 &self.target,
                 image,
                 &band,
                 weights,
+                None,
                 |len| self.f32_buffer(len),
             );
             let part = self
