@@ -14,7 +14,7 @@
 
 use cubecl::bytes::Bytes;
 use cubecl::prelude::*;
-use cubecl::server::Handle;
+use cubecl::server::{Handle, ServerError};
 use std::sync::{Arc, Mutex};
 use vramfit::pools::Recorder;
 use vramfit_gauss::gpu::binning::{count_pairs, exclusive_scan, scatter_pairs};
@@ -76,6 +76,32 @@ pub struct Drawn {
     pub(crate) width: usize,
     pub(crate) height: usize,
     background: [f32; 3],
+}
+
+/// A read queued on the device ([`Renderer::read_later`]).
+pub struct PendingRead<'a> {
+    read: std::pin::Pin<Box<dyn std::future::Future<Output = Result<Vec<Bytes>, ServerError>> + Send + 'a>>,
+    lens: Vec<usize>,
+}
+
+impl PendingRead<'_> {
+    /// Waits for the read and appends each buffer's floats to the matching
+    /// output.
+    pub fn append_to(self, outs: &mut [Vec<f32>]) -> Result<(), DeviceError> {
+        assert_eq!(self.lens.len(), outs.len(), "one output a buffer");
+        let bytes = cubecl::future::block_on(self.read).map_err(DeviceError::runtime)?;
+        assert_eq!(bytes.len(), self.lens.len(), "one read a buffer");
+        for ((b, len), out) in bytes.iter().zip(&self.lens).zip(outs) {
+            let floats = f32::from_bytes(b);
+            assert!(
+                floats.len() >= *len,
+                "a buffer of {} floats read for {len}",
+                floats.len()
+            );
+            out.extend_from_slice(&floats[..*len]);
+        }
+        Ok(())
+    }
 }
 
 /// Gaussians a backward chunk starts at a multiple of: buffers are bound
@@ -554,20 +580,18 @@ impl<R: Runtime> Renderer<R> {
     /// one host copy from the transfer's buffer, where [`Self::download`]
     /// then `extend` made two.
     pub fn append_downloads(&self, parts: &[(Handle, usize)], outs: &mut [Vec<f32>]) -> Result<(), DeviceError> {
-        assert_eq!(parts.len(), outs.len(), "one output a buffer");
-        let bytes = cubecl::future::block_on(self.client.read_async(parts.iter().map(|(h, _)| h.clone()).collect()))
-            .map_err(DeviceError::runtime)?;
-        assert_eq!(bytes.len(), parts.len(), "one read a buffer");
-        for ((b, (_, len)), out) in bytes.iter().zip(parts).zip(outs) {
-            let floats = f32::from_bytes(b);
-            assert!(
-                floats.len() >= *len,
-                "a buffer of {} floats read for {len}",
-                floats.len()
-            );
-            out.extend_from_slice(&floats[..*len]);
+        self.read_later(parts).append_to(outs)
+    }
+
+    /// Starts reading each buffer's first `len` floats: the copies are
+    /// queued now, behind the device's queued work; [`PendingRead::append_to`]
+    /// waits for them. Until then the buffers stay held (the read keeps
+    /// them), so the allocator does not hand them out again.
+    pub fn read_later(&self, parts: &[(Handle, usize)]) -> PendingRead<'_> {
+        PendingRead {
+            read: Box::pin(self.client.read_async(parts.iter().map(|(h, _)| h.clone()).collect())),
+            lens: parts.iter().map(|(_, len)| *len).collect(),
         }
-        Ok(())
     }
 
     /// Reads `len` floats of a buffer back to the host.
