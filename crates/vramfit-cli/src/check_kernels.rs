@@ -89,6 +89,26 @@ mod kernel_check {
             );
             scene_reports.push(r);
         }
+        println!("\nThe scene's loss on the device (L1 + SSIM and its image gradient, against the host's):\n");
+        println!("| size | rows a band | target | loss gap | gradient gap | pass |");
+        println!("|---|---|---|---|---|---|");
+        let mut loss_reports = Vec::new();
+        for c in &scene_cases {
+            for (rows, eight_bit) in [(16, true), (c.height, false)] {
+                let r = scene::loss_gaps::<R>(&Default::default(), c, rows, eight_bit)
+                    .map_err(|e| anyhow!("device failure: {e}"))?;
+                println!(
+                    "| {}×{} | {rows} | {} | {:.1e} | {:.1e} | {} |",
+                    c.width,
+                    c.height,
+                    if eight_bit { "8-bit" } else { "f32" },
+                    r.loss_gap,
+                    r.gradient_gap,
+                    if r.passes() { "yes" } else { "NO" }
+                );
+                loss_reports.push(r);
+            }
+        }
         println!(
             "\nThe fused attention's kernels (against the CPU's fused attention and the standard attention here):\n"
         );
@@ -116,12 +136,18 @@ mod kernel_check {
             attention_reports.push(r);
         }
         if let Some(path) = out {
-            let json = serde_json::json!({ "image": reports, "scene": scene_reports, "attention": attention_reports });
+            let json = serde_json::json!({
+                "image": reports,
+                "scene": scene_reports,
+                "scene_loss": loss_reports,
+                "attention": attention_reports
+            });
             vramfit::run::atomic_write(&path, serde_json::to_string_pretty(&json)?.as_bytes())?;
         }
-        let total = reports.len() + scene_reports.len() + attention_reports.len();
+        let total = reports.len() + scene_reports.len() + loss_reports.len() + attention_reports.len();
         let failed = reports.iter().filter(|r| !r.passes()).count()
             + scene_reports.iter().filter(|r| !r.passes()).count()
+            + loss_reports.iter().filter(|r| !r.passes()).count()
             + attention_reports.iter().filter(|r| !r.passes()).count();
         if failed > 0 {
             bail!("{failed} of {total} cases outside tolerance");

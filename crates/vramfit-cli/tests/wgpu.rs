@@ -192,6 +192,14 @@ fn check_kernels_passes_on_wgpu_and_cpu_is_refused() {
         reports["scene"].as_array().unwrap().len() >= 5,
         "the scene renderer's cases too"
     );
+    assert!(
+        reports["scene_loss"].as_array().unwrap().len() >= 10,
+        "the scene's loss on the device, two ways a case"
+    );
+    assert!(
+        reports["attention"].as_array().unwrap().len() >= 8,
+        "the tiled attention's cases"
+    );
     let o = run(&["check-kernels", "--device", "cpu"], tmp.path());
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--device cuda or wgpu"));
 }

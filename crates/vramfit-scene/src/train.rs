@@ -196,9 +196,22 @@ pub fn loss_and_gradient(image: &[f32], target: &[f32], width: usize, height: us
         .iter()
         .zip(target)
         .zip(&d_ssim)
-        .map(|((x, y), s)| (1.0 - LAMBDA_SSIM) * (x - y).signum() / n + s)
+        .map(|((x, y), s)| (1.0 - LAMBDA_SSIM) * sign(x - y) / n + s)
         .collect();
     ((1.0 - LAMBDA_SSIM) * l1 + LAMBDA_SSIM * (1.0 - ssim), d_image)
+}
+
+/// −1, 0 or 1: L1's gradient is 0 where the render equals the target (as
+/// PyTorch's and the device kernel's are; `f32::signum` gives ±1 at ±0,
+/// which an 8-bit target met exactly by a background pixel exposed).
+fn sign(d: f32) -> f32 {
+    if d > 0.0 {
+        1.0
+    } else if d < 0.0 {
+        -1.0
+    } else {
+        0.0
+    }
 }
 
 /// The scene's extent: 1.1 × the largest distance of a training camera's

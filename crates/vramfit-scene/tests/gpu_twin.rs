@@ -36,15 +36,10 @@ fn the_loss_on_the_device_matches_the_host() {
         (&cases[2], 13, false),
         (&cases[4], 32, false),
     ] {
-        let [loss, grad] =
-            vramfit_scene::gpu::check::loss_gaps::<WgpuRuntime>(&WgpuDevice::default(), case, rows, eight_bit)
-                .expect("the device ran the loss");
-        eprintln!(
-            "{}×{} bands of {rows}, 8-bit {eight_bit}: loss gap {loss:e}, gradient gap {grad:e}",
-            case.width, case.height
-        );
-        assert!(loss <= 1e-5, "{case:?}: the loss differs by {loss:e}");
-        assert!(grad <= 1e-4, "{case:?}: the image gradient differs by {grad:e}");
+        let r = vramfit_scene::gpu::check::loss_gaps::<WgpuRuntime>(&WgpuDevice::default(), case, rows, eight_bit)
+            .expect("the device ran the loss");
+        eprintln!("{r:?}");
+        assert!(r.passes(), "{case:?}: {r:?}");
     }
 }
 
