@@ -28,6 +28,12 @@
 #              path (probes, verification, the run held to the budget)
 #   steps      the scene's whole training steps alone (the first half of
 #              `scene`), with the host's copies and Adam timed apart
+#   speed      issue 46's three in one call of about six minutes: kernels
+#              (the tiled attention's and the scene loss's twin checks among
+#              them), attention (the tiled fused attention against SDPA and
+#              the standard attention) and steps (host moments with the
+#              pipelined reads; the scene's step with its loss on the device,
+#              against the third lease's table at the same command)
 #   ranks      scripts/gpu-ranks.sh: one rank against two on CUDA (sharing
 #              the GPU where there is one), then --ranks 2 --budget; needs
 #              a binary built with --features cuda,mpi (not the build
@@ -56,6 +62,7 @@ log() { echo "[$(date +%T)] $*" | tee -a "$out/gpu-all.log"; }
 { nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; lscpu | head -20; } > "$out/machine.txt" 2>&1
 
 parts=${PARTS:-kernels splat profiler transformer}
+if [[ " $parts " == *" speed "* ]]; then parts="$parts kernels attention steps"; fi
 wants() { [[ " $parts " == *" $1 "* ]]; }
 
 if wants kernels; then

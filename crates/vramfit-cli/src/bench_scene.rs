@@ -230,7 +230,7 @@ mod device {
         let mut step_table = String::new();
         if !steps.is_empty() {
             step_table.push_str(
-                "\nWhole training steps (3; a random scene, the loss on the host):\n\n| Gaussians | SH degree | moments | SH stored | state allocated | \
+                "\nWhole training steps (3; a random scene, the loss on the device):\n\n| Gaussians | SH degree | moments | SH stored | state allocated | \
                  parameters B/Gaussian | optimizer state (device) B/Gaussian | workspace high-water MiB | reserved peak \
                  MiB | reserved B/Gaussian | moved per step MiB | step ms (median) | of it: copies ms, host Adam ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
             );

@@ -179,7 +179,7 @@ pub fn measure<R: Runtime>(device: &R::Device, case: &MemoryCase) -> Result<Memo
 
 /// What whole training steps of a scene took on the device's allocator
 /// (the planner's probe): a [`DeviceFit`] holding a random scene, each step
-/// a render, the loss on the host, the backward and Adam.
+/// a render, the loss, the backward and Adam.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct StepMemory {
     /// The case.
