@@ -152,7 +152,7 @@ fn forward_tiles(
             end = u32::min(s, first + UNITS);
             mine = i + 1;
         }
-        let tiles = (end + bk32 - 1) / bk32;
+        let tiles = end.div_ceil(bk32);
         for tile in 0..tiles {
             let j0 = tile * bk32;
             load_tile(k, &mut kt, head * s, j0, s, 1.0, bk, dh);
@@ -252,7 +252,7 @@ fn backward_query_tiles(
             end = u32::min(s, first + UNITS);
             mine = i + 1;
         }
-        let tiles = (end + bk32 - 1) / bk32;
+        let tiles = end.div_ceil(bk32);
         for tile in 0..tiles {
             let j0 = tile * bk32;
             load_tile(k, &mut kt, head * s, j0, s, 1.0, bk, dh);
@@ -339,7 +339,7 @@ fn backward_key_tiles(
         if comptime!(causal) {
             start = u32::min(first, t);
         }
-        let tiles = (t - start + bq32 - 1) / bq32;
+        let tiles = (t - start).div_ceil(bq32);
         for tile in 0..tiles {
             let i0 = start + tile * bq32;
             // Queries scaled as the forward scales them, so the score is
