@@ -427,8 +427,9 @@ impl Band {
 
     /// The image in bands of `rows` rows.
     pub fn all(height: usize, rows: usize) -> impl Iterator<Item = Band> {
+        let rows = rows.max(1);
         (0..height)
-            .step_by(rows.max(1))
+            .step_by(rows)
             .map(move |y0| Band::new(y0, (y0 + rows).min(height), height))
     }
 }
@@ -456,8 +457,6 @@ pub struct BandLoss<S> {
     pub cubes: usize,
     /// The render's gradient in a band buffer of its own.
     pub d_render: Option<S>,
-    /// Whether a gradient was written (here or into the caller's buffer).
-    pub written: bool,
 }
 
 /// Image rows of a render on the device: `handle` holds rows
@@ -565,7 +564,6 @@ pub fn band<R: Runtime, S: Deref<Target = Handle>>(
             partials,
             cubes,
             d_render: None,
-            written: false,
         };
     };
     let hc3 = scratch(3 * c_len);
@@ -613,7 +611,6 @@ pub fn band<R: Runtime, S: Deref<Target = Handle>>(
         partials,
         cubes,
         d_render: own,
-        written: true,
     }
 }
 
