@@ -94,13 +94,14 @@ mod kernel_check {
         println!("|---|---|---|---|---|---|");
         let mut loss_reports = Vec::new();
         for c in &scene_cases {
-            for (rows, eight_bit) in [(16, true), (c.height, false)] {
+            for (rows, eight_bit) in [(Some(16), true), (None, false)] {
                 let r = scene::loss_gaps::<R>(&Default::default(), c, rows, eight_bit)
                     .map_err(|e| anyhow!("device failure: {e}"))?;
                 println!(
-                    "| {}×{} | {rows} | {} | {:.1e} | {:.1e} | {} |",
+                    "| {}×{} | {} | {} | {:.1e} | {:.1e} | {} |",
                     c.width,
                     c.height,
+                    r.band_rows,
                     if eight_bit { "8-bit" } else { "f32" },
                     r.loss_gap,
                     r.gradient_gap,

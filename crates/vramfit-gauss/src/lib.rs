@@ -8,7 +8,8 @@
 //! - [`ssim`]: SSIM and its gradient (the CPU twin of the GPU loss);
 //! - [`picture`]: images in and out, with errors that say what to do;
 //! - `gpu` (feature `gpu`): CubeCL launch helpers, the binning kernels,
-//!   a device error type and the measure a GPU-versus-twin check uses.
+//!   the banded SSIM + L1 loss kernels, a device error type and the
+//!   measure a GPU-versus-twin check uses.
 
 mod device;
 #[cfg(feature = "gpu")]

@@ -253,7 +253,8 @@ impl Workload for SceneJob {
     }
     fn accounted(&self) -> Accounted {
         if let Some([parameters, gradients, optimizer_state, workspace]) = self.fit.device_bytes() {
-            // The views stay on the host; the loss reads them there.
+            // The views stay on the host; the loss sends each step's up
+            // and drops it after (in the workspace).
             return Accounted {
                 parameters,
                 gradients,

@@ -29,18 +29,39 @@ fn scene_kernels_match_the_cpu_twin() {
 /// not tile multiples.
 #[test]
 fn the_loss_on_the_device_matches_the_host() {
+    use vramfit_scene::gpu::check::{Case, loss_gaps};
+    use vramfit_scene::gpu::loss::band_rows;
+    use vramfit_scene::sh_storage::ShStorage;
+
     let cases = standard_cases();
+    // A view as short as a dataset allows (8 rows: fewer than a band's
+    // least), in the bands the loss picks itself.
+    let short = Case {
+        width: 24,
+        height: 8,
+        gaussians: 30,
+        degree: 1,
+        seed: 9,
+        sh: ShStorage::F32,
+    };
     for (case, rows, eight_bit) in [
-        (&cases[1], 1000, true),
-        (&cases[2], 8, true),
-        (&cases[2], 13, false),
-        (&cases[4], 32, false),
+        (&cases[1], Some(1000), true),
+        (&cases[2], Some(8), true),
+        (&cases[2], Some(13), false),
+        (&cases[4], Some(32), false),
+        (&short, None, true),
+        (&cases[4], None, false),
     ] {
-        let r = vramfit_scene::gpu::check::loss_gaps::<WgpuRuntime>(&WgpuDevice::default(), case, rows, eight_bit)
-            .expect("the device ran the loss");
+        let r =
+            loss_gaps::<WgpuRuntime>(&WgpuDevice::default(), case, rows, eight_bit).expect("the device ran the loss");
         eprintln!("{r:?}");
         assert!(r.passes(), "{case:?}: {r:?}");
     }
+    // The loss's own bands: the whole of a short view, 116 rows at 720p
+    // (planes within 16 MiB), no fewer than 64 at 4K.
+    assert_eq!(band_rows(24, 8), 8);
+    assert_eq!(band_rows(1280, 720), 116);
+    assert_eq!(band_rows(3840, 2160), 64);
 }
 
 /// The device's Adam kernel and the host's Adam (what `--moments host`

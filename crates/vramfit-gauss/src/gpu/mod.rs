@@ -1,5 +1,6 @@
 //! The CubeCL side both workloads share: launch shapes, buffers as kernel
-//! arguments, the binning kernels, and the measure by
+//! arguments, the binning kernels, the banded SSIM + L1 loss ([`ssim`]),
+//! and the measure by
 //! which a GPU result is compared with its CPU twin.
 
 pub mod binning;

@@ -341,8 +341,9 @@ impl Target {
     }
 
     /// Values in `[0, 1]`: packed as bytes where every value is exactly
-    /// `byte / 255` in f32 (an 8-bit image read as floats, so the kernels
-    /// read back the same values), else kept as f32.
+    /// `byte / 255` in f32 (an 8-bit image read as floats; the kernels
+    /// divide by 255 again, to within the device's division), else kept
+    /// as f32.
     pub fn from_f32(values: &[f32], make: impl FnOnce(&[u8]) -> Handle) -> Self {
         let bytes: Option<Vec<u8>> = values
             .iter()

@@ -222,7 +222,8 @@ pub fn run_case<R: Runtime>(device: &R::Device, case: &Case) -> Result<CaseRepor
     })
 }
 
-/// The loss on the device ([`Renderer::loss`], in bands of `band_rows`)
+/// The loss on the device ([`Renderer::loss`], in bands of `band_rows`,
+/// or of its own choosing when `None`)
 /// against the host's ([`crate::train::loss_and_gradient`]) for `case`'s
 /// render: the loss's relative gap and the image gradient's largest gap
 /// over its largest value. The target is 8-bit (as an image file's) when
@@ -230,7 +231,7 @@ pub fn run_case<R: Runtime>(device: &R::Device, case: &Case) -> Result<CaseRepor
 pub fn loss_gaps<R: Runtime>(
     device: &R::Device,
     case: &Case,
-    band_rows: usize,
+    band_rows: Option<usize>,
     eight_bit: bool,
 ) -> Result<LossReport, String> {
     let params = random_scene(case);
@@ -247,13 +248,16 @@ pub fn loss_gaps<R: Runtime>(
     let buffers = renderer.upload_as(&s, case.sh);
     let drawn = renderer.render(&buffers, &camera, [0.2, 0.1, 0.3])?;
     let image = renderer.download(&drawn.image, target.len())?;
-    let on_device = renderer.loss_in_bands(&drawn, &target, band_rows)?;
+    let on_device = match band_rows {
+        Some(rows) => renderer.loss_in_bands(&drawn, &target, rows)?,
+        None => renderer.loss(&drawn, &target)?,
+    };
     let d_image = renderer.download(&on_device.d_image, target.len())?;
     let (loss, d_host) = crate::train::loss_and_gradient(&image, &target, case.width, case.height);
     Ok(LossReport {
         width: case.width,
         height: case.height,
-        band_rows,
+        band_rows: band_rows.unwrap_or_else(|| super::loss::band_rows(case.width, case.height)),
         eight_bit,
         loss_gap: ((on_device.loss - loss).abs() / loss.abs().max(1e-12)) as f64,
         gradient_gap: max_relative_error(&d_image, &d_host),

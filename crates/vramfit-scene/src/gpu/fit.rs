@@ -7,12 +7,13 @@
 //!
 //! With [`Moments::Host`] Adam's moments stay in host memory: the backward
 //! runs chunk by chunk ([`CHUNK`] Gaussians), each chunk's gradients come
-//! down, and Adam runs on the host ([`vramfit::optim::HostAdam`], the same arithmetic as
-//! the device kernel), which writes the parameters back chunk by chunk. The
-//! device then holds the parameters, one chunk's gradients, the render and
+//! down (read while the next chunk is made), and Adam runs on the host
+//! ([`vramfit::optim::HostAdam`], the same arithmetic as the device
+//! kernel), which writes the parameters back in parts. The device then
+//! holds the parameters, two chunks' gradients, the render and
 //! densification's statistics: 484 of a degree-3 Gaussian's 968 bytes of
-//! state (parameters, gradients, moments) leave it, and so do all but one
-//! chunk of the gradients.
+//! state (parameters, gradients, moments) leave it, and so do all but two
+//! chunks of the gradients.
 //!
 //! With the SH groups stored in 16 bits ([`ShStorage`], moments on the
 //! host) the device holds each SH coefficient as the rounded copy of the
@@ -286,8 +287,7 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
                 (Some(grads), screen)
             }
             Some(host) => {
-                // Chunk by chunk: each chunk's gradients come down before
-                // the next chunk's are made.
+                // Chunk by chunk, each chunk's gradients coming down.
                 let widths = s.widths();
                 let acc = r.backward_screen(&drawn, &d_image);
                 let screen = r.empty(2 * n);
@@ -344,9 +344,9 @@ impl<R: Runtime> SceneDevice for DeviceFit<R> {
             );
         }
         // The render's buffers, the loss's (the target, the image gradient,
-        // one band's SSIM planes), the backward's accumulator (9 floats a
+        // one band's SSIM planes, every band's partial sums), the backward's accumulator (9 floats a
         // Gaussian), the screen gradients, and with the moments on the host
-        // one chunk's gradients.
+        // two chunks' gradients (one being read, one being made).
         let step_bytes =
             drawn.bytes(n) + super::loss::scratch_bytes(camera.width, camera.height) + 44 * n as u64 + chunk_bytes;
         self.workspace = self.workspace.max(step_bytes);

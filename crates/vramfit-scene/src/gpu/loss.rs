@@ -9,12 +9,13 @@
 //!
 //! The gradient is made a band of rows at a time into one image-sized
 //! buffer (the backward wants the whole image's), so the SSIM planes take
-//! at most about [`BAND_BYTES`] whatever the image.
+//! at most about [`BAND_BYTES`] (more only where a band's [`FEWEST_ROWS`]
+//! rows of a very wide image take more).
 
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 use vramfit_gauss::DeviceError;
-use vramfit_gauss::gpu::ssim::{self, Band, Buffer, Image, RADIUS, Rows, Target, Weights};
+use vramfit_gauss::gpu::ssim::{self, Band, Buffer, Image, RADIUS, Rows, TAPS, Target, Weights};
 
 use super::engine::{Drawn, Renderer};
 use crate::train::LAMBDA_SSIM;
@@ -24,19 +25,27 @@ use crate::train::LAMBDA_SSIM;
 /// coefficients and their three blurs).
 pub const BAND_BYTES: usize = 16 << 20;
 
-/// Floats a row of an image `width` pixels wide takes in the band's planes
-/// at their fullest: 5 statistics planes (rows plus `4R`) and 3
-/// coefficient planes (rows plus `2R`), alive together.
-fn band_rows(width: usize, height: usize) -> usize {
+/// Fewest rows a band takes: each band's statistics reach `2R` rows past
+/// it on both sides, so at 64 rows the halo adds under a third of the
+/// work, whatever the image's width.
+const FEWEST_ROWS: usize = 64;
+
+/// Rows a band of an image `width × height` takes: as many as keep its
+/// planes at their fullest (5 statistics planes over the rows plus `4R`
+/// beside 3 coefficient planes over the rows plus `2R`) within
+/// [`BAND_BYTES`], at least [`FEWEST_ROWS`], at most the image.
+pub fn band_rows(width: usize, height: usize) -> usize {
     let per_row = 8 * 3 * width * 4;
     (BAND_BYTES / per_row.max(1))
         .saturating_sub(4 * RADIUS)
-        .clamp(16, height.max(1))
+        .max(FEWEST_ROWS)
+        .min(height.max(1))
 }
 
 /// The most device bytes the loss's scratch takes at once for an image of
 /// `width × height`: the target (as f32 at most), the image-sized
-/// gradient, one band's planes and its partial sums.
+/// gradient, the window, one band's planes, and every band's partial sums
+/// (kept until they are read back together).
 pub fn scratch_bytes(width: usize, height: usize) -> u64 {
     let rows = band_rows(width, height);
     let row = 3 * width;
@@ -45,8 +54,9 @@ pub fn scratch_bytes(width: usize, height: usize) -> u64 {
         (rows + 2 * RADIUS).min(height) * row,
     );
     let planes = (5 * r + 3 * c).max(6 * c);
-    let partials = 3 * c.div_ceil(vramfit_gauss::gpu::UNITS as usize);
-    4 * (2 * height * row + planes + partials) as u64
+    let bands = height.div_ceil(rows).max(1);
+    let partials = bands * 3 * c.div_ceil(vramfit_gauss::gpu::UNITS as usize);
+    4 * (2 * height * row + TAPS as usize + planes + partials) as u64
 }
 
 /// What a step's loss left on the device and moved.
@@ -110,11 +120,14 @@ impl<R: Runtime> Renderer<R> {
                 (out.partials, out.cubes)
             })
             .collect();
+        // Every band's partial sums in one read, one wait.
+        let parts: Vec<_> = partials.into_iter().map(|(b, cubes)| (b.0, 3 * cubes)).collect();
+        let read = 4 * parts.iter().map(|(_, len)| *len as u64).sum::<u64>();
+        let mut sums_read = vec![Vec::new(); parts.len()];
+        self.read_later(&parts).append_to(&mut sums_read)?;
         let mut sums = [0.0f64; 3];
-        let mut read = 0;
-        for (buffer, cubes) in &partials {
-            ssim::add_partials(&self.download(buffer, 3 * cubes)?, &mut sums);
-            read += 12 * *cubes as u64;
+        for band in &sums_read {
+            ssim::add_partials(band, &mut sums);
         }
         let n = values as f64;
         let (ssim_mean, l1) = (sums[0] / n, sums[1] / n);
