@@ -265,8 +265,10 @@ impl<B: Backend> Block<B, 3> for GptBlock<B> {
         let (q, k, v) = (heads(0), heads(1), heads(2));
         let scale = 1.0 / (dh as f64).sqrt();
         let mixed = if self.fused_attention {
-            // No score tensor: recomputed row by row in the backward (in f32).
-            vramfit::fused::attention(ac.full(q), ac.full(k), ac.full(v), scale, true)
+            // No score tensor: recomputed row by row in the backward (in
+            // f32 inside; Q, K, V and the output kept in the low type where
+            // the kernels read it, as the standard path's products do).
+            vramfit::fused::attention(ac.low(q), ac.low(k), ac.low(v), scale, true)
         } else {
             let scores = ac.full(ac.matmul(q, k.swap_dims(2, 3))); // [b, h, t, t]
             // Scale, causal mask and softmax as one operation on the CPU

@@ -773,7 +773,9 @@ impl<B: Backend> Block<B, 3> for LlamaBlock<B> {
         let v = self.shared(split(&self.v, self.kv_heads));
         let scale = 1.0 / (dh as f64).sqrt();
         let mixed = if self.fused_attention {
-            vramfit::fused::attention(q, k, ac.full(v), scale, true)
+            // Q and K rounded to the low type after the rotation, as the
+            // standard path's product rounds them.
+            vramfit::fused::attention(ac.low(q), ac.low(k), ac.low(v), scale, true)
         } else {
             let scores = ac.full(ac.matmul(q, k.swap_dims(2, 3))); // [b, h, t, t]
             let attn = vramfit::fused::causal_softmax(scores, scale);

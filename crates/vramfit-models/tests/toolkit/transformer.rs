@@ -72,7 +72,8 @@ fn plain_gradients<B: AutodiffBackend>(model: &Gpt<B>, batch: &TokenBatch<B>, ac
 }
 
 /// The same weights with `attention = fused`: the same loss and every
-/// parameter's gradient, in f32 and (where the device has it) bf16.
+/// parameter's gradient, in f32 and (where the device has them) bf16 and
+/// f16 (on wgpu and CUDA the kernels then read Q, K and V in that type).
 fn fused_attention_gives_the_standard_gradients<B: AutodiffBackend>() {
     let device = Default::default();
     let standard = tiny();
@@ -82,7 +83,7 @@ fn fused_attention_gives_the_standard_gradients<B: AutodiffBackend>() {
     };
     let (a, b) = (standard.init::<B>(3, &device), fused.init::<B>(3, &device));
     let batch = task(&standard).batch(0, 4, &device);
-    for precision in [Precision::F32, Precision::Bf16]
+    for precision in [Precision::F32, Precision::Bf16, Precision::F16]
         .into_iter()
         .filter(|p| supports::<B>(*p))
     {
@@ -98,7 +99,9 @@ fn fused_attention_gives_the_standard_gradients<B: AutodiffBackend>() {
         // f32: the fused attention sums in another order (measured 3.2e-7 on
         // Flex), and on CUDA the standard path's products run on TF32
         // (measured 2.6e-4 on an H200); bf16: the standard path's score
-        // products are in bf16, the fused one's in f32 (measured 4.2e-3).
+        // products are in bf16, the fused one's in f32 (measured 4.2e-3);
+        // f16 measured 5.6e-4 on Flex (widened for the CPU's fused
+        // attention) and 5.3e-4 on lavapipe (read as f16 by the kernels).
         let tf32 = vramfit::fused::check::may_use_tf32(&B::name(&device));
         let tolerance = match precision {
             Precision::F32 if tf32 => 2e-3,
@@ -127,19 +130,22 @@ fn fused_attention_matches_the_cpu_and_the_standard_attention<B: AutodiffBackend
     } else {
         1e-4
     };
-    for case in check::standard_cases() {
+    let cases = check::standard_cases();
+    assert!(cases.iter().any(|c| c.inputs != vramfit::precision::Precision::F32));
+    for case in cases.into_iter().filter(|c| c.runs_on::<B>()) {
         let r = check::run_case::<B>(&case);
+        eprintln!("{:?} {}×{}: to the CPU {:?}", case.inputs, case.queries, case.keys, r.to_cpu);
         assert!(r.fused_kernel, "{case:?}: no fused kernel on this backend");
         assert!(r.plain_forward_equal, "{case:?}: the forward without autodiff differs");
         assert!(r.non_trivial, "{case:?}: a compared tensor is all ~0");
         for (i, name) in check::CaseReport::NAMES.iter().enumerate() {
             assert!(
-                r.to_cpu[i] <= 1e-4,
+                r.to_cpu[i] <= 1e-4 + case.rounding(),
                 "{case:?}: {name} differs from the CPU's fused by {:e}",
                 r.to_cpu[i]
             );
             assert!(
-                r.to_standard[i] <= to_standard,
+                r.to_standard[i] <= to_standard + case.rounding(),
                 "{case:?}: {name} differs from the standard by {:e}",
                 r.to_standard[i]
             );
@@ -153,7 +159,7 @@ fn checkpointed_gradients_equal_plain_gradients<B: AutodiffBackend>() {
     let config = tiny();
     let model = config.init::<B>(3, &device);
     let batch = task(&config).batch(0, 4, &device);
-    for precision in [Precision::F32, Precision::Bf16]
+    for precision in [Precision::F32, Precision::Bf16, Precision::F16]
         .into_iter()
         .filter(|p| supports::<B>(*p))
     {

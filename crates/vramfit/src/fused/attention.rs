@@ -17,9 +17,12 @@ use super::*;
 /// masked for query `i < j` when `causal` (then `t` must equal `s`). On
 /// Flex and CubeCL (wgpu, CUDA), with or without autodiff, the fused
 /// operation; elsewhere [`attention_reference`] (Burn's operations, which
-/// keep the scores). f16 and bf16 inputs (all three the same type) are
-/// widened to f32 for it (f32 accumulation; it then keeps Q, K and V in
-/// f32) and the output is given back in their type.
+/// keep the scores). f16 and bf16 inputs (all three the same type): the
+/// CubeCL kernels read them as they are and write the output and the
+/// gradients in their type (f32 inside: scores, softmax, accumulators,
+/// log-sum-exps); for the CPU's fused attention they are widened to f32
+/// (it then keeps f32 copies of Q, K and V) and the output is given back
+/// in their type.
 pub fn attention<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
@@ -47,21 +50,15 @@ pub fn attention<B: Backend>(
         q.dims(),
         k.dims()
     );
-    let low = q.dtype();
-    if matches!(low, DType::F16 | DType::BF16) && k.dtype() == low && v.dtype() == low && Attention::is_fused_on::<B>()
-    {
-        let wide = |t: Tensor<B, 4>| t.cast(burn::tensor::FloatDType::F32);
-        return attention(wide(q), wide(k), wide(v), scale, causal).cast(low);
-    }
     let (scale, qkv) = (scale as f32, (q, k, v));
-    let qkv = match on::<B, Cpu>(qkv, |q, k, v| attention_cpu(q, k, v, scale, causal)) {
+    let qkv = match on::<B, Cpu>(qkv, WIDE, |q, k, v| attention_cpu(q, k, v, scale, causal)) {
         Ok(out) => return out,
         Err(qkv) => qkv,
     };
     // Without autodiff (a checkpointed block's first forward runs on the
     // inner backend): the same forward, or Burn's operations would hold
     // every head's scores at once for the call.
-    let qkv = match on::<B, Flex>(qkv, |q, k, v| forward_flex(q, k, v, scale, causal)) {
+    let qkv = match on::<B, Flex>(qkv, WIDE, |q, k, v| forward_flex(q, k, v, scale, causal)) {
         Ok(out) => return out,
         Err(qkv) => qkv,
     };
@@ -76,20 +73,37 @@ pub fn attention<B: Backend>(
         Err(qkv) => qkv,
     };
     let (q, k, v) = qkv;
+    let low = q.dtype();
+    if matches!(low, DType::F16 | DType::BF16) && k.dtype() == low && v.dtype() == low && Attention::is_fused_on::<B>()
+    {
+        // The CPU's fused attention reads f32: widened for it (f32 copies
+        // of Q, K and V kept for the backward), the output given back low.
+        let wide = |t: Tensor<B, 4>| t.cast(burn::tensor::FloatDType::F32);
+        return attention(wide(q), wide(k), wide(v), scale as f64, causal).cast(low);
+    }
     attention_reference(q, k, v, scale as f64, causal)
 }
+
+/// The input types the CPU's fused attention reads.
+const WIDE: &[DType] = &[DType::F32];
+
+/// The input types the CubeCL kernels read (f32 accumulation inside).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+const ANY_FLOAT: &[DType] = &[DType::F32, DType::F16, DType::BF16];
 
 /// Queries, keys and values.
 type Qkv<B> = (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>);
 
-/// `f` on the three as f32 tensors of backend `C`, where `B` is `C` and
-/// they are f32; else the three back.
+/// `f` on the three as tensors of backend `C`, where `B` is `C` and the
+/// three share one of `dtypes`; else the three back.
 fn on<B: Backend, C: Backend>(
     (q, k, v): Qkv<B>,
+    dtypes: &[DType],
     f: impl FnOnce(Tensor<C, 4>, Tensor<C, 4>, Tensor<C, 4>) -> Tensor<C, 4>,
 ) -> Result<Tensor<B, 4>, Qkv<B>> {
     let same = std::any::TypeId::of::<B>() == std::any::TypeId::of::<C>();
-    if !same || [q.dtype(), k.dtype(), v.dtype()] != [DType::F32; 3] {
+    let dtype = q.dtype();
+    if !same || !dtypes.contains(&dtype) || k.dtype() != dtype || v.dtype() != dtype {
         return Err((q, k, v));
     }
     let as_c = |t: Tensor<B, 4>| downcast::<_, Tensor<C, 4>>(t).unwrap_or_else(|_| unreachable!("B is C"));
@@ -104,8 +118,8 @@ fn on_cube<B: Backend, R: burn_cubecl::CubeRuntime>(
     causal: bool,
 ) -> Result<Tensor<B, 4>, Qkv<B>> {
     use super::cube::{self, Cube};
-    on::<B, Autodiff<Cube<R>>>(qkv, |q, k, v| cube::attention(q, k, v, scale, causal))
-        .or_else(|qkv| on::<B, Cube<R>>(qkv, |q, k, v| cube::forward_only(q, k, v, scale, causal)))
+    on::<B, Autodiff<Cube<R>>>(qkv, ANY_FLOAT, |q, k, v| cube::attention(q, k, v, scale, causal))
+        .or_else(|qkv| on::<B, Cube<R>>(qkv, ANY_FLOAT, |q, k, v| cube::forward_only(q, k, v, scale, causal)))
 }
 
 /// The fused forward alone, on Flex without autodiff.
@@ -159,9 +173,8 @@ pub enum Attention {
 
 impl Attention {
     /// Whether [`attention`] is the fused operation on backend `B` (for
-    /// f32 inputs: a model that widens Q, K and V to f32 for it, as the
-    /// transformer does, has it at every precision); elsewhere it is
-    /// Burn's operations, which keep the scores.
+    /// f32, f16 and bf16 inputs alike); elsewhere it is Burn's operations,
+    /// which keep the scores.
     pub fn is_fused_on<B: Backend>() -> bool {
         #[allow(unused_mut)]
         let mut cube = false;

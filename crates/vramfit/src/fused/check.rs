@@ -9,6 +9,7 @@ use burn::tensor::backend::AutodiffBackend;
 use serde::Serialize;
 
 use super::{Attention, attention, attention_reference};
+use crate::precision::{Precision, cast_to};
 
 /// One attention call's shape.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -27,6 +28,10 @@ pub struct Case {
     pub value_width: usize,
     /// Key `j` masked for query `i < j`.
     pub causal: bool,
+    /// The type of Q, K, V (and so of the output and the gradients). In
+    /// f16 and bf16 the twins run in f32 on the same values (rounded to the
+    /// type), so the gap is the kernel's plus one rounding of the result.
+    pub inputs: Precision,
 }
 
 impl Case {
@@ -40,23 +45,46 @@ impl Case {
             head_width,
             value_width,
             causal,
+            inputs: Precision::F32,
         }
+    }
+
+    /// The case with Q, K and V in `inputs`.
+    const fn with(self, inputs: Precision) -> Self {
+        Self { inputs, ..self }
+    }
+
+    /// Whether backend `B`'s default device has the case's input type.
+    pub fn runs_on<B: Backend>(&self) -> bool {
+        B::supports_dtype(&Default::default(), burn::tensor::DType::from(self.inputs.dtype()))
     }
 
     /// The largest relative gap to the CPU's fused attention allowed: both
     /// sum in f32 over the keys, in different orders, so the gap grows
     /// like the square root of their count.
     pub fn tolerance(&self) -> f32 {
-        1e-4 * (self.keys.max(self.queries) as f32 / 128.0).sqrt().max(1.0)
+        1e-4 * (self.keys.max(self.queries) as f32 / 128.0).sqrt().max(1.0) + self.rounding()
+    }
+
+    /// What one rounding of a result to the input type adds to a gap: half
+    /// a unit in the last place, relative (f16 2⁻¹¹, bf16 2⁻⁸), twice.
+    pub fn rounding(&self) -> f32 {
+        match self.inputs {
+            Precision::F32 => 0.0,
+            Precision::F16 => 2f32.powi(-10),
+            Precision::Bf16 => 2f32.powi(-7),
+        }
     }
 }
 
 /// Causal and not, head widths 16 to 128, lengths that are multiples of
 /// no tile (past one block of 64 rows, and several key tiles: 16 rows at
 /// width 128 + 128, 32 at 64 + 64, 64 at 32 + 32), more keys than queries
-/// and fewer, a value width of its own: small enough for a software device.
+/// and fewer, a value width of its own, and three of them in f16 and bf16
+/// (a caller skips the types its device lacks, [`Case::runs_on`]): small
+/// enough for a software device.
 pub fn standard_cases() -> Vec<Case> {
-    [
+    let f32_cases = [
         (2, 3, 7, 7, 16, 16, true),
         (1, 2, 70, 70, 64, 64, true),
         (2, 1, 13, 29, 24, 40, false),
@@ -66,9 +94,11 @@ pub fn standard_cases() -> Vec<Case> {
         (1, 2, 130, 77, 32, 32, false),
         (2, 1, 67, 150, 96, 64, false),
     ]
-    .into_iter()
-    .map(Case::new)
-    .collect()
+    .map(Case::new);
+    let sixteen_bit = [2, 5, 7].into_iter().flat_map(|i| {
+        [Precision::F16, Precision::Bf16].map(|p| f32_cases[i].with(p))
+    });
+    f32_cases.into_iter().chain(sixteen_bit).collect()
 }
 
 /// Lengths a GPU trains at (thousands of rows, many cubes).
@@ -119,7 +149,7 @@ impl CaseReport {
             && self.plain_forward_equal
             && self.non_trivial
             && self.to_cpu.iter().all(|g| *g <= tol)
-            && self.to_standard.iter().all(|g| *g <= STANDARD_TOLERANCE)
+            && self.to_standard.iter().all(|g| *g <= STANDARD_TOLERANCE + self.case.rounding())
     }
 }
 
@@ -135,11 +165,12 @@ pub fn may_use_tf32(name: &str) -> bool {
     name.to_ascii_lowercase().contains("cuda")
 }
 
-/// Runs one case on backend `B` (its default device) and on the CPU.
+/// Runs one case on backend `B` (its default device) and on the CPU; the
+/// twins in f32 on the case's values.
 pub fn run_case<B: AutodiffBackend>(case: &Case) -> CaseReport {
-    let here = run::<B>(case, true);
-    let standard = run::<B>(case, false);
-    let cpu = run::<crate::backends::Flex>(case, true);
+    let here = run::<B>(case, true, case.inputs);
+    let standard = run::<B>(case, false, Precision::F32);
+    let cpu = run::<crate::backends::Flex>(case, true, Precision::F32);
     let gap = |a: &[f32], b: &[f32]| {
         a.iter()
             .zip(b)
@@ -164,8 +195,8 @@ struct Run {
 }
 
 /// Output and the gradients of Q, K, V of `Σ up · attention(q, k, v)` on
-/// `B`, fused or standard.
-fn run<B: AutodiffBackend>(case: &Case, fused: bool) -> Run {
+/// `B`, fused or standard, with the case's values in `dtype`.
+fn run<B: AutodiffBackend>(case: &Case, fused: bool, dtype: Precision) -> Run {
     let _graph = crate::grads::graph_lock();
     let device = Default::default();
     let Case {
@@ -176,13 +207,14 @@ fn run<B: AutodiffBackend>(case: &Case, fused: bool) -> Run {
         head_width: dh,
         value_width: dv,
         causal,
+        inputs,
     } = *case;
     let shapes = [[b, h, t, dh], [b, h, s, dh], [b, h, s, dv], [b, h, t, dv]];
     let tensor = |i: usize| {
-        Tensor::<B, 4>::from_data(
-            TensorData::new(values(shapes[i].iter().product(), i as u64 + 1), shapes[i]),
-            &device,
-        )
+        let values = values(shapes[i].iter().product(), i as u64 + 1);
+        let exact = values.into_iter().map(|x| inputs.round(x)).collect::<Vec<_>>();
+        let wide = Tensor::<B, 4>::from_data(TensorData::new(exact, shapes[i]), &device);
+        cast_to(wide, dtype.dtype())
     };
     let (q, k, v, up) = (
         tensor(0).require_grad(),
@@ -191,7 +223,12 @@ fn run<B: AutodiffBackend>(case: &Case, fused: bool) -> Run {
         tensor(3),
     );
     let scale = 1.0 / (dh as f64).sqrt();
-    let host = |t: Tensor<B::InnerBackend, 4>| t.into_data().into_vec::<f32>().expect("f32 values");
+    let host = |t: Tensor<B::InnerBackend, 4>| {
+        cast_to(t, burn::tensor::FloatDType::F32)
+            .into_data()
+            .into_vec::<f32>()
+            .expect("f32 values")
+    };
     let out = if fused {
         attention(q.clone(), k.clone(), v.clone(), scale, causal)
     } else {

@@ -18,8 +18,11 @@
 //! many rows as fit in 16 KiB of shared memory (wgpu's default limit), at
 //! most one a unit.
 //!
-//! Not yet: tensor cores (the tile products are scalar f32) and 16-bit
-//! inputs (the caller widens them to f32 first).
+//! Inputs in f32, f16 or bf16 (the element type is a launch argument):
+//! read into f32 (shared memory, a unit's row and accumulators, the
+//! log-sum-exps and δ are f32), the output and gradients written in the
+//! inputs' type, so 16-bit attention keeps 16-bit Q, K, V and O for the
+//! backward. Not yet: tensor cores (the tile products are scalar f32).
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -63,8 +66,8 @@ fn cube_index() -> u32 {
 /// unit a stride of the values, scaled by `scale`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn load_tile(
-    from: &Array<f32>,
+fn load_tile<F: Float>(
+    from: &Array<F>,
     tile: &mut SharedMemory<f32>,
     base: u32,
     first: u32,
@@ -80,7 +83,7 @@ fn load_tile(
             let r = (e / width) as u32;
             let mut x = 0.0f32;
             if first + r < count {
-                x = from[((base + first + r) as usize) * width + e % width] * scale;
+                x = f32::cast_from(from[((base + first + r) as usize) * width + e % width]) * scale;
             }
             tile[e] = x;
         }
@@ -104,11 +107,11 @@ fn dot_tile(row: &Array<f32>, tile: &SharedMemory<f32>, at: usize, #[comptime] w
 /// `c / q_blocks`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn forward_tiles(
-    q: &Array<f32>,
-    k: &Array<f32>,
-    v: &Array<f32>,
-    o: &mut Array<f32>,
+fn forward_tiles<F: Float>(
+    q: &Array<F>,
+    k: &Array<F>,
+    v: &Array<F>,
+    o: &mut Array<F>,
     lse: &mut Array<f32>,
     cubes: u32,
     q_blocks: u32,
@@ -118,6 +121,7 @@ fn forward_tiles(
     #[comptime] dh: usize,
     #[comptime] dv: usize,
     #[comptime] causal: bool,
+    #[define(F)] _dtype: StorageType,
 ) {
     let cube = cube_index();
     // Uniform across the cube: a cube past the grid's work leaves whole.
@@ -135,7 +139,7 @@ fn forward_tiles(
         for c in 0..dh {
             qi[c] = 0.0;
             if live {
-                qi[c] = q[row * dh + c] * scale;
+                qi[c] = f32::cast_from(q[row * dh + c]) * scale;
             }
         }
         let mut acc = Array::<f32>::new(dv);
@@ -184,7 +188,7 @@ fn forward_tiles(
         }
         if live {
             for c in 0..dv {
-                o[row * dv + c] = acc[c] / l;
+                o[row * dv + c] = F::cast_from(acc[c] / l);
             }
             lse[row] = m + f32::ln(l);
         }
@@ -195,14 +199,14 @@ fn forward_tiles(
 /// `δ = dO·O`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn backward_query_tiles(
-    q: &Array<f32>,
-    k: &Array<f32>,
-    v: &Array<f32>,
-    o: &Array<f32>,
+fn backward_query_tiles<F: Float>(
+    q: &Array<F>,
+    k: &Array<F>,
+    v: &Array<F>,
+    o: &Array<F>,
     lse: &Array<f32>,
-    d_o: &Array<f32>,
-    dq: &mut Array<f32>,
+    d_o: &Array<F>,
+    dq: &mut Array<F>,
     delta: &mut Array<f32>,
     cubes: u32,
     q_blocks: u32,
@@ -212,6 +216,7 @@ fn backward_query_tiles(
     #[comptime] dh: usize,
     #[comptime] dv: usize,
     #[comptime] causal: bool,
+    #[define(F)] _dtype: StorageType,
 ) {
     let cube = cube_index();
     if cube < cubes {
@@ -230,7 +235,7 @@ fn backward_query_tiles(
             qi[c] = 0.0;
             acc[c] = 0.0;
             if live {
-                qi[c] = q[row * dh + c] * scale;
+                qi[c] = f32::cast_from(q[row * dh + c]) * scale;
             }
         }
         let mut gi = Array::<f32>::new(dv);
@@ -238,8 +243,8 @@ fn backward_query_tiles(
         for c in 0..dv {
             gi[c] = 0.0;
             if live {
-                gi[c] = d_o[row * dv + c];
-                di += gi[c] * o[row * dv + c];
+                gi[c] = f32::cast_from(d_o[row * dv + c]);
+                di += gi[c] * f32::cast_from(o[row * dv + c]);
             }
         }
         let mut li = 0.0f32;
@@ -273,7 +278,7 @@ fn backward_query_tiles(
         }
         if live {
             for c in 0..dh {
-                dq[row * dh + c] = acc[c] * scale;
+                dq[row * dh + c] = F::cast_from(acc[c] * scale);
             }
             delta[row] = di;
         }
@@ -285,15 +290,15 @@ fn backward_query_tiles(
 /// `c % k_blocks` of head `c / k_blocks`.
 #[cube(launch)]
 #[allow(clippy::too_many_arguments)]
-fn backward_key_tiles(
-    q: &Array<f32>,
-    k: &Array<f32>,
-    v: &Array<f32>,
+fn backward_key_tiles<F: Float>(
+    q: &Array<F>,
+    k: &Array<F>,
+    v: &Array<F>,
     lse: &Array<f32>,
     delta: &Array<f32>,
-    d_o: &Array<f32>,
-    dk: &mut Array<f32>,
-    dvv: &mut Array<f32>,
+    d_o: &Array<F>,
+    dk: &mut Array<F>,
+    dvv: &mut Array<F>,
     cubes: u32,
     k_blocks: u32,
     t: u32,
@@ -302,6 +307,7 @@ fn backward_key_tiles(
     #[comptime] dh: usize,
     #[comptime] dv: usize,
     #[comptime] causal: bool,
+    #[define(F)] _dtype: StorageType,
 ) {
     let cube = cube_index();
     if cube < cubes {
@@ -322,7 +328,7 @@ fn backward_key_tiles(
             kj[c] = 0.0;
             gk[c] = 0.0;
             if live {
-                kj[c] = k[key * dh + c];
+                kj[c] = f32::cast_from(k[key * dh + c]);
             }
         }
         let mut vj = Array::<f32>::new(dv);
@@ -331,7 +337,7 @@ fn backward_key_tiles(
             vj[c] = 0.0;
             gv[c] = 0.0;
             if live {
-                vj[c] = v[key * dv + c];
+                vj[c] = f32::cast_from(v[key * dv + c]);
             }
         }
         // The first query the block's first key is seen by.
@@ -374,10 +380,10 @@ fn backward_key_tiles(
         }
         if live {
             for c in 0..dh {
-                dk[key * dh + c] = gk[c];
+                dk[key * dh + c] = F::cast_from(gk[c]);
             }
             for c in 0..dv {
-                dvv[key * dv + c] = gv[c];
+                dvv[key * dv + c] = F::cast_from(gv[c]);
             }
         }
     }
@@ -435,15 +441,16 @@ fn contiguous<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
     if t.is_contiguous() { t } else { into_contiguous(t) }
 }
 
-fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: &[usize]) -> CubeTensor<R> {
+/// A tensor of `shape` and `dtype` on `like`'s device, its values unset.
+fn empty<R: CubeRuntime>(like: &CubeTensor<R>, shape: &[usize], dtype: DType) -> CubeTensor<R> {
     let n: usize = shape.iter().product();
-    let handle = like.client.empty(n.max(1) * 4);
+    let handle = like.client.empty(n.max(1) * dtype.size());
     CubeTensor::new_contiguous(
         like.client.clone(),
         like.device.clone(),
         burn::tensor::Shape::from(shape.to_vec()),
         handle,
-        DType::F32,
+        dtype,
     )
 }
 
@@ -458,8 +465,8 @@ fn forward<R: CubeRuntime>(
     v: &CubeTensor<R>,
     d: Shape4,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
-    let o = empty(q, &[d.batch, d.heads, d.t, d.dv]);
-    let lse = empty(q, &[d.batch, d.heads, d.t]);
+    let o = empty(q, &[d.batch, d.heads, d.t, d.dv], q.dtype);
+    let lse = empty(q, &[d.batch, d.heads, d.t], DType::F32);
     let (count, cubes, q_blocks) = blocks(d.bh(), d.t);
     forward_tiles::launch::<R>(
         &q.client,
@@ -478,6 +485,7 @@ fn forward<R: CubeRuntime>(
         d.dh,
         d.dv,
         d.causal,
+        q.dtype.into(),
     );
     (o, lse)
 }
@@ -515,10 +523,10 @@ pub(super) fn attention<R: CubeRuntime>(
         fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
             let d_o = contiguous(grads.consume::<Cube<R>>(&ops.node));
             let ([q, k, v, o], lse, d) = ops.state;
-            let dq = empty(&q, &[d.batch, d.heads, d.t, d.dh]);
-            let dk = empty(&q, &[d.batch, d.heads, d.s, d.dh]);
-            let dv = empty(&q, &[d.batch, d.heads, d.s, d.dv]);
-            let delta = empty(&q, &[d.bh() * d.t]);
+            let dq = empty(&q, &[d.batch, d.heads, d.t, d.dh], q.dtype);
+            let dk = empty(&q, &[d.batch, d.heads, d.s, d.dh], q.dtype);
+            let dv = empty(&q, &[d.batch, d.heads, d.s, d.dv], q.dtype);
+            let delta = empty(&q, &[d.bh() * d.t], DType::F32);
             let (count, cubes, q_blocks) = blocks(d.bh(), d.t);
             backward_query_tiles::launch::<R>(
                 &q.client,
@@ -540,6 +548,7 @@ pub(super) fn attention<R: CubeRuntime>(
                 d.dh,
                 d.dv,
                 d.causal,
+                q.dtype.into(),
             );
             let (count, cubes, k_blocks) = blocks(d.bh(), d.s);
             backward_key_tiles::launch::<R>(
@@ -562,6 +571,7 @@ pub(super) fn attention<R: CubeRuntime>(
                 d.dh,
                 d.dv,
                 d.causal,
+                q.dtype.into(),
             );
             for (parent, grad) in ops.parents.iter().zip([dq, dk, dv]) {
                 if let Some(node) = parent {

@@ -58,6 +58,15 @@ impl Precision {
         }
     }
 
+    /// `x` rounded to this type (to nearest, ties to even), as f32.
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            Self::F32 => x,
+            Self::Bf16 => burn::tensor::bf16::from_f32(x).to_f32(),
+            Self::F16 => burn::tensor::f16::from_f32(x).to_f32(),
+        }
+    }
+
     /// Whether gradients in this type underflow without a loss scale.
     pub fn needs_loss_scaling(self) -> bool {
         self == Self::F16
