@@ -7,6 +7,7 @@
 mod adam;
 mod flex_pass;
 mod host_adam;
+mod read_ahead;
 
 pub use adam::{Adam, AdamConfig, AdamMoments};
 pub use host_adam::{HostAdam, Moments};

@@ -28,6 +28,7 @@ use std::sync::Arc;
 
 use super::AdamConfig;
 use super::flex_pass::{Vectors, flex_pass};
+use super::read_ahead::ReadAhead;
 use crate::params::PathTracker;
 use crate::precision::cast_to;
 use crate::ranks::Collective;
@@ -251,9 +252,13 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
         let c = self.config;
         let bias1 = 1.0 - c.beta1.powi(t);
         let bias2 = 1.0 - c.beta2.powi(t);
+        // Host moments: every gradient queued, in the order the update
+        // visits them, so each parameter's reads start ahead of its update.
+        let mut ahead = self.host.is_some().then(|| read_ahead::<B, M>(&module, &mut grads));
         struct Update<'a, B: AutodiffBackend> {
             path: PathTracker,
             grads: &'a mut GradientsParams,
+            ahead: Option<&'a mut ReadAhead<B::InnerBackend>>,
             elsewhere: &'a HashSet<ParamId>,
             state: &'a mut BTreeMap<String, Moments<B::InnerBackend>>,
             host: Option<&'a mut HostMoments>,
@@ -275,7 +280,8 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
             fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
                 let (id, tensor, mapper) = param.consume();
                 let grad = self.grads.remove::<B::InnerBackend, D>(id);
-                if grad.is_none() && !self.elsewhere.contains(&id) {
+                let queued = self.ahead.as_deref().is_some_and(|a| a.has(id));
+                if grad.is_none() && !queued && !self.elsewhere.contains(&id) {
                     return Param::from_mapped_value(id, tensor, mapper);
                 }
                 let shape = tensor.shape();
@@ -304,9 +310,6 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
                     let p = cast_to(p, stored).reshape(shape);
                     return Param::from_mapped_value(id, Tensor::from_inner(p).set_require_grad(trainable), mapper);
                 }
-                let grad = grad.expect("a parameter this rank owns has its summed gradient here");
-                let p = cast_to(tensor.inner(), FloatDType::F32).reshape([-1]);
-                let g = cast_to(grad, FloatDType::F32).reshape([-1]);
                 let k = Coefficients {
                     beta1: self.c.beta1,
                     beta2: self.c.beta2,
@@ -315,15 +318,15 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
                     decay: (self.weight_decay != 0.0).then_some(1.0 - self.lr * self.weight_decay),
                     step_size: self.lr / self.bias1,
                 };
-                let p = if let Some(host) = self.host.as_deref_mut() {
-                    let down =
-                        |t: Tensor<B::InnerBackend, 1>| t.into_data().to_vec::<f32>().expect("f32 after the cast");
+                let p = if let (Some(host), Some(ahead)) = (self.host.as_deref_mut(), self.ahead.as_deref_mut()) {
                     // Host memory on a device: left out of a heap trace
                     // (`crate::pools::trace_on_cpu`), and the upload is a
                     // new device buffer there even where the CPU takes the
                     // vector as it is.
                     let (mut pv, gv, (m, v)) = crate::heap::off_device(|| {
-                        let (pv, gv) = (down(p), down(g));
+                        let (pv, gv) = ahead
+                            .take(id)
+                            .expect("a parameter this rank owns has its summed gradient here");
                         let mv = host
                             .entry(path)
                             .or_insert_with(|| (vec![0.0; gv.len()], vec![0.0; gv.len()]));
@@ -335,6 +338,9 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
                     crate::heap::to_device(pv.as_ptr().cast(), n * 4);
                     Tensor::<B::InnerBackend, 1>::from_data(TensorData::new(pv, [n]), &device)
                 } else {
+                    let grad = grad.expect("a parameter this rank owns has its summed gradient here");
+                    let p = cast_to(tensor.inner(), FloatDType::F32).reshape([-1]);
+                    let g = cast_to(grad, FloatDType::F32).reshape([-1]);
                     let (m, v) = match self.state.remove(&path) {
                         Some(s) => (cast_to(s.m, FloatDType::F32), cast_to(s.v, FloatDType::F32)),
                         None => (g.zeros_like(), g.zeros_like()),
@@ -366,6 +372,7 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
         module.map(&mut Update::<B> {
             path: PathTracker::default(),
             grads: &mut grads,
+            ahead: ahead.as_mut(),
             elsewhere,
             state: &mut self.state,
             host: self.host.as_mut(),
@@ -421,6 +428,31 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
             .map(|(k, (m, v))| (k.clone(), Moments { m: dev(m), v: dev(v) }))
             .collect();
     }
+}
+
+/// Every parameter of `module` that has a gradient in `grads`, moved from
+/// it into a queue in the order a mapper visits them.
+fn read_ahead<B: AutodiffBackend, M: AutodiffModule<B>>(
+    module: &M,
+    grads: &mut GradientsParams,
+) -> ReadAhead<B::InnerBackend> {
+    struct Queue<'a, B: AutodiffBackend> {
+        grads: &'a mut GradientsParams,
+        ahead: ReadAhead<B::InnerBackend>,
+    }
+    impl<B: AutodiffBackend> ModuleVisitor<B> for Queue<'_, B> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+                self.ahead.push(param.id, param.val().inner(), grad);
+            }
+        }
+    }
+    let mut queue = Queue::<B> {
+        grads,
+        ahead: ReadAhead::default(),
+    };
+    module.visit(&mut queue);
+    queue.ahead
 }
 
 /// One step's scalars of the update, in the order it applies them.
