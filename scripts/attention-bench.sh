@@ -30,6 +30,9 @@
 #     in PyTorch on CUDA (the machine's python3 with torch; explicit
 #     attention and scaled_dot_product_attention), whose figure is the
 #     caching allocator's peak reserved bytes. NO_TORCH=1 skips it.
+#   PRECISION=bf16 (or f16) trains both at that precision (vramfit's
+#     --precision; PyTorch under autocast to that type): the fused kernels
+#     then read 16-bit Q, K and V, and SDPA takes its flash kernel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 device=${DEVICE:-cpu}
@@ -62,10 +65,18 @@ else
 fi
 only=${ONLY:-all}
 run_timeout=${RUN_TIMEOUT:-120}
+precision=${PRECISION:-f32}
+case "$precision" in
+  f32) amp=() ;;
+  bf16) amp=(--amp bfloat16) ;;
+  f16) amp=(--amp float16) ;;
+  *) echo "PRECISION=$precision: say f32, bf16 or f16" >&2; exit 2 ;;
+esac
 [ "$only" = speed ] || for t in $tokens; do
   for a in standard fused; do
     echo "training: $t tokens, $a attention on $device" >&2
     timeout -k 5 "$run_timeout" "$vramfit" train transformer --device "$device" --attention "$a" --steps "$steps" \
+      --precision "$precision" \
       --batch-size "$batch" --set model.width="$width" --set model.heads="$heads" --set model.depth=2 \
       --set model.context="$t" --set task.tokens="$t" --set checkpoint_every=0 --set profile_every=1 \
       --set log_every=1 --out "$work/run-$t-$a" >/dev/null 2>"$work/err-$t-$a" || echo "error: exit $? (timeout 124)" >>"$work/err-$t-$a"
@@ -74,7 +85,7 @@ run_timeout=${RUN_TIMEOUT:-120}
     for sdpa in "" --sdpa; do
       echo "PyTorch on cuda: $t tokens ${sdpa:-explicit}" >&2
       timeout -k 5 "$run_timeout" python3 scripts/pytorch_gpt.py --device cuda --width "$width" --heads "$heads" --depth 2 \
-        --vocab 64 --tokens "$t" --batch "$batch" --steps 8 $sdpa >>"$work/torch-cuda.jsonl" 2>>"$work/torch-err" || true
+        --vocab 64 --tokens "$t" --batch "$batch" --steps 8 $sdpa "${amp[@]}" >>"$work/torch-cuda.jsonl" 2>>"$work/torch-err" || true
     done
   fi
 done
@@ -95,11 +106,11 @@ if [ -z "${NO_TORCH:-}" ] && [ "$only" != memory ]; then
     "$venv/bin/python" scripts/pytorch_gpt.py --depth 4 --tokens 1024 --batch 4 --steps 8 $sdpa >>"$work/torch.jsonl"
   done
 fi
-python3 - "$work" "$out" "$tokens" "$device" "$width $heads $batch" "$steps" <<'PY'
+python3 - "$work" "$out" "$tokens" "$device" "$width $heads $batch" "$steps" "$precision" <<'PY'
 import json, os, sys, platform
 work, out, lengths = sys.argv[1], sys.argv[2], [int(t) for t in sys.argv[3].split()]
 device, (width, heads, batch) = sys.argv[4], [int(x) for x in sys.argv[5].split()]
-steps = int(sys.argv[6])
+steps, precision = int(sys.argv[6]), sys.argv[7]
 lengths = [t for t in lengths if os.path.exists(f"{work}/err-{t}-fused")]
 mib = lambda b: b / 2**20
 rows = []
@@ -135,7 +146,8 @@ figure = "heap in use" if device == "cpu" else "allocator reserved"
 torch_cuda = []
 if os.path.exists(f"{work}/torch-cuda.jsonl"):
     torch_cuda = [json.loads(l) for l in open(f"{work}/torch-cuda.jsonl") if l.startswith("{")]
-md = [f"On {device}: width {width}, {heads} heads, depth 2, batch {batch}, vocab 64, {steps} steps each.", "",
+md = [f"On {device}: width {width}, {heads} heads, depth 2, batch {batch}, vocab 64, {steps} steps each, "
+      f"precision {precision}.", "",
       f"| tokens | attention | activations after the forward MiB | deciding peak MiB ({figure}) | median step ms |",
       "|---|---|---|---|---|"]
 for r in rows:
@@ -161,12 +173,14 @@ for s in speed:
 text = "\n".join(md)
 print(text)
 record = {"bench": "attention", "device": device, "cpu": platform.machine(), "shape": {"width": width, "heads": heads,
-          "depth": 2, "batch": batch}, "steps": steps, "memory": rows, "speed": speed, "pytorch_cuda": torch_cuda,
+          "depth": 2, "batch": batch}, "steps": steps, "precision": precision, "memory": rows, "speed": speed, "pytorch_cuda": torch_cuda,
           "measured": ("heap bytes in use by the counting allocator" if device == "cpu" else
                        "the CubeCL allocator's reserved bytes") + " (activations at the forward's end, the run's "
                       "peak); median step time; peak resident set from /usr/bin/time or getrusage"}
 json.dump(record, open(f"{out}.json", "w"), indent=2)
 command = "scripts/attention-bench.sh" if device == "cpu" else f"DEVICE={device} scripts/attention-bench.sh {out}"
+if precision != "f32":
+    command = f"PRECISION={precision} {command}"
 open(f"{out}.md", "w").write(f"Command: `{command}`\n\n{text}\n")
 print(f"wrote {out}.json and {out}.md")
 PY

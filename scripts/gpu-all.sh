@@ -11,7 +11,9 @@
 # first two leases:
 #   attention  scripts/attention-bench.sh on CUDA: the transformer with the
 #              standard and the fused attention at 1,024-16,384 tokens,
-#              beside the same model in PyTorch (explicit and SDPA)
+#              beside the same model in PyTorch (explicit and SDPA), then
+#              again in bf16 at 1,024 and 4,096 tokens (the kernels reading
+#              16-bit Q, K, V; PyTorch under autocast, SDPA's flash kernel)
 #   scene      the scene's whole training steps at 1 M and 6 M Gaussians,
 #              SH degree 3, moments on the device and the host, SH in f32
 #              and f16 (bench scene-memory), then `plan scene` at 4 GiB
@@ -28,7 +30,7 @@
 #              path (probes, verification, the run held to the budget)
 #   steps      the scene's whole training steps alone (the first half of
 #              `scene`), with the host's copies and Adam timed apart
-#   speed      issue 46's three in one call of about six minutes: kernels
+#   speed      issue 46's three in one call of about eight minutes: kernels
 #              (the tiled attention's and the scene loss's twin checks among
 #              them), attention (the tiled fused attention against SDPA and
 #              the standard attention) and steps (host moments with the
@@ -99,6 +101,11 @@ log "attention"
 DEVICE=cuda RUN_TIMEOUT=${RUN_TIMEOUT_ATTENTION:-90} timeout -k 5 "${CAP_ATTENTION:-200}" \
   scripts/attention-bench.sh "$out/attention-cuda" > "$out/attention.log" 2>&1
 log "attention: exit $?"
+# The same in bf16: the kernels read 16-bit Q, K, V; SDPA takes flash.
+PRECISION=bf16 TOKENS="${TOKENS_BF16:-1024 4096}" DEVICE=cuda RUN_TIMEOUT=${RUN_TIMEOUT_ATTENTION:-90} \
+  timeout -k 5 "${CAP_ATTENTION_BF16:-120}" \
+  scripts/attention-bench.sh "$out/attention-cuda-bf16" > "$out/attention-bf16.log" 2>&1
+log "attention bf16: exit $?"
 fi
 
 if wants scene || wants steps; then

@@ -70,8 +70,11 @@ def train(a, model, opt, times, cuda):
         if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, a.vocab), tokens[:, 1:].reshape(-1))
+        # --amp: autocast's matrix work (and so SDPA's flash kernel) in that
+        # type, f32 master weights, as vramfit's --precision.
+        with torch.autocast(a.device.split(":")[0], dtype=getattr(torch, a.amp or "float32"), enabled=bool(a.amp)):
+            logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.float().reshape(-1, a.vocab), tokens[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -92,6 +95,7 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--sdpa", action="store_true")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--amp", choices=["bfloat16", "float16"], help="autocast to this type")
     a = p.parse_args()
     cuda = a.device.startswith("cuda")
     torch.manual_seed(0)
@@ -113,6 +117,7 @@ def main():
         "tokens": a.tokens,
         "threads": a.threads,
         "attention": "scaled_dot_product_attention" if a.sdpa else "explicit",
+        "amp": a.amp or "none",
         "median_step_ms": ms,
         "tokens_per_second": a.batch * a.tokens / (ms / 1000),
         "parameters": sum(p.numel() for p in model.parameters()),
