@@ -134,7 +134,10 @@ fn fused_attention_matches_the_cpu_and_the_standard_attention<B: AutodiffBackend
     assert!(cases.iter().any(|c| c.inputs != vramfit::precision::Precision::F32));
     for case in cases.into_iter().filter(|c| c.runs_on::<B>()) {
         let r = check::run_case::<B>(&case);
-        eprintln!("{:?} {}×{}: to the CPU {:?}", case.inputs, case.queries, case.keys, r.to_cpu);
+        eprintln!(
+            "{:?} {}×{}: to the CPU {:?}",
+            case.inputs, case.queries, case.keys, r.to_cpu
+        );
         assert!(r.fused_kernel, "{case:?}: no fused kernel on this backend");
         assert!(r.plain_forward_equal, "{case:?}: the forward without autodiff differs");
         assert!(r.non_trivial, "{case:?}: a compared tensor is all ~0");

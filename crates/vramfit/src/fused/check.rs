@@ -95,9 +95,9 @@ pub fn standard_cases() -> Vec<Case> {
         (2, 1, 67, 150, 96, 64, false),
     ]
     .map(Case::new);
-    let sixteen_bit = [2, 5, 7].into_iter().flat_map(|i| {
-        [Precision::F16, Precision::Bf16].map(|p| f32_cases[i].with(p))
-    });
+    let sixteen_bit = [2, 5, 7]
+        .into_iter()
+        .flat_map(|i| [Precision::F16, Precision::Bf16].map(|p| f32_cases[i].with(p)));
     f32_cases.into_iter().chain(sixteen_bit).collect()
 }
 
@@ -149,7 +149,10 @@ impl CaseReport {
             && self.plain_forward_equal
             && self.non_trivial
             && self.to_cpu.iter().all(|g| *g <= tol)
-            && self.to_standard.iter().all(|g| *g <= STANDARD_TOLERANCE + self.case.rounding())
+            && self
+                .to_standard
+                .iter()
+                .all(|g| *g <= STANDARD_TOLERANCE + self.case.rounding())
     }
 }
 

@@ -14,7 +14,9 @@
 //! and value come down, the same f32 update runs on the host's cores (the
 //! CPU pass's arithmetic, [`adam_f32`]), and the parameter goes back. The
 //! device then holds no optimizer state; the step moves the parameters
-//! twice and the gradients once across the link.
+//! twice and the gradients once across the link, each parameter's reads
+//! started ahead of its update ([`super::read_ahead`]) so the copies run
+//! while the host updates.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
