@@ -114,15 +114,25 @@ mod kernel_check {
             "\nThe fused attention's kernels (against the CPU's fused attention and the standard attention here):\n"
         );
         println!(
-            "| batch × heads | queries × keys | head widths (q/k, v) | causal | to the CPU (out, dq, dk, dv) | to the standard (out, dq, dk, dv) | pass |"
+            "| batch × heads | queries × keys | head widths (q/k, v) | causal | inputs | to the CPU (out, dq, dk, dv) | to the standard (out, dq, dk, dv) | pass |"
         );
-        println!("|---|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|---|");
         let mut attention_reports = Vec::new();
-        for c in &attention_cases {
+        let (runs, lacks): (Vec<&attention::Case>, Vec<_>) = attention_cases.iter().partition(|c| c.runs_on::<B>());
+        if !lacks.is_empty() {
+            let mut types: Vec<&str> = lacks.iter().map(|c| c.inputs.name()).collect();
+            types.dedup();
+            println!(
+                "(not run: {} cases in {}, which this device lacks)",
+                lacks.len(),
+                types.join(", ")
+            );
+        }
+        for c in runs {
             let r = attention::run_case::<B>(c);
             let gaps = |g: &[f32; 4]| g.iter().map(|x| format!("{x:.1e}")).collect::<Vec<_>>().join(", ");
             println!(
-                "| {} × {} | {} × {} | {}, {} | {} | {} | {} | {} |",
+                "| {} × {} | {} × {} | {}, {} | {} | {} | {} | {} | {} |",
                 c.batch,
                 c.heads,
                 c.queries,
@@ -130,6 +140,7 @@ mod kernel_check {
                 c.head_width,
                 c.value_width,
                 if c.causal { "yes" } else { "no" },
+                c.inputs.name(),
                 gaps(&r.to_cpu),
                 gaps(&r.to_standard),
                 if r.passes() { "yes" } else { "NO" }
