@@ -93,7 +93,7 @@ speed_args=(--set model.width=256 --set model.heads=8 --set model.depth=4 --set 
   --set model.context=1024 --set task.tokens=1024 --batch-size 4 --steps 8 --set checkpoint_every=0)
 [ "$only" = memory ] || for a in standard fused; do
   echo "speed: 1,024 tokens, $a attention" >&2
-  /usr/bin/time -f %M -o "$work/rss-$a" "$vramfit" train transformer --device cpu --attention "$a" \
+  /usr/bin/time -f %M -o "$work/rss-$a" "$vramfit" train transformer --device cpu --attention "$a" --precision "$precision" \
     "${speed_args[@]}" --out "$work/speed-$a" >/dev/null
 done
 if [ -z "${NO_TORCH:-}" ] && [ "$only" != memory ]; then
@@ -103,7 +103,7 @@ if [ -z "${NO_TORCH:-}" ] && [ "$only" != memory ]; then
     "$venv/bin/pip" install --quiet torch
   fi
   for sdpa in "" --sdpa; do
-    "$venv/bin/python" scripts/pytorch_gpt.py --depth 4 --tokens 1024 --batch 4 --steps 8 $sdpa >>"$work/torch.jsonl"
+    "$venv/bin/python" scripts/pytorch_gpt.py --depth 4 --tokens 1024 --batch 4 --steps 8 $sdpa "${amp[@]}" >>"$work/torch.jsonl"
   done
 fi
 python3 - "$work" "$out" "$tokens" "$device" "$width $heads $batch" "$steps" "$precision" <<'PY'

@@ -121,6 +121,7 @@ mod kernel_check {
         let (runs, lacks): (Vec<&attention::Case>, Vec<_>) = attention_cases.iter().partition(|c| c.runs_on::<B>());
         if !lacks.is_empty() {
             let mut types: Vec<&str> = lacks.iter().map(|c| c.inputs.name()).collect();
+            types.sort();
             types.dedup();
             println!(
                 "(not run: {} cases in {}, which this device lacks)",

@@ -769,13 +769,15 @@ impl<B: Backend> Block<B, 3> for LlamaBlock<B> {
         let normed = self.attn_norm.forward(x.clone(), ac);
         let split = |p: &Proj<B>, heads| vramfit::fused::split_heads(p.forward(normed.clone(), ac), heads);
         let q = rotary(ac.full(split(&self.q, self.heads)), self.rope_theta);
-        let k = self.shared(rotary(ac.full(split(&self.k, self.kv_heads)), self.rope_theta));
+        // K rounded to the low type before its heads are repeated (both
+        // paths' products take it low): the repeat is then in 16 bits.
+        let k = self.shared(ac.low(rotary(ac.full(split(&self.k, self.kv_heads)), self.rope_theta)));
         let v = self.shared(split(&self.v, self.kv_heads));
         let scale = 1.0 / (dh as f64).sqrt();
         let mixed = if self.fused_attention {
-            // Q and K rounded to the low type after the rotation, as the
-            // standard path's product rounds them.
-            vramfit::fused::attention(ac.low(q), ac.low(k), ac.low(v), scale, true)
+            // Q rounded to the low type after the rotation, as the
+            // standard path's product rounds it.
+            vramfit::fused::attention(ac.low(q), k, v, scale, true)
         } else {
             let scores = ac.full(ac.matmul(q, k.swap_dims(2, 3))); // [b, h, t, t]
             let attn = vramfit::fused::causal_softmax(scores, scale);

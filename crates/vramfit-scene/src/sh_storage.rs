@@ -57,13 +57,37 @@ impl ShStorage {
     /// converted in place in the words (half's slice conversion): on x86
     /// with F16C its vector instructions, detected at run time, encode f16
     /// at 1.8-2.5 ns a value against 4.0-5.4 a value at a time (an AMD
-    /// EPYC, 27 M values, four runs); with the moments on the host the
-    /// SH's f32 masters are encoded every step.
+    /// EPYC, 27 M values, four runs). With the moments on the host the
+    /// SH's f32 masters are encoded every step (270 M values at 6 M
+    /// Gaussians, degree 3), so blocks of [`ENCODE_BLOCK`] values are
+    /// encoded on all the host's threads ([`ShStorage::encode_on_one_thread`]
+    /// is the same on one).
     pub fn encode(self, values: &[f32]) -> Vec<u32> {
-        use half::slice::HalfFloatSliceExt;
+        use rayon::prelude::*;
         if self == Self::F32 {
             return values.iter().map(|x| x.to_bits()).collect();
         }
+        let mut words = vec![0u32; self.words(values.len())];
+        words
+            .par_chunks_mut(ENCODE_BLOCK / 2)
+            .zip(values.par_chunks(ENCODE_BLOCK))
+            .for_each(|(w, v)| self.encode_into(v, w));
+        words
+    }
+
+    /// [`ShStorage::encode`] on the calling thread alone.
+    pub fn encode_on_one_thread(self, values: &[f32]) -> Vec<u32> {
+        if self == Self::F32 {
+            return values.iter().map(|x| x.to_bits()).collect();
+        }
+        let mut words = vec![0u32; values.len().div_ceil(2)];
+        self.encode_into(values, &mut words);
+        words
+    }
+
+    /// `values` (16-bit storage) into `words`, `values.len().div_ceil(2)` of them.
+    fn encode_into(self, values: &[f32], words: &mut [u32]) {
+        use half::slice::HalfFloatSliceExt;
         // Two halves a word, the first in the low bits: a little-endian
         // word's memory order.
         const {
@@ -72,13 +96,11 @@ impl ShStorage {
                 "16-bit SH packing assumes little-endian words"
             )
         };
-        let mut words = vec![0u32; values.len().div_ceil(2)];
         if self == Self::F16 {
-            bytemuck::cast_slice_mut::<u32, half::f16>(&mut words)[..values.len()].convert_from_f32_slice(values);
+            bytemuck::cast_slice_mut::<u32, half::f16>(words)[..values.len()].convert_from_f32_slice(values);
         } else {
-            bytemuck::cast_slice_mut::<u32, half::bf16>(&mut words)[..values.len()].convert_from_f32_slice(values);
+            bytemuck::cast_slice_mut::<u32, half::bf16>(words)[..values.len()].convert_from_f32_slice(values);
         }
-        words
     }
 
     /// Each value as the storage would give it back: what the renderer
@@ -91,6 +113,10 @@ impl ShStorage {
         }
     }
 }
+
+/// Values a thread encodes at a time in [`ShStorage::encode`] (even, so a
+/// block fills whole words): 256 KiB of f32, a few tens of microseconds.
+pub const ENCODE_BLOCK: usize = 1 << 16;
 
 /// The SH groups' indices among a scene's six parameter groups (means,
 /// log-scales, rotations, opacity logits, SH DC, SH rest).
@@ -176,8 +202,16 @@ mod tests {
                 assert_eq!(bits, want, "{storage}: {x:e}");
             }
         };
+        // Past several blocks, ending mid-word, so the threaded encode's
+        // seams are checked too.
+        values.extend((0..2 * ENCODE_BLOCK + 1).map(|i| (i as f32 * 0.013).cos() * 3.0));
         for storage in [ShStorage::F16, ShStorage::Bf16] {
             let words = storage.encode(&values);
+            assert_eq!(
+                words,
+                storage.encode_on_one_thread(&values),
+                "{storage}: threads and one"
+            );
             assert_eq!(words.len(), values.len().div_ceil(2));
             for (i, &x) in values.iter().enumerate() {
                 alone((words[i / 2] >> (16 * (i % 2))) as u16, x, storage);

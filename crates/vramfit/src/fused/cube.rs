@@ -521,8 +521,16 @@ pub(super) fn attention<R: CubeRuntime>(
         type State = Saved<R>;
 
         fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-            let d_o = contiguous(grads.consume::<Cube<R>>(&ops.node));
             let ([q, k, v, o], lse, d) = ops.state;
+            // The kernels read dO as Q's type (the gradient of the output,
+            // which is in that type; cast if a caller's graph gave another).
+            let d_o = grads.consume::<Cube<R>>(&ops.node);
+            let d_o = if d_o.dtype == q.dtype {
+                d_o
+            } else {
+                burn_cubecl::kernel::cast(d_o, q.dtype)
+            };
+            let d_o = contiguous(d_o);
             let dq = empty(&q, &[d.batch, d.heads, d.t, d.dh], q.dtype);
             let dk = empty(&q, &[d.batch, d.heads, d.s, d.dh], q.dtype);
             let dv = empty(&q, &[d.batch, d.heads, d.s, d.dv], q.dtype);

@@ -256,7 +256,10 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
         let bias2 = 1.0 - c.beta2.powi(t);
         // Host moments: every gradient queued, in the order the update
         // visits them, so each parameter's reads start ahead of its update.
-        let mut ahead = self.host.is_some().then(|| read_ahead::<B, M>(&module, &mut grads));
+        let mut ahead = self
+            .host
+            .is_some()
+            .then(|| read_ahead::<B, M>(&module, &mut grads, elsewhere, self.shards.as_mut()));
         struct Update<'a, B: AutodiffBackend> {
             path: PathTracker,
             grads: &'a mut GradientsParams,
@@ -302,6 +305,9 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
                     // Moments restored from a checkpoint gathered from every
                     // rank (a resume on another rank count) are the owner's.
                     self.state.remove(&path);
+                    if let Some(ahead) = self.ahead.as_deref_mut() {
+                        ahead.skip(id);
+                    }
                     if let Some(host) = self.host.as_deref_mut() {
                         host.remove(&path);
                     }
@@ -325,14 +331,12 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
                     // (`crate::pools::trace_on_cpu`), and the upload is a
                     // new device buffer there even where the CPU takes the
                     // vector as it is.
-                    let (mut pv, gv, (m, v)) = crate::heap::off_device(|| {
-                        let (pv, gv) = ahead
-                            .take(id)
-                            .expect("a parameter this rank owns has its summed gradient here");
-                        let mv = host
-                            .entry(path)
-                            .or_insert_with(|| (vec![0.0; gv.len()], vec![0.0; gv.len()]));
-                        (pv, gv, mv)
+                    let (mut pv, gv) = ahead
+                        .take(id)
+                        .expect("a parameter this rank owns has its summed gradient here");
+                    let (m, v) = crate::heap::off_device(|| {
+                        host.entry(path)
+                            .or_insert_with(|| (vec![0.0; gv.len()], vec![0.0; gv.len()]))
                     });
                     adam_f32(&mut pv, &gv, m, v, &k);
                     drop(gv);
@@ -432,25 +436,52 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
     }
 }
 
-/// Every parameter of `module` that has a gradient in `grads`, moved from
-/// it into a queue in the order a mapper visits them.
+/// Every parameter of `module` this rank updates (it has a gradient in
+/// `grads` and, sharded, this rank owns it), its gradient moved from
+/// `grads` into a queue in the order the update visits them. Sharded, the
+/// owners are assigned here as the update would (the same parameters in
+/// the same order: those with a gradient or in `elsewhere`).
 fn read_ahead<B: AutodiffBackend, M: AutodiffModule<B>>(
     module: &M,
     grads: &mut GradientsParams,
+    elsewhere: &HashSet<ParamId>,
+    shards: Option<&mut Shards>,
 ) -> ReadAhead<B::InnerBackend> {
     struct Queue<'a, B: AutodiffBackend> {
+        path: PathTracker,
         grads: &'a mut GradientsParams,
+        elsewhere: &'a HashSet<ParamId>,
+        shards: Option<&'a mut Shards>,
         ahead: ReadAhead<B::InnerBackend>,
     }
     impl<B: AutodiffBackend> ModuleVisitor<B> for Queue<'_, B> {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.path.enter(name)
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.path.exit()
+        }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            let has_grad = self.grads.get::<B::InnerBackend, D>(param.id).is_some();
+            if !has_grad && !self.elsewhere.contains(&param.id) {
+                return;
+            }
+            if let Some(shards) = self.shards.as_deref_mut() {
+                let values = param.shape().num_elements();
+                if shards.owner(&self.path.path(), values) != shards.ranks.rank() {
+                    return;
+                }
+            }
             if let Some(grad) = self.grads.remove::<B::InnerBackend, D>(param.id) {
                 self.ahead.push(param.id, param.val().inner(), grad);
             }
         }
     }
     let mut queue = Queue::<B> {
+        path: PathTracker::default(),
         grads,
+        elsewhere,
+        shards,
         ahead: ReadAhead::default(),
     };
     module.visit(&mut queue);

@@ -6,10 +6,12 @@
 //! Here every parameter that has a gradient is queued in the order the
 //! update visits them; taking one starts the reads of those behind it (a
 //! window of [`WINDOW_BYTES`], always at least the next), so their copies
-//! run while the host updates this one. A read is started by polling its
-//! future once: Burn's CubeCL backend issues the copy there (into pinned
-//! memory on CUDA) and the future then only waits for it. On the CPU the
-//! first poll is the whole read.
+//! run while the host updates this one. On CubeCL (wgpu, CUDA) a read is
+//! the client's `read_one_tensor_async`, which issues the copy when called
+//! (into pinned memory on CUDA) and whose future only waits for it: Burn's
+//! `into_data_async` cannot be used so, because on CUDA its first poll
+//! already waits for the copy. Elsewhere (the CPU, fusion) the read is
+//! Burn's future polled once, on the CPU the whole read.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -40,6 +42,16 @@ enum Pending {
 impl Pending {
     /// Starts reading `t`.
     fn start<B: Backend>(t: Tensor<B, 1>) -> Self {
+        #[cfg(feature = "wgpu")]
+        let t = match on_cube::<B, cubecl::wgpu::WgpuRuntime>(t) {
+            Ok(read) => return read,
+            Err(t) => t,
+        };
+        #[cfg(feature = "cuda")]
+        let t = match on_cube::<B, cubecl::cuda::CudaRuntime>(t) {
+            Ok(read) => return read,
+            Err(t) => t,
+        };
         let mut read: Read = Box::pin(async move {
             t.into_data_async()
                 .await
@@ -59,6 +71,63 @@ impl Pending {
         };
         data.into_vec::<f32>().expect("f32 after the cast")
     }
+}
+
+/// A read of `t` issued now on CubeCL runtime `R`, where `B` is its backend.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn on_cube<B: Backend, R: burn_cubecl::CubeRuntime>(t: Tensor<B, 1>) -> Result<Pending, Tensor<B, 1>> {
+    type Cube<R> = burn_cubecl::CubeBackend<R, f32, i32, u8>;
+    let t = crate::fused::downcast::<_, Tensor<Cube<R>, 1>>(t)?;
+    let tensor = t.into_primitive().tensor();
+    let tensor = if tensor.is_contiguous() {
+        tensor
+    } else {
+        burn_cubecl::kernel::into_contiguous(tensor)
+    };
+    let (shape, dtype) = (tensor.meta.shape().clone(), tensor.dtype);
+    let copy = cubecl::server::CopyDescriptor::new(
+        tensor.handle.clone().binding(),
+        shape.clone(),
+        tensor.meta.strides().clone(),
+        tensor.elem_size(),
+    );
+    let read = lasting(&tensor.client, &tensor.device).read_one_tensor_async(copy);
+    Ok(Pending::Waiting(Box::pin(async move {
+        let bytes = read
+            .await
+            .unwrap_or_else(|e| panic!("reading a parameter or its gradient for the host's Adam: {e}"));
+        // The buffer is held until the copy is done.
+        drop(tensor);
+        TensorData::from_bytes(bytes, shape, dtype)
+    })))
+}
+
+/// `client` (of `device`) for the life of the process, so a read's future
+/// (which borrows its client) can outlive the tensor it reads: one clone a
+/// device, kept (CubeCL keeps its clients for the process anyway).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn lasting<R: burn_cubecl::CubeRuntime>(
+    client: &cubecl::prelude::ComputeClient<R>,
+    device: &R::Device,
+) -> &'static cubecl::prelude::ComputeClient<R> {
+    use std::any::Any;
+    use std::sync::Mutex;
+    type Kept<R> = (<R as cubecl::Runtime>::Device, cubecl::prelude::ComputeClient<R>);
+    static CLIENTS: Mutex<Vec<&'static (dyn Any + Send + Sync)>> = Mutex::new(Vec::new());
+    let mut clients = CLIENTS.lock().unwrap_or_else(|e| e.into_inner());
+    let found = clients
+        .iter()
+        .filter_map(|c| c.downcast_ref::<Kept<R>>())
+        .find(|(d, _)| d == device);
+    let kept = match found {
+        Some(kept) => kept,
+        None => {
+            let kept: &'static Kept<R> = Box::leak(Box::new((device.clone(), client.clone())));
+            clients.push(kept);
+            kept
+        }
+    };
+    &kept.1
 }
 
 /// Polls `read` to its end, parking the thread between wake-ups.
@@ -118,30 +187,39 @@ impl<B: Backend> ReadAhead<B> {
     }
 
     /// Parameter `id`'s value and gradient as host vectors, after starting
-    /// the reads of the window behind it. Parameters are taken in the
-    /// order they were pushed; one skipped (another rank's) is dropped.
+    /// the reads of the window behind it (the queue's order is the
+    /// window's; a parameter may be taken out of it). The f32 casts are
+    /// device memory; the reads' host vectors are left out of a heap trace
+    /// (`crate::heap::off_device`).
     pub fn take(&mut self, id: ParamId) -> Option<(Vec<f32>, Vec<f32>)> {
-        if !self.has(id) {
-            return None;
-        }
-        while self.queue.front().is_some_and(|e| e.id != id) {
-            self.queue.pop_front();
-        }
+        let at = self.queue.iter().position(|e| e.id == id)?;
+        let entry = self.queue.remove(at).expect("found above");
+        let start = |(p, g): (Tensor<B, 1>, Tensor<B, 1>)| {
+            let (p, g) = (cast_to(p, FloatDType::F32), cast_to(g, FloatDType::F32));
+            crate::heap::off_device(|| (Pending::start(p), Pending::start(g)))
+        };
+        let reads = match (entry.reads, entry.tensors) {
+            (Some(reads), _) => reads,
+            (None, Some(tensors)) => start(tensors),
+            (None, None) => unreachable!("an entry has its tensors until its reads start"),
+        };
+        // The window behind it, from the front of what is left.
         let mut ahead = 0;
-        for (i, entry) in self.queue.iter_mut().enumerate() {
-            if i > 1 && ahead >= WINDOW_BYTES {
+        for (i, next) in self.queue.iter_mut().enumerate() {
+            if i > 0 && ahead >= WINDOW_BYTES {
                 break;
             }
-            if let Some((p, g)) = entry.tensors.take() {
-                let f32 = |t| Pending::start(cast_to(t, FloatDType::F32));
-                entry.reads = Some((f32(p), f32(g)));
+            if let Some(tensors) = next.tensors.take() {
+                next.reads = Some(start(tensors));
             }
-            if i > 0 {
-                ahead += entry.bytes;
-            }
+            ahead += next.bytes;
         }
-        let entry = self.queue.pop_front()?;
-        let (p, g) = entry.reads.expect("started above");
-        Some((p.wait(), g.wait()))
+        let (p, g) = reads;
+        Some(crate::heap::off_device(|| (p.wait(), g.wait())))
+    }
+
+    /// Drops parameter `id` unread (another rank updates it).
+    pub fn skip(&mut self, id: ParamId) {
+        self.queue.retain(|e| e.id != id);
     }
 }
