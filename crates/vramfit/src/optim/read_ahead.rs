@@ -223,3 +223,60 @@ impl<B: Backend> ReadAhead<B> {
         self.queue.retain(|e| e.id != id);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::module::ParamId;
+
+    type B = burn::backend::Flex;
+
+    fn tensor(values: Vec<f32>) -> Tensor<B, 2> {
+        let n = values.len();
+        Tensor::from_data(TensorData::new(values, [1, n]), &Default::default())
+    }
+
+    /// Which queued parameters have their reads started.
+    fn started(a: &ReadAhead<B>) -> Vec<bool> {
+        a.queue.iter().map(|e| e.reads.is_some()).collect()
+    }
+
+    #[test]
+    fn each_parameter_comes_back_with_its_own_values_and_the_window_starts_ahead() {
+        let ids: Vec<ParamId> = (0..5).map(|_| ParamId::new()).collect();
+        let mut a = ReadAhead::<B>::default();
+        // Parameter 1 alone fills the window (its f32 value and gradient
+        // take 8 bytes a value): 2 is not started with it, 3 and 4 never
+        // before their turn.
+        let sizes = [3, WINDOW_BYTES / 8, 2, 4, 1];
+        for (i, id) in ids.iter().enumerate() {
+            let p = tensor((0..sizes[i]).map(|k| (i * 10 + k) as f32).collect());
+            let g = tensor(vec![-(i as f32); sizes[i]]);
+            a.push(*id, p, g.cast(FloatDType::F16));
+        }
+        assert!(a.has(ids[3]) && !a.has(ParamId::new()));
+        let (p, g) = a.take(ids[0]).expect("queued");
+        assert_eq!((p, g), (vec![0.0, 1.0, 2.0], vec![0.0; 3]));
+        assert_eq!(
+            started(&a),
+            [true, false, false, false],
+            "the next one, then the window is full"
+        );
+        // Out of order: 3 comes back with its own values, 1 and 2 stay.
+        let (p, g) = a.take(ids[3]).expect("queued");
+        assert_eq!((p, g), (vec![30.0, 31.0, 32.0, 33.0], vec![-3.0; 4]));
+        assert_eq!(started(&a), [true, false, false]);
+        a.skip(ids[1]);
+        assert!(!a.has(ids[1]));
+        let (p, g) = a.take(ids[2]).expect("queued");
+        assert_eq!(
+            (p, g),
+            (vec![20.0, 21.0], vec![-2.0; 2]),
+            "a 16-bit gradient read as f32"
+        );
+        assert_eq!(started(&a), [true]);
+        assert!(a.take(ids[1]).is_none(), "skipped");
+        assert_eq!(a.take(ids[4]).expect("queued").0, vec![40.0]);
+        assert!(a.queue.is_empty());
+    }
+}
