@@ -182,8 +182,8 @@ where
     let groups = vramfit::trainer::parameter_groups(&model);
     let parameters = vramfit::plan::trainable_sizes(&model);
     drop(model);
-    // The transformer widens Q, K and V to f32 for the fused
-    // attention: fused at every precision where it has a kernel.
+    // The fused attention takes every precision where it has a kernel
+    // (the CubeCL kernels read 16-bit Q, K and V; the CPU's widens them).
     let fused_attention = if base.model.attention().is_some() && vramfit::fused::Attention::is_fused_on::<B>() {
         precisions.clone()
     } else {
