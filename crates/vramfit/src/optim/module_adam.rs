@@ -327,6 +327,10 @@ impl<B: AutodiffBackend> ModuleAdam<B> {
                     step_size: self.lr / self.bias1,
                 };
                 let p = if let (Some(host), Some(ahead)) = (self.host.as_deref_mut(), self.ahead.as_deref_mut()) {
+                    // The queue's handle is then the value's last: its
+                    // buffer is freed once read, before the new one goes up
+                    // (as when the read consumed the value itself).
+                    drop(tensor);
                     // Host memory on a device: left out of a heap trace
                     // (`crate::pools::trace_on_cpu`), and the upload is a
                     // new device buffer there even where the CPU takes the
