@@ -57,10 +57,14 @@ pub struct TrainSettings {
     #[arg(long, value_name = "NAME")]
     shape: Option<String>,
     /// The llm: what trains, all (default), lora:RANK (lora:RANK:mlp: the MLP
-    /// too) or frozen:GROUP,... (embedding, head, final_norm, blocks, blocks.I-J).
-    /// The key `model.train`.
+    /// too), qlora:RANK (lora with the base in NF4) or frozen:GROUP,...
+    /// (embedding, head, final_norm, blocks, blocks.I-J). The key `model.train`.
     #[arg(long, value_name = "MODE")]
     train: Option<String>,
+    /// The llm under LoRA: how the frozen base is stored, f32 (default),
+    /// bf16, f16, nf4 or int8 (quantized in blocks of 64). The key `model.base`.
+    #[arg(long, value_name = "TYPE")]
+    base: Option<String>,
     /// The llm: start from a safetensors checkpoint in the Hugging Face
     /// layout (a directory with model.safetensors or its index and shards),
     /// checked against the shape. The key `model.weights`.
@@ -146,6 +150,15 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
         }
         // Before the user's own --set, which may still override it.
         sets.insert(0, format!("model.train=\"{train}\""));
+    }
+    if let Some(base) = &a.base {
+        if M::NAME != "llm" {
+            anyhow::bail!(
+                "--base {base}: `train {}` has no frozen base; a frozen base stored small is the llm's",
+                M::NAME
+            );
+        }
+        sets.insert(0, format!("model.base={}", serde_json::to_string(base)?));
     }
     if let Some(dir) = &a.weights {
         if M::NAME != "llm" {

@@ -197,6 +197,9 @@ pub struct RoughFloats {
     pub parameters: f64,
     /// Of them, the frozen ones (no gradient, no moments; storable in 16 bits).
     pub frozen: f64,
+    /// Bytes a frozen parameter takes as the run stores it (4 in f32, 2 in
+    /// 16 bits, about 0.56 in NF4 with its scales).
+    pub frozen_bytes_each: f64,
     /// Activations kept for the backward, a sample.
     pub activations_per_sample: f64,
     /// The task's data (tables, source images).
@@ -207,15 +210,17 @@ impl RoughFloats {
     /// Bytes of a step at `samples` a forward pass, all f32: parameters,
     /// gradients and two moments; the activations; the task.
     pub fn bytes(&self, samples: usize) -> f64 {
-        4.0 * (4.0 * self.parameters - 3.0 * self.frozen + self.activations_per_sample * samples as f64 + self.task)
+        16.0 * (self.parameters - self.frozen)
+            + self.frozen_bytes_each * self.frozen
+            + 4.0 * (self.activations_per_sample * samples as f64 + self.task)
     }
 
     /// Bytes every plan needs at least: trainable parameters, gradients
-    /// and two moments in 16 bits, frozen parameters in 16 bits, and the
-    /// task; no activations (recomputed or split into micro-batches of
-    /// one, they can be small).
+    /// and two moments in 16 bits, frozen parameters as stored (at most 16
+    /// bits: a planner may store them so), and the task; no activations
+    /// (recomputed or split into micro-batches of one, they can be small).
     pub fn floor_bytes(&self) -> f64 {
-        2.0 * 4.0 * (self.parameters - self.frozen) + 2.0 * self.frozen + 4.0 * self.task
+        2.0 * 4.0 * (self.parameters - self.frozen) + self.frozen_bytes_each.min(2.0) * self.frozen + 4.0 * self.task
     }
 }
 

@@ -456,6 +456,7 @@ impl crate::family::ModelSettings for GptConfig {
         crate::config::RoughFloats {
             parameters: 2.0 * v * w + (self.context + self.frame_dim) as f64 * w + d * block,
             frozen: 0.0,
+            frozen_bytes_each: 4.0,
             // A block keeps some ten widths and the MLP's hidden a position,
             // and the scores twice a head; the logits thrice.
             activations_per_sample: d * (t * w * (10.0 + 2.0 * r) + scores) + 3.0 * t * v,

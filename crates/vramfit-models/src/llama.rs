@@ -21,6 +21,7 @@ use burn::tensor::backend::AutodiffBackend;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use vramfit::checkpoint::Block;
+use vramfit::frozen::BaseStorage;
 use vramfit::fused::Attention;
 use vramfit::precision::Autocast;
 use vramfit::step::Trainable;
@@ -67,8 +68,19 @@ pub struct LlamaConfig {
     pub attention: Attention,
     /// What trains: `all`, `lora:RANK` (`lora:RANK:mlp`: the MLP too), or
     /// `frozen:GROUP,...` (`embedding`, `head`, `final_norm`, `blocks`,
-    /// `blocks.I`, `blocks.I-J`).
+    /// `blocks.I`, `blocks.I-J`); `qlora:RANK` is `lora:RANK` with the base
+    /// in NF4.
     pub train: String,
+    /// Positions whose logits the loss computes at once
+    /// ([`vramfit::chunked_loss`]: the same loss and gradients, a chunk's
+    /// logits alive instead of all of them); 0: all at once.
+    pub loss_chunk: usize,
+    /// How the frozen base of a LoRA run is stored (`f32`, `bf16`, `f16`,
+    /// `nf4`, `int8`; [`vramfit::frozen::BaseStorage`]): the projections
+    /// in it (quantized: blocks of 64 with a scale each), the embedding and
+    /// head in its 16-bit type (bf16 for the quantized ones), norms in it
+    /// or, quantized, in f32. Empty: f32, or nf4 under `qlora:RANK`.
+    pub base: String,
     /// A safetensors checkpoint in the Hugging Face layout (a directory
     /// holding `model.safetensors` or its index and shards, or one file)
     /// to start from; empty: weights drawn from the seed. Checked against
@@ -100,7 +112,7 @@ impl Training {
         if text == "all" {
             return Ok(Training::All);
         }
-        if let Some(rest) = text.strip_prefix("lora:") {
+        if let Some(rest) = text.strip_prefix("lora:").or_else(|| text.strip_prefix("qlora:")) {
             let (rank, mlp) = match rest.split_once(':') {
                 Some((r, "mlp")) => (r, true),
                 Some((_, other)) => return bad(format!("`{other}` after the rank: only `mlp` (lora:8:mlp)")),
@@ -160,6 +172,8 @@ impl Default for LlamaConfig {
             tie_head: false,
             attention: Attention::Standard,
             train: "all".into(),
+            loss_chunk: vramfit::chunked_loss::DEFAULT_CHUNK,
+            base: String::new(),
             weights: String::new(),
         }
     }
@@ -286,6 +300,29 @@ impl LlamaConfig {
         }
     }
 
+    /// Bytes of the frozen parameters as stored (`model.base`): under LoRA
+    /// the projections in the base's type or quantized, the embedding and
+    /// head in its 16-bit type, the norms in it (f32 under a quantized base).
+    pub fn frozen_bytes(&self) -> u64 {
+        let frozen = self.frozen_parameters();
+        if !matches!(self.training(), Ok(Training::Lora { .. })) {
+            return 4 * frozen;
+        }
+        let storage = self.base_storage();
+        let [w, v] = [self.width, self.vocab].map(|x| x as u64);
+        let tables = v * w * if self.tie_head { 1 } else { 2 };
+        let norms = w * (2 * self.depth as u64 + 1);
+        let biases = if self.qkv_bias {
+            self.depth as u64 * (w + 2 * (self.kv_heads * self.head_width()) as u64)
+        } else {
+            0
+        };
+        let matrices = frozen - tables - norms - biases;
+        let vector_bytes = burn::tensor::DType::from(storage.float()).size() as u64;
+        let norm_bytes = if storage.format().is_some() { 4 } else { vector_bytes };
+        storage.matrix_bytes(matrices) + vector_bytes * (tables + biases) + norm_bytes * norms
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         for (key, v) in [
             ("model.vocab", self.vocab),
@@ -341,6 +378,7 @@ impl LlamaConfig {
                 "`head` is the embedding in this shape (tie_head): freeze `embedding`",
             ));
         }
+        self.check_base()?;
         if !self.weights.is_empty() {
             self.checkpoint()?;
         }
@@ -421,17 +459,75 @@ impl LlamaConfig {
         Training::parse(&self.train, self.depth, self.width)
     }
 
+    /// How the frozen base is stored: `base`, or NF4 under `qlora:RANK`
+    /// (checked by `validate`: an unknown name reads as f32 here).
+    pub fn base_storage(&self) -> BaseStorage {
+        match BaseStorage::parse(&self.base) {
+            Some(storage) => storage,
+            None if self.train.starts_with("qlora:") => BaseStorage::Nf4,
+            None => BaseStorage::F32,
+        }
+    }
+
+    /// The base's storage checked against what trains and the shapes.
+    fn check_base(&self) -> Result<(), ConfigError> {
+        let bad = |why: String| Err(invalid("model.base", why));
+        let names: Vec<&str> = BaseStorage::ALL.iter().map(|s| s.name()).collect();
+        if !self.base.is_empty() && BaseStorage::parse(&self.base).is_none() {
+            return bad(format!("`{}` is not a storage type: give one of {}", self.base, names.join(", ")));
+        }
+        let storage = self.base_storage();
+        if self.train.starts_with("qlora:") && storage != BaseStorage::Nf4 {
+            return bad(format!(
+                "qlora stores the base in nf4, model.base says {}: give lora:RANK with model.base={}",
+                storage.name(),
+                storage.name()
+            ));
+        }
+        if storage == BaseStorage::F32 {
+            return Ok(());
+        }
+        match self.training()? {
+            Training::Lora { .. } => {}
+            Training::All | Training::Frozen(_) => {
+                return bad(format!(
+                    "a {} base stores frozen weights, and `{}` does not freeze the base: give --train lora:RANK (or                      qlora:RANK), which freezes it and trains adapters",
+                    storage.name(),
+                    self.train
+                ));
+            }
+        }
+        if let Some(format) = storage.format() {
+            let (w, f) = (self.width, self.ffn);
+            let kv = self.kv_heads * self.head_width();
+            for (name, count) in [
+                ("q_proj and o_proj", w * w),
+                ("k_proj and v_proj", w * kv),
+                ("gate_proj, up_proj and down_proj", w * f),
+            ] {
+                if !count.is_multiple_of(vramfit::frozen::BLOCK) {
+                    return bad(format!(
+                        "{name} hold {count} weights, not a whole number of {}'s blocks of {}: store the base in bf16                          (model.base=bf16) or choose widths whose products are multiples of {}",
+                        format_name(format),
+                        vramfit::frozen::BLOCK,
+                        vramfit::frozen::BLOCK
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The network with weights drawn from `seed` (normal, σ 0.02; the
     /// projections into the residual stream σ 0.02/√(2·depth); norms 1),
     /// its parameters frozen and adapters added as `train` says (adapters:
     /// A normal with σ 1/√in, B zero, so the adapted model starts as the
     /// base; scale 1).
     pub fn init<B: Backend>(&self, seed: u64, device: &B::Device) -> Llama<B> {
-        self.adapted(
-            self.base::<B>(&mut Weights::Drawn(Box::new(ChaCha8Rng::seed_from_u64(seed))), device),
-            seed,
-            device,
-        )
+        // Drawn values are finite and `validate` checked the blocks, so
+        // every matrix quantizes.
+        let (base, _) = self.base::<B>(&mut Weights::Drawn(Box::new(ChaCha8Rng::seed_from_u64(seed))), device);
+        self.adapted(base, seed, device)
     }
 
     /// [`init`](Self::init) with the base read from the checkpoint
@@ -444,9 +540,17 @@ impl LlamaConfig {
             file: self.checkpoint()?,
             failed: None,
         };
-        let base = self.base::<B>(&mut read, device);
-        match read {
-            Weights::Read { failed: Some(why), .. } => Err(invalid("model.weights", why)),
+        let (base, quantizing) = self.base::<B>(&mut read, device);
+        match (read, quantizing) {
+            (Weights::Read { failed: Some(why), .. }, _) => Err(invalid("model.weights", why)),
+            (_, Some(why)) => Err(invalid(
+                "model.weights",
+                format!(
+                    "{}: {why}: the base cannot be stored in {} (model.base=bf16 keeps such values as they are)",
+                    self.weights,
+                    self.base_storage().name()
+                ),
+            )),
             _ => Ok(self.adapted(base, seed, device)),
         }
     }
@@ -459,9 +563,13 @@ impl LlamaConfig {
                 // The adapters' own stream: the base's weights are the
                 // full model's whatever the rank.
                 let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x4c6f_5241);
-                let mut model = freeze(model, |_| true);
+                let mut model = vramfit::frozen::freeze(model, |_| true);
                 for block in &mut model.blocks {
-                    let mut adapt = |p: &mut Proj<B>| p.lora = Some(Lora::new(&mut rng, p.shape(), rank, device));
+                    let mut adapt = |p: &mut Proj<B>| {
+                        let [inputs, outputs] = p.dims();
+                        let a = normal(&mut rng, [inputs, rank], 1.0 / (inputs as f64).sqrt(), device);
+                        p.lora = Some(Lora::new(a, outputs));
+                    };
                     for p in [&mut block.q, &mut block.k, &mut block.v, &mut block.o] {
                         adapt(p);
                     }
@@ -473,23 +581,59 @@ impl LlamaConfig {
                 }
                 model
             }
-            Training::Frozen(groups) => freeze(model, |path| {
+            Training::Frozen(groups) => vramfit::frozen::freeze(model, |path| {
                 groups.iter().any(|g| path == g || path.starts_with(&format!("{g}.")))
             }),
         }
     }
 
-    /// The network, every parameter trainable, its weights drawn or read.
-    fn base<B: Backend>(&self, weights: &mut Weights, device: &B::Device) -> Llama<B> {
+    /// The network, its weights drawn or read: every parameter trainable,
+    /// or, where `train` freezes the whole base (LoRA), frozen and stored
+    /// as `model.base` says (16-bit, or the projections quantized with the
+    /// embedding and head in bf16), each tensor as it is made.
+    /// The first matrix that could not be quantized is named beside it.
+    fn base<B: Backend>(&self, weights: &mut Weights, device: &B::Device) -> (Llama<B>, Option<String>) {
         let (w, kv) = (self.width, self.kv_heads * self.head_width());
+        let frozen_base = matches!(self.training(), Ok(Training::Lora { .. })).then(|| self.base_storage());
+        // Norms stay f32 under a quantized base (QLoRA's layout), take the
+        // base's type under a 16-bit one; tables (embedding, head) take it.
+        let vector = |p: Param<Tensor<B, 1>>| match frozen_base {
+            Some(storage) if storage.format().is_none() => vramfit::lora::frozen_float(p, storage.float()),
+            Some(_) => p.set_require_grad(false),
+            None => p,
+        };
+        let table = |p: Param<Tensor<B, 2>>| match frozen_base {
+            Some(storage) => vramfit::lora::frozen_float(p, storage.float()),
+            None => p,
+        };
+        // The first matrix that could not be quantized.
+        let mut quantizing: Option<String> = None;
         let residual = 0.02 / (2.0 * self.depth as f64).sqrt();
         let blocks = (0..self.depth)
             .map(|i| {
                 let at = |name: &str| format!("model.layers.{i}.{name}");
-                let mut proj = |name: &str, inputs, outputs, std, bias: bool| Proj {
-                    weight: weights.matrix(&at(&format!("{name}.weight")), [inputs, outputs], std, device),
-                    bias: bias.then(|| weights.vector(&at(&format!("{name}.bias")), outputs, 0.0, device)),
-                    lora: None,
+                // A frozen base is stored small as each matrix is made, so the
+                // f32 model never exists whole.
+                let mut proj = |name: &str, inputs, outputs, std, bias: bool| {
+                    let p = Proj::new(
+                        weights.matrix(&at(&format!("{name}.weight")), [inputs, outputs], std, device),
+                        bias.then(|| weights.vector(&at(&format!("{name}.bias")), outputs, 0.0, device)),
+                    );
+                    let Some(storage) = frozen_base else {
+                        return p;
+                    };
+                    match p.frozen_as(storage) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            // Drawn weights are finite and `validate` checked the
+                            // blocks: a read tensor's values (NaN, ∞) fail here.
+                            quantizing.get_or_insert_with(|| format!("`{}`: {e}", at(&format!("{name}.weight"))));
+                            Proj::new(
+                                Param::from_tensor(Tensor::zeros([inputs, outputs], device)).set_require_grad(false),
+                                None,
+                            )
+                        }
+                    }
                 };
                 let (q, k, v) = (
                     proj("self_attn.q_proj", w, w, 0.02, self.qkv_bias),
@@ -503,7 +647,7 @@ impl LlamaConfig {
                 );
                 let down = proj("mlp.down_proj", self.ffn, w, residual, false);
                 let mut norm = |name: &str| RmsNorm {
-                    weight: weights.vector(&at(name), w, 1.0, device),
+                    weight: vector(weights.vector(&at(name), w, 1.0, device)),
                     eps: self.norm_eps,
                 };
                 LlamaBlock {
@@ -523,15 +667,25 @@ impl LlamaConfig {
                 }
             })
             .collect();
-        Llama {
-            embedding: weights.table("model.embed_tokens.weight", [self.vocab, w], device),
+        let embedding = table(weights.table("model.embed_tokens.weight", [self.vocab, w], device));
+        let model = Llama {
+            loss_chunk: if self.loss_chunk == 0 { usize::MAX } else { self.loss_chunk },
+            embedding,
             blocks,
             final_norm: RmsNorm {
-                weight: weights.vector("model.norm.weight", w, 1.0, device),
+                weight: vector(weights.vector("model.norm.weight", w, 1.0, device)),
                 eps: self.norm_eps,
             },
-            head: (!self.tie_head).then(|| weights.matrix("lm_head.weight", [w, self.vocab], 0.02, device)),
-        }
+            head: (!self.tie_head).then(|| table(weights.matrix("lm_head.weight", [w, self.vocab], 0.02, device))),
+        };
+        (model, quantizing)
+    }
+}
+
+fn format_name(format: vramfit::frozen::Format) -> &'static str {
+    match format {
+        vramfit::frozen::Format::Nf4 => "nf4",
+        vramfit::frozen::Format::Int8 => "int8",
     }
 }
 
@@ -609,77 +763,12 @@ impl Weights {
     }
 }
 
-/// A projection `x · W (+ b)`, `W: [in, out]`, with a low-rank adapter
-/// `(x · A) · B` added where the model has one.
-#[derive(Module, Debug)]
-pub struct Proj<B: Backend> {
-    /// Weight, `[in, out]`.
-    pub weight: Param<Tensor<B, 2>>,
-    /// Bias, where the shape has one.
-    pub bias: Option<Param<Tensor<B, 1>>>,
-    /// The adapter (LoRA), where `train = lora:R` put one.
-    pub lora: Option<Lora<B>>,
-}
+/// A projection `x · W (+ b)`, `W: [in, out]`, frozen and stored small or
+/// trained, with a low-rank adapter where the model has one
+/// ([`vramfit::lora`]).
+pub type Proj<B> = vramfit::lora::Projection<B>;
 
-impl<B: Backend> Proj<B> {
-    fn forward(&self, x: Tensor<B, 3>, ac: &Autocast) -> Tensor<B, 3> {
-        let base = ac.linear(x.clone(), self.weight.val(), self.bias.as_ref().map(|b| b.val()));
-        match &self.lora {
-            Some(l) => ac.full(base) + ac.full(ac.linear(ac.linear(x, l.a.val(), None), l.b.val(), None)),
-            None => base,
-        }
-    }
-
-    fn shape(&self) -> [usize; 2] {
-        self.weight.val().dims()
-    }
-}
-
-/// A low-rank adapter: `A: [in, r]`, `B: [r, out]`.
-#[derive(Module, Debug)]
-pub struct Lora<B: Backend> {
-    /// Down to the rank.
-    pub a: Param<Tensor<B, 2>>,
-    /// Up from it (zero at the start).
-    pub b: Param<Tensor<B, 2>>,
-}
-
-impl<B: Backend> Lora<B> {
-    fn new(rng: &mut ChaCha8Rng, [inputs, outputs]: [usize; 2], rank: usize, device: &B::Device) -> Self {
-        Self {
-            a: normal(rng, [inputs, rank], 1.0 / (inputs as f64).sqrt(), device),
-            b: Param::from_tensor(Tensor::zeros([rank, outputs], device)),
-        }
-    }
-}
-
-/// `model` with the parameters whose dotted path `frozen` picks taking no
-/// gradient (none kept, no moments).
-fn freeze<B: Backend, M: Module<B>>(model: M, frozen: impl Fn(&str) -> bool) -> M {
-    struct Freeze<F> {
-        path: vramfit::params::PathTracker,
-        frozen: F,
-    }
-    impl<B: Backend, F: Fn(&str) -> bool> burn::module::ModuleMapper<B> for Freeze<F> {
-        fn enter_module(&mut self, name: &str, _: &str) {
-            self.path.enter(name)
-        }
-        fn exit_module(&mut self, _: &str, _: &str) {
-            self.path.exit()
-        }
-        fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-            if (self.frozen)(&self.path.path()) {
-                param.set_require_grad(false)
-            } else {
-                param
-            }
-        }
-    }
-    model.map(&mut Freeze {
-        path: vramfit::params::PathTracker::default(),
-        frozen,
-    })
-}
+pub use vramfit::lora::Lora;
 
 /// RMSNorm: `x / √(mean(x²) + ε) · γ`, in f32.
 #[derive(Module, Debug)]
@@ -772,7 +861,11 @@ impl<B: Backend> Block<B, 3> for LlamaBlock<B> {
         // K rounded to the low type before its heads are repeated (both
         // paths' products take it low): the repeat is then in 16 bits.
         let k = self.shared(ac.low(rotary(ac.full(split(&self.k, self.kv_heads)), self.rope_theta)));
-        let v = self.shared(split(&self.v, self.kv_heads));
+        // V in the low type too: a projection with an adapter gives its sum
+        // in f32 (base and adapter added in f32), one without it in the low
+        // type; the fused attention takes Q, K and V in one type (the
+        // standard path's product rounds V the same way).
+        let v = self.shared(ac.low(split(&self.v, self.kv_heads)));
         let scale = 1.0 / (dh as f64).sqrt();
         let mixed = if self.fused_attention {
             // Q rounded to the low type after the rotation, as the
@@ -801,6 +894,8 @@ pub struct Llama<B: Backend> {
     pub final_norm: RmsNorm<B>,
     /// Head, `[width, vocab]` (`None`: the embedding transposed).
     pub head: Option<Param<Tensor<B, 2>>>,
+    /// Positions whose logits exist at once in the loss.
+    loss_chunk: usize,
 }
 
 impl<B: Backend> Llama<B> {
@@ -825,8 +920,14 @@ impl<B: Backend> Llama<B> {
             Some(h) => h.val(),
             None => self.embedding.val().transpose(),
         };
-        let logits = ac.full(ac.matmul(x.reshape([b * t, w]), head)); // [b·t, vocab]
-        crate::data::next_token_loss(logits, batch)
+        // A chunk of positions' logits at a time (a frozen head used as stored).
+        vramfit::chunked_loss::chunked_cross_entropy(
+            x.reshape([b * t, w]),
+            head,
+            batch.targets.clone().reshape([b * t]),
+            self.loss_chunk,
+            ac,
+        )
     }
 
     /// The loss of `batch` through every block.
@@ -967,6 +1068,7 @@ impl crate::family::ModelSettings for LlamaConfig {
         RoughFloats {
             parameters: (self.parameters() + self.adapter_parameters()) as f64,
             frozen: self.frozen_parameters() as f64,
+            frozen_bytes_each: self.frozen_bytes() as f64 / self.frozen_parameters().max(1) as f64,
             // A block keeps some ten widths and four hidden widths a
             // position, the scores twice a head; the logits thrice.
             activations_per_sample: d * (t * (10.0 * w + 4.0 * f) + scores) + 3.0 * t * v,
@@ -1014,10 +1116,15 @@ impl crate::family::Family<3> for LlamaConfig {
                 .map(|p| p.bytes())
                 .sum()
         };
-        let count: usize = params.iter().map(|p| p.shape.iter().product::<usize>()).sum();
-        out.insert("parameters".into(), count.into());
+        // Counted from the settings: a quantized matrix is codes, not floats.
+        out.insert("parameters".into(), (self.parameters() + self.adapter_parameters()).into());
         out.insert("trainable_bytes".into(), bytes(true).into());
-        out.insert("frozen_bytes".into(), bytes(false).into());
+        // Quantized codes are integer parameters, outside `describe`'s floats.
+        out.insert(
+            "frozen_bytes".into(),
+            (bytes(false) + vramfit::frozen::code_bytes(net)).into(),
+        );
+        out.insert("base".into(), self.base_storage().name().into());
         out
     }
 }

@@ -509,6 +509,7 @@ impl ModelSettings for UnetConfig {
         crate::config::RoughFloats {
             parameters,
             frozen: 0.0,
+            frozen_bytes_each: 4.0,
             activations_per_sample: activations,
             task: 3.0 * (task.source as f64).powi(2),
         }

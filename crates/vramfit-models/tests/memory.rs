@@ -14,6 +14,9 @@ use vramfit_models::job::launch;
 #[global_allocator]
 static HEAP: vramfit::heap::Counting<std::alloc::System> = vramfit::heap::Counting(std::alloc::System);
 
+/// One test at a time reads the heap.
+static HEAP_TURN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn config(checkpoint: &str, micro_batch: usize, accumulate: usize) -> TrainConfig {
     let mut c = TrainConfig {
         steps: 3,
@@ -54,6 +57,7 @@ fn measure(c: TrainConfig) -> (u64, u64) {
 
 #[test]
 fn activations_fall_with_checkpointing_and_with_micro_batches() {
+    let _turn = HEAP_TURN.lock().unwrap_or_else(|e| e.into_inner());
     let (plain, plain_peak) = measure(config("none", 16, 1));
     let (all, all_peak) = measure(config("all", 16, 1));
     let (quarter, quarter_peak) = measure(config("none", 4, 4));
@@ -67,4 +71,71 @@ fn activations_fall_with_checkpointing_and_with_micro_batches() {
     // A quarter of the batch per micro-batch keeps about a quarter (measured 0.26).
     assert!(quarter * 3 < plain, "4×4: {quarter} vs {plain}");
     assert!(all_peak < plain_peak && quarter_peak < plain_peak);
+}
+
+/// A LoRA model's frozen base, stored in bf16 or NF4 and used in f32 or
+/// bf16 compute: between the forward and the backward the step holds no
+/// compute-type copy of a frozen matrix (the heap grows by far less than
+/// one copy of them: what it grows by is the activations and the
+/// adapters' inputs), and the backward's peak above that holds at most a
+/// few matrices at once (each rebuilt for its product and dropped). Burn's
+/// product, which keeps its right operand, held every cast for the
+/// backward: as many bytes as the f32 base.
+#[test]
+fn a_frozen_base_is_held_as_stored_through_the_step() {
+    use vramfit::precision::{Autocast, Precision};
+    use vramfit_models::data::{SyntheticTask, TaskConfig};
+    use vramfit_models::llama::LlamaConfig;
+    let _turn = HEAP_TURN.lock().unwrap_or_else(|e| e.into_inner());
+    let _graph = vramfit::grads::graph_lock();
+    type B = Autodiff<Flex>;
+    let device = Default::default();
+    for base in ["bf16", "nf4"] {
+        for precision in [Precision::F32, Precision::Bf16] {
+            let config = LlamaConfig {
+                vocab: 64,
+                width: 256,
+                depth: 2,
+                heads: 4,
+                kv_heads: 2,
+                ffn: 512,
+                context: 8,
+                train: "lora:4".into(),
+                base: base.into(),
+                ..Default::default()
+            };
+            // Frozen projections: q and o are 256², k and v 256·128, the MLP's 3·256·512.
+            let matrices = config.depth * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512);
+            let f32_copy = 4 * matrices as u64;
+            let model = config.init::<B>(0, &device);
+            let task = SyntheticTask::new(
+                TaskConfig {
+                    tokens: 8,
+                    ..Default::default()
+                },
+                64,
+                0,
+            );
+            let batch = task.batch::<B>(0, 1, &device);
+            let ac = Autocast::new(precision);
+            let before = vramfit::heap::current();
+            let loss = model.loss(&batch, &ac);
+            let held = vramfit::heap::current().saturating_sub(before);
+            vramfit::heap::take_peak();
+            let grads = loss.backward();
+            let backward_peak = vramfit::heap::take_peak().saturating_sub(before);
+            drop(grads);
+            eprintln!(
+                "{base} base, {} compute: held after the forward {held} B, backward peak {backward_peak} B; an f32 \
+                 copy of the frozen matrices {f32_copy} B",
+                precision.name()
+            );
+            assert!(held < f32_copy / 8, "{base}, {precision:?}: {held} B held after the forward");
+            // One f32 matrix (the largest 512 KiB) and its product at a time, with the graph's own.
+            assert!(
+                backward_peak < f32_copy / 2,
+                "{base}, {precision:?}: the backward's peak {backward_peak} B"
+            );
+        }
+    }
 }

@@ -352,3 +352,111 @@ fn slice_wgpu() {
     // the plain +2.6 %), which costs headroom, never an out-of-memory.
     a_slice_predicts_the_whole_depth::<vramfit::backends::Wgpu>(256, 24, 32, None, 0.15);
 }
+
+/// Every combination of the knobs the planner may choose, and so verify
+/// and run (precision × storage × moments × attention × checkpointing, at
+/// the whole batch and at micro-batches of one), on a tiny shape of each
+/// workload: the transformer, the llm trained whole, under LoRA with its
+/// base in f32, bf16 and NF4, with frozen groups, and the U-Net. Each is
+/// one probe (a short run through the driver); none may fail or panic.
+/// (The crash this guards against: a LoRA projection gave V to the fused
+/// attention in f32 where Q and K were bf16.)
+fn every_knob_combination_runs<B>()
+where
+    B: AutodiffBackend,
+    B::InnerBackend: DeviceMemory,
+{
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    let mut gpt = TrainConfig {
+        batch_size: 2,
+        ..Default::default()
+    };
+    (gpt.model.width, gpt.model.heads, gpt.model.depth, gpt.model.vocab) = (16, 2, 2, 16);
+    (gpt.model.context, gpt.task.tokens) = (16, 8);
+    ran += probe_every_combination::<B, _, 3>("transformer", gpt, &mut failures);
+    for (train, base) in [
+        ("all", ""),
+        ("lora:4", ""),
+        ("lora:4", "bf16"),
+        ("qlora:4", ""),
+        ("frozen:embedding,blocks.0", ""),
+    ] {
+        let mut llm = vramfit_models::llama::LlmConfig {
+            batch_size: 2,
+            ..Default::default()
+        };
+        let m = &mut llm.model;
+        (m.width, m.heads, m.kv_heads, m.ffn, m.depth, m.vocab, m.context) = (32, 4, 2, 64, 2, 32, 16);
+        (m.train, m.base) = (train.into(), base.into());
+        llm.task.tokens = 8;
+        ran += probe_every_combination::<B, _, 3>(&format!("llm --train {train} --base {base}"), llm, &mut failures);
+    }
+    let mut unet = UnetTrainConfig {
+        batch_size: 2,
+        ..Default::default()
+    };
+    (unet.task.resolution, unet.task.source, unet.model.width, unet.model.depth) = (16, 32, 8, 2);
+    ran += probe_every_combination::<B, _, 4>("unet", unet, &mut failures);
+    eprintln!("{ran} probes, {} failed", failures.len());
+    assert!(failures.is_empty(), "{} of {ran} probes failed:\n{}", failures.len(), failures.join("\n"));
+}
+
+fn probe_every_combination<B, F: Family<D>, const D: usize>(
+    name: &str,
+    base: FamilyConfig<F>,
+    failures: &mut Vec<String>,
+) -> usize
+where
+    B: AutodiffBackend,
+    B::InnerBackend: DeviceMemory,
+{
+    let device = B::Device::default();
+    let mut target =
+        FamilyTarget::<B, F, D>::new(base, &device).unwrap_or_else(|e| panic!("{name}: the settings: {e}"));
+    let space = target.space();
+    let n = space.blocks;
+    let mut count = 0;
+    for knobs in space.combinations(1) {
+        // Cleanup is the allocator's (no effect on the graph); storage all
+        // or none; micro-batches whole or of one.
+        let storage = knobs.low_storage == 0 || knobs.low_storage == space.storage_groups.len();
+        if knobs.cleanup || !storage || !(knobs.micro_batch == space.batch || knobs.micro_batch == 1) {
+            continue;
+        }
+        for checkpointed in [vec![false; n], vec![true; n]] {
+            let k = vramfit::plan::Knobs {
+                checkpointed,
+                ..knobs.clone()
+            };
+            let what = format!("{name}: {}", k.describe(space.batch));
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| target.measure(&k, space.batch))) {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => failures.push(format!("{what}: {e}")),
+                Err(panic) => failures.push(format!(
+                    "{what}: panicked: {}",
+                    panic
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default()
+                )),
+            }
+            count += 1;
+        }
+    }
+    assert!(count > 0, "{name}: no combination");
+    count
+}
+
+#[test]
+fn every_knob_combination_runs_flex() {
+    every_knob_combination_runs::<vramfit::backends::Flex>();
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn every_knob_combination_runs_wgpu() {
+    every_knob_combination_runs::<vramfit::backends::Wgpu>();
+}

@@ -26,6 +26,7 @@ vramfit::test_backends!(
     llm_gradients_agree_with_finite_differences,
     llm_checkpointed_gradients_equal_plain_gradients,
     lora_and_frozen_groups_give_gradients_only_to_what_trains,
+    a_frozen_base_stored_small_gives_the_f32_base_loss_and_adapter_gradients,
     a_hugging_face_checkpoint_loads_exactly,
 );
 
@@ -281,6 +282,63 @@ fn lora_and_frozen_groups_give_gradients_only_to_what_trains<B: AutodiffBackend>
             !(k.starts_with("embedding") || k.starts_with("blocks.0.") || k.starts_with("blocks.1.")),
             "{k} is frozen"
         );
+    }
+}
+
+/// LoRA on a base stored in bf16, f16, int8 or NF4 (`model.base`): the
+/// same loss and adapter gradients as on the f32 base, within each
+/// storage's rounding of the weights, in f32 and bf16 compute; nothing of
+/// the base takes a gradient. Bounds from the rounding: bf16 keeps 8 bits
+/// of mantissa (2⁻⁹ relative a weight), f16 11, int8 about 2⁻⁸ of a
+/// block's largest weight; NF4 is 4 bits (a mean error of some 0.1 σ a
+/// weight), so its loss moves by a few per cent on this tiny model.
+fn a_frozen_base_stored_small_gives_the_f32_base_loss_and_adapter_gradients<B: AutodiffBackend>() {
+    let device = Default::default();
+    let config = |base: &str| LlamaConfig {
+        train: "lora:4".into(),
+        base: base.into(),
+        ..tiny(2)
+    };
+    let b = batch::<B>(&tiny(2), 2);
+    let ac = Autocast::new(Precision::F32);
+    let reference = config("f32").init::<B>(5, &device);
+    // A non-zero B, so that A's gradients are not zero either.
+    let nudge = |m: Llama<B>| -> Llama<B> {
+        let mut m = m;
+        for block in &mut m.blocks {
+            for p in [&mut block.q, &mut block.k, &mut block.v, &mut block.o] {
+                let lora = p.lora.as_mut().unwrap();
+                let dims = lora.b.val().dims();
+                let values: Vec<f32> = (0..dims[0] * dims[1]).map(|i| ((i % 7) as f32 - 3.0) * 0.01).collect();
+                lora.b = Param::from_tensor(Tensor::from_data(TensorData::new(values, dims), &device));
+            }
+        }
+        m
+    };
+    let reference = nudge(reference);
+    let loss = |m: &Llama<B>, ac: &Autocast| -> f32 { m.loss(&b, ac).into_scalar().elem() };
+    let (l0, g0) = (loss(&reference, &ac), by_path(&reference, &gradients(&reference, &b, &ac)));
+    assert!(g0.keys().all(|k| k.contains(".lora.")), "{:?}", g0.keys());
+    for (base, loss_bound, grad_bound) in [
+        ("bf16", 5e-3, 3e-2),
+        ("f16", 1e-3, 5e-3),
+        ("int8", 5e-3, 3e-2),
+        ("nf4", 5e-2, 0.3),
+    ] {
+        let model = nudge(config(base).init::<B>(5, &device));
+        for precision in [Precision::F32, Precision::Bf16] {
+            if !crate::common::supports::<B>(precision) {
+                continue;
+            }
+            let ac = Autocast::new(precision);
+            let (l, g) = (loss(&model, &ac), by_path(&model, &gradients(&model, &b, &ac)));
+            let (dl, dg) = ((l - l0).abs() / l0.abs(), relative_gap(&g0, &g));
+            eprintln!("{base} base, {} compute: loss {l} against {l0} ({dl:.2e}), adapter gradients {dg:.2e}", precision.name());
+            // bf16 compute rounds every product's inputs too: twice the bounds.
+            let widen = if precision == Precision::F32 { 1.0 } else { 2.0 };
+            assert!(dl <= loss_bound * widen, "{base}, {precision:?}: loss {l} against {l0}");
+            assert!(dg <= grad_bound * widen, "{base}, {precision:?}: adapter gradients {dg}");
+        }
     }
 }
 

@@ -1,0 +1,155 @@
+//! Low-rank adapters (LoRA, Hu et al. 2021) on a projection whose base may
+//! be frozen and stored small ([`crate::frozen`]): `y = x · W (+ b) +
+//! (x · A) · B`, `A: [in, r]`, `B: [r, out]`, B zero at the start so the
+//! adapted model begins as the base.
+//!
+//! [`Projection`] is the building block a model uses for every matrix that
+//! may be frozen or adapted: trainable, it is an ordinary linear layer;
+//! frozen, its weight is used through [`crate::frozen::linear`], which keeps
+//! it as stored (16-bit or quantized) for the backward; adapted, the
+//! adapter's sum is added in f32.
+
+use burn::module::{Module, Param};
+use burn::prelude::*;
+
+use crate::frozen::{BaseStorage, Matrix, QuantError, Quantized};
+use crate::precision::Autocast;
+
+/// A low-rank adapter: `A: [in, r]`, `B: [r, out]`.
+#[derive(Module, Debug)]
+pub struct Lora<B: Backend> {
+    /// Down to the rank.
+    pub a: Param<Tensor<B, 2>>,
+    /// Up from it (zero at the start).
+    pub b: Param<Tensor<B, 2>>,
+}
+
+impl<B: Backend> Lora<B> {
+    /// An adapter from `a` (`[in, r]`, drawn by the caller) and a zero `B`.
+    pub fn new(a: Param<Tensor<B, 2>>, outputs: usize) -> Self {
+        let [_, rank] = a.val().dims();
+        let device = a.val().device();
+        Self {
+            a,
+            b: Param::from_tensor(Tensor::zeros([rank, outputs], &device)),
+        }
+    }
+}
+
+/// `x · W (+ b)`, `W: [in, out]`, with a low-rank adapter added where the
+/// model has one. `W` is a float parameter (`weight`) or, for a quantized
+/// frozen base, `quantized`; exactly one of the two is present.
+#[derive(Module, Debug)]
+pub struct Projection<B: Backend> {
+    /// Weight, `[in, out]`, where it is stored as floats.
+    pub weight: Option<Param<Tensor<B, 2>>>,
+    /// Weight, where it is block-quantized (frozen).
+    pub quantized: Option<Quantized<B>>,
+    /// Bias, where the shape has one.
+    pub bias: Option<Param<Tensor<B, 1>>>,
+    /// The adapter, where one was added.
+    pub lora: Option<Lora<B>>,
+}
+
+impl<B: Backend> Projection<B> {
+    /// A plain projection with a float weight.
+    pub fn new(weight: Param<Tensor<B, 2>>, bias: Option<Param<Tensor<B, 1>>>) -> Self {
+        Self {
+            weight: Some(weight),
+            quantized: None,
+            bias,
+            lora: None,
+        }
+    }
+
+    /// `[in, out]`.
+    pub fn dims(&self) -> [usize; 2] {
+        match (&self.weight, &self.quantized) {
+            (Some(w), _) => w.val().dims(),
+            (None, Some(q)) => q.dims(),
+            (None, None) => unreachable!("a projection holds a weight"),
+        }
+    }
+
+    /// The weight as stored.
+    pub fn matrix(&self) -> Matrix<B> {
+        match (&self.weight, &self.quantized) {
+            (Some(w), _) => Matrix::Float(w.val()),
+            (None, Some(q)) => Matrix::of(q),
+            (None, None) => unreachable!("a projection holds a weight"),
+        }
+    }
+
+    /// Whether the weight trains.
+    pub fn weight_trains(&self) -> bool {
+        self.weight.as_ref().is_some_and(|w| w.val().is_require_grad())
+    }
+
+    /// `x: [.., in]` → `[.., out]`: the base in the compute type, or, with
+    /// an adapter, base and adapter added in f32.
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>, ac: &Autocast) -> Tensor<B, D> {
+        let bias = self.bias.as_ref().map(|b| b.val());
+        let base = match &self.weight {
+            Some(w) if w.val().is_require_grad() => ac.linear(x.clone(), w.val(), bias),
+            _ => crate::frozen::linear(x.clone(), &self.matrix(), bias, ac),
+        };
+        match &self.lora {
+            Some(l) => ac.full(base) + ac.full(ac.linear(ac.linear(x, l.a.val(), None), l.b.val(), None)),
+            None => base,
+        }
+    }
+
+    /// Adds `lora` (replacing any adapter there).
+    pub fn adapt(self, lora: Lora<B>) -> Self {
+        Self {
+            lora: Some(lora),
+            ..self
+        }
+    }
+
+    /// The weight frozen and stored as `storage` says: cast to its float
+    /// type, or quantized (refused when its values are not a whole number
+    /// of blocks or not finite). The bias is frozen and cast with it.
+    pub fn frozen_as(self, storage: BaseStorage) -> Result<Self, QuantError> {
+        let Self {
+            weight,
+            quantized,
+            bias,
+            lora,
+        } = self;
+        let bias = bias.map(|b| frozen_float(b, storage.float()));
+        let (weight, quantized) = match (weight, storage.format()) {
+            (Some(w), Some(format)) => {
+                let t = w.val();
+                let (dims, device) = (t.dims(), t.device());
+                let values = t.into_data().convert::<f32>();
+                let values = values.as_slice::<f32>().expect("f32 values");
+                (None, Some(Quantized::new(values, dims, format, &device)?))
+            }
+            (Some(w), None) => (Some(frozen_float(w, storage.float())), None),
+            (None, _) => (None, quantized),
+        };
+        Ok(Self {
+            weight,
+            quantized,
+            bias,
+            lora,
+        })
+    }
+}
+
+/// `param` frozen and stored in `dtype` (rebuilt as a leaf in that type).
+pub fn frozen_float<B: Backend, const D: usize>(
+    param: Param<Tensor<B, D>>,
+    dtype: burn::tensor::FloatDType,
+) -> Param<Tensor<B, D>> {
+    let (id, tensor, mapper) = param.consume();
+    let tensor = if tensor.dtype() == dtype.into() {
+        tensor
+    } else {
+        let device = tensor.device();
+        let data = tensor.into_data().convert_dtype(dtype.into());
+        Tensor::from_data(data, (&device, dtype.into()))
+    };
+    Param::from_mapped_value(id, tensor, mapper).set_require_grad(false)
+}
