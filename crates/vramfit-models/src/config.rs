@@ -216,11 +216,11 @@ impl RoughFloats {
     }
 
     /// Bytes every plan needs at least: trainable parameters, gradients
-    /// and two moments in 16 bits, frozen parameters as stored (at most 16
-    /// bits: a planner may store them so), and the task; no activations
-    /// (recomputed or split into micro-batches of one, they can be small).
+    /// and two moments in 16 bits, frozen parameters as stored, and the
+    /// task; no activations (recomputed or split into micro-batches of
+    /// one, they can be small).
     pub fn floor_bytes(&self) -> f64 {
-        2.0 * 4.0 * (self.parameters - self.frozen) + self.frozen_bytes_each.min(2.0) * self.frozen + 4.0 * self.task
+        2.0 * 4.0 * (self.parameters - self.frozen) + self.frozen_bytes_each * self.frozen + 4.0 * self.task
     }
 }
 
@@ -394,7 +394,11 @@ impl<M: ModelSettings> FamilyConfig<M> {
         } else {
             self.batch_size
         };
-        let rough = self.model.rough_floats(&self.task);
+        let mut rough = self.model.rough_floats(&self.task);
+        if !self.storage.is_empty() {
+            // A storage policy may put frozen groups in 16 bits.
+            rough.frozen_bytes_each = rough.frozen_bytes_each.min(2.0);
+        }
         let bytes = rough.bytes(samples);
         // On the CPU the host is the device: beyond its memory an allocation
         // would abort the process. What every plan needs at least (16-bit
@@ -411,11 +415,19 @@ impl<M: ModelSettings> FamilyConfig<M> {
                 },
                 why: format!(
                     "these sizes need at least about {} by a rough count, whatever the memory techniques \
-                     ({:.3e} parameters with their gradients and moments in 16 bits, the task's tables): more than \
-                     this machine's memory, {}; lower the model's or task's sizes",
+                     ({:.3e} parameters, the trainable ones with their gradients and moments in 16 bits, {:.3e} \
+                     frozen ones at {:.2} bytes each as stored; the task's tables): more than this machine's \
+                     memory, {}; {}",
                     rough_size(rough.floor_bytes()),
                     rough.parameters,
-                    rough_size(total as f64)
+                    rough.frozen,
+                    rough.frozen_bytes_each,
+                    rough_size(total as f64),
+                    if rough.frozen_bytes_each > 2.0 && rough.frozen * 2.0 > rough.floor_bytes() / 4.0 {
+                        "store the frozen base in 16 bits (--base bf16) or 4 (--train qlora:RANK), or lower the sizes"
+                    } else {
+                        "lower the model's or task's sizes"
+                    }
                 ),
             });
         }

@@ -198,28 +198,41 @@ mod tests {
         // The first word holds levels 0..8, the lowest four bits the first.
         assert_eq!(codes[0] as u32, 0x7654_3210);
         assert_eq!(dequantize(&codes, &scales, Format::Nf4), block);
-        let ints: Vec<f32> = (0..BLOCK).map(|i| (i as f32 - 32.0) / 127.0 * 2.0).collect();
-        let (codes, scales) = quantize(&ints, Format::Int8).unwrap();
+        // int8: within half a step (absmax / 254) of every value, the
+        // absmax itself exact.
+        let values: Vec<f32> = (0..BLOCK).map(|i| (i as f32 - 32.0) / 50.0).collect();
+        let (codes, scales) = quantize(&values, Format::Int8).unwrap();
+        assert_eq!(scales, vec![0.64]);
         let back = dequantize(&codes, &scales, Format::Int8);
-        for (a, b) in ints.iter().zip(&back) {
-            assert!((a - b).abs() <= 1e-6 * 2.0, "{a} {b}");
+        assert_eq!(back[0], -0.64);
+        for (a, b) in values.iter().zip(&back) {
+            assert!((a - b).abs() <= 0.64 / 254.0 * 1.0001, "{a} {b}");
         }
     }
 
-    /// QLoRA (appendix E, via its figure 3 discussion) motivates NF4 as
-    /// information-theoretically optimal for normal weights: its mean
-    /// absolute error on N(0, σ) weights in blocks of 64 is about 0.1 σ
-    /// (measured here 0.0996 σ for NF4 against 0.1094 σ for a uniform
-    /// 4-bit grid on the same blocks). The bound holds both: NF4 below the
-    /// uniform grid's error, and int8 some ten times below NF4's.
+    /// NF4 on normal weights, against the bound bitsandbytes' own test
+    /// holds its NF4 to at blocks of 64 (`test_4bit_quant` on standard
+    /// normal values: mean |error| below 0.1 σ, mean relative error below
+    /// 0.28), and against a uniform 4-bit absmax grid on the same blocks,
+    /// which NF4 exists to beat on normal values. Measured here (2026-11-29,
+    /// 262,144 values): NF4 0.0726 σ, the uniform grid 0.0912 σ, int8
+    /// 0.0050 σ.
     #[test]
-    fn nf4_error_on_normal_weights_is_below_a_uniform_grid_and_int8_below_nf4() {
+    fn nf4_error_on_normal_weights_is_within_bitsandbytes_bound_and_below_a_uniform_grid() {
         let values = normal(BLOCK * 4096, 7);
         let sigma = 0.02f64;
-        let mae = |format: Format| {
+        let errors = |format: Format| {
             let (codes, scales) = quantize(&values, format).unwrap();
             let back = dequantize(&codes, &scales, format);
-            values.iter().zip(&back).map(|(a, b)| (a - b).abs() as f64).sum::<f64>() / values.len() as f64 / sigma
+            let n = values.len() as f64;
+            let mae = values.iter().zip(&back).map(|(a, b)| (a - b).abs() as f64).sum::<f64>() / n / sigma;
+            let relative = values
+                .iter()
+                .zip(&back)
+                .map(|(a, b)| ((a - b).abs() / (a.abs() + 1e-8 * sigma as f32)) as f64)
+                .sum::<f64>()
+                / n;
+            (mae, relative)
         };
         // A uniform 4-bit absmax grid (15 levels over [-1, 1]) on the same blocks.
         let uniform = values
@@ -231,9 +244,11 @@ mod tests {
             .sum::<f64>()
             / values.len() as f64
             / sigma;
-        let (nf4, int8) = (mae(Format::Nf4), mae(Format::Int8));
-        eprintln!("mean |error| / σ: nf4 {nf4:.4}, uniform 4-bit {uniform:.4}, int8 {int8:.5}");
-        assert!(nf4 < 0.105, "NF4's error on normal weights: {nf4} σ");
+        let ((nf4, nf4_relative), (int8, _)) = (errors(Format::Nf4), errors(Format::Int8));
+        eprintln!(
+            "mean |error| / σ: nf4 {nf4:.4} (relative {nf4_relative:.3}), uniform 4-bit {uniform:.4}, int8 {int8:.5}"
+        );
+        assert!(nf4 < 0.1 && nf4_relative < 0.28, "NF4: {nf4} σ, relative {nf4_relative}");
         assert!(nf4 < uniform, "NF4 {nf4} against a uniform grid {uniform}");
         assert!(int8 < nf4 / 8.0, "int8 {int8} against NF4 {nf4}");
     }

@@ -21,7 +21,7 @@ fn frozen_linear_equals_the_plain_product_of_the_stored_weight() {
     for storage in BaseStorage::ALL {
         let stored: Matrix<B> = match storage.format() {
             Some(f) => Matrix::of(&Quantized::new(w_values, [128, 48], f, &device).unwrap()),
-            None => Matrix::Float(Tensor::from_inner(w.clone()).cast(storage.float())),
+            None => Matrix::Float(Tensor::<B, 2>::from_inner(w.clone()).cast(storage.float())),
         };
         for precision in [Precision::F32, Precision::Bf16] {
             let ac = Autocast::new(precision);
