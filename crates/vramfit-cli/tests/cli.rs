@@ -2082,8 +2082,9 @@ fn the_llm_trains_and_takes_a_named_shape() {
     refused_saying(&o, "kv_heads");
     assert!(!d.join("x").exists());
 
-    // LoRA: every frozen parameter ends bit-identical to the initial
-    // weights, holds no moments, and only the adapters move.
+    // LoRA: the frozen base is rebuilt from the settings (the seed here),
+    // so weights.bin holds the adapters alone, with their moments, and
+    // they moved.
     let args = [
         &["train", "llm", "--train", "lora:4", "--steps", "5", "--out", "lora"][..],
         &small,
@@ -2105,13 +2106,13 @@ fn the_llm_trains_and_takes_a_named_shape() {
     let saved = vramfit::run::ArrayFile::read(&path).unwrap().arrays;
     let (mut frozen, mut moved) = (0, 0);
     for (name, (_, _, values)) in &initial {
-        let (_, after) = &saved[&format!("param/{name}")];
         if name.contains(".lora.") {
+            let (_, after) = &saved[&format!("param/{name}")];
             moved += usize::from(after != values);
             assert!(saved.contains_key(&format!("adam_m/{name}")), "{name} has moments");
         } else {
             frozen += 1;
-            assert!(after == values, "{name} changed");
+            assert!(!saved.contains_key(&format!("param/{name}")), "{name} is written");
             assert!(!saved.contains_key(&format!("adam_m/{name}")), "{name} holds moments");
         }
     }

@@ -99,6 +99,13 @@ pub trait ModelSettings:
         None
     }
 
+    /// Whether the parameter at `path` is rebuilt exactly from these
+    /// settings (a frozen base: drawn from the seed, or read from the
+    /// checkpoint they name), so a run's files need not hold it.
+    fn rebuilt_from_settings(&self, _path: &str) -> bool {
+        false
+    }
+
     /// The model with its attention computed as `attention` (a model
     /// without attention layers is returned as it is).
     fn with_attention(self, _attention: vramfit::fused::Attention) -> Self {

@@ -76,6 +76,10 @@ impl<B: AutodiffBackend, F: Family<D>, const D: usize> Course<B, F::Net<B>, D> f
     fn checkpoint_kind(&self) -> &'static str {
         F::CHECKPOINT_KIND
     }
+
+    fn rebuilt_from_settings(&self, path: &str) -> bool {
+        self.config.model.rebuilt_from_settings(path)
+    }
     /// The cadences, the learning rate, more steps, and Adam's moments
     /// between the device and the host.
     fn resumable(&self) -> vramfit::run::Resumable {

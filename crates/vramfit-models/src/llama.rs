@@ -474,7 +474,11 @@ impl LlamaConfig {
         let bad = |why: String| Err(invalid("model.base", why));
         let names: Vec<&str> = BaseStorage::ALL.iter().map(|s| s.name()).collect();
         if !self.base.is_empty() && BaseStorage::parse(&self.base).is_none() {
-            return bad(format!("`{}` is not a storage type: give one of {}", self.base, names.join(", ")));
+            return bad(format!(
+                "`{}` is not a storage type: give one of {}",
+                self.base,
+                names.join(", ")
+            ));
         }
         let storage = self.base_storage();
         if self.train.starts_with("qlora:") && storage != BaseStorage::Nf4 {
@@ -669,7 +673,11 @@ impl LlamaConfig {
             .collect();
         let embedding = table(weights.table("model.embed_tokens.weight", [self.vocab, w], device));
         let model = Llama {
-            loss_chunk: if self.loss_chunk == 0 { usize::MAX } else { self.loss_chunk },
+            loss_chunk: if self.loss_chunk == 0 {
+                usize::MAX
+            } else {
+                self.loss_chunk
+            },
             embedding,
             blocks,
             final_norm: RmsNorm {
@@ -1017,6 +1025,12 @@ impl crate::family::ModelSettings for LlamaConfig {
         Some(self.attention)
     }
 
+    /// Under LoRA the whole base is frozen and rebuilt from the seed or
+    /// `weights` (stored as `base` says): only the adapters are written.
+    fn rebuilt_from_settings(&self, path: &str) -> bool {
+        matches!(self.training(), Ok(Training::Lora { .. })) && !path.contains(".lora.")
+    }
+
     fn with_attention(self, attention: Attention) -> Self {
         Self { attention, ..self }
     }
@@ -1117,7 +1131,10 @@ impl crate::family::Family<3> for LlamaConfig {
                 .sum()
         };
         // Counted from the settings: a quantized matrix is codes, not floats.
-        out.insert("parameters".into(), (self.parameters() + self.adapter_parameters()).into());
+        out.insert(
+            "parameters".into(),
+            (self.parameters() + self.adapter_parameters()).into(),
+        );
         out.insert("trainable_bytes".into(), bytes(true).into());
         // Quantized codes are integer parameters, outside `describe`'s floats.
         out.insert(

@@ -94,23 +94,23 @@ fn a_frozen_base_is_held_as_stored_through_the_step() {
         for precision in [Precision::F32, Precision::Bf16] {
             let config = LlamaConfig {
                 vocab: 64,
-                width: 256,
+                width: 512,
                 depth: 2,
                 heads: 4,
                 kv_heads: 2,
-                ffn: 512,
-                context: 8,
+                ffn: 1024,
+                context: 4,
                 train: "lora:4".into(),
                 base: base.into(),
                 ..Default::default()
             };
-            // Frozen projections: q and o are 256², k and v 256·128, the MLP's 3·256·512.
-            let matrices = config.depth * (2 * 256 * 256 + 2 * 256 * 128 + 3 * 256 * 512);
+            // Frozen projections: q and o are 512², k and v 512·256, the MLP's 3·512·1024.
+            let matrices = config.depth * (2 * 512 * 512 + 2 * 512 * 256 + 3 * 512 * 1024);
             let f32_copy = 4 * matrices as u64;
             let model = config.init::<B>(0, &device);
             let task = SyntheticTask::new(
                 TaskConfig {
-                    tokens: 8,
+                    tokens: 4,
                     ..Default::default()
                 },
                 64,
@@ -118,6 +118,9 @@ fn a_frozen_base_is_held_as_stored_through_the_step() {
             );
             let batch = task.batch::<B>(0, 1, &device);
             let ac = Autocast::new(precision);
+            // A first step fills what later ones reuse (gemm's per-thread
+            // packing buffers, the thread pool).
+            drop(model.loss(&batch, &ac).backward());
             let before = vramfit::heap::current();
             let loss = model.loss(&batch, &ac);
             let held = vramfit::heap::current().saturating_sub(before);
@@ -130,10 +133,18 @@ fn a_frozen_base_is_held_as_stored_through_the_step() {
                  copy of the frozen matrices {f32_copy} B",
                 precision.name()
             );
-            assert!(held < f32_copy / 8, "{base}, {precision:?}: {held} B held after the forward");
-            // One f32 matrix (the largest 512 KiB) and its product at a time, with the graph's own.
+            // Measured (2-core EPYC, 2026-11-29): held 0.40-0.49 MB, the
+            // backward's peak 3.5-7.8 MB, of an 18.9 MB f32 copy; Burn's
+            // product kept the whole copy (held at least 18.9 MB).
             assert!(
-                backward_peak < f32_copy / 2,
+                held < f32_copy / 8,
+                "{base}, {precision:?}: {held} B held after the forward"
+            );
+            // A matrix rebuilt at a time (the largest is 2 MiB in f32; its
+            // host values, the tensor made of them and the 16-bit cast
+            // coexist briefly), with the gradients flowing back.
+            assert!(
+                backward_peak < f32_copy * 3 / 5,
                 "{base}, {precision:?}: the backward's peak {backward_peak} B"
             );
         }

@@ -397,10 +397,20 @@ where
         batch_size: 2,
         ..Default::default()
     };
-    (unet.task.resolution, unet.task.source, unet.model.width, unet.model.depth) = (16, 32, 8, 2);
+    (
+        unet.task.resolution,
+        unet.task.source,
+        unet.model.width,
+        unet.model.depth,
+    ) = (16, 32, 8, 2);
     ran += probe_every_combination::<B, _, 4>("unet", unet, &mut failures);
     eprintln!("{ran} probes, {} failed", failures.len());
-    assert!(failures.is_empty(), "{} of {ran} probes failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {ran} probes failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 fn probe_every_combination<B, F: Family<D>, const D: usize>(

@@ -65,8 +65,12 @@ pub fn chunked_cross_entropy<B: Backend>(
     let mut total: Option<Tensor<B, 1>> = None;
     for start in (0..n).step_by(chunk) {
         let rows = chunk.min(n - start);
-        let part = plain(x.clone().narrow(0, start, rows), head.clone(), targets.clone().narrow(0, start, rows), ac)
-            * rows as f64;
+        let part = plain(
+            x.clone().narrow(0, start, rows),
+            head.clone(),
+            targets.clone().narrow(0, start, rows),
+            ac,
+        ) * rows as f64;
         total = Some(match total {
             Some(t) => t + part,
             None => part,
@@ -76,7 +80,12 @@ pub fn chunked_cross_entropy<B: Backend>(
 }
 
 /// The plain head: the logits whole, Burn's log-softmax, the mean.
-pub fn plain<B: Backend>(x: Tensor<B, 2>, head: Tensor<B, 2>, targets: Tensor<B, 1, Int>, ac: &Autocast) -> Tensor<B, 1> {
+pub fn plain<B: Backend>(
+    x: Tensor<B, 2>,
+    head: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    ac: &Autocast,
+) -> Tensor<B, 1> {
     let n = x.dims()[0];
     // A frozen head is used as stored (no compute-type copy kept).
     let product = if head.is_require_grad() {
@@ -220,7 +229,14 @@ fn tracked<I: Backend>(
             prep.finish(kept, loss.into_primitive().tensor())
         }
         OpsKind::UnTracked(prep) => {
-            let (loss, _) = forward(&inner(x.primitive), &inner(head.primitive), &targets, chunk, ac, [false; 2]);
+            let (loss, _) = forward(
+                &inner(x.primitive),
+                &inner(head.primitive),
+                &targets,
+                chunk,
+                ac,
+                [false; 2],
+            );
             prep.finish(loss.into_primitive().tensor())
         }
     };
@@ -261,7 +277,11 @@ mod tests {
             for head_trains in [true, false] {
                 let run = |chunk: Option<usize>| {
                     let x = x0.clone().require_grad();
-                    let h = if head_trains { h0.clone().require_grad() } else { h0.clone() };
+                    let h = if head_trains {
+                        h0.clone().require_grad()
+                    } else {
+                        h0.clone()
+                    };
                     let loss = match chunk {
                         Some(c) => chunked_cross_entropy(x.clone(), h.clone(), targets.clone(), c, &ac),
                         None => plain(x.clone(), h.clone(), targets.clone(), &ac),
@@ -285,7 +305,10 @@ mod tests {
                     // gradient arrives through the casts' own rounding (one unit
                     // in the last place, 2⁻⁸).
                     let bound = if precision == Precision::F32 { 1e-5 } else { 1e-2 };
-                    assert!((l - l0).abs() <= 1e-5 * l0.abs(), "{precision:?} chunk {chunk}: loss {l} vs {l0}");
+                    assert!(
+                        (l - l0).abs() <= 1e-5 * l0.abs(),
+                        "{precision:?} chunk {chunk}: loss {l} vs {l0}"
+                    );
                     let gx = gap(dx, dx0.clone());
                     assert!(gx <= bound, "{precision:?} chunk {chunk}: dx {gx:e}");
                     match (dh, &dh0) {

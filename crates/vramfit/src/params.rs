@@ -95,8 +95,14 @@ pub type Snapshot = BTreeMap<String, (Vec<usize>, DType, Vec<f32>)>;
 
 /// Copies every float parameter to the host.
 pub fn snapshot<B: Backend, M: Module<B>>(module: &M) -> Snapshot {
-    struct Walk(PathTracker, Snapshot);
-    impl<B: Backend> ModuleVisitor<B> for Walk {
+    snapshot_where(module, |_| true)
+}
+
+/// Copies the float parameters whose path `keep` picks to the host (the
+/// others are never copied).
+pub fn snapshot_where<B: Backend, M: Module<B>>(module: &M, keep: impl Fn(&str) -> bool) -> Snapshot {
+    struct Walk<F>(PathTracker, Snapshot, F);
+    impl<B: Backend, F: Fn(&str) -> bool> ModuleVisitor<B> for Walk<F> {
         fn enter_module(&mut self, name: &str, _: &str) {
             self.0.enter(name)
         }
@@ -104,6 +110,9 @@ pub fn snapshot<B: Backend, M: Module<B>>(module: &M) -> Snapshot {
             self.0.exit()
         }
         fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+            if !(self.2)(&self.0.path()) {
+                return;
+            }
             let t = param.val();
             let dtype = t.dtype();
             let shape = t.shape().dims::<D>().to_vec();
@@ -116,7 +125,7 @@ pub fn snapshot<B: Backend, M: Module<B>>(module: &M) -> Snapshot {
             self.1.insert(self.0.path(), (shape, dtype, values));
         }
     }
-    let mut w = Walk(PathTracker::default(), Snapshot::new());
+    let mut w = Walk(PathTracker::default(), Snapshot::new(), keep);
     module.visit(&mut w);
     w.1
 }
@@ -142,12 +151,23 @@ pub enum RestoreError {
 /// Replaces every float parameter's value with the snapshot's, keeping the
 /// parameter's id, stored type and whether it trains.
 pub fn restore<B: Backend, M: Module<B>>(module: M, snapshot: &Snapshot) -> Result<M, RestoreError> {
-    struct Load<'a> {
+    restore_where(module, snapshot, |_| false)
+}
+
+/// [`restore`], where a parameter whose path `kept` picks keeps its value
+/// when the snapshot has none (it was rebuilt from the settings).
+pub fn restore_where<B: Backend, M: Module<B>>(
+    module: M,
+    snapshot: &Snapshot,
+    kept: impl Fn(&str) -> bool,
+) -> Result<M, RestoreError> {
+    struct Load<'a, F> {
         path: PathTracker,
         snapshot: &'a Snapshot,
         error: Option<RestoreError>,
+        kept: F,
     }
-    impl<B: Backend> ModuleMapper<B> for Load<'_> {
+    impl<B: Backend, F: Fn(&str) -> bool> ModuleMapper<B> for Load<'_, F> {
         fn enter_module(&mut self, name: &str, _: &str) {
             self.path.enter(name)
         }
@@ -159,6 +179,7 @@ pub fn restore<B: Backend, M: Module<B>>(module: M, snapshot: &Snapshot) -> Resu
             let path = self.path.path();
             let expected = tensor.shape().dims::<D>().to_vec();
             let tensor = match self.snapshot.get(&path) {
+                None if (self.kept)(&path) => tensor,
                 None => {
                     self.error.get_or_insert(RestoreError::Missing(path));
                     tensor
@@ -186,6 +207,7 @@ pub fn restore<B: Backend, M: Module<B>>(module: M, snapshot: &Snapshot) -> Resu
         path: PathTracker::default(),
         snapshot,
         error: None,
+        kept,
     };
     let module = module.map(&mut l);
     match l.error {

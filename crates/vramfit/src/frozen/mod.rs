@@ -107,7 +107,12 @@ pub struct Quantized<B: Backend> {
 
 impl<B: Backend> Quantized<B> {
     /// `values` (`[rows, cols]`, row major) quantized in `format`.
-    pub fn new(values: &[f32], [rows, cols]: [usize; 2], format: Format, device: &B::Device) -> Result<Self, QuantError> {
+    pub fn new(
+        values: &[f32],
+        [rows, cols]: [usize; 2],
+        format: Format,
+        device: &B::Device,
+    ) -> Result<Self, QuantError> {
         assert_eq!(values.len(), rows * cols, "values for a [{rows}, {cols}] matrix");
         let (codes, scales) = quant::quantize(values, format)?;
         let (words, blocks) = (codes.len(), scales.len());
@@ -244,7 +249,9 @@ fn dequantize<B: Backend>(
         .collect();
     let codes = Tensor::stack::<2>(parts, 1).reshape([rows * cols]);
     let levels = match format {
-        Format::Nf4 => Tensor::<B, 1>::from_data(TensorData::new(quant::NF4_LEVELS.to_vec(), [16]), &device).select(0, codes),
+        Format::Nf4 => {
+            Tensor::<B, 1>::from_data(TensorData::new(quant::NF4_LEVELS.to_vec(), [16]), &device).select(0, codes)
+        }
         Format::Int8 => (codes.float() - 128.0) / 127.0,
     };
     let blocks = rows * cols / BLOCK;
@@ -264,7 +271,12 @@ pub fn linear<B: Backend, const D: usize>(
 ) -> Tensor<B, D> {
     let dims = x.dims();
     let [inputs, outputs] = w.dims();
-    assert_eq!(dims[D - 1], inputs, "linear: input width {} for a [{inputs}, {outputs}] weight", dims[D - 1]);
+    assert_eq!(
+        dims[D - 1],
+        inputs,
+        "linear: input width {} for a [{inputs}, {outputs}] weight",
+        dims[D - 1]
+    );
     let rows = dims[..D - 1].iter().product::<usize>();
     let y = frozen_matmul(ac.low(x).reshape([rows, inputs]), w);
     let y = match bias {

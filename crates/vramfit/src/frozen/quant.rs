@@ -239,7 +239,8 @@ mod tests {
             .chunks(BLOCK)
             .flat_map(|b| {
                 let m = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-                b.iter().map(move |v| (v - (v / m * 7.0).round() / 7.0 * m).abs() as f64)
+                b.iter()
+                    .map(move |v| (v - (v / m * 7.0).round() / 7.0 * m).abs() as f64)
             })
             .sum::<f64>()
             / values.len() as f64
@@ -248,7 +249,10 @@ mod tests {
         eprintln!(
             "mean |error| / σ: nf4 {nf4:.4} (relative {nf4_relative:.3}), uniform 4-bit {uniform:.4}, int8 {int8:.5}"
         );
-        assert!(nf4 < 0.1 && nf4_relative < 0.28, "NF4: {nf4} σ, relative {nf4_relative}");
+        assert!(
+            nf4 < 0.1 && nf4_relative < 0.28,
+            "NF4: {nf4} σ, relative {nf4_relative}"
+        );
         assert!(nf4 < uniform, "NF4 {nf4} against a uniform grid {uniform}");
         assert!(int8 < nf4 / 8.0, "int8 {int8} against NF4 {nf4}");
     }
@@ -256,7 +260,11 @@ mod tests {
     #[test]
     fn bad_values_are_refused_by_name() {
         let e = quantize(&[0.0; 65], Format::Nf4).unwrap_err();
-        assert!(e.to_string().contains("65 values are not a whole number of blocks of 64"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("65 values are not a whole number of blocks of 64"),
+            "{e}"
+        );
         let mut v = vec![0.0; 64];
         v[3] = f32::NAN;
         let e = quantize(&v, Format::Int8).unwrap_err();

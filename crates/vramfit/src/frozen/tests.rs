@@ -27,7 +27,11 @@ fn frozen_linear_equals_the_plain_product_of_the_stored_weight() {
             let ac = Autocast::new(precision);
             let x = x0.clone().require_grad();
             let y = linear(x.clone(), &stored, Some(bias.clone()), &ac);
-            assert_eq!(y.dtype(), DType::from(precision.dtype()), "{storage:?} {precision:?}: y in the compute type");
+            assert_eq!(
+                y.dtype(),
+                DType::from(precision.dtype()),
+                "{storage:?} {precision:?}: y in the compute type"
+            );
             let grads = ac.full(y.clone()).powi_scalar(2).sum().backward();
             let (dx, db) = (x.grad(&grads).unwrap(), bias.grad(&grads).unwrap());
             // The reference: the stored weight materialised and used by Burn's product.
@@ -38,7 +42,10 @@ fn frozen_linear_equals_the_plain_product_of_the_stored_weight() {
             let dxr = xr.grad(&gr).unwrap();
             let gap = |a: Tensor<Flex, 3>, b: Tensor<Flex, 3>| -> f32 {
                 let scale: f32 = b.clone().cast(FloatDType::F32).abs().max().into_scalar();
-                let d: f32 = (a.cast(FloatDType::F32) - b.cast(FloatDType::F32)).abs().max().into_scalar();
+                let d: f32 = (a.cast(FloatDType::F32) - b.cast(FloatDType::F32))
+                    .abs()
+                    .max()
+                    .into_scalar();
                 d / scale
             };
             // f32: the same products in another order (gemm's blocking), 1e-6
@@ -46,7 +53,10 @@ fn frozen_linear_equals_the_plain_product_of_the_stored_weight() {
             // the last place (2⁻⁸) of the range.
             let bound = if precision == Precision::F32 { 1e-5 } else { 8e-3 };
             let (gy, gx) = (gap(y.inner(), yr.inner()), gap(dx, dxr));
-            assert!(gy <= bound && gx <= bound, "{storage:?} {precision:?}: y {gy:e}, dx {gx:e}");
+            assert!(
+                gy <= bound && gx <= bound,
+                "{storage:?} {precision:?}: y {gy:e}, dx {gx:e}"
+            );
             let _ = db;
         }
     }
@@ -106,16 +116,26 @@ fn a_frozen_projection_holds_no_gradient_and_its_stored_bytes() {
     );
     let frozen = w.frozen_as(BaseStorage::Nf4).unwrap();
     assert!(frozen.weight.is_none());
-    assert_eq!(frozen.quantized.as_ref().unwrap().bytes(), 64 * 32 / 2 + 64 * 32 / 64 * 4);
+    assert_eq!(
+        frozen.quantized.as_ref().unwrap().bytes(),
+        64 * 32 / 2 + 64 * 32 / 64 * 4
+    );
     assert_eq!(code_bytes(&frozen), 64 * 32 / 2);
     let params = crate::params::describe(&frozen);
     assert!(params.iter().all(|p| !p.trainable), "{params:?}");
     let x = Tensor::<B, 2>::random([3, 64], Distribution::Normal(0.0, 1.0), &device).require_grad();
-    let grads = frozen.forward(x.clone(), &Autocast::new(Precision::F32)).sum().backward();
+    let grads = frozen
+        .forward(x.clone(), &Autocast::new(Precision::F32))
+        .sum()
+        .backward();
     assert!(x.grad(&grads).is_some());
     assert!(frozen.bias.as_ref().unwrap().val().grad(&grads).is_none());
     // A weight that is not a whole number of blocks is refused by name.
     let odd = crate::lora::Projection::<B>::new(Param::from_tensor(Tensor::zeros([5, 7], &device)), None);
     let e = odd.frozen_as(BaseStorage::Nf4).unwrap_err();
-    assert!(e.to_string().contains("35 values are not a whole number of blocks of 64"), "{e}");
+    assert!(
+        e.to_string()
+            .contains("35 values are not a whole number of blocks of 64"),
+        "{e}"
+    );
 }

@@ -22,7 +22,7 @@ use serde_json::json;
 use crate::allocator::{Cleanup, CleanupPolicy};
 use crate::batch::MicroBatching;
 use crate::optim::{AdamConfig, AdamSnapshot, ModuleAdam};
-use crate::params::{Snapshot, describe, restore, snapshot};
+use crate::params::{Snapshot, describe};
 use crate::plan::Knobs;
 use crate::precision::{Autocast, LossScaler, ScalerConfig, ScalerState};
 use crate::profile::{Accounted, DeviceMemory, MemoryReport, MemorySource, NamedTensor};
@@ -59,15 +59,18 @@ pub struct Schedule {
     pub profile_every: u64,
 }
 
-/// Parameters, Adam moments and step, the loss scaler and `meta` as one array file.
+/// Parameters, Adam moments and step, the loss scaler and `meta` as one
+/// array file; parameters `rebuilt` picks (rebuilt exactly from the run's
+/// settings, such as a frozen base) are neither copied nor written.
 pub fn save_state<B: AutodiffBackend, M: burn::module::AutodiffModule<B>>(
     kind: &str,
     model: &M,
     stepper: &Stepper<B>,
     mut meta: serde_json::Value,
+    rebuilt: impl Fn(&str) -> bool,
 ) -> ArrayFile {
     let adam = stepper.optimizer.snapshot();
-    let params = snapshot(model);
+    let params = crate::params::snapshot_where(model, |path| !rebuilt(path));
     meta["step"] = json!(stepper.attempts);
     meta["optimizer_steps"] = json!(adam.step);
     meta["scaler"] = json!(stepper.scaler.as_ref().map(|s| s.state()));
@@ -87,12 +90,15 @@ pub fn save_state<B: AutodiffBackend, M: burn::module::AutodiffModule<B>>(
     file
 }
 
-/// Restores what [`save_state`] wrote into `model` and `stepper`; returns the model.
+/// Restores what [`save_state`] wrote into `model` and `stepper`; returns
+/// the model. Parameters `rebuilt` picks keep the values `model` has where
+/// the file holds none.
 pub fn load_state<B: AutodiffBackend, M: burn::module::AutodiffModule<B>>(
     file: &ArrayFile,
     model: M,
     stepper: &mut Stepper<B>,
     device: &B::Device,
+    rebuilt: impl Fn(&str) -> bool,
 ) -> Result<M, String> {
     let mut params = Snapshot::new();
     let mut adam = AdamSnapshot::default();
@@ -123,7 +129,7 @@ pub fn load_state<B: AutodiffBackend, M: burn::module::AutodiffModule<B>>(
     }
     let meta = |key: &str| file.meta.get(key).cloned().unwrap_or_default();
     adam.step = meta("optimizer_steps").as_u64().unwrap_or(0);
-    let model = restore(model, &params).map_err(|e| e.to_string())?;
+    let model = crate::params::restore_where(model, &params, rebuilt).map_err(|e| e.to_string())?;
     stepper.optimizer.restore(&adam, device);
     stepper.attempts = meta("step").as_u64().unwrap_or(0);
     if let Some(s) = stepper.scaler.as_mut() {
@@ -197,6 +203,14 @@ pub trait Course<B: AutodiffBackend, M: Trainable<B, D>, const D: usize> {
     /// The kind stored in its checkpoints.
     fn checkpoint_kind(&self) -> &'static str {
         CHECKPOINT_KIND
+    }
+    /// Whether the parameter at `path` is rebuilt exactly from the run's
+    /// settings (a frozen base drawn from its seed or read from the
+    /// checkpoint the settings name): then checkpoints and the final
+    /// weights leave it out, and a resume keeps the rebuilt value. Default:
+    /// none (every parameter is written).
+    fn rebuilt_from_settings(&self, _path: &str) -> bool {
+        false
     }
     /// What a resume may change in its settings: by default the
     /// [`Schedule`]'s learning rate and cadences, and more steps.
@@ -430,6 +444,7 @@ where
             &self.model,
             &self.stepper,
             json!({ "recent_losses": self.recent }),
+            |path| self.course.rebuilt_from_settings(path),
         )
     }
 }
@@ -529,8 +544,10 @@ where
         Ok(self.to_array_file(self.course.checkpoint_kind()))
     }
     fn restore(&mut self, file: &ArrayFile) -> Result<(), TrainerError> {
-        self.model =
-            load_state(file, self.model.clone(), &mut self.stepper, &self.device).map_err(TrainerError::Checkpoint)?;
+        self.model = load_state(file, self.model.clone(), &mut self.stepper, &self.device, |path| {
+            self.course.rebuilt_from_settings(path)
+        })
+        .map_err(TrainerError::Checkpoint)?;
         self.recent =
             serde_json::from_value(file.meta.get("recent_losses").cloned().unwrap_or_default()).unwrap_or_default();
         Ok(())
