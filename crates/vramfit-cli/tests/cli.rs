@@ -2279,3 +2279,147 @@ fn the_llm_is_planned_from_a_slice() {
     let o = run(&["plan", "unet", "--probe-tokens", "4", "--budget", "1GiB"], d);
     refused_saying(&o, "--probe-tokens is the llm's");
 }
+
+/// A frozen base stored small (issue 57): `plan llm` with LoRA runs
+/// through every probe (the fused attention in bf16 with an adapted V
+/// crashed it); `train llm --train qlora:R` trains on an NF4 base and says
+/// so; what cannot be stored is refused before anything is created, naming
+/// what to change.
+#[test]
+fn a_frozen_base_is_stored_small_and_what_cannot_be_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let small = small_llm("model.depth=2");
+    let plan = [
+        &[
+            "plan",
+            "llm",
+            "--train",
+            "lora:4",
+            "--batch-size",
+            "4",
+            "--budget",
+            "64MiB",
+        ][..],
+        &small,
+    ]
+    .concat();
+    let o = run(&plan, d);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && out.contains("winner"), "{out}{}", stderr(&o));
+
+    let args = [
+        &["train", "llm", "--train", "qlora:4", "--steps", "3", "--out", "q"][..],
+        &small,
+    ]
+    .concat();
+    let o = run(&args, d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("q/summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["base"], "nf4", "{summary}");
+    let args = [
+        &["train", "llm", "--train", "lora:4", "--steps", "3", "--out", "f"][..],
+        &small,
+    ]
+    .concat();
+    let o = run(&args, d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let f32_base: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.join("f/summary.json")).unwrap()).unwrap();
+    let (nf4, f32) = (
+        summary["frozen_bytes"].as_u64().unwrap(),
+        f32_base["frozen_bytes"].as_u64().unwrap(),
+    );
+    // Width 32: the projections are 4.5 bits a weight in NF4; the
+    // embedding and head bf16, the norms f32.
+    assert!(nf4 * 3 < f32, "the NF4 base holds {nf4} B, the f32 one {f32} B");
+
+    for (extra, says) in [
+        (
+            &["--base", "fp8"][..],
+            "`fp8` is not a storage type: give one of f32, bf16, f16, nf4, int8",
+        ),
+        (
+            &["--base", "nf4"][..],
+            "does not freeze the base: give --train lora:RANK",
+        ),
+        (
+            &["--train", "qlora:4", "--base", "int8"][..],
+            "qlora stores the base in nf4, model.base says int8",
+        ),
+        (
+            &[
+                "--train",
+                "lora:4",
+                "--base",
+                "nf4",
+                "--set",
+                "model.width=20",
+                "--set",
+                "model.heads=2",
+            ][..],
+            "not a whole number of nf4's blocks of 64",
+        ),
+        (
+            &["--base", "bf16"][..],
+            "--base bf16: `train transformer` has no frozen base",
+        ),
+    ] {
+        let family = if says.contains("transformer") {
+            "transformer"
+        } else {
+            "llm"
+        };
+        let args = [
+            &["train", family, "--out", "bad"][..],
+            &small[..if family == "llm" { 14 } else { 0 }],
+            extra,
+        ]
+        .concat();
+        let o = run(&args, d);
+        refused_saying(&o, says);
+        assert!(!d.join("bad").exists(), "{extra:?}: nothing created");
+    }
+
+    // A checkpoint value NF4 cannot hold is refused naming the tensor.
+    let shape = vramfit_models::llama::LlamaConfig {
+        width: 32,
+        depth: 2,
+        heads: 4,
+        kv_heads: 2,
+        ffn: 48,
+        vocab: 16,
+        ..Default::default()
+    };
+    let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = shape
+        .hf_tensors()
+        .into_iter()
+        .map(|(n, s)| {
+            let mut values = vec![0.01; s.iter().product()];
+            if n == "model.layers.1.mlp.up_proj.weight" {
+                values[5] = f32::INFINITY;
+            }
+            (n, s, values)
+        })
+        .collect();
+    let refs: Vec<_> = tensors
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.clone(), v.as_slice()))
+        .collect();
+    std::fs::create_dir(d.join("hf")).unwrap();
+    vramfit_models::safetensors::write(
+        &d.join("hf/model.safetensors"),
+        &refs,
+        vramfit_models::safetensors::Dtype::F32,
+    )
+    .unwrap();
+    let args = [
+        &["train", "llm", "--weights", "hf", "--train", "qlora:4", "--out", "inf"][..],
+        &small,
+    ]
+    .concat();
+    let o = run(&args, d);
+    refused_saying(&o, "model.layers.1.mlp.up_proj.weight");
+    refused_saying(&o, "only finite values can be quantized");
+    assert!(!d.join("inf").exists(), "nothing created");
+}

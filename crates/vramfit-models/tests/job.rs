@@ -360,3 +360,88 @@ fn a_diverging_run_ends_with_a_warning() {
         serde_json::from_slice(&std::fs::read(tmp.path().join("r/summary.json")).unwrap()).unwrap();
     assert!(written["warnings"][0].as_str().unwrap().contains("diverged"));
 }
+
+/// A QLoRA run (the base in NF4, drawn from the seed) stopped after its
+/// second checkpoint resumes to the straight run's byte-identical
+/// `weights.bin`; its checkpoints and weights hold the adapters and their
+/// moments only (the base is rebuilt from the settings, never copied to
+/// the host for a file).
+#[test]
+fn a_qlora_run_writes_its_adapters_only_and_resumes_exactly() {
+    use vramfit_models::llama::{LlamaConfig, LlmConfig};
+    let config = || {
+        let mut c = LlmConfig {
+            steps: 6,
+            batch_size: 2,
+            checkpoint_every: 2,
+            log_every: 1,
+            ..Default::default()
+        };
+        c.model = LlamaConfig {
+            vocab: 32,
+            width: 32,
+            depth: 2,
+            heads: 4,
+            kv_heads: 2,
+            ffn: 64,
+            context: 16,
+            train: "qlora:4".into(),
+            ..Default::default()
+        };
+        c.task.tokens = 8;
+        c
+    };
+    let go = |config: Option<LlmConfig>, out: &Path, mut observe: Box<dyn FnMut(Event) -> ControlFlow<()>>| {
+        let start = match config {
+            Some(c) => Start::New(c, RunPath::At(out.into())),
+            None => Start::Resume(out.into()),
+        };
+        let (run, workload) =
+            vramfit_models::job::start::<B, LlamaConfig, 3>(start, &Default::default(), "cpu").unwrap();
+        run.drive(workload, |e| observe(e)).unwrap()
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let straight = tmp.path().join("straight");
+    let summary = go(Some(config()), &straight, Box::new(|_| ControlFlow::Continue(()))).unwrap();
+    assert_eq!(summary.steps, 6);
+    let saved = vramfit::run::ArrayFile::read(&straight.join("weights.bin")).unwrap();
+    assert!(!saved.arrays.is_empty());
+    for name in saved.arrays.keys() {
+        assert!(name.contains(".lora."), "{name}: only the adapters are written");
+    }
+    let checkpoint = std::fs::read_dir(straight.join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let checkpoint = vramfit::run::ArrayFile::read(&checkpoint).unwrap();
+    assert!(
+        checkpoint.arrays.keys().all(|n| n.contains(".lora.")),
+        "{:?}",
+        checkpoint.arrays.keys()
+    );
+
+    let broken = tmp.path().join("broken");
+    let mut seen = 0;
+    let stopped = go(
+        Some(config()),
+        &broken,
+        Box::new(move |e| {
+            if let Event::Checkpoint(_) = e {
+                seen += 1;
+                if seen == 2 {
+                    return ControlFlow::Break(());
+                }
+            }
+            ControlFlow::Continue(())
+        }),
+    );
+    assert!(stopped.is_none(), "stopped before its end");
+    go(None, &broken, Box::new(|_| ControlFlow::Continue(()))).unwrap();
+    let (a, b) = (
+        std::fs::read(broken.join("weights.bin")).unwrap(),
+        std::fs::read(straight.join("weights.bin")).unwrap(),
+    );
+    assert!(a == b, "the resumed QLoRA run ends with byte-identical weights.bin");
+}

@@ -355,7 +355,7 @@ fn slice_wgpu() {
 
 /// Every combination of the knobs the planner may choose, and so verify
 /// and run (precision × storage × moments × attention × checkpointing, at
-/// the whole batch and at micro-batches of one), on a tiny shape of each
+/// the whole batch, and on the CPU at micro-batches of one), on a tiny shape of each
 /// workload: the transformer, the llm trained whole, under LoRA with its
 /// base in f32, bf16 and NF4, with frozen groups, and the U-Net. Each is
 /// one probe (a short run through the driver); none may fail or panic.
@@ -431,8 +431,11 @@ where
     for knobs in space.combinations(1) {
         // Cleanup is the allocator's (no effect on the graph); storage all
         // or none; micro-batches whole or of one.
+        // On a device, the whole batch only (lavapipe takes seconds a probe,
+        // and micro-batches run the same graph on fewer samples).
         let storage = knobs.low_storage == 0 || knobs.low_storage == space.storage_groups.len();
-        if knobs.cleanup || !storage || !(knobs.micro_batch == space.batch || knobs.micro_batch == 1) {
+        let one = knobs.micro_batch == 1 && vramfit::backends::is_cpu::<B>();
+        if knobs.cleanup || !storage || !(knobs.micro_batch == space.batch || one) {
             continue;
         }
         for checkpointed in [vec![false; n], vec![true; n]] {
