@@ -99,6 +99,12 @@ pub trait ModelSettings:
         None
     }
 
+    /// What the model stores in a float type the device lacks (`supported`
+    /// says which it has), in words, if anything.
+    fn unsupported_storage(&self, _supported: &dyn Fn(burn::tensor::FloatDType) -> bool) -> Option<String> {
+        None
+    }
+
     /// Whether the parameter at `path` is rebuilt exactly from these
     /// settings (a frozen base: drawn from the seed, or read from the
     /// checkpoint they name), so a run's files need not hold it.
@@ -493,6 +499,9 @@ impl<M: ModelSettings> FamilyConfig<M> {
                     B::name(device)
                 ),
             ));
+        }
+        if let Some(why) = self.model.unsupported_storage(&supported) {
+            return Err(invalid("model.base", format!("{why} ({})", B::name(device))));
         }
         let checkpointed = CheckpointPolicy::parse(&self.checkpoint)
             .and_then(|p| p.plan(self.model.blocks()))

@@ -172,6 +172,36 @@ pub(crate) fn normal<B: Backend, const D: usize>(
     Param::from_tensor(Tensor::from_data(TensorData::new(values, shape), device))
 }
 
+/// Values drawn per block of [`DRAW_BLOCK`]: each block's own stream.
+const DRAW_BLOCK: usize = 1 << 20;
+
+/// [`normal`] drawn on every thread: the tensor takes one seed from `rng`,
+/// each block of a million values its own ChaCha stream of that seed, so
+/// the values are the same whatever the threads (not [`normal`]'s: the
+/// streams differ). A 7B's 7.2 billion weights are drawn in seconds a
+/// billion, not minutes.
+pub(crate) fn normal_parallel<B: Backend, const D: usize>(
+    rng: &mut ChaCha8Rng,
+    shape: [usize; D],
+    std: f64,
+    device: &B::Device,
+) -> Param<Tensor<B, D>> {
+    use rayon::prelude::*;
+    let n: usize = shape.iter().product();
+    let seed = rng.random::<u64>();
+    let mut values = vec![0f32; n];
+    values.par_chunks_mut(DRAW_BLOCK).enumerate().for_each(|(i, block)| {
+        let mut stream = ChaCha8Rng::seed_from_u64(seed);
+        stream.set_stream(i as u64);
+        for v in block {
+            let u1: f64 = stream.random::<f64>().max(f64::MIN_POSITIVE);
+            let u2: f64 = stream.random();
+            *v = ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos() * std) as f32;
+        }
+    });
+    Param::from_tensor(Tensor::from_data(TensorData::new(values, shape), device))
+}
+
 pub(crate) fn constant<B: Backend>(n: usize, value: f32, device: &B::Device) -> Param<Tensor<B, 1>> {
     Param::from_tensor(Tensor::from_data(TensorData::new(vec![value; n], [n]), device))
 }

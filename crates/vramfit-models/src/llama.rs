@@ -28,7 +28,7 @@ use vramfit::step::Trainable;
 
 use crate::config::{ConfigError, RoughFloats, invalid};
 use crate::data::{SyntheticTask, TaskConfig, TokenBatch};
-use crate::gpt::{constant, normal};
+use crate::gpt::{constant, normal, normal_parallel};
 
 /// Tokens the planner probes a long run at by default.
 pub const PROBE_TOKENS: usize = 128;
@@ -78,8 +78,9 @@ pub struct LlamaConfig {
     /// How the frozen base of a LoRA run is stored (`f32`, `bf16`, `f16`,
     /// `nf4`, `int8`; [`vramfit::frozen::BaseStorage`]): the projections
     /// in it (quantized: blocks of 64 with a scale each), the embedding and
-    /// head in its 16-bit type (bf16 for the quantized ones), norms in it
-    /// or, quantized, in f32. Empty: f32, or nf4 under `qlora:RANK`.
+    /// head in its 16-bit type (bf16 for the quantized ones, f16 on a
+    /// device without bf16), norms and biases in it or, quantized, in f32.
+    /// Empty: f32, or nf4 under `qlora:RANK`.
     pub base: String,
     /// A safetensors checkpoint in the Hugging Face layout (a directory
     /// holding `model.safetensors` or its index and shards, or one file)
@@ -319,8 +320,9 @@ impl LlamaConfig {
         };
         let matrices = frozen - tables - norms - biases;
         let vector_bytes = burn::tensor::DType::from(storage.float()).size() as u64;
+        // Norms and biases stay f32 beside a quantized base.
         let norm_bytes = if storage.format().is_some() { 4 } else { vector_bytes };
-        storage.matrix_bytes(matrices) + vector_bytes * (tables + biases) + norm_bytes * norms
+        storage.matrix_bytes(matrices) + vector_bytes * tables + norm_bytes * (norms + biases)
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -606,8 +608,16 @@ impl LlamaConfig {
             Some(_) => p.set_require_grad(false),
             None => p,
         };
+        // A quantized base's tables in bf16, or f16 where the device has no bf16.
+        let tables = match frozen_base {
+            Some(storage) if storage.format().is_some() && !B::supports_dtype(device, burn::tensor::DType::BF16) => {
+                burn::tensor::FloatDType::F16
+            }
+            Some(storage) => storage.float(),
+            None => burn::tensor::FloatDType::F32,
+        };
         let table = |p: Param<Tensor<B, 2>>| match frozen_base {
-            Some(storage) => vramfit::lora::frozen_float(p, storage.float()),
+            Some(_) => vramfit::lora::frozen_float(p, tables),
             None => p,
         };
         // The first matrix that could not be quantized.
@@ -734,7 +744,7 @@ impl Weights {
         device: &B::Device,
     ) -> Param<Tensor<B, 2>> {
         match self {
-            Weights::Drawn(rng) => normal(rng, [inputs, outputs], std, device),
+            Weights::Drawn(rng) => normal_parallel(rng, [inputs, outputs], std, device),
             Weights::Read { file, failed } => {
                 let stored = Self::values(file, failed, name, inputs * outputs); // [out, in]
                 let mut t = vec![0.0f32; stored.len()];
@@ -751,7 +761,7 @@ impl Weights {
     /// The token embedding `[vocab, width]` (normal, σ 0.02, where drawn).
     fn table<B: Backend>(&mut self, name: &str, shape: [usize; 2], device: &B::Device) -> Param<Tensor<B, 2>> {
         match self {
-            Weights::Drawn(rng) => normal(rng, shape, 0.02, device),
+            Weights::Drawn(rng) => normal_parallel(rng, shape, 0.02, device),
             Weights::Read { file, failed } => {
                 let values = Self::values(file, failed, name, shape[0] * shape[1]);
                 Param::from_tensor(Tensor::from_data(TensorData::new(values, shape), device))
@@ -1023,6 +1033,18 @@ impl crate::family::ModelSettings for LlamaConfig {
 
     fn attention(&self) -> Option<Attention> {
         Some(self.attention)
+    }
+
+    /// A 16-bit base in a type the device lacks (wgpu has no bf16). A
+    /// quantized base's tables take f16 there instead of bf16.
+    fn unsupported_storage(&self, supported: &dyn Fn(burn::tensor::FloatDType) -> bool) -> Option<String> {
+        let storage = self.base_storage();
+        (storage.format().is_none() && !supported(storage.float())).then(|| {
+            format!(
+                "a {} base is not supported by this device: store it in f16 (--base f16) or nf4 (--train qlora:RANK)",
+                storage.name()
+            )
+        })
     }
 
     /// Under LoRA the whole base is frozen and rebuilt from the seed or

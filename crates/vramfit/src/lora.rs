@@ -109,7 +109,8 @@ impl<B: Backend> Projection<B> {
 
     /// The weight frozen and stored as `storage` says: cast to its float
     /// type, or quantized (refused when its values are not a whole number
-    /// of blocks or not finite). The bias is frozen and cast with it.
+    /// of blocks or not finite). The bias is frozen, in the float type or,
+    /// beside a quantized weight, in f32 (every device has it).
     pub fn frozen_as(self, storage: BaseStorage) -> Result<Self, QuantError> {
         let Self {
             weight,
@@ -117,7 +118,11 @@ impl<B: Backend> Projection<B> {
             bias,
             lora,
         } = self;
-        let bias = bias.map(|b| frozen_float(b, storage.float()));
+        let bias_dtype = match storage.format() {
+            Some(_) => burn::tensor::FloatDType::F32,
+            None => storage.float(),
+        };
+        let bias = bias.map(|b| frozen_float(b, bias_dtype));
         let (weight, quantized) = match (weight, storage.format()) {
             (Some(w), Some(format)) => {
                 let t = w.val();

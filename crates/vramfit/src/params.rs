@@ -73,8 +73,29 @@ pub fn describe<B: Backend, M: Module<B>>(module: &M) -> Vec<ParamInfo> {
     w.1
 }
 
-/// A module's parameters as the profiler's named tensors, largest first.
+/// A module's parameters as the profiler's named tensors, largest first;
+/// integer parameters (a quantized base's codes) are frozen parameters.
 pub fn named_tensors<B: Backend, M: Module<B>>(module: &M) -> Vec<crate::profile::NamedTensor> {
+    struct Ints(PathTracker, Vec<crate::profile::NamedTensor>);
+    impl<B: Backend> ModuleVisitor<B> for Ints {
+        fn enter_module(&mut self, name: &str, _: &str) {
+            self.0.enter(name)
+        }
+        fn exit_module(&mut self, _: &str, _: &str) {
+            self.0.exit()
+        }
+        fn visit_int<const D: usize>(&mut self, param: &Param<Tensor<B, D, Int>>) {
+            let t = param.val();
+            let bytes = (t.shape().num_elements() * t.dtype().size()) as u64;
+            self.1.push(crate::profile::NamedTensor::new(
+                self.0.path(),
+                bytes,
+                crate::profile::Category::FrozenParameters,
+            ));
+        }
+    }
+    let mut ints = Ints(PathTracker::default(), Vec::new());
+    module.visit(&mut ints);
     let mut t: Vec<_> = describe(module)
         .into_iter()
         .map(|p| {
@@ -85,6 +106,7 @@ pub fn named_tensors<B: Backend, M: Module<B>>(module: &M) -> Vec<crate::profile
             };
             crate::profile::NamedTensor::new(p.path.clone(), p.bytes(), category)
         })
+        .chain(ints.1)
         .collect();
     t.sort_by(|a, b| b.bytes.cmp(&a.bytes).then(a.name.cmp(&b.name)));
     t

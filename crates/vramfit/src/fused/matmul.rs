@@ -13,14 +13,42 @@ use super::*;
 /// and other backends and types use Burn's matmul.
 pub fn matmul<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> Tensor<B, D> {
     let same_batch = a.dims()[..D - 2] == b.dims()[..D - 2];
-    match (on_cpu(a), on_cpu(b)) {
-        (Ok(a), Ok(b)) if same_batch => back(matmul_cpu(a, b)),
-        (a, b) => {
-            let a = a.map_or_else(|t| t, back);
-            let b = b.map_or_else(|t| t, back);
-            a.matmul(b)
-        }
+    let (a, b) = match (on_cpu(a), on_cpu(b)) {
+        (Ok(a), Ok(b)) if same_batch => return back(matmul_cpu(a, b)),
+        (a, b) => (a.map_or_else(|t| t, back), b.map_or_else(|t| t, back)),
+    };
+    // Flex without autodiff (a checkpointed block's first forward, the
+    // products inside other autodiff operations): the same gemm, operands
+    // read where they lie (a transposed weight is not copied).
+    match (on_flex(a), on_flex(b)) {
+        (Ok(a), Ok(b)) if same_batch => flex_back(matmul_flex(a, b)),
+        (a, b) => a.map_or_else(|t| t, flex_back).matmul(b.map_or_else(|t| t, flex_back)),
     }
+}
+
+/// `t` as an f32 tensor of Flex without autodiff, if it is one (and the
+/// CPU's kernels are on).
+fn on_flex<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Tensor<Flex, D>, Tensor<B, D>> {
+    if t.dtype() != DType::F32 || is_as_on_a_device() {
+        return Err(t);
+    }
+    downcast(t)
+}
+
+fn flex_back<B: Backend, const D: usize>(t: Tensor<Flex, D>) -> Tensor<B, D> {
+    downcast(t).unwrap_or_else(|_| unreachable!("converted from B by on_flex"))
+}
+
+fn matmul_flex<const D: usize>(a: Tensor<Flex, D>, b: Tensor<Flex, D>) -> Tensor<Flex, D> {
+    let (a, b) = (a.into_primitive().tensor(), b.into_primitive().tensor());
+    let (ma, mb) = (Matrices::of(&a), Matrices::of(&b));
+    assert_eq!(ma.cols, mb.rows, "matmul: inner dimensions {} and {}", ma.cols, mb.rows);
+    let mut shape = a.layout().shape().clone();
+    shape[D - 1] = mb.cols;
+    Tensor::from_primitive(TensorPrimitive::Float(flex(
+        gemm_products(ma.batch, ma.operand(), mb.operand()),
+        shape,
+    )))
 }
 
 /// Batched matrices as gemm reads them: each `[rows, cols]` matrix (as

@@ -120,20 +120,23 @@ impl StoragePolicy {
     }
 }
 
-/// Stored bytes of every float parameter of `module`.
+/// Stored bytes of every parameter of `module` (a quantized base's codes
+/// included).
 pub fn parameter_bytes<B: Backend, M: Module<B>>(module: &M) -> u64 {
-    crate::params::describe(module).iter().map(|p| p.bytes()).sum()
+    crate::params::describe(module).iter().map(|p| p.bytes()).sum::<u64>() + crate::frozen::code_bytes(module)
 }
 
-/// Bytes of `module`'s trainable and of its frozen parameters, as stored.
+/// Bytes of `module`'s trainable and of its frozen parameters, as stored
+/// (a quantized base's codes are frozen).
 pub fn trainable_and_frozen_bytes<B: Backend, M: Module<B>>(module: &M) -> (u64, u64) {
-    crate::params::describe(module).iter().fold((0, 0), |(t, f), p| {
+    let (t, f) = crate::params::describe(module).iter().fold((0, 0), |(t, f), p| {
         if p.trainable {
             (t + p.bytes(), f)
         } else {
             (t, f + p.bytes())
         }
-    })
+    });
+    (t, f + crate::frozen::code_bytes(module))
 }
 
 #[cfg(test)]
