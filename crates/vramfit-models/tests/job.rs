@@ -398,7 +398,7 @@ fn a_qlora_run_writes_its_adapters_only_and_resumes_exactly() {
         };
         let (run, workload) =
             vramfit_models::job::start::<B, LlamaConfig, 3>(start, &Default::default(), "cpu").unwrap();
-        run.drive(workload, |e| observe(e)).unwrap()
+        run.drive(workload, &mut observe).unwrap()
     };
     let tmp = tempfile::tempdir().unwrap();
     let straight = tmp.path().join("straight");

@@ -17,7 +17,7 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::prelude::*;
 use burn::tensor::{FloatDType, TensorPrimitive};
 
-use super::Matrix;
+use super::matrix::Matrix;
 use crate::fused::downcast;
 
 /// `x · W` (`x: [rows, in]` in the compute type, `W: [in, out]`), the
