@@ -55,6 +55,41 @@ fn small_llm(depth: &'static str) -> [&'static str; 14] {
     ]
 }
 
+/// A Hugging Face checkpoint of [`small_llm`]'s shape (depth 2) in `dir`,
+/// every value 0.01 until `edit` changes a tensor's; its file.
+fn small_llm_checkpoint(
+    dir: &Path,
+    dtype: vramfit_models::safetensors::Dtype,
+    edit: impl Fn(&str, &mut Vec<f32>),
+) -> PathBuf {
+    let shape = vramfit_models::llama::LlamaConfig {
+        width: 32,
+        depth: 2,
+        heads: 4,
+        kv_heads: 2,
+        ffn: 48,
+        vocab: 16,
+        ..Default::default()
+    };
+    let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = shape
+        .hf_tensors()
+        .into_iter()
+        .map(|(n, s)| {
+            let mut values = vec![0.01; s.iter().product()];
+            edit(&n, &mut values);
+            (n, s, values)
+        })
+        .collect();
+    let refs: Vec<_> = tensors
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), s.clone(), v.as_slice()))
+        .collect();
+    std::fs::create_dir_all(dir).unwrap();
+    let file = dir.join("model.safetensors");
+    vramfit_models::safetensors::write(&file, &refs, dtype).unwrap();
+    file
+}
+
 /// Asserts that a command failed and its error says `says`.
 fn refused_saying(o: &Output, says: &str) {
     assert!(!o.status.success() && stderr(o).contains(says), "{}", stderr(o));
@@ -2123,30 +2158,7 @@ fn the_llm_trains_and_takes_a_named_shape() {
     // --weights: a Hugging Face checkpoint of this shape starts the run
     // (its loading is tested exactly in vramfit-models); a truncated one
     // is refused before the run directory exists.
-    let shape = vramfit_models::llama::LlamaConfig {
-        width: 32,
-        depth: 2,
-        heads: 4,
-        kv_heads: 2,
-        ffn: 48,
-        vocab: 16,
-        ..Default::default()
-    };
-    let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = shape
-        .hf_tensors()
-        .into_iter()
-        .map(|(n, s)| {
-            let values = vec![0.01; s.iter().product()];
-            (n, s, values)
-        })
-        .collect();
-    let refs: Vec<_> = tensors
-        .iter()
-        .map(|(n, s, v)| (n.as_str(), s.clone(), v.as_slice()))
-        .collect();
-    std::fs::create_dir(d.join("hf")).unwrap();
-    let file = d.join("hf/model.safetensors");
-    vramfit_models::safetensors::write(&file, &refs, vramfit_models::safetensors::Dtype::Bf16).unwrap();
+    let file = small_llm_checkpoint(&d.join("hf"), vramfit_models::safetensors::Dtype::Bf16, |_, _| {});
     let args = [
         &[
             "train",
@@ -2382,37 +2394,15 @@ fn a_frozen_base_is_stored_small_and_what_cannot_be_is_refused() {
     }
 
     // A checkpoint value NF4 cannot hold is refused naming the tensor.
-    let shape = vramfit_models::llama::LlamaConfig {
-        width: 32,
-        depth: 2,
-        heads: 4,
-        kv_heads: 2,
-        ffn: 48,
-        vocab: 16,
-        ..Default::default()
-    };
-    let tensors: Vec<(String, Vec<usize>, Vec<f32>)> = shape
-        .hf_tensors()
-        .into_iter()
-        .map(|(n, s)| {
-            let mut values = vec![0.01; s.iter().product()];
-            if n == "model.layers.1.mlp.up_proj.weight" {
+    small_llm_checkpoint(
+        &d.join("hf"),
+        vramfit_models::safetensors::Dtype::F32,
+        |name, values| {
+            if name == "model.layers.1.mlp.up_proj.weight" {
                 values[5] = f32::INFINITY;
             }
-            (n, s, values)
-        })
-        .collect();
-    let refs: Vec<_> = tensors
-        .iter()
-        .map(|(n, s, v)| (n.as_str(), s.clone(), v.as_slice()))
-        .collect();
-    std::fs::create_dir(d.join("hf")).unwrap();
-    vramfit_models::safetensors::write(
-        &d.join("hf/model.safetensors"),
-        &refs,
-        vramfit_models::safetensors::Dtype::F32,
-    )
-    .unwrap();
+        },
+    );
     let args = [
         &["train", "llm", "--weights", "hf", "--train", "qlora:4", "--out", "inf"][..],
         &small,

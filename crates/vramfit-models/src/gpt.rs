@@ -161,15 +161,16 @@ pub(crate) fn normal<B: Backend, const D: usize>(
     device: &B::Device,
 ) -> Param<Tensor<B, D>> {
     let n: usize = shape.iter().product();
-    // Box–Muller from the seeded stream: the same weights on every backend.
-    let values: Vec<f32> = (0..n)
-        .map(|_| {
-            let u1: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
-            let u2: f64 = rng.random();
-            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos() * std) as f32
-        })
-        .collect();
+    // From the seeded stream: the same weights on every backend.
+    let values: Vec<f32> = (0..n).map(|_| box_muller(rng, std)).collect();
     Param::from_tensor(Tensor::from_data(TensorData::new(values, shape), device))
+}
+
+/// One draw of N(0, std²) from two uniforms of `rng` (Box–Muller).
+fn box_muller(rng: &mut ChaCha8Rng, std: f64) -> f32 {
+    let u1: f64 = rng.random::<f64>().max(f64::MIN_POSITIVE);
+    let u2: f64 = rng.random();
+    ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos() * std) as f32
 }
 
 /// Values drawn per block of [`DRAW_BLOCK`]: each block's own stream.
@@ -194,9 +195,7 @@ pub(crate) fn normal_parallel<B: Backend, const D: usize>(
         let mut stream = ChaCha8Rng::seed_from_u64(seed);
         stream.set_stream(i as u64);
         for v in block {
-            let u1: f64 = stream.random::<f64>().max(f64::MIN_POSITIVE);
-            let u2: f64 = stream.random();
-            *v = ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos() * std) as f32;
+            *v = box_muller(&mut stream, std);
         }
     });
     Param::from_tensor(Tensor::from_data(TensorData::new(values, shape), device))

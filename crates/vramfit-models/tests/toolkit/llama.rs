@@ -148,7 +148,9 @@ fn grouped_query_attention_is_multi_head_attention_with_shared_heads<B: Autodiff
 
 /// The loss's change along a random direction of every parameter,
 /// measured by central differences, against the gradient's projection on
-/// it (f32: a step of 1e-2 of the parameters' scale, agreement to 2 %).
+/// it (f32: a step of 2e-3 along the direction, agreement to 2 %; the
+/// difference converges on the gradient as the step falls: 4.2 % off at
+/// 1e-2 for this draw, 1.1 % at 5e-3, 0.18 % at 2e-3, 0.04 % at 1e-3).
 fn llm_gradients_agree_with_finite_differences<B: AutodiffBackend>() {
     let device = Default::default();
     let config = tiny(2);
@@ -168,7 +170,7 @@ fn llm_gradients_agree_with_finite_differences<B: AutodiffBackend>() {
         projected += grads[path].iter().zip(&d).map(|(g, d)| (*g * d) as f64).sum::<f64>();
         direction.insert(path.clone(), (shape.clone(), *dtype, d));
     }
-    let step = 1e-2f32;
+    let step = 2e-3f32;
     let shifted = |sign: f32| {
         let mut moved = base.clone();
         for (path, (_, _, v)) in moved.iter_mut() {
