@@ -158,3 +158,52 @@ pub fn frozen_float<B: Backend, const D: usize>(
     };
     Param::from_mapped_value(id, tensor, mapper).set_require_grad(false)
 }
+
+#[cfg(test)]
+mod tests {
+    use burn::backend::{Autodiff, Flex};
+    use burn::tensor::Distribution;
+
+    use super::*;
+    use crate::frozen::code_bytes;
+    use crate::precision::Precision;
+
+    type B = Autodiff<Flex>;
+
+    /// A frozen projection's parameters take no gradient; its bias and
+    /// weight stay frozen through the cast; the quantized one holds 4.5 bits a
+    /// weight.
+    #[test]
+    fn a_frozen_projection_holds_no_gradient_and_its_stored_bytes() {
+        let _graph = crate::grads::graph_lock();
+        let device = Default::default();
+        let w = Projection::<B>::new(
+            Param::from_tensor(Tensor::random([64, 32], Distribution::Normal(0.0, 0.02), &device)),
+            Some(Param::from_tensor(Tensor::zeros([32], &device))),
+        );
+        let frozen = w.frozen_as(BaseStorage::Nf4).unwrap();
+        assert!(frozen.weight.is_none());
+        assert_eq!(
+            frozen.quantized.as_ref().unwrap().bytes(),
+            64 * 32 / 2 + 64 * 32 / 64 * 4
+        );
+        assert_eq!(code_bytes(&frozen), 64 * 32 / 2);
+        let params = crate::params::describe(&frozen);
+        assert!(params.iter().all(|p| !p.trainable), "{params:?}");
+        let x = Tensor::<B, 2>::random([3, 64], Distribution::Normal(0.0, 1.0), &device).require_grad();
+        let grads = frozen
+            .forward(x.clone(), &Autocast::new(Precision::F32))
+            .sum()
+            .backward();
+        assert!(x.grad(&grads).is_some());
+        assert!(frozen.bias.as_ref().unwrap().val().grad(&grads).is_none());
+        // A weight that is not a whole number of blocks is refused by name.
+        let odd = Projection::<B>::new(Param::from_tensor(Tensor::zeros([5, 7], &device)), None);
+        let e = odd.frozen_as(BaseStorage::Nf4).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("35 values are not a whole number of blocks of 64"),
+            "{e}"
+        );
+    }
+}
