@@ -13,22 +13,27 @@
 //! the named groups (`frozen:embedding,blocks.0-3,...`). A frozen
 //! parameter takes no gradient, so it holds no gradient and no moments.
 
-use burn::module::{Module, Param};
+use burn::module::Param;
 use burn::prelude::*;
-use burn::tensor::TensorData;
-use burn::tensor::activation::silu;
 use burn::tensor::backend::AutodiffBackend;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use vramfit::checkpoint::Block;
 use vramfit::frozen::BaseStorage;
 use vramfit::fused::Attention;
-use vramfit::precision::Autocast;
-use vramfit::step::Trainable;
 
 use crate::config::{ConfigError, RoughFloats, invalid};
+
+mod block;
+mod decoder;
+mod training;
+mod weights;
+
 use crate::data::{SyntheticTask, TaskConfig, TokenBatch};
-use crate::gpt::{constant, normal, normal_parallel};
+use crate::gpt::normal;
+pub use block::{LlamaBlock, Lora, Proj, RmsNorm, rotary};
+pub use decoder::Llama;
+pub use training::Training;
+use weights::Weights;
 
 /// Tokens the planner probes a long run at by default.
 pub const PROBE_TOKENS: usize = 128;
@@ -87,74 +92,6 @@ pub struct LlamaConfig {
     /// to start from; empty: weights drawn from the seed. Checked against
     /// the shape before anything is built. The key `--weights` sets.
     pub weights: String,
-}
-
-/// What trains, parsed from `model.train`.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Training {
-    /// Every parameter.
-    All,
-    /// Adapters of rank `rank` on q, k, v and o (and the MLP when `mlp`);
-    /// every base parameter frozen.
-    Lora {
-        /// The adapters' rank.
-        rank: usize,
-        /// Adapt the MLP's projections too.
-        mlp: bool,
-    },
-    /// Every parameter but those under these path prefixes.
-    Frozen(Vec<String>),
-}
-
-impl Training {
-    /// Parses `text` for a model of `depth` blocks and `width`.
-    pub fn parse(text: &str, depth: usize, width: usize) -> Result<Self, ConfigError> {
-        let bad = |why: String| Err(invalid("model.train", why));
-        if text == "all" {
-            return Ok(Training::All);
-        }
-        if let Some(rest) = text.strip_prefix("lora:").or_else(|| text.strip_prefix("qlora:")) {
-            let (rank, mlp) = match rest.split_once(':') {
-                Some((r, "mlp")) => (r, true),
-                Some((_, other)) => return bad(format!("`{other}` after the rank: only `mlp` (lora:8:mlp)")),
-                None => (rest, false),
-            };
-            return match rank.parse::<usize>() {
-                Ok(0) => bad("lora:0 adapts nothing: give a rank of 1 or more (e.g. lora:8)".into()),
-                Ok(r) if r > width => bad(format!(
-                    "rank {r} is above the width {width}: a low-rank adapter's rank is below it"
-                )),
-                Ok(rank) => Ok(Training::Lora { rank, mlp }),
-                Err(_) => bad(format!("`{rank}` is not a rank: give lora:RANK, e.g. lora:8")),
-            };
-        }
-        if let Some(list) = text.strip_prefix("frozen:") {
-            let mut groups = Vec::new();
-            for group in list.split(',').map(str::trim) {
-                let blocks = |range: &str| -> Option<Vec<String>> {
-                    let (a, b) = range.split_once('-').unwrap_or((range, range));
-                    let (a, b) = (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?);
-                    (a <= b && b < depth).then(|| (a..=b).map(|i| format!("blocks.{i}")).collect())
-                };
-                match group {
-                    "embedding" | "head" | "final_norm" | "blocks" => groups.push(group.to_string()),
-                    g if g.strip_prefix("blocks.").and_then(blocks).is_some() => {
-                        groups.extend(g.strip_prefix("blocks.").and_then(blocks).unwrap_or_default())
-                    }
-                    other => {
-                        return bad(format!(
-                            "`{other}` is not a group of this model: the groups are embedding, head, final_norm, \
-                             blocks, blocks.I and blocks.I-J (I ≤ J < {depth})"
-                        ));
-                    }
-                }
-            }
-            return Ok(Training::Frozen(groups));
-        }
-        bad(format!(
-            "`{text}`: give all, lora:RANK (lora:RANK:mlp) or frozen:GROUP,..."
-        ))
-    }
 }
 
 impl Default for LlamaConfig {
@@ -704,282 +641,6 @@ fn format_name(format: vramfit::frozen::Format) -> &'static str {
     match format {
         vramfit::frozen::Format::Nf4 => "nf4",
         vramfit::frozen::Format::Int8 => "int8",
-    }
-}
-
-/// Where a base model's weights come from: drawn from a seed, or read from
-/// a checkpoint in the Hugging Face layout (its names; projections
-/// `[out, in]`, transposed here into `[in, out]`).
-enum Weights {
-    Drawn(Box<ChaCha8Rng>),
-    Read {
-        file: crate::safetensors::Checkpoint,
-        /// The first read that failed (the rest are then zeros, unused).
-        failed: Option<String>,
-    },
-}
-
-impl Weights {
-    fn values(
-        file: &crate::safetensors::Checkpoint,
-        failed: &mut Option<String>,
-        name: &str,
-        count: usize,
-    ) -> Vec<f32> {
-        if failed.is_none() {
-            match file.read_f32(name) {
-                Ok(v) => return v,
-                Err(e) => *failed = Some(e),
-            }
-        }
-        vec![0.0; count]
-    }
-
-    /// A projection's weight `[in, out]` (normal, σ `std`, where drawn).
-    fn matrix<B: Backend>(
-        &mut self,
-        name: &str,
-        [inputs, outputs]: [usize; 2],
-        std: f64,
-        device: &B::Device,
-    ) -> Param<Tensor<B, 2>> {
-        match self {
-            Weights::Drawn(rng) => normal_parallel(rng, [inputs, outputs], std, device),
-            Weights::Read { file, failed } => {
-                let stored = Self::values(file, failed, name, inputs * outputs); // [out, in]
-                let mut t = vec![0.0f32; stored.len()];
-                for (o, row) in stored.chunks_exact(inputs).enumerate() {
-                    for (i, &x) in row.iter().enumerate() {
-                        t[i * outputs + o] = x;
-                    }
-                }
-                Param::from_tensor(Tensor::from_data(TensorData::new(t, [inputs, outputs]), device))
-            }
-        }
-    }
-
-    /// The token embedding `[vocab, width]` (normal, σ 0.02, where drawn).
-    fn table<B: Backend>(&mut self, name: &str, shape: [usize; 2], device: &B::Device) -> Param<Tensor<B, 2>> {
-        match self {
-            Weights::Drawn(rng) => normal_parallel(rng, shape, 0.02, device),
-            Weights::Read { file, failed } => {
-                let values = Self::values(file, failed, name, shape[0] * shape[1]);
-                Param::from_tensor(Tensor::from_data(TensorData::new(values, shape), device))
-            }
-        }
-    }
-
-    /// A norm's scale or a bias (`value` everywhere, where drawn).
-    fn vector<B: Backend>(&mut self, name: &str, n: usize, value: f32, device: &B::Device) -> Param<Tensor<B, 1>> {
-        match self {
-            Weights::Drawn(_) => constant(n, value, device),
-            Weights::Read { file, failed } => {
-                let values = Self::values(file, failed, name, n);
-                Param::from_tensor(Tensor::from_data(TensorData::new(values, [n]), device))
-            }
-        }
-    }
-}
-
-/// A projection `x · W (+ b)`, `W: [in, out]`, frozen and stored small or
-/// trained, with a low-rank adapter where the model has one
-/// ([`vramfit::lora`]).
-pub type Proj<B> = vramfit::lora::Projection<B>;
-
-pub use vramfit::lora::Lora;
-
-/// RMSNorm: `x / √(mean(x²) + ε) · γ`, in f32.
-#[derive(Module, Debug)]
-pub struct RmsNorm<B: Backend> {
-    /// γ.
-    pub weight: Param<Tensor<B, 1>>,
-    eps: f64,
-}
-
-impl<B: Backend> RmsNorm<B> {
-    /// Normalises the last axis of `x`.
-    pub fn forward(&self, x: Tensor<B, 3>, ac: &Autocast) -> Tensor<B, 3> {
-        let x = ac.full(x);
-        let scale = (x.clone().powi_scalar(2).mean_dim(2) + self.eps).sqrt().recip();
-        x * scale * ac.full(self.weight.val()).unsqueeze::<3>()
-    }
-}
-
-/// Rotary positions on `x: [b, h, t, dh]` (f32; positions 0..t): each pair
-/// (i, i + dh/2) turned by position · θ^(−2i/dh), as Llama's reference
-/// does ("rotate half").
-pub fn rotary<B: Backend>(x: Tensor<B, 4>, theta: f64) -> Tensor<B, 4> {
-    let [_, _, t, dh] = x.dims();
-    let half = dh / 2;
-    let (mut cos, mut sin) = (Vec::with_capacity(t * half), Vec::with_capacity(t * half));
-    for p in 0..t {
-        for i in 0..half {
-            let angle = p as f64 * theta.powf(-2.0 * i as f64 / dh as f64);
-            cos.push(angle.cos() as f32);
-            sin.push(angle.sin() as f32);
-        }
-    }
-    let device = x.device();
-    let table = |v: Vec<f32>| Tensor::<B, 2>::from_data(TensorData::new(v, [t, half]), &device).unsqueeze::<4>();
-    let (cos, sin) = (table(cos), table(sin));
-    let (a, b) = (x.clone().narrow(3, 0, half), x.narrow(3, half, half));
-    Tensor::cat(
-        vec![a.clone() * cos.clone() - b.clone() * sin.clone(), b * cos + a * sin],
-        3,
-    )
-}
-
-/// One decoder block.
-#[derive(Module, Debug)]
-pub struct LlamaBlock<B: Backend> {
-    /// Norm before attention.
-    pub attn_norm: RmsNorm<B>,
-    /// Query projection.
-    pub q: Proj<B>,
-    /// Key projection (kv_heads heads).
-    pub k: Proj<B>,
-    /// Value projection (kv_heads heads).
-    pub v: Proj<B>,
-    /// Output projection.
-    pub o: Proj<B>,
-    /// Norm before the MLP.
-    pub mlp_norm: RmsNorm<B>,
-    /// SwiGLU gate.
-    pub gate: Proj<B>,
-    /// SwiGLU up.
-    pub up: Proj<B>,
-    /// SwiGLU down.
-    pub down: Proj<B>,
-    heads: usize,
-    kv_heads: usize,
-    rope_theta: f64,
-    fused_attention: bool,
-}
-
-impl<B: Backend> LlamaBlock<B> {
-    /// `x: [b, kv, t, dh]` with each head repeated for the query heads it serves.
-    fn shared(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let group = self.heads / self.kv_heads;
-        if group == 1 {
-            return x;
-        }
-        let [b, kv, t, dh] = x.dims();
-        x.unsqueeze_dim::<5>(2)
-            .repeat_dim(2, group)
-            .reshape([b, kv * group, t, dh])
-    }
-}
-
-impl<B: Backend> Block<B, 3> for LlamaBlock<B> {
-    fn forward(&self, x: Tensor<B, 3>, ac: &Autocast) -> Tensor<B, 3> {
-        let dh = x.dims()[2] / self.heads;
-        let normed = self.attn_norm.forward(x.clone(), ac);
-        let split = |p: &Proj<B>, heads| vramfit::fused::split_heads(p.forward(normed.clone(), ac), heads);
-        let q = rotary(ac.full(split(&self.q, self.heads)), self.rope_theta);
-        // K rounded to the low type before its heads are repeated (both
-        // paths' products take it low): the repeat is then in 16 bits.
-        let k = self.shared(ac.low(rotary(ac.full(split(&self.k, self.kv_heads)), self.rope_theta)));
-        // V in the low type too: a projection with an adapter gives its sum
-        // in f32 (base and adapter added in f32), one without it in the low
-        // type; the fused attention takes Q, K and V in one type (the
-        // standard path's product rounds V the same way).
-        let v = self.shared(ac.low(split(&self.v, self.kv_heads)));
-        let scale = 1.0 / (dh as f64).sqrt();
-        let mixed = if self.fused_attention {
-            // Q rounded to the low type after the rotation, as the
-            // standard path's product rounds it.
-            vramfit::fused::attention(ac.low(q), k, v, scale, true)
-        } else {
-            let scores = ac.full(ac.matmul(q, k.swap_dims(2, 3))); // [b, h, t, t]
-            let attn = vramfit::fused::causal_softmax(scores, scale);
-            ac.matmul(attn, v)
-        };
-        let x = x + ac.full(self.o.forward(vramfit::fused::merge_heads(mixed), ac));
-        let normed = self.mlp_norm.forward(x.clone(), ac);
-        let hidden = silu(ac.full(self.gate.forward(normed.clone(), ac))) * ac.full(self.up.forward(normed, ac));
-        x + ac.full(self.down.forward(hidden, ac))
-    }
-}
-
-/// The decoder.
-#[derive(Module, Debug)]
-pub struct Llama<B: Backend> {
-    /// Token embedding, `[vocab, width]`.
-    pub embedding: Param<Tensor<B, 2>>,
-    /// The blocks.
-    pub blocks: Vec<LlamaBlock<B>>,
-    /// Norm before the head.
-    pub final_norm: RmsNorm<B>,
-    /// Head, `[width, vocab]` (`None`: the embedding transposed).
-    pub head: Option<Param<Tensor<B, 2>>>,
-    /// Positions whose logits exist at once in the loss.
-    loss_chunk: usize,
-}
-
-impl<B: Backend> Llama<B> {
-    /// The embedded tokens, `[b, t, width]`.
-    pub fn embed(&self, batch: &TokenBatch<B>, ac: &Autocast) -> Tensor<B, 3> {
-        let [b, t] = batch.tokens.dims();
-        let table = self.embedding.val();
-        let w = table.dims()[1];
-        ac.full(
-            table
-                .select(0, batch.tokens.clone().reshape([b * t]))
-                .reshape([b, t, w]),
-        )
-    }
-
-    /// The mean next-token loss (nats) of the blocks' output `x`.
-    pub fn head_loss(&self, x: Tensor<B, 3>, batch: &TokenBatch<B>, ac: &Autocast) -> Tensor<B, 1> {
-        let [b, t] = batch.tokens.dims();
-        let x = self.final_norm.forward(x, ac);
-        let w = x.dims()[2];
-        let head = match &self.head {
-            Some(h) => h.val(),
-            None => self.embedding.val().transpose(),
-        };
-        // A chunk of positions' logits at a time (a frozen head used as stored).
-        vramfit::chunked_loss::chunked_cross_entropy(
-            x.reshape([b * t, w]),
-            head,
-            batch.targets.clone().reshape([b * t]),
-            self.loss_chunk,
-            ac,
-        )
-    }
-
-    /// The loss of `batch` through every block.
-    pub fn loss(&self, batch: &TokenBatch<B>, ac: &Autocast) -> Tensor<B, 1> {
-        let mut x = self.embed(batch, ac);
-        for block in &self.blocks {
-            x = block.forward(x, ac);
-        }
-        self.head_loss(x, batch, ac)
-    }
-}
-
-impl<B: AutodiffBackend> Trainable<B, 3> for Llama<B> {
-    type Batch = TokenBatch<B>;
-    type Block = LlamaBlock<B>;
-
-    fn micro_batch(batch: &Self::Batch, range: std::ops::Range<usize>) -> Self::Batch {
-        batch.slice(range)
-    }
-
-    fn batch_bytes(batch: &Self::Batch) -> u64 {
-        batch.bytes()
-    }
-
-    fn prelude(&self, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, 3> {
-        self.embed(batch, autocast)
-    }
-
-    fn blocks(&self) -> &[LlamaBlock<B>] {
-        &self.blocks
-    }
-
-    fn head(&self, x: Tensor<B, 3>, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, 1> {
-        self.head_loss(x, batch, autocast)
     }
 }
 

@@ -1,0 +1,95 @@
+//! The Llama decoder: the embedding, the blocks, the final norm and the
+//! head, whose loss is computed a chunk of positions at a time
+//! ([`vramfit::chunked_loss`]); a [`Trainable`] for the step.
+
+use burn::module::{Module, Param};
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+use vramfit::checkpoint::Block;
+use vramfit::precision::Autocast;
+use vramfit::step::Trainable;
+
+use super::block::{LlamaBlock, RmsNorm};
+use crate::data::TokenBatch;
+
+/// The decoder.
+#[derive(Module, Debug)]
+pub struct Llama<B: Backend> {
+    /// Token embedding, `[vocab, width]`.
+    pub embedding: Param<Tensor<B, 2>>,
+    /// The blocks.
+    pub blocks: Vec<LlamaBlock<B>>,
+    /// Norm before the head.
+    pub final_norm: RmsNorm<B>,
+    /// Head, `[width, vocab]` (`None`: the embedding transposed).
+    pub head: Option<Param<Tensor<B, 2>>>,
+    /// Positions whose logits exist at once in the loss.
+    pub(super) loss_chunk: usize,
+}
+
+impl<B: Backend> Llama<B> {
+    /// The embedded tokens, `[b, t, width]`.
+    pub fn embed(&self, batch: &TokenBatch<B>, ac: &Autocast) -> Tensor<B, 3> {
+        let [b, t] = batch.tokens.dims();
+        let table = self.embedding.val();
+        let w = table.dims()[1];
+        ac.full(
+            table
+                .select(0, batch.tokens.clone().reshape([b * t]))
+                .reshape([b, t, w]),
+        )
+    }
+
+    /// The mean next-token loss (nats) of the blocks' output `x`.
+    pub fn head_loss(&self, x: Tensor<B, 3>, batch: &TokenBatch<B>, ac: &Autocast) -> Tensor<B, 1> {
+        let [b, t] = batch.tokens.dims();
+        let x = self.final_norm.forward(x, ac);
+        let w = x.dims()[2];
+        let head = match &self.head {
+            Some(h) => h.val(),
+            None => self.embedding.val().transpose(),
+        };
+        // A chunk of positions' logits at a time (a frozen head used as stored).
+        vramfit::chunked_loss::chunked_cross_entropy(
+            x.reshape([b * t, w]),
+            head,
+            batch.targets.clone().reshape([b * t]),
+            self.loss_chunk,
+            ac,
+        )
+    }
+
+    /// The loss of `batch` through every block.
+    pub fn loss(&self, batch: &TokenBatch<B>, ac: &Autocast) -> Tensor<B, 1> {
+        let mut x = self.embed(batch, ac);
+        for block in &self.blocks {
+            x = block.forward(x, ac);
+        }
+        self.head_loss(x, batch, ac)
+    }
+}
+
+impl<B: AutodiffBackend> Trainable<B, 3> for Llama<B> {
+    type Batch = TokenBatch<B>;
+    type Block = LlamaBlock<B>;
+
+    fn micro_batch(batch: &Self::Batch, range: std::ops::Range<usize>) -> Self::Batch {
+        batch.slice(range)
+    }
+
+    fn batch_bytes(batch: &Self::Batch) -> u64 {
+        batch.bytes()
+    }
+
+    fn prelude(&self, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, 3> {
+        self.embed(batch, autocast)
+    }
+
+    fn blocks(&self) -> &[LlamaBlock<B>] {
+        &self.blocks
+    }
+
+    fn head(&self, x: Tensor<B, 3>, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, 1> {
+        self.head_loss(x, batch, autocast)
+    }
+}
