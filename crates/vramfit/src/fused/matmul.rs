@@ -20,23 +20,10 @@ pub fn matmul<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> T
     // Flex without autodiff (a checkpointed block's first forward, the
     // products inside other autodiff operations): the same gemm, operands
     // read where they lie (a transposed weight is not copied).
-    match (on_flex(a), on_flex(b)) {
-        (Ok(a), Ok(b)) if same_batch => flex_back(matmul_flex(a, b)),
-        (a, b) => a.map_or_else(|t| t, flex_back).matmul(b.map_or_else(|t| t, flex_back)),
+    match (f32_on::<Flex, B, D>(a), f32_on::<Flex, B, D>(b)) {
+        (Ok(a), Ok(b)) if same_batch => back(matmul_flex(a, b)),
+        (a, b) => a.map_or_else(|t| t, back).matmul(b.map_or_else(|t| t, back)),
     }
-}
-
-/// `t` as an f32 tensor of Flex without autodiff, if it is one (and the
-/// CPU's kernels are on).
-fn on_flex<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Tensor<Flex, D>, Tensor<B, D>> {
-    if t.dtype() != DType::F32 || is_as_on_a_device() {
-        return Err(t);
-    }
-    downcast(t)
-}
-
-fn flex_back<B: Backend, const D: usize>(t: Tensor<Flex, D>) -> Tensor<B, D> {
-    downcast(t).unwrap_or_else(|_| unreachable!("converted from B by on_flex"))
 }
 
 fn matmul_flex<const D: usize>(a: Tensor<Flex, D>, b: Tensor<Flex, D>) -> Tensor<Flex, D> {

@@ -85,14 +85,21 @@ impl Drop for AsOnADevice {
 /// `t` as an f32 tensor of the CPU backend, if it is one (and the CPU's
 /// kernels are on).
 fn on_cpu<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Tensor<Cpu, D>, Tensor<B, D>> {
+    f32_on::<Cpu, B, D>(t)
+}
+
+/// `t` as an f32 tensor of backend `C` (Flex, with autodiff or without),
+/// if it is one and the CPU's kernels are on.
+fn f32_on<C: Backend, B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Tensor<C, D>, Tensor<B, D>> {
     if t.dtype() != DType::F32 || is_as_on_a_device() {
         return Err(t);
     }
     downcast(t)
 }
 
-fn back<B: Backend, const D: usize>(t: Tensor<Cpu, D>) -> Tensor<B, D> {
-    downcast(t).unwrap_or_else(|_| unreachable!("converted from B by on_cpu"))
+/// A tensor made by [`on_cpu`] or [`f32_on`] back as `B`.
+fn back<C: Backend, B: Backend, const D: usize>(t: Tensor<C, D>) -> Tensor<B, D> {
+    downcast(t).unwrap_or_else(|_| unreachable!("converted from B"))
 }
 
 /// The f32 values of a Flex tensor, row major (copied only when it is a view).
