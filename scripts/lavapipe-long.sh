@@ -2,8 +2,9 @@
 # The wgpu test bodies too long for CI (.ci/run says why), on Mesa's
 # software Vulkan: the planner's calibration and plans on the transformer
 # and on the image fit, the advice's levers each lowering the reserved
-# figure, and the 300-step precision curves (the transformer's and the
-# U-Net's). Over 35 minutes on 2 cores. Run it after a change to the
+# figure, the 300-step precision curves (the transformer's and the
+# U-Net's), and every knob combination the planner may choose on wgpu
+# (104 probes, about 90 s). Over 35 minutes on 2 cores. Run it after a change to the
 # planner, the advice, precision or the wgpu path, and record the date and
 # result in docs/tests.md.
 # Usage: scripts/lavapipe-long.sh [libtest arguments, e.g. --list]
@@ -22,4 +23,5 @@ time cargo test -p vramfit-splat -p vramfit-models -p vramfit-scene -p vramfit-c
   --features vramfit-splat/wgpu,vramfit-models/wgpu,vramfit-scene/wgpu,vramfit-cli/wgpu,vramfit-cli/mpi \
   --test plan --test advice --test toolkit -- "$@" --exact calibration_wgpu \
   every_advised_setting_lowers_the_deciding_figure::wgpu \
-  transformer::low_precision_training_follows_the_f32_curve::wgpu unet::low_precision_training_follows_the_f32_curve::wgpu
+  transformer::low_precision_training_follows_the_f32_curve::wgpu unet::low_precision_training_follows_the_f32_curve::wgpu \
+  every_knob_combination_runs_wgpu

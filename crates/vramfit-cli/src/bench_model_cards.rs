@@ -77,6 +77,19 @@ pub fn run(args: Args) -> Result<()> {
             record["bench"]
         );
     }
+    // A card's pools are replayed against what that card's allocator
+    // reserved: a record made on the CPU (or wgpu on a software device) is
+    // not one, and its "errors" would be the gap between two machines.
+    let device = record["device"].as_str().unwrap_or("");
+    if !device.starts_with("cuda") {
+        bail!(
+            "{} was recorded on `{}`, not on a card: give the JSON of `vramfit bench plan --device cuda` run on the \
+             {} itself",
+            file.display(),
+            if device.is_empty() { "an unnamed device" } else { device },
+            card.name
+        );
+    }
     let (config, space, steps) = recorded_steps(&record).with_context(|| file.display().to_string())?;
     let mut peaks: HashMap<String, u64> = HashMap::new();
     let mut rows = Vec::new();

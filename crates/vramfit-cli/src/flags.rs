@@ -444,3 +444,55 @@ mod tests {
         assert!(twice.to_string().contains("two datasets"), "{twice}");
     }
 }
+
+/// The files a command's settings read: an output that is one of them, or
+/// lies inside one of their folders, is refused (`vramfit::files::outputs`).
+pub trait Inputs {
+    /// Each input with the flag or key that names it.
+    fn inputs(&self) -> Vec<(String, PathBuf)>;
+}
+
+/// `model.weights=DIR` (or `weights=`) among `--set`'s.
+fn set_paths(set: &[String], keys: &[&str]) -> Vec<(String, PathBuf)> {
+    set.iter()
+        .filter_map(|kv| kv.split_once('='))
+        .filter(|(k, _)| keys.contains(&k.trim()))
+        .map(|(k, v)| (format!("--set {}", k.trim()), PathBuf::from(v.trim().trim_matches('"'))))
+        .collect()
+}
+
+impl Inputs for TrainSettings {
+    fn inputs(&self) -> Vec<(String, PathBuf)> {
+        let mut out = set_paths(&self.set, &["model.weights"]);
+        out.extend(self.config.clone().map(|p| ("--config".into(), p)));
+        out.extend(self.weights.clone().map(|p| ("--weights".into(), p)));
+        out
+    }
+}
+
+impl Inputs for FitSettings {
+    fn inputs(&self) -> Vec<(String, PathBuf)> {
+        let mut out = set_paths(&self.set, &["image"]);
+        out.extend(self.config.clone().map(|p| ("--config".into(), p)));
+        out.extend(self.image.clone().map(|p| ("the image".into(), p)));
+        out
+    }
+}
+
+impl Inputs for SceneSettings {
+    fn inputs(&self) -> Vec<(String, PathBuf)> {
+        let mut out = set_paths(&self.set, &["dataset"]);
+        out.extend(self.config.clone().map(|p| ("--config".into(), p)));
+        out.extend(self.dataset.clone().map(|p| ("the dataset".into(), p)));
+        out
+    }
+}
+
+/// Refuses writing `output` over or into one of `inputs`.
+pub fn check_output(output: &Path, inputs: &[(String, PathBuf)]) -> Result<()> {
+    let named: Vec<vramfit::files::outputs::Input> = inputs.iter().map(|(f, p)| (f.as_str(), p.as_path())).collect();
+    match vramfit::files::outputs::onto_input(output, &named) {
+        Some(why) => anyhow::bail!("{why} (nothing was written)"),
+        None => Ok(()),
+    }
+}

@@ -319,7 +319,8 @@ fn report(dir: &Path) -> Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    vramfit::run::atomic_write(&html, report.to_html(&title).as_bytes())
+    vramfit::files::outputs::no_link_below(dir, &html)
+        .and_then(|()| vramfit::run::atomic_write(&html, report.to_html(&title).as_bytes()))
         .with_context(|| format!("writing {}", html.display()))?;
     println!("wrote {}", html.display());
     report_ranks(dir);

@@ -45,7 +45,7 @@ pub enum Which {
 }
 
 #[derive(clap::Args)]
-pub struct PlanArgs<S: clap::Args> {
+pub struct PlanArgs<S: clap::Args + crate::flags::Inputs> {
     #[command(flatten)]
     settings: S,
     /// Memory budget: 6GiB, 512MiB, 1.5GB, a number of bytes, or auto (free memory).
@@ -74,11 +74,20 @@ pub struct PlanArgs<S: clap::Args> {
     device: crate::device::DeviceArg,
 }
 
-impl<S: clap::Args> PlanArgs<S> {
+impl<S: clap::Args + crate::flags::Inputs> PlanArgs<S> {
     fn probes(&self) -> Probes {
         Probes {
             blocks: self.probe_blocks,
             tokens: self.probe_tokens,
+        }
+    }
+
+    /// `--json` refused where it would write over or into an input, before
+    /// anything is read or probed.
+    fn check_output(&self) -> Result<()> {
+        match &self.json {
+            Some(json) => crate::flags::check_output(json, &self.settings.inputs()),
+            None => Ok(()),
         }
     }
 
@@ -96,6 +105,11 @@ impl<S: clap::Args> PlanArgs<S> {
 }
 
 pub fn run(which: Which) -> Result<()> {
+    match &which {
+        Which::Transformer(a) | Which::Llm(a) | Which::Unet(a) => a.check_output()?,
+        Which::Splat(a) => a.check_output()?,
+        Which::Scene(a) => a.check_output()?,
+    }
     match which {
         Which::Transformer(args) => {
             let (config, action) = on_ranks(crate::flags::resolve_train(&args.settings)?, args.action()?)?;

@@ -98,6 +98,13 @@ fn scene(dir: PathBuf, which: Builtin, views: usize, (width, height): (u32, u32)
     if views < 2 || points == 0 {
         bail!("--views must be at least 2 (a scene is fitted from two views or more) and --points at least 1");
     }
+    let least = vramfit_scene::dataset::MIN_VIEW as u32;
+    if width < least || height < least {
+        bail!(
+            "--size {width}x{height} is below {least}x{least}, the smallest view `vramfit scene` fits: give \
+             {least}x{least} or more (nothing was written)"
+        );
+    }
     let spec = vramfit_scene::synthetic::Spec {
         scene: which,
         views,

@@ -2255,7 +2255,7 @@ fn the_llm_is_planned_from_a_slice() {
         stderr(&o)
     );
     let args = [&["plan", "llm", "--probe-blocks", "6", "--budget", "1GiB"][..], &small].concat();
-    refused_saying(&run(&args, d), "give --probe-blocks 1 to 5");
+    refused_saying(&run(&args, d), "a slice is 1 to 5 blocks");
     let o = run(&["plan", "unet", "--probe-blocks", "1", "--budget", "1GiB"], d);
     refused_saying(&o, "cannot be planned from a slice");
 
@@ -2287,7 +2287,7 @@ fn the_llm_is_planned_from_a_slice() {
     assert_eq!(law["probed"], serde_json::json!([4, 8]), "{law}");
     assert!(law["check_error"].is_number(), "{law}");
     let args = [&["plan", "llm", "--probe-tokens", "16", "--budget", "1GiB"][..], &small].concat();
-    refused_saying(&run(&args, d), "give --probe-tokens 1 to 15");
+    refused_saying(&run(&args, d), "give --probe-tokens 4 to 15");
     let o = run(&["plan", "unet", "--probe-tokens", "4", "--budget", "1GiB"], d);
     refused_saying(&o, "--probe-tokens is the llm's");
 }

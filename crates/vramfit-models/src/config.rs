@@ -215,8 +215,21 @@ pub struct RoughFloats {
     pub frozen_bytes_each: f64,
     /// Activations kept for the backward, a sample.
     pub activations_per_sample: f64,
+    /// The largest single tensor a sample makes, in floats (attention's
+    /// scores where kept, the logits, a feature map), and what it is: one
+    /// allocation of it for the (micro-)batch must fit what the process may
+    /// take, or the allocation aborts the process.
+    pub largest_per_sample: (f64, &'static str),
     /// The task's data (tables, source images).
     pub task: f64,
+}
+
+/// The largest of `(floats, what)`.
+pub fn largest(candidates: &[(f64, &'static str)]) -> (f64, &'static str) {
+    candidates
+        .iter()
+        .copied()
+        .fold((0.0, "nothing"), |a, b| if b.0 > a.0 { b } else { a })
 }
 
 impl RoughFloats {
@@ -413,36 +426,58 @@ impl<M: ModelSettings> FamilyConfig<M> {
             rough.frozen_bytes_each = rough.frozen_bytes_each.min(2.0);
         }
         let bytes = rough.bytes(samples);
-        // On the CPU the host is the device: beyond its memory an allocation
-        // would abort the process. What every plan needs at least (16-bit
-        // state, the task's tables; activations can be recomputed or split)
-        // is held against it.
-        if let Some(total) = vramfit::memory::total_bytes().filter(|_| here && vramfit::backends::is_cpu::<B>())
-            && rough.floor_bytes() > total as f64
-        {
-            return Err(ConfigError::Invalid {
-                name: if 4.0 * rough.task > rough.floor_bytes() / 2.0 {
-                    "task"
-                } else {
-                    "model"
-                },
-                why: format!(
-                    "these sizes need at least about {} by a rough count, whatever the memory techniques \
-                     ({:.3e} parameters, the trainable ones with their gradients and moments in 16 bits, {:.3e} \
-                     frozen ones at {:.2} bytes each as stored; the task's tables): more than this machine's \
-                     memory, {}; {}",
-                    rough_size(rough.floor_bytes()),
-                    rough.parameters,
-                    rough.frozen,
-                    rough.frozen_bytes_each,
-                    rough_size(total as f64),
-                    if rough.frozen_bytes_each > 2.0 && rough.frozen * 2.0 > rough.floor_bytes() / 4.0 {
-                        "store the frozen base in 16 bits (--base bf16) or 4 (--train qlora:RANK), or lower the sizes"
+        // On the CPU the host is the device: beyond the memory this process
+        // may take (the machine's available memory, `ulimit -v`, a cgroup's
+        // limit) an allocation aborts the process. What every plan needs at
+        // least (16-bit state, the task's tables; activations can be
+        // recomputed or split), and the largest single tensor of a
+        // (micro-)batch, are held against it before anything is built.
+        if let Some(room) = vramfit::files::room::room().filter(|_| here && vramfit::backends::is_cpu::<B>()) {
+            let (floats, what) = rough.largest_per_sample;
+            let largest = 4.0 * floats * samples as f64;
+            if largest > room.bytes as f64 {
+                return Err(ConfigError::Invalid {
+                    name: "task",
+                    why: format!(
+                        "one tensor, {what} for {samples} sample(s) a pass, takes about {} in f32: more than this \
+                         process may take, {} ({}); lower task.tokens (or the task's size) or the (micro-)batch{}",
+                        rough_size(largest),
+                        rough_size(room.bytes as f64),
+                        room.limit,
+                        if what.contains("attention") {
+                            ", or use --attention fused (it keeps no scores)"
+                        } else {
+                            ""
+                        }
+                    ),
+                });
+            }
+            if rough.floor_bytes() > room.bytes as f64 {
+                return Err(ConfigError::Invalid {
+                    name: if 4.0 * rough.task > rough.floor_bytes() / 2.0 {
+                        "task"
                     } else {
-                        "lower the model's or task's sizes"
-                    }
-                ),
-            });
+                        "model"
+                    },
+                    why: format!(
+                        "these sizes need at least about {} by a rough count, whatever the memory techniques \
+                         ({:.3e} parameters, the trainable ones with their gradients and moments in 16 bits, {:.3e} \
+                         frozen ones at {:.2} bytes each as stored; the task's tables): more than this process may \
+                         take, {} ({}); {}",
+                        rough_size(rough.floor_bytes()),
+                        rough.parameters,
+                        rough.frozen,
+                        rough.frozen_bytes_each,
+                        rough_size(room.bytes as f64),
+                        room.limit,
+                        if rough.frozen_bytes_each > 2.0 && rough.frozen * 2.0 > rough.floor_bytes() / 4.0 {
+                            "store the frozen base in 16 bits (--base bf16) or 4 (--train qlora:RANK), or lower the sizes"
+                        } else {
+                            "lower the model's or task's sizes"
+                        }
+                    ),
+                });
+            }
         }
         let limit = MOST_BYTES;
         if bytes.is_nan() || bytes > limit {

@@ -88,6 +88,14 @@ impl GptConfig {
                 return err(key, "must be at least 1".into());
             }
         }
+        if self.vocab < 2 {
+            return err(
+                "vocab",
+                "1: with one token every prediction is certain (the loss is 0 from the start): nothing to learn; \
+                 give 2 or more"
+                    .into(),
+            );
+        }
         if !self.width.is_multiple_of(self.heads) {
             return err(
                 "heads",
@@ -489,6 +497,11 @@ impl crate::family::ModelSettings for GptConfig {
             // A block keeps some ten widths and the MLP's hidden a position,
             // and the scores twice a head; the logits thrice.
             activations_per_sample: d * (t * w * (10.0 + 2.0 * r) + scores) + 3.0 * t * v,
+            largest_per_sample: crate::config::largest(&[
+                (scores / 2.0, "a block's attention scores"),
+                (t * v, "the logits"),
+                (t * w * r, "the MLP's hidden activations"),
+            ]),
             // A next-token table a topic, and a code a topic.
             task: task.topics as f64 * (v + self.frame_dim as f64),
         }

@@ -25,6 +25,7 @@ use crate::config::{ConfigError, RoughFloats, invalid};
 
 mod block;
 mod decoder;
+mod hf_config;
 mod training;
 mod weights;
 
@@ -317,6 +318,31 @@ impl LlamaConfig {
                 "`head` is the embedding in this shape (tie_head): freeze `embedding`",
             ));
         }
+        if let Training::Frozen(groups) = self.training()? {
+            let has = |g: &str| groups.iter().any(|x| x == g);
+            let blocks = has("blocks") || (0..self.depth).all(|i| has(&format!("blocks.{i}")));
+            let head = has("head") || (self.tie_head && has("embedding"));
+            if blocks && head && has("embedding") && has("final_norm") {
+                return Err(invalid(
+                    "model.train",
+                    format!(
+                        "`{}` freezes every group: nothing would train; leave a group out, or train adapters \
+                         (lora:RANK)",
+                        self.train
+                    ),
+                ));
+            }
+        }
+        if self.vocab < 2 {
+            return Err(invalid(
+                "model.vocab",
+                format!(
+                    "{}: with fewer than 2 tokens every prediction is certain (the loss is 0 from the start): \
+                     nothing to learn; give 2 or more",
+                    self.vocab
+                ),
+            ));
+        }
         self.check_base()?;
         if !self.weights.is_empty() {
             self.checkpoint()?;
@@ -355,7 +381,11 @@ impl LlamaConfig {
     /// tensor there with its shape, nothing of another model.
     fn checkpoint(&self) -> Result<crate::safetensors::Checkpoint, ConfigError> {
         let bad = |why: String| invalid("model.weights", why);
-        let file = crate::safetensors::Checkpoint::open(std::path::Path::new(&self.weights)).map_err(bad)?;
+        let path = std::path::Path::new(&self.weights);
+        let file = crate::safetensors::Checkpoint::open(path).map_err(bad)?;
+        if path.is_dir() {
+            hf_config::check(self, path).map_err(bad)?;
+        }
         let expected = self.hf_tensors();
         for (name, shape) in &expected {
             match file.shape(name) {
@@ -769,6 +799,11 @@ impl crate::family::ModelSettings for LlamaConfig {
             // A block keeps some ten widths and four hidden widths a
             // position, the scores twice a head; the logits thrice.
             activations_per_sample: d * (t * (10.0 * w + 4.0 * f) + scores) + 3.0 * t * v,
+            largest_per_sample: crate::config::largest(&[
+                (scores / 2.0, "a block's attention scores"),
+                (t * v, "the logits"),
+                (t * f, "the MLP's hidden activations"),
+            ]),
             task: task.topics as f64 * v,
         }
     }

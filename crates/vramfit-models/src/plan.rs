@@ -20,6 +20,11 @@ use crate::job::{Job, TrainError};
 use crate::unet::UnetConfig;
 use vramfit::plan::ProbeError;
 
+/// The shortest probe the token law is fitted from: below it a step's
+/// bytes are its fixed costs and rounding (issue 58: at 1 token the law
+/// predicted 4.3 times the measured peak).
+pub const LEAST_PROBE_TOKENS: usize = 4;
+
 /// A run of family `F` with settings `base`, to be planned on `device`
 /// (from a slice of its blocks where `probe_blocks` says so).
 pub struct FamilyTarget<B: AutodiffBackend, F: Family<D>, const D: usize> {
@@ -78,11 +83,17 @@ where
                 F::NAME
             )));
         }
+        if depth < 2 {
+            return Err(slice_error(format!(
+                "a model {depth} block(s) deep has no shallower slice: probe the whole model (plan and train \
+                 --budget: --probe-blocks 0)"
+            )));
+        }
         if probe_blocks == 0 || probe_blocks >= depth {
             return Err(slice_error(format!(
-                "a slice of {probe_blocks} block(s) of a model {depth} blocks deep: give --probe-blocks 1 to {} \
-                 (or 0: probe the whole model)",
-                depth.saturating_sub(1)
+                "a slice of {probe_blocks} block(s) of a model {depth} blocks deep: a slice is 1 to {} blocks \
+                 (to probe the whole model instead, plan and train --budget take --probe-blocks 0)",
+                depth - 1
             )));
         }
         let slices = SliceSpaces::default();
@@ -102,7 +113,7 @@ where
         })
     }
 
-    /// Probed at `tokens` a sample and extrapolated to the run's
+    /// Probed at `tokens` a sample (at least [`LEAST_PROBE_TOKENS`]) and extrapolated to the run's
     /// ([`vramfit::plan::tokens`]); the family's samples must be sequences
     /// longer than that.
     pub fn with_probe_tokens(mut self, tokens: usize) -> Result<Self, TrainError> {
@@ -113,11 +124,20 @@ where
                 F::NAME
             )));
         };
-        if tokens == 0 || tokens >= run {
+        if tokens < LEAST_PROBE_TOKENS || tokens >= run {
             return Err(error(format!(
-                "probes at {tokens} tokens for a run of {run}: give --probe-tokens 1 to {} (or 0: probe at the run's \
-                 tokens)",
-                run.saturating_sub(1)
+                "probes at {tokens} tokens for a run of {run}: give --probe-tokens {LEAST_PROBE_TOKENS} to {} (or 0: \
+                 probe at the run's tokens){}",
+                run.saturating_sub(1),
+                if tokens > 0 && tokens < LEAST_PROBE_TOKENS {
+                    format!(
+                        "; below {LEAST_PROBE_TOKENS} tokens a step's bytes are its fixed costs and the allocator's \
+                         rounding, from which the token law cannot part the tokens' share (at 1 token it predicted \
+                         4.3 times the measured peak)"
+                    )
+                } else {
+                    String::new()
+                }
             )));
         }
         self.probe_tokens = Some(tokens);

@@ -4,10 +4,17 @@
 //!
 //! The format: an 8-byte little-endian header length, a JSON header naming
 //! each tensor's dtype, shape and byte range (after the header), the bytes.
-//! Opening reads only the headers and checks every range against the file's
-//! length, so a truncated or inconsistent file is refused before anything
-//! is built; a tensor is then read with one seek, never the whole file (a
-//! 7B checkpoint is 14 GB).
+//! Every file is untrusted, so opening checks what the format promises
+//! before anything is built: each name once, each range as long as its
+//! shape's values, the ranges sorted, touching and covering the data
+//! exactly (no overlap, no gap, nothing after), every shard an index names
+//! inside the checkpoint's folder and a regular file, and the index and its
+//! shards agreeing tensor for tensor. A tensor is then read with one seek,
+//! never the whole file (a 7B checkpoint is 14 GB), and refused if a value
+//! is not finite: the file's fault, named as such.
+//!
+//! Where a folder holds both `model.safetensors` and an index, the single
+//! file is read, as transformers' `from_pretrained` does.
 //!
 //! Why not Burn's `burn-store`: the Hugging Face layout needs every name
 //! mapped and every projection transposed into this crate's `[in, out]`
@@ -19,6 +26,8 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
+
+use vramfit::files::confine;
 
 /// A safetensors checkpoint's tensors, by name.
 #[derive(Debug)]
@@ -57,6 +66,15 @@ impl Dtype {
         }
     }
 
+    /// The format's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "F32",
+            Self::F16 => "F16",
+            Self::Bf16 => "BF16",
+        }
+    }
+
     /// Bytes a value.
     pub fn size(self) -> usize {
         match self {
@@ -70,16 +88,21 @@ impl Dtype {
 /// few hundred KiB); refused before they are read into memory.
 const MOST_HEADER: u64 = 100 << 20;
 
+/// The single-file name, preferred where a folder also has an index.
+const SINGLE: &str = "model.safetensors";
+/// The index of a sharded checkpoint.
+const INDEX: &str = "model.safetensors.index.json";
+
 impl Checkpoint {
     /// The checkpoint in `dir` (a directory holding `model.safetensors`,
     /// or `model.safetensors.index.json` and its shards, or other
     /// `*.safetensors` files), or one `.safetensors` file: its headers read
-    /// and checked against each file's length.
+    /// and checked (see the module's text).
     pub fn open(path: &Path) -> Result<Self, String> {
-        let files = files_of(path)?;
+        let (files, index) = files_of(path)?;
         let mut tensors = BTreeMap::new();
-        for file in files {
-            for (name, entry) in header(&file)? {
+        for file in &files {
+            for (name, entry) in header(file)? {
                 if let Some(before) = tensors.insert(name.clone(), entry) {
                     return Err(format!(
                         "{}: tensor `{name}` is also in {}: one checkpoint, each tensor once",
@@ -88,6 +111,9 @@ impl Checkpoint {
                     ));
                 }
             }
+        }
+        if let Some((index, map)) = index {
+            agree(&index, &map, &tensors)?;
         }
         Ok(Self { tensors })
     }
@@ -107,7 +133,8 @@ impl Checkpoint {
         self.tensors.get(name).map(|e| e.dtype)
     }
 
-    /// The values of `name` as f32 (bf16 and f16 exactly), row-major.
+    /// The values of `name` as f32 (bf16 and f16 exactly), row-major; a
+    /// value that is not finite is refused as the file's fault.
     pub fn read_f32(&self, name: &str) -> Result<Vec<f32>, String> {
         let e = self
             .tensors
@@ -116,12 +143,15 @@ impl Checkpoint {
         let count: usize = e.shape.iter().product();
         let mut bytes = vec![0u8; count * e.dtype.size()];
         let mut read = || -> std::io::Result<()> {
+            if let Some(what) = confine::not_regular(&e.file) {
+                return Err(std::io::Error::other(format!("it is now {what}")));
+            }
             let mut f = File::open(&e.file)?;
             f.seek(SeekFrom::Start(e.start))?;
             f.read_exact(&mut bytes)
         };
         read().map_err(|err| format!("{}: reading `{name}`: {err}", e.file.display()))?;
-        Ok(match e.dtype {
+        let values: Vec<f32> = match e.dtype {
             Dtype::F32 => bytes
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
@@ -134,47 +164,70 @@ impl Checkpoint {
                 .chunks_exact(2)
                 .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
                 .collect(),
-        })
+        };
+        if let Some(first) = values.iter().position(|x| !x.is_finite()) {
+            let bad = values.iter().filter(|x| !x.is_finite()).count();
+            return Err(format!(
+                "{}: tensor `{name}` holds {bad} value(s) that are not finite (NaN or infinite; the first at index \
+                 {first}, {}): the checkpoint file is damaged, not the training; export or download it again",
+                e.file.display(),
+                values[first]
+            ));
+        }
+        Ok(values)
     }
 }
 
-/// The files of the checkpoint at `path`.
-fn files_of(path: &Path) -> Result<Vec<PathBuf>, String> {
-    if path.is_file() {
-        return Ok(vec![path.to_path_buf()]);
-    }
+/// What a sharded checkpoint's index maps: tensor name to shard path.
+type WeightMap = BTreeMap<String, PathBuf>;
+
+/// The files of the checkpoint at `path`, and the index with its map
+/// where the checkpoint is sharded.
+fn files_of(path: &Path) -> Result<(Vec<PathBuf>, Option<(PathBuf, WeightMap)>), String> {
     if !path.is_dir() {
-        return Err(format!(
-            "{}: no such directory or file: give the directory of a safetensors checkpoint (model.safetensors)",
-            path.display()
-        ));
-    }
-    let index = path.join("model.safetensors.index.json");
-    if index.is_file() {
-        let text = std::fs::read_to_string(&index).map_err(|e| format!("{}: {e}", index.display()))?;
-        let json: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| format!("{}: not JSON: {e}", index.display()))?;
-        let map = json
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .ok_or_else(|| format!("{}: no `weight_map` object", index.display()))?;
-        let mut shards: Vec<PathBuf> = map.values().filter_map(|v| v.as_str()).map(|f| path.join(f)).collect();
-        shards.sort();
-        shards.dedup();
-        if let Some(missing) = shards.iter().find(|f| !f.is_file()) {
+        if !path.exists() {
             return Err(format!(
-                "{} lists {}, which is not there: the checkpoint is incomplete",
-                index.display(),
-                missing.display()
+                "{}: no such directory or file: give the directory of a safetensors checkpoint (model.safetensors)",
+                path.display()
             ));
         }
-        return Ok(shards);
+        return Ok((vec![regular(path)?], None));
+    }
+    let single = path.join(SINGLE);
+    if single.exists() || single.is_symlink() {
+        let file = confine::inside(path, path, SINGLE, "the checkpoint's folder")
+            .map_err(|o| format!("{}: `{}` {}", path.display(), o.name, o.why))?;
+        return Ok((vec![regular(&file)?], None));
+    }
+    let index = path.join(INDEX);
+    if index.exists() || index.is_symlink() {
+        let index = confine::inside(path, path, INDEX, "the checkpoint's folder")
+            .map_err(|o| format!("{}: `{}` {}", path.display(), o.name, o.why))?;
+        let map = weight_map(path, &regular(&index)?)?;
+        let mut shards: Vec<PathBuf> = map.values().cloned().collect();
+        shards.sort();
+        shards.dedup();
+        for shard in &shards {
+            if let Some(what) = confine::not_regular(shard) {
+                return Err(format!(
+                    "{} lists {}, which is {what}: the checkpoint is incomplete or damaged",
+                    index.display(),
+                    shard.display()
+                ));
+            }
+        }
+        return Ok((shards, Some((index, map))));
     }
     let mut files: Vec<PathBuf> = std::fs::read_dir(path)
         .map_err(|e| format!("{}: {e}", path.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .filter(|n| n.ends_with(".safetensors"))
+        .map(|n| {
+            let file = confine::inside(path, path, &n, "the checkpoint's folder")
+                .map_err(|o| format!("{}: `{}` {}", path.display(), o.name, o.why))?;
+            regular(&file)
+        })
+        .collect::<Result<_, _>>()?;
     files.sort();
     if files.is_empty() {
         return Err(format!(
@@ -183,10 +236,118 @@ fn files_of(path: &Path) -> Result<Vec<PathBuf>, String> {
             path.display()
         ));
     }
-    Ok(files)
+    Ok((files, None))
 }
 
-/// The tensors `file`'s header lists, each range checked against its length.
+/// `path` if it is a regular file (a FIFO would block the read, a device
+/// never end), else why not.
+fn regular(path: &Path) -> Result<PathBuf, String> {
+    match confine::not_regular(path) {
+        None => Ok(path.to_path_buf()),
+        Some(what) => Err(format!(
+            "{} is {what}: a checkpoint's files are regular files",
+            path.display()
+        )),
+    }
+}
+
+/// The index's `weight_map`: every name a string, every shard inside the
+/// checkpoint's folder `dir`.
+fn weight_map(dir: &Path, index: &Path) -> Result<WeightMap, String> {
+    let at = |why: String| format!("{}: {why}", index.display());
+    let length = std::fs::metadata(index).map_err(|e| at(e.to_string()))?.len();
+    if length > MOST_HEADER {
+        return Err(at(format!(
+            "{length} bytes: more than an index takes ({MOST_HEADER} at most); not a checkpoint index"
+        )));
+    }
+    let text = std::fs::read(index).map_err(|e| at(e.to_string()))?;
+    let json: serde_json::Value = serde_json::from_slice(&text).map_err(|e| at(format!("not JSON: {e}")))?;
+    let map = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| at("no `weight_map` object (tensor name → shard file)".into()))?;
+    let mut out = WeightMap::new();
+    for (name, shard) in map {
+        let shard = shard
+            .as_str()
+            .ok_or_else(|| at(format!("`weight_map`'s entry for `{name}` is {shard}, not a file name")))?;
+        let file = confine::inside(dir, dir, shard, "the checkpoint's folder").map_err(|o| {
+            at(format!(
+                "tensor `{name}`'s shard `{}` {}: an index may name only files inside its own folder ({})",
+                o.name,
+                o.why,
+                dir.display()
+            ))
+        })?;
+        out.insert(name.clone(), file);
+    }
+    if out.is_empty() {
+        return Err(at("its `weight_map` is empty: no tensor to read".into()));
+    }
+    Ok(out)
+}
+
+/// The index and the shards' headers agree tensor for tensor: each name
+/// the index lists is in the shard it names, and each tensor a shard holds
+/// is listed, with that shard.
+fn agree(index: &Path, map: &WeightMap, tensors: &BTreeMap<String, Entry>) -> Result<(), String> {
+    for (name, shard) in map {
+        match tensors.get(name) {
+            None => {
+                return Err(format!(
+                    "{} lists tensor `{name}` in {}, which does not hold it: the index and its shards disagree \
+                     (an incomplete or mixed checkpoint)",
+                    index.display(),
+                    shard.display()
+                ));
+            }
+            Some(e) if &e.file != shard => {
+                return Err(format!(
+                    "{} lists tensor `{name}` in {}, but {} holds it: the index and its shards disagree",
+                    index.display(),
+                    shard.display(),
+                    e.file.display()
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some((name, e)) = tensors.iter().find(|(n, _)| !map.contains_key(*n)) {
+        return Err(format!(
+            "{} holds tensor `{name}`, which {} does not list: the index and its shards disagree",
+            e.file.display(),
+            index.display()
+        ));
+    }
+    Ok(())
+}
+
+/// A JSON object's entries in file order, duplicates kept (a map would
+/// keep only the last of a repeated name, which the format forbids).
+struct Entries(Vec<(String, serde_json::Value)>);
+
+impl<'de> serde::Deserialize<'de> for Entries {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Entries;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Entries, A::Error> {
+                let mut out = Vec::new();
+                while let Some(entry) = map.next_entry::<String, serde_json::Value>()? {
+                    out.push(entry);
+                }
+                Ok(Entries(out))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+/// The tensors `file`'s header lists, checked as the module's text says.
 fn header(file: &Path) -> Result<Vec<(String, Entry)>, String> {
     let at = |why: String| format!("{}: {why}", file.display());
     let mut f = File::open(file).map_err(|e| at(e.to_string()))?;
@@ -195,18 +356,30 @@ fn header(file: &Path) -> Result<Vec<(String, Entry)>, String> {
     f.read_exact(&mut n)
         .map_err(|_| at(format!("{length} bytes: too short for a safetensors file (truncated?)")))?;
     let n = u64::from_le_bytes(n);
-    if n > MOST_HEADER || 8 + n > length {
+    if n > MOST_HEADER {
         return Err(at(format!(
-            "its header says {n} bytes, but the file has {length}: truncated, or not a safetensors file"
+            "its header says it is {n} bytes long, more than a model's header takes ({MOST_HEADER} at most): not \
+             a safetensors file, or a damaged one"
+        )));
+    }
+    if 8 + n > length {
+        return Err(at(format!(
+            "its header says it is {n} bytes long, but the file has {length} in all: the file is truncated"
         )));
     }
     let mut text = vec![0u8; n as usize];
     f.read_exact(&mut text).map_err(|e| at(e.to_string()))?;
-    let json: serde_json::Map<String, serde_json::Value> =
+    let Entries(json) =
         serde_json::from_slice(&text).map_err(|e| at(format!("its header is not a safetensors header: {e}")))?;
-    let data = 8 + n;
-    let mut out = Vec::new();
+    let data = length - 8 - n;
+    let mut out: Vec<(String, Entry, u64)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for (name, v) in json {
+        if !seen.insert(name.clone()) {
+            return Err(at(format!(
+                "tensor `{name}` is named twice in its header: each name once (the format forbids repeats)"
+            )));
+        }
         if name == "__metadata__" {
             continue;
         }
@@ -217,36 +390,83 @@ fn header(file: &Path) -> Result<Vec<(String, Entry)>, String> {
                 "dtype `{dtype}`: only F32, F16 and BF16 are read (a model's weights)"
             ))
         })?;
-        let numbers = |key: &str| -> Option<Vec<u64>> { v.get(key)?.as_array()?.iter().map(|x| x.as_u64()).collect() };
-        let shape = numbers("shape").ok_or_else(|| bad("no shape"))?;
-        let range = numbers("data_offsets")
-            .filter(|r| r.len() == 2)
-            .ok_or_else(|| bad("no data_offsets"))?;
+        let numbers = |key: &str| -> Result<Vec<u64>, String> {
+            let given = v.get(key).ok_or_else(|| bad(&format!("no `{key}`")))?;
+            given
+                .as_array()
+                .and_then(|a| a.iter().map(|x| x.as_u64()).collect::<Option<Vec<u64>>>())
+                .ok_or_else(|| bad(&format!("`{key}` is {given}: not a list of whole numbers ≥ 0")))
+        };
+        let shape = numbers("shape")?;
+        let range = numbers("data_offsets")?;
+        let [begin, end] = range[..] else {
+            return Err(bad(&format!(
+                "`data_offsets` is {range:?}: two numbers, [begin, end], are the format's"
+            )));
+        };
+        if end < begin {
+            return Err(bad(&format!("its byte range {begin}..{end} ends before it begins")));
+        }
         let count = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
         let bytes = count.and_then(|c| c.checked_mul(dtype.size() as u64));
-        if bytes != range[1].checked_sub(range[0]) {
+        if bytes != Some(end - begin) {
             return Err(bad(&format!(
-                "shape {shape:?} of {dtype:?} does not match its byte range {}..{}",
-                range[0], range[1]
+                "shape {shape:?} of {} is {} bytes, but its byte range {begin}..{end} is {}",
+                dtype.name(),
+                bytes.map_or("more than 2^64".into(), |b| b.to_string()),
+                end - begin
             )));
         }
-        if data + range[1] > length {
+        if end > data {
             return Err(at(format!(
-                "{length} bytes, but tensor `{name}` ends at byte {}: the file is truncated",
-                data + range[1]
+                "tensor `{name}` ends at byte {end} of the data, which has {data}: the file is truncated"
             )));
         }
-        out.push((
-            name,
-            Entry {
-                file: file.to_path_buf(),
-                dtype,
-                shape: shape.iter().map(|&d| d as usize).collect(),
-                start: data + range[0],
-            },
-        ));
+        let shape = shape
+            .iter()
+            .map(|&d| usize::try_from(d))
+            .collect::<Result<Vec<usize>, _>>()
+            .map_err(|_| bad("a dimension too large for this machine"))?;
+        let entry = Entry {
+            file: file.to_path_buf(),
+            dtype,
+            shape,
+            start: 8 + n + begin,
+        };
+        out.push((name, entry, end));
     }
-    Ok(out)
+    // The ranges in order must touch and cover the data exactly: an overlap
+    // reads one tensor's bytes as another's, a gap or a tail is bytes no
+    // tensor claims (a damaged or altered file).
+    out.sort_by_key(|(_, e, end)| (e.start, *end));
+    let mut covered = 0u64;
+    let mut last: Option<&str> = None;
+    for (name, e, end) in &out {
+        let begin = e.start - 8 - n;
+        if begin < covered {
+            return Err(at(format!(
+                "tensor `{name}`'s bytes {begin}..{end} overlap `{}`'s, which end at {covered}: each byte belongs \
+                 to one tensor",
+                last.unwrap_or("?")
+            )));
+        }
+        if begin > covered {
+            return Err(at(format!(
+                "bytes {covered}..{begin} of the data, before tensor `{name}`, belong to no tensor: the ranges \
+                 must touch (a damaged or altered file)"
+            )));
+        }
+        covered = *end;
+        last = Some(name);
+    }
+    if covered != data {
+        return Err(at(format!(
+            "{} bytes after the last tensor belong to no tensor (its tensors cover {covered} of the data's {data}): \
+             a damaged or altered file",
+            data - covered
+        )));
+    }
+    Ok(out.into_iter().map(|(name, e, _)| (name, e)).collect())
 }
 
 /// Writes `tensors` (name, shape, f32 values) to `path` as one safetensors
@@ -264,14 +484,9 @@ pub fn write(path: &Path, tensors: &[(&str, Vec<usize>, &[f32])], dtype: Dtype) 
                 Dtype::Bf16 => data.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
             }
         }
-        let name_of = match dtype {
-            Dtype::F32 => "F32",
-            Dtype::F16 => "F16",
-            Dtype::Bf16 => "BF16",
-        };
         header.insert(
             name.to_string(),
-            serde_json::json!({"dtype": name_of, "shape": shape, "data_offsets": [start, data.len()]}),
+            serde_json::json!({"dtype": dtype.name(), "shape": shape, "data_offsets": [start, data.len()]}),
         );
     }
     let mut text = serde_json::to_vec(&header).map_err(std::io::Error::other)?;
@@ -284,3 +499,6 @@ pub fn write(path: &Path, tensors: &[(&str, Vec<usize>, &[f32])], dtype: Dtype) 
     out.extend_from_slice(&data);
     vramfit::run::atomic_write(path, &out)
 }
+
+#[cfg(test)]
+mod tests;

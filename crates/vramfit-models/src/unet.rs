@@ -499,18 +499,20 @@ impl ModelSettings for UnetConfig {
     fn rough_floats(&self, task: &DenoiseConfig) -> crate::config::RoughFloats {
         // Level l: width·2^l channels at (resolution / 2^l)²; two 3×3
         // convolutions a level on each side, a dozen maps kept.
-        let (mut parameters, mut activations) = (0.0, 0.0);
+        let (mut parameters, mut activations, mut map) = (0.0, 0.0, 0.0f64);
         for l in 0..=self.depth {
             let c = self.width as f64 * 2f64.powi(l as i32);
             let side = task.resolution as f64 / 2f64.powi(l as i32);
             parameters += 4.0 * 9.0 * c * c;
             activations += 12.0 * c * side * side;
+            map = map.max(c * side * side);
         }
         crate::config::RoughFloats {
             parameters,
             frozen: 0.0,
             frozen_bytes_each: 4.0,
             activations_per_sample: activations,
+            largest_per_sample: (map, "a level's feature map"),
             task: 3.0 * (task.source as f64).powi(2),
         }
     }

@@ -2,7 +2,7 @@
 //! that seed the Gaussians, with the split into training and held-out
 //! views that 3DGS papers report on (every 8th view held out).
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use crate::cpu::camera::Camera;
 
@@ -95,32 +95,13 @@ pub fn rotation_problem(r: &[[f64; 3]; 3]) -> Option<String> {
 /// a symlink is refused before the file is opened. A name that points at
 /// nothing is returned for the caller to call missing.
 pub fn inside(root: &Path, base: &Path, name: &str, source: &Path, at: &str) -> Result<PathBuf, DatasetError> {
-    let outside = |why: &str| DatasetError::Outside {
+    vramfit::files::confine::inside(root, base, name, "the dataset").map_err(|o| DatasetError::Outside {
         source_file: source.into(),
         at: at.into(),
-        name: name.into(),
-        why: why.into(),
+        name: o.name,
+        why: o.why,
         root: root.into(),
-    };
-    let path = Path::new(name);
-    for c in path.components() {
-        match c {
-            Component::Normal(_) | Component::CurDir => {}
-            Component::ParentDir => return Err(outside("climbs out of its folder (`..`)")),
-            Component::RootDir | Component::Prefix(_) => return Err(outside("is an absolute path")),
-        }
-    }
-    let file = base.join(path);
-    if let Ok(real) = std::fs::canonicalize(&file) {
-        let home = std::fs::canonicalize(root).unwrap_or_else(|_| root.into());
-        if !real.starts_with(&home) {
-            return Err(outside(&format!(
-                "resolves through a symlink to {}, outside the dataset",
-                real.display()
-            )));
-        }
-    }
-    Ok(file)
+    })
 }
 
 impl Dataset {

@@ -67,6 +67,21 @@ fn frames(dir: &Path, file: &str) -> Result<Vec<View>, DatasetError> {
                 format!("frame {k}: transform_matrix must be 4×4 numbers, finite in f32 (±3.4e38)"),
             ));
         }
+        // A camera-to-world matrix is affine: its bottom row is [0, 0, 0, 1]
+        // (another row would be a projective map the renderer cannot take).
+        if m.len() > 4
+            || m.get(3)
+                .is_some_and(|r| r.len() != 4 || r.iter().zip([0.0, 0.0, 0.0, 1.0]).any(|(a, b)| (a - b).abs() > 1e-6))
+        {
+            return Err(bad(
+                &path,
+                format!(
+                    "frame {k} ({name}): transform_matrix's bottom row is {:?}, where a camera pose's is [0, 0, 0, 1] \
+                     (4 rows at most)",
+                    m.get(3).cloned().unwrap_or_default()
+                ),
+            ));
+        }
         let rotation_gl: [[f64; 3]; 3] = std::array::from_fn(|i| [m[i][0], m[i][1], m[i][2]]);
         if let Some(why) = rotation_problem(&rotation_gl) {
             return Err(bad(

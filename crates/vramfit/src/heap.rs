@@ -62,6 +62,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         if !p.is_null() {
             grew(layout.size() as u64);
             trace(ALLOC, p, layout.size(), layout.align());
+        } else {
+            failed(layout.size());
         }
         p
     }
@@ -72,6 +74,8 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         if !p.is_null() {
             grew(layout.size() as u64);
             trace(ALLOC, p, layout.size(), layout.align());
+        } else {
+            failed(layout.size());
         }
         p
     }
@@ -92,6 +96,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
         if p.is_null() {
             // The old block stays: recorded again as made.
             trace(ALLOC, ptr, layout.size(), layout.align());
+            failed(new_size);
         } else {
             trace(ALLOC, p, new_size, layout.align());
             // The live bytes change by the difference. (Where the inner
@@ -104,6 +109,30 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
             }
         }
         p
+    }
+}
+
+/// What runs when the inner allocator refuses a block ([`on_failure`]).
+static ON_FAILURE: AtomicPtr<()> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Sets `hook` to run, once, with the size of the first allocation the
+/// inner allocator refuses, before Rust's handler aborts the process
+/// ("memory allocation of N bytes failed", no message a user can act on):
+/// a run writes its `error.json` and exits with an error there
+/// ([`crate::run::allocation_failure`]). The hook may allocate (a refused
+/// large block leaves room for small ones); a hook that returns lets the
+/// abort happen.
+pub fn on_failure(hook: Option<fn(usize)>) {
+    ON_FAILURE.store(hook.map_or(std::ptr::null_mut(), |h| h as *mut ()), Ordering::Release);
+}
+
+#[cold]
+fn failed(bytes: usize) {
+    let hook = ON_FAILURE.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    if !hook.is_null() {
+        // SAFETY: only `on_failure` stores here, and only `fn(usize)` pointers.
+        let hook: fn(usize) = unsafe { std::mem::transmute::<*mut (), fn(usize)>(hook) };
+        hook(bytes);
     }
 }
 

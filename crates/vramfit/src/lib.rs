@@ -86,6 +86,7 @@ pub mod backends;
 pub mod batch;
 pub mod checkpoint;
 pub mod chunked_loss;
+pub mod files;
 pub mod frozen;
 pub mod fused;
 pub mod grads;

@@ -52,10 +52,12 @@ impl<C: Clone, W: Workload> PlannedRun<'_, C, W> {
         let mut dir: Option<PathBuf> = None;
         let write_record = |d: &std::path::Path, record: &serde_json::Value| {
             let path = d.join("plan.json");
-            atomic_write(&path, &serde_json::to_vec_pretty(record).unwrap_or_default()).map_err(|e| RunError::Write {
-                path: path.clone(),
-                why: e.to_string(),
-            })
+            crate::files::outputs::no_link_below(d, &path)
+                .and_then(|()| atomic_write(&path, &serde_json::to_vec_pretty(record).unwrap_or_default()))
+                .map_err(|e| RunError::Write {
+                    path: path.clone(),
+                    why: e.to_string(),
+                })
         };
         let result = with_fallback(
             self.plans.len(),
@@ -66,12 +68,12 @@ impl<C: Clone, W: Workload> PlannedRun<'_, C, W> {
                         // The next plan's settings replace the failed one's; the
                         // checkpoints hold what every plan of the workload reads.
                         let path = d.join("config.toml");
-                        atomic_write(&path, (self.to_toml)(&self.plans[i]).as_bytes()).map_err(|e| {
-                            RunError::Write {
+                        crate::files::outputs::no_link_below(d, &path)
+                            .and_then(|()| atomic_write(&path, (self.to_toml)(&self.plans[i]).as_bytes()))
+                            .map_err(|e| RunError::Write {
                                 path: path.clone(),
                                 why: e.to_string(),
-                            }
-                        })?;
+                            })?;
                         write_record(d, &self.record)?;
                         Start::Resume(d.clone())
                     }

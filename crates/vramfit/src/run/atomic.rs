@@ -13,7 +13,9 @@ use std::path::Path;
 /// A target that exists and is not a regular file (a device such as
 /// `/dev/null`, a pipe, a socket) is refused: the rename would replace it.
 /// A symbolic link is written through: its target is replaced, the link
-/// kept (a link to nothing is refused).
+/// kept (a link to nothing is refused); inside a run directory,
+/// [`crate::run::RunDir::write`] refuses links first. A file its owner made
+/// read-only is refused, not replaced.
 pub fn atomic_write(path: &Path, bytes: &[u8]) -> io::Result<()> {
     atomic_write_with(path, |w| w.write_all(bytes))
 }
@@ -36,6 +38,7 @@ pub fn atomic_write_with(path: &Path, write: impl FnOnce(&mut dyn Write) -> io::
     } else {
         path
     };
+    crate::files::outputs::read_only(path)?;
     if let Ok(meta) = fs::metadata(path)
         && !meta.is_file()
     {

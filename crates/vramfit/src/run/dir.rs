@@ -458,7 +458,7 @@ impl RunDir {
     /// fails, the directory is removed again (and the error says so).
     pub fn write(&self, name: &str, bytes: &[u8]) -> Result<(), RunDirError> {
         let p = self.path(name);
-        match atomic_write(&p, bytes) {
+        match crate::files::outputs::no_link_below(&self.root, &p).and_then(|()| atomic_write(&p, bytes)) {
             Ok(()) => {
                 self.provisional.store(false, Ordering::Relaxed);
                 Ok(())
@@ -478,6 +478,7 @@ impl RunDir {
     /// `step` is above `keep_up_to` (the lines a resumed run will write again).
     pub fn metrics(&self, keep_up_to: Option<u64>) -> Result<JsonLines, RunDirError> {
         let p = self.path("metrics.jsonl");
+        crate::files::outputs::no_link_below(&self.root, &p).map_err(io_err(&p))?;
         if let Some(limit) = keep_up_to {
             let kept: String = fs::read_to_string(&p)
                 .unwrap_or_default()

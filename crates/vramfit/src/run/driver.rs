@@ -307,6 +307,7 @@ impl Run {
         mut observe: impl FnMut(Event) -> ControlFlow<()>,
     ) -> Result<Option<RunSummary<W::Summary>>, RunError> {
         crate::profile::panics::watch();
+        let _armed = super::allocation_failure::arm(self.dir.root().into());
         let (wall_before, notes) = if self.resume {
             let restored = self.restore(&mut workload)?;
             let _ = std::fs::remove_file(self.dir.path("error.json"));

@@ -3,6 +3,7 @@
 //! overwritten silently; files inside are written atomically, metrics are
 //! streamed as JSON lines.
 
+pub mod allocation_failure;
 mod arrays;
 mod atomic;
 mod dir;

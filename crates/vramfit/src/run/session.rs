@@ -111,7 +111,9 @@ impl Session<'_> {
             self.memory_scalars(&mut events, step)?;
             for (name, bytes) in &r.files {
                 let path = dir.path(name);
-                atomic_write(&path, bytes).map_err(write_err(dir.root(), &path))?;
+                crate::files::outputs::no_link_below(dir.root(), &path)
+                    .and_then(|()| atomic_write(&path, bytes))
+                    .map_err(write_err(dir.root(), &path))?;
             }
             if observe(Event::Step(&r)).is_break() {
                 return Ok(false);
@@ -121,7 +123,9 @@ impl Session<'_> {
                 file.meta["wall_seconds"] = json!(self.wall());
                 file.meta["config_toml"] = json!(self.config);
                 let path = dir.checkpoints().join(checkpoint_name(step));
-                crate::run::atomic_write_with(&path, |w| file.write_to(w)).map_err(write_err(dir.root(), &path))?;
+                crate::files::outputs::no_link_below(dir.root(), &path)
+                    .and_then(|()| crate::run::atomic_write_with(&path, |w| file.write_to(w)))
+                    .map_err(write_err(dir.root(), &path))?;
                 drop(file);
                 // A phase of its own: the encoded copy of the state is held
                 // here, and the planner tells it from the optimizer's (a

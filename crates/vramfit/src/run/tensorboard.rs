@@ -74,16 +74,20 @@ impl EventWriter {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
+        // A new name, made here: `create_new` neither follows a link nor
+        // replaces a file (a link planted under the next name, even one to
+        // nowhere, is skipped, not written through).
         let mut n = 0;
-        let path = loop {
+        let (path, file) = loop {
             let p = dir.join(format!("events.out.tfevents.{secs}.vramfit.{}.{n}", std::process::id()));
-            if !p.exists() {
-                break p;
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&p) {
+                Ok(f) => break (p, f),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
+                Err(e) => return Err(e),
             }
-            n += 1;
         };
         let mut w = Self {
-            out: BufWriter::new(File::create(&path)?),
+            out: BufWriter::new(file),
             path,
         };
         let first = event(0, |e| field_bytes(3, b"brain.Event:2", e));

@@ -1,0 +1,227 @@
+//! A checkpoint's own `config.json` (Hugging Face's), held against the
+//! shape vramfit builds: a value it would not honour is refused, naming
+//! both, before a step runs. Without this a checkpoint with `rope_theta`
+//! 500000 and `hidden_act` gelu trained as 10000 and SwiGLU.
+//!
+//! Keys read (Llama, Mistral, Qwen2): `model_type`, `hidden_act`,
+//! `hidden_size`, `num_hidden_layers`, `num_attention_heads`,
+//! `num_key_value_heads`, `intermediate_size`, `vocab_size`, `rope_theta`,
+//! `rms_norm_eps`, `tie_word_embeddings`, `attention_bias`, `rope_scaling`.
+//! A key that is absent takes transformers' default for the architecture.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::LlamaConfig;
+
+/// The architectures whose decoder this is.
+const ARCHITECTURES: [&str; 3] = ["llama", "mistral", "qwen2"];
+
+/// Checks `dir/config.json` (where there is one) against `shape`.
+pub(super) fn check(shape: &LlamaConfig, dir: &Path) -> Result<(), String> {
+    let file = dir.join("config.json");
+    if !(file.exists() || file.is_symlink()) {
+        return Ok(());
+    }
+    let at = |why: String| format!("{}: {why}", file.display());
+    let file =
+        vramfit::files::confine::inside(dir, dir, "config.json", "the checkpoint's folder").map_err(|o| at(o.why))?;
+    if let Some(what) = vramfit::files::confine::not_regular(&file) {
+        return Err(at(format!("it is {what}")));
+    }
+    let length = std::fs::metadata(&file).map_err(|e| at(e.to_string()))?.len();
+    if length > 1 << 20 {
+        return Err(at(format!("{length} bytes: a model's config.json is a few KiB")));
+    }
+    let text = std::fs::read(&file).map_err(|e| at(e.to_string()))?;
+    let json: Value = serde_json::from_slice(&text).map_err(|e| at(format!("not JSON: {e}")))?;
+    if !json.is_object() {
+        return Err(at("not a JSON object".into()));
+    }
+    let kind = json["model_type"].as_str().unwrap_or("llama");
+    if !ARCHITECTURES.contains(&kind) {
+        return Err(at(format!(
+            "model_type `{kind}`: vramfit builds {} decoders",
+            ARCHITECTURES.join(", ")
+        )));
+    }
+    let act = json["hidden_act"].as_str().unwrap_or("silu");
+    if act != "silu" {
+        return Err(at(format!(
+            "hidden_act `{act}`: vramfit's MLP gates with SiLU (SwiGLU) only; this checkpoint would train as \
+             another model"
+        )));
+    }
+    if !json["rope_scaling"].is_null() {
+        return Err(at(format!(
+            "rope_scaling {}: vramfit's rotary positions are unscaled; this checkpoint's would differ",
+            json["rope_scaling"]
+        )));
+    }
+    let whole = |key: &str, default: Option<u64>| -> Result<Option<u64>, String> {
+        match &json[key] {
+            Value::Null => Ok(default),
+            v => v
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| at(format!("`{key}` is {v}: a whole number ≥ 0"))),
+        }
+    };
+    let heads = whole("num_attention_heads", None)?;
+    let ints = [
+        ("hidden_size", whole("hidden_size", None)?, shape.width, "model.width"),
+        (
+            "num_hidden_layers",
+            whole("num_hidden_layers", None)?,
+            shape.depth,
+            "model.depth",
+        ),
+        ("num_attention_heads", heads, shape.heads, "model.heads"),
+        (
+            "num_key_value_heads",
+            whole("num_key_value_heads", heads)?,
+            shape.kv_heads,
+            "model.kv_heads",
+        ),
+        (
+            "intermediate_size",
+            whole("intermediate_size", None)?,
+            shape.ffn,
+            "model.ffn",
+        ),
+        ("vocab_size", whole("vocab_size", None)?, shape.vocab, "model.vocab"),
+    ];
+    for (key, given, ours, set) in ints {
+        if let Some(given) = given
+            && given != ours as u64
+        {
+            return Err(mismatch(&file, key, &given.to_string(), set, &ours.to_string()));
+        }
+    }
+    let float = |key: &str, default: f64| -> Result<f64, String> {
+        match &json[key] {
+            Value::Null => Ok(default),
+            v => v
+                .as_f64()
+                .filter(|x| x.is_finite())
+                .ok_or_else(|| at(format!("`{key}` is {v}: a finite number"))),
+        }
+    };
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs());
+    let theta = float("rope_theta", 10_000.0)?;
+    if !close(theta, shape.rope_theta) {
+        return Err(mismatch(
+            &file,
+            "rope_theta",
+            &theta.to_string(),
+            "model.rope_theta",
+            &shape.rope_theta.to_string(),
+        ));
+    }
+    let eps = float("rms_norm_eps", shape.norm_eps)?;
+    if !close(eps, shape.norm_eps) {
+        return Err(mismatch(
+            &file,
+            "rms_norm_eps",
+            &eps.to_string(),
+            "model.norm_eps",
+            &shape.norm_eps.to_string(),
+        ));
+    }
+    let boolean = |key: &str, default: bool| -> Result<bool, String> {
+        match &json[key] {
+            Value::Null => Ok(default),
+            v => v.as_bool().ok_or_else(|| at(format!("`{key}` is {v}: true or false"))),
+        }
+    };
+    let tied = boolean("tie_word_embeddings", false)?;
+    if tied != shape.tie_head {
+        return Err(mismatch(
+            &file,
+            "tie_word_embeddings",
+            &tied.to_string(),
+            "model.tie_head",
+            &shape.tie_head.to_string(),
+        ));
+    }
+    // Qwen2's query, key and value projections always have biases.
+    let bias = if kind == "qwen2" {
+        true
+    } else {
+        boolean("attention_bias", false)?
+    };
+    if bias != shape.qkv_bias {
+        return Err(mismatch(
+            &file,
+            "attention_bias",
+            &bias.to_string(),
+            "model.qkv_bias",
+            &shape.qkv_bias.to_string(),
+        ));
+    }
+    Ok(())
+}
+
+fn mismatch(file: &Path, key: &str, given: &str, set: &str, ours: &str) -> String {
+    format!(
+        "{}: `{key}` is {given}, but this run's {set} is {ours}: the model would not be the checkpoint's; give \
+         --set {set}={given} (a named --shape of this model sets them all)",
+        file.display()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A config.json that agrees passes; one that asks for what the model
+    /// would not do is refused naming both values.
+    #[test]
+    fn what_the_model_would_not_honour_is_refused() {
+        let dir = std::env::temp_dir().join(format!("vramfit-hf-config-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let shape = LlamaConfig::default();
+        let agreeing = serde_json::json!({
+            "model_type": "llama", "hidden_act": "silu", "hidden_size": shape.width,
+            "num_hidden_layers": shape.depth, "num_attention_heads": shape.heads,
+            "num_key_value_heads": shape.kv_heads, "intermediate_size": shape.ffn,
+            "vocab_size": shape.vocab, "rope_theta": shape.rope_theta, "rms_norm_eps": shape.norm_eps,
+            "tie_word_embeddings": shape.tie_head, "rope_scaling": null,
+        });
+        let with = |key: &str, value: Value| {
+            let mut j = agreeing.clone();
+            j[key] = value;
+            std::fs::write(dir.join("config.json"), j.to_string()).unwrap();
+            check(&shape, &dir)
+        };
+        check(&shape, &dir).unwrap(); // no config.json: nothing to hold against
+        with("model_type", "llama".into()).unwrap();
+        let e = with("rope_theta", 500_000.0.into()).unwrap_err();
+        assert!(
+            e.contains("`rope_theta` is 500000") && e.contains("model.rope_theta=500000"),
+            "{e}"
+        );
+        assert!(with("hidden_act", "gelu".into()).unwrap_err().contains("SiLU"));
+        assert!(
+            with("hidden_size", 4096.into())
+                .unwrap_err()
+                .contains("model.width=4096")
+        );
+        assert!(
+            with("model_type", "gpt2".into())
+                .unwrap_err()
+                .contains("model_type `gpt2`")
+        );
+        let scaled = serde_json::json!({"rope_type": "llama3", "factor": 8.0});
+        assert!(with("rope_scaling", scaled).unwrap_err().contains("rope_scaling"));
+        assert!(with("vocab_size", (-3).into()).unwrap_err().contains("whole number"));
+        assert!(
+            with("model_type", "qwen2".into())
+                .unwrap_err()
+                .contains("attention_bias")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,179 @@
+//! What a write may replace. A file vramfit writes never replaces:
+//! - one of the run's inputs (a checkpoint, a dataset, a config): an
+//!   output that is an input file, or lies inside an input folder, is
+//!   refused before anything runs;
+//! - a file its owner made read-only (the rename that makes a write atomic
+//!   would replace it regardless of its mode);
+//! - through a link inside a run directory: a run's files are written in
+//!   place, and a link there was planted, not made by vramfit.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+/// An input of a run, named for messages: `("--weights", path)`.
+pub type Input<'a> = (&'a str, &'a Path);
+
+/// Why `output` may not be written: it is, or lies inside, one of
+/// `inputs`. Paths are compared resolved (links followed, `..` removed), so
+/// `D/../D/x` and a link to an input are caught; an output that does not
+/// exist yet is compared by its resolved folder.
+pub fn onto_input(output: &Path, inputs: &[Input<'_>]) -> Option<String> {
+    let out = resolved(output)?;
+    for &(flag, input) in inputs {
+        let Ok(inp) = std::fs::canonicalize(input) else {
+            continue;
+        };
+        if out == inp {
+            return Some(format!(
+                "{} is {} ({flag}), an input of this run: vramfit never writes over its inputs; give another path",
+                output.display(),
+                input.display()
+            ));
+        }
+        if inp.is_dir() && out.starts_with(&inp) {
+            return Some(format!(
+                "{} is {} {} ({flag}), an input of this run: vramfit {}; give a path outside it",
+                output.display(),
+                if out.exists() { "a file inside" } else { "inside" },
+                input.display(),
+                if out.exists() {
+                    "never writes over its inputs"
+                } else {
+                    "does not write into its inputs"
+                }
+            ));
+        }
+    }
+    None
+}
+
+/// `path` with links and `..` resolved, also where the file itself does
+/// not exist yet (its folder resolved, its name kept).
+fn resolved(path: &Path) -> Option<PathBuf> {
+    if let Ok(p) = std::fs::canonicalize(path) {
+        return Some(p);
+    }
+    let name = path.file_name()?;
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    Some(std::fs::canonicalize(dir).ok()?.join(name))
+}
+
+/// Refuses a file its owner made read-only (no write bit for anyone): the
+/// error names the mode and what to do. A file that is not there, or is
+/// writable, passes.
+pub fn read_only(path: &Path) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o222 == 0 => Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is read-only (mode {:04o}): vramfit does not replace a file its owner protected; make it \
+                 writable (chmod u+w) or give another path",
+                path.display(),
+                m.permissions().mode() & 0o7777
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses a symbolic link at `path` or at any folder between `root` and
+/// it (`root` itself may be a link: the user named it). A run directory's
+/// files are written in place; a link inside it was not made by vramfit,
+/// and writing through it would replace whatever it points at.
+pub fn no_link_below(root: &Path, path: &Path) -> io::Result<()> {
+    let Ok(rest) = path.strip_prefix(root) else {
+        return Ok(());
+    };
+    let mut at = root.to_path_buf();
+    for part in rest.components() {
+        at.push(part);
+        if std::fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is a symbolic link inside the run directory {}, which vramfit did not make: a run's files \
+                     are written in place, never through a link; remove the link",
+                    at.display(),
+                    root.display()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("vramfit-outputs-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        p
+    }
+
+    /// An output that is an input, is inside an input folder (also by a
+    /// `..` detour or a link), is refused; one beside them passes.
+    #[test]
+    fn an_output_is_never_an_input() {
+        let p = scratch("inputs");
+        let ckpt = p.join("ckpt");
+        std::fs::create_dir_all(&ckpt).unwrap();
+        std::fs::write(ckpt.join("model.safetensors"), b"x").unwrap();
+        std::fs::write(p.join("config.toml"), b"x").unwrap();
+        std::os::unix::fs::symlink(ckpt.join("model.safetensors"), p.join("link.json")).unwrap();
+        let inputs: [Input; 2] = [("--weights", &ckpt), ("--config", &p.join("config.toml"))];
+        let e = onto_input(&ckpt.join("model.safetensors"), &inputs).unwrap();
+        assert!(e.contains("--weights") && e.contains("never writes over"), "{e}");
+        assert!(onto_input(&ckpt.join("new.json"), &inputs).unwrap().contains("inside"));
+        assert!(onto_input(&ckpt.join("../ckpt/x.json"), &inputs).is_some());
+        assert!(onto_input(&p.join("link.json"), &inputs).is_some());
+        assert!(
+            onto_input(&p.join("config.toml"), &inputs)
+                .unwrap()
+                .contains("--config")
+        );
+        assert_eq!(onto_input(&p.join("plan.json"), &inputs), None);
+        let _ = std::fs::remove_dir_all(&p);
+    }
+
+    /// A read-only file is refused, naming its mode; a writable one passes.
+    #[test]
+    fn a_read_only_file_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let p = scratch("readonly");
+        let f = p.join("kept.json");
+        std::fs::write(&f, b"mine").unwrap();
+        read_only(&f).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o444)).unwrap();
+        let e = read_only(&f).unwrap_err().to_string();
+        assert!(e.contains("read-only (mode 0444)"), "{e}");
+        read_only(&p.join("absent.json")).unwrap();
+        let _ = std::fs::remove_dir_all(&p);
+    }
+
+    /// A link at the file or at a folder inside the run is refused; the
+    /// run's own root may be a link.
+    #[test]
+    fn no_write_through_a_link_inside_a_run() {
+        let p = scratch("links");
+        let run = p.join("run");
+        std::fs::create_dir_all(run.join("checkpoints")).unwrap();
+        std::fs::write(p.join("victim"), b"keep").unwrap();
+        std::os::unix::fs::symlink(p.join("victim"), run.join("memory.html")).unwrap();
+        std::os::unix::fs::symlink(&p, run.join("elsewhere")).unwrap();
+        no_link_below(&run, &run.join("summary.json")).unwrap();
+        no_link_below(&run, &run.join("checkpoints/step-1")).unwrap();
+        let e = no_link_below(&run, &run.join("memory.html")).unwrap_err().to_string();
+        assert!(e.contains("symbolic link") && e.contains("memory.html"), "{e}");
+        assert!(no_link_below(&run, &run.join("elsewhere/x")).is_err());
+        std::os::unix::fs::symlink(&run, p.join("run-link")).unwrap();
+        no_link_below(&p.join("run-link"), &p.join("run-link/summary.json")).unwrap();
+        let _ = std::fs::remove_dir_all(&p);
+    }
+}
