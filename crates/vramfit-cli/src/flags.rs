@@ -488,11 +488,13 @@ impl Inputs for SceneSettings {
     }
 }
 
-/// Refuses writing `output` over or into one of `inputs`.
+/// Refuses writing `output` over or into one of `inputs`, or over a file
+/// its owner made read-only: before the work, not after it.
 pub fn check_output(output: &Path, inputs: &[(String, PathBuf)]) -> Result<()> {
     let named: Vec<vramfit::files::outputs::Input> = inputs.iter().map(|(f, p)| (f.as_str(), p.as_path())).collect();
-    match vramfit::files::outputs::onto_input(output, &named) {
-        Some(why) => anyhow::bail!("{why} (nothing was written)"),
-        None => Ok(()),
+    if let Some(why) = vramfit::files::outputs::onto_input(output, &named) {
+        anyhow::bail!("{why} (nothing was written)");
     }
+    vramfit::files::outputs::read_only(output)?;
+    Ok(())
 }

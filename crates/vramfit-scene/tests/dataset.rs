@@ -475,13 +475,14 @@ fn colmap_text_is_read_by_its_grammar() {
 }
 
 /// A NeRF frame's rotation must be a rotation: all zero, singular, scaled
-/// ×5 or mirrored is refused naming the frame.
+/// ×5 or mirrored is refused naming the frame; its bottom row must be
+/// [0, 0, 0, 1].
 #[test]
 fn a_nerf_pose_that_is_not_a_rotation_is_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let data = dataset(&small());
-    type Edit = fn(&mut [Vec<f64>]);
-    let edits: [(&str, Edit, &str); 4] = [
+    type Edit = fn(&mut Vec<Vec<f64>>);
+    let edits: [(&str, Edit, &str); 6] = [
         (
             "zero",
             |m| m.iter_mut().take(3).for_each(|r| r[..3].fill(0.0)),
@@ -502,6 +503,9 @@ fn a_nerf_pose_that_is_not_a_rotation_is_refused() {
             |m| m.iter_mut().take(3).for_each(|r| r[0] = -r[0]),
             "determinant",
         ),
+        // Not affine: a projective bottom row (issue 58 found it accepted).
+        ("projective", |m| m[3] = vec![1.0, 2.0, 3.0, 4.0], "bottom row"),
+        ("five rows", |m| m.push(vec![0.0, 0.0, 0.0, 1.0]), "bottom row"),
     ];
     for (name, change, says) in edits {
         let dir = tmp.path().join(name);
