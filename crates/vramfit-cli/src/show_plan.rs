@@ -111,6 +111,9 @@ pub trait Show: Strategy {
             human_bytes(choice.plans[0].peak_bytes),
             v.step_ms
         );
+        if let Some(gap) = vramfit::plan::prediction_gap(choice.plans[0].peak_bytes, v.peak_bytes) {
+            println!("note: {gap}");
+        }
     }
 
     /// A strategy's own preset figures for `budgets`, for the JSON (none:

@@ -65,8 +65,8 @@ pub use on_ranks::{
     OnRanks, RanksJob, RanksLauncher, RanksWithinBudget, VerifiedOnRanks, run_within_on_ranks, verify_on_ranks,
 };
 pub use pipeline::{
-    BudgetError, FALLBACKS, Found, Options, Runnable, SIMULATED_OOM, Setting, VERIFY_TRIES, Verified, Within,
-    WithinBudget, record, run_plans, run_within, run_within_showing, verify,
+    BudgetError, FALLBACKS, Found, GAP_SAID, Options, Runnable, SIMULATED_OOM, Setting, VERIFY_TRIES, Verified, Within,
+    WithinBudget, prediction_gap, record, run_plans, run_within, run_within_showing, verify,
 };
 pub use planned::{Planned, PlannedRun};
 pub use probe::{Measured, PROBE_STEPS, ProbeError, measure_run, measured_in, run_probe};

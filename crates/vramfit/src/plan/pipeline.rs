@@ -56,6 +56,28 @@ pub trait Runnable {
 /// What a plan of target `T` sets.
 pub type Setting<T> = <<T as Runnable>::Strategy as Strategy>::Setting;
 
+/// How far the winner's measured peak is from its prediction, in words,
+/// where it is more than [`GAP_SAID`] off either way: a verification that
+/// passes the budget may still show that the probes predicted badly
+/// (issue 58: probes at 1 token predicted 4.3 times the peak), and then
+/// the choice among the plans may be off too.
+pub fn prediction_gap(planned: u64, measured: u64) -> Option<String> {
+    let off = measured as f64 / planned.max(1) as f64 - 1.0;
+    (off.abs() > GAP_SAID).then(|| {
+        format!(
+            "the measurement is {:.0} % {} the prediction: every plan's figures may be as far off, and the choice \
+             among them with them; probes closer to the run (more tokens or blocks, --probe-tokens 0 \
+             --probe-blocks 0: the whole) predict closer",
+            off.abs() * 100.0,
+            if off < 0.0 { "below" } else { "above" }
+        )
+    })
+}
+
+/// The gap between a winner's prediction and its measurement past which
+/// it is said (10 %).
+pub const GAP_SAID: f64 = 0.10;
+
 /// A choice whose winner a probe at the run's own shape measured within
 /// the budget.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -328,4 +350,17 @@ where
     drop(cal);
     let planned = run_plans(target, &plans, record, Some(budget), options, observe).map_err(BudgetError::Run)?;
     Ok(WithinBudget { verified, planned })
+}
+
+#[cfg(test)]
+mod tests {
+    /// A gap within 10 % is not said; past it, its size and direction are.
+    #[test]
+    fn a_prediction_far_from_its_measurement_is_said() {
+        assert_eq!(super::prediction_gap(100, 105), None);
+        assert_eq!(super::prediction_gap(100, 91), None);
+        let below = super::prediction_gap(430, 100).unwrap();
+        assert!(below.starts_with("the measurement is 77 % below"), "{below}");
+        assert!(super::prediction_gap(100, 130).unwrap().contains("30 % above"));
+    }
 }
