@@ -433,25 +433,6 @@ impl<M: ModelSettings> FamilyConfig<M> {
         // recomputed or split), and the largest single tensor of a
         // (micro-)batch, are held against it before anything is built.
         if let Some(room) = vramfit::files::room::room().filter(|_| here && vramfit::backends::is_cpu::<B>()) {
-            let (floats, what) = rough.largest_per_sample;
-            let largest = 4.0 * floats * samples as f64;
-            if largest > room.bytes as f64 {
-                return Err(ConfigError::Invalid {
-                    name: "task",
-                    why: format!(
-                        "one tensor, {what} for {samples} sample(s) a pass, takes about {} in f32: more than this \
-                         process may take, {} ({}); lower task.tokens (or the task's size) or the (micro-)batch{}",
-                        rough_size(largest),
-                        rough_size(room.bytes as f64),
-                        room.limit,
-                        if what.contains("attention") {
-                            ", or use --attention fused (it keeps no scores)"
-                        } else {
-                            ""
-                        }
-                    ),
-                });
-            }
             if rough.floor_bytes() > room.bytes as f64 {
                 return Err(ConfigError::Invalid {
                     name: if 4.0 * rough.task > rough.floor_bytes() / 2.0 {
@@ -474,6 +455,25 @@ impl<M: ModelSettings> FamilyConfig<M> {
                             "store the frozen base in 16 bits (--base bf16) or 4 (--train qlora:RANK), or lower the sizes"
                         } else {
                             "lower the model's or task's sizes"
+                        }
+                    ),
+                });
+            }
+            let (floats, what) = rough.largest_per_sample;
+            let largest = 4.0 * floats * samples as f64;
+            if largest > room.bytes as f64 {
+                return Err(ConfigError::Invalid {
+                    name: "task",
+                    why: format!(
+                        "one tensor, {what} for {samples} sample(s) a pass, takes about {} in f32: more than this \
+                         process may take, {} ({}); lower task.tokens (or the task's size) or the (micro-)batch{}",
+                        rough_size(largest),
+                        rough_size(room.bytes as f64),
+                        room.limit,
+                        if what.contains("attention") {
+                            ", or use --attention fused (it keeps no scores)"
+                        } else {
+                            ""
                         }
                     ),
                 });
