@@ -417,34 +417,6 @@ pub(crate) fn parse_size(s: &str) -> Result<(u32, u32), String> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[derive(clap::Parser)]
-    struct Scene {
-        #[command(flatten)]
-        settings: SceneSettings,
-    }
-
-    fn resolve(args: &[&str]) -> Result<SceneConfig> {
-        let parsed = <Scene as clap::Parser>::try_parse_from(std::iter::once("scene").chain(args.iter().copied()))?;
-        resolve_scene(&parsed.settings)
-    }
-
-    #[test]
-    fn a_built_in_scene_is_named_like_a_dataset_and_never_twice() {
-        assert_eq!(resolve(&[]).unwrap().dataset, "builtin");
-        assert_eq!(resolve(&["builtin:glossy"]).unwrap().dataset, "builtin:glossy");
-        assert_eq!(
-            resolve(&["--set", "dataset=builtin:glossy"]).unwrap().dataset,
-            "builtin:glossy"
-        );
-        let twice = resolve(&["some/folder", "--set", "dataset=builtin:glossy"]).unwrap_err();
-        assert!(twice.to_string().contains("two datasets"), "{twice}");
-    }
-}
-
 /// The files a command's settings read: an output that is one of them, or
 /// lies inside one of their folders, is refused (`vramfit::files::outputs`).
 pub trait Inputs {
@@ -497,4 +469,32 @@ pub fn check_output(output: &Path, inputs: &[(String, PathBuf)]) -> Result<()> {
     }
     vramfit::files::outputs::read_only(output)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Scene {
+        #[command(flatten)]
+        settings: SceneSettings,
+    }
+
+    fn resolve(args: &[&str]) -> Result<SceneConfig> {
+        let parsed = <Scene as clap::Parser>::try_parse_from(std::iter::once("scene").chain(args.iter().copied()))?;
+        resolve_scene(&parsed.settings)
+    }
+
+    #[test]
+    fn a_built_in_scene_is_named_like_a_dataset_and_never_twice() {
+        assert_eq!(resolve(&[]).unwrap().dataset, "builtin");
+        assert_eq!(resolve(&["builtin:glossy"]).unwrap().dataset, "builtin:glossy");
+        assert_eq!(
+            resolve(&["--set", "dataset=builtin:glossy"]).unwrap().dataset,
+            "builtin:glossy"
+        );
+        let twice = resolve(&["some/folder", "--set", "dataset=builtin:glossy"]).unwrap_err();
+        assert!(twice.to_string().contains("two datasets"), "{twice}");
+    }
 }

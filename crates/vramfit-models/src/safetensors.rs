@@ -181,9 +181,12 @@ impl Checkpoint {
 /// What a sharded checkpoint's index maps: tensor name to shard path.
 type WeightMap = BTreeMap<String, PathBuf>;
 
+/// A sharded checkpoint's index file and what it maps.
+type Index = (PathBuf, WeightMap);
+
 /// The files of the checkpoint at `path`, and the index with its map
 /// where the checkpoint is sharded.
-fn files_of(path: &Path) -> Result<(Vec<PathBuf>, Option<(PathBuf, WeightMap)>), String> {
+fn files_of(path: &Path) -> Result<(Vec<PathBuf>, Option<Index>), String> {
     if !path.is_dir() {
         if !path.exists() {
             return Err(format!(
