@@ -2415,3 +2415,47 @@ fn a_frozen_base_is_stored_small_and_what_cannot_be_is_refused() {
     refused_saying(&o, "the checkpoint file is damaged");
     assert!(!d.join("inf").exists(), "nothing created");
 }
+
+/// A LoRA run rebuilds its frozen base from `--weights` when it resumes:
+/// the checkpoint under that path must be the one it was trained on (a
+/// fingerprint in each checkpoint), or the resume is refused.
+#[test]
+fn a_resume_refuses_a_base_file_that_changed_under_its_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let f32s = vramfit_models::safetensors::Dtype::F32;
+    small_llm_checkpoint(&d.join("hf"), f32s, |_, _| {});
+    let small = small_llm("model.depth=2");
+    let args = [
+        &[
+            "train",
+            "llm",
+            "--weights",
+            "hf",
+            "--train",
+            "lora:4",
+            "--steps",
+            "4",
+            "--set",
+            "checkpoint_every=2",
+            "--out",
+            "r",
+        ][..],
+        &small,
+    ]
+    .concat();
+    let o = run(&args, d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // As if killed after its checkpoint at step 2: it resumes from there.
+    std::fs::remove_file(d.join("r/summary.json")).unwrap();
+    small_llm_checkpoint(&d.join("hf"), f32s, |name, values| {
+        if name == "model.layers.0.mlp.up_proj.weight" {
+            values[0] = 0.02;
+        }
+    });
+    let o = run(&["train", "llm", "--resume", "r"], d);
+    refused_saying(&o, "the same path holds another checkpoint");
+    small_llm_checkpoint(&d.join("hf"), f32s, |_, _| {});
+    let o = run(&["train", "llm", "--resume", "r"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+}

@@ -112,6 +112,14 @@ pub trait ModelSettings:
         false
     }
 
+    /// A fingerprint of the file the rebuilt parameters are read from
+    /// (`None`: they are drawn from the seed, or nothing is rebuilt): kept
+    /// in checkpoints, so that a resume whose file has changed under the
+    /// same path is refused.
+    fn rebuilt_fingerprint(&self) -> Result<Option<String>, ConfigError> {
+        Ok(None)
+    }
+
     /// The model with its attention computed as `attention` (a model
     /// without attention layers is returned as it is).
     fn with_attention(self, _attention: vramfit::fused::Attention) -> Self {

@@ -51,6 +51,8 @@ pub struct FamilyCourse<F: Family<D>, const D: usize> {
     data: F::Data,
     /// Whether the device computes in bf16 (advice offers only what runs).
     bf16: bool,
+    /// [`crate::config::ModelSettings::rebuilt_fingerprint`], taken once.
+    rebuilt_fingerprint: Option<String>,
 }
 
 impl<F: Family<D>, const D: usize> FamilyCourse<F, D> {
@@ -79,6 +81,10 @@ impl<B: AutodiffBackend, F: Family<D>, const D: usize> Course<B, F::Net<B>, D> f
 
     fn rebuilt_from_settings(&self, path: &str) -> bool {
         self.config.model.rebuilt_from_settings(path)
+    }
+
+    fn rebuilt_fingerprint(&self) -> Option<String> {
+        self.rebuilt_fingerprint.clone()
     }
     /// The cadences, the learning rate, more steps, and Adam's moments
     /// between the device and the host.
@@ -294,6 +300,7 @@ pub fn build<B: AutodiffBackend, F: Family<D>, const D: usize>(
     };
     let course = FamilyCourse {
         data: config.model.data(&config.task),
+        rebuilt_fingerprint: config.model.rebuilt_fingerprint()?,
         config,
         bf16: B::supports_dtype(device, burn::tensor::DType::BF16),
     };

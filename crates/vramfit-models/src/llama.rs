@@ -744,6 +744,17 @@ impl crate::family::ModelSettings for LlamaConfig {
         matches!(self.training(), Ok(Training::Lora { .. })) && !path.contains(".lora.")
     }
 
+    fn rebuilt_fingerprint(&self) -> Result<Option<String>, ConfigError> {
+        if self.weights.is_empty() || !matches!(self.training(), Ok(Training::Lora { .. })) {
+            return Ok(None);
+        }
+        let file = crate::safetensors::Checkpoint::open(std::path::Path::new(&self.weights))
+            .map_err(|why| invalid("model.weights", why))?;
+        file.fingerprint()
+            .map(Some)
+            .map_err(|why| invalid("model.weights", why))
+    }
+
     fn with_attention(self, attention: Attention) -> Self {
         Self { attention, ..self }
     }

@@ -178,6 +178,44 @@ impl Checkpoint {
     }
 }
 
+impl Checkpoint {
+    /// A fingerprint of the checkpoint: every tensor's name, dtype and
+    /// shape, and of its bytes [`SAMPLED`] at its start, middle and end
+    /// (FNV-1a, as hex). Cheap for a 7B (some 900 small reads), and a
+    /// checkpoint fine-tuned, merged or exported again differs in them: a
+    /// resumed run that rebuilds its base from the file checks it is the
+    /// one it was trained on. Not a hash of every byte.
+    pub fn fingerprint(&self) -> Result<String, String> {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut mix = |bytes: &[u8]| {
+            for &b in bytes {
+                h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+            }
+        };
+        for (name, e) in &self.tensors {
+            mix(name.as_bytes());
+            mix(e.dtype.name().as_bytes());
+            for d in &e.shape {
+                mix(&(*d as u64).to_le_bytes());
+            }
+            let length = e.shape.iter().product::<usize>() as u64 * e.dtype.size() as u64;
+            let take = SAMPLED.min(length);
+            let mut f = File::open(&e.file).map_err(|err| format!("{}: {err}", e.file.display()))?;
+            let mut buf = vec![0u8; take as usize];
+            for at in [0, (length - take) / 2, length - take] {
+                f.seek(SeekFrom::Start(e.start + at))
+                    .and_then(|_| f.read_exact(&mut buf))
+                    .map_err(|err| format!("{}: reading `{name}`: {err}", e.file.display()))?;
+                mix(&buf);
+            }
+        }
+        Ok(format!("{h:016x}"))
+    }
+}
+
+/// Bytes [`Checkpoint::fingerprint`] reads at each of three places in a tensor.
+pub const SAMPLED: u64 = 256;
+
 /// What a sharded checkpoint's index maps: tensor name to shard path.
 type WeightMap = BTreeMap<String, PathBuf>;
 

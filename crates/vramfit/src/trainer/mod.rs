@@ -204,6 +204,14 @@ pub trait Course<B: AutodiffBackend, M: Trainable<B, D>, const D: usize> {
     fn checkpoint_kind(&self) -> &'static str {
         CHECKPOINT_KIND
     }
+    /// A fingerprint of the file the rebuilt parameters are read from
+    /// (see [`Course::rebuilt_from_settings`]): kept in each checkpoint; a
+    /// resume whose file gives another is refused (the same path, another
+    /// base). Default: none.
+    fn rebuilt_fingerprint(&self) -> Option<String> {
+        None
+    }
+
     /// Whether the parameter at `path` is rebuilt exactly from the run's
     /// settings (a frozen base drawn from its seed or read from the
     /// checkpoint the settings name): then checkpoints and the final
@@ -443,7 +451,7 @@ where
             kind,
             &self.model,
             &self.stepper,
-            json!({ "recent_losses": self.recent }),
+            json!({ "recent_losses": self.recent, "rebuilt_fingerprint": self.course.rebuilt_fingerprint() }),
             |path| self.course.rebuilt_from_settings(path),
         )
     }
@@ -544,6 +552,16 @@ where
         Ok(self.to_array_file(self.course.checkpoint_kind()))
     }
     fn restore(&mut self, file: &ArrayFile) -> Result<(), TrainerError> {
+        if let Some(then) = file.meta.get("rebuilt_fingerprint").and_then(|v| v.as_str())
+            && Some(then) != self.course.rebuilt_fingerprint().as_deref()
+        {
+            return Err(TrainerError::Checkpoint(format!(
+                "it was trained on a base read from a file whose fingerprint was {then}, and the file the run's \
+                 settings name now gives {}: the same path holds another checkpoint; give back the one the run \
+                 started from (or start a new run)",
+                self.course.rebuilt_fingerprint().unwrap_or_else(|| "none".into())
+            )));
+        }
         self.model = load_state(file, self.model.clone(), &mut self.stepper, &self.device, |path| {
             self.course.rebuilt_from_settings(path)
         })
