@@ -200,7 +200,8 @@ mod device {
             .recorded
             .iter()
             .map(|(card, file)| -> Result<_> {
-                let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+                let text = vramfit::files::read::read_text(file, vramfit::files::read::Links::Follow)
+                    .with_context(|| format!("reading {}", file.display()))?;
                 let v: serde_json::Value =
                     serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
                 if v["steps"].as_array().is_none_or(|s| s.is_empty()) {

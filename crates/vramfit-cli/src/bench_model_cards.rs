@@ -68,7 +68,8 @@ fn recorded_steps(record: &Value) -> Result<(TrainConfig, Space, Vec<Recorded>)>
 pub fn run(args: Args) -> Result<()> {
     crate::budget::check_bench_out(&args.out)?;
     let (card, file) = &args.recorded;
-    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let text = vramfit::files::read::read_text(file, vramfit::files::read::Links::Follow)
+        .with_context(|| format!("reading {}", file.display()))?;
     let record: Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
     if record["bench"] != "plan-transformer" {
         bail!(

@@ -146,8 +146,16 @@ pub(crate) fn check_bench_out(out: &std::path::Path) -> Result<()> {
         std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("--out: cannot create {} ({e})", dir.display()))?;
     }
     check_writable("--out", out)?;
-    // The table beside it, too.
-    check_writable("--out (its table)", &out.with_extension("md"))
+    // The table beside it, too: a name vramfit makes, so a link there was planted.
+    let table = out.with_extension("md");
+    if std::fs::symlink_metadata(&table).is_ok_and(|m| m.file_type().is_symlink()) {
+        bail!(
+            "{} is a symbolic link, and vramfit writes the table beside --out under that name: remove the link or \
+             give --out another name (nothing was run)",
+            table.display()
+        );
+    }
+    check_writable("--out (its table)", &table)
 }
 
 /// Refuses an output file path that cannot be written, before the work
@@ -173,6 +181,7 @@ pub(crate) fn check_writable(flag: &str, path: &std::path::Path) -> Result<()> {
         ),
         _ => {}
     }
+    vramfit::files::outputs::read_only(path).map_err(|e| anyhow::anyhow!("{flag}: {e} (nothing was run)"))?;
     match vramfit::run::output_folder_problem(path, "nothing was run") {
         None => Ok(()),
         Some(why) => bail!("{flag}: {why}"),

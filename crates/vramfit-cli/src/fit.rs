@@ -28,6 +28,9 @@ pub struct FitArgs {
 }
 
 pub fn run(args: FitArgs) -> Result<()> {
+    if let Some(out) = &args.out {
+        crate::flags::check_output(out, &crate::flags::Inputs::inputs(&args.settings))?;
+    }
     if let Some(budget) = &args.budget {
         let budget = crate::budget::Budget::parse(budget, &args.device.name)?;
         let config = crate::flags::resolve_fit(&args.settings)?;

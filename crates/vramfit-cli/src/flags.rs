@@ -371,7 +371,7 @@ fn parse_db(text: &str) -> Result<f64, String> {
 pub fn resolve_scene(args: &SceneSettings) -> Result<SceneConfig> {
     let mut c = match &args.config {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
+            let text = vramfit::files::read::read_text(path, vramfit::files::read::Links::Follow)
                 .map_err(|e| anyhow::anyhow!("{}: cannot read it: {e}", path.display()))?;
             SceneConfig::from_toml(&text, path)?
         }

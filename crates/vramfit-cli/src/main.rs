@@ -297,6 +297,10 @@ fn run(cli: Cli) -> Result<()> {
 
 fn report(dir: &Path) -> Result<()> {
     let path = dir.join("memory.json");
+    // Nothing is read or written through a link planted in the run.
+    if dir.is_dir() {
+        vramfit::files::outputs::no_planted_link(dir)?;
+    }
     if !path.exists() && !dir.join("config.toml").is_file() {
         bail!(
             "{} is not a vramfit run directory (it has neither memory.json nor config.toml); give the folder a run \
@@ -335,7 +339,10 @@ fn report_ranks(dir: &Path) {
         return;
     }
     let peak = |d: &Path| -> Option<u64> {
-        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("memory.json")).ok()?).ok()?;
+        let v: serde_json::Value = serde_json::from_slice(
+            &vramfit::files::read::read(&d.join("memory.json"), vramfit::files::read::Links::Refuse).ok()?,
+        )
+        .ok()?;
         v["headline"]["bytes"].as_u64()
     };
     let peaks: Vec<(usize, Option<u64>)> = ranks.iter().map(|(r, d)| (*r, peak(d))).collect();
@@ -363,6 +370,7 @@ fn report_ranks(dir: &Path) {
 
 fn render(path: &Path, size: Option<(u32, u32)>, top_k: usize, out: &Path) -> Result<()> {
     check_output_target(out)?;
+    crate::flags::check_output(out, &[("the Gaussians file".into(), path.to_path_buf())])?;
     let g = Gaussians::load(path)?;
     if !(1..=vramfit_splat::cpu::top_k::MAX_TOP_K).contains(&top_k) {
         bail!(

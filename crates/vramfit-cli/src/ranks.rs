@@ -267,7 +267,7 @@ pub fn hold_for_resume(root: &Path, workload: &str, ranks: usize) -> Result<Vec<
             root.display()
         );
     }
-    if let Ok(started) = std::fs::read_to_string(root.join("workload"))
+    if let Ok(started) = vramfit::files::read::read_text(&root.join("workload"), vramfit::files::read::Links::Refuse)
         && started.trim() != workload
     {
         bail!("cannot resume {}: it is not a run of {workload}", root.display());

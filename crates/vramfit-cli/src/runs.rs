@@ -343,7 +343,7 @@ pub(crate) fn print_common<S>(s: &RunSummary<S>, dir: &Path) {
     for w in &s.warnings {
         println!("  warning: {w}");
     }
-    let report = std::fs::read(dir.join("memory.json"))
+    let report = vramfit::files::read::read(&dir.join("memory.json"), vramfit::files::read::Links::Refuse)
         .ok()
         .and_then(|b| serde_json::from_slice::<MemoryReport>(&b).ok());
     match &report {

@@ -33,6 +33,9 @@ pub struct SceneArgs {
 }
 
 pub fn run(args: SceneArgs) -> Result<()> {
+    if let Some(out) = &args.out {
+        crate::flags::check_output(out, &crate::flags::Inputs::inputs(&args.settings))?;
+    }
     if let Some(budget) = &args.budget {
         let budget = crate::budget::Budget::parse(budget, &args.device.name)?;
         let action = crate::plan::Action::Run {
@@ -66,7 +69,10 @@ pub fn run(args: SceneArgs) -> Result<()> {
 /// `vramfit render-scene RUN_DIR --view K OUT.png`.
 pub fn render(run_dir: &std::path::Path, view: usize, out: &std::path::Path) -> Result<()> {
     vramfit_gauss::picture::check_output_target(out)?;
+    crate::flags::check_output(out, &[("the run directory".into(), run_dir.to_path_buf())])?;
     let r = vramfit_scene::view::render_run_view(run_dir, view)?;
+    // Nor over the dataset the run fitted (an image of it, through a link).
+    crate::flags::check_output(out, &[("the run's dataset".into(), r.dataset.clone())])?;
     vramfit::run::atomic_write(out, &r.png).map_err(|e| anyhow::anyhow!("{}: cannot write it: {e}", out.display()))?;
     println!(
         "wrote {}: view {view} of {} ({}) at step {}, PSNR {:.2} dB against the view's image",

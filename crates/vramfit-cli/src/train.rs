@@ -75,6 +75,10 @@ pub struct TrainArgs {
 }
 
 pub fn run(which: Which) -> Result<()> {
+    let (Which::Transformer(args) | Which::Llm(args) | Which::Unet(args)) = &which;
+    if let Some(out) = &args.out {
+        crate::flags::check_output(out, &crate::flags::Inputs::inputs(&args.settings))?;
+    }
     match which {
         Which::Transformer(args) => run_family::<GptConfig, 3>(args, crate::runs::Launch::Transformer),
         Which::Llm(args) => run_family::<LlamaConfig, 3>(args, crate::runs::Launch::Llm),
@@ -148,7 +152,7 @@ fn run_family<F: Family<D>, const D: usize>(
             // A run's ranks are its config's (none readable: not a run; the resume says why),
             // or another count given with --ranks: the state is then regathered.
             let path = dir.join("config.toml");
-            let config = std::fs::read_to_string(&path)
+            let config = vramfit::files::read::read_text(&path, vramfit::files::read::Links::Refuse)
                 .ok()
                 .and_then(|text| FamilyConfig::<F>::from_toml(&text, &path).ok());
             let ranks = args.settings.ranks().or(config.as_ref().map(|c| c.ranks)).unwrap_or(1);

@@ -81,13 +81,14 @@ impl Picture {
 
     /// Reads and decodes a file.
     pub fn load(path: &Path) -> Result<Self, PictureError> {
-        let bytes = std::fs::read(path).map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => PictureError::Missing(path.into()),
-            _ => PictureError::Unreadable {
-                path: path.into(),
-                cause: e,
-            },
-        })?;
+        let bytes =
+            vramfit::files::read::read(path, vramfit::files::read::Links::Follow).map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => PictureError::Missing(path.into()),
+                _ => PictureError::Unreadable {
+                    path: path.into(),
+                    cause: e,
+                },
+            })?;
         Self::decode(&bytes, path)
     }
 
@@ -98,8 +99,8 @@ impl Picture {
             path: path.into(),
             cause,
         };
-        let reader = ImageReader::open(path)
-            .map_err(unreadable)?
+        let file = vramfit::files::read::open(path, vramfit::files::read::Links::Follow).map_err(unreadable)?;
+        let reader = ImageReader::new(std::io::BufReader::new(file))
             .with_guessed_format()
             .map_err(unreadable)?;
         let decoder = reader.into_decoder().map_err(|e| PictureError::Corrupt {

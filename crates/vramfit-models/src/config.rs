@@ -344,9 +344,11 @@ impl<M: ModelSettings> FamilyConfig<M> {
 
     /// Reads a TOML file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
-            path: path.into(),
-            why: format!("cannot read it: {e}"),
+        let text = vramfit::files::read::read_text(path, vramfit::files::read::Links::Follow).map_err(|e| {
+            ConfigError::File {
+                path: path.into(),
+                why: format!("cannot read it: {e}"),
+            }
         })?;
         Self::from_toml(&text, path)
     }

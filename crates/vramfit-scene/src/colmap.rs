@@ -109,10 +109,11 @@ fn model_folder(dir: &Path) -> Result<PathBuf, DatasetError> {
 
 /// The lines of `path` that are not comments, with their 1-based numbers.
 fn lines(path: &Path) -> Result<Vec<(usize, String)>, DatasetError> {
-    let text = std::fs::read_to_string(path).map_err(|e| DatasetError::File {
-        path: path.into(),
-        why: e.to_string(),
-    })?;
+    let text =
+        vramfit::files::read::read_text(path, vramfit::files::read::Links::Follow).map_err(|e| DatasetError::File {
+            path: path.into(),
+            why: e.to_string(),
+        })?;
     Ok(text
         .strip_prefix('\u{feff}')
         .unwrap_or(&text)
@@ -236,6 +237,11 @@ fn read_cameras(path: &Path) -> Result<HashMap<u32, Intrinsics>, DatasetError> {
 /// (its size checked against its camera's). Views are ordered by name.
 pub fn read(dir: &Path) -> Result<Dataset, DatasetError> {
     let model = model_folder(dir)?;
+    // The model's own files stay in the dataset too (a `sparse/0` or a
+    // `cameras.txt` linked elsewhere is refused like an image name).
+    for file in ["cameras.txt", "images.txt", "points3D.txt"] {
+        inside(dir, &model, file, &model.join(file), "the dataset's layout")?;
+    }
     let cameras = read_cameras(&model.join("cameras.txt"))?;
     let images_txt = model.join("images.txt");
     let mut views = Vec::new();

@@ -20,10 +20,12 @@ fn bad(path: &Path, why: impl Into<String>) -> DatasetError {
 
 /// The frames of one `transforms_*.json`.
 fn frames(dir: &Path, file: &str) -> Result<Vec<View>, DatasetError> {
-    let path = dir.join(file);
-    let text = std::fs::read_to_string(&path).map_err(|e| DatasetError::File {
-        path: path.clone(),
-        why: e.to_string(),
+    let path = inside(dir, dir, file, &dir.join(file), "the dataset's layout")?;
+    let text = vramfit::files::read::read_text(&path, vramfit::files::read::Links::Follow).map_err(|e| {
+        DatasetError::File {
+            path: path.clone(),
+            why: e.to_string(),
+        }
     })?;
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     let json: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(&path, format!("not JSON: {e}")))?;
@@ -95,10 +97,20 @@ fn frames(dir: &Path, file: &str) -> Result<Vec<View>, DatasetError> {
             format!("{name}.png")
         };
         let file = inside(dir, dir, &named, &path, &format!("frame {k}"))?;
-        let image = image::open(&file).map_err(|e| DatasetError::File {
-            path: file.clone(),
-            why: format!("cannot read the image frame {k} names: {e}"),
-        })?;
+        // Opened as a regular file first (a FIFO named as a frame would
+        // block the read for ever, a device never end).
+        let image = vramfit::files::read::open(&file, vramfit::files::read::Links::Follow)
+            .map_err(image::ImageError::IoError)
+            .and_then(|f| {
+                image::ImageReader::new(std::io::BufReader::new(f))
+                    .with_guessed_format()
+                    .map_err(image::ImageError::IoError)
+            })
+            .and_then(|r| r.decode())
+            .map_err(|e| DatasetError::File {
+                path: file.clone(),
+                why: format!("cannot read the image frame {k} names: {e}"),
+            })?;
         let rgba = image.to_rgba32f();
         let (width, height) = (rgba.width() as usize, rgba.height() as usize);
         let pixels = rgba

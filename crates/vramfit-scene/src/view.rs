@@ -24,6 +24,8 @@ pub struct RenderedView {
     pub psnr_db: f64,
     /// Views in the dataset.
     pub views: usize,
+    /// The dataset's folder (a built-in scene's name where it has none).
+    pub dataset: std::path::PathBuf,
 }
 
 /// View `view` of the scene that the run in `dir` fits, rendered on the CPU
@@ -32,7 +34,9 @@ pub struct RenderedView {
 pub fn render_run_view(dir: &Path, view: usize) -> Result<RenderedView, SceneError> {
     // Another workload's run (a 2D fit, a model) has other settings: said
     // as such, not as their first unknown key.
-    if let Ok(started) = std::fs::read_to_string(dir.join("workload"))
+    // A link planted in the run is refused before anything is read through it.
+    vramfit::files::outputs::no_planted_link(dir).map_err(|e| SceneError::Setting(e.to_string()))?;
+    if let Ok(started) = vramfit::files::read::read_text(&dir.join("workload"), vramfit::files::read::Links::Refuse)
         && started.trim() != crate::job::WORKLOAD
     {
         return Err(SceneError::Drawing(format!(
@@ -48,7 +52,7 @@ pub fn render_run_view(dir: &Path, view: usize) -> Result<RenderedView, SceneErr
         )));
     }
     let config_path = dir.join("config.toml");
-    let text = std::fs::read_to_string(&config_path).map_err(|e| {
+    let text = vramfit::files::read::read_text(&config_path, vramfit::files::read::Links::Refuse).map_err(|e| {
         SceneError::Setting(format!(
             "{}: cannot read it ({e}); give the run directory of a `vramfit scene` run",
             config_path.display()
@@ -59,6 +63,7 @@ pub fn render_run_view(dir: &Path, view: usize) -> Result<RenderedView, SceneErr
     // run kept its moments and however its device stored the SH.
     config.moments = Moments::Device;
     config.sh_storage = ShStorage::F32;
+    let dataset = std::path::PathBuf::from(&config.dataset);
     let mut job = SceneJob::new(config, Placement::cpu())?;
     let views = job.fit.data().views.len();
     if view >= views {
@@ -76,13 +81,14 @@ pub fn render_run_view(dir: &Path, view: usize) -> Result<RenderedView, SceneErr
             held_out: fit.data().split().1.contains(&view),
             psnr_db: crate::train::psnr(&image, &fit.data().views[view].image),
             views,
+            dataset: dataset.clone(),
         })
     };
     // A finished run's Gaussians are in gaussians.ply (no checkpoint is
     // taken at the last step); a run in progress has its checkpoints.
     let ply = dir.join("gaussians.ply");
     if ply.is_file() {
-        let read = std::fs::read(&ply).map_err(|e| e.to_string());
+        let read = vramfit::files::read::read(&ply, vramfit::files::read::Links::Refuse).map_err(|e| e.to_string());
         let params = read.and_then(|bytes| crate::ply::decode(&bytes)).map_err(|e| {
             SceneError::Drawing(format!(
                 "{}, the run's final Gaussians, does not read: {e}. Its checkpoints may still: move gaussians.ply \
@@ -90,7 +96,7 @@ pub fn render_run_view(dir: &Path, view: usize) -> Result<RenderedView, SceneErr
                 ply.display()
             ))
         })?;
-        let steps = std::fs::read(dir.join("summary.json"))
+        let steps = vramfit::files::read::read(&dir.join("summary.json"), vramfit::files::read::Links::Refuse)
             .ok()
             .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
             .and_then(|s| s["steps"].as_u64())

@@ -32,15 +32,22 @@ pub fn check_size(
     })
 }
 
-/// Refuses `width × height` when its buffers exceed the memory the host
-/// has available now (`MemAvailable`).
+/// Refuses `width × height` when its buffers exceed the memory this
+/// process may take now (the least of `MemAvailable`, `ulimit -v` less
+/// what is mapped, a cgroup's limit: `vramfit::files::room`).
 pub fn check_size_here(
     what: &'static str,
     width: u32,
     height: u32,
     bytes: impl Fn(u32, u32) -> u64,
 ) -> Result<(), SplatError> {
-    check_size(what, width, height, vramfit::memory::available_bytes(), bytes)
+    check_size(
+        what,
+        width,
+        height,
+        vramfit::files::room::room().map(|r| r.bytes),
+        bytes,
+    )
 }
 
 fn gcd(a: u32, b: u32) -> u32 {

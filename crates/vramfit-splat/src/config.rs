@@ -113,9 +113,11 @@ impl FitConfig {
 
     /// Reads a TOML file.
     pub fn load(path: &Path) -> Result<Self, SplatError> {
-        let text = std::fs::read_to_string(path).map_err(|e| SplatError::Config {
-            path: path.into(),
-            why: format!("cannot read it: {e}"),
+        let text = vramfit::files::read::read_text(path, vramfit::files::read::Links::Follow).map_err(|e| {
+            SplatError::Config {
+                path: path.into(),
+                why: format!("cannot read it: {e}"),
+            }
         })?;
         Self::from_toml(&text, path)
     }

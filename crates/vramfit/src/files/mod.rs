@@ -5,6 +5,9 @@
 //!   checkpoint index's shard) stays inside the folder of the file that
 //!   names it, and what is opened is a regular file, not a pipe, a device
 //!   or a folder.
+//! - [`read`]: a file read is a regular file (a FIFO refused without
+//!   blocking, a device without reading for ever), a run's own files
+//!   without following a link.
 //! - [`outputs`]: a file vramfit writes never replaces an input of the
 //!   run, a file its owner made read-only, or the target of a link planted
 //!   in a run directory.
@@ -14,4 +17,5 @@
 
 pub mod confine;
 pub mod outputs;
+pub mod read;
 pub mod room;

@@ -106,6 +106,51 @@ pub fn no_link_below(root: &Path, path: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// The first symbolic link inside the run directory `root`, at any depth
+/// (its root may be one: the user named it). vramfit makes none there, so
+/// one found was planted: a resume or a report refuses the folder rather
+/// than read or write through it (a checkpoint folder linked elsewhere
+/// would have its files read, and stale temporaries removed, outside).
+pub fn planted_link(root: &Path) -> Option<PathBuf> {
+    let mut folders = vec![root.to_path_buf()];
+    let mut seen = 0usize;
+    while let Some(folder) = folders.pop() {
+        let Ok(entries) = std::fs::read_dir(&folder) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            seen += 1;
+            if seen > 1_000_000 {
+                return None;
+            }
+            match entry.file_type() {
+                Ok(t) if t.is_symlink() => return Some(entry.path()),
+                Ok(t) if t.is_dir() => folders.push(entry.path()),
+                _ => {}
+            }
+        }
+    }
+    None
+}
+
+/// [`planted_link`] as an error naming the link and what to do.
+pub fn no_planted_link(root: &Path) -> io::Result<()> {
+    match planted_link(root) {
+        None => Ok(()),
+        Some(link) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} is a symbolic link inside the run directory {} (to {}), which vramfit did not make: a run's \
+                 files are read and written in place, never through a link; remove it (or put a copy of what it \
+                 points at in its place)",
+                link.display(),
+                root.display(),
+                std::fs::read_link(&link).map_or("?".into(), |t| t.display().to_string())
+            ),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +219,15 @@ mod tests {
         assert!(no_link_below(&run, &run.join("elsewhere/x")).is_err());
         std::os::unix::fs::symlink(&run, p.join("run-link")).unwrap();
         no_link_below(&p.join("run-link"), &p.join("run-link/summary.json")).unwrap();
+        // The scan finds a link at any depth; a run without one passes.
+        assert!(planted_link(&run).is_some());
+        let clean = p.join("clean");
+        std::fs::create_dir_all(clean.join("checkpoints")).unwrap();
+        std::fs::write(clean.join("checkpoints/step-2.ckpt"), b"x").unwrap();
+        assert_eq!(planted_link(&clean), None);
+        std::os::unix::fs::symlink(p.join("victim"), clean.join("checkpoints/.step-4.ckpt.tmp-99")).unwrap();
+        let e = no_planted_link(&clean).unwrap_err().to_string();
+        assert!(e.contains(".step-4.ckpt.tmp-99") && e.contains("victim"), "{e}");
         let _ = std::fs::remove_dir_all(&p);
     }
 }

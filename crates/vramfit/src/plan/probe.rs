@@ -132,7 +132,8 @@ pub fn measured_in(dir: &std::path::Path) -> Result<Measured, ProbeError> {
         path: path.clone(),
         why,
     };
-    let text = std::fs::read(&path).map_err(|e| records(format!("{e} (the run did not finish)")))?;
+    let text = crate::files::read::read(&path, crate::files::read::Links::Refuse)
+        .map_err(|e| records(format!("{e} (the run did not finish)")))?;
     let summary: serde_json::Value = serde_json::from_slice(&text).map_err(|e| records(e.to_string()))?;
     let peak = summary["peak_memory_bytes"]
         .as_u64()
@@ -159,7 +160,8 @@ pub fn measured_in(dir: &std::path::Path) -> Result<Measured, ProbeError> {
 /// report (every step is recorded): a [`Measured`] without its times.
 fn phase_peaks(path: &std::path::Path, headline: u64) -> Result<Measured, ProbeError> {
     let records = |why: String| ProbeError::Records { path: path.into(), why };
-    let bytes = std::fs::read(path).map_err(|e| records(e.to_string()))?;
+    let bytes =
+        crate::files::read::read(path, crate::files::read::Links::Refuse).map_err(|e| records(e.to_string()))?;
     let report: MemoryReport = serde_json::from_slice(&bytes).map_err(|e| records(e.to_string()))?;
     let reserved = report.headline.as_ref().is_some_and(|h| h.figure.contains("reserved"));
     let (mut step, mut files, mut between) = (0, 0, 0);

@@ -229,9 +229,11 @@ impl MemoryReport {
     /// (whose fields may parse and mean something else) and one with a
     /// field removed (a table without it would say what the run did not).
     pub fn read(path: &std::path::Path) -> Result<Self, ReportFileError> {
-        let bytes = std::fs::read(path).map_err(|cause| ReportFileError::Unreadable {
-            path: path.into(),
-            cause,
+        let bytes = crate::files::read::read(path, crate::files::read::Links::Follow).map_err(|cause| {
+            ReportFileError::Unreadable {
+                path: path.into(),
+                cause,
+            }
         })?;
         let head: serde_json::Value = serde_json::from_slice(&bytes).map_err(|cause| ReportFileError::NotJson {
             path: path.into(),

@@ -191,7 +191,12 @@ pub fn regather(root: &Path, to: usize, config: &str) -> Result<u64, RankFolders
     }
     // Each rank's folder, its checkpoint the gathered one; rank 0's last,
     // whose config.toml says how many ranks the run has.
-    let root_files = ["workload", "metrics.jsonl"].map(|f| (f, std::fs::read(root.join(f)).ok()));
+    let root_files = ["workload", "metrics.jsonl"].map(|f| {
+        (
+            f,
+            crate::files::read::read(&root.join(f), crate::files::read::Links::Refuse).ok(),
+        )
+    });
     for rank in (0..to).rev() {
         let dir = if rank == 0 {
             root.to_path_buf()

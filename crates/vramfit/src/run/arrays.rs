@@ -221,10 +221,11 @@ impl ArrayFile {
     /// Reads a file.
     pub fn read(path: &Path) -> Result<Self, ArrayFileError> {
         let shown = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|cause| ArrayFileError::Io {
-            path: shown.clone(),
-            cause,
-        })?;
+        let bytes =
+            crate::files::read::read(path, crate::files::read::Links::Follow).map_err(|cause| ArrayFileError::Io {
+                path: shown.clone(),
+                cause,
+            })?;
         Self::from_bytes(&bytes, &shown)
     }
 }

@@ -63,14 +63,24 @@ pub fn atomic_write_with(path: &Path, write: impl FnOnce(&mut dyn Write) -> io::
         .file_name()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no file name"))?;
     let tmp = dir.join(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
-    let written = File::create(&tmp).and_then(|f| {
-        // std's 8 KiB buffer: the bytes are made in slices already, and a
-        // larger buffer is memory a small run's peak would show.
-        let mut sink = Sink(io::BufWriter::new(f));
-        write(&mut sink)?;
-        let f = sink.0.into_inner().map_err(|e| e.into_error())?;
-        f.sync_all()
-    });
+    // The temporary is made here, new: a stale one (or a link planted
+    // under its name) is removed first, and `create_new` neither follows a
+    // link nor opens a file someone made in between.
+    if fs::symlink_metadata(&tmp).is_ok() {
+        fs::remove_file(&tmp)?;
+    }
+    let written = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|f| {
+            // std's 8 KiB buffer: the bytes are made in slices already, and a
+            // larger buffer is memory a small run's peak would show.
+            let mut sink = Sink(io::BufWriter::new(f));
+            write(&mut sink)?;
+            let f = sink.0.into_inner().map_err(|e| e.into_error())?;
+            f.sync_all()
+        });
     if let Err(e) = written.and_then(|()| fs::rename(&tmp, path)) {
         let _ = fs::remove_file(&tmp);
         return Err(e);

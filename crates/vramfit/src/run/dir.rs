@@ -4,6 +4,7 @@
 
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, BufWriter, Seek, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -149,10 +150,12 @@ pub(super) fn line_step(line: &str) -> Option<u64> {
 /// a line that is not a logged step.
 pub fn logged_steps(run_dir: &Path) -> Result<Vec<u64>, LogError> {
     let path = run_dir.join("metrics.jsonl");
-    let text = fs::read_to_string(&path).map_err(|cause| LogError::Read {
-        path: path.clone(),
-        cause,
-    })?;
+    let text = crate::files::read::read(&path, crate::files::read::Links::Refuse)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .map_err(|cause| LogError::Read {
+            path: path.clone(),
+            cause,
+        })?;
     text.lines()
         .enumerate()
         .map(|(i, l)| {
@@ -214,11 +217,13 @@ pub struct RunDir {
 /// Locks `root` (creating its lock file) or says who holds it.
 fn lock(root: &Path) -> Result<File, RunDirError> {
     let path = root.join(LOCK_FILE);
+    // Never through a link: a planted one would have its target truncated.
     let file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(&path)
         .map_err(io_err(&path))?;
     match file.try_lock() {
@@ -396,6 +401,13 @@ impl RunDir {
                 ),
             });
         }
+        // Before anything is read, locked or removed: a link planted in the
+        // run (a checkpoints folder elsewhere, `weights.bin` onto a file of
+        // the user's, a temporary's name) is refused.
+        crate::files::outputs::no_planted_link(root).map_err(|e| RunDirError::NotResumable {
+            path: root.to_path_buf(),
+            why: e.to_string(),
+        })?;
         let lock = lock(root)?;
         let dir = Self {
             root: root.to_path_buf(),
@@ -480,7 +492,8 @@ impl RunDir {
         let p = self.path("metrics.jsonl");
         crate::files::outputs::no_link_below(&self.root, &p).map_err(io_err(&p))?;
         if let Some(limit) = keep_up_to {
-            let kept: String = fs::read_to_string(&p)
+            let kept: String = crate::files::read::read(&p, crate::files::read::Links::Refuse)
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
                 .unwrap_or_default()
                 .lines()
                 .filter(|l| line_step(l).is_some_and(|s| s <= limit))

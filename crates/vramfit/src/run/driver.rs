@@ -33,7 +33,8 @@ const PROFILE_KEEP_STEPS: u64 = 200;
 
 /// The last step `metrics.jsonl` logged (0: none, or no log).
 fn last_logged_step(path: &Path) -> u64 {
-    std::fs::read_to_string(path)
+    crate::files::read::read(path, crate::files::read::Links::Refuse)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
         .ok()
         .and_then(|text| text.lines().rev().find_map(super::dir::line_step))
         .unwrap_or(0)
@@ -128,7 +129,7 @@ impl Run {
             return Err(not_resumable("the run already finished (summary.json exists)".into()).into());
         }
         // Runs made before the file existed have none: their settings decide.
-        let started = std::fs::read_to_string(dir.path(WORKLOAD_FILE));
+        let started = crate::files::read::read_text(&dir.path(WORKLOAD_FILE), crate::files::read::Links::Refuse);
         let unnamed = started.is_err().then(|| workload.to_string());
         if let Ok(started) = started {
             let started = started.trim();
@@ -154,7 +155,8 @@ impl Run {
             }
         }
         let path = dir.path("config.toml");
-        let text = std::fs::read_to_string(&path).map_err(|e| not_resumable(format!("{}: {e}", path.display())))?;
+        let text = crate::files::read::read_text(&path, crate::files::read::Links::Refuse)
+            .map_err(|e| not_resumable(format!("{}: {e}", path.display())))?;
         let run = Self {
             dir,
             device: device.into(),
