@@ -83,6 +83,7 @@ fn no_write_through_a_link_planted_in_a_run() {
     assert_eq!(std::fs::read(d.join("victim")).unwrap(), b"keep me");
     // A resumed run's memory.json through a link: refused, the target kept.
     std::fs::remove_file(d.join("r/summary.json")).unwrap();
+    std::fs::remove_file(d.join("r/memory.html")).unwrap();
     std::fs::remove_file(d.join("r/memory.json")).unwrap();
     std::os::unix::fs::symlink(d.join("victim"), d.join("r/memory.json")).unwrap();
     let o = run(&["train", "llm", "--resume", "r"], d);
@@ -224,4 +225,128 @@ fn what_cannot_learn_or_plan_honestly_is_refused() {
     );
     refused_saying(&o, "not on a card");
     assert!(!d.join("cards.json").exists());
+}
+
+/// A small llm run of 4 steps, checkpointed at 2, as if killed there (its
+/// summary removed): what `--resume` continues.
+fn unfinished_run(d: &Path, name: &str) {
+    let args = small(&[
+        "train",
+        "llm",
+        "--steps",
+        "4",
+        "--set",
+        "checkpoint_every=2",
+        "--out",
+        name,
+    ]);
+    let o = run_owned(&args, d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::remove_file(d.join(name).join("summary.json")).unwrap();
+}
+
+/// The second sweep's cases (issue 58): links planted anywhere in a run
+/// (a temporary's name, `weights.bin`, `.lock`, the checkpoints folder,
+/// `config.toml`) refuse the resume before anything is read, written or
+/// removed through them; the victims stay whole.
+#[test]
+fn a_run_with_a_planted_link_is_not_resumed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(d.join("victim"), b"keep me").unwrap();
+    std::fs::create_dir(d.join("elsewhere")).unwrap();
+    std::fs::write(d.join("elsewhere/.a.tmp-1"), b"keep me too").unwrap();
+    let plant: [(&str, fn(&Path, &Path)); 5] = [
+        ("temporary", |d, r| {
+            std::os::unix::fs::symlink(d.join("victim"), r.join(".summary.json.tmp-1")).unwrap()
+        }),
+        ("weights", |d, r| {
+            let _ = std::fs::remove_file(r.join("weights.bin"));
+            std::os::unix::fs::symlink(d.join("victim"), r.join("weights.bin")).unwrap()
+        }),
+        ("lock", |d, r| {
+            let _ = std::fs::remove_file(r.join(".lock"));
+            std::os::unix::fs::symlink(d.join("victim"), r.join(".lock")).unwrap()
+        }),
+        ("checkpoints", |d, r| {
+            for e in std::fs::read_dir(r.join("checkpoints")).unwrap().flatten() {
+                std::fs::copy(e.path(), d.join("elsewhere").join(e.file_name())).unwrap();
+            }
+            std::fs::remove_dir_all(r.join("checkpoints")).unwrap();
+            std::os::unix::fs::symlink(d.join("elsewhere"), r.join("checkpoints")).unwrap()
+        }),
+        ("config", |d, r| {
+            std::fs::copy(r.join("config.toml"), d.join("elsewhere/config.toml")).unwrap();
+            std::fs::remove_file(r.join("config.toml")).unwrap();
+            std::os::unix::fs::symlink(d.join("elsewhere/config.toml"), r.join("config.toml")).unwrap()
+        }),
+    ];
+    for (name, planted) in plant {
+        unfinished_run(d, name);
+        planted(d, &d.join(name));
+        let o = run(&["train", "llm", "--resume", name], d);
+        refused_saying(&o, "is a symbolic link inside the run directory");
+        assert_eq!(std::fs::read(d.join("victim")).unwrap(), b"keep me", "{name}");
+        assert_eq!(
+            std::fs::read(d.join("elsewhere/.a.tmp-1")).unwrap(),
+            b"keep me too",
+            "{name}"
+        );
+    }
+}
+
+/// A FIFO is refused at once, never waited on; a device is not read; an
+/// output is never one of the inputs (through a link, or a run folder
+/// inside the checkpoint's); an image size is held to `ulimit -v`; a bench
+/// table is not written through a link.
+#[test]
+fn pipes_devices_and_outputs_onto_inputs_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let fifo = d.join("p.toml");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    let started = std::time::Instant::now();
+    let o = run(&["train", "llm", "--config", "p.toml"], d);
+    refused_saying(&o, "named pipe (FIFO)");
+    assert!(started.elapsed().as_secs() < 60, "it waited on the FIFO");
+    refused_saying(&run(&["fit", "/dev/zero", "--steps", "1"], d), "a device");
+
+    let o = run(&["sample", "--size", "64x48", "in.png"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(
+        &["fit", "in.png", "--steps", "20", "--gaussians", "50", "--out", "f"],
+        d,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::os::unix::fs::symlink(d.join("f/gaussians.vfg"), d.join("out.png")).unwrap();
+    let before = std::fs::read(d.join("f/gaussians.vfg")).unwrap();
+    refused_saying(
+        &run(&["render", "f/gaussians.vfg", "out.png"], d),
+        "never writes over its inputs",
+    );
+    assert_eq!(std::fs::read(d.join("f/gaussians.vfg")).unwrap(), before);
+
+    std::fs::create_dir(d.join("w")).unwrap();
+    let o = run(&["train", "llm", "--weights", "w", "--out", "w/run"], d);
+    refused_saying(&o, "does not write into its inputs");
+    assert!(!d.join("w/run").exists());
+
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "ulimit -v 3000000 && exec {} sample --size 40000x40000 big.png",
+            env!("CARGO_BIN_EXE_vramfit")
+        ))
+        .current_dir(d)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(!d.join("big.png").exists());
+
+    std::fs::write(d.join("victim"), b"keep me").unwrap();
+    std::os::unix::fs::symlink(d.join("victim"), d.join("t.md")).unwrap();
+    let o = run(&["bench", "host-adam", "--values", "1000", "--out", "t.json"], d);
+    refused_saying(&o, "writes the table beside --out");
+    assert_eq!(std::fs::read(d.join("victim")).unwrap(), b"keep me");
+    assert!(!d.join("t.json").exists(), "nothing was run");
 }

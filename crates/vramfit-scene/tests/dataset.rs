@@ -521,6 +521,31 @@ fn a_nerf_pose_that_is_not_a_rotation_is_refused() {
     }
 }
 
+/// A dataset's own layout files stay inside it too: NeRF's transforms or a
+/// COLMAP model linked from elsewhere is refused, naming the link's target.
+#[test]
+fn a_layout_file_linked_from_outside_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = dataset(&small());
+    let (nerf, outside) = (tmp.path().join("nerf"), tmp.path().join("outside"));
+    write_nerf(&nerf, &data, 6);
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::rename(nerf.join("transforms_train.json"), outside.join("t.json")).unwrap();
+    std::os::unix::fs::symlink(outside.join("t.json"), nerf.join("transforms_train.json")).unwrap();
+    let e = vramfit_scene::nerf::read(&nerf).unwrap_err().to_string();
+    assert!(
+        e.contains("transforms_train.json") && e.contains("outside the dataset"),
+        "{e}"
+    );
+    let colmap_dir = tmp.path().join("colmap");
+    colmap::write(&colmap_dir, &data).unwrap();
+    let model = colmap::model(&colmap_dir).unwrap();
+    std::fs::rename(model.join("cameras.txt"), outside.join("cameras.txt")).unwrap();
+    std::os::unix::fs::symlink(outside.join("cameras.txt"), model.join("cameras.txt")).unwrap();
+    let e = colmap::read(&colmap_dir).unwrap_err().to_string();
+    assert!(e.contains("cameras.txt") && e.contains("outside the dataset"), "{e}");
+}
+
 /// A folder holding both a COLMAP model and NeRF's transforms is refused:
 /// which one is meant is the user's to say.
 #[test]

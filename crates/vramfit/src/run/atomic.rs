@@ -201,6 +201,23 @@ pub(super) mod tests {
         fs::remove_dir_all(&p).unwrap();
     }
 
+    /// A link planted under the temporary's own name (`.NAME.tmp-PID`) is
+    /// removed, not written through: its target keeps its bytes.
+    #[test]
+    fn a_link_at_the_temporary_name_is_not_followed() {
+        let tmp = scratch("planted");
+        std::fs::create_dir_all(&tmp).unwrap();
+        let victim = tmp.join("victim");
+        std::fs::write(&victim, b"keep me").unwrap();
+        let planted = tmp.join(format!(".summary.json.tmp-{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        atomic_write(&tmp.join("summary.json"), b"{}").unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+        assert_eq!(std::fs::read(tmp.join("summary.json")).unwrap(), b"{}");
+        assert!(std::fs::symlink_metadata(&planted).is_err(), "the link is gone");
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+
     /// A symbolic link is written through: the target holds the new bytes,
     /// the link stays a link; a dangling one is refused.
     #[test]
