@@ -256,7 +256,8 @@ fn a_run_with_a_planted_link_is_not_resumed() {
     std::fs::write(d.join("victim"), b"keep me").unwrap();
     std::fs::create_dir(d.join("elsewhere")).unwrap();
     std::fs::write(d.join("elsewhere/.a.tmp-1"), b"keep me too").unwrap();
-    let plant: [(&str, fn(&Path, &Path)); 5] = [
+    type Plant = fn(&Path, &Path);
+    let plant: [(&str, Plant); 5] = [
         ("temporary", |d, r| {
             std::os::unix::fs::symlink(d.join("victim"), r.join(".summary.json.tmp-1")).unwrap()
         }),
