@@ -297,6 +297,12 @@ fn run(cli: Cli) -> Result<()> {
 
 fn report(dir: &Path) -> Result<()> {
     let path = dir.join("memory.json");
+    if !dir.exists() {
+        bail!(
+            "{} does not exist: give the folder a run wrote (its --out, or runs/NAME-NNN)",
+            dir.display()
+        );
+    }
     // Nothing is read or written through a link planted in the run.
     if dir.is_dir() {
         vramfit::files::outputs::no_planted_link(dir)?;

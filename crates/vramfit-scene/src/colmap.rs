@@ -301,10 +301,11 @@ pub fn read(dir: &Path) -> Result<Dataset, DatasetError> {
             });
         };
         let file = inside(dir, &dir.join("images"), &name, p, &format!("line {n}"))?;
-        if !file.is_file() {
+        if let Some(what) = vramfit::files::confine::not_regular(&file) {
             return Err(DatasetError::Invalid(format!(
-                "{}: the image that images.txt line {n} names is missing",
-                file.display()
+                "{}: the image that images.txt line {n} names is {}",
+                file.display(),
+                if what.starts_with("not there") { "missing" } else { what }
             )));
         }
         let picture = Picture::load(&file).map_err(|e| DatasetError::File {
@@ -342,7 +343,7 @@ pub fn read(dir: &Path) -> Result<Dataset, DatasetError> {
     let points_txt = model.join("points3D.txt");
     let mut points = Vec::new();
     let mut notes = Vec::new();
-    if points_txt.is_file() {
+    if points_txt.exists() || points_txt.is_symlink() {
         let mut seen = HashMap::new();
         for (n, line) in lines(&points_txt)? {
             if line.is_empty() {
@@ -375,7 +376,7 @@ pub fn read(dir: &Path) -> Result<Dataset, DatasetError> {
             "{} {}: the Gaussians start at random around where the cameras look, as for a NeRF-synthetic dataset \
              (a model with its sparse points fits sooner)",
             points_txt.display(),
-            if points_txt.is_file() {
+            if points_txt.exists() || points_txt.is_symlink() {
                 "holds no points"
             } else {
                 "is missing"

@@ -227,7 +227,9 @@ impl SceneConfig {
                 )));
             }
             let nerf = dir.join("transforms_train.json");
-            if let (true, Some(model)) = (nerf.is_file(), crate::colmap::model(dir)) {
+            // Present at all (a FIFO or a folder there is the NeRF reader's to refuse by name).
+            let nerf_given = nerf.exists() || nerf.is_symlink();
+            if let (true, Some(model)) = (nerf_given, crate::colmap::model(dir)) {
                 return Err(SceneError::Setting(format!(
                     "dataset {}: holds both a COLMAP model ({}) and a NeRF-synthetic one ({}), and vramfit will not \
                      guess which you mean: move one of them to a folder of its own",
@@ -236,7 +238,7 @@ impl SceneConfig {
                     nerf.display()
                 )));
             }
-            if nerf.is_file() {
+            if nerf_given {
                 crate::nerf::read(dir)?
             } else {
                 crate::colmap::read(dir)?

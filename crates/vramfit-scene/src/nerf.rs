@@ -77,11 +77,19 @@ fn frames(dir: &Path, file: &str) -> Result<Vec<View>, DatasetError> {
         {
             return Err(bad(
                 &path,
-                format!(
-                    "frame {k} ({name}): transform_matrix's bottom row is {:?}, where a camera pose's is [0, 0, 0, 1] \
-                     (4 rows at most)",
-                    m.get(3).cloned().unwrap_or_default()
-                ),
+                if m.len() > 4 {
+                    format!(
+                        "frame {k} ({name}): transform_matrix has {} rows, where a camera pose has 4 (its bottom row \
+                         [0, 0, 0, 1])",
+                        m.len()
+                    )
+                } else {
+                    format!(
+                        "frame {k} ({name}): transform_matrix's bottom row is {:?}, where a camera pose's is [0, 0, 0, \
+                         1]",
+                        m.get(3).cloned().unwrap_or_default()
+                    )
+                },
             ));
         }
         let rotation_gl: [[f64; 3]; 3] = std::array::from_fn(|i| [m[i][0], m[i][1], m[i][2]]);

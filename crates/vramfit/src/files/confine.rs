@@ -57,7 +57,13 @@ pub fn not_regular(path: &Path) -> Option<&'static str> {
     use std::os::unix::fs::FileTypeExt;
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
-        Err(_) => return Some("not there (or cannot be reached)"),
+        Err(_) if std::fs::symlink_metadata(path).is_ok() => {
+            return Some("a symbolic link to nothing (its target is missing, or it loops)");
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Some("out of this user's reach (permission denied on its folder)");
+        }
+        Err(_) => return Some("not there"),
     };
     let t = meta.file_type();
     if t.is_file() {

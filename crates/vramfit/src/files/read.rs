@@ -31,7 +31,16 @@ pub fn open(path: &Path, links: Links) -> io::Result<File> {
         .open(path)
         .map_err(|e| {
             // ELOOP: the last component is a link and O_NOFOLLOW was given.
-            if e.raw_os_error() == Some(libc::ELOOP) && links == Links::Refuse {
+            if e.kind() == io::ErrorKind::PermissionDenied {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "{}: permission denied: this user may not read it; make it readable (chmod u+r) or run as \
+                         its owner",
+                        path.display()
+                    ),
+                )
+            } else if e.raw_os_error() == Some(libc::ELOOP) && links == Links::Refuse {
                 io::Error::new(
                     io::ErrorKind::InvalidInput,
                     format!(

@@ -69,18 +69,33 @@ pub fn atomic_write_with(path: &Path, write: impl FnOnce(&mut dyn Write) -> io::
     if fs::symlink_metadata(&tmp).is_ok() {
         fs::remove_file(&tmp)?;
     }
-    let written = fs::OpenOptions::new()
+    let created = fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .open(&tmp)
-        .and_then(|f| {
-            // std's 8 KiB buffer: the bytes are made in slices already, and a
-            // larger buffer is memory a small run's peak would show.
-            let mut sink = Sink(io::BufWriter::new(f));
-            write(&mut sink)?;
-            let f = sink.0.into_inner().map_err(|e| e.into_error())?;
-            f.sync_all()
+        .map_err(|e| {
+            if e.kind() == io::ErrorKind::PermissionDenied {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "{}: permission denied: this user may not write in {}; make the folder writable or give a path \
+                     elsewhere",
+                        path.display(),
+                        dir.display()
+                    ),
+                )
+            } else {
+                e
+            }
         });
+    let written = created.and_then(|f| {
+        // std's 8 KiB buffer: the bytes are made in slices already, and a
+        // larger buffer is memory a small run's peak would show.
+        let mut sink = Sink(io::BufWriter::new(f));
+        write(&mut sink)?;
+        let f = sink.0.into_inner().map_err(|e| e.into_error())?;
+        f.sync_all()
+    });
     if let Err(e) = written.and_then(|()| fs::rename(&tmp, path)) {
         let _ = fs::remove_file(&tmp);
         return Err(e);

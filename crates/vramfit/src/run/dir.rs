@@ -284,7 +284,9 @@ impl RunDir {
     /// [`RunDirError::Exists`].
     pub fn create_with(root: &Path, files: &[(&str, &[u8])]) -> Result<Self, RunDirError> {
         if let Ok(meta) = fs::symlink_metadata(root) {
-            let what = if !meta.is_dir() {
+            let what = if meta.file_type().is_symlink() {
+                "is a symbolic link, not a new folder (vramfit makes the run's folder itself)"
+            } else if !meta.is_dir() {
                 "exists and is not a folder"
             } else if !root.join("config.toml").is_file() && !root.join(LOCK_FILE).is_file() {
                 "is an existing folder that is not a vramfit run (it has no config.toml)"
@@ -391,8 +393,10 @@ impl RunDir {
                 why: "no such directory".into(),
             });
         }
-        // Before the lock: a folder that is not a run is left as it was.
-        if !root.join("config.toml").is_file() {
+        // Before the lock: a folder that is not a run is left as it was. (A
+        // config.toml that is there but not a file is the reader's to name.)
+        let config = root.join("config.toml");
+        if !(config.exists() || config.is_symlink()) {
             return Err(RunDirError::NotResumable {
                 path: root.to_path_buf(),
                 why: format!(
