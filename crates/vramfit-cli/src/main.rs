@@ -299,7 +299,7 @@ fn report(dir: &Path) -> Result<()> {
     let path = dir.join("memory.json");
     if !dir.exists() {
         bail!(
-            "{} does not exist: give the folder a run wrote (its --out, or runs/NAME-NNN)",
+            "{} does not exist: give the run directory a run wrote (its --out, or runs/NAME-NNN)",
             dir.display()
         );
     }

@@ -257,7 +257,17 @@ fn a_run_with_a_planted_link_is_not_resumed() {
     std::fs::create_dir(d.join("elsewhere")).unwrap();
     std::fs::write(d.join("elsewhere/.a.tmp-1"), b"keep me too").unwrap();
     type Plant = fn(&Path, &Path);
-    let plant: [(&str, Plant); 5] = [
+    let plant: [(&str, Plant); 6] = [
+        ("fifo", |_, r| {
+            std::fs::remove_file(r.join("metrics.jsonl")).unwrap();
+            assert!(
+                Command::new("mkfifo")
+                    .arg(r.join("metrics.jsonl"))
+                    .status()
+                    .unwrap()
+                    .success()
+            );
+        }),
         ("temporary", |d, r| {
             std::os::unix::fs::symlink(d.join("victim"), r.join(".summary.json.tmp-1")).unwrap()
         }),
@@ -286,7 +296,14 @@ fn a_run_with_a_planted_link_is_not_resumed() {
         unfinished_run(d, name);
         planted(d, &d.join(name));
         let o = run(&["train", "llm", "--resume", name], d);
-        refused_saying(&o, "is a symbolic link inside the run directory");
+        refused_saying(
+            &o,
+            if name == "fifo" {
+                "is a named pipe (FIFO), not a file, which vramfit did not make"
+            } else {
+                "is a symbolic link inside the run directory"
+            },
+        );
         assert_eq!(std::fs::read(d.join("victim")).unwrap(), b"keep me", "{name}");
         assert_eq!(
             std::fs::read(d.join("elsewhere/.a.tmp-1")).unwrap(),

@@ -107,10 +107,13 @@ pub fn no_link_below(root: &Path, path: &Path) -> io::Result<()> {
 }
 
 /// The first symbolic link inside the run directory `root`, at any depth
-/// (its root may be one: the user named it). vramfit makes none there, so
-/// one found was planted: a resume or a report refuses the folder rather
-/// than read or write through it (a checkpoint folder linked elsewhere
-/// would have its files read, and stale temporaries removed, outside).
+/// (its root may be one: the user named it), or the first entry that is
+/// neither a file nor a folder (a FIFO, a device, a socket). vramfit makes
+/// none there, so one found was planted: a resume or a report refuses the
+/// folder rather than read or write through it (a checkpoint folder
+/// linked elsewhere would have its files read, and stale temporaries
+/// removed, outside; a FIFO as `metrics.jsonl` would fail the run after
+/// its steps).
 pub fn planted_link(root: &Path) -> Option<PathBuf> {
     let mut folders = vec![root.to_path_buf()];
     let mut seen = 0usize;
@@ -124,8 +127,8 @@ pub fn planted_link(root: &Path) -> Option<PathBuf> {
                 return None;
             }
             match entry.file_type() {
-                Ok(t) if t.is_symlink() => return Some(entry.path()),
                 Ok(t) if t.is_dir() => folders.push(entry.path()),
+                Ok(t) if !t.is_file() => return Some(entry.path()),
                 _ => {}
             }
         }
@@ -137,15 +140,27 @@ pub fn planted_link(root: &Path) -> Option<PathBuf> {
 pub fn no_planted_link(root: &Path) -> io::Result<()> {
     match planted_link(root) {
         None => Ok(()),
-        Some(link) => Err(io::Error::new(
+        Some(link) if std::fs::symlink_metadata(&link).is_ok_and(|m| m.file_type().is_symlink()) => {
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "{} is a symbolic link inside the run directory {} (to {}), which vramfit did not make: a run's \
+                     files are read and written in place, never through a link; remove it (or put a copy of what \
+                     it points at in its place)",
+                    link.display(),
+                    root.display(),
+                    std::fs::read_link(&link).map_or("?".into(), |t| t.display().to_string())
+                ),
+            ))
+        }
+        Some(odd) => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
-                "{} is a symbolic link inside the run directory {} (to {}), which vramfit did not make: a run's \
-                 files are read and written in place, never through a link; remove it (or put a copy of what it \
-                 points at in its place)",
-                link.display(),
+                "{} inside the run directory {} is {}, which vramfit did not make: a run holds files and folders \
+                 only; remove it",
+                odd.display(),
                 root.display(),
-                std::fs::read_link(&link).map_or("?".into(), |t| t.display().to_string())
+                crate::files::confine::not_regular(&odd).unwrap_or("not a regular file")
             ),
         )),
     }

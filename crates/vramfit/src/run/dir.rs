@@ -88,7 +88,12 @@ pub fn output_folder_problem(path: &Path, untouched: &str) -> Option<String> {
         return Some(format!("the folder {} does not exist ({untouched})", folder.display()));
     }
     let probe = folder.join(format!(".vramfit-write-probe-{}", std::process::id()));
-    match File::create(&probe) {
+    // Made new (a link planted under the probe's name is removed, never
+    // followed: its target would be truncated).
+    if fs::symlink_metadata(&probe).is_ok() {
+        let _ = fs::remove_file(&probe);
+    }
+    match OpenOptions::new().write(true).create_new(true).open(&probe) {
         Ok(_) => {
             let _ = fs::remove_file(&probe);
             None

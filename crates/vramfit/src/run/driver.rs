@@ -139,7 +139,7 @@ impl Run {
                 && started
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, ' ' | '-' | '_' | ':' | '.'));
-            if started != workload && !plain {
+            if started != workload && (!plain || started.is_empty()) {
                 return Err(not_resumable(format!(
                     "its {WORKLOAD_FILE} file does not hold a command vramfit writes (it was edited); resume it with \
                      the command that started it"
