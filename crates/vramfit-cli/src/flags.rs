@@ -170,6 +170,15 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
         // JSON's string escapes are TOML's basic string's.
         let path = serde_json::to_string(&dir.display().to_string())?;
         sets.insert(0, format!("model.weights={path}"));
+        // The checkpoint's own config.json gives the shape, before the
+        // user's --set (a --set that then differs from it is refused).
+        if dir.is_dir() {
+            let given =
+                vramfit_models::llama::hf_config::settings(dir).map_err(|why| anyhow::anyhow!("--weights: {why}"))?;
+            for s in given.into_iter().rev() {
+                sets.insert(0, s);
+            }
+        }
     }
     if let Some(attention) = a.attention {
         if M::default().attention().is_none() {

@@ -2459,3 +2459,56 @@ fn a_resume_refuses_a_base_file_that_changed_under_its_path() {
     let o = run(&["train", "llm", "--resume", "r"], d);
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+/// `--weights DIR` takes the shape from the checkpoint's own `config.json`
+/// (Hugging Face's keys), so nothing is repeated by hand; a `--set` that
+/// then differs from the file is refused naming both values.
+#[test]
+fn a_checkpoints_config_json_gives_the_shape() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    small_llm_checkpoint(&d.join("hf"), vramfit_models::safetensors::Dtype::Bf16, |_, _| {});
+    let config = serde_json::json!({
+        "model_type": "llama", "hidden_act": "silu", "hidden_size": 32, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 48, "vocab_size": 16,
+        "max_position_embeddings": 64, "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": false,
+    });
+    std::fs::write(d.join("hf/config.json"), config.to_string()).unwrap();
+    let o = run(
+        &[
+            "train",
+            "llm",
+            "--weights",
+            "hf",
+            "--train",
+            "lora:4",
+            "--set",
+            "task.tokens=16",
+            "--steps",
+            "2",
+            "--out",
+            "r",
+        ],
+        d,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let toml = std::fs::read_to_string(d.join("r/config.toml")).unwrap();
+    assert!(toml.contains("width = 32") && toml.contains("context = 64"), "{toml}");
+    let o = run(
+        &[
+            "train",
+            "llm",
+            "--weights",
+            "hf",
+            "--set",
+            "model.width=64",
+            "--set",
+            "task.tokens=16",
+            "--out",
+            "x",
+        ],
+        d,
+    );
+    refused_saying(&o, "`hidden_size` is 32, but this run's model.width is 64");
+    assert!(!d.join("x").exists());
+}

@@ -25,7 +25,7 @@ use crate::config::{ConfigError, RoughFloats, invalid};
 
 mod block;
 mod decoder;
-mod hf_config;
+pub mod hf_config;
 mod training;
 mod weights;
 

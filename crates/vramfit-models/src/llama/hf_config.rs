@@ -18,27 +18,73 @@ use super::LlamaConfig;
 /// The architectures whose decoder this is.
 const ARCHITECTURES: [&str; 3] = ["llama", "mistral", "qwen2"];
 
-/// Checks `dir/config.json` (where there is one) against `shape`.
-pub(super) fn check(shape: &LlamaConfig, dir: &Path) -> Result<(), String> {
+/// `dir/config.json` as JSON, where there is one: inside the folder, a
+/// regular file of at most 1 MiB, an object.
+fn read(dir: &Path) -> Result<Option<(std::path::PathBuf, Value)>, String> {
     let file = dir.join("config.json");
     if !(file.exists() || file.is_symlink()) {
-        return Ok(());
+        return Ok(None);
     }
     let at = |why: String| format!("{}: {why}", file.display());
     let file =
         vramfit::files::confine::inside(dir, dir, "config.json", "the checkpoint's folder").map_err(|o| at(o.why))?;
-    if let Some(what) = vramfit::files::confine::not_regular(&file) {
-        return Err(at(format!("it is {what}")));
-    }
-    let length = std::fs::metadata(&file).map_err(|e| at(e.to_string()))?.len();
-    if length > 1 << 20 {
-        return Err(at(format!("{length} bytes: a model's config.json is a few KiB")));
-    }
-    let text = std::fs::read(&file).map_err(|e| at(e.to_string()))?;
+    let text = vramfit::files::read::read_at_most(&file, vramfit::files::read::Links::Follow, 1 << 20)
+        .map_err(|e| at(e.to_string()))?;
     let json: Value = serde_json::from_slice(&text).map_err(|e| at(format!("not JSON: {e}")))?;
     if !json.is_object() {
         return Err(at("not a JSON object".into()));
     }
+    Ok(Some((file, json)))
+}
+
+/// The shape's settings `dir/config.json` gives, as `--set` pairs
+/// (`model.width=4096`, …): a run from a checkpoint takes them as its
+/// defaults, and the user's own `--set` comes after (a value that then
+/// differs from the file is refused by [`check`], naming both).
+pub fn settings(dir: &Path) -> Result<Vec<String>, String> {
+    let Some((_, json)) = read(dir)? else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    let heads = json["num_attention_heads"].as_u64();
+    for (key, set) in [
+        ("hidden_size", "model.width"),
+        ("num_hidden_layers", "model.depth"),
+        ("num_attention_heads", "model.heads"),
+        ("intermediate_size", "model.ffn"),
+        ("vocab_size", "model.vocab"),
+        ("max_position_embeddings", "model.context"),
+    ] {
+        if let Some(v) = json[key].as_u64() {
+            out.push(format!("{set}={v}"));
+        }
+    }
+    if let Some(kv) = json["num_key_value_heads"].as_u64().or(heads) {
+        out.push(format!("model.kv_heads={kv}"));
+    }
+    for (key, set) in [("rope_theta", "model.rope_theta"), ("rms_norm_eps", "model.norm_eps")] {
+        if let Some(v) = json[key].as_f64().filter(|v| v.is_finite()) {
+            out.push(format!("{set}={v:?}"));
+        }
+    }
+    out.push(format!(
+        "model.tie_head={}",
+        json["tie_word_embeddings"].as_bool().unwrap_or(false)
+    ));
+    let qwen2 = json["model_type"].as_str() == Some("qwen2");
+    out.push(format!(
+        "model.qkv_bias={}",
+        qwen2 || json["attention_bias"].as_bool().unwrap_or(false)
+    ));
+    Ok(out)
+}
+
+/// Checks `dir/config.json` (where there is one) against `shape`.
+pub(super) fn check(shape: &LlamaConfig, dir: &Path) -> Result<(), String> {
+    let Some((file, json)) = read(dir)? else {
+        return Ok(());
+    };
+    let at = |why: String| format!("{}: {why}", file.display());
     let kind = json["model_type"].as_str().unwrap_or("llama");
     if !ARCHITECTURES.contains(&kind) {
         return Err(at(format!(
@@ -222,6 +268,17 @@ mod tests {
                 .unwrap_err()
                 .contains("attention_bias")
         );
+        // What the file gives, as settings: the shape's own values back.
+        with("model_type", "llama".into()).unwrap();
+        let sets = settings(&dir).unwrap();
+        for want in [
+            format!("model.width={}", shape.width),
+            format!("model.kv_heads={}", shape.kv_heads),
+            format!("model.rope_theta={:?}", shape.rope_theta),
+            format!("model.tie_head={}", shape.tie_head),
+        ] {
+            assert!(sets.contains(&want), "{want} in {sets:?}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
