@@ -2,7 +2,8 @@
 //! the process with the run's `error.json` and status 1, not Rust's abort
 //! (status 134, "memory allocation of N bytes failed", nothing written).
 //! The test runs itself again as a child that arms the hook for a folder
-//! and asks for 64 TiB; the parent reads what the child left.
+//! and asks for 1 EiB (more than x86-64's 128 TiB of address space, so no
+//! overcommit setting grants it); the parent reads what the child left.
 
 use std::process::Command;
 
@@ -15,9 +16,9 @@ const CHILD: &str = "VRAMFIT_TEST_ALLOCATION_FAILURE_DIR";
 fn a_failed_allocation_in_a_run_writes_error_json_and_exits_with_1() {
     if let Ok(dir) = std::env::var(CHILD) {
         let _armed = vramfit::run::allocation_failure::arm(dir.into());
-        let v: Vec<u8> = Vec::with_capacity(1 << 46);
+        let v: Vec<u8> = Vec::with_capacity(1 << 60);
         std::hint::black_box(&v);
-        unreachable!("64 TiB were allocated");
+        unreachable!("1 EiB was allocated");
     }
     let dir = std::env::temp_dir().join(format!("vramfit-allocation-failure-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -33,10 +34,10 @@ fn a_failed_allocation_in_a_run_writes_error_json_and_exits_with_1() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("a memory allocation of 64.0 TiB failed"), "{stderr}");
+    assert!(stderr.contains("a memory allocation of 1048576.0 TiB failed"), "{stderr}");
     let error: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("error.json")).unwrap()).unwrap();
     assert_eq!(error["kind"], "allocation_failed");
-    assert_eq!(error["bytes"], 1u64 << 46);
+    assert_eq!(error["bytes"], 1u64 << 60);
     assert!(
         error["error"]
             .as_str()
