@@ -34,7 +34,10 @@ fn a_failed_allocation_in_a_run_writes_error_json_and_exits_with_1() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("a memory allocation of 1048576.0 TiB failed"), "{stderr}");
+    assert!(
+        stderr.contains("a memory allocation of 1048576.0 TiB failed"),
+        "{stderr}"
+    );
     let error: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("error.json")).unwrap()).unwrap();
     assert_eq!(error["kind"], "allocation_failed");
     assert_eq!(error["bytes"], 1u64 << 60);
