@@ -810,9 +810,11 @@ impl crate::family::ModelSettings for LlamaConfig {
             // A block keeps some ten widths and four hidden widths a
             // position, the scores twice a head; the logits thrice.
             activations_per_sample: d * (t * (10.0 * w + 4.0 * f) + scores) + 3.0 * t * v,
+            // The logits exist whole only without the chunked loss (a chunk's
+            // are a fixed, small tensor then).
             largest_per_sample: crate::config::largest(&[
                 (scores / 2.0, "a block's attention scores"),
-                (t * v, "the logits"),
+                (if self.loss_chunk == 0 { t * v } else { 0.0 }, "the logits"),
                 (t * f, "the MLP's hidden activations"),
             ]),
             task: task.topics as f64 * v,

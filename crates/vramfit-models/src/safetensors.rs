@@ -219,6 +219,25 @@ pub const SAMPLED: u64 = 256;
 /// What a sharded checkpoint's index maps: tensor name to shard path.
 type WeightMap = BTreeMap<String, PathBuf>;
 
+/// The folder a checkpoint in `dir` may resolve its files into: `dir`
+/// itself, or, for a snapshot in Hugging Face's cache
+/// (`models--ORG--NAME/snapshots/REV`, whose files are links to
+/// `../../blobs/SHA`), the model's cache folder `models--ORG--NAME`: links
+/// into its `blobs/` are the cache's own, a link anywhere else is refused.
+pub fn confined_to(dir: &Path) -> PathBuf {
+    let snapshot = dir.parent().filter(|p| p.file_name().is_some_and(|n| n == "snapshots"));
+    match snapshot.and_then(Path::parent) {
+        Some(repo)
+            if repo
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("models--")) =>
+        {
+            repo.to_path_buf()
+        }
+        _ => dir.to_path_buf(),
+    }
+}
+
 /// A sharded checkpoint's index file and what it maps.
 type Index = (PathBuf, WeightMap);
 
@@ -236,13 +255,13 @@ fn files_of(path: &Path) -> Result<(Vec<PathBuf>, Option<Index>), String> {
     }
     let single = path.join(SINGLE);
     if single.exists() || single.is_symlink() {
-        let file = confine::inside(path, path, SINGLE, "the checkpoint's folder")
+        let file = confine::inside(&confined_to(path), path, SINGLE, "the checkpoint's folder")
             .map_err(|o| format!("{}: `{}` {}", path.display(), o.name, o.why))?;
         return Ok((vec![regular(&file)?], None));
     }
     let index = path.join(INDEX);
     if index.exists() || index.is_symlink() {
-        let index = confine::inside(path, path, INDEX, "the checkpoint's folder")
+        let index = confine::inside(&confined_to(path), path, INDEX, "the checkpoint's folder")
             .map_err(|o| format!("{}: `{}` {}", path.display(), o.name, o.why))?;
         let map = weight_map(path, &regular(&index)?)?;
         let mut shards: Vec<PathBuf> = map.values().cloned().collect();
@@ -264,7 +283,7 @@ fn files_of(path: &Path) -> Result<(Vec<PathBuf>, Option<Index>), String> {
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
         .filter(|n| n.ends_with(".safetensors"))
         .map(|n| {
-            let file = confine::inside(path, path, &n, "the checkpoint's folder")
+            let file = confine::inside(&confined_to(path), path, &n, "the checkpoint's folder")
                 .map_err(|o| format!("{}: `{}` {}", path.display(), o.name, o.why))?;
             regular(&file)
         })
@@ -313,7 +332,7 @@ fn weight_map(dir: &Path, index: &Path) -> Result<WeightMap, String> {
         let shard = shard
             .as_str()
             .ok_or_else(|| at(format!("`weight_map`'s entry for `{name}` is {shard}, not a file name")))?;
-        let file = confine::inside(dir, dir, shard, "the checkpoint's folder").map_err(|o| {
+        let file = confine::inside(&confined_to(dir), dir, shard, "the checkpoint's folder").map_err(|o| {
             at(format!(
                 "tensor `{name}`'s shard `{}` {}: an index may name only files inside its own folder ({})",
                 o.name,

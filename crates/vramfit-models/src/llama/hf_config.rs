@@ -26,8 +26,13 @@ fn read(dir: &Path) -> Result<Option<(std::path::PathBuf, Value)>, String> {
         return Ok(None);
     }
     let at = |why: String| format!("{}: {why}", file.display());
-    let file =
-        vramfit::files::confine::inside(dir, dir, "config.json", "the checkpoint's folder").map_err(|o| at(o.why))?;
+    let file = vramfit::files::confine::inside(
+        &crate::safetensors::confined_to(dir),
+        dir,
+        "config.json",
+        "the checkpoint's folder",
+    )
+    .map_err(|o| at(o.why))?;
     let text = vramfit::files::read::read_at_most(&file, vramfit::files::read::Links::Follow, 1 << 20)
         .map_err(|e| at(e.to_string()))?;
     let json: Value = serde_json::from_slice(&text).map_err(|e| at(format!("not JSON: {e}")))?;
@@ -59,6 +64,13 @@ pub fn settings(dir: &Path) -> Result<Vec<String>, String> {
             out.push(format!("{set}={v}"));
         }
     }
+    // Attention limited to a window (Mistral v0.1's 4,096 tokens) is full
+    // attention up to that length: the context stops there.
+    if let Some(window) = sliding_window(&json) {
+        let most = json["max_position_embeddings"].as_u64().unwrap_or(window);
+        out.retain(|s| !s.starts_with("model.context="));
+        out.push(format!("model.context={}", most.min(window)));
+    }
     if let Some(kv) = json["num_key_value_heads"].as_u64().or(heads) {
         out.push(format!("model.kv_heads={kv}"));
     }
@@ -77,6 +89,13 @@ pub fn settings(dir: &Path) -> Result<Vec<String>, String> {
         qwen2 || json["attention_bias"].as_bool().unwrap_or(false)
     ));
     Ok(out)
+}
+
+/// The attention window the checkpoint trained with, where it limits
+/// attention (`sliding_window` set and `use_sliding_window` not false).
+fn sliding_window(json: &Value) -> Option<u64> {
+    let window = json["sliding_window"].as_u64()?;
+    (json["use_sliding_window"].as_bool() != Some(false)).then_some(window)
 }
 
 /// Checks `dir/config.json` (where there is one) against `shape`.
@@ -175,6 +194,15 @@ pub(super) fn check(shape: &LlamaConfig, dir: &Path) -> Result<(), String> {
             &shape.norm_eps.to_string(),
         ));
     }
+    if let Some(window) = sliding_window(&json)
+        && (shape.context as u64) > window
+    {
+        return Err(at(format!(
+            "`sliding_window` is {window}: its attention sees at most {window} tokens, and vramfit's attention \
+             is full; this run's model.context is {}: give --set model.context={window} (or less)",
+            shape.context
+        )));
+    }
     let boolean = |key: &str, default: bool| -> Result<bool, String> {
         match &json[key] {
             Value::Null => Ok(default),
@@ -268,6 +296,21 @@ mod tests {
                 .unwrap_err()
                 .contains("attention_bias")
         );
+        // A sliding window shorter than the context: refused, and as
+        // settings the context stops at the window (Qwen2's, switched off,
+        // is not one).
+        let e = with("sliding_window", (shape.context as u64 / 2).into()).unwrap_err();
+        assert!(e.contains("sliding_window") && e.contains("model.context="), "{e}");
+        let sets = settings(&dir).unwrap();
+        assert!(
+            sets.contains(&format!("model.context={}", shape.context / 2)),
+            "{sets:?}"
+        );
+        let mut off = agreeing.clone();
+        off["sliding_window"] = 4.into();
+        off["use_sliding_window"] = false.into();
+        std::fs::write(dir.join("config.json"), off.to_string()).unwrap();
+        check(&shape, &dir).unwrap();
         // What the file gives, as settings: the shape's own values back.
         with("model_type", "llama".into()).unwrap();
         let sets = settings(&dir).unwrap();

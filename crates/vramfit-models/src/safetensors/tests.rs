@@ -146,6 +146,25 @@ fn an_index_names_only_its_own_shards_and_agrees_with_them() {
     let _ = std::fs::remove_dir_all(&base);
 }
 
+/// Hugging Face's cache keeps a snapshot's files as links into the model's
+/// `blobs/`: read; a link out of the model's cache folder: refused.
+#[test]
+fn a_snapshot_in_the_hugging_face_cache_is_read() {
+    let base = scratch("hf-cache");
+    let repo = base.join("models--org--tiny");
+    let snapshot = repo.join("snapshots/abc123");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    write_two(&repo.join("blobs/sha256-0"));
+    std::os::unix::fs::symlink("../../blobs/sha256-0", snapshot.join(SINGLE)).unwrap();
+    assert_eq!(Checkpoint::open(&snapshot).unwrap().names().count(), 2);
+    write_two(&base.join("elsewhere.safetensors"));
+    std::fs::remove_file(snapshot.join(SINGLE)).unwrap();
+    std::os::unix::fs::symlink(base.join("elsewhere.safetensors"), snapshot.join(SINGLE)).unwrap();
+    assert!(Checkpoint::open(&snapshot).unwrap_err().contains("outside"));
+    let _ = std::fs::remove_dir_all(&base);
+}
+
 #[test]
 fn a_value_that_is_not_finite_is_the_files_fault() {
     let d = scratch("nan");

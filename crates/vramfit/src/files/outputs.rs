@@ -47,18 +47,37 @@ pub fn onto_input(output: &Path, inputs: &[Input<'_>]) -> Option<String> {
     None
 }
 
-/// `path` with links and `..` resolved, also where the file itself does
-/// not exist yet (its folder resolved, its name kept).
+/// `path` with links and `..` resolved, also where it does not exist yet:
+/// its nearest existing ancestor resolved, the missing rest appended
+/// (`..` in the missing rest taken lexically). `ckpt/runs/r1` with no
+/// `ckpt/runs` yet is still inside `ckpt`.
 fn resolved(path: &Path) -> Option<PathBuf> {
-    if let Ok(p) = std::fs::canonicalize(path) {
-        return Some(p);
+    use std::path::Component;
+    let absolute = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir().ok()?.join(path)
+    };
+    let mut existing = absolute.as_path();
+    let mut missing = Vec::new();
+    let base = loop {
+        if let Ok(p) = std::fs::canonicalize(existing) {
+            break p;
+        }
+        missing.push(existing.file_name()?.to_owned());
+        existing = existing.parent()?;
+    };
+    let mut out = base;
+    for part in missing.iter().rev() {
+        match Path::new(part).components().next() {
+            Some(Component::ParentDir) => {
+                out.pop();
+            }
+            Some(Component::CurDir) | None => {}
+            _ => out.push(part),
+        }
     }
-    let name = path.file_name()?;
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    Some(std::fs::canonicalize(dir).ok()?.join(name))
+    Some(out)
 }
 
 /// Refuses a file its owner made read-only (no write bit for anyone): the
@@ -191,6 +210,8 @@ mod tests {
         let e = onto_input(&ckpt.join("model.safetensors"), &inputs).unwrap();
         assert!(e.contains("--weights") && e.contains("never writes over"), "{e}");
         assert!(onto_input(&ckpt.join("new.json"), &inputs).unwrap().contains("inside"));
+        // Two levels that do not exist yet are still inside.
+        assert!(onto_input(&ckpt.join("runs/r1"), &inputs).unwrap().contains("inside"));
         assert!(onto_input(&ckpt.join("../ckpt/x.json"), &inputs).is_some());
         assert!(onto_input(&p.join("link.json"), &inputs).is_some());
         assert!(

@@ -35,8 +35,8 @@ pub fn open(path: &Path, links: Links) -> io::Result<File> {
                 io::Error::new(
                     e.kind(),
                     format!(
-                        "{}: permission denied: this user may not read it; make it readable (chmod u+r) or run as \
-                         its owner",
+                        "{}: permission denied: this user may not read it, or may not enter a folder above it; \
+                         make them readable (chmod u+r, and u+x on the folders) or run as their owner",
                         path.display()
                     ),
                 )

@@ -66,7 +66,16 @@ fn cgroup_room() -> Option<u64> {
         .ok()
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0);
-    Some(max.saturating_sub(used))
+    // The page cache it can reclaim is not used memory (kubelet's working
+    // set): a checkpoint just read fills `memory.current` with it.
+    let reclaimable: u64 = std::fs::read_to_string(dir.join("memory.stat"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("inactive_file ").and_then(|v| v.trim().parse().ok()))
+        })
+        .unwrap_or(0);
+    Some(max.saturating_sub(used.saturating_sub(reclaimable)))
 }
 
 fn kib(text: &str, key: &str) -> Option<u64> {

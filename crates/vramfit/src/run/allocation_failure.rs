@@ -62,12 +62,18 @@ fn refused(bytes: usize) {
         let _ = crate::files::outputs::no_link_below(dir, &path)
             .and_then(|()| super::atomic_write(&path, body.to_string().as_bytes()));
     }
-    eprintln!(
-        "error: {why}{}",
-        dir.map_or(String::new(), |d| format!(
-            " (written to {})",
-            d.join("error.json").display()
-        ))
+    // Not `eprintln!`: it panics when stderr is gone, and this runs inside
+    // the allocator, where unwinding is undefined behaviour.
+    let _ = std::io::Write::write_all(
+        &mut std::io::stderr(),
+        format!(
+            "error: {why}{}\n",
+            dir.map_or(String::new(), |d| format!(
+                " (written to {})",
+                d.join("error.json").display()
+            ))
+        )
+        .as_bytes(),
     );
     std::process::exit(1);
 }
