@@ -442,9 +442,25 @@ fn set_paths(set: &[String], keys: &[&str]) -> Vec<(String, PathBuf)> {
         .collect()
 }
 
+/// The value of `table.key` in the TOML file `config` (a path it names),
+/// where it reads and holds one.
+fn config_path(config: &Path, table: &str, key: &str) -> Option<PathBuf> {
+    let text = vramfit::files::read::read_text(config, vramfit::files::read::Links::Follow).ok()?;
+    let value: toml::Value = toml::from_str(&text).ok()?;
+    let v = if table.is_empty() {
+        value.get(key)?
+    } else {
+        value.get(table)?.get(key)?
+    };
+    v.as_str().filter(|s| !s.is_empty()).map(PathBuf::from)
+}
+
 impl Inputs for TrainSettings {
     fn inputs(&self) -> Vec<(String, PathBuf)> {
         let mut out = set_paths(&self.set, &["model.weights"]);
+        if let Some(p) = self.config.as_deref().and_then(|c| config_path(c, "model", "weights")) {
+            out.push(("--config's model.weights".into(), p));
+        }
         out.extend(self.config.clone().map(|p| ("--config".into(), p)));
         out.extend(self.weights.clone().map(|p| ("--weights".into(), p)));
         out

@@ -127,6 +127,22 @@ fn no_output_over_an_input_or_a_read_only_file() {
         d,
     );
     refused_saying(&o, "does not write into its inputs");
+    // The checkpoint named inside a --config file is an input too.
+    std::fs::write(d.join("w.toml"), b"[model]\nweights = \"ckpt\"\n").unwrap();
+    let o = run(
+        &[
+            "plan",
+            "llm",
+            "--config",
+            "w.toml",
+            "--budget",
+            "64MiB",
+            "--json",
+            "ckpt/p.json",
+        ],
+        d,
+    );
+    refused_saying(&o, "--config's model.weights");
     std::fs::write(d.join("c.toml"), b"steps = 4\n").unwrap();
     let o = run(
         &[
