@@ -565,6 +565,25 @@ pub fn checkpoints_newest_first(dir: &Path) -> Vec<PathBuf> {
 
 #[cfg(test)]
 mod tests {
+    /// The writability probe a command makes before its work is made new:
+    /// a link planted under its name is removed, its target not truncated.
+    #[test]
+    fn the_write_probe_does_not_follow_a_planted_link() {
+        let tmp = std::env::temp_dir().join(format!("vramfit-dir-probe-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).unwrap();
+        let victim = tmp.join("victim");
+        std::fs::write(&victim, b"keep me").unwrap();
+        let planted = tmp.join(format!(".vramfit-write-probe-{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        assert_eq!(
+            super::output_folder_problem(&tmp.join("out.png"), "nothing was run"),
+            None
+        );
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+
     use super::*;
     use crate::run::atomic::tests::{names, with_disk_left};
 
