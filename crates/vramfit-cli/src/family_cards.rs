@@ -38,8 +38,9 @@ const RESTS_ON: &str = "the plan's first steps run on this machine's CPU with Bu
 /// the fused attention replay equal to the byte; against an H200's 26
 /// recorded f32 steps, -2.52 … +5.72 %, docs/results/cards.md.)
 pub(crate) fn untraceable(k: &Knobs) -> Option<&'static str> {
-    if k.precision.name() != "f32" || k.low_storage > 0 || k.low_moments {
-        Some("16-bit tensors (the trace is checked against a device in f32 only)")
+    let small_base = k.base.is_some_and(|b| b != vramfit::frozen::BaseStorage::F32);
+    if k.precision.name() != "f32" || k.low_storage > 0 || k.low_moments || small_base {
+        Some("16-bit or quantized tensors (the trace is checked against a device in f32 only)")
     } else if k.ranks > 1 {
         Some("several ranks")
     } else {

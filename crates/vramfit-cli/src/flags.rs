@@ -62,7 +62,9 @@ pub struct TrainSettings {
     #[arg(long, value_name = "MODE")]
     train: Option<String>,
     /// The llm under LoRA: how the frozen base is stored, f32 (default),
-    /// bf16, f16, nf4 or int8 (quantized in blocks of 64). The key `model.base`.
+    /// bf16, f16, nf4 or int8 (quantized in blocks of 64), or search: the
+    /// planner (plan, train --budget) chooses among f32, 16 bits and NF4,
+    /// lowering it only where nothing fits. The key `model.base`.
     #[arg(long, value_name = "TYPE")]
     base: Option<String>,
     /// The llm: start from a safetensors checkpoint in the Hugging Face

@@ -159,121 +159,29 @@ impl Show for Calibration {
     const PROBES: &'static str = "one short run per knob";
 
     fn print_probes(&self) {
-        println!(
-            "{} probes of {PROBE_STEPS} steps in {:.1} s at batch {} (peaks: the figure that decides an out-of-memory \
-             here)",
-            self.probes.len() + self.checks.len(),
-            self.seconds,
-            self.probe_batch
-        );
-        println!(
-            "  {:<30} {:<48} {:>10} {:>10} {:>9}",
-            "probe", "knobs", "measured", "model", "step ms"
-        );
-        for r in self.probes.iter().chain(&self.checks) {
-            println!(
-                "  {:<30} {:<48} {:>10} {:>10} {:>9.1}",
-                r.name,
-                r.knobs.describe(r.batch),
-                human_bytes(r.measured.peak_bytes),
-                human_bytes(r.predicted_peak as u64),
-                r.measured.step_ms
-            );
+        if self.lower_bases.is_empty() {
+            return print_probes_at_base(self);
         }
-        println!(
-            "model error on the combinations it was not fitted on: peak ±{:.1} % (at most {:.1} % under), time \
-             ±{:.1} %; safety margin {:.0} %{}",
-            self.peak_error * 100.0,
-            self.shortfall * 100.0,
-            self.time_error * 100.0,
-            self.margin() * 100.0,
-            if self.model.page_bytes > 1 {
-                format!(
-                    "; the allocator reserves whole pages of {}",
-                    human_bytes(self.model.page_bytes)
-                )
-            } else {
-                String::new()
-            }
-        );
-        if let Some(slice) = &self.slice {
-            let d = &slice.deeper.measured;
+        for cal in self.bases() {
             println!(
-                "the probes ran on a {}-block slice of the {}-block model; {} blocks deep, a plain step measured \
-                 {} ({:.1} ms): each block adds {} to the step outside the samples, {} to the other phases and \
-                 {:.1} ms. Every plan's peak and time is extrapolated to {} blocks, not measured; scaled by \
-                 arithmetic: {}",
-                slice.blocks,
-                slice.depth,
-                slice.deeper.knobs.checkpointed.len(),
-                human_bytes(d.peak_bytes),
-                d.step_ms,
-                human_bytes(slice.per_block_fixed_bytes.max(0.0) as u64),
-                human_bytes(slice.per_block_rest_bytes.max(0.0) as u64),
-                slice.per_block_ms,
-                slice.depth,
-                slice.scaled.join("; ")
+                "\nthe frozen base stored in {} (one calibration a base; lowered only where nothing fits at the one \
+                 before):",
+                cal.base.map_or("", |b| b.name())
             );
-            if slice.deeper_checkpointed.is_some() {
-                println!(
-                    "from the two depths' plain and checkpointed steps: a block keeps {} a sample, and the head \
-                     holds {} a sample at the forward's end",
-                    human_bytes(slice.per_block_activation_bytes.max(0.0) as u64),
-                    human_bytes(slice.head_bytes.max(0.0) as u64)
-                );
-            }
-        }
-        if let Some(law) = &self.tokens {
-            let [t0, t1] = law.probed;
-            println!(
-                "the probes ran at {t0} tokens a sample and, plain, at {t1}: every plan's peak and time is \
-                 extrapolated to {} tokens, not measured; scaled: {}{}",
-                law.tokens,
-                law.scaled.join("; "),
-                law.check_error.map_or(String::new(), |e| format!(
-                    "; the law's check, every block checkpointed at {t1} tokens: predicted {:+.2} % off the \
-                     measured forward/backward peak",
-                    e * 100.0
-                ))
-            );
-        }
-        // The attention's share of a block's activations: what fusing it
-        // removed, from the two fits (each from its own probes).
-        if let Some(f) = &self.model.fused_attention {
-            let (plain, fused) = (self.model.block.activations, f.block.activations);
-            println!(
-                "a block keeps {} a sample with the standard attention, {} with it fused: the attention's scores \
-                 are {:.0} % of a block's activations (from the probes' fits)",
-                human_bytes(plain.max(0.0) as u64),
-                human_bytes(fused.max(0.0) as u64),
-                (1.0 - fused / plain.max(1.0)).clamp(0.0, 1.0) * 100.0
-            );
+            print_probes_at_base(cal);
         }
     }
 
     fn accuracy(&self) -> String {
-        let mut from = String::new();
-        if self.slice.is_some() {
-            from.push_str(
-                " of the probed slice; from a 2-block slice to the whole depth, six plans' forward/backward peaks \
-                 were measured within 0.4 % on TinyLlama-1.1B LoRA, from 3.0 % under on a 1024×24 full \
-                 fine-tune (docs/results/llm.md)",
-            );
-        }
-        if let Some(law) = &self.tokens {
-            from.push_str(&format!(
-                "; at {} tokens, extrapolated to {} (the law's check at {}: {:+.1} %)",
-                law.probed[0],
-                law.tokens,
-                law.probed[1],
-                law.check_error.unwrap_or(f64::NAN) * 100.0
-            ));
-        }
-        format!(
-            "model error on unseen combinations ±{:.1} %{from}; margin {:.0} %",
-            self.peak_error * 100.0,
-            self.margin() * 100.0
-        )
+        self.bases()
+            .map(|cal| match cal.base {
+                Some(base) if !self.lower_bases.is_empty() => {
+                    format!("base {}: {}", base.name(), accuracy_at_base(cal))
+                }
+                _ => accuracy_at_base(cal),
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
     }
 
     fn for_cards(&self) -> Option<(Self, &'static str)> {
@@ -618,4 +526,124 @@ pub fn print_card_rows(rows: &[vramfit_scene::gpu::plan::CardRow], device: &str)
             println!("      {why}");
         }
     }
+}
+
+/// The probes' table of one base's calibration.
+fn print_probes_at_base(cal: &Calibration) {
+    println!(
+        "{} probes of {PROBE_STEPS} steps in {:.1} s at batch {} (peaks: the figure that decides an out-of-memory \
+         here)",
+        cal.probes.len() + cal.checks.len(),
+        cal.seconds,
+        cal.probe_batch
+    );
+    println!(
+        "  {:<30} {:<48} {:>10} {:>10} {:>9}",
+        "probe", "knobs", "measured", "model", "step ms"
+    );
+    for r in cal.probes.iter().chain(&cal.checks) {
+        println!(
+            "  {:<30} {:<48} {:>10} {:>10} {:>9.1}",
+            r.name,
+            r.knobs.describe(r.batch),
+            human_bytes(r.measured.peak_bytes),
+            human_bytes(r.predicted_peak as u64),
+            r.measured.step_ms
+        );
+    }
+    println!(
+        "model error on the combinations it was not fitted on: peak ±{:.1} % (at most {:.1} % under), time \
+         ±{:.1} %; safety margin {:.0} %{}",
+        cal.peak_error * 100.0,
+        cal.shortfall * 100.0,
+        cal.time_error * 100.0,
+        cal.own_margin() * 100.0,
+        if cal.model.page_bytes > 1 {
+            format!(
+                "; the allocator reserves whole pages of {}",
+                human_bytes(cal.model.page_bytes)
+            )
+        } else {
+            String::new()
+        }
+    );
+    if let Some(slice) = &cal.slice {
+        let d = &slice.deeper.measured;
+        println!(
+            "the probes ran on a {}-block slice of the {}-block model; {} blocks deep, a plain step measured \
+             {} ({:.1} ms): each block adds {} to the step outside the samples, {} to the other phases and \
+             {:.1} ms. Every plan's peak and time is extrapolated to {} blocks, not measured; scaled by \
+             arithmetic: {}",
+            slice.blocks,
+            slice.depth,
+            slice.deeper.knobs.checkpointed.len(),
+            human_bytes(d.peak_bytes),
+            d.step_ms,
+            human_bytes(slice.per_block_fixed_bytes.max(0.0) as u64),
+            human_bytes(slice.per_block_rest_bytes.max(0.0) as u64),
+            slice.per_block_ms,
+            slice.depth,
+            slice.scaled.join("; ")
+        );
+        if slice.deeper_checkpointed.is_some() {
+            println!(
+                "from the two depths' plain and checkpointed steps: a block keeps {} a sample, and the head \
+                 holds {} a sample at the forward's end",
+                human_bytes(slice.per_block_activation_bytes.max(0.0) as u64),
+                human_bytes(slice.head_bytes.max(0.0) as u64)
+            );
+        }
+    }
+    if let Some(law) = &cal.tokens {
+        let [t0, t1] = law.probed;
+        println!(
+            "the probes ran at {t0} tokens a sample and, plain, at {t1}: every plan's peak and time is \
+             extrapolated to {} tokens, not measured; scaled: {}{}",
+            law.tokens,
+            law.scaled.join("; "),
+            law.check_error.map_or(String::new(), |e| format!(
+                "; the law's check, every block checkpointed at {t1} tokens: predicted {:+.2} % off the \
+                 measured forward/backward peak",
+                e * 100.0
+            ))
+        );
+    }
+    // The attention's share of a block's activations: what fusing it
+    // removed, from the two fits (each from its own probes).
+    if let Some(f) = &cal.model.fused_attention {
+        let (plain, fused) = (cal.model.block.activations, f.block.activations);
+        println!(
+            "a block keeps {} a sample with the standard attention, {} with it fused: the attention's scores \
+             are {:.0} % of a block's activations (from the probes' fits)",
+            human_bytes(plain.max(0.0) as u64),
+            human_bytes(fused.max(0.0) as u64),
+            (1.0 - fused / plain.max(1.0)).clamp(0.0, 1.0) * 100.0
+        );
+    }
+}
+
+/// How exact one base's calibration is, in words.
+fn accuracy_at_base(cal: &Calibration) -> String {
+    let mut from = String::new();
+    if cal.slice.is_some() {
+        from.push_str(
+            " of the probed slice; from a 2-block slice to the whole depth, six plans' forward/backward peaks \
+             were measured within 0.4 % on TinyLlama-1.1B LoRA, from 3.0 % under on a 1024×24 full \
+             fine-tune (docs/results/llm.md)",
+        );
+    }
+    if let Some(law) = &cal.tokens {
+        from.push_str(&format!(
+            "; at {} tokens, extrapolated to {} (the law's check at {}: {:+.1} %)",
+            law.probed[0],
+            law.tokens,
+            law.probed[1],
+            law.check_error.unwrap_or(f64::NAN) * 100.0
+        ));
+    }
+    format!(
+        "model error on unseen combinations ±{:.1} %{from}; margin {:.0} %",
+        cal.peak_error * 100.0,
+        cal.own_margin() * 100.0
+    )
 }

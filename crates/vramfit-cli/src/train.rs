@@ -235,7 +235,8 @@ fn split_over_ranks<F: Family<D>, const D: usize>(config: &mut FamilyConfig<F>) 
             return;
         }
         println!(
-            "note: the batch of {batch} is split over the {ranks} ranks: {ranks} micro-batches of {}, one a rank              (--micro-batch {} --accumulate {ranks})",
+            "note: the batch of {batch} is split over the {ranks} ranks: {ranks} micro-batches of {}, one a rank \
+             (--micro-batch {} --accumulate {ranks})",
             batch / ranks,
             batch / ranks
         );

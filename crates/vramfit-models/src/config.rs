@@ -126,6 +126,20 @@ pub trait ModelSettings:
         self
     }
 
+    /// The frozen base's storages the planner is asked to choose among,
+    /// best quality first, before the device's support is known (empty:
+    /// the settings fix it, or nothing is frozen;
+    /// [`vramfit::plan::Space::bases`]).
+    fn bases_to_search(&self) -> Vec<vramfit::frozen::BaseStorage> {
+        Vec::new()
+    }
+
+    /// The model with its frozen base stored as `base` (a model without
+    /// one is returned as it is).
+    fn with_base(self, _base: vramfit::frozen::BaseStorage) -> Self {
+        self
+    }
+
     /// The model of a published shape (`--shape NAME`); the error lists
     /// the known ones, or says the family has none.
     fn named(name: &str) -> Result<Self, ConfigError> {

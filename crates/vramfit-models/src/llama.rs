@@ -39,6 +39,9 @@ use weights::Weights;
 /// Tokens the planner probes a long run at by default.
 pub const PROBE_TOKENS: usize = 128;
 
+/// `model.base` that lets the planner choose the frozen base's storage.
+pub const SEARCH_BASE: &str = "search";
+
 /// A training run of the family.
 pub type LlmConfig = crate::config::FamilyConfig<LlamaConfig>;
 
@@ -86,7 +89,9 @@ pub struct LlamaConfig {
     /// in it (quantized: blocks of 64 with a scale each), the embedding and
     /// head in its 16-bit type (bf16 for the quantized ones, f16 on a
     /// device without bf16), norms and biases in it or, quantized, in f32.
-    /// Empty: f32, or nf4 under `qlora:RANK`.
+    /// Empty: f32, or nf4 under `qlora:RANK`. `search` ([`SEARCH_BASE`]):
+    /// the planner chooses among f32, 16 bits and NF4, lowering it only
+    /// where nothing fits at the one before.
     pub base: String,
     /// A safetensors checkpoint in the Hugging Face layout (a directory
     /// holding `model.safetensors` or its index and shards, or one file)
@@ -429,7 +434,8 @@ impl LlamaConfig {
     }
 
     /// How the frozen base is stored: `base`, or NF4 under `qlora:RANK`
-    /// (checked by `validate`: an unknown name reads as f32 here).
+    /// (checked by `validate`: an unknown name, and `search` before the
+    /// planner has chosen, read as f32 here).
     pub fn base_storage(&self) -> BaseStorage {
         match BaseStorage::parse(&self.base) {
             Some(storage) => storage,
@@ -442,9 +448,23 @@ impl LlamaConfig {
     fn check_base(&self) -> Result<(), ConfigError> {
         let bad = |why: String| Err(invalid("model.base", why));
         let names: Vec<&str> = BaseStorage::ALL.iter().map(|s| s.name()).collect();
+        if self.base == SEARCH_BASE {
+            return match self.training()? {
+                Training::Lora { .. } if !self.train.starts_with("qlora:") => Ok(()),
+                Training::Lora { .. } => bad(format!(
+                    "qlora stores the base in nf4; for the planner to choose the base's storage give lora:RANK with \
+                     model.base={SEARCH_BASE}"
+                )),
+                Training::All | Training::Frozen(_) => bad(format!(
+                    "model.base={SEARCH_BASE} lets the planner choose how the frozen base is stored, and `{}` does \
+                     not freeze the base: give --train lora:RANK",
+                    self.train
+                )),
+            };
+        }
         if !self.base.is_empty() && BaseStorage::parse(&self.base).is_none() {
             return bad(format!(
-                "`{}` is not a storage type: give one of {}",
+                "`{}` is not a storage type: give one of {}, or {SEARCH_BASE} (the planner chooses)",
                 self.base,
                 names.join(", ")
             ));
@@ -464,7 +484,8 @@ impl LlamaConfig {
             Training::Lora { .. } => {}
             Training::All | Training::Frozen(_) => {
                 return bad(format!(
-                    "a {} base stores frozen weights, and `{}` does not freeze the base: give --train lora:RANK (or                      qlora:RANK), which freezes it and trains adapters",
+                    "a {} base stores frozen weights, and `{}` does not freeze the base: give --train lora:RANK (or \
+                     qlora:RANK), which freezes it and trains adapters",
                     storage.name(),
                     self.train
                 ));
@@ -480,7 +501,8 @@ impl LlamaConfig {
             ] {
                 if !count.is_multiple_of(vramfit::frozen::BLOCK) {
                     return bad(format!(
-                        "{name} hold {count} weights, not a whole number of {}'s blocks of {}: store the base in bf16                          (model.base=bf16) or choose widths whose products are multiples of {}",
+                        "{name} hold {count} weights, not a whole number of {}'s blocks of {}: store the base in bf16 \
+                         (model.base=bf16) or choose widths whose products are multiples of {}",
                         format_name(format),
                         vramfit::frozen::BLOCK,
                         vramfit::frozen::BLOCK
@@ -757,6 +779,27 @@ impl crate::family::ModelSettings for LlamaConfig {
 
     fn with_attention(self, attention: Attention) -> Self {
         Self { attention, ..self }
+    }
+
+    /// Under `search`: f32, the two 16-bit types (the device keeps the
+    /// first it has) and NF4 where the matrices are whole blocks of 64.
+    /// Not int8: it saves less than a 16-bit base's half again, and
+    /// QLoRA's practice is NF4 (int8 stays a setting).
+    fn bases_to_search(&self) -> Vec<BaseStorage> {
+        if self.base != SEARCH_BASE {
+            return Vec::new();
+        }
+        [BaseStorage::F32, BaseStorage::Bf16, BaseStorage::F16, BaseStorage::Nf4]
+            .into_iter()
+            .filter(|&b| self.clone().with_base(b).check_base().is_ok())
+            .collect()
+    }
+
+    fn with_base(self, base: BaseStorage) -> Self {
+        Self {
+            base: base.name().into(),
+            ..self
+        }
     }
 
     fn blocks(&self) -> usize {

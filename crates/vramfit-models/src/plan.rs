@@ -6,6 +6,7 @@
 
 use burn::tensor::DType;
 use burn::tensor::backend::AutodiffBackend;
+use vramfit::frozen::BaseStorage;
 use vramfit::plan::{Calibration, Deep, Knobs, Measured, Plannable, Runnable, SIMULATED_OOM, Space, run_probe};
 use vramfit::precision::Precision;
 use vramfit::profile::DeviceMemory;
@@ -198,6 +199,15 @@ where
         .filter(|p| supported(DType::from(p.dtype())))
         .collect();
     let bf16 = supported(DType::BF16);
+    // The frozen base's storages the device can hold: f32, the first
+    // 16-bit type it has, the quantized ones (stored as integers, their
+    // tables in bf16, or f16 where there is no bf16).
+    let mut bases = base.model.bases_to_search();
+    let sixteen = bases
+        .iter()
+        .copied()
+        .find(|b| matches!(b, BaseStorage::Bf16 | BaseStorage::F16) && supported(DType::from(b.float())));
+    bases.retain(|b| !matches!(b, BaseStorage::Bf16 | BaseStorage::F16) || Some(*b) == sixteen);
     let model = base.model.init::<B>(base.seed, device)?;
     let groups = vramfit::trainer::parameter_groups(&model);
     let parameters = vramfit::plan::trainable_sizes(&model);
@@ -221,6 +231,7 @@ where
         block_shapes: base.model.block_shapes(&base.task),
         fused_attention,
         parameters,
+        bases,
     })
 }
 
@@ -229,7 +240,7 @@ where
 /// attention: where it does not, the base's attention stays).
 pub fn apply<M: ModelSettings>(base: &FamilyConfig<M>, knobs: &Knobs, batch: usize, space: &Space) -> FamilyConfig<M> {
     let groups = &space.storage_groups;
-    let model = if space.fused_attention.is_empty() {
+    let mut model = if space.fused_attention.is_empty() {
         base.model.clone()
     } else {
         base.model.clone().with_attention(if knobs.fused_attention {
@@ -238,6 +249,9 @@ pub fn apply<M: ModelSettings>(base: &FamilyConfig<M>, knobs: &Knobs, batch: usi
             vramfit::fused::Attention::Standard
         })
     };
+    if let Some(storage) = knobs.base {
+        model = model.with_base(storage);
+    }
     FamilyConfig {
         model,
         batch_size: batch,
@@ -272,6 +286,13 @@ where
 {
     fn space(&self) -> Space {
         self.space.clone()
+    }
+
+    /// The settings' base becomes `base` (the slices and shorter probes
+    /// made from them follow); the space no longer offers the choice.
+    fn at_base(&mut self, base: BaseStorage) {
+        self.base.model = self.base.model.clone().with_base(base);
+        self.space.bases.clear();
     }
 
     fn measure(&mut self, knobs: &Knobs, batch: usize) -> Result<Measured, ProbeError> {

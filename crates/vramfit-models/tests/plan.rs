@@ -479,3 +479,90 @@ fn every_knob_combination_runs_flex() {
 fn every_knob_combination_runs_wgpu() {
     every_knob_combination_runs::<vramfit::backends::Wgpu>();
 }
+
+/// `model.base = search`: the planner calibrates the frozen base in f32,
+/// in 16 bits and in NF4, and a budget gets the best base at which a plan
+/// fits, verified by measurement within it. A run with no plan is refused.
+fn the_frozen_base_is_searched<B>()
+where
+    B: AutodiffBackend,
+    B::InnerBackend: DeviceMemory,
+{
+    use vramfit::frozen::BaseStorage;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let mut llm = vramfit_models::llama::LlmConfig {
+        batch_size: 2,
+        ..Default::default()
+    };
+    let m = &mut llm.model;
+    // Weights that outweigh a short sequence's activations, whole blocks of 64.
+    (m.width, m.heads, m.kv_heads, m.ffn, m.depth, m.vocab, m.context) = (128, 4, 2, 256, 2, 128, 16);
+    (m.train, m.base) = ("lora:4".into(), vramfit_models::llama::SEARCH_BASE.into());
+    llm.task.tokens = 8;
+    let device = B::Device::default();
+    let e = vramfit_models::job::build::<B, _, 3>(llm.clone(), &device)
+        .err()
+        .expect("no plan: refused");
+    assert!(e.to_string().contains("--budget"), "{e}");
+    let mut target = FamilyTarget::<B, _, 3>::new(llm.clone(), &device).unwrap();
+    let sixteen = if B::supports_dtype(&device, burn::tensor::DType::BF16) {
+        BaseStorage::Bf16
+    } else {
+        BaseStorage::F16
+    };
+    assert_eq!(target.space().bases, [BaseStorage::F32, sixteen, BaseStorage::Nf4]);
+    let cal = calibrate(&mut target, None).unwrap();
+    let bases: Vec<_> = cal.bases().map(|c| c.base.unwrap()).collect();
+    assert_eq!(bases, [BaseStorage::F32, sixteen, BaseStorage::Nf4]);
+    // Each base's least budget (its leanest plan with its margin), lower as the base is.
+    let need: Vec<u64> = cal
+        .bases()
+        .map(|c| {
+            let lean = c.leanest_at_base();
+            eprintln!(
+                "base {:?}: leanest {} predicted {}",
+                c.base,
+                lean.setting.describe(llm.batch_size),
+                human_bytes(lean.peak_bytes)
+            );
+            (lean.peak_bytes as f64 * (1.0 + c.own_margin())).ceil() as u64 + (1 << 10)
+        })
+        .collect();
+    assert!(need[0] > need[1] && need[1] > need[2], "{need:?}");
+    for (budget, want) in [(need[0], 0), (need[1], 1), (need[2], 2)] {
+        let verified = vramfit::plan::verify(&cal, &mut target, budget).unwrap();
+        let (winner, measured) = (&verified.choice.plans[0], verified.measured);
+        eprintln!(
+            "budget {}: {} · predicted {} · measured {}",
+            human_bytes(budget),
+            winner.setting.describe(llm.batch_size),
+            human_bytes(winner.peak_bytes),
+            human_bytes(measured.peak_bytes)
+        );
+        // The best base that fits, or (verification having fallen back) a lower one.
+        let at = bases.iter().position(|b| Some(*b) == winner.setting.base).unwrap();
+        assert!(
+            at >= want,
+            "budget {budget}: {:?}, {}",
+            winner.setting.base,
+            verified.choice.why
+        );
+        let said = winner.quality.iter().any(|q| q.starts_with("frozen base"));
+        assert_eq!(said, at > 0, "{:?}", winner.quality);
+        assert!(measured.peak_bytes <= budget);
+        // The settings a plan gives store the base as it says.
+        let settings = apply(&llm, &winner.setting, llm.batch_size, &cal.space);
+        assert_eq!(settings.model.base, bases[at].name());
+    }
+}
+
+#[test]
+fn the_frozen_base_is_searched_flex() {
+    the_frozen_base_is_searched::<vramfit::backends::Flex>();
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn the_frozen_base_is_searched_wgpu() {
+    the_frozen_base_is_searched::<vramfit::backends::Wgpu>();
+}

@@ -468,6 +468,8 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         probe_batch: p,
         slice: None,
         tokens: None,
+        base: None,
+        lower_bases: Vec::new(),
     })
 }
 
@@ -527,6 +529,7 @@ mod tests {
                 block_shapes: Vec::new(),
                 fused_attention: vec![Precision::F32, Precision::Bf16],
                 parameters: Vec::new(),
+                bases: Vec::new(),
             }
         }
 

@@ -3,7 +3,7 @@
 //! recomputation that fits what is left, ranked by predicted step time.
 
 use super::chain::{least_peak, optimal};
-use super::{Calibration, Choice, Knobs, Plan, PlanError, Space, Strategy};
+use super::{Calibration, Choice, Knobs, Plan, PlanError, Space};
 use crate::profile::human_bytes;
 
 /// Predicted times this close are treated as equal (the probes' resolution).
@@ -43,6 +43,7 @@ impl Space {
                                     cleanup,
                                     fused_attention,
                                     ranks,
+                                    base: None,
                                 });
                             }
                         }
@@ -75,10 +76,21 @@ impl Calibration {
     /// probes and the sharding's arithmetic (derived; a run on the ranks
     /// measures it). `ranks = 1` is [`Strategy::choose`].
     pub fn choose_on_ranks(&self, budget: u64, ranks: usize) -> Result<Choice<Knobs>, PlanError> {
-        let margin = self.margin();
+        if self.lower_bases.is_empty() {
+            self.choose_at_base(budget, ranks)
+        } else {
+            self.choose_over_bases(budget, ranks)
+        }
+    }
+
+    /// [`Calibration::choose_on_ranks`] with the frozen base this
+    /// calibration's probes ran with.
+    pub(super) fn choose_at_base(&self, budget: u64, ranks: usize) -> Result<Choice<Knobs>, PlanError> {
+        let margin = self.own_margin();
         let usable = self.model.pages_down(budget as f64 / (1.0 + margin));
         let mut plans = Vec::new();
         for mut knobs in self.space.combinations(ranks) {
+            knobs.base = self.base;
             let chain = self.model.chain_for(&knobs);
             let (outside, scale, rest) = self.model.split(&knobs, self.space.batch);
             if outside > usable || rest > usable || scale <= 0.0 {
@@ -148,10 +160,24 @@ impl Calibration {
     /// The plan with the least predicted peak per rank on `ranks` ranks
     /// (none where they cannot share the batch).
     pub fn leanest_on(&self, ranks: usize) -> Option<Plan<Knobs>> {
+        self.bases()
+            .filter_map(|c| c.leanest_at_base_on(ranks))
+            .min_by(|a, b| a.peak_bytes.cmp(&b.peak_bytes).then(a.step_ms.total_cmp(&b.step_ms)))
+    }
+
+    /// The plan with the least predicted peak with the frozen base this
+    /// calibration's probes ran with.
+    pub fn leanest_at_base(&self) -> Plan<Knobs> {
+        self.leanest_at_base_on(1)
+            .expect("the space has at least one combination")
+    }
+
+    fn leanest_at_base_on(&self, ranks: usize) -> Option<Plan<Knobs>> {
         self.space
             .combinations(ranks)
             .into_iter()
             .map(|mut knobs| {
+                knobs.base = self.base;
                 let chain = self.model.chain_for(&knobs);
                 let head = self.model.head_for(&knobs);
                 let least = least_peak(&chain, head);
@@ -162,13 +188,13 @@ impl Calibration {
     }
 
     fn infeasible(&self, budget: u64, ranks: usize) -> PlanError {
-        let Some(lean) = self.leanest_on(ranks) else {
+        let Some(lean) = self.leanest_at_base_on(ranks) else {
             return PlanError::UnevenRanks {
                 ranks,
                 batch: self.space.batch,
             };
         };
-        let margin = self.margin();
+        let margin = self.own_margin();
         // One byte over the threshold `choose` uses, rounded up to a MiB.
         let needed = (lean.peak_bytes as f64 * (1.0 + margin)).ceil() as u64 + 1;
         let smallest = needed.div_ceil(1 << 20) << 20;
@@ -203,6 +229,7 @@ mod tests {
                 block_shapes: Vec::new(),
                 fused_attention: Vec::new(),
                 parameters: vec![300, 100, 100],
+                bases: Vec::new(),
             },
             model: Model {
                 fixed_bytes: 10_000.0,
@@ -259,6 +286,8 @@ mod tests {
             probe_batch: 16,
             slice: None,
             tokens: None,
+            base: None,
+            lower_bases: Vec::new(),
         }
     }
 

@@ -44,6 +44,7 @@
 //! process on the CPU (the counting allocator), the allocator's reserved
 //! bytes on CubeCL (wgpu, CUDA).
 
+mod bases;
 mod calibrate;
 pub mod capacity;
 pub mod chain;
@@ -104,6 +105,7 @@ pub fn preset_caveat(device: &str) -> Option<&'static str> {
     }
 }
 
+use crate::frozen::BaseStorage;
 use crate::precision::Precision;
 
 /// The knobs of a training step the planner turns.
@@ -132,6 +134,10 @@ pub struct Knobs {
     /// them (1: one process). Predicted per rank, from one rank's probes.
     #[serde(default = "one_rank")]
     pub ranks: usize,
+    /// How the frozen base is stored, where the space offers the choice
+    /// ([`Space::bases`]; `None`: as the workload's settings say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<BaseStorage>,
 }
 
 fn one_rank() -> usize {
@@ -151,6 +157,7 @@ impl Knobs {
             cleanup: false,
             fused_attention: false,
             ranks: 1,
+            base: None,
         }
     }
 
@@ -178,12 +185,16 @@ impl Knobs {
             + usize::from(self.cleanup)
             + usize::from(self.fused_attention)
             + usize::from(self.ranks > 1)
+            + usize::from(self.base.is_some_and(|b| b != BaseStorage::F32))
     }
 
     /// What the knobs change in the numerics, in words (empty: exact up
     /// to summation order).
     pub fn quality_costs(&self, space: &Space) -> Vec<String> {
         let mut out = Vec::new();
+        if let Some(cost) = self.base.and_then(bases::quality_cost) {
+            out.push(cost);
+        }
         match self.precision {
             Precision::F32 => {}
             Precision::Bf16 => out.push("bf16 matrix work (8-bit mantissa; f32 masters)".to_string()),
@@ -242,6 +253,9 @@ impl Knobs {
         if self.ranks > 1 {
             parts.push(format!("{} ranks, moments sharded", self.ranks));
         }
+        if let Some(base) = self.base {
+            parts.push(format!("base {}", base.name()));
+        }
         parts.join(" · ")
     }
 }
@@ -289,6 +303,12 @@ pub struct Space {
     /// no saving predicted).
     #[serde(default)]
     pub parameters: Vec<usize>,
+    /// How the frozen base may be stored, best quality first: the planner
+    /// calibrates each and lowers it only where nothing fits at the one
+    /// before (the `bases` module). Empty: not a knob (nothing frozen, or
+    /// the settings fix it).
+    #[serde(default)]
+    pub bases: Vec<BaseStorage>,
 }
 
 /// The sizes (values) of `model`'s trainable parameters in its order: the
@@ -328,6 +348,9 @@ pub trait Plannable {
     fn long(&self) -> Option<&dyn Long> {
         None
     }
+    /// Stores the frozen base as `base` in every later probe (one of
+    /// [`Space::bases`]), slices and shorter probes included.
+    fn at_base(&mut self, _base: BaseStorage) {}
 }
 
 /// Runs the probes and fits the model (see the module's description).
@@ -336,6 +359,16 @@ pub trait Plannable {
 /// workload that asks to be planned from a slice ([`Plannable::deep`]) is
 /// probed only that deep and extrapolated ([`calibrate_sliced`]).
 pub fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) -> Result<Calibration, PlanError> {
+    let offered = target.space().bases;
+    if offered.is_empty() {
+        calibrate_at_base(target, probe_batch)
+    } else {
+        bases::calibrate_bases(target, &offered, probe_batch)
+    }
+}
+
+/// [`calibrate`] with the frozen base as the target stores it.
+fn calibrate_at_base(target: &mut dyn Plannable, probe_batch: Option<usize>) -> Result<Calibration, PlanError> {
     if let Some(long) = target.long() {
         return calibrate_long(long, target.space(), probe_batch);
     }
@@ -377,12 +410,21 @@ pub struct Calibration {
     /// was extrapolated (every predicted figure then is).
     #[serde(default)]
     pub tokens: Option<TokenLaw>,
+    /// The frozen base's storage every probe ran with, where the space
+    /// offers the choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<BaseStorage>,
+    /// The calibrations at the lower bases of [`Space::bases`], in order:
+    /// each a whole calibration of its own (the `bases` module).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lower_bases: Vec<Calibration>,
 }
 
 impl Calibration {
     /// Predicted peak bytes and step ms of `knobs` at the workload's batch.
     pub fn predict(&self, knobs: &Knobs) -> (f64, f64) {
-        self.model.predict(knobs, self.space.batch)
+        let at = self.at_base(knobs.base);
+        at.model.predict(knobs, at.space.batch)
     }
 
     /// The calibration as a GPU card would hold it, where the probes ran
@@ -400,6 +442,11 @@ impl Calibration {
             for d in [&mut m.storage, &mut m.moments, &mut m.host_moments, &mut m.cleanup] {
                 d.rest = d.between;
             }
+            card.lower_bases = self
+                .lower_bases
+                .iter()
+                .map(|c| c.on_a_card().unwrap_or_else(|| c.clone()))
+                .collect();
             card
         })
     }
@@ -512,8 +559,10 @@ impl Strategy for Calibration {
     /// least 3 %. (Predictions above the measurement cost memory, not
     /// safety; on a paged allocator they are mostly the rounding up to
     /// whole pages.)
+    /// Over several bases, the largest of theirs (each base's plans are
+    /// chosen with its own).
     fn margin(&self) -> f64 {
-        (2.0 * self.shortfall).max(0.03)
+        self.bases().map(Calibration::own_margin).fold(0.0, f64::max)
     }
     fn measure(&self, target: &mut (dyn Plannable + 'static), knobs: &Knobs) -> Result<Measured, ProbeError> {
         target.measure(knobs, self.space.batch)
@@ -522,6 +571,31 @@ impl Strategy for Calibration {
         knobs.describe(self.space.batch)
     }
     fn account(&self) -> serde_json::Value {
+        if !self.lower_bases.is_empty() {
+            return serde_json::json!({
+                "bases": self
+                    .bases()
+                    .map(|c| {
+                        let mut one = c.account_at_base();
+                        one["base"] = serde_json::json!(c.base.map(BaseStorage::name));
+                        one
+                    })
+                    .collect::<Vec<_>>(),
+                "probe_seconds": self.bases().map(|c| c.seconds).sum::<f64>(),
+            });
+        }
+        self.account_at_base()
+    }
+}
+
+impl Calibration {
+    /// The margin of this base's calibration alone.
+    pub fn own_margin(&self) -> f64 {
+        (2.0 * self.shortfall).max(0.03)
+    }
+
+    /// [`Strategy::account`] of this base's calibration alone.
+    fn account_at_base(&self) -> serde_json::Value {
         serde_json::json!({
             "model": self.model,
             "model_peak_error": self.peak_error,

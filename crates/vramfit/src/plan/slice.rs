@@ -551,6 +551,7 @@ mod tests {
                 parameters: std::iter::once(PRELUDE as usize / 4)
                     .chain((0..n).flat_map(|_| [BLOCK as usize / 8; 2]))
                     .collect(),
+                bases: Vec::new(),
             }
         }
 

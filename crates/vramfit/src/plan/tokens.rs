@@ -112,7 +112,7 @@ pub fn calibrate_long(
     let mut short = long
         .shortened(t0)
         .map_err(probe_error(format!("the workload at {t0} tokens")))?;
-    let cal = super::calibrate(short.as_mut(), probe_batch)?;
+    let cal = super::calibrate_at_base(short.as_mut(), probe_batch)?;
     drop(short);
     // The steps at t₁ run as deep as the calibration's did.
     let longer = long
@@ -327,6 +327,7 @@ mod tests {
                 block_shapes: Vec::new(),
                 fused_attention: Vec::new(),
                 parameters: vec![5_000; self.blocks],
+                bases: Vec::new(),
             }
         }
 

@@ -121,6 +121,7 @@ where
         block_shapes: Vec::new(),
         fused_attention: Vec::new(),
         parameters: crate::plan::trainable_sizes(model),
+        bases: Vec::new(),
     }
 }
 
