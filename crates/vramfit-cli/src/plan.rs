@@ -553,6 +553,7 @@ fn show<T: PlanTarget>(target: &mut T, args: ShowArgs, name: &str) -> Result<()>
                     "fits": p.plan.is_some(),
                     "basis": "measured here, scaled",
                     "rests_on": basis,
+                    "time_basis": cal.time_basis(),
                 });
                 match &p.plan {
                     Some(plan) => {

@@ -30,6 +30,11 @@ pub trait Show: Strategy {
         None
     }
 
+    /// What the step times rest on, where the strategy predicts them.
+    fn time_basis(&self) -> Option<String> {
+        None
+    }
+
     /// The calibration a card's row is computed from, where it differs
     /// from the probing device's (the CPU's heap holds the files phases'
     /// copies, a GPU's memory does not), with what it leaves out in words.
@@ -131,6 +136,9 @@ pub trait Show: Strategy {
         if let Some(from) = self.extrapolated() {
             println!("  (peaks and times {from})");
         }
+        if let Some(basis) = self.time_basis() {
+            println!("  (step times: {basis})");
+        }
         println!("  {:>8}  {:>10}  {:>9}  plan", "card", "peak", "step ms");
         for p in table {
             match &p.plan {
@@ -192,6 +200,10 @@ impl Show for Calibration {
                  a GPU encodes them in host memory",
             )
         })
+    }
+
+    fn time_basis(&self) -> Option<String> {
+        Some(Calibration::time_basis(self))
     }
 
     fn extrapolated(&self) -> Option<String> {

@@ -126,6 +126,14 @@ pub trait ModelSettings:
         self
     }
 
+    /// The forward's operations per sample of `task`, counted from the
+    /// shapes, where the family counts them: what the planner scales a
+    /// probed step's time by to a deeper or longer run
+    /// ([`vramfit::plan::Work`]).
+    fn work(&self, _task: &Self::Task) -> Option<vramfit::plan::Work> {
+        None
+    }
+
     /// The frozen base's storages the planner is asked to choose among,
     /// best quality first, before the device's support is known (empty:
     /// the settings fix it, or nothing is frozen;

@@ -481,6 +481,18 @@ impl crate::family::ModelSettings for GptConfig {
         })
     }
 
+    /// Each block's four attention matrices and its MLP over the frames'
+    /// and tokens' positions, the head's matrix.
+    fn work(&self, task: &Self::Task) -> Option<vramfit::plan::Work> {
+        let w = self.width as u64;
+        Some(vramfit::plan::Work::decoder(
+            self.frames_used(task.frames) + task.tokens,
+            (4 + 2 * self.mlp_ratio as u64) * w * w,
+            self.width,
+            w * self.vocab as u64,
+        ))
+    }
+
     fn rough_floats(&self, task: &Self::Task) -> crate::config::RoughFloats {
         let [w, d, v, r] = [self.width, self.depth, self.vocab, self.mlp_ratio].map(|x| x as f64);
         let t = (self.frames_used(task.frames) + task.tokens) as f64;

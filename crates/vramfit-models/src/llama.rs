@@ -839,6 +839,20 @@ impl crate::family::ModelSettings for LlamaConfig {
         (task.tokens >= 512).then_some(PROBE_TOKENS)
     }
 
+    /// Each block's projections (and adapters), its attention over all
+    /// heads, the head's matrix (tied or not, it is a product a token).
+    fn work(&self, task: &TaskConfig) -> Option<vramfit::plan::Work> {
+        let [w, f, kv] = [self.width, self.ffn, self.kv_heads * self.head_width()].map(|x| x as u64);
+        let adapters = self.adapter_parameters() / self.depth.max(1) as u64;
+        let block = 2 * w * w + 2 * w * kv + 3 * w * f + adapters;
+        Some(vramfit::plan::Work::decoder(
+            task.tokens,
+            block,
+            self.width,
+            w * self.vocab as u64,
+        ))
+    }
+
     fn rough_floats(&self, task: &TaskConfig) -> RoughFloats {
         let [w, d, v, f] = [self.width, self.depth, self.vocab, self.ffn].map(|x| x as f64);
         let t = task.tokens as f64;

@@ -182,6 +182,7 @@ where
         batch: base.batch_size,
         block_input_bytes: base.model.block_input_bytes(&base.task),
         block_shapes: base.model.block_shapes(&base.task),
+        work: base.model.work(&base.task),
         ..space
     })
 }
@@ -232,6 +233,7 @@ where
         fused_attention,
         parameters,
         bases,
+        work: base.model.work(&base.task),
     })
 }
 
@@ -383,6 +385,7 @@ where
         let space = Space {
             block_input_bytes: base.model.block_input_bytes(&base.task),
             block_shapes: base.model.block_shapes(&base.task),
+            work: base.model.work(&base.task),
             ..self.space.clone()
         };
         Ok(Box::new(Self {

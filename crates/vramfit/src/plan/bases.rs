@@ -152,6 +152,7 @@ mod tests {
                 fused_attention: Vec::new(),
                 parameters: Vec::new(),
                 bases: vec![BaseStorage::F32, BaseStorage::Bf16, BaseStorage::Nf4],
+                work: None,
             }
         }
 

@@ -530,6 +530,7 @@ mod tests {
                 fused_attention: vec![Precision::F32, Precision::Bf16],
                 parameters: Vec::new(),
                 bases: Vec::new(),
+                work: None,
             }
         }
 

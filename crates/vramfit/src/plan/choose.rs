@@ -230,6 +230,7 @@ mod tests {
                 fused_attention: Vec::new(),
                 parameters: vec![300, 100, 100],
                 bases: Vec::new(),
+                work: None,
             },
             model: Model {
                 fixed_bytes: 10_000.0,

@@ -58,6 +58,7 @@ mod probe;
 pub mod slice;
 mod strategy;
 pub mod tokens;
+pub mod work;
 
 pub use capacity::{Capacity, CapacityCalibration, Counted, Line, Variant, calibrate_capacity};
 pub use ladder::{Ladder, LadderCalibration, Rung, calibrate_ladder};
@@ -74,6 +75,7 @@ pub use probe::{Measured, PROBE_STEPS, ProbeError, measure_run, measured_in, run
 pub use slice::{Deep, Slice, calibrate_sliced};
 pub use strategy::{Choice, Plan, PlanError, Preset, Strategy};
 pub use tokens::{Long, TokenLaw, calibrate_long};
+pub use work::Work;
 
 use serde::{Deserialize, Serialize};
 
@@ -309,6 +311,12 @@ pub struct Space {
     /// the settings fix it).
     #[serde(default)]
     pub bases: Vec<BaseStorage>,
+    /// The forward's operations per sample counted from the shapes, where
+    /// the workload counts them: the step time of a deeper or longer run
+    /// is the probed one scaled by them ([`work`]). `None`: scaled by
+    /// differences of measured times.
+    #[serde(default)]
+    pub work: Option<Work>,
 }
 
 /// The sizes (values) of `model`'s trainable parameters in its order: the

@@ -88,8 +88,15 @@ pub struct Slice {
     pub per_block_fixed_bytes: f64,
     /// See `per_block_fixed_bytes`.
     pub per_block_rest_bytes: f64,
-    /// See `per_block_fixed_bytes`.
+    /// See `per_block_fixed_bytes` (a difference of two measured times,
+    /// which the noise can make negative: not what the time is scaled by
+    /// where the work is counted).
     pub per_block_ms: f64,
+    /// Where the time was scaled by the counted work ([`super::Work`]):
+    /// the deeper plain step's time predicted from it, against its
+    /// measurement (relative; positive: over).
+    #[serde(default)]
+    pub time_check_error: Option<f64>,
     /// What was scaled by arithmetic rather than fitted, in words.
     pub scaled: Vec<String>,
 }
@@ -429,10 +436,23 @@ fn deepened_model(model: &Model, at: &Space, whole: &Space, probes: Depths) -> (
     let files = |x: f64, per: f64| if x > 0.0 { x + extra * per } else { 0.0 };
     let per_block_files = (deeper.files_peak_bytes as f64 - base.files_peak_bytes as f64) / m;
     let per_block_between = (deeper.between_peak_bytes as f64 - base.between_peak_bytes as f64) / m;
-    // The extra block's time is its samples' (its optimiser share is not
-    // told apart at one batch): per sample of the batch.
+    // The time per sample grows as the forward's counted operations do
+    // (`super::work`), where the workload counts them; else the extra
+    // block's time is its samples' (its optimiser share is not told apart
+    // at one batch), never below none.
+    let counted = at
+        .work
+        .and_then(|w| super::work::ratio(w.total(whole.blocks), w.total(at.blocks)));
     let per_block_sample_ms = (per_block_ms / p as f64).max(0.0);
-    let sample_growth = growth(model.sample_ms + extra * per_block_sample_ms, model.sample_ms);
+    let sample_growth =
+        counted.unwrap_or_else(|| growth(model.sample_ms + extra * per_block_sample_ms, model.sample_ms));
+    // The counted growth's check: the deeper plain step's time from it.
+    let time_check_error = at.work.filter(|_| counted.is_some()).map(|w| {
+        let deeper_blocks = probes.deeper.knobs.checkpointed.len();
+        let growth = w.total(deeper_blocks) / w.total(at.blocks);
+        let predicted = model.fixed_ms + model.micro_batch_ms + p as f64 * model.sample_ms * growth;
+        predicted / deeper.step_ms.max(1e-9) - 1.0
+    });
     let total_stored: f64 = whole.storage_groups.iter().map(|(_, b)| *b as f64).sum();
     let mut acc = 0.0;
     let storage_share = if model.storage_share.is_empty() {
@@ -471,7 +491,7 @@ fn deepened_model(model: &Model, at: &Space, whole: &Space, probes: Depths) -> (
         rest_bytes: model.rest_bytes + extra * per_block_rest,
         files_bytes: files(model.files_bytes, per_block_files),
         between_bytes: files(model.between_bytes, per_block_between),
-        sample_ms: model.sample_ms + extra * per_block_sample_ms,
+        sample_ms: model.sample_ms * sample_growth,
         fused_attention: model.fused_attention.clone().map(|f| super::FusedCosts {
             fixed_bytes: f.fixed_bytes + extra * per_block_fixed,
             sample_ms: f.sample_ms * sample_growth,
@@ -488,6 +508,7 @@ fn deepened_model(model: &Model, at: &Space, whole: &Space, probes: Depths) -> (
         per_block_fixed_bytes: per_block_fixed,
         per_block_rest_bytes: per_block_rest,
         per_block_ms,
+        time_check_error,
         scaled: vec![
             if probes.deeper_stored.is_some() {
                 format!(
@@ -501,7 +522,15 @@ fn deepened_model(model: &Model, at: &Space, whole: &Space, probes: Depths) -> (
                  ({r_trainable:.2}×)"
             ),
             format!("each precision's bytes outside the step by all parameters ({r_all:.2}×)"),
-            "the extra blocks' time as time per sample (their optimiser share is not told apart)".into(),
+            match (counted, time_check_error) {
+                (Some(g), Some(e)) => format!(
+                    "the time per sample by the forward's operations counted from the shapes ({g:.2}×; the \
+                     {}-block step's time from them {:+.1} % off its measurement)",
+                    probes.deeper.knobs.checkpointed.len(),
+                    e * 100.0
+                ),
+                _ => "the extra blocks' time as time per sample (their optimiser share is not told apart)".into(),
+            },
         ],
         deeper: probes.deeper,
         deeper_checkpointed: probes.deeper_checkpointed,
@@ -526,6 +555,10 @@ mod tests {
     struct Tower {
         blocks: usize,
         head: f64,
+        /// The work counted ([`crate::plan::Work`], in the time law's
+        /// units), and steps deeper than two blocks timed 40 % fast (the
+        /// noise that made a 7B's per-block time negative).
+        counted: bool,
     }
 
     const PRELUDE: f64 = 40_000.0;
@@ -552,6 +585,11 @@ mod tests {
                     .chain((0..n).flat_map(|_| [BLOCK as usize / 8; 2]))
                     .collect(),
                 bases: Vec::new(),
+                work: self.counted.then_some(crate::plan::Work {
+                    outside: 0.5,
+                    block: 1.0,
+                    attention: 0.0,
+                }),
             }
         }
 
@@ -578,6 +616,11 @@ mod tests {
             let rest = 6_000.0 + state * 1.5;
             let marked = k.checkpointed.iter().filter(|x| **x).count() as f64;
             let ms = 1.0 + (batch / k.micro_batch) as f64 * 0.2 + batch as f64 * (0.5 + n * (1.0 + 0.1 * marked / n));
+            let ms = if self.counted && self.blocks > 2 && self.blocks < 24 {
+                0.6 * ms
+            } else {
+                ms
+            };
             Ok(Measured {
                 peak_bytes: step.max(rest) as u64,
                 step_peak_bytes: step as u64,
@@ -598,7 +641,7 @@ mod tests {
             2
         }
         fn sliced(&self, blocks: usize) -> Result<Box<dyn Plannable>, ProbeError> {
-            Ok(Box::new(Tower { blocks, ..*self }))
+            Ok(Box::new(Tower { blocks, ..self.clone() }))
         }
     }
 
@@ -607,12 +650,24 @@ mod tests {
     #[test]
     fn a_two_block_slice_predicts_the_whole_depth() {
         for head in [0.0, 2_000.0] {
-            predicts_the_whole_depth(head);
+            predicts_the_whole_depth(head, false);
         }
     }
 
-    fn predicts_the_whole_depth(head: f64) {
-        let tower = |blocks| Tower { blocks, head };
+    /// Where the work is counted, the time grows by it: a deeper step
+    /// timed fast (a negative time a block by difference) moves no
+    /// prediction, and the check says how far off it was.
+    #[test]
+    fn counted_work_scales_the_time_whatever_the_deeper_step_measured() {
+        let slice = predicts_the_whole_depth(0.0, true);
+        assert!(slice.per_block_ms < 0.0, "{slice:?}");
+        let e = slice.time_check_error.expect("checked");
+        assert!((e - (1.0 / 0.6 - 1.0)).abs() < 1e-9, "{e}");
+        assert!(slice.scaled.iter().any(|s| s.contains("counted from the shapes")), "{slice:?}");
+    }
+
+    fn predicts_the_whole_depth(head: f64, counted: bool) -> Slice {
+        let tower = |blocks| Tower { blocks, head, counted };
         let whole = tower(24);
         let cal = calibrate_sliced(&whole, None).unwrap();
         assert_eq!(cal.space, deepened(&tower(2).space(), &tower(3).space(), 24));
@@ -648,6 +703,7 @@ mod tests {
                 "{ms} {measured:?}"
             );
         }
+        slice.clone()
     }
 
     #[test]
@@ -661,7 +717,11 @@ mod tests {
                 2
             }
             fn sliced(&self, blocks: usize) -> Result<Box<dyn Plannable>, ProbeError> {
-                Ok(Box::new(Tower { blocks, head: 0.0 }))
+                Ok(Box::new(Tower {
+                    blocks,
+                    head: 0.0,
+                    counted: false,
+                }))
             }
         }
         let e = calibrate_sliced(&Shallow, None).unwrap_err().to_string();

@@ -68,6 +68,11 @@ pub struct TokenLaw {
     /// The checkpointed step's forward/backward peak at the second length,
     /// predicted from the law against measured (relative; positive: over).
     pub check_error: Option<f64>,
+    /// Where the time was scaled by the counted work ([`super::Work`]):
+    /// the plain step at the second length predicted from it, against its
+    /// measurement (relative; positive: over).
+    #[serde(default)]
+    pub time_check_error: Option<f64>,
     /// What was scaled, in words.
     pub scaled: Vec<String>,
 }
@@ -126,6 +131,7 @@ pub fn calibrate_long(
     };
     let p = cal.probe_batch;
     let k = cal.slice.as_ref().map_or(cal.model.blocks, |s| s.blocks);
+    let work_t1 = longer.space().work;
     // The probed depth's bytes outside the samples: the whole depth's less
     // what the extrapolation added per block.
     let added = cal
@@ -215,7 +221,28 @@ pub fn calibrate_long(
         f1,
         (plain.step_ms - overhead).max(1e-9),
     );
-    let time_ratio = at(time, tokens as f64) / at(time, f0);
+    // Where the workload counts its work, the time grows as the counted
+    // operations do (a block's recomputation as a block's); the two-point
+    // law is then the check: the plain step at t₁ from the count.
+    let counted = match (cal.space.work, space.work) {
+        (Some(w0), Some(w)) => super::work::ratio(w.total(space.blocks), w0.total(space.blocks))
+            .zip(super::work::ratio(w.block, w0.block)),
+        _ => None,
+    };
+    let time_check_error = match (cal.space.work, work_t1, counted) {
+        (Some(w0), Some(w1), Some(_)) => {
+            let predicted = overhead + (base_ms - overhead).max(0.0) * w1.total(k) / w0.total(k);
+            Some(predicted / plain.step_ms.max(1e-9) - 1.0)
+        }
+        _ => None,
+    };
+    let (time_ratio, recompute_ratio) = match counted {
+        Some(both) => both,
+        None => {
+            let r = at(time, tokens as f64) / at(time, f0);
+            (r, r)
+        }
+    };
     let s1 = space.block_input_bytes as f64 * f1 / tokens as f64;
     // The law's check: every block checkpointed at t₁, predicted first.
     let check_error = if k >= 2 {
@@ -254,7 +281,7 @@ pub fn calibrate_long(
     grown.below_probed_bytes *= r;
     grown.block.activations = at(block, t);
     grown.block.input = s;
-    grown.block.recompute *= time_ratio;
+    grown.block.recompute *= recompute_ratio;
     grown.sample_ms *= time_ratio;
     grown.block_shapes = space.block_shapes.clone();
     if let (Some(f), Some(fb)) = (grown.fused_attention.as_mut(), fused_block) {
@@ -262,7 +289,7 @@ pub fn calibrate_long(
         f.outside_bytes *= r;
         f.block.activations = at(fb, t);
         f.block.input = s;
-        f.block.recompute *= time_ratio;
+        f.block.recompute *= recompute_ratio;
         f.sample_ms *= time_ratio;
     }
     // A check under its measurement widens the margin by as much.
@@ -276,13 +303,21 @@ pub fn calibrate_long(
         time,
         probes,
         check_error,
+        time_check_error,
         scaled: vec![
             format!("the prelude's and head's bytes per sample by the tokens ({r:.2}×)"),
             format!(
                 "a block's bytes per sample by α·t + β·t² through {t0} and {t1} tokens ({:.2}×)",
                 grown.block.activations / model.block.activations.max(1.0)
             ),
-            format!("the step's time per sample by c₁·t + c₂·t² ({time_ratio:.2}×)"),
+            match time_check_error {
+                Some(e) => format!(
+                    "the step's time per sample by the forward's operations counted from the shapes \
+                     ({time_ratio:.2}×; the plain step at {t1} tokens from them {:+.1} % off its measurement)",
+                    e * 100.0
+                ),
+                None => format!("the step's time per sample by c₁·t + c₂·t² ({time_ratio:.2}×)"),
+            },
         ],
     };
     Ok(Calibration {
@@ -311,6 +346,8 @@ mod tests {
         blocks: usize,
         tokens: usize,
         probe: usize,
+        /// Its work counted ([`crate::plan::Work`], in the time law's units).
+        counted: bool,
     }
 
     impl Plannable for Seq {
@@ -328,6 +365,14 @@ mod tests {
                 fused_attention: Vec::new(),
                 parameters: vec![5_000; self.blocks],
                 bases: Vec::new(),
+                work: self.counted.then(|| {
+                    let t = self.tokens as f64;
+                    crate::plan::Work {
+                        outside: 0.0,
+                        block: 0.01 * t + 1e-4 * t * t,
+                        attention: 1e-4 * t * t,
+                    }
+                }),
             }
         }
 
@@ -390,12 +435,21 @@ mod tests {
         }
     }
 
+    /// Times by the two-point law, and by the counted work (whose check
+    /// at the second length is then exact).
     #[test]
     fn a_short_slice_predicts_the_long_deep_model() {
+        for counted in [false, true] {
+            predicts_the_long_deep_model(counted);
+        }
+    }
+
+    fn predicts_the_long_deep_model(counted: bool) {
         let whole = Seq {
             blocks: 16,
             tokens: 1024,
             probe: 64,
+            counted,
         };
         let cal = calibrate_long(&whole, whole.space(), None).unwrap();
         let law = cal.tokens.as_ref().expect("extrapolated in tokens");
@@ -406,6 +460,8 @@ mod tests {
             law.block
         );
         assert!(law.check_error.unwrap().abs() < 1e-9, "{law:?}");
+        assert_eq!(law.time_check_error.is_some(), counted, "{law:?}");
+        assert!(law.time_check_error.unwrap_or(0.0).abs() < 1e-6, "{law:?}");
         let mut truth = whole;
         for knobs in [
             Knobs::base(16, 4),

@@ -122,6 +122,7 @@ where
         fused_attention: Vec::new(),
         parameters: crate::plan::trainable_sizes(model),
         bases: Vec::new(),
+        work: None,
     }
 }
 
