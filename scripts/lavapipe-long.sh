@@ -24,4 +24,4 @@ time cargo test -p vramfit-splat -p vramfit-models -p vramfit-scene -p vramfit-c
   --test plan --test advice --test toolkit -- "$@" --exact calibration_wgpu \
   every_advised_setting_lowers_the_deciding_figure::wgpu \
   transformer::low_precision_training_follows_the_f32_curve::wgpu unet::low_precision_training_follows_the_f32_curve::wgpu \
-  every_knob_combination_runs_wgpu
+  every_knob_combination_runs_wgpu the_frozen_base_is_searched_wgpu

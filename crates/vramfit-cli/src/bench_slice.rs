@@ -141,11 +141,13 @@ impl OnBackend for Bench {
              |---|---|---|---|---|---|---|---|---|\n",
         );
         let mut rows = Vec::new();
+        let mut times = Vec::new();
         let (mut worst, mut worst_step): (f64, f64) = (0.0, 0.0);
         for (label, knobs) in plans(&cal.space) {
             let (peak, ms) = cal.predict(&knobs);
             let (step, _) = cal.model.parts(&knobs, batch);
             let measured = whole.measure(&knobs, batch)?;
+            times.push((ms, measured.step_ms));
             let error = peak / measured.peak_bytes as f64 - 1.0;
             let step_error = step / measured.step_peak_bytes as f64 - 1.0;
             worst = worst.max(error.abs());
@@ -190,12 +192,20 @@ impl OnBackend for Bench {
             ),
             None => summary,
         };
+        let (agree, pairs) = vramfit::plan::work::order_agreement(&times);
+        let summary = format!(
+            "{summary}; step times ({}): the predicted order agrees with the measured on {agree} of {pairs} pairs of \
+             plans (pairs measured within {:.0} % of each other not counted)",
+            cal.time_basis(),
+            100.0 * vramfit::plan::TIME_RESOLUTION
+        );
         println!("{summary}\n\n{table}");
         let command = std::env::args().collect::<Vec<_>>().join(" ");
         let record = json!({
             "bench": "slice", "command": command, "device": name, "config": self.config,
             "slice": slice, "tokens": cal.tokens, "calibration_seconds": cal.seconds, "worst_peak_error": worst,
             "worst_step_peak_error": worst_step, "rows": rows,
+            "time_order": { "agreeing_pairs": agree, "pairs": pairs }, "time_basis": cal.time_basis(),
         });
         crate::plan_bench::write_results(
             &self.out,

@@ -28,6 +28,7 @@ vramfit::test_backends!(
     lora_and_frozen_groups_give_gradients_only_to_what_trains,
     a_frozen_base_stored_small_gives_the_f32_base_loss_and_adapter_gradients,
     a_hugging_face_checkpoint_loads_exactly,
+    a_quantized_matrix_is_rebuilt_on_the_device_as_on_the_host,
 );
 
 fn tiny(kv_heads: usize) -> LlamaConfig {
@@ -588,4 +589,55 @@ fn a_checkpoint_of_another_shape_or_truncated_is_refused() {
     let empty = tmp.path().join("empty");
     std::fs::create_dir(&empty).unwrap();
     assert!(at(&empty, &config).unwrap().contains("no *.safetensors file"));
+}
+
+/// A quantized matrix rebuilt where the frozen product rebuilds it (the
+/// inner backend: on wgpu and CUDA one CubeCL kernel writing the compute
+/// type, `vramfit/src/frozen/cube.rs`) gives the host loop's values, in
+/// f32 to its last bits (the kernel multiplies a table's level by the
+/// scale where the host loop scales int8 codes by `scale / 127`) and in
+/// each 16-bit type the device has to its rounding.
+fn a_quantized_matrix_is_rebuilt_on_the_device_as_on_the_host<B: AutodiffBackend>() {
+    use burn::tensor::FloatDType;
+    use vramfit::frozen::{Format, Matrix, Quantized, quant};
+    type I<B> = <B as AutodiffBackend>::InnerBackend;
+    let device = Default::default();
+    // 192 blocks of 64: 1,536 NF4 words, 3,072 int8 words.
+    let w = Tensor::<I<B>, 2>::random([128, 96], Distribution::Normal(0.0, 0.05), &device);
+    let values = w.to_data().convert::<f32>();
+    let values = values.as_slice::<f32>().unwrap();
+    let mut checked = 0;
+    for format in [Format::Nf4, Format::Int8] {
+        let q = Quantized::<I<B>>::new(values, [128, 96], format, &device).unwrap();
+        let (codes, scales) = quant::quantize(values, format).unwrap();
+        let host = quant::dequantize(&codes, &scales, format);
+        for (dtype, unit) in [
+            (FloatDType::F32, 2f32.powi(-22)),
+            (FloatDType::F16, 2f32.powi(-10)),
+            (FloatDType::BF16, 2f32.powi(-7)),
+        ] {
+            if !I::<B>::supports_dtype(&device, burn::tensor::DType::from(dtype)) {
+                continue;
+            }
+            let m = Matrix::of(&q).materialize(dtype);
+            assert_eq!(m.dtype(), burn::tensor::DType::from(dtype));
+            let got = values_of(m);
+            let worst = got
+                .iter()
+                .zip(&host)
+                .map(|(g, h)| (g - h).abs() - unit * h.abs())
+                .fold(f32::MIN, f32::max);
+            assert!(worst <= 1e-9, "{format:?} in {dtype:?}: {worst}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 4, "f32 and a 16-bit type for each format");
+}
+
+fn values_of<B: Backend>(m: Tensor<B, 2>) -> Vec<f32> {
+    m.cast(burn::tensor::FloatDType::F32)
+        .into_data()
+        .convert::<f32>()
+        .to_vec()
+        .unwrap()
 }

@@ -108,7 +108,7 @@ impl<B: Backend> Matrix<B> {
                 scales,
                 dims,
                 format,
-            } => crate::precision::cast_to(dequantize(codes, scales, *dims, *format), dtype),
+            } => dequantize(codes, scales, *dims, *format, dtype),
         }
     }
 }
@@ -133,10 +133,31 @@ impl<I: Backend> Matrix<burn::backend::Autodiff<I>> {
     }
 }
 
-/// The f32 values of a quantized matrix. On the CPU the host loop of
-/// [`quant::dequantize`]; elsewhere Burn's integer and gather operations
-/// (a code tensor of 4 bytes a value lives while it runs).
+/// The values of a quantized matrix in `dtype`. On the CPU the host loop
+/// of [`quant::dequantize`]; on CubeCL one kernel that writes the matrix
+/// in `dtype` ([`super::cube`]); elsewhere Burn's integer and gather
+/// operations (a code tensor of 4 bytes a value lives while it runs).
 fn dequantize<B: Backend>(
+    codes: &Tensor<B, 1, Int>,
+    scales: &Tensor<B, 1>,
+    dims: [usize; 2],
+    format: Format,
+    dtype: FloatDType,
+) -> Tensor<B, 2> {
+    #[cfg(feature = "wgpu")]
+    if let Some(m) = super::cube::dequantize::<B, cubecl::wgpu::WgpuRuntime>(codes, scales, dims, format, dtype) {
+        return m;
+    }
+    #[cfg(feature = "cuda")]
+    if let Some(m) = super::cube::dequantize::<B, cubecl::cuda::CudaRuntime>(codes, scales, dims, format, dtype) {
+        return m;
+    }
+    crate::precision::cast_to(dequantize_f32(codes, scales, dims, format), dtype)
+}
+
+/// The f32 values of a quantized matrix, by the host loop on the CPU and
+/// Burn's operations elsewhere.
+fn dequantize_f32<B: Backend>(
     codes: &Tensor<B, 1, Int>,
     scales: &Tensor<B, 1>,
     [rows, cols]: [usize; 2],

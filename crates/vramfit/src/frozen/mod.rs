@@ -13,6 +13,8 @@
 //! This module must not hold a dequantized or cast matrix beyond the
 //! product that uses it.
 
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod cube;
 mod matmul;
 mod matrix;
 pub mod quant;

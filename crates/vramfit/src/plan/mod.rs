@@ -62,7 +62,7 @@ pub mod work;
 
 pub use capacity::{Capacity, CapacityCalibration, Counted, Line, Variant, calibrate_capacity};
 pub use ladder::{Ladder, LadderCalibration, Rung, calibrate_ladder};
-pub use model::{Delta, FusedCosts, Model, ProbeRecord};
+pub use model::{Delta, FusedCosts, Model, ProbeRecord, TIME_RESOLUTION};
 pub use on_ranks::{
     OnRanks, RanksJob, RanksLauncher, RanksWithinBudget, VerifiedOnRanks, run_within_on_ranks, verify_on_ranks,
 };

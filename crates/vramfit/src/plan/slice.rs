@@ -663,7 +663,10 @@ mod tests {
         assert!(slice.per_block_ms < 0.0, "{slice:?}");
         let e = slice.time_check_error.expect("checked");
         assert!((e - (1.0 / 0.6 - 1.0)).abs() < 1e-9, "{e}");
-        assert!(slice.scaled.iter().any(|s| s.contains("counted from the shapes")), "{slice:?}");
+        assert!(
+            slice.scaled.iter().any(|s| s.contains("counted from the shapes")),
+            "{slice:?}"
+        );
     }
 
     fn predicts_the_whole_depth(head: f64, counted: bool) -> Slice {

@@ -225,8 +225,9 @@ pub fn calibrate_long(
     // operations do (a block's recomputation as a block's); the two-point
     // law is then the check: the plain step at t₁ from the count.
     let counted = match (cal.space.work, space.work) {
-        (Some(w0), Some(w)) => super::work::ratio(w.total(space.blocks), w0.total(space.blocks))
-            .zip(super::work::ratio(w.block, w0.block)),
+        (Some(w0), Some(w)) => {
+            super::work::ratio(w.total(space.blocks), w0.total(space.blocks)).zip(super::work::ratio(w.block, w0.block))
+        }
         _ => None,
     };
     let time_check_error = match (cal.space.work, work_t1, counted) {

@@ -59,9 +59,39 @@ pub fn ratio(to: f64, from: f64) -> Option<f64> {
     (to > 0.0 && from > 0.0 && to.is_finite() && from.is_finite()).then(|| to / from)
 }
 
+/// How often predicted step times order two plans as their measured times
+/// do: of the pairs of `(predicted, measured)` whose measurements differ by
+/// more than the probes' resolution ([`super::model::TIME_RESOLUTION`]),
+/// `(agreeing, counted)`.
+pub fn order_agreement(times: &[(f64, f64)]) -> (usize, usize) {
+    let mut agree = 0;
+    let mut counted = 0;
+    for (i, a) in times.iter().enumerate() {
+        for b in &times[i + 1..] {
+            if (a.1 - b.1).abs() <= super::model::TIME_RESOLUTION * a.1.max(b.1) {
+                continue;
+            }
+            counted += 1;
+            if (a.0 < b.0) == (a.1 < b.1) {
+                agree += 1;
+            }
+        }
+    }
+    (agree, counted)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn orders_are_compared_on_pairs_measured_apart() {
+        // (1, 10) and (2, 20) agree; (3, 15) is out of order with (2, 20);
+        // (2.5, 20.5) is within 5 % of (2, 20) and not counted with it.
+        let times = [(1.0, 10.0), (2.0, 20.0), (3.0, 15.0), (2.5, 20.5)];
+        assert_eq!(order_agreement(&times), (3, 5));
+        assert_eq!(order_agreement(&[]), (0, 0));
+    }
 
     #[test]
     fn a_decoders_work_grows_with_depth_and_as_the_square_of_the_tokens_in_attention() {
@@ -96,11 +126,10 @@ impl super::Calibration {
                 s.time_check_error
                     .map(|e| format!("{} blocks {:+.0} %", s.deeper.knobs.checkpointed.len(), e * 100.0))
             })
-            .chain(
-                self.tokens
-                    .iter()
-                    .filter_map(|t| t.time_check_error.map(|e| format!("{} tokens {:+.0} %", t.probed[1], e * 100.0))),
-            )
+            .chain(self.tokens.iter().filter_map(|t| {
+                t.time_check_error
+                    .map(|e| format!("{} tokens {:+.0} %", t.probed[1], e * 100.0))
+            }))
             .collect();
         if counted {
             format!(
