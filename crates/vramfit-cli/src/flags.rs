@@ -61,10 +61,11 @@ pub struct TrainSettings {
     /// (embedding, head, final_norm, blocks, blocks.I-J). The key `model.train`.
     #[arg(long, value_name = "MODE")]
     train: Option<String>,
-    /// The llm under LoRA: how the frozen base is stored, f32 (default),
-    /// bf16, f16, nf4 or int8 (quantized in blocks of 64), or search: the
-    /// planner (plan, train --budget) chooses among f32, 16 bits and NF4,
-    /// lowering it only where nothing fits. The key `model.base`.
+    /// The llm under LoRA: how the frozen base is stored, f32, bf16, f16,
+    /// nf4 or int8 (quantized in blocks of 64), or search. Not given (or
+    /// search), the planner (plan, train --budget) chooses among f32, 16
+    /// bits and NF4, lowering it only where nothing fits; a run without a
+    /// plan stores it in f32. The key `model.base`.
     #[arg(long, value_name = "TYPE")]
     base: Option<String>,
     /// The llm: start from a safetensors checkpoint in the Hugging Face

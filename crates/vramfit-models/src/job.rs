@@ -236,16 +236,6 @@ pub fn build<B: AutodiffBackend, F: Family<D>, const D: usize>(
     device: &B::Device,
 ) -> Result<Job<B, F, D>, TrainError> {
     let r = config.resolve::<B>(device)?;
-    if !config.model.bases_to_search().is_empty() {
-        return Err(ConfigError::Invalid {
-            name: "model.base",
-            why: "`search` lets the planner choose how the frozen base is stored, and this run has no plan: give \
-             --budget (train), or plan it first (vramfit plan), or name the storage (--base f32, bf16, f16, nf4 \
-             or int8)"
-                .into(),
-        }
-        .into());
-    }
     let model = config.model.init::<B>(config.seed, device)?;
     let model = r.storage.apply(model).map_err(|e| ConfigError::Invalid {
         name: "storage",

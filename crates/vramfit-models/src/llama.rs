@@ -252,7 +252,12 @@ impl LlamaConfig {
         if !matches!(self.training(), Ok(Training::Lora { .. })) {
             return 4 * frozen;
         }
-        let storage = self.base_storage();
+        // Where the planner chooses (`search`), the leanest it may choose:
+        // the floor asks whether anything can fit.
+        let storage = match crate::config::ModelSettings::bases_to_search(self).last() {
+            Some(&leanest) if self.base == SEARCH_BASE => leanest,
+            _ => self.base_storage(),
+        };
         let [w, v] = [self.width, self.vocab].map(|x| x as u64);
         let tables = v * w * if self.tie_head { 1 } else { 2 };
         let norms = w * (2 * self.depth as u64 + 1);
@@ -528,6 +533,14 @@ impl LlamaConfig {
     /// [`init`](Self::init) with the base read from the checkpoint
     /// `weights` names (bf16 and f16 values exactly), where it names one.
     pub fn load<B: Backend>(&self, seed: u64, device: &B::Device) -> Result<Llama<B>, ConfigError> {
+        if self.base == SEARCH_BASE {
+            return Err(invalid(
+                "model.base",
+                "`search` lets the planner choose how the frozen base is stored, and this run has no plan: give \
+                 --budget (train), or plan it first (vramfit plan), or name the storage (--base f32, bf16, f16, nf4 \
+                 or int8)",
+            ));
+        }
         if self.weights.is_empty() {
             return Ok(self.init(seed, device));
         }
@@ -781,12 +794,16 @@ impl crate::family::ModelSettings for LlamaConfig {
         Self { attention, ..self }
     }
 
-    /// Under `search`: f32, the two 16-bit types (the device keeps the
-    /// first it has) and NF4 where the matrices are whole blocks of 64.
-    /// Not int8: it saves less than a 16-bit base's half again, and
-    /// QLoRA's practice is NF4 (int8 stays a setting).
+    /// Under `search`, and under LoRA where no base is named (a run
+    /// without a plan then stores it in f32): f32, the two 16-bit types
+    /// (the device keeps the first it has) and NF4 where the matrices are
+    /// whole blocks of 64. Not int8: it saves less than a 16-bit base
+    /// halves again, and QLoRA's practice is NF4 (int8 stays a setting).
     fn bases_to_search(&self) -> Vec<BaseStorage> {
-        if self.base != SEARCH_BASE {
+        let unnamed_lora = self.base.is_empty()
+            && !self.train.starts_with("qlora:")
+            && matches!(self.training(), Ok(Training::Lora { .. }));
+        if self.base != SEARCH_BASE && !unnamed_lora {
             return Vec::new();
         }
         [BaseStorage::F32, BaseStorage::Bf16, BaseStorage::F16, BaseStorage::Nf4]

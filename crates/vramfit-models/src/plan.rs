@@ -209,7 +209,12 @@ where
         .copied()
         .find(|b| matches!(b, BaseStorage::Bf16 | BaseStorage::F16) && supported(DType::from(b.float())));
     bases.retain(|b| !matches!(b, BaseStorage::Bf16 | BaseStorage::F16) || Some(*b) == sixteen);
-    let model = base.model.init::<B>(base.seed, device)?;
+    // Counted at the best base: what trains does not depend on it.
+    let counted = match bases.first() {
+        Some(&first) => base.model.clone().with_base(first),
+        None => base.model.clone(),
+    };
+    let model = counted.init::<B>(base.seed, device)?;
     let groups = vramfit::trainer::parameter_groups(&model);
     let parameters = vramfit::plan::trainable_sizes(&model);
     drop(model);
@@ -225,7 +230,10 @@ where
         blocks: base.model.blocks(),
         block_input_bytes: base.model.block_input_bytes(&base.task),
         precisions,
-        storage_groups: if bf16 { groups } else { Vec::new() },
+        // Where the base's storage is searched, not the groups': under LoRA
+        // they hold the frozen weights (the base's knob, measured as such)
+        // and adapters too small to pay for bf16's lost updates.
+        storage_groups: if bf16 && bases.is_empty() { groups } else { Vec::new() },
         low_moments: bf16,
         host_moments: !vramfit::backends::is_cpu::<B>(),
         batch_statistics: base.model.batch_statistics(),

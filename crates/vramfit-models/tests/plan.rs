@@ -511,6 +511,38 @@ where
         BaseStorage::F16
     };
     assert_eq!(target.space().bases, [BaseStorage::F32, sixteen, BaseStorage::Nf4]);
+    // Under LoRA with no base named, the planner searches it too, and a run
+    // without a plan stores it in f32; a named base is not searched.
+    let unnamed = FamilyConfig {
+        model: vramfit_models::llama::LlamaConfig {
+            base: String::new(),
+            ..llm.model.clone()
+        },
+        ..llm.clone()
+    };
+    assert_eq!(
+        FamilyTarget::<B, _, 3>::new(unnamed.clone(), &device)
+            .unwrap()
+            .space()
+            .bases,
+        target.space().bases
+    );
+    let job = vramfit_models::job::build::<B, _, 3>(unnamed.clone(), &device).unwrap();
+    drop(job);
+    let named = FamilyConfig {
+        model: vramfit_models::llama::LlamaConfig {
+            base: sixteen.name().into(),
+            ..llm.model.clone()
+        },
+        ..llm.clone()
+    };
+    assert!(
+        FamilyTarget::<B, _, 3>::new(named, &device)
+            .unwrap()
+            .space()
+            .bases
+            .is_empty()
+    );
     let cal = calibrate(&mut target, None).unwrap();
     let bases: Vec<_> = cal.bases().map(|c| c.base.unwrap()).collect();
     assert_eq!(bases, [BaseStorage::F32, sixteen, BaseStorage::Nf4]);

@@ -91,7 +91,7 @@ fn blocks(
 fn fused_costs(
     run: &mut impl FnMut(&str, Knobs, usize, &mut Vec<ProbeRecord>) -> Result<Measured, PlanError>,
     space: &Space,
-    model: &Model,
+    (model, mb): (&Model, &Measured),
     (p, q): (usize, usize),
     probes: &mut Vec<ProbeRecord>,
 ) -> Result<FusedCosts, PlanError> {
@@ -115,7 +115,18 @@ fn fused_costs(
     let mh = run("attention fused, smaller batch", fused(q), q, probes)?;
     let per_sample = (mf.step_peak_bytes as f64 - mh.step_peak_bytes as f64) / (p - q) as f64;
     let fixed_bytes = mf.step_peak_bytes as f64 - p as f64 * per_sample;
-    let sample_ms = ((mf.step_ms - mh.step_ms) / (p - q) as f64).max(0.0);
+    // The time a sample as the plain one's, scaled by the two steps at the
+    // same batch (fusing changes the samples' work, not the optimiser's):
+    // a ratio of two like measurements, where a difference across batches
+    // is noise at large sizes (a 7B slice's fused step of one sample
+    // measured slower than its step of two, which gave no time at all).
+    let plain_scaled = mb.step_ms - model.fixed_ms - model.micro_batch_ms;
+    let fused_scaled = mf.step_ms - model.fixed_ms - model.micro_batch_ms;
+    let sample_ms = if plain_scaled > 0.0 && fused_scaled > 0.0 {
+        model.sample_ms * fused_scaled / plain_scaled
+    } else {
+        ((mf.step_ms - mh.step_ms) / (p - q) as f64).max(0.0)
+    };
     let mut costs = FusedCosts {
         fixed_bytes,
         outside_bytes: per_sample,
@@ -373,7 +384,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
     )?;
     model.cleanup = delta(m);
     if space.fused_attention.contains(&Precision::F32) {
-        model.fused_attention = Some(fused_costs(&mut run, &space, &model, (p, q), &mut probes)?);
+        model.fused_attention = Some(fused_costs(&mut run, &space, (&model, &mb), (p, q), &mut probes)?);
     }
 
     // Combinations the fit did not see: the exact knobs together, then
