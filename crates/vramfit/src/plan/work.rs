@@ -80,39 +80,6 @@ pub fn order_agreement(times: &[(f64, f64)]) -> (usize, usize) {
     (agree, counted)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn orders_are_compared_on_pairs_measured_apart() {
-        // (1, 10) and (2, 20) agree; (3, 15) is out of order with (2, 20);
-        // (2.5, 20.5) is within 5 % of (2, 20) and not counted with it.
-        let times = [(1.0, 10.0), (2.0, 20.0), (3.0, 15.0), (2.5, 20.5)];
-        assert_eq!(order_agreement(&times), (3, 5));
-        assert_eq!(order_agreement(&[]), (0, 0));
-    }
-
-    #[test]
-    fn a_decoders_work_grows_with_depth_and_as_the_square_of_the_tokens_in_attention() {
-        // Mistral-7B's shapes: 4096 wide, 8 of 32 heads for K and V, an MLP of 14,336, 32,000 tokens.
-        let block = 4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 14_336;
-        let w = Work::decoder(2048, block, 4096, 4096 * 32_000);
-        // 2·2048·218 M ≈ 0.89 TFLOP of projections a block, 4·2048²·4096 ≈ 69 GFLOP of attention.
-        assert!((w.block - 2.0 * 2048.0 * block as f64 - w.attention).abs() < 1.0);
-        assert!((w.attention - 4.0 * 2048.0f64.powi(2) * 4096.0).abs() < 1.0);
-        let slice = w.total(2);
-        assert!((w.total(32) / slice - 13.0).abs() < 1.0, "{}", w.total(32) / slice);
-        // Twice the tokens: twice the projections, four times the attention.
-        let long = Work::decoder(4096, block, 4096, 4096 * 32_000);
-        assert!((long.attention / w.attention - 4.0).abs() < 1e-12);
-        assert!((long.outside / w.outside - 2.0).abs() < 1e-12);
-        assert_eq!(ratio(1.0, 0.0), None);
-        assert_eq!(ratio(-1.0, 2.0), None);
-        assert_eq!(ratio(3.0, 2.0), Some(1.5));
-    }
-}
-
 impl super::Calibration {
     /// What the predicted step times rest on, in words, for tables: each
     /// says its time basis.
@@ -145,5 +112,38 @@ impl super::Calibration {
         } else {
             "the probed steps' times on this device, fitted; this device's rate, not a card's".into()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orders_are_compared_on_pairs_measured_apart() {
+        // (1, 10) and (2, 20) agree; (3, 15) is out of order with (2, 20);
+        // (2.5, 20.5) is within 5 % of (2, 20) and not counted with it.
+        let times = [(1.0, 10.0), (2.0, 20.0), (3.0, 15.0), (2.5, 20.5)];
+        assert_eq!(order_agreement(&times), (3, 5));
+        assert_eq!(order_agreement(&[]), (0, 0));
+    }
+
+    #[test]
+    fn a_decoders_work_grows_with_depth_and_as_the_square_of_the_tokens_in_attention() {
+        // Mistral-7B's shapes: 4096 wide, 8 of 32 heads for K and V, an MLP of 14,336, 32,000 tokens.
+        let block = 4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 14_336;
+        let w = Work::decoder(2048, block, 4096, 4096 * 32_000);
+        // 2·2048·218 M ≈ 0.89 TFLOP of projections a block, 4·2048²·4096 ≈ 69 GFLOP of attention.
+        assert!((w.block - 2.0 * 2048.0 * block as f64 - w.attention).abs() < 1.0);
+        assert!((w.attention - 4.0 * 2048.0f64.powi(2) * 4096.0).abs() < 1.0);
+        let slice = w.total(2);
+        assert!((w.total(32) / slice - 13.0).abs() < 1.0, "{}", w.total(32) / slice);
+        // Twice the tokens: twice the projections, four times the attention.
+        let long = Work::decoder(4096, block, 4096, 4096 * 32_000);
+        assert!((long.attention / w.attention - 4.0).abs() < 1e-12);
+        assert!((long.outside / w.outside - 2.0).abs() < 1e-12);
+        assert_eq!(ratio(1.0, 0.0), None);
+        assert_eq!(ratio(-1.0, 2.0), None);
+        assert_eq!(ratio(3.0, 2.0), Some(1.5));
     }
 }
