@@ -145,7 +145,7 @@ impl OnBackend for Bench {
         let (mut worst, mut worst_step): (f64, f64) = (0.0, 0.0);
         for (label, knobs) in plans(&cal.space) {
             let (peak, ms) = cal.predict(&knobs);
-            let (step, _) = cal.model.parts(&knobs, batch);
+            let (step, _) = cal.at_base(knobs.base).model.parts(&knobs, batch);
             let measured = whole.measure(&knobs, batch)?;
             times.push((ms, measured.step_ms));
             let error = peak / measured.peak_bytes as f64 - 1.0;

@@ -225,8 +225,10 @@ impl Show for Calibration {
     }
 
     fn dominant(&self, knobs: &vramfit::plan::Knobs) -> Option<String> {
-        let model = self.model.with(knobs);
-        let (outside, scale, rest) = model.split(knobs, self.space.batch);
+        // The calibration of the plan's frozen base (the plan's own figures).
+        let at = self.at_base(knobs.base);
+        let model = at.model.with(knobs);
+        let (outside, scale, rest) = model.split(knobs, at.space.batch);
         let samples =
             scale * vramfit::plan::chain::peak_with_head(&model.chain(), &knobs.checkpointed, model.head_bytes);
         let state = outside - scale * model.outside_bytes;
