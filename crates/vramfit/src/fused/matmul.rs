@@ -2,6 +2,7 @@
 
 #[allow(unused_imports)]
 use super::*;
+use burn::tensor::{FloatDType, bf16};
 
 /// `a · b` for `a: [.., m, k]`, `b: [.., k, n]` with the same leading
 /// (batch) dimensions. On the CPU backend the products are written
@@ -14,15 +15,60 @@ use super::*;
 pub fn matmul<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> Tensor<B, D> {
     let same_batch = a.dims()[..D - 2] == b.dims()[..D - 2];
     let (a, b) = match (on_cpu(a), on_cpu(b)) {
-        (Ok(a), Ok(b)) if same_batch => return back(matmul_cpu(a, b)),
+        (Ok(a), Ok(b)) if same_batch => return back(matmul_cpu::<f32, D>(a, b)),
+        (a, b) => (a.map_or_else(|t| t, back), b.map_or_else(|t| t, back)),
+    };
+    let (a, b) = match (bf16_on::<Cpu, B, D>(a), bf16_on::<Cpu, B, D>(b)) {
+        (Ok(a), Ok(b)) if same_batch => return back(matmul_cpu::<bf16, D>(a, b)),
         (a, b) => (a.map_or_else(|t| t, back), b.map_or_else(|t| t, back)),
     };
     // Flex without autodiff (a checkpointed block's first forward, the
     // products inside other autodiff operations): the same gemm, operands
     // read where they lie (a transposed weight is not copied).
-    match (f32_on::<Flex, B, D>(a), f32_on::<Flex, B, D>(b)) {
-        (Ok(a), Ok(b)) if same_batch => back(matmul_flex(a, b)),
+    let (a, b) = match (f32_on::<Flex, B, D>(a), f32_on::<Flex, B, D>(b)) {
+        (Ok(a), Ok(b)) if same_batch => return back(matmul_flex(a, b)),
+        (a, b) => (a.map_or_else(|t| t, back), b.map_or_else(|t| t, back)),
+    };
+    // bf16 on Flex without autodiff (a frozen weight's products, forward
+    // and backward): read in place, multiplied in bf16 pairs where the CPU
+    // can (`gemm_bf16`).
+    match (bf16_on::<Flex, B, D>(a), bf16_on::<Flex, B, D>(b)) {
+        (Ok(a), Ok(b)) if same_batch => back(matmul_flex_bf16(a, b)),
         (a, b) => a.map_or_else(|t| t, back).matmul(b.map_or_else(|t| t, back)),
+    }
+}
+
+fn matmul_flex_bf16<const D: usize>(a: Tensor<Flex, D>, b: Tensor<Flex, D>) -> Tensor<Flex, D> {
+    let (a, b) = (a.into_primitive().tensor(), b.into_primitive().tensor());
+    Tensor::from_primitive(TensorPrimitive::Float(product::<bf16>(&a, &b)))
+}
+
+/// `a · b` of two Flex tensors of `E`, operands read where they lie.
+fn product<E: Gemm>(a: &FlexTensor, b: &FlexTensor) -> FlexTensor {
+    let (ma, mb) = (Matrices::<E>::read(a), Matrices::<E>::read(b));
+    assert_eq!(ma.cols, mb.rows, "matmul: inner dimensions {} and {}", ma.cols, mb.rows);
+    let mut shape = a.layout().shape().clone();
+    let d = shape.num_dims();
+    shape[d - 1] = mb.cols;
+    flex(E::products(ma.batch, ma.operand(), mb.operand()), shape)
+}
+
+/// The element types the CPU multiplies in their own type: f32 through
+/// gemm, bf16 through [`super::gemm_bf16`].
+pub(super) trait Gemm: Stored + burn::tensor::Element {
+    /// `a · b` for each of `batch` pairs, row major.
+    fn products(batch: usize, a: Operand<Self>, b: Operand<Self>) -> Vec<Self>;
+}
+
+impl Gemm for f32 {
+    fn products(batch: usize, a: Operand<Self>, b: Operand<Self>) -> Vec<Self> {
+        gemm_products(batch, a, b)
+    }
+}
+
+impl Gemm for bf16 {
+    fn products(batch: usize, a: Operand<Self>, b: Operand<Self>) -> Vec<Self> {
+        super::gemm_bf16::products_bf16(batch, a, b)
     }
 }
 
@@ -42,8 +88,8 @@ fn matmul_flex<const D: usize>(a: Tensor<Flex, D>, b: Tensor<Flex, D>) -> Tensor
 /// used) `size` values after the previous one, its elements `rs` apart
 /// down a column and `cs` apart along a row.
 #[derive(Clone, Copy)]
-pub(super) struct Operand<'a> {
-    pub(super) values: &'a [f32],
+pub(super) struct Operand<'a, E = f32> {
+    pub(super) values: &'a [E],
     pub(super) size: usize,
     pub(super) rows: usize,
     pub(super) cols: usize,
@@ -51,9 +97,9 @@ pub(super) struct Operand<'a> {
     pub(super) cs: isize,
 }
 
-impl<'a> Operand<'a> {
+impl<'a, E> Operand<'a, E> {
     /// Row-major matrices of `rows × cols`.
-    pub(super) fn plain(values: &'a [f32], rows: usize, cols: usize) -> Self {
+    pub(super) fn plain(values: &'a [E], rows: usize, cols: usize) -> Self {
         Self {
             values,
             size: rows * cols,
@@ -75,6 +121,14 @@ impl<'a> Operand<'a> {
         }
     }
 
+    /// Matrix `i` of the batch alone.
+    pub(super) fn matrix(self, i: usize) -> Self {
+        Self {
+            values: &self.values[i * self.size..],
+            ..self
+        }
+    }
+
     /// Values from the first element of a matrix to its last, inclusive.
     pub(super) fn extent(&self) -> usize {
         (self.rows - 1) * self.rs.unsigned_abs() + (self.cols - 1) * self.cs.unsigned_abs() + 1
@@ -87,8 +141,8 @@ impl<'a> Operand<'a> {
 /// single matrix, when its rows are further apart than its width (a
 /// `narrow` of the columns, as one of q, k, v's blocks of the joint
 /// weight); copied to row major otherwise.
-pub(super) struct Matrices<'a> {
-    pub(super) values: std::borrow::Cow<'a, [f32]>,
+pub(super) struct Matrices<'a, E: Clone = f32> {
+    pub(super) values: std::borrow::Cow<'a, [E]>,
     pub(super) batch: usize,
     pub(super) rows: usize,
     pub(super) cols: usize,
@@ -100,9 +154,44 @@ pub(super) struct Matrices<'a> {
 
 impl<'a> Matrices<'a> {
     pub(super) fn of(t: &'a FlexTensor) -> Self {
+        Self::read(t)
+    }
+}
+
+/// The element types whose matrices [`Matrices::read`] reads in place.
+pub(super) trait Stored: Clone + 'static {
+    /// The tensor's whole buffer.
+    fn storage(t: &FlexTensor) -> &[Self];
+    /// Its values row major (copied only when it is a view).
+    fn row_major(t: &FlexTensor) -> std::borrow::Cow<'_, [Self]>;
+}
+
+impl Stored for f32 {
+    fn storage(t: &FlexTensor) -> &[Self] {
+        t.storage::<f32>()
+    }
+    fn row_major(t: &FlexTensor) -> std::borrow::Cow<'_, [Self]> {
+        values(t)
+    }
+}
+
+impl Stored for bf16 {
+    fn storage(t: &FlexTensor) -> &[Self] {
+        t.storage::<bf16>()
+    }
+    fn row_major(t: &FlexTensor) -> std::borrow::Cow<'_, [Self]> {
+        match t.as_slice::<bf16>() {
+            Some(s) => std::borrow::Cow::Borrowed(s),
+            None => std::borrow::Cow::Owned(t.to_contiguous().as_slice::<bf16>().expect("contiguous").to_vec()),
+        }
+    }
+}
+
+impl<'a, E: Stored> Matrices<'a, E> {
+    pub(super) fn read(t: &'a FlexTensor) -> Self {
         let (batch, rows, cols) = matrices(t);
         let copied = |t: &'a FlexTensor| Self {
-            values: values(t),
+            values: E::row_major(t),
             batch,
             rows,
             cols,
@@ -138,7 +227,7 @@ impl<'a> Matrices<'a> {
         let (stored_rows, stored_cols) = if transposed { (cols, rows) } else { (rows, cols) };
         let extent = (batch - 1) * rows * cols + (stored_rows - 1) * stored_row_stride + stored_cols;
         let start = layout.start_offset();
-        match t.storage::<f32>().get(start..start + extent) {
+        match E::storage(t).get(start..start + extent) {
             Some(values) if packed => Self {
                 values: std::borrow::Cow::Borrowed(values),
                 batch,
@@ -151,7 +240,7 @@ impl<'a> Matrices<'a> {
         }
     }
 
-    pub(super) fn operand(&self) -> Operand<'_> {
+    pub(super) fn operand(&self) -> Operand<'_, E> {
         let stored = Operand {
             values: &self.values,
             size: self.rows * self.cols,
@@ -270,27 +359,32 @@ pub(super) fn matrices(t: &FlexTensor) -> (usize, usize, usize) {
 /// transposed view is computed as `qᵀ · pᵀ` and viewed transposed, so the
 /// `swap_dims` backward that follows gets a row-major tensor, not a copy
 /// to make.
-pub(super) fn product_like(p: Operand, q: Operand, like: &Matrices, shape: burn::tensor::Shape) -> FlexTensor {
+pub(super) fn product_like<E: Gemm>(
+    p: Operand<E>,
+    q: Operand<E>,
+    like: &Matrices<E>,
+    shape: burn::tensor::Shape,
+) -> FlexTensor {
     if like.transposed {
         let d = shape.num_dims();
         let mut stored = shape.clone();
         (stored[d - 2], stored[d - 1]) = (shape[d - 1], shape[d - 2]);
-        flex(gemm_products(like.batch, q.t(), p.t()), stored).transpose(d - 2, d - 1)
+        flex(E::products(like.batch, q.t(), p.t()), stored).transpose(d - 2, d - 1)
     } else {
-        flex(gemm_products(like.batch, p, q), shape)
+        flex(E::products(like.batch, p, q), shape)
     }
 }
 
 /// The gradients of `a · b` from the output's row-major `g`, for the
 /// parents that want them: `da = g · bᵀ`, `db = aᵀ · g`.
-pub(super) fn product_backward(
+pub(super) fn product_backward<E: Gemm>(
     a: &FlexTensor,
     b: &FlexTensor,
-    g: &[f32],
+    g: &[E],
     [pa, pb]: [Option<NodeId>; 2],
     grads: &mut Gradients,
 ) {
-    let (ma, mb) = (Matrices::of(a), Matrices::of(b));
+    let (ma, mb) = (Matrices::<E>::read(a), Matrices::<E>::read(b));
     let g = Operand::plain(g, ma.rows, mb.cols);
     if let Some(id) = pa {
         let da = product_like(g, mb.operand().t(), &ma, a.layout().shape().clone());
@@ -302,39 +396,49 @@ pub(super) fn product_backward(
     }
 }
 
-pub(super) fn matmul_cpu<const D: usize>(a: Tensor<Cpu, D>, b: Tensor<Cpu, D>) -> Tensor<Cpu, D> {
+/// `a · b` on the CPU backend with autodiff as one operation that keeps
+/// both operands (handles, no copies) for its backward, in `E` (f32 or
+/// bf16) throughout.
+pub(super) fn matmul_cpu<E: Gemm, const D: usize>(a: Tensor<Cpu, D>, b: Tensor<Cpu, D>) -> Tensor<Cpu, D> {
     #[derive(Debug)]
-    struct Matmul;
+    struct Matmul<E>(std::marker::PhantomData<E>);
 
-    impl Backward<Flex, 2> for Matmul {
+    impl<E: Gemm> Backward<Flex, 2> for Matmul<E> {
         type State = (FlexTensor, FlexTensor);
 
         fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
             let g = grads.consume::<Flex>(&ops.node);
+            // The gradient of an `E` product is an `E` tensor; one summed
+            // from other types is brought to it.
+            let g = match g.dtype() {
+                t if t == E::dtype() => g,
+                _ => {
+                    use burn::tensor::ops::FloatTensorOps;
+                    let to = if E::dtype() == DType::BF16 {
+                        FloatDType::BF16
+                    } else {
+                        FloatDType::F32
+                    };
+                    Flex::float_cast(g, to)
+                }
+            };
             let (a, b) = ops.state;
             let [pa, pb] = ops.parents.map(|p| p.map(|node| node.id));
-            product_backward(&a, &b, &values(&g), [pa, pb], grads);
+            product_backward::<E>(&a, &b, &E::row_major(&g), [pa, pb], grads);
         }
     }
 
-    let forward = |a: &FlexTensor, b: &FlexTensor| {
-        let (ma, mb) = (Matrices::of(a), Matrices::of(b));
-        assert_eq!(ma.cols, mb.rows, "matmul: inner dimensions {} and {}", ma.cols, mb.rows);
-        let mut shape = a.layout().shape().clone();
-        shape[D - 1] = mb.cols;
-        flex(gemm_products(ma.batch, ma.operand(), mb.operand()), shape)
-    };
     let (a, b) = (a.into_primitive().tensor(), b.into_primitive().tensor());
-    let out = match Matmul
+    let out = match Matmul::<E>(std::marker::PhantomData)
         .prepare::<NoCheckpointing>([a.node.clone(), b.node.clone()])
         .compute_bound()
         .stateful()
     {
         OpsKind::Tracked(prep) => {
-            let y = forward(&a.primitive, &b.primitive);
+            let y = product::<E>(&a.primitive, &b.primitive);
             prep.finish((a.primitive, b.primitive), y)
         }
-        OpsKind::UnTracked(prep) => prep.finish(forward(&a.primitive, &b.primitive)),
+        OpsKind::UnTracked(prep) => prep.finish(product::<E>(&a.primitive, &b.primitive)),
     };
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }

@@ -97,7 +97,16 @@ fn f32_on<C: Backend, B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Ten
     downcast(t)
 }
 
-/// A tensor made by [`on_cpu`] or [`f32_on`] back as `B`.
+/// `t` as a bf16 tensor of backend `C`, if it is one and the CPU's
+/// kernels are on.
+fn bf16_on<C: Backend, B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<Tensor<C, D>, Tensor<B, D>> {
+    if t.dtype() != DType::BF16 || is_as_on_a_device() {
+        return Err(t);
+    }
+    downcast(t)
+}
+
+/// A tensor made by [`on_cpu`], [`f32_on`] or [`bf16_on`] back as `B`.
 fn back<C: Backend, B: Backend, const D: usize>(t: Tensor<C, D>) -> Tensor<B, D> {
     downcast(t).unwrap_or_else(|_| unreachable!("converted from B"))
 }
@@ -110,7 +119,7 @@ pub(crate) fn values(t: &FlexTensor) -> std::borrow::Cow<'_, [f32]> {
     }
 }
 
-fn flex(values: Vec<f32>, shape: burn::tensor::Shape) -> FlexTensor {
+fn flex<E: burn::tensor::Element>(values: Vec<E>, shape: burn::tensor::Shape) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(values, shape))
 }
 
@@ -119,6 +128,7 @@ pub mod check;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube;
 mod gelu;
+mod gemm_bf16;
 mod heads;
 mod layer_norm;
 mod linear;

@@ -77,6 +77,54 @@ fn check_matmul<const D: usize>(
     }
 }
 
+/// bf16 products (the frozen weights' and the adapters' under `--precision
+/// bf16`): value and both gradients equal Burn's bf16 matmul (f32 sums
+/// rounded once) to within a bf16 unit, for every layout the kernels read
+/// in place (row major, transposed, a batch) and one they do not (a
+/// transposed left operand), with and without autodiff. The shapes cover
+/// the tiles' and panels' remainders and an odd inner dimension.
+#[test]
+fn bf16_matmul_matches_burns() {
+    let _graph = crate::grads::graph_lock(); // other tests differentiate in parallel
+    let d = Default::default();
+    let bf16 = burn::tensor::FloatDType::BF16;
+    let normal = |shape: [usize; 2]| Tensor::<Cpu, 2>::random(shape, Distribution::Normal(0.0, 1.0), &d).cast(bf16);
+    let wide = |t: Tensor<Cpu, 2>| host(t.cast(burn::tensor::FloatDType::F32));
+    let views: [(
+        &str,
+        fn(Tensor<Cpu, 2>) -> Tensor<Cpu, 2>,
+        fn(Tensor<Cpu, 2>) -> Tensor<Cpu, 2>,
+    ); 3] = [
+        ("x · W", |t| t, |t| t),
+        ("g · Wᵀ", |t| t, |t| t.transpose()),
+        ("xᵀ · g", |t| t.transpose(), |t| t),
+    ];
+    for (m, k, n) in [(7, 33, 70), (64, 129, 200)] {
+        for (what, view_a, view_b) in views {
+            let a = normal(if what == "xᵀ · g" { [k, m] } else { [m, k] }).require_grad();
+            let b = normal(if what == "g · Wᵀ" { [n, k] } else { [k, n] }).require_grad();
+            let up = normal([m, n]);
+            let fused = matmul(view_a(a.clone()), view_b(b.clone()));
+            assert_eq!(fused.dtype(), DType::BF16, "{what}: the product's type");
+            let reference = view_a(a.clone()).matmul(view_b(b.clone()));
+            let case = format!("{what} {m}×{k}×{n}");
+            close(wide(fused.clone()), wide(reference.clone()), 1e-2, &case);
+            let g_fused = (fused * up.clone()).sum().backward();
+            let g_ref = (reference * up).sum().backward();
+            for (t, side) in [(&a, "d_a"), (&b, "d_b")] {
+                let grad = |g: &_| wide(Tensor::from_inner(t.grad(g).unwrap()));
+                close(grad(&g_fused), grad(&g_ref), 1e-2, &format!("{case} {side}"));
+            }
+            // Without autodiff (a frozen weight's product inside its own
+            // operation): the same values.
+            let (pa, pb) = (view_a(a.clone()).inner(), view_b(b.clone()).inner());
+            let (plain, plain_ref) = (matmul(pa.clone(), pb.clone()), pa.matmul(pb));
+            let flat = |t: Tensor<Flex, 2>| host(Tensor::from_inner(t.cast(burn::tensor::FloatDType::F32)));
+            close(flat(plain), flat(plain_ref), 1e-2, &format!("{case}, no autodiff"));
+        }
+    }
+}
+
 /// The bias-seeded product and its three gradients are Burn's matmul
 /// and broadcast add's: small, and large enough for gemm's threads and
 /// its blocking over the inner dimension; x a transposed view, the
