@@ -124,6 +124,7 @@ fn flex<E: burn::tensor::Element>(values: Vec<E>, shape: burn::tensor::Shape) ->
 }
 
 mod attention;
+mod cast;
 pub mod check;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube;
@@ -138,6 +139,7 @@ mod softmax;
 mod tests;
 
 pub use attention::{Attention, attention, attention_reference};
+pub use cast::cast;
 pub use gelu::gelu;
 pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{layer_norm, layer_norm_reference};
@@ -145,4 +147,4 @@ pub use linear::linear;
 pub use matmul::matmul;
 pub use softmax::{causal_softmax, causal_softmax_reference};
 #[allow(unused_imports)]
-use {attention::*, gelu::*, heads::*, layer_norm::*, linear::*, matmul::*, softmax::*};
+use {attention::*, cast::*, gelu::*, heads::*, layer_norm::*, linear::*, matmul::*, softmax::*};
