@@ -4,7 +4,6 @@
 
 use burn::module::{Module, Param};
 use burn::prelude::*;
-use burn::tensor::TensorData;
 use burn::tensor::activation::silu;
 use vramfit::checkpoint::Block;
 use vramfit::precision::Autocast;
@@ -35,27 +34,8 @@ impl<B: Backend> RmsNorm<B> {
 
 /// Rotary positions on `x: [b, h, t, dh]` (f32; positions 0..t): each pair
 /// (i, i + dh/2) turned by position · θ^(−2i/dh), as Llama's reference
-/// does ("rotate half").
-pub fn rotary<B: Backend>(x: Tensor<B, 4>, theta: f64) -> Tensor<B, 4> {
-    let [_, _, t, dh] = x.dims();
-    let half = dh / 2;
-    let (mut cos, mut sin) = (Vec::with_capacity(t * half), Vec::with_capacity(t * half));
-    for p in 0..t {
-        for i in 0..half {
-            let angle = p as f64 * theta.powf(-2.0 * i as f64 / dh as f64);
-            cos.push(angle.cos() as f32);
-            sin.push(angle.sin() as f32);
-        }
-    }
-    let device = x.device();
-    let table = |v: Vec<f32>| Tensor::<B, 2>::from_data(TensorData::new(v, [t, half]), &device).unsqueeze::<4>();
-    let (cos, sin) = (table(cos), table(sin));
-    let (a, b) = (x.clone().narrow(3, 0, half), x.narrow(3, half, half));
-    Tensor::cat(
-        vec![a.clone() * cos.clone() - b.clone() * sin.clone(), b * cos + a * sin],
-        3,
-    )
-}
+/// does ("rotate half"); one operation on the CPU.
+pub use vramfit::fused::rotary;
 
 /// One decoder block.
 #[derive(Module, Debug)]

@@ -48,6 +48,14 @@ pub(super) fn products_bf16(batch: usize, a: Operand<bf16>, b: Operand<bf16>) ->
 /// One product, by the fastest path the CPU and the layout allow.
 fn product_bf16(a: Operand<bf16>, b: Operand<bf16>) -> Vec<bf16> {
     #[cfg(target_arch = "x86_64")]
+    if x86::has_bf16_units() && a.cs != 1 && (b.cs == 1 || b.rs == 1) {
+        // A transposed left operand (a weight's gradient, `xᵀ · g`):
+        // copied row major (`m·k` values, small beside the product's
+        // `m·k·n` work), then the paths below.
+        let rows = row_major(&a);
+        return product_bf16(Operand::plain(&rows, a.rows, a.cols), b);
+    }
+    #[cfg(target_arch = "x86_64")]
     if x86::has_bf16_units() && a.cs == 1 {
         if b.cs == 1 {
             // SAFETY: the CPU has the instructions; every value read lies in
@@ -76,10 +84,25 @@ pub(super) fn product_widened(a: Operand<bf16>, b: Operand<bf16>) -> Vec<bf16> {
 
 /// The operand's matrix as row-major f32 values.
 fn widened(o: &Operand<bf16>) -> Vec<f32> {
-    let mut v = Vec::with_capacity(o.rows * o.cols);
-    for i in 0..o.rows {
-        for j in 0..o.cols {
-            v.push(o.values[i * o.rs as usize + j * o.cs as usize].to_f32());
+    row_major(o).into_iter().map(bf16::to_f32).collect()
+}
+
+/// The operand's matrix as row-major values, read in the order they are
+/// stored (a transposed matrix is read along its stored rows).
+fn row_major(o: &Operand<bf16>) -> Vec<bf16> {
+    let (rows, cols, rs, cs) = (o.rows, o.cols, o.rs as usize, o.cs as usize);
+    let mut v = vec![bf16::ZERO; rows * cols];
+    if rs < cs {
+        for j in 0..cols {
+            for i in 0..rows {
+                v[i * cols + j] = o.values[i * rs + j * cs];
+            }
+        }
+    } else {
+        for i in 0..rows {
+            for j in 0..cols {
+                v[i * cols + j] = o.values[i * rs + j * cs];
+            }
         }
     }
     v
@@ -460,6 +483,47 @@ mod tests {
                 "product {i}"
             );
             check(&all[i * m * n..(i + 1) * m * n], &a, &b, "batched");
+        }
+    }
+}
+
+#[cfg(test)]
+mod speed_tmp {
+    use super::*;
+    #[test]
+    #[ignore]
+    fn speed() {
+        // Weights cycled so that each product streams its weight from memory, as in a step.
+        for &(m, k, n) in &[
+            (64usize, 2048usize, 5632usize),
+            (64, 5632, 2048),
+            (64, 2048, 2048),
+            (64, 2048, 256),
+        ] {
+            let copies = (400_000_000 / (k * n * 2)).max(2);
+            let av: Vec<bf16> = (0..m * k).map(|i| bf16::from_f32((i % 7) as f32 * 0.1)).collect();
+            let ws: Vec<Vec<bf16>> = (0..copies)
+                .map(|c| (0..k * n).map(|i| bf16::from_f32(((i + c) % 5) as f32 * 0.1)).collect())
+                .collect();
+            let a = Operand::plain(&av, m, k);
+            let fl = 2.0 * (m * k * n) as f64 / 1e9;
+            let time = |f: &dyn Fn(&[bf16])| {
+                for w in &ws {
+                    f(w);
+                }
+                let s = std::time::Instant::now();
+                for w in &ws {
+                    f(w);
+                }
+                s.elapsed().as_secs_f64() / copies as f64
+            };
+            let nn = time(&|w| {
+                std::hint::black_box(products_bf16(1, a, Operand::plain(w, k, n)));
+            });
+            let nt = time(&|w| {
+                std::hint::black_box(products_bf16(1, a, Operand::plain(w, n, k).t()));
+            });
+            println!("{m}x{k}x{n} cold: paired {:.1} GF/s, dots {:.1}", fl / nn, fl / nt);
         }
     }
 }

@@ -134,6 +134,7 @@ mod heads;
 mod layer_norm;
 mod linear;
 mod matmul;
+mod rotary;
 mod softmax;
 #[cfg(test)]
 mod tests;
@@ -145,6 +146,7 @@ pub use heads::{merge_heads, split_heads};
 pub use layer_norm::{layer_norm, layer_norm_reference};
 pub use linear::linear;
 pub use matmul::matmul;
+pub use rotary::{rotary, rotary_reference};
 pub use softmax::{causal_softmax, causal_softmax_reference};
 #[allow(unused_imports)]
-use {attention::*, cast::*, gelu::*, heads::*, layer_norm::*, linear::*, matmul::*, softmax::*};
+use {attention::*, cast::*, gelu::*, heads::*, layer_norm::*, linear::*, matmul::*, rotary::*, softmax::*};

@@ -125,6 +125,36 @@ fn bf16_matmul_matches_burns() {
     }
 }
 
+/// The rotary positions' value is Burn's operations' to the bit, and the
+/// gradient theirs, on a view (as the heads arrive) and on a plain tensor.
+#[test]
+fn rotary_matches_burns_operations() {
+    let _graph = crate::grads::graph_lock(); // other tests differentiate in parallel
+    let d = Default::default();
+    let x = Tensor::<Cpu, 4>::random([2, 5, 3, 8], Distribution::Normal(0.0, 1.0), &d).require_grad();
+    let up = Tensor::<Cpu, 4>::random([2, 3, 5, 8], Distribution::Normal(0.0, 1.0), &d);
+    for (what, view) in [("a view", true), ("plain", false)] {
+        // `* 1.0` makes a row-major copy.
+        let x_in = || {
+            if view {
+                x.clone().swap_dims(1, 2)
+            } else {
+                x.clone().swap_dims(1, 2) * 1.0
+            }
+        };
+        let (ours, burns) = (rotary(x_in(), 10_000.0), rotary_reference(x_in(), 10_000.0));
+        close(host(ours.clone()), host(burns.clone()), 0.0, &format!("{what}: value"));
+        let g_ours = (ours * up.clone()).sum().backward();
+        let g_burns = (burns * up.clone()).sum().backward();
+        close(
+            host(Tensor::from_inner(x.grad(&g_ours).unwrap())),
+            host(Tensor::from_inner(x.grad(&g_burns).unwrap())),
+            1e-6,
+            &format!("{what}: gradient"),
+        );
+    }
+}
+
 /// The bias-seeded product and its three gradients are Burn's matmul
 /// and broadcast add's: small, and large enough for gemm's threads and
 /// its blocking over the inner dimension; x a transposed view, the
