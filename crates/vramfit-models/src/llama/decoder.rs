@@ -59,6 +59,27 @@ impl<B: Backend> Llama<B> {
         )
     }
 
+    /// The logits of every position, `[b, t, vocab]`, through every block
+    /// (all of them at once: for reading a model's predictions and for
+    /// checks against a reference; training takes [`loss`](Self::loss),
+    /// which holds a chunk of positions' logits at a time).
+    pub fn logits(&self, tokens: Tensor<B, 2, Int>, ac: &Autocast) -> Tensor<B, 3> {
+        let [b, t] = tokens.dims();
+        let table = self.embedding.val();
+        let w = table.dims()[1];
+        let mut x = ac.full(table.select(0, tokens.reshape([b * t])).reshape([b, t, w]));
+        for block in &self.blocks {
+            x = block.forward(x, ac);
+        }
+        let x = self.final_norm.forward(x, ac);
+        let head = match &self.head {
+            Some(h) => h.val(),
+            None => self.embedding.val().transpose(),
+        };
+        let vocab = head.dims()[1];
+        ac.full(ac.matmul(x.reshape([b * t, w]), head)).reshape([b, t, vocab])
+    }
+
     /// The loss of `batch` through every block.
     pub fn loss(&self, batch: &TokenBatch<B>, ac: &Autocast) -> Tensor<B, 1> {
         let mut x = self.embed(batch, ac);

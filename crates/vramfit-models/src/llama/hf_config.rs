@@ -39,7 +39,29 @@ fn read(dir: &Path) -> Result<Option<(std::path::PathBuf, Value)>, String> {
     if !json.is_object() {
         return Err(at("not a JSON object".into()));
     }
-    Ok(Some((file, json)))
+    Ok(Some((file, rope_parameters_read(json))))
+}
+
+/// transformers 5 writes `rope_theta` and any scaling inside
+/// `rope_parameters` (`{"rope_theta": 1e6, "rope_type": "default"}`)
+/// where 4.x wrote `rope_theta` and `rope_scaling` at the top: read as
+/// the latter, so that θ is the file's (before this, a transformers 5
+/// checkpoint with θ 10⁶ built θ 10⁴, found by the golden tests) and a
+/// scaled one is refused as `rope_scaling` is.
+fn rope_parameters_read(mut json: Value) -> Value {
+    let Some(params) = json.get("rope_parameters").and_then(Value::as_object).cloned() else {
+        return json;
+    };
+    if json["rope_theta"].is_null()
+        && let Some(theta) = params.get("rope_theta")
+    {
+        json["rope_theta"] = theta.clone();
+    }
+    let kind = params.get("rope_type").and_then(Value::as_str).unwrap_or("default");
+    if kind != "default" && json["rope_scaling"].is_null() {
+        json["rope_scaling"] = Value::Object(params);
+    }
+    json
 }
 
 /// The shape's settings `dir/config.json` gives, as `--set` pairs
@@ -91,6 +113,36 @@ pub fn settings(dir: &Path) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
+/// The decoder `dir/config.json` describes, its weights read from `dir`,
+/// everything trained (`train` and the rest as [`LlamaConfig`]'s
+/// defaults): what `--weights DIR` builds with no `--set`, for a Rust
+/// user. Refused, naming the key, where the file is missing, is not a
+/// Llama, Mistral or Qwen2 decoder, or holds a value vramfit would not
+/// honour.
+pub fn config(dir: &Path) -> Result<LlamaConfig, String> {
+    if read(dir)?.is_none() {
+        return Err(format!(
+            "{}: no config.json: give the shape with --set model.width=… (or write the checkpoint with \
+             save_pretrained, which writes it)",
+            dir.display()
+        ));
+    }
+    let mut table = toml::Table::new();
+    for setting in settings(dir)? {
+        let (key, value) = setting.split_once('=').expect("settings are key=value");
+        let key = key.strip_prefix("model.").expect("settings are model.*");
+        let value: toml::Value = format!("v = {value}")
+            .parse::<toml::Table>()
+            .map(|mut t| t.remove("v").expect("the key just written"))
+            .map_err(|e| format!("{}: {key} = {value}: {e}", dir.display()))?;
+        table.insert(key.to_string(), value);
+    }
+    table.insert("weights".into(), toml::Value::String(dir.display().to_string()));
+    let config: LlamaConfig = table.try_into().map_err(|e| format!("{}: {e}", dir.display()))?;
+    check(&config, dir)?;
+    Ok(config)
+}
+
 /// The attention window the checkpoint trained with, where it limits
 /// attention (`sliding_window` set and `use_sliding_window` not false).
 fn sliding_window(json: &Value) -> Option<u64> {
@@ -120,7 +172,8 @@ pub(super) fn check(shape: &LlamaConfig, dir: &Path) -> Result<(), String> {
     }
     if !json["rope_scaling"].is_null() {
         return Err(at(format!(
-            "rope_scaling {}: vramfit's rotary positions are unscaled; this checkpoint's would differ",
+            "rope_scaling (rope_parameters in transformers 5) {}: vramfit's rotary positions are unscaled; \
+             this checkpoint's would differ",
             json["rope_scaling"]
         )));
     }
@@ -290,6 +343,20 @@ mod tests {
         );
         let scaled = serde_json::json!({"rope_type": "llama3", "factor": 8.0});
         assert!(with("rope_scaling", scaled).unwrap_err().contains("rope_scaling"));
+        // transformers 5's layout: θ and the scaling inside rope_parameters.
+        let mut v5 = agreeing.clone();
+        v5.as_object_mut().unwrap().remove("rope_theta");
+        v5["rope_parameters"] = serde_json::json!({"rope_theta": 1e6, "rope_type": "default"});
+        std::fs::write(dir.join("config.json"), v5.to_string()).unwrap();
+        assert!(
+            settings(&dir)
+                .unwrap()
+                .contains(&"model.rope_theta=1000000.0".to_string())
+        );
+        assert!(check(&shape, &dir).unwrap_err().contains("`rope_theta` is 1000000"));
+        v5["rope_parameters"] = serde_json::json!({"rope_theta": 5e5, "rope_type": "llama3", "factor": 8.0});
+        std::fs::write(dir.join("config.json"), v5.to_string()).unwrap();
+        assert!(check(&shape, &dir).unwrap_err().contains("rope_parameters"));
         assert!(with("vocab_size", (-3).into()).unwrap_err().contains("whole number"));
         assert!(
             with("model_type", "qwen2".into())

@@ -29,6 +29,7 @@ vramfit::test_backends!(
     a_frozen_base_stored_small_gives_the_f32_base_loss_and_adapter_gradients,
     a_hugging_face_checkpoint_loads_exactly,
     a_quantized_matrix_is_rebuilt_on_the_device_as_on_the_host,
+    the_reference_implementations_logits,
 );
 
 fn tiny(kv_heads: usize) -> LlamaConfig {
@@ -640,4 +641,76 @@ fn values_of<B: Backend>(m: Tensor<B, 2>) -> Vec<f32> {
         .convert::<f32>()
         .to_vec()
         .unwrap()
+}
+
+/// Each golden checkpoint (`tests/golden/{llama,mistral,qwen2}`, written by
+/// Hugging Face transformers with `scripts/reference_llama.py`: multi-head
+/// attention; grouped-query attention; q/k/v biases with a tied head)
+/// loaded as `--weights DIR` with nothing but its config.json gives the
+/// reference's logits and next-token loss: in f32 within 1e-4 of each
+/// value (relative to 1 + |value|), and where the device computes in bf16,
+/// within bf16's rounding carried through two blocks (0.1: the reference's
+/// logits reach ±6, one bf16 unit there is 0.03).
+fn the_reference_implementations_logits<B: AutodiffBackend>() {
+    let device = Default::default();
+    for arch in ["llama", "mistral", "qwen2"] {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden")
+            .join(arch);
+        let reference: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
+        let ints = |key: &str| -> (Vec<i64>, [usize; 2]) {
+            let rows = reference[key].as_array().unwrap();
+            let flat: Vec<i64> = rows
+                .iter()
+                .flat_map(|r| r.as_array().unwrap().iter().map(|v| v.as_i64().unwrap()))
+                .collect();
+            (flat.clone(), [rows.len(), flat.len() / rows.len()])
+        };
+        let (tokens, shape) = ints("tokens");
+        let (targets, _) = ints("targets");
+        let expected: Vec<f32> = reference["logits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|s| {
+                s.as_array()
+                    .unwrap()
+                    .iter()
+                    .flat_map(|r| r.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32))
+            })
+            .collect();
+        let expected_loss = reference["loss"].as_f64().unwrap();
+        let config = vramfit_models::llama::hf_config::config(&dir).unwrap();
+        let model = config.load::<B>(0, &device).unwrap();
+        let int = |v: Vec<i64>| Tensor::<B, 2, Int>::from_data(TensorData::new(v, shape), &device);
+        let batch = TokenBatch {
+            tokens: int(tokens.clone()),
+            targets: int(targets),
+            frames: None,
+        };
+        for (precision, tolerance) in [(Precision::F32, 1e-4f32), (Precision::Bf16, 0.1)] {
+            if !crate::common::supports::<B>(precision) {
+                continue;
+            }
+            let ac = Autocast::new(precision);
+            let logits = values(model.logits(batch.tokens.clone(), &ac));
+            assert_eq!(logits.len(), expected.len(), "{arch}: logits");
+            let worst = logits
+                .iter()
+                .zip(&expected)
+                .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
+                .fold(0f32, f32::max);
+            assert!(
+                worst <= tolerance,
+                "{arch} {precision:?}: logits differ by {worst:e} (at most {tolerance:e})"
+            );
+            let loss = values(model.loss(&batch, &ac))[0] as f64;
+            assert!(
+                (loss - expected_loss).abs() <= tolerance as f64 * (1.0 + expected_loss),
+                "{arch} {precision:?}: loss {loss} against the reference's {expected_loss}"
+            );
+            eprintln!("{arch} {precision:?}: logits within {worst:e}, loss {loss} (reference {expected_loss})");
+        }
+    }
 }

@@ -1,0 +1,99 @@
+"""Golden files for vramfit's Llama-family decoder, from the reference
+implementation (Hugging Face transformers): for each of three tiny
+architectures, a checkpoint as `save_pretrained` writes it (config.json,
+model.safetensors, f32) and `reference.json` with fixed tokens, their next
+tokens, the reference's logits and its mean next-token loss. vramfit's
+tests (crates/vramfit-models/tests/toolkit/llama.rs,
+`the_reference_implementations_logits`) load each checkpoint as a user's
+`--weights DIR` and compare.
+
+- llama:   multi-head attention (4 query, 4 key/value heads), no biases,
+           rope θ 10,000, RMSNorm ε 1e-6, separate head;
+- mistral: grouped-query attention (4 query heads over 2 key/value heads),
+           no biases, rope θ 1,000,000, ε 1e-5, separate head;
+- qwen2:   grouped-query attention, q/k/v biases, head tied to the
+           embedding, rope θ 1,000,000, ε 1e-6.
+
+The weights are drawn with a fixed seed at a scale where the logits are
+far from zero (σ 0.2; norms 1 + 0.1·N(0, 1)), so that a wrong convention
+(rotary pairs, head order, gate order, tied head) moves them by far more
+than the tolerance. Run by hand (it needs PyTorch and transformers from
+the Python registry; not CI):
+
+    python scripts/reference_llama.py [OUT_DIR]   (default crates/vramfit-models/tests/golden)
+"""
+
+import json
+import os
+import sys
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+
+SHAPE = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=64,
+    hidden_act="silu",
+)
+
+ARCHITECTURES = {
+    "llama": dict(model_type="llama", num_key_value_heads=4, rope_theta=10_000.0, rms_norm_eps=1e-6,
+                  tie_word_embeddings=False, attention_bias=False),
+    "mistral": dict(model_type="mistral", num_key_value_heads=2, rope_theta=1_000_000.0, rms_norm_eps=1e-5,
+                    tie_word_embeddings=False, sliding_window=None),
+    "qwen2": dict(model_type="qwen2", num_key_value_heads=2, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                  tie_word_embeddings=True, use_sliding_window=False),
+}
+
+BATCH, TOKENS = 2, 9
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else "crates/vramfit-models/tests/golden"
+    for seed, (name, arch) in enumerate(ARCHITECTURES.items()):
+        torch.manual_seed(1000 + seed)
+        kind = arch.pop("model_type")
+        config = AutoConfig.for_model(kind, **SHAPE, **arch)
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+        with torch.no_grad():
+            for pname, p in model.named_parameters():
+                if pname.endswith("norm.weight"):
+                    p.copy_(1.0 + 0.1 * torch.randn_like(p))
+                else:
+                    p.copy_(0.2 * torch.randn_like(p))
+        model.eval()
+        seq = torch.randint(0, SHAPE["vocab_size"], (BATCH, TOKENS))
+        tokens, targets = seq[:, :-1], seq[:, 1:]
+        with torch.no_grad():
+            logits = model(input_ids=tokens).logits
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        folder = os.path.join(out, name)
+        model.save_pretrained(folder, safe_serialization=True)
+        # Only what vramfit reads: the weights and config.json.
+        for extra in ("generation_config.json",):
+            path = os.path.join(folder, extra)
+            if os.path.exists(path):
+                os.remove(path)
+        with open(os.path.join(folder, "reference.json"), "w") as f:
+            json.dump(
+                {
+                    "architecture": name,
+                    "made_by": f"transformers {transformers.__version__}, torch {torch.__version__}, "
+                    "scripts/reference_llama.py",
+                    "tokens": tokens.tolist(),
+                    "targets": targets.tolist(),
+                    "logits": [[[round(v, 7) for v in row] for row in seq_] for seq_ in logits.tolist()],
+                    "loss": loss.item(),
+                },
+                f,
+            )
+        print(f"{name}: loss {loss.item():.6f}, logits |max| {logits.abs().max().item():.3f} -> {folder}")
+
+
+if __name__ == "__main__":
+    main()
