@@ -62,7 +62,9 @@ pub fn ratio(to: f64, from: f64) -> Option<f64> {
 /// How often predicted step times order two plans as their measured times
 /// do: of the pairs of `(predicted, measured)` whose measurements differ by
 /// more than the probes' resolution ([`super::model::TIME_RESOLUTION`]),
-/// `(agreeing, counted)`.
+/// `(agreeing, counted)`. Two plans predicted at the same time do not
+/// agree (the prediction does not order them); until 2026-11-29 such a
+/// pair agreed or not by the order the plans were listed in.
 pub fn order_agreement(times: &[(f64, f64)]) -> (usize, usize) {
     let mut agree = 0;
     let mut counted = 0;
@@ -72,7 +74,7 @@ pub fn order_agreement(times: &[(f64, f64)]) -> (usize, usize) {
                 continue;
             }
             counted += 1;
-            if (a.0 < b.0) == (a.1 < b.1) {
+            if a.0 != b.0 && (a.0 < b.0) == (a.1 < b.1) {
                 agree += 1;
             }
         }
@@ -126,6 +128,9 @@ mod tests {
         let times = [(1.0, 10.0), (2.0, 20.0), (3.0, 15.0), (2.5, 20.5)];
         assert_eq!(order_agreement(&times), (3, 5));
         assert_eq!(order_agreement(&[]), (0, 0));
+        // Predicted alike, measured apart: not ordered, in either listing.
+        assert_eq!(order_agreement(&[(5.0, 10.0), (5.0, 20.0)]), (0, 1));
+        assert_eq!(order_agreement(&[(5.0, 20.0), (5.0, 10.0)]), (0, 1));
     }
 
     #[test]
