@@ -21,7 +21,7 @@
 
 use burn::tensor::bf16;
 
-use super::matmul::{Operand, gemm_products};
+use super::products::{Operand, gemm_products};
 
 /// `a · b` for each of `batch` pairs (`a: [m, k]`, `b: [k, n]` as the
 /// operands read them; matrix `i` starts `i·size` in), into a row-major
@@ -296,14 +296,14 @@ mod x86 {
                     }
                 }
             }
-            for r in 0..MR.min(m - i0) {
+            for (r, sums) in acc.iter().enumerate().take(MR.min(m - i0)) {
                 let dst = out.0.add((i0 + r) * n + j0).cast::<u16>();
-                for v in 0..NV {
+                for (v, &sum) in sums.iter().enumerate() {
                     let c0 = 16 * v;
                     if c0 >= cols {
                         break;
                     }
-                    let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(acc[r][v]));
+                    let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(sum));
                     if c0 + 16 <= cols {
                         _mm256_storeu_si256(dst.add(c0).cast(), h);
                     } else {
@@ -371,9 +371,9 @@ mod x86 {
                     }
                 }
             }
-            for r in 0..TR.min(m - i0) {
-                for s in 0..TS.min(n - j0) {
-                    *out.0.add((i0 + r) * n + j0 + s) = bf16::from_f32(_mm512_reduce_add_ps(acc[r][s]));
+            for (r, sums) in acc.iter().enumerate().take(TR.min(m - i0)) {
+                for (s, &sum) in sums.iter().enumerate().take(TS.min(n - j0)) {
+                    *out.0.add((i0 + r) * n + j0 + s) = bf16::from_f32(_mm512_reduce_add_ps(sum));
                 }
             }
         }

@@ -134,6 +134,7 @@ mod heads;
 mod layer_norm;
 mod linear;
 mod matmul;
+mod products;
 mod rotary;
 mod softmax;
 #[cfg(test)]
@@ -149,4 +150,6 @@ pub use matmul::matmul;
 pub use rotary::{rotary, rotary_reference};
 pub use softmax::{causal_softmax, causal_softmax_reference};
 #[allow(unused_imports)]
-use {attention::*, cast::*, gelu::*, heads::*, layer_norm::*, linear::*, matmul::*, rotary::*, softmax::*};
+use {
+    attention::*, cast::*, gelu::*, heads::*, layer_norm::*, linear::*, matmul::*, products::*, rotary::*, softmax::*,
+};

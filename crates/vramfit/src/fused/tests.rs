@@ -90,11 +90,8 @@ fn bf16_matmul_matches_burns() {
     let bf16 = burn::tensor::FloatDType::BF16;
     let normal = |shape: [usize; 2]| Tensor::<Cpu, 2>::random(shape, Distribution::Normal(0.0, 1.0), &d).cast(bf16);
     let wide = |t: Tensor<Cpu, 2>| host(t.cast(burn::tensor::FloatDType::F32));
-    let views: [(
-        &str,
-        fn(Tensor<Cpu, 2>) -> Tensor<Cpu, 2>,
-        fn(Tensor<Cpu, 2>) -> Tensor<Cpu, 2>,
-    ); 3] = [
+    type View = fn(Tensor<Cpu, 2>) -> Tensor<Cpu, 2>;
+    let views: [(&str, View, View); 3] = [
         ("x · W", |t| t, |t| t),
         ("g · Wᵀ", |t| t, |t| t.transpose()),
         ("xᵀ · g", |t| t.transpose(), |t| t),
