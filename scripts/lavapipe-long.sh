@@ -4,7 +4,8 @@
 # and on the image fit, the advice's levers each lowering the reserved
 # figure, the 300-step precision curves (the transformer's and the
 # U-Net's), and every knob combination the planner may choose on wgpu
-# (104 probes, about 90 s). Over 35 minutes on 2 cores. Run it after a change to the
+# (104 probes, about 90 s), the frozen base's search and the depth slice
+# against 24 blocks on wgpu's pools (about 90 s). Over 35 minutes on 2 cores. Run it after a change to the
 # planner, the advice, precision or the wgpu path, and record the date and
 # result in docs/tests.md.
 # Usage: scripts/lavapipe-long.sh [libtest arguments, e.g. --list]
@@ -24,4 +25,4 @@ time cargo test -p vramfit-splat -p vramfit-models -p vramfit-scene -p vramfit-c
   --test plan --test advice --test toolkit -- "$@" --exact calibration_wgpu \
   every_advised_setting_lowers_the_deciding_figure::wgpu \
   transformer::low_precision_training_follows_the_f32_curve::wgpu unet::low_precision_training_follows_the_f32_curve::wgpu \
-  every_knob_combination_runs_wgpu the_frozen_base_is_searched_wgpu
+  every_knob_combination_runs_wgpu the_frozen_base_is_searched_wgpu slice_wgpu

@@ -20,10 +20,14 @@ use vramfit_models::unet::{UnetConfig, UnetTrainConfig};
 #[global_allocator]
 static HEAP: vramfit::heap::Counting<std::alloc::System> = vramfit::heap::Counting(std::alloc::System);
 
-/// Steps of each run: the pools reach their high-water within two (the
-/// second step's optimiser state is the first's; a third, run until
-/// 6687122, changed no figure and cost CI a third of this test's time).
-const STEPS: u64 = 2;
+/// Steps of each run: the pools reach their high-water within two, but
+/// the wgpu run's reserved peak moves by a page in the third. Tried at two
+/// steps (2026-11-29, 129 s instead of about 187 in CI's lavapipe step):
+/// three of the five transformer runs then replayed one 8 MiB page under
+/// the measured peak (−2.86 %, −3.12 %, −3.57 %; equal to the byte at
+/// three), inside the bound but short on the side that runs out of
+/// memory; so three.
+const STEPS: u64 = 3;
 
 /// The most the transformer's replayed peak may fall short of or exceed
 /// the measured one (measured: equal, all five).
