@@ -24,10 +24,14 @@ cargo build --release -p vramfit-cli >/dev/null
 vramfit="$work/vramfit"
 cp target/release/vramfit "$vramfit"
 venv=${VENV:-/tmp/vramfit-torch-venv}
-if [ ! -x "$venv/bin/python" ]; then
+# The versions of the recorded sitting (bench-results/llm-lora-vs-pytorch.*);
+# a half-finished install is finished rather than trusted.
+if ! "$venv/bin/python" -c 'import torch, transformers, peft' 2>/dev/null; then
   python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet torch transformers peft
+  "$venv/bin/pip" install --quiet torch==2.15.0 transformers==5.24.0 peft==0.21.2
 fi
+# PyTorch on as many threads as vramfit's rayon pool (all cores).
+threads=$(nproc)
 
 vramfit_run() { # LABEL BASE PRECISION ROUND
   local dir="$work/$1-$4"
@@ -43,10 +47,12 @@ print(json.dumps({"label": sys.argv[2], "median_step_ms": s["median_step_ms"],
 PY
 }
 torch_run() { # LABEL DTYPE
-  "$venv/bin/python" scripts/pytorch_llama_lora.py --dtype "$2" --steps "$steps" 2>/dev/null \
+  "$venv/bin/python" scripts/pytorch_llama_lora.py --dtype "$2" --steps "$steps" --threads "$threads" \
+    2>>"$work/torch.log" \
     | python3 -c "import json,sys; r=json.loads(sys.stdin.read()); r['label']='$1'; r['host_peak_bytes']=r['peak_rss_bytes']; print(json.dumps(r))" \
     >>"$work/runs.jsonl"
 }
+trap 'status=$?; [ -s "$work/torch.log" ] && [ $status -ne 0 ] && tail -20 "$work/torch.log" >&2; rm -rf "$work"' EXIT
 for round in $(seq "$rounds"); do
   vramfit_run "vramfit f32" f32 f32 "$round"
   torch_run "PyTorch f32" f32

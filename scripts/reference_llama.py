@@ -21,6 +21,10 @@ than the tolerance. Run by hand (it needs PyTorch and transformers from
 the Python registry; not CI):
 
     python scripts/reference_llama.py [OUT_DIR]   (default crates/vramfit-models/tests/golden)
+
+The committed files were written with transformers 5.24 and PyTorch 2.15;
+transformers 4.x writes another config.json layout (`rope_theta` at the
+top, not in `rope_parameters`), which vramfit reads too.
 """
 
 import json
@@ -54,12 +58,13 @@ BATCH, TOKENS = 2, 9
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "crates/vramfit-models/tests/golden"
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(here, "..", "crates", "vramfit-models", "tests", "golden")
     for seed, (name, arch) in enumerate(ARCHITECTURES.items()):
         torch.manual_seed(1000 + seed)
         kind = arch.pop("model_type")
         config = AutoConfig.for_model(kind, **SHAPE, **arch)
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         with torch.no_grad():
             for pname, p in model.named_parameters():
                 if pname.endswith("norm.weight"):

@@ -57,8 +57,12 @@ fn rope_parameters_read(mut json: Value) -> Value {
     {
         json["rope_theta"] = theta.clone();
     }
+    // Parameters keyed by layer type (`{"full_attention": {…}}`) name no
+    // θ of their own: refused with the scaled ones rather than read as the
+    // default θ.
+    let per_layer = !params.contains_key("rope_theta") && !params.contains_key("rope_type");
     let kind = params.get("rope_type").and_then(Value::as_str).unwrap_or("default");
-    if kind != "default" && json["rope_scaling"].is_null() {
+    if (kind != "default" || per_layer) && json["rope_scaling"].is_null() {
         json["rope_scaling"] = Value::Object(params);
     }
     json
@@ -357,6 +361,9 @@ mod tests {
         v5["rope_parameters"] = serde_json::json!({"rope_theta": 5e5, "rope_type": "llama3", "factor": 8.0});
         std::fs::write(dir.join("config.json"), v5.to_string()).unwrap();
         assert!(check(&shape, &dir).unwrap_err().contains("rope_parameters"));
+        v5["rope_parameters"] = serde_json::json!({"full_attention": {"rope_theta": 1e6, "rope_type": "default"}});
+        std::fs::write(dir.join("config.json"), v5.to_string()).unwrap();
+        assert!(check(&shape, &dir).unwrap_err().contains("full_attention"));
         assert!(with("vocab_size", (-3).into()).unwrap_err().contains("whole number"));
         assert!(
             with("model_type", "qwen2".into())

@@ -649,8 +649,9 @@ fn values_of<B: Backend>(m: Tensor<B, 2>) -> Vec<f32> {
 /// loaded as `--weights DIR` with nothing but its config.json gives the
 /// reference's logits and next-token loss: in f32 within 1e-4 of each
 /// value (relative to 1 + |value|), and where the device computes in bf16,
-/// within bf16's rounding carried through two blocks (0.1: the reference's
-/// logits reach ±6, one bf16 unit there is 0.03).
+/// within bf16's rounding carried through two blocks (0.1 a logit: the
+/// reference's logits reach ±5, one bf16 unit there is 0.02; the loss
+/// within 0.005 of 1 + loss, measured 8e-4).
 fn the_reference_implementations_logits<B: AutodiffBackend>() {
     let device = Default::default();
     for arch in ["llama", "mistral", "qwen2"] {
@@ -689,7 +690,7 @@ fn the_reference_implementations_logits<B: AutodiffBackend>() {
             targets: int(targets),
             frames: None,
         };
-        for (precision, tolerance) in [(Precision::F32, 1e-4f32), (Precision::Bf16, 0.1)] {
+        for (precision, tolerance, loss_tolerance) in [(Precision::F32, 1e-4f32, 1e-4), (Precision::Bf16, 0.1, 0.005)] {
             if !crate::common::supports::<B>(precision) {
                 continue;
             }
@@ -707,7 +708,7 @@ fn the_reference_implementations_logits<B: AutodiffBackend>() {
             );
             let loss = values(model.loss(&batch, &ac))[0] as f64;
             assert!(
-                (loss - expected_loss).abs() <= tolerance as f64 * (1.0 + expected_loss),
+                (loss - expected_loss).abs() <= loss_tolerance * (1.0 + expected_loss),
                 "{arch} {precision:?}: loss {loss} against the reference's {expected_loss}"
             );
             eprintln!("{arch} {precision:?}: logits within {worst:e}, loss {loss} (reference {expected_loss})");

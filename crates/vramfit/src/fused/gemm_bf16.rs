@@ -11,7 +11,9 @@
 //! sums in one instruction (products exact in f32, sums rounded as f32
 //! additions are), as oneDNN's bf16 kernels do behind PyTorch's bf16 step.
 //! Each result is its f32 sum rounded once to bf16 (to nearest, ties to
-//! even), as Flex's path rounds.
+//! even), as Flex's path rounds, except below bf16's smallest normal
+//! (about 1.2e-38): `vdpbf16ps` and `vcvtneps2bf16` flush subnormal
+//! inputs and results to zero, as oneDNN's kernels do.
 //!
 //! Two layouts run without copying the weight: `x · W` with `W` row major
 //! (its rows paired and interleaved into a 64-column panel at a time, in
@@ -130,8 +132,8 @@ mod x86 {
     }
 
     /// Rows of `a` in a tile of [`rows_paired`]; its columns are `NV`
-    /// vectors of 16. 6 × 4 sums, 4 panel loads and 6 broadcasts: 28 of
-    /// the 32 vector registers.
+    /// vectors of 16. 6 × 4 sums, 4 panel loads and one broadcast live at
+    /// a time: 29 of the 32 vector registers.
     const MR: usize = 6;
     const NV: usize = 4;
     /// Columns of a packed panel.
@@ -460,6 +462,15 @@ mod tests {
             let wv = values(n * k, 11 + n as u64);
             let w = Operand::plain(&wv, n, k).t();
             check(&products_bf16(1, a, w), &a, &w, "dot products");
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx512bf16") {
+                // The kernels themselves, not a fallback that would pass too.
+                assert!(x86::has_bf16_units(), "the CPU has AVX512_BF16");
+                // SAFETY: the CPU has the instructions; the operands cover their extents.
+                let (paired, dots) = unsafe { (x86::rows_paired(a, rows), x86::dot_products(a, w)) };
+                check(&paired, &a, &rows, "rows paired, the kernel");
+                check(&dots, &a, &w, "dot products, the kernel");
+            }
             // Both through f32, and a transposed `a` (no fast layout).
             check(&product_widened(a, rows), &a, &rows, "widened");
             let at_v = values(k * m, 3);

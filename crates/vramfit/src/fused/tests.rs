@@ -79,9 +79,9 @@ fn check_matmul<const D: usize>(
 
 /// bf16 products (the frozen weights' and the adapters' under `--precision
 /// bf16`): value and both gradients equal Burn's bf16 matmul (f32 sums
-/// rounded once) to within a bf16 unit, for every layout the kernels read
-/// in place (row major, transposed, a batch) and one they do not (a
-/// transposed left operand), with and without autodiff. The shapes cover
+/// rounded once) to within a bf16 unit, for both layouts the kernels read
+/// in place (row major, transposed) and a transposed left operand (copied
+/// first; batches are `gemm_bf16`'s own test), with and without autodiff. The shapes cover
 /// the tiles' and panels' remainders and an odd inner dimension.
 #[test]
 fn bf16_matmul_matches_burns() {
@@ -128,8 +128,9 @@ fn bf16_matmul_matches_burns() {
 fn rotary_matches_burns_operations() {
     let _graph = crate::grads::graph_lock(); // other tests differentiate in parallel
     let d = Default::default();
-    let x = Tensor::<Cpu, 4>::random([2, 5, 3, 8], Distribution::Normal(0.0, 1.0), &d).require_grad();
-    let up = Tensor::<Cpu, 4>::random([2, 3, 5, 8], Distribution::Normal(0.0, 1.0), &d);
+    // 40 positions: rows of two heads span several of the operation's tasks.
+    let x = Tensor::<Cpu, 4>::random([2, 40, 3, 8], Distribution::Normal(0.0, 1.0), &d).require_grad();
+    let up = Tensor::<Cpu, 4>::random([2, 3, 40, 8], Distribution::Normal(0.0, 1.0), &d);
     for (what, view) in [("a view", true), ("plain", false)] {
         // `* 1.0` makes a row-major copy.
         let x_in = || {
