@@ -30,14 +30,23 @@ pub struct Llama<B: Backend> {
 impl<B: Backend> Llama<B> {
     /// The embedded tokens, `[b, t, width]`.
     pub fn embed(&self, batch: &TokenBatch<B>, ac: &Autocast) -> Tensor<B, 3> {
-        let [b, t] = batch.tokens.dims();
+        self.embed_tokens(batch.tokens.clone(), ac)
+    }
+
+    /// `tokens: [b, t]` embedded, `[b, t, width]`.
+    fn embed_tokens(&self, tokens: Tensor<B, 2, Int>, ac: &Autocast) -> Tensor<B, 3> {
+        let [b, t] = tokens.dims();
         let table = self.embedding.val();
         let w = table.dims()[1];
-        ac.full(
-            table
-                .select(0, batch.tokens.clone().reshape([b * t]))
-                .reshape([b, t, w]),
-        )
+        ac.full(table.select(0, tokens.reshape([b * t])).reshape([b, t, w]))
+    }
+
+    /// The head, `[width, vocab]` (the embedding transposed when tied).
+    fn head_matrix(&self) -> Tensor<B, 2> {
+        match &self.head {
+            Some(h) => h.val(),
+            None => self.embedding.val().transpose(),
+        }
     }
 
     /// The mean next-token loss (nats) of the blocks' output `x`.
@@ -45,10 +54,7 @@ impl<B: Backend> Llama<B> {
         let [b, t] = batch.tokens.dims();
         let x = self.final_norm.forward(x, ac);
         let w = x.dims()[2];
-        let head = match &self.head {
-            Some(h) => h.val(),
-            None => self.embedding.val().transpose(),
-        };
+        let head = self.head_matrix();
         // A chunk of positions' logits at a time (a frozen head used as stored).
         vramfit::chunked_loss::chunked_cross_entropy(
             x.reshape([b * t, w]),
@@ -64,18 +70,13 @@ impl<B: Backend> Llama<B> {
     /// checks against a reference; training takes [`loss`](Self::loss),
     /// which holds a chunk of positions' logits at a time).
     pub fn logits(&self, tokens: Tensor<B, 2, Int>, ac: &Autocast) -> Tensor<B, 3> {
-        let [b, t] = tokens.dims();
-        let table = self.embedding.val();
-        let w = table.dims()[1];
-        let mut x = ac.full(table.select(0, tokens.reshape([b * t])).reshape([b, t, w]));
+        let mut x = self.embed_tokens(tokens, ac);
         for block in &self.blocks {
             x = block.forward(x, ac);
         }
         let x = self.final_norm.forward(x, ac);
-        let head = match &self.head {
-            Some(h) => h.val(),
-            None => self.embedding.val().transpose(),
-        };
+        let [b, t, w] = x.dims();
+        let head = self.head_matrix();
         let vocab = head.dims()[1];
         ac.full(ac.matmul(x.reshape([b * t, w]), head)).reshape([b, t, vocab])
     }
