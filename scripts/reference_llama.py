@@ -22,6 +22,17 @@ the Python registry; not CI):
 
     python scripts/reference_llama.py [OUT_DIR]   (default crates/vramfit-models/tests/golden)
 
+For each, a LoRA as PEFT makes it (rank 4, alpha 8: scale 2, on q, k, v
+and o; its B drawn, not zero, so that both factors have gradients) is saved
+with `save_pretrained` into `adapter/` (adapter_config.json,
+adapter_model.safetensors), with the adapted model's logits and loss on the
+same tokens and the gradient of that loss for every adapter factor, in
+`adapter/reference.json`: vramfit reads the adapter back and compares.
+The llama folder also holds `tokenizer.json`, a byte-pair tokenizer of 60
+tokens trained on a fixed text (ids 1 and 2 are BOS and EOS, as in its
+config.json; BOS first in every encoding): what vramfit tokenizes a text
+corpus with in its tests.
+
 The committed files were written with transformers 5.24 and PyTorch 2.15;
 transformers 4.x writes another config.json layout (`rope_theta` at the
 top, not in `rope_parameters`), which vramfit reads too.
@@ -98,6 +109,89 @@ def main():
                 f,
             )
         print(f"{name}: loss {loss.item():.6f}, logits |max| {logits.abs().max().item():.3f} -> {folder}")
+        lora(model, tokens, targets, os.path.join(folder, "adapter"), 2000 + seed)
+    tokenizer(os.path.join(out, "llama", "tokenizer.json"))
+
+
+RANK, ALPHA = 4, 8
+
+
+def lora(model, tokens, targets, folder, seed):
+    """The adapted model's logits, loss and adapter gradients, and the
+    adapter as PEFT saves it."""
+    import peft
+
+    torch.manual_seed(seed)
+    config = peft.LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0,
+                             target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    adapted = peft.get_peft_model(model, config)
+    with torch.no_grad():
+        for pname, p in adapted.named_parameters():
+            if "lora_" in pname:
+                p.copy_(0.2 * torch.randn_like(p))
+    adapted.train()
+    logits = adapted(input_ids=tokens).logits
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    loss.backward()
+    grads = {}
+    for pname, p in adapted.named_parameters():
+        if "lora_" in pname:
+            # PEFT's saved name: without the adapter's name ("default").
+            grads[pname.replace(".default", "")] = {"shape": list(p.shape),
+                                                     "values": [round(v, 9) for v in p.grad.flatten().tolist()]}
+    adapted.save_pretrained(folder)
+    # PEFT writes a model card beside the adapter: not what vramfit reads.
+    os.remove(os.path.join(folder, "README.md"))
+    with open(os.path.join(folder, "reference.json"), "w") as f:
+        json.dump(
+            {
+                "made_by": f"peft {peft.__version__}, transformers {transformers.__version__}, torch "
+                f"{torch.__version__}, scripts/reference_llama.py",
+                "logits": [[[round(v, 7) for v in row] for row in seq_] for seq_ in logits.tolist()],
+                "loss": loss.item(),
+                "gradients": grads,
+            },
+            f,
+        )
+    print(f"  adapter: loss {loss.item():.6f}, {len(grads)} factors -> {folder}")
+
+
+TEXT = """the quick brown fox jumps over the lazy dog
+a small model reads a small corpus
+the dog sleeps and the fox runs away
+
+every document ends where a blank line is
+the fox and the dog are friends now
+"""
+
+
+def tokenizer(path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=60, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False)
+    tok.train_from_iterator(TEXT.split("\n"), trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.save(path)
+    # Its ids for each document of a sample text (blank lines part them,
+    # the line break before a blank line is not the document's), as
+    # vramfit's corpus reader must give them (then EOS, id 2, after each).
+    documents = [d.strip("\n") for d in SAMPLE.split("\n\n") if d.strip()]
+    ids = [tok.encode(d).ids for d in documents]
+    with open(os.path.join(os.path.dirname(path), "tokenized.json"), "w") as f:
+        json.dump({"made_by": "tokenizers (Python) " + __import__("tokenizers").__version__, "text": SAMPLE,
+                   "documents": ids}, f)
+    print(f"tokenizer: {tok.get_vocab_size()} tokens -> {path}")
+
+
+SAMPLE = """the lazy fox reads
+a quick dog runs over the brown corpus
+
+and where the line is blank, a new document
+starts: zebra!
+"""
 
 
 if __name__ == "__main__":

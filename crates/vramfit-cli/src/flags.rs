@@ -73,6 +73,20 @@ pub struct TrainSettings {
     /// checked against the shape. The key `model.weights`.
     #[arg(long, value_name = "DIR")]
     weights: Option<PathBuf>,
+    /// The llm: train on this corpus instead of the synthetic task: token
+    /// ids (.bin, u16 or u32 as nanoGPT and llm.c write them), plain text
+    /// (.txt, documents separated by blank lines) or JSON lines (.jsonl, a
+    /// `text` field each), text tokenized with the checkpoint's
+    /// tokenizer.json; packed to task.tokens, task.validation of it held out
+    /// for validation loss and perplexity. The key `task.data`.
+    #[arg(long, value_name = "FILE")]
+    data: Option<PathBuf>,
+    /// The llm under LoRA: continue from this adapter in PEFT's layout (a
+    /// folder with adapter_config.json and adapter_model.safetensors, as
+    /// PEFT writes it and as a vramfit LoRA run leaves in its run folder),
+    /// of the run's rank and targets. The key `model.adapter`.
+    #[arg(long, value_name = "DIR")]
+    adapter: Option<PathBuf>,
     /// Seed of the weights.
     #[arg(long, allow_negative_numbers = true, value_parser = parse_count::<u64>)]
     seed: Option<u64>,
@@ -182,6 +196,33 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
                 sets.insert(0, s);
             }
         }
+    }
+    if let Some(data) = &a.data {
+        if M::NAME != "llm" {
+            anyhow::bail!(
+                "--data: `train {}` trains on its synthetic task; a corpus is the llm's",
+                M::NAME
+            );
+        }
+        // Absolute: a resume reads it from wherever it is run.
+        let data = std::path::absolute(data).unwrap_or_else(|_| data.clone());
+        sets.insert(
+            0,
+            format!("task.data={}", serde_json::to_string(&data.display().to_string())?),
+        );
+    }
+    if let Some(adapter) = &a.adapter {
+        if M::NAME != "llm" {
+            anyhow::bail!("--adapter: `train {}` has no adapters; LoRA is the llm's", M::NAME);
+        }
+        let adapter = std::path::absolute(adapter).unwrap_or_else(|_| adapter.clone());
+        sets.insert(
+            0,
+            format!(
+                "model.adapter={}",
+                serde_json::to_string(&adapter.display().to_string())?
+            ),
+        );
     }
     if let Some(attention) = a.attention {
         if M::default().attention().is_none() {
@@ -460,10 +501,22 @@ fn config_path(config: &Path, table: &str, key: &str) -> Option<PathBuf> {
 
 impl Inputs for TrainSettings {
     fn inputs(&self) -> Vec<(String, PathBuf)> {
-        let mut out = set_paths(&self.set, &["model.weights"]);
-        if let Some(p) = self.config.as_deref().and_then(|c| config_path(c, "model", "weights")) {
-            out.push(("--config's model.weights".into(), p));
+        let mut out = set_paths(
+            &self.set,
+            &["model.weights", "model.adapter", "task.data", "task.tokenizer"],
+        );
+        for (table, key) in [
+            ("model", "weights"),
+            ("model", "adapter"),
+            ("task", "data"),
+            ("task", "tokenizer"),
+        ] {
+            if let Some(p) = self.config.as_deref().and_then(|c| config_path(c, table, key)) {
+                out.push((format!("--config's {table}.{key}"), p));
+            }
         }
+        out.extend(self.data.clone().map(|p| ("--data".into(), p)));
+        out.extend(self.adapter.clone().map(|p| ("--adapter".into(), p)));
         out.extend(self.config.clone().map(|p| ("--config".into(), p)));
         out.extend(self.weights.clone().map(|p| ("--weights".into(), p)));
         out

@@ -291,12 +291,20 @@ pub(crate) fn print_train(name: &str, s: &RunSummary<TrainSummary>) {
             format!("{:.0} pixels/s", field("pixels_per_second")),
         )
     } else {
-        (
+        let against = if t.extra.contains_key("val_loss") {
             format!(
-                "final loss {:.4} nats/token (task floor {:.4})",
-                t.final_loss,
-                field("entropy_floor")
-            ),
+                "held out: loss {:.4}, perplexity {:.2}, over {} windows",
+                field("val_loss"),
+                field("val_perplexity"),
+                t.extra.get("evaluated_windows").and_then(|v| v.as_u64()).unwrap_or(0)
+            )
+        } else if t.extra.contains_key("entropy_floor") {
+            format!("task floor {:.4}", field("entropy_floor"))
+        } else {
+            "no windows held out".into()
+        };
+        (
+            format!("final loss {:.4} nats/token ({against})", t.final_loss),
             format!("{:.0} tokens/s", field("tokens_per_second")),
         )
     };

@@ -26,8 +26,26 @@ pub struct TaskConfig {
     pub p_follow: f64,
     /// Frames per sample (0: none). The model uses at most its `max_frames`.
     pub frames: usize,
-    /// Seed of the tables and of every batch.
+    /// Seed of the tables and of every batch (and of a corpus's order).
     pub seed: u64,
+    /// A corpus to train on instead of the synthetic task (`--data`):
+    /// token ids (`.bin`), plain text (`.txt`) or JSON lines (`.jsonl`)
+    /// ([`crate::corpus`]). Empty: the synthetic task. The llm's.
+    pub data: String,
+    /// Width of the ids in a `.bin` without llm.c's header: `u16`, `u32`,
+    /// or empty (u16 where the vocabulary fits, as nanoGPT writes them).
+    pub token_type: String,
+    /// tokenizer.json for a text corpus; empty: the one beside
+    /// `model.weights`.
+    pub tokenizer: String,
+    /// Share of the corpus's windows held out for validation (the last
+    /// ones; at least one where above 0).
+    pub validation: f64,
+    /// Held-out windows an evaluation reads at most.
+    pub eval_sequences: usize,
+    /// Steps between evaluations on the held-out windows, logged with the
+    /// step (0: only the final one, in `summary.json`).
+    pub eval_every: u64,
 }
 
 impl Default for TaskConfig {
@@ -38,6 +56,12 @@ impl Default for TaskConfig {
             p_follow: 0.8,
             frames: 0,
             seed: 7,
+            data: String::new(),
+            token_type: String::new(),
+            tokenizer: String::new(),
+            validation: 0.05,
+            eval_sequences: 32,
+            eval_every: 100,
         }
     }
 }
@@ -167,17 +191,20 @@ pub fn next_token_loss<B: Backend>(logits: Tensor<B, 2>, batch: &TokenBatch<B>) 
     picked.mean().neg()
 }
 
-/// Both decoders' fields of `summary.json`: the task's floor and the
-/// tokens a second at `median_step_ms` for batches of `batch_size`.
+/// Both decoders' fields of `summary.json`: the synthetic task's floor
+/// (a corpus has none) and the tokens a second at `median_step_ms` for
+/// batches of `batch_size`.
 pub fn token_summary(
-    data: &SyntheticTask,
+    data: &impl TokenData,
     batch_size: usize,
     median_step_ms: f64,
 ) -> serde_json::Map<String, serde_json::Value> {
-    let tokens = (batch_size * data.config().tokens) as f64;
+    let tokens = (batch_size * data.tokens_per_sample()) as f64;
     let mut out = serde_json::Map::new();
     // The task's floor: a predictor that knows the hidden topic (nats per token).
-    out.insert("entropy_floor".into(), data.entropy_floor().into());
+    if let Some(floor) = data.floor() {
+        out.insert("entropy_floor".into(), floor.into());
+    }
     out.insert(
         "tokens_per_second".into(),
         (if median_step_ms > 0.0 {
@@ -188,4 +215,21 @@ pub fn token_summary(
         .into(),
     );
     out
+}
+
+/// What [`token_summary`] reads of a run's tokens.
+pub trait TokenData {
+    /// Input tokens a sample.
+    fn tokens_per_sample(&self) -> usize;
+    /// The loss no model can beat, where known (nats per token).
+    fn floor(&self) -> Option<f64>;
+}
+
+impl TokenData for SyntheticTask {
+    fn tokens_per_sample(&self) -> usize {
+        self.config.tokens
+    }
+    fn floor(&self) -> Option<f64> {
+        Some(self.entropy_floor())
+    }
 }

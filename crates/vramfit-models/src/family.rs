@@ -29,8 +29,32 @@ pub trait Family<const D: usize>: ModelSettings {
     /// checkpoint its settings name (an unreadable one is an error).
     fn init<B: AutodiffBackend>(&self, seed: u64, device: &B::Device) -> Result<Self::Net<B>, ConfigError>;
 
-    /// The task's generator.
-    fn data(&self, task: &Self::Task) -> Self::Data;
+    /// The task's generator, or the corpus the task names (an unreadable
+    /// or unsuitable one is an error).
+    fn data(&self, task: &Self::Task) -> Result<Self::Data, ConfigError>;
+
+    /// A fingerprint of the file `data` is read from (`None`: drawn from the
+    /// seed): kept in checkpoints, a resume over another file refused.
+    fn data_fingerprint(_data: &Self::Data) -> Option<String> {
+        None
+    }
+
+    /// Steps between evaluations of held-out data (0: none in the run).
+    fn evaluate_every(_task: &Self::Task) -> u64 {
+        0
+    }
+
+    /// Figures of `net` on `data`'s held-out part (none by default), run
+    /// `micro_batch` samples at a time with `autocast`.
+    fn evaluate<B: AutodiffBackend>(
+        _data: &Self::Data,
+        _net: &Self::Net<B>,
+        _micro_batch: usize,
+        _autocast: &vramfit::precision::Autocast,
+        _device: &B::Device,
+    ) -> Vec<(String, f64)> {
+        Vec::new()
+    }
 
     /// Batch `step` (1-based) of `size` samples: the same for a given
     /// step whatever the run's history, so a resumed run sees the batches
@@ -41,6 +65,12 @@ pub trait Family<const D: usize>: ModelSettings {
         size: usize,
         device: &B::Device,
     ) -> <Self::Net<B> as Trainable<B, D>>::Batch;
+
+    /// Files of its own written at the end of a run (name, bytes): none by
+    /// default; an llm's LoRA adapters in PEFT's layout.
+    fn files<B: AutodiffBackend>(&self, _net: &Self::Net<B>) -> Result<Vec<(String, Vec<u8>)>, String> {
+        Ok(Vec::new())
+    }
 
     /// Bytes of one sample's input to a block (what a checkpointed block
     /// keeps), for the planner's chain model.

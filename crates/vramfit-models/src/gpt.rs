@@ -433,6 +433,12 @@ impl crate::family::ModelSettings for GptConfig {
         if task.tokens < 1 || task.topics < 1 || !(0.0..=1.0).contains(&task.p_follow) {
             return Err(invalid("task", "tokens and topics must be ≥ 1 and p_follow in [0, 1]"));
         }
+        if !task.data.is_empty() {
+            return Err(invalid(
+                "task.data",
+                "`train transformer` trains on its synthetic task; a corpus is the llm's (`train llm --data FILE`)",
+            ));
+        }
         if task.frames > 0 && self.frame_dim == 0 {
             return Err(invalid(
                 "task.frames",
@@ -528,8 +534,12 @@ impl crate::family::Family<3> for GptConfig {
         Ok(GptConfig::init(self, seed, device))
     }
 
-    fn data(&self, task: &Self::Task) -> Self::Data {
-        crate::data::SyntheticTask::new(task.clone(), self.vocab, self.frame_dim)
+    fn data(&self, task: &Self::Task) -> Result<Self::Data, crate::config::ConfigError> {
+        Ok(crate::data::SyntheticTask::new(
+            task.clone(),
+            self.vocab,
+            self.frame_dim,
+        ))
     }
 
     fn batch<B: AutodiffBackend>(data: &Self::Data, step: u64, size: usize, device: &B::Device) -> TokenBatch<B> {

@@ -86,6 +86,34 @@ impl<B: AutodiffBackend, F: Family<D>, const D: usize> Course<B, F::Net<B>, D> f
     fn rebuilt_fingerprint(&self) -> Option<String> {
         self.rebuilt_fingerprint.clone()
     }
+    fn files(&self, model: &F::Net<B>) -> Result<Vec<(String, vramfit::run::FileBody)>, String> {
+        Ok(self
+            .config
+            .model
+            .files::<B>(model)?
+            .into_iter()
+            .map(|(name, bytes)| (name, bytes.into()))
+            .collect())
+    }
+
+    fn data_fingerprint(&self) -> Option<String> {
+        F::data_fingerprint(&self.data)
+    }
+
+    fn evaluate_every(&self) -> u64 {
+        F::evaluate_every(&self.config.task)
+    }
+
+    fn evaluate(
+        &self,
+        model: &F::Net<B>,
+        batching: &MicroBatching,
+        autocast: &vramfit::precision::Autocast,
+        device: &B::Device,
+    ) -> Vec<(String, f64)> {
+        F::evaluate::<B>(&self.data, model, batching.micro_batch, autocast, device)
+    }
+
     /// The cadences, the learning rate, more steps, and Adam's moments
     /// between the device and the host.
     fn resumable(&self) -> vramfit::run::Resumable {
@@ -299,7 +327,7 @@ pub fn build<B: AutodiffBackend, F: Family<D>, const D: usize>(
         profile_every: config.profile_every,
     };
     let course = FamilyCourse {
-        data: config.model.data(&config.task),
+        data: config.model.data(&config.task)?,
         rebuilt_fingerprint: config.model.rebuilt_fingerprint()?,
         config,
         bf16: B::supports_dtype(device, burn::tensor::DType::BF16),

@@ -1,7 +1,8 @@
 //! Workloads that show vramfit's techniques, trained by the composed step
 //! of [`vramfit::step::Stepper`]: a GPT-style decoder ([`gpt`]) on
 //! deterministic synthetic sequences ([`data`]), a Llama-family decoder
-//! with named published shapes ([`llama`]) on the same sequences, and a
+//! with named published shapes ([`llama`]) on the same sequences or a
+//! user's corpus ([`corpus`], chosen in [`tokens`]), and a
 //! convolutional U-Net with BatchNorm ([`unet`]) denoising crops of the
 //! procedural sample ([`denoise`]).
 //!
@@ -26,6 +27,7 @@
 //! ```
 
 pub mod config;
+pub mod corpus;
 pub mod data;
 pub mod denoise;
 pub mod family;
@@ -34,4 +36,5 @@ pub mod job;
 pub mod llama;
 pub mod plan;
 pub mod safetensors;
+pub mod tokens;
 pub mod unet;

@@ -26,11 +26,13 @@ use crate::config::{ConfigError, RoughFloats, invalid};
 mod block;
 mod decoder;
 pub mod hf_config;
+pub mod peft;
 mod training;
 mod weights;
 
-use crate::data::{SyntheticTask, TaskConfig, TokenBatch};
+use crate::data::{TaskConfig, TokenBatch};
 use crate::gpt::normal;
+use crate::tokens::Tokens;
 pub use block::{LlamaBlock, Lora, Proj, RmsNorm, rotary};
 pub use decoder::Llama;
 pub use training::Training;
@@ -98,6 +100,11 @@ pub struct LlamaConfig {
     /// to start from; empty: weights drawn from the seed. Checked against
     /// the shape before anything is built. The key `--weights` sets.
     pub weights: String,
+    /// A LoRA adapter in PEFT's layout (a folder with adapter_config.json
+    /// and adapter_model.safetensors, as PEFT and vramfit's runs write
+    /// them) to continue from instead of fresh adapters; of the run's rank
+    /// and targets. The key `--adapter` sets.
+    pub adapter: String,
 }
 
 impl Default for LlamaConfig {
@@ -119,6 +126,7 @@ impl Default for LlamaConfig {
             loss_chunk: vramfit::chunked_loss::DEFAULT_CHUNK,
             base: String::new(),
             weights: String::new(),
+            adapter: String::new(),
         }
     }
 }
@@ -274,6 +282,16 @@ impl LlamaConfig {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        if !self.adapter.is_empty() && !matches!(self.training()?, Training::Lora { .. }) {
+            return Err(invalid(
+                "model.adapter",
+                format!(
+                    "{}: an adapter continues a LoRA run, and this run trains `{}`: give --train lora:RANK (the \
+                     adapter's rank)",
+                    self.adapter, self.train
+                ),
+            ));
+        }
         for (key, v) in [
             ("model.vocab", self.vocab),
             ("model.width", self.width),
@@ -532,7 +550,16 @@ impl LlamaConfig {
 
     /// [`init`](Self::init) with the base read from the checkpoint
     /// `weights` names (bf16 and f16 values exactly), where it names one.
+    /// With `adapter` set, its adapters replace the drawn ones.
     pub fn load<B: Backend>(&self, seed: u64, device: &B::Device) -> Result<Llama<B>, ConfigError> {
+        let model = self.load_base(seed, device)?;
+        if self.adapter.is_empty() {
+            return Ok(model);
+        }
+        peft::apply(model, std::path::Path::new(&self.adapter), self, device)
+    }
+
+    fn load_base<B: Backend>(&self, seed: u64, device: &B::Device) -> Result<Llama<B>, ConfigError> {
         if self.base == SEARCH_BASE {
             return Err(invalid(
                 "model.base",
@@ -726,6 +753,36 @@ impl crate::family::ModelSettings for LlamaConfig {
                 "the llm family reads tokens only (frames are the transformer's: `train transformer`)",
             ));
         }
+        if !(0.0..1.0).contains(&task.validation) {
+            return Err(invalid(
+                "task.validation",
+                format!(
+                    "{}: the share of the corpus held out is at least 0 and below 1 (e.g. 0.05)",
+                    task.validation
+                ),
+            ));
+        }
+        if task.eval_sequences < 1 {
+            return Err(invalid(
+                "task.eval_sequences",
+                "an evaluation reads at least one window",
+            ));
+        }
+        if !matches!(task.token_type.as_str(), "" | "u16" | "u32") {
+            return Err(invalid(
+                "task.token_type",
+                format!(
+                    "{:?}: `u16`, `u32`, or empty (u16 where the vocabulary fits)",
+                    task.token_type
+                ),
+            ));
+        }
+        if task.data.is_empty() && !task.tokenizer.is_empty() {
+            return Err(invalid(
+                "task.tokenizer",
+                "a tokenizer reads a text corpus, and no task.data (--data FILE) is given",
+            ));
+        }
         if task.tokens > self.context {
             return Err(invalid(
                 "task.tokens",
@@ -898,18 +955,65 @@ impl crate::family::ModelSettings for LlamaConfig {
 
 impl crate::family::Family<3> for LlamaConfig {
     type Net<B: AutodiffBackend> = Llama<B>;
-    type Data = SyntheticTask;
+    type Data = Tokens;
 
     fn init<B: AutodiffBackend>(&self, seed: u64, device: &B::Device) -> Result<Llama<B>, ConfigError> {
         self.load(seed, device)
     }
 
-    fn data(&self, task: &TaskConfig) -> SyntheticTask {
-        SyntheticTask::new(task.clone(), self.vocab, 0)
+    fn data(&self, task: &TaskConfig) -> Result<Tokens, ConfigError> {
+        crate::tokens::open(task, self.vocab, &self.weights).map_err(|e| invalid("task.data", e.to_string()))
     }
 
-    fn batch<B: AutodiffBackend>(data: &SyntheticTask, step: u64, size: usize, device: &B::Device) -> TokenBatch<B> {
+    fn batch<B: AutodiffBackend>(data: &Tokens, step: u64, size: usize, device: &B::Device) -> TokenBatch<B> {
         data.batch::<B>(step, size, device)
+    }
+
+    /// Under LoRA, the adapters in PEFT's layout.
+    fn files<B: AutodiffBackend>(&self, net: &Llama<B>) -> Result<Vec<(String, Vec<u8>)>, String> {
+        peft::export(net, self).map_err(|e| format!("the adapters in PEFT's layout: {e}"))
+    }
+
+    fn data_fingerprint(data: &Tokens) -> Option<String> {
+        match data {
+            Tokens::Corpus(c) => Some(c.fingerprint().to_string()),
+            Tokens::Synthetic(_) => None,
+        }
+    }
+
+    fn evaluate_every(task: &TaskConfig) -> u64 {
+        task.eval_every
+    }
+
+    /// The mean next-token loss over the held-out windows and its
+    /// perplexity (a corpus's; the synthetic task has its floor instead),
+    /// without autodiff.
+    fn evaluate<B: AutodiffBackend>(
+        data: &Tokens,
+        net: &Llama<B>,
+        micro_batch: usize,
+        autocast: &vramfit::precision::Autocast,
+        device: &B::Device,
+    ) -> Vec<(String, f64)> {
+        let Tokens::Corpus(corpus) = data else {
+            return Vec::new();
+        };
+        use burn::module::AutodiffModule;
+        let net = net.valid();
+        let (mut sum, mut windows) = (0.0f64, 0usize);
+        for batch in corpus.held_out::<B::InnerBackend>(micro_batch.max(1), device) {
+            let n = batch.tokens.dims()[0];
+            // Every window has the same tokens: the mean of the windows'
+            // means is the mean over tokens.
+            let loss: f32 = net.loss(&batch, autocast).into_scalar().elem();
+            sum += loss as f64 * n as f64;
+            windows += n;
+        }
+        if windows == 0 {
+            return Vec::new();
+        }
+        let loss = sum / windows as f64;
+        vec![("val_loss".into(), loss), ("val_perplexity".into(), loss.exp())]
     }
 
     fn block_input_bytes(&self, task: &TaskConfig) -> u64 {
@@ -918,7 +1022,7 @@ impl crate::family::Family<3> for LlamaConfig {
 
     fn summary<B: AutodiffBackend>(
         &self,
-        data: &SyntheticTask,
+        data: &Tokens,
         net: &Llama<B>,
         batch_size: usize,
         _: usize,
@@ -926,6 +1030,13 @@ impl crate::family::Family<3> for LlamaConfig {
         _: &B::Device,
     ) -> serde_json::Map<String, serde_json::Value> {
         let mut out = crate::data::token_summary(data, batch_size, median_step_ms);
+        if let Tokens::Corpus(c) = data {
+            let (training, held_out) = c.windows();
+            out.insert("data_tokens".into(), c.id_count().into());
+            out.insert("training_windows".into(), training.into());
+            out.insert("held_out_windows".into(), held_out.into());
+            out.insert("evaluated_windows".into(), c.evaluated().into());
+        }
         // What trains and what is frozen (no gradient, no moments), as stored.
         let params = vramfit::params::describe(net);
         let bytes = |trainable: bool| -> u64 {

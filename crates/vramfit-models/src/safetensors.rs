@@ -533,6 +533,11 @@ fn header(file: &Path) -> Result<Vec<(String, Entry)>, String> {
 /// file in `dtype` (rounded to nearest even): for tests and for a user's
 /// own small checkpoints.
 pub fn write(path: &Path, tensors: &[(&str, Vec<usize>, &[f32])], dtype: Dtype) -> std::io::Result<()> {
+    vramfit::run::atomic_write(path, &encode(tensors, dtype)?)
+}
+
+/// The bytes of one safetensors file of `tensors` in `dtype`.
+pub fn encode(tensors: &[(&str, Vec<usize>, &[f32])], dtype: Dtype) -> std::io::Result<Vec<u8>> {
     let mut header = serde_json::Map::new();
     let mut data = Vec::new();
     for (name, shape, values) in tensors {
@@ -557,7 +562,7 @@ pub fn write(path: &Path, tensors: &[(&str, Vec<usize>, &[f32])], dtype: Dtype) 
     let mut out = (text.len() as u64).to_le_bytes().to_vec();
     out.extend_from_slice(&text);
     out.extend_from_slice(&data);
-    vramfit::run::atomic_write(path, &out)
+    Ok(out)
 }
 
 #[cfg(test)]

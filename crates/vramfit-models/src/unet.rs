@@ -582,8 +582,8 @@ impl Family<4> for UnetConfig {
         Ok(self.build(seed, device))
     }
 
-    fn data(&self, task: &DenoiseConfig) -> Denoise {
-        Denoise::new(task.clone(), self.channels)
+    fn data(&self, task: &DenoiseConfig) -> Result<Denoise, ConfigError> {
+        Ok(Denoise::new(task.clone(), self.channels))
     }
 
     fn batch<B: AutodiffBackend>(data: &Denoise, step: u64, size: usize, device: &B::Device) -> ImageBatch<B> {

@@ -445,3 +445,132 @@ fn a_qlora_run_writes_its_adapters_only_and_resumes_exactly() {
     );
     assert!(a == b, "the resumed QLoRA run ends with byte-identical weights.bin");
 }
+
+/// A LoRA run on a user's corpus (token ids, u16): the held-out windows
+/// evaluated every 2 steps into `metrics.jsonl` and at the end into
+/// `summary.json`; the adapters written in PEFT's layout beside
+/// `weights.bin`; stopped after its second checkpoint and resumed, it ends
+/// with the straight run's byte-identical files (batches follow the step,
+/// not the run's history); a resume over a changed corpus is refused.
+#[test]
+fn a_corpus_run_evaluates_writes_peft_adapters_and_resumes_exactly() {
+    use vramfit_models::llama::{LlamaConfig, LlmConfig};
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = tmp.path().join("corpus.bin");
+    let ids: Vec<u8> = (0..600u32)
+        .flat_map(|i| (((i * 13 + i / 7) % 32) as u16).to_le_bytes())
+        .collect();
+    std::fs::write(&corpus, &ids).unwrap();
+    let config = || {
+        let mut c = LlmConfig {
+            steps: 6,
+            batch_size: 2,
+            checkpoint_every: 2,
+            log_every: 1,
+            ..Default::default()
+        };
+        c.model = LlamaConfig {
+            vocab: 32,
+            width: 32,
+            depth: 2,
+            heads: 4,
+            kv_heads: 2,
+            ffn: 64,
+            context: 16,
+            train: "lora:4".into(),
+            ..Default::default()
+        };
+        c.task.tokens = 8;
+        c.task.data = corpus.display().to_string();
+        c.task.eval_every = 2;
+        c.task.eval_sequences = 4;
+        c
+    };
+    let go = |config: Option<LlmConfig>, out: &Path, mut observe: Box<dyn FnMut(Event) -> ControlFlow<()>>| {
+        let start = match config {
+            Some(c) => Start::New(c, RunPath::At(out.into())),
+            None => Start::Resume(out.into()),
+        };
+        let (run, workload) = vramfit_models::job::start::<B, LlamaConfig, 3>(start, &Default::default(), "cpu")?;
+        Ok::<_, TrainError>(run.drive(workload, &mut observe)?)
+    };
+    let straight = tmp.path().join("straight");
+    let summary = go(Some(config()), &straight, Box::new(|_| ControlFlow::Continue(())))
+        .unwrap()
+        .unwrap();
+    let val = summary.workload.extra["val_loss"].as_f64().unwrap();
+    let perplexity = summary.workload.extra["val_perplexity"].as_f64().unwrap();
+    assert!(val.is_finite() && (perplexity - val.exp()).abs() < 1e-9 * perplexity);
+    assert_eq!(
+        summary.workload.extra["held_out_windows"], 4,
+        "5 % of 74 windows, rounded"
+    );
+    let metrics = std::fs::read_to_string(straight.join("metrics.jsonl")).unwrap();
+    let evaluated: Vec<u64> = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|l| l.get("val_loss").is_some())
+        .map(|l| l["step"].as_u64().unwrap())
+        .collect();
+    assert_eq!(evaluated, vec![2, 4, 6]);
+    let last: serde_json::Value = serde_json::from_str(metrics.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        last["val_loss"].as_f64().unwrap(),
+        val,
+        "the summary's is the last step's"
+    );
+    for name in ["adapter_model.safetensors", "adapter_config.json"] {
+        assert!(straight.join(name).is_file(), "{name}");
+    }
+
+    let broken = tmp.path().join("broken");
+    let mut seen = 0;
+    let stopped = go(
+        Some(config()),
+        &broken,
+        Box::new(move |e| {
+            if let Event::Checkpoint(_) = e {
+                seen += 1;
+                if seen == 2 {
+                    return ControlFlow::Break(());
+                }
+            }
+            ControlFlow::Continue(())
+        }),
+    )
+    .unwrap();
+    assert!(stopped.is_none(), "stopped before its end");
+    // The corpus changed under the run: refused, the run left as it was.
+    let mut changed = ids.clone();
+    changed[100] ^= 1;
+    std::fs::write(&corpus, &changed).unwrap();
+    let e = go(None, &broken, Box::new(|_| ControlFlow::Continue(())))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("data whose fingerprint"), "{e}");
+    std::fs::write(&corpus, &ids).unwrap();
+    go(None, &broken, Box::new(|_| ControlFlow::Continue(()))).unwrap();
+    for name in ["weights.bin", "adapter_model.safetensors", "metrics.jsonl"] {
+        let (a, b) = (
+            std::fs::read(broken.join(name)).unwrap(),
+            std::fs::read(straight.join(name)).unwrap(),
+        );
+        if name == "metrics.jsonl" {
+            // Wall times differ; losses and evaluations do not.
+            let strip = |t: Vec<u8>| -> Vec<serde_json::Value> {
+                String::from_utf8(t)
+                    .unwrap()
+                    .lines()
+                    .map(|l| {
+                        let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+                        v.as_object_mut().unwrap().remove("wall_seconds");
+                        v
+                    })
+                    .collect()
+            };
+            assert_eq!(strip(a), strip(b), "the same losses and evaluations");
+        } else {
+            assert!(a == b, "the resumed corpus run ends with a byte-identical {name}");
+        }
+    }
+}

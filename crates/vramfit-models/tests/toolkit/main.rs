@@ -8,5 +8,6 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod llama;
+mod peft;
 mod transformer;
 mod unet;

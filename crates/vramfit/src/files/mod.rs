@@ -11,11 +11,14 @@
 //! - [`outputs`]: a file vramfit writes never replaces an input of the
 //!   run, a file its owner made read-only, or the target of a link planted
 //!   in a run directory.
+//! - [`fingerprint`]: FNV-1a, to tell the input a run started on from
+//!   another under the same path.
 //! - [`room`]: the memory a process may still take, so that a run too large
 //!   for the machine is refused with figures instead of aborting on an
 //!   allocation.
 
 pub mod confine;
+pub mod fingerprint;
 pub mod outputs;
 pub mod read;
 pub mod room;

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::files::fingerprint::Fnv1a;
 use serde::{Deserialize, Serialize};
 
 const MAGIC: &[u8; 8] = b"VRAMFIT\0";
@@ -64,23 +65,6 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     let mut h = Fnv1a::default();
     h.add(bytes);
     h.0
-}
-
-/// FNV-1a over bytes given in pieces.
-struct Fnv1a(u64);
-
-impl Default for Fnv1a {
-    fn default() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv1a {
-    fn add(&mut self, bytes: &[u8]) {
-        self.0 = bytes
-            .iter()
-            .fold(self.0, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-    }
 }
 
 impl ArrayFile {

@@ -220,6 +220,32 @@ pub trait Course<B: AutodiffBackend, M: Trainable<B, D>, const D: usize> {
     fn rebuilt_from_settings(&self, _path: &str) -> bool {
         false
     }
+    /// A fingerprint of the data the batches are read from (a corpus's
+    /// file): kept in each checkpoint; a resume over data that gives
+    /// another is refused, since its batches would not be the ones the run
+    /// would have seen. Default: none (batches drawn from the seed).
+    fn data_fingerprint(&self) -> Option<String> {
+        None
+    }
+    /// Steps between evaluations of held-out data (0, the default: none
+    /// during the run; [`Course::evaluate`] still gives the summary's).
+    fn evaluate_every(&self) -> u64 {
+        0
+    }
+    /// Figures of `model` on held-out data (e.g. `val_loss`), run
+    /// `batching.micro_batch` samples at a time (what fits in training) with
+    /// the step's `autocast`: logged with the step every
+    /// [`Course::evaluate_every`] steps, and the last in `summary.json`.
+    /// Default: none.
+    fn evaluate(
+        &self,
+        _model: &M,
+        _batching: &MicroBatching,
+        _autocast: &crate::precision::Autocast,
+        _device: &B::Device,
+    ) -> Vec<(String, f64)> {
+        Vec::new()
+    }
     /// What a resume may change in its settings: by default the
     /// [`Schedule`]'s learning rate and cadences, and more steps.
     fn resumable(&self) -> Resumable {
@@ -228,6 +254,12 @@ pub trait Course<B: AutodiffBackend, M: Trainable<B, D>, const D: usize> {
             learning_rates: &["lr"],
             ..Resumable::STEPS_ONLY
         }
+    }
+    /// Files of its own written at the end beside `weights.bin` (name,
+    /// contents), e.g. adapters in another library's layout; none by
+    /// default. An error ends the run as a failed write would.
+    fn files(&self, _model: &M) -> Result<Vec<(String, crate::run::FileBody)>, String> {
+        Ok(Vec::new())
     }
     /// The kind of a final `weights.bin`, or `None` for none (the default).
     fn weights_kind(&self) -> Option<&'static str> {
@@ -336,6 +368,9 @@ pub enum TrainerError {
     /// A checkpoint that does not fit the model.
     #[error("checkpoint does not match the model: {0}")]
     Checkpoint(String),
+    /// A final file of the course's own could not be made.
+    #[error("making the run's final files: {0}")]
+    Files(String),
 }
 
 /// A micro-batch that divides the batch, and one checkpoint mark per block.
@@ -451,7 +486,11 @@ where
             kind,
             &self.model,
             &self.stepper,
-            json!({ "recent_losses": self.recent, "rebuilt_fingerprint": self.course.rebuilt_fingerprint() }),
+            json!({
+                "recent_losses": self.recent,
+                "rebuilt_fingerprint": self.course.rebuilt_fingerprint(),
+                "data_fingerprint": self.course.data_fingerprint(),
+            }),
             |path| self.course.rebuilt_from_settings(path),
         )
     }
@@ -518,6 +557,17 @@ where
             self.recent.remove(0);
         }
         let skipped = self.stepper.scaler.as_ref().map_or(0, |s| s.state().skipped_steps);
+        let every = self.course.evaluate_every();
+        let evaluated = if every > 0 && step.is_multiple_of(every) {
+            self.course.evaluate(
+                &self.model,
+                &self.stepper.batching,
+                &self.stepper.autocast,
+                &self.device,
+            )
+        } else {
+            Vec::new()
+        };
         let mut metrics = serde_json::Map::new();
         metrics.insert("lr".into(), json!(lr));
         metrics.insert("loss_scale".into(), json!(out.scale));
@@ -526,17 +576,26 @@ where
         if let Some(h) = handed {
             metrics.insert("collective_bytes".into(), json!(h.total()));
         }
+        let mut status = format!("loss {:.4}", out.loss);
+        let mut scalars = vec![
+            ("lr".into(), lr),
+            ("loss_scale".into(), out.scale),
+            ("skipped_steps".into(), skipped as f64),
+        ];
+        let evaluated_now = !evaluated.is_empty();
+        for (name, value) in evaluated {
+            status.push_str(&format!(" · {name} {value:.4}"));
+            metrics.insert(name.clone(), json!(value));
+            scalars.push((name, value));
+        }
         Ok(StepRecord {
             step,
             loss: out.loss,
             metrics,
-            scalars: vec![
-                ("lr".into(), lr),
-                ("loss_scale".into(), out.scale),
-                ("skipped_steps".into(), skipped as f64),
-            ],
-            notable: !out.stepped,
-            status: format!("loss {:.4}", out.loss),
+            scalars,
+            // An evaluation is a line of its own in the log.
+            notable: !out.stepped || evaluated_now,
+            status,
             notes: if out.stepped {
                 Vec::new()
             } else {
@@ -560,6 +619,14 @@ where
                  settings name now gives {}: the same path holds another checkpoint; give back the one the run \
                  started from (or start a new run)",
                 self.course.rebuilt_fingerprint().unwrap_or_else(|| "none".into())
+            )));
+        }
+        let then = file.meta.get("data_fingerprint").and_then(|v| v.as_str());
+        if then.is_some() && then != self.course.data_fingerprint().as_deref() {
+            return Err(TrainerError::Checkpoint(format!(
+                "it was trained on data whose fingerprint was {}, and the data the run's settings name now gives {}:                  the file was changed or replaced, so the batches after the checkpoint would not be the ones the run                  would have read; give back the file the run started from (or start a new run)",
+                then.unwrap_or_default(),
+                self.course.data_fingerprint().unwrap_or_else(|| "none".into())
             )));
         }
         self.model = load_state(file, self.model.clone(), &mut self.stepper, &self.device, |path| {
@@ -598,18 +665,25 @@ where
                 .course
                 .summary(&self.model, &s.batching, stats.median_step_ms, &self.device),
         };
+        for (name, value) in self
+            .course
+            .evaluate(&self.model, &s.batching, &s.autocast, &self.device)
+        {
+            summary.extra.insert(name, json!(value));
+        }
         if let Some(h) = self.handed {
             // The last step taken's: every step taken hands the same bytes.
             summary.extra.insert("collective_bytes_per_step".into(), json!(h));
         }
         // No wall time in the weights: a resumed run writes the same bytes.
-        let files = match self.course.weights_kind() {
+        let mut files = match self.course.weights_kind() {
             Some(kind) => vec![(
                 "weights.bin".into(),
                 crate::run::FileBody::Arrays(self.to_array_file(kind)),
             )],
             None => Vec::new(),
         };
+        files.extend(self.course.files(&self.model).map_err(TrainerError::Files)?);
         Ok(Finished { summary, files })
     }
 }
