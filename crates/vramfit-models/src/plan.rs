@@ -57,6 +57,8 @@ where
     /// Validates `base` on `device` and reads the knob space.
     pub fn new(base: FamilyConfig<F>, device: &B::Device) -> Result<Self, TrainError> {
         base.resolve::<B>(device)?;
+        // A corpus the run cannot read is refused before minutes of probes.
+        base.model.data(&base.task)?;
         let space = space_of::<B, F, D>(&base, device)?;
         Ok(Self {
             base,
@@ -75,6 +77,7 @@ where
     /// The slice must be shallower than the model, whose blocks must repeat.
     pub fn sliced(base: FamilyConfig<F>, device: &B::Device, probe_blocks: usize) -> Result<Self, TrainError> {
         base.resolve_elsewhere::<B>(device)?;
+        base.model.data(&base.task)?;
         let depth = base.model.blocks();
         let slice_error = |why: String| TrainError::Config(invalid("probe_blocks", why));
         if base.model.with_blocks(1).is_none() {

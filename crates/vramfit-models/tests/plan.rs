@@ -598,3 +598,54 @@ fn the_frozen_base_is_searched_flex() {
 fn the_frozen_base_is_searched_wgpu() {
     the_frozen_base_is_searched::<vramfit::backends::Wgpu>();
 }
+
+/// A run on a corpus is planned as the synthetic task of its shape: the
+/// same knobs offered, and every probe's batch the same tensors (shapes,
+/// element types, bytes), so that nothing the planner measures differs but
+/// the ids; a corpus it cannot read is refused before any probe.
+#[test]
+fn a_corpus_is_planned_as_the_synthetic_task_of_its_shape() {
+    use vramfit::step::Trainable;
+    use vramfit::trainer::Course;
+    use vramfit_models::llama::{Llama, LlamaConfig, LlmConfig};
+    type B = burn::backend::Autodiff<vramfit::backends::Flex>;
+    let tmp = tempfile::tempdir().unwrap();
+    let corpus = tmp.path().join("corpus.bin");
+    std::fs::write(&corpus, (0..400u16).flat_map(|i| (i % 32).to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    let mut synthetic = LlmConfig {
+        batch_size: 4,
+        ..Default::default()
+    };
+    synthetic.model = LlamaConfig {
+        vocab: 32,
+        width: 32,
+        depth: 2,
+        heads: 4,
+        kv_heads: 2,
+        ffn: 64,
+        context: 16,
+        train: "lora:4".into(),
+        ..Default::default()
+    };
+    synthetic.task.tokens = 8;
+    let mut on_corpus = synthetic.clone();
+    on_corpus.task.data = corpus.display().to_string();
+    let device = Default::default();
+    let space = |c: &LlmConfig| FamilyTarget::<B, _, 3>::new(c.clone(), &device).unwrap().space();
+    assert_eq!(space(&synthetic), space(&on_corpus));
+    let batches = |c: &LlmConfig| {
+        let job = vramfit_models::job::build::<B, LlamaConfig, 3>(c.clone(), &device).unwrap();
+        (1..=3)
+            .map(|step| {
+                let b = job.course().batch(step, 4, &device);
+                let described = (b.tokens.dims(), b.tokens.dtype(), b.targets.dims(), b.targets.dtype());
+                (described, <Llama<B> as Trainable<B, 3>>::batch_bytes(&b))
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(batches(&synthetic), batches(&on_corpus));
+    let mut unreadable = on_corpus.clone();
+    unreadable.task.data = tmp.path().join("absent.bin").display().to_string();
+    let e = FamilyTarget::<B, _, 3>::new(unreadable, &device).err().unwrap().to_string();
+    assert!(e.contains("absent.bin"), "{e}");
+}

@@ -242,3 +242,60 @@ fn adapters_that_do_not_fit_the_run_are_refused() {
     });
     assert!(e.contains("continues a LoRA run"), "{e}");
 }
+
+/// The round trip outside vramfit, run by `scripts/peft-round-trip.sh`
+/// (not CI: it needs PyTorch, transformers and PEFT): a vramfit run's
+/// adapters, loaded by PEFT onto the same transformers checkpoint, gave
+/// the logits in `$VRAMFIT_ROUND_TRIP/peft.json`; vramfit's own logits for
+/// the same tokens must agree within 1e-4 (relative to 1 + |value|). The
+/// figures go to `$VRAMFIT_ROUND_TRIP/vramfit.json`.
+#[test]
+#[ignore = "run by scripts/peft-round-trip.sh"]
+fn peft_reproduces_vramfits_logits() {
+    let Ok(dir) = std::env::var("VRAMFIT_ROUND_TRIP") else {
+        panic!("set VRAMFIT_ROUND_TRIP to the folder scripts/peft-round-trip.sh made");
+    };
+    let dir = Path::new(&dir);
+    let peft_out = json(&dir.join("peft.json"));
+    let run: toml::Value =
+        toml::from_str(&std::fs::read_to_string(dir.join("run/config.toml")).unwrap()).unwrap();
+    let mut config = hf_config::config(&dir.join("base")).unwrap();
+    config.train = run["model"]["train"].as_str().unwrap().into();
+    config.adapter = dir.join("run").display().to_string();
+    let device = Default::default();
+    let model = config.load::<Flex>(0, &device).unwrap();
+    let rows = peft_out["tokens"].as_array().unwrap();
+    let flat: Vec<i64> = rows
+        .iter()
+        .flat_map(|r| r.as_array().unwrap().iter().map(|v| v.as_i64().unwrap()))
+        .collect();
+    let shape = [rows.len(), flat.len() / rows.len()];
+    let tokens = Tensor::<Flex, 2, Int>::from_data(TensorData::new(flat, shape), &device);
+    let ours: Vec<f32> = model
+        .logits(tokens, &Autocast::new(Precision::F32))
+        .into_data()
+        .to_vec()
+        .unwrap();
+    let theirs = floats(&peft_out["logits"]);
+    let base = floats(&peft_out["base_logits"]);
+    let worst = ours
+        .iter()
+        .zip(&theirs)
+        .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
+        .fold(0f32, f32::max);
+    // How far the adapters moved the logits: what the agreement is measured against.
+    let moved = base
+        .iter()
+        .zip(&theirs)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    let figures = serde_json::json!({
+        "logits": ours.len(),
+        "largest_relative_difference": worst,
+        "largest_change_by_the_adapters": moved,
+    });
+    std::fs::write(dir.join("vramfit.json"), figures.to_string()).unwrap();
+    eprintln!("{figures}");
+    assert!(moved > 1e-2, "the trained adapters change the logits ({moved}): else the check proves little");
+    assert!(worst <= 1e-4, "PEFT's logits differ from vramfit's by {worst:e}");
+}
