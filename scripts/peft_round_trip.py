@@ -7,7 +7,9 @@
                                      OUT/corpus.txt) to fine-tune
     peft_round_trip.py peft OUT      PEFT loads OUT/run's adapters onto
                                      OUT/base; its logits (and the base's) on
-                                     held-out text into OUT/peft.json
+                                     held-out text into OUT/peft.json, with
+                                     how far OUT/merged (vramfit export) is
+                                     from PEFT's merge_and_unload
 """
 
 import json
@@ -59,12 +61,18 @@ def peft_logits(out):
     adapted = peft.PeftModel.from_pretrained(model, os.path.join(out, "run")).eval()
     with torch.no_grad():
         logits = adapted(input_ids=tokens).logits
+        # vramfit's merged export (vramfit export) against PEFT's own merge.
+        exported = AutoModelForCausalLM.from_pretrained(os.path.join(out, "merged"), dtype=torch.float32).eval()
+        merged = adapted.merge_and_unload()
+        export_gap = (exported(input_ids=tokens).logits - merged(input_ids=tokens).logits).abs().max().item()
     with open(os.path.join(out, "peft.json"), "w") as f:
         json.dump({"made_by": f"peft {peft.__version__}, transformers {transformers.__version__}, "
                    f"torch {torch.__version__}",
-                   "tokens": tokens.tolist(), "logits": logits.tolist(), "base_logits": base_logits.tolist()}, f)
+                   "tokens": tokens.tolist(), "logits": logits.tolist(), "base_logits": base_logits.tolist(),
+                   "export_against_merge_and_unload": export_gap}, f)
     print(f"peft: {logits.numel()} logits; the adapters moved them by up to "
-          f"{(logits - base_logits).abs().max().item():.4f}")
+          f"{(logits - base_logits).abs().max().item():.4f}; vramfit's merged export against PEFT's "
+          f"merge_and_unload: logits within {export_gap:.3e}")
 
 
 if __name__ == "__main__":

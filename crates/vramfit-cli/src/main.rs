@@ -82,6 +82,7 @@ mod bench_slice;
 mod budget;
 mod check_kernels;
 mod device;
+mod export;
 mod family_cards;
 mod fit;
 mod flags;
@@ -161,6 +162,8 @@ enum Command {
         /// Output PNG.
         out: PathBuf,
     },
+    /// Write a finished llm run as a Hugging Face checkpoint (LoRA adapters merged).
+    Export(export::ExportArgs),
     /// Print a run's memory breakdown and write RUN_DIR/memory.html.
     Report {
         /// A run directory (with memory.json).
@@ -292,6 +295,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Train { which } => train::run(which),
         Command::Plan { which } => plan::run(which),
         Command::Report { run_dir } => report(&run_dir),
+        Command::Export(args) => export::run(args),
     }
 }
 

@@ -26,6 +26,7 @@ use crate::config::{ConfigError, RoughFloats, invalid};
 mod block;
 mod decoder;
 pub mod hf_config;
+pub mod merge;
 pub mod peft;
 mod training;
 mod weights;

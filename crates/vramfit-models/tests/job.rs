@@ -574,3 +574,59 @@ fn a_corpus_run_evaluates_writes_peft_adapters_and_resumes_exactly() {
         }
     }
 }
+
+/// A LoRA run on a Hugging Face checkpoint (the golden Llama) exported
+/// (`llama::merge::export`): sharded with an index when asked, it loads as
+/// a checkpoint (`--weights`) whose logits are the run's adapted model's
+/// (the adapters merged: within f32 rounding); a run on a drawn base and a
+/// run not finished are refused, leaving no folder.
+#[test]
+fn a_lora_run_exports_a_merged_checkpoint_that_loads_as_the_runs_model() {
+    use burn::prelude::*;
+    use vramfit::precision::{Autocast, Precision};
+    use vramfit_models::llama::{LlamaConfig, LlmConfig, hf_config, merge};
+    use vramfit_models::safetensors::Dtype;
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/llama");
+    let mut config = LlmConfig {
+        steps: 3,
+        batch_size: 2,
+        lr: 3e-2,
+        ..Default::default()
+    };
+    config.model = hf_config::config(&golden).unwrap();
+    config.model.weights = golden.display().to_string();
+    config.model.train = "lora:4".into();
+    config.task.tokens = 8;
+    let tmp = tempfile::tempdir().unwrap();
+    let run_dir = tmp.path().join("run");
+    let start = Start::New(config.clone(), RunPath::At(run_dir.clone()));
+    let (run, workload) = vramfit_models::job::start::<B, LlamaConfig, 3>(start, &Default::default(), "cpu").unwrap();
+    run.drive(workload, |_| ControlFlow::Continue(())).unwrap();
+    let out = tmp.path().join("merged");
+    let done = merge::export(&run_dir, &out, Some(Dtype::F32), 40_000).unwrap();
+    assert_eq!((done.tensors, done.merged), (21, 8), "every tensor; q, k, v, o in two blocks merged");
+    assert!(done.shards.len() > 1 && out.join("model.safetensors.index.json").is_file());
+    assert!(out.join("tokenizer.json").is_file() && out.join("config.json").is_file());
+    let device = Default::default();
+    let exported = hf_config::config(&out).unwrap().load::<burn::backend::Flex>(0, &device).unwrap();
+    let adapted = LlamaConfig {
+        adapter: run_dir.display().to_string(),
+        ..config.model.clone()
+    }
+    .load::<burn::backend::Flex>(0, &device)
+    .unwrap();
+    let tokens = Tensor::<burn::backend::Flex, 2, Int>::from_data(
+        TensorData::new((0..16i64).map(|i| i * 5 % 64).collect::<Vec<_>>(), [2, 8]),
+        &device,
+    );
+    let ac = Autocast::new(Precision::F32);
+    let a: Vec<f32> = exported.logits(tokens.clone(), &ac).into_data().to_vec().unwrap();
+    let b: Vec<f32> = adapted.logits(tokens, &ac).into_data().to_vec().unwrap();
+    let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs() / (1.0 + y.abs())).fold(0f32, f32::max);
+    assert!(worst <= 1e-5, "the merged checkpoint's logits differ by {worst:e}");
+    // Refused: a folder already there, a run on a drawn base, a run that has not finished.
+    assert!(merge::export(&run_dir, &out, None, 1 << 30).unwrap_err().contains("give a new folder"));
+    std::fs::remove_file(run_dir.join("weights.bin")).unwrap();
+    let e = merge::export(&run_dir, &tmp.path().join("b"), None, 1 << 30).unwrap_err();
+    assert!(e.contains("has not finished") && !tmp.path().join("b").exists(), "{e}");
+}

@@ -1,0 +1,252 @@
+//! A finished llm run written out as a Hugging Face checkpoint (`vramfit
+//! export RUN_DIR --out DIR`): every tensor under transformers' name and
+//! layout, a LoRA's adapters merged into their projections (`W + (A·B)ᵀ`,
+//! what PEFT's `merge_and_unload` gives), the trained parameters of a full
+//! or partly frozen fine-tune in place of the base's, sharded with
+//! `model.safetensors.index.json` above a size (Hugging Face's layout), and
+//! the base's config.json and tokenizer files beside them.
+//!
+//! One tensor at a time: each is read from the base checkpoint, merged and
+//! written before the next, so a 7B is never whole in memory (the run's
+//! `weights.bin` is read whole: a LoRA's is the adapters).
+
+use std::path::{Path, PathBuf};
+
+use burn::backend::Flex;
+use burn::prelude::*;
+use burn::tensor::TensorData;
+use vramfit::run::ArrayFile;
+
+use crate::safetensors::{Checkpoint, Dtype};
+
+/// What an export wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Exported {
+    /// The weight files, in order (one, or the shards).
+    pub shards: Vec<PathBuf>,
+    /// Tensors written.
+    pub tensors: usize,
+    /// Bytes of tensor data.
+    pub bytes: u64,
+    /// Projections an adapter was merged into.
+    pub merged: usize,
+}
+
+/// The base's files copied beside the weights, where it has them.
+const BESIDE: [&str; 6] = [
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+];
+
+/// vramfit's parameter path for transformers' tensor `name`, and whether
+/// vramfit keeps it transposed (`[in, out]` against `[out, in]`).
+fn ours(name: &str) -> Option<(String, bool)> {
+    match name {
+        "model.embed_tokens.weight" => return Some(("embedding".into(), false)),
+        "model.norm.weight" => return Some(("final_norm.weight".into(), false)),
+        "lm_head.weight" => return Some(("head".into(), true)),
+        _ => {}
+    }
+    let rest = name.strip_prefix("model.layers.")?;
+    let (i, what) = rest.split_once('.')?;
+    let (path, transposed) = match what {
+        "input_layernorm.weight" => ("attn_norm.weight".to_string(), false),
+        "post_attention_layernorm.weight" => ("mlp_norm.weight".to_string(), false),
+        w => {
+            let (module, kind) = w.rsplit_once('.')?;
+            let short = module.rsplit('.').next()?.strip_suffix("_proj")?;
+            (format!("{short}.{kind}"), kind == "weight")
+        }
+    };
+    Some((format!("blocks.{i}.{path}"), transposed))
+}
+
+fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0.0; v.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[c * rows + r] = v[r * cols + c];
+        }
+    }
+    out
+}
+
+/// Exports the run in `run` (its `config.toml` and `weights.bin`) into the
+/// new folder `out` in `dtype` (`None`: the base's own), with shards of at
+/// most `shard_bytes` each.
+pub fn export(run: &Path, out: &Path, dtype: Option<Dtype>, shard_bytes: u64) -> Result<Exported, String> {
+    let text = vramfit::files::read::read_text(&run.join("config.toml"), vramfit::files::read::Links::Refuse)
+        .map_err(|e| format!("{}: {e} (give the folder of a `vramfit train llm` run)", run.display()))?;
+    let config = super::LlmConfig::from_toml(&text, &run.join("config.toml"))
+        .map_err(|e| format!("{e}: not a `vramfit train llm` run's settings"))?
+        .model;
+    let weights = run.join("weights.bin");
+    let trained = ArrayFile::read(&weights).map_err(|e| {
+        format!("{e}: the run has not finished (its weights.bin is written at the end; resume it first)")
+    })?;
+    if config.weights.is_empty() {
+        return Err(
+            "the run's base was drawn from its seed, not read from a checkpoint: there is no Hugging Face model to \
+             write it into (export runs started with --weights DIR)"
+                .into(),
+        );
+    }
+    let base = Checkpoint::open(Path::new(&config.weights)).map_err(|e| format!("the run's base: {e}"))?;
+    let dtype = dtype
+        .or_else(|| base.dtype("model.embed_tokens.weight"))
+        .unwrap_or(Dtype::F32);
+    let names = config.hf_tensors();
+    // Shards: whole tensors in order, each shard at most `shard_bytes`
+    // (a larger tensor alone).
+    let mut shards: Vec<Vec<(String, Vec<usize>)>> = vec![Vec::new()];
+    let mut filled = 0u64;
+    let mut total = 0u64;
+    for (name, shape) in names {
+        let bytes = shape.iter().product::<usize>() as u64 * dtype.size() as u64;
+        if filled > 0 && filled + bytes > shard_bytes {
+            shards.push(Vec::new());
+            filled = 0;
+        }
+        filled += bytes;
+        total += bytes;
+        shards.last_mut().expect("one shard at least").push((name, shape));
+    }
+    std::fs::create_dir(out).map_err(|e| format!("{}: {e} (give a new folder)", out.display()))?;
+    // The folder is new: what a failure leaves in it goes with it.
+    write(out, &config, &base, &trained, &shards, dtype, total).inspect_err(|_| {
+        let _ = std::fs::remove_dir_all(out);
+    })
+}
+
+fn write(
+    out: &Path,
+    config: &super::LlamaConfig,
+    base: &Checkpoint,
+    trained: &ArrayFile,
+    shards: &[Vec<(String, Vec<usize>)>],
+    dtype: Dtype,
+    total: u64,
+) -> Result<Exported, String> {
+    let n = shards.len();
+    let file_name = |i: usize| {
+        if n == 1 {
+            "model.safetensors".to_string()
+        } else {
+            format!("model-{:05}-of-{n:05}.safetensors", i + 1)
+        }
+    };
+    let mut done = Exported {
+        shards: Vec::new(),
+        tensors: 0,
+        bytes: total,
+        merged: 0,
+    };
+    let mut weight_map = serde_json::Map::new();
+    for (i, shard) in shards.iter().enumerate() {
+        let path = out.join(file_name(i));
+        let mut header = serde_json::Map::new();
+        let mut at = 0usize;
+        for (name, shape) in shard {
+            let bytes = shape.iter().product::<usize>() * dtype.size();
+            header.insert(
+                name.clone(),
+                serde_json::json!({"dtype": dtype.name(), "shape": shape, "data_offsets": [at, at + bytes]}),
+            );
+            at += bytes;
+            weight_map.insert(name.clone(), file_name(i).into());
+        }
+        let mut head = serde_json::to_vec(&header).map_err(|e| e.to_string())?;
+        while !head.len().is_multiple_of(8) {
+            head.push(b' ');
+        }
+        let mut failure = None;
+        vramfit::run::atomic_write_with(&path, |w| {
+            w.write_all(&(head.len() as u64).to_le_bytes())?;
+            w.write_all(&head)?;
+            for (name, shape) in shard {
+                let values = match tensor(name, shape, base, trained) {
+                    Ok((v, merged)) => {
+                        done.merged += merged as usize;
+                        v
+                    }
+                    Err(e) => {
+                        failure = Some(e);
+                        return Err(std::io::Error::other("stopped"));
+                    }
+                };
+                let mut bytes = Vec::with_capacity(values.len() * dtype.size());
+                for x in values {
+                    match dtype {
+                        Dtype::F32 => bytes.extend_from_slice(&x.to_le_bytes()),
+                        Dtype::F16 => bytes.extend_from_slice(&half::f16::from_f32(x).to_le_bytes()),
+                        Dtype::Bf16 => bytes.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
+                    }
+                }
+                w.write_all(&bytes)?;
+                done.tensors += 1;
+            }
+            Ok(())
+        })
+        .map_err(|e| failure.take().unwrap_or_else(|| format!("{}: {e}", path.display())))?;
+        done.shards.push(path);
+    }
+    if n > 1 {
+        let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+        vramfit::run::atomic_write(
+            &out.join("model.safetensors.index.json"),
+            &serde_json::to_vec_pretty(&index).map_err(|e| e.to_string())?,
+        )
+        .map_err(|e| e.to_string())?;
+    }
+    let folder = Path::new(&config.weights);
+    let folder = if folder.is_dir() { folder } else { folder.parent().unwrap_or(folder) };
+    for name in BESIDE {
+        let from = folder.join(name);
+        if from.is_file() {
+            let bytes = vramfit::files::read::read_at_most(&from, vramfit::files::read::Links::Follow, 64 << 20)
+                .map_err(|e| format!("{}: {e}", from.display()))?;
+            vramfit::run::atomic_write(&out.join(name), &bytes).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(done)
+}
+
+/// Tensor `name` (`shape`, transformers' layout) as the run ends: the
+/// trained value where the run wrote one, else the base's, plus the
+/// adapter's product where the projection has one. Whether one was merged.
+fn tensor(name: &str, shape: &[usize], base: &Checkpoint, trained: &ArrayFile) -> Result<(Vec<f32>, bool), String> {
+    let (path, transposed) = ours(name).ok_or_else(|| format!("`{name}`: no parameter of vramfit's Llama"))?;
+    let param = |p: &str| trained.arrays.get(&format!("param/{p}"));
+    let mut values = match param(&path) {
+        Some((s, v)) if transposed => transpose(v, s[0], s[1]),
+        Some((_, v)) => v.clone(),
+        None => base.read_f32(name).map_err(|e| format!("the run's base: {e}"))?,
+    };
+    if values.len() != shape.iter().product::<usize>() {
+        return Err(format!("`{name}` holds {} values, its shape {shape:?} another count", values.len()));
+    }
+    let Some(stem) = path.strip_suffix(".weight") else {
+        return Ok((values, false));
+    };
+    let (Some((sa, a)), Some((sb, b))) = (param(&format!("{stem}.lora.a")), param(&format!("{stem}.lora.b"))) else {
+        return Ok((values, false));
+    };
+    // (A·B)ᵀ = Bᵀ·Aᵀ, `[out, in]`, added in f32.
+    let device = Default::default();
+    let a = Tensor::<Flex, 2>::from_data(TensorData::new(a.clone(), [sa[0], sa[1]]), &device);
+    let b = Tensor::<Flex, 2>::from_data(TensorData::new(b.clone(), [sb[0], sb[1]]), &device);
+    let product: Vec<f32> = b
+        .transpose()
+        .matmul(a.transpose())
+        .into_data()
+        .to_vec()
+        .map_err(|e| format!("{e:?}"))?;
+    for (w, d) in values.iter_mut().zip(product) {
+        *w += d;
+    }
+    Ok((values, true))
+}
