@@ -30,8 +30,8 @@ pub fn run(args: ExportArgs) -> Result<()> {
         Some("f16") => Some(Dtype::F16),
         Some(other) => anyhow::bail!("--dtype {other}: give f32, bf16 or f16"),
     };
-    let shard = vramfit::plan::parse_bytes(&args.max_shard_size)
-        .map_err(|e| anyhow::anyhow!("--max-shard-size {e}"))?;
+    let shard =
+        vramfit::plan::parse_bytes(&args.max_shard_size).map_err(|e| anyhow::anyhow!("--max-shard-size {e}"))?;
     let inputs = vec![("the run".to_string(), args.run_dir.clone())];
     crate::flags::check_output(&args.out, &inputs)?;
     let done = vramfit_models::llama::merge::export(&args.run_dir, &args.out, dtype, shard.max(1))

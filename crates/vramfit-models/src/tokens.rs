@@ -2,8 +2,6 @@
 //! the user's corpus (`--data FILE`, [`crate::corpus`]). Batches of either
 //! have the same shape, so a run is planned the same with both.
 
-use std::path::{Path, PathBuf};
-
 use burn::prelude::*;
 
 use crate::corpus::{Corpus, TokenizerSource};
@@ -43,51 +41,11 @@ impl TokenData for Tokens {
     }
 }
 
-/// The tokenizer for a text corpus: `task.tokenizer`, else the
-/// `tokenizer.json` beside the checkpoint `weights` names; the EOS id from
-/// the config.json beside it.
-pub fn tokenizer_source(task: &TaskConfig, weights: &str) -> TokenizerSource {
-    let folder = |w: &Path| -> PathBuf {
-        if w.is_dir() {
-            w.to_path_buf()
-        } else {
-            w.parent().map(Path::to_path_buf).unwrap_or_default()
-        }
-    };
-    let path = if !task.tokenizer.is_empty() {
-        Some(PathBuf::from(&task.tokenizer))
-    } else if weights.is_empty() {
-        None
-    } else {
-        Some(folder(Path::new(weights)).join("tokenizer.json")).filter(|p| p.exists())
-    };
-    let missing = if weights.is_empty() {
-        "no checkpoint is given (--weights), and no task.tokenizer".to_string()
-    } else {
-        format!("{} holds no tokenizer.json", folder(Path::new(weights)).display())
-    };
-    let eos = path
-        .as_deref()
-        .and_then(Path::parent)
-        .and_then(|d| {
-            vramfit::files::read::read_at_most(&d.join("config.json"), vramfit::files::read::Links::Follow, 1 << 20)
-                .ok()
-        })
-        .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
-        .and_then(|c| match c.get("eos_token_id") {
-            Some(serde_json::Value::Number(n)) => n.as_u64(),
-            Some(serde_json::Value::Array(a)) => a.first().and_then(|n| n.as_u64()),
-            _ => None,
-        })
-        .and_then(|id| u32::try_from(id).ok());
-    TokenizerSource { path, missing, eos }
-}
-
 /// The tokens `task` names for a model of `vocab` tokens whose checkpoint
 /// is `weights` (empty: none).
 pub fn open(task: &TaskConfig, vocab: usize, weights: &str) -> Result<Tokens, crate::corpus::CorpusError> {
     if task.data.is_empty() {
         return Ok(Tokens::Synthetic(SyntheticTask::new(task.clone(), vocab, 0)));
     }
-    Corpus::open(task, vocab, &tokenizer_source(task, weights)).map(Tokens::Corpus)
+    Corpus::open(task, vocab, &TokenizerSource::beside(task, weights)).map(Tokens::Corpus)
 }

@@ -604,11 +604,18 @@ fn a_lora_run_exports_a_merged_checkpoint_that_loads_as_the_runs_model() {
     run.drive(workload, |_| ControlFlow::Continue(())).unwrap();
     let out = tmp.path().join("merged");
     let done = merge::export(&run_dir, &out, Some(Dtype::F32), 40_000).unwrap();
-    assert_eq!((done.tensors, done.merged), (21, 8), "every tensor; q, k, v, o in two blocks merged");
+    assert_eq!(
+        (done.tensors, done.merged),
+        (21, 8),
+        "every tensor; q, k, v, o in two blocks merged"
+    );
     assert!(done.shards.len() > 1 && out.join("model.safetensors.index.json").is_file());
     assert!(out.join("tokenizer.json").is_file() && out.join("config.json").is_file());
     let device = Default::default();
-    let exported = hf_config::config(&out).unwrap().load::<burn::backend::Flex>(0, &device).unwrap();
+    let exported = hf_config::config(&out)
+        .unwrap()
+        .load::<burn::backend::Flex>(0, &device)
+        .unwrap();
     let adapted = LlamaConfig {
         adapter: run_dir.display().to_string(),
         ..config.model.clone()
@@ -622,10 +629,18 @@ fn a_lora_run_exports_a_merged_checkpoint_that_loads_as_the_runs_model() {
     let ac = Autocast::new(Precision::F32);
     let a: Vec<f32> = exported.logits(tokens.clone(), &ac).into_data().to_vec().unwrap();
     let b: Vec<f32> = adapted.logits(tokens, &ac).into_data().to_vec().unwrap();
-    let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs() / (1.0 + y.abs())).fold(0f32, f32::max);
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+        .fold(0f32, f32::max);
     assert!(worst <= 1e-5, "the merged checkpoint's logits differ by {worst:e}");
     // Refused: a folder already there, a run on a drawn base, a run that has not finished.
-    assert!(merge::export(&run_dir, &out, None, 1 << 30).unwrap_err().contains("give a new folder"));
+    assert!(
+        merge::export(&run_dir, &out, None, 1 << 30)
+            .unwrap_err()
+            .contains("give a new folder")
+    );
     std::fs::remove_file(run_dir.join("weights.bin")).unwrap();
     let e = merge::export(&run_dir, &tmp.path().join("b"), None, 1 << 30).unwrap_err();
     assert!(e.contains("has not finished") && !tmp.path().join("b").exists(), "{e}");

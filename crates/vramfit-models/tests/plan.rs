@@ -611,7 +611,11 @@ fn a_corpus_is_planned_as_the_synthetic_task_of_its_shape() {
     type B = burn::backend::Autodiff<vramfit::backends::Flex>;
     let tmp = tempfile::tempdir().unwrap();
     let corpus = tmp.path().join("corpus.bin");
-    std::fs::write(&corpus, (0..400u16).flat_map(|i| (i % 32).to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+    std::fs::write(
+        &corpus,
+        (0..400u16).flat_map(|i| (i % 32).to_le_bytes()).collect::<Vec<u8>>(),
+    )
+    .unwrap();
     let mut synthetic = LlmConfig {
         batch_size: 4,
         ..Default::default()
@@ -646,6 +650,9 @@ fn a_corpus_is_planned_as_the_synthetic_task_of_its_shape() {
     assert_eq!(batches(&synthetic), batches(&on_corpus));
     let mut unreadable = on_corpus.clone();
     unreadable.task.data = tmp.path().join("absent.bin").display().to_string();
-    let e = FamilyTarget::<B, _, 3>::new(unreadable, &device).err().unwrap().to_string();
+    let e = FamilyTarget::<B, _, 3>::new(unreadable, &device)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("absent.bin"), "{e}");
 }

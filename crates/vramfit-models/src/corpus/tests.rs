@@ -123,7 +123,7 @@ fn text_is_tokenized_as_the_reference_tokenizer_does() {
         .map(|d| serde_json::json!({ "text": d.trim_end_matches('\n') }).to_string())
         .collect();
     std::fs::write(&jsonl, lines.join("\n\n") + "\n").unwrap();
-    let source = crate::tokens::tokenizer_source(&TaskConfig::default(), &golden().display().to_string());
+    let source = TokenizerSource::beside(&TaskConfig::default(), &golden().display().to_string());
     assert_eq!(source.eos, Some(2));
     for path in [&plain, &jsonl] {
         let mut t = task(path, expected.len() - 1);
@@ -141,7 +141,7 @@ fn text_is_tokenized_as_the_reference_tokenizer_does() {
 fn bad_corpora_are_refused_naming_the_problem() {
     let tmp = tempfile::tempdir().unwrap();
     let at = |name: &str| tmp.path().join(name);
-    let source = crate::tokens::tokenizer_source(&TaskConfig::default(), &golden().display().to_string());
+    let source = TokenizerSource::beside(&TaskConfig::default(), &golden().display().to_string());
     let refused = |path: &Path, tokens: usize, vocab: usize| -> String {
         let err = Corpus::open(&task(path, tokens), vocab, &source)
             .unwrap_err()

@@ -17,7 +17,7 @@ use std::path::Path;
 use vramfit::files::fingerprint::Fnv1a;
 use vramfit::files::read::{Links, open, read_at_most};
 
-use super::CorpusError;
+use super::error::CorpusError;
 use super::token_file::TokenFile;
 
 /// The largest tokenizer.json read (the largest published ones are some
@@ -175,7 +175,6 @@ pub fn tokenize(
             break;
         }
     }
-    drop(flush);
     if !text_seen {
         return Err(CorpusError::NoText { path: path.into() });
     }

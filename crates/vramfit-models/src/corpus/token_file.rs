@@ -16,7 +16,7 @@ use std::sync::Mutex;
 
 use vramfit::files::fingerprint::Fnv1a;
 
-use super::CorpusError;
+use super::error::CorpusError;
 
 /// Bytes of llm.c's header.
 const LLMC_HEADER: u64 = 256 * 4;
@@ -140,7 +140,7 @@ impl TokenFile {
             }
             return Ok((LLMC_HEADER, width, count));
         }
-        if length % width.bytes() != 0 {
+        if !length.is_multiple_of(width.bytes()) {
             return Err(bad(format!(
                 "{length} bytes is not a whole number of {} ids ({} bytes each): a truncated file, or ids of another \
                  width (set task.token_type to `u16` or `u32`, as the file was written)",

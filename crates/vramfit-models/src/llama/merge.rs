@@ -203,7 +203,11 @@ fn write(
         .map_err(|e| e.to_string())?;
     }
     let folder = Path::new(&config.weights);
-    let folder = if folder.is_dir() { folder } else { folder.parent().unwrap_or(folder) };
+    let folder = if folder.is_dir() {
+        folder
+    } else {
+        folder.parent().unwrap_or(folder)
+    };
     for name in BESIDE {
         let from = folder.join(name);
         if from.is_file() {
@@ -227,7 +231,10 @@ fn tensor(name: &str, shape: &[usize], base: &Checkpoint, trained: &ArrayFile) -
         None => base.read_f32(name).map_err(|e| format!("the run's base: {e}"))?,
     };
     if values.len() != shape.iter().product::<usize>() {
-        return Err(format!("`{name}` holds {} values, its shape {shape:?} another count", values.len()));
+        return Err(format!(
+            "`{name}` holds {} values, its shape {shape:?} another count",
+            values.len()
+        ));
     }
     let Some(stem) = path.strip_suffix(".weight") else {
         return Ok((values, false));

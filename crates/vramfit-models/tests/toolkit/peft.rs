@@ -257,8 +257,7 @@ fn peft_reproduces_vramfits_logits() {
     };
     let dir = Path::new(&dir);
     let peft_out = json(&dir.join("peft.json"));
-    let run: toml::Value =
-        toml::from_str(&std::fs::read_to_string(dir.join("run/config.toml")).unwrap()).unwrap();
+    let run: toml::Value = toml::from_str(&std::fs::read_to_string(dir.join("run/config.toml")).unwrap()).unwrap();
     let mut config = hf_config::config(&dir.join("base")).unwrap();
     config.train = run["model"]["train"].as_str().unwrap().into();
     config.adapter = dir.join("run").display().to_string();
@@ -296,6 +295,9 @@ fn peft_reproduces_vramfits_logits() {
     });
     std::fs::write(dir.join("vramfit.json"), figures.to_string()).unwrap();
     eprintln!("{figures}");
-    assert!(moved > 1e-2, "the trained adapters change the logits ({moved}): else the check proves little");
+    assert!(
+        moved > 1e-2,
+        "the trained adapters change the logits ({moved}): else the check proves little"
+    );
     assert!(worst <= 1e-4, "PEFT's logits differ from vramfit's by {worst:e}");
 }
