@@ -25,7 +25,8 @@ cat docs/*.md docs/*/*.md >"$out/corpus.txt"
 cargo build --release -p vramfit-cli >/dev/null
 rm -rf "$out/run"
 target/release/vramfit train llm --weights "$out/base" --data "$out/corpus.txt" --train lora:8 \
-  --steps "${STEPS:-40}" --batch-size 8 --set task.tokens=64 --set lr=1e-2 --out "$out/run" | head -3
+  --steps "${STEPS:-40}" --batch-size 8 --set task.tokens=64 --set lr=1e-2 --out "$out/run" >"$out/train.txt"
+head -3 "$out/train.txt"
 rm -rf "$out/merged"
 target/release/vramfit export "$out/run" --out "$out/merged" --dtype f32
 "$venv/bin/python" scripts/peft_round_trip.py peft "$out"

@@ -56,8 +56,9 @@ pub struct TokenizerSource {
 
 impl TokenizerSource {
     /// The tokenizer for a text corpus: `task.tokenizer`, else the
-    /// `tokenizer.json` beside the checkpoint `weights` names; the EOS id from
-    /// the config.json beside it.
+    /// `tokenizer.json` beside the checkpoint `weights` names; the EOS id
+    /// from the checkpoint's config.json (without a checkpoint, the one
+    /// beside the tokenizer).
     pub fn beside(task: &TaskConfig, weights: &str) -> Self {
         let folder = |w: &Path| -> PathBuf {
             if w.is_dir() {
@@ -78,9 +79,12 @@ impl TokenizerSource {
         } else {
             format!("{} holds no tokenizer.json", folder(Path::new(weights)).display())
         };
-        let eos = path
-            .as_deref()
-            .and_then(Path::parent)
+        let config_folder = if weights.is_empty() {
+            path.as_deref().and_then(Path::parent).map(Path::to_path_buf)
+        } else {
+            Some(folder(Path::new(weights)))
+        };
+        let eos = config_folder
             .and_then(|d| {
                 vramfit::files::read::read_at_most(&d.join("config.json"), vramfit::files::read::Links::Follow, 1 << 20)
                     .ok()

@@ -134,6 +134,29 @@ fn text_is_tokenized_as_the_reference_tokenizer_does() {
         assert_eq!(x, expected[..expected.len() - 1], "{}", path.display());
         assert_eq!(y, expected[1..]);
     }
+    // A tokenizer.json saved with truncation and padding (as many published
+    // ones are) tokenizes the corpus whole and unpadded all the same.
+    let mut saved: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(golden().join("tokenizer.json")).unwrap()).unwrap();
+    saved["truncation"] =
+        serde_json::json!({"direction": "Right", "max_length": 5, "strategy": "LongestFirst", "stride": 0});
+    saved["padding"] = serde_json::json!({"strategy": {"Fixed": 64}, "direction": "Right", "pad_to_multiple_of": null,
+        "pad_id": 0, "pad_type_id": 0, "pad_token": "<unk>"});
+    let truncating = tmp.path().join("truncating.json");
+    std::fs::write(&truncating, saved.to_string()).unwrap();
+    let mut t = task(&plain, expected.len() - 1);
+    t.validation = 0.0;
+    let corpus = Corpus::open(
+        &t,
+        64,
+        &TokenizerSource {
+            path: Some(truncating),
+            eos: Some(2),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(corpus.id_count(), expected.len() as u64, "neither truncated nor padded");
 }
 
 /// Each bad corpus is refused with the problem named.

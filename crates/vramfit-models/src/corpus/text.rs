@@ -7,9 +7,9 @@
 //! Documents: in plain text, runs of lines separated by a blank line (one
 //! longer than 16 MiB cut at a line); in JSONL, each line's `text` field. Each is encoded with the tokenizer's
 //! special tokens (a Llama tokenizer's post-processor puts BOS first) and
-//! ended with the checkpoint's EOS where its config.json names one, then
-//! concatenated, as Hugging Face's `run_clm` and torchtune's text
-//! completion do before packing.
+//! ended with the checkpoint's EOS where its config.json names one (as
+//! torchtune's text completion does; Hugging Face's `run_clm` adds none),
+//! then concatenated, as both do before packing.
 
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use std::path::Path;
@@ -45,11 +45,18 @@ pub enum Layout {
 pub fn tokenizer(path: &Path, vocab: usize) -> Result<tokenizers::Tokenizer, CorpusError> {
     let bad = |why: String| CorpusError::Tokenizer { path: path.into(), why };
     let bytes = read_at_most(path, Links::Follow, MOST_TOKENIZER_BYTES).map_err(|e| bad(e.to_string()))?;
-    let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
+    let mut tokenizer = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
         bad(format!(
             "not a tokenizer.json that Hugging Face's tokenizers reads: {e}"
         ))
     })?;
+    // A tokenizer.json may keep the truncation and padding it was saved
+    // with (`max_length: 512`); a corpus is tokenized whole, unpadded, as
+    // the Python library's `tokenizer(text)` does.
+    tokenizer
+        .with_truncation(None)
+        .map_err(|e| bad(format!("turning its truncation off: {e}")))?;
+    tokenizer.with_padding(None);
     let size = tokenizer.get_vocab_size(true);
     if size > vocab {
         return Err(bad(format!(
@@ -187,12 +194,18 @@ pub fn tokenize(
     Ok((tokens, hash.hex()))
 }
 
-/// A JSON line's `text` field.
+/// A JSON line's `text` field; its other fields are skipped without being
+/// kept (a line may be 64 MiB).
 fn text_field(line: &str) -> Result<String, String> {
-    let value: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
-    match value.get("text") {
-        Some(serde_json::Value::String(s)) => Ok(s.clone()),
-        Some(other) => Err(format!("its `text` is {other}, not a string")),
-        None => Err("an object without a `text` field (each line is {\"text\": \"...\"})".into()),
+    #[derive(serde::Deserialize)]
+    struct Line<'a> {
+        #[serde(borrow)]
+        text: Option<std::borrow::Cow<'a, str>>,
+    }
+    match serde_json::from_str::<Line>(line) {
+        Ok(Line { text: Some(t) }) => Ok(t.into_owned()),
+        Ok(Line { text: None }) => Err("an object without a `text` field (each line is {\"text\": \"...\"})".into()),
+        Err(e) if e.is_data() && line.contains("\"text\"") => Err(format!("its `text` is not a string: {e}")),
+        Err(e) => Err(format!("not a JSON object with a string `text`: {e}")),
     }
 }

@@ -96,6 +96,26 @@ pub fn export(run: &Path, out: &Path, dtype: Option<Dtype>, shard_bytes: u64) ->
         );
     }
     let base = Checkpoint::open(Path::new(&config.weights)).map_err(|e| format!("the run's base: {e}"))?;
+    // The base the run trained on, not another under its path.
+    if let Some(then) = trained.meta.get("rebuilt_fingerprint").and_then(|v| v.as_str()) {
+        let now = base.fingerprint().map_err(|e| format!("the run's base: {e}"))?;
+        if now != then {
+            return Err(format!(
+                "the run was trained on a base whose fingerprint was {then}, and {} now gives {now}: the checkpoint \
+                 was replaced; give back the one the run started from",
+                config.weights
+            ));
+        }
+    }
+    let folder = Path::new(&config.weights);
+    let folder = if folder.is_dir() {
+        folder
+    } else {
+        folder.parent().unwrap_or(folder)
+    };
+    if let Some(why) = vramfit::files::outputs::onto_input(out, &[("the run", run), ("the run's base", folder)]) {
+        return Err(why);
+    }
     let dtype = dtype
         .or_else(|| base.dtype("model.embed_tokens.weight"))
         .unwrap_or(Dtype::F32);
@@ -225,9 +245,19 @@ fn write(
 fn tensor(name: &str, shape: &[usize], base: &Checkpoint, trained: &ArrayFile) -> Result<(Vec<f32>, bool), String> {
     let (path, transposed) = ours(name).ok_or_else(|| format!("`{name}`: no parameter of vramfit's Llama"))?;
     let param = |p: &str| trained.arrays.get(&format!("param/{p}"));
+    let damaged = |p: &str, got: &[usize], want: &[usize]| {
+        format!("weights.bin's `{p}` is {got:?} where the run's shape makes it {want:?}: a damaged or altered file")
+    };
     let mut values = match param(&path) {
-        Some((s, v)) if transposed => transpose(v, s[0], s[1]),
-        Some((_, v)) => v.clone(),
+        Some((s, v)) if transposed => {
+            let want = [shape[1], shape[0]];
+            if s[..] != want {
+                return Err(damaged(&path, s, &want));
+            }
+            transpose(v, want[0], want[1])
+        }
+        Some((s, v)) if s[..] == *shape => v.clone(),
+        Some((s, _)) => return Err(damaged(&path, s, shape)),
         None => base.read_f32(name).map_err(|e| format!("the run's base: {e}"))?,
     };
     if values.len() != shape.iter().product::<usize>() {
@@ -242,6 +272,14 @@ fn tensor(name: &str, shape: &[usize], base: &Checkpoint, trained: &ArrayFile) -
     let (Some((sa, a)), Some((sb, b))) = (param(&format!("{stem}.lora.a")), param(&format!("{stem}.lora.b"))) else {
         return Ok((values, false));
     };
+    // A: [in, r], B: [r, out], against the projection's [out, in].
+    let rank = sa.get(1).copied().unwrap_or(0);
+    if sa[..] != [shape[1], rank] {
+        return Err(damaged(&format!("{stem}.lora.a"), sa, &[shape[1], rank]));
+    }
+    if sb[..] != [rank, shape[0]] {
+        return Err(damaged(&format!("{stem}.lora.b"), sb, &[rank, shape[0]]));
+    }
     // (A·B)ᵀ = Bᵀ·Aᵀ, `[out, in]`, added in f32.
     let device = Default::default();
     let a = Tensor::<Flex, 2>::from_data(TensorData::new(a.clone(), [sa[0], sa[1]]), &device);

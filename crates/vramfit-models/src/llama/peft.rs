@@ -59,8 +59,11 @@ fn lora_of(config: &LlamaConfig) -> Option<(usize, bool)> {
     }
 }
 
-fn values<B: Backend>(t: Tensor<B, 2>) -> Vec<f32> {
-    t.into_data().convert::<f32>().to_vec::<f32>().unwrap_or_default()
+fn values<B: Backend>(t: Tensor<B, 2>) -> Result<Vec<f32>, std::io::Error> {
+    t.into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .map_err(|e| std::io::Error::other(format!("{e:?}")))
 }
 
 /// The two files of `model`'s adapters (none where the run trains no
@@ -80,8 +83,8 @@ pub fn export<B: Backend>(model: &Llama<B>, config: &LlamaConfig) -> Result<Vec<
             let a = lora.a.val().transpose(); // [r, in]
             let b = lora.b.val().transpose(); // [out, r]
             let (sa, sb) = (a.dims().to_vec(), b.dims().to_vec());
-            tensors.push((name(i, module, "lora_A"), sa, values(a)));
-            tensors.push((name(i, module, "lora_B"), sb, values(b)));
+            tensors.push((name(i, module, "lora_A"), sa, values(a)?));
+            tensors.push((name(i, module, "lora_B"), sb, values(b)?));
         }
     }
     let borrowed: Vec<(&str, Vec<usize>, &[f32])> = tensors
@@ -93,9 +96,17 @@ pub fn export<B: Backend>(model: &Llama<B>, config: &LlamaConfig) -> Result<Vec<
         .iter()
         .map(|(m, _)| m.rsplit('.').next().unwrap_or(m))
         .collect();
+    // The folder (transformers' and PEFT's from_pretrained take folders).
     let base = std::path::absolute(&config.weights)
         .ok()
         .filter(|_| !config.weights.is_empty())
+        .map(|p| {
+            if p.is_dir() {
+                p
+            } else {
+                p.parent().map(Path::to_path_buf).unwrap_or(p)
+            }
+        })
         .map(|p| p.display().to_string());
     let settings = serde_json::json!({
         "peft_type": "LORA",
@@ -180,7 +191,14 @@ pub fn apply<B: Backend>(
     if !matches!(field("layers_to_transform"), serde_json::Value::Null) {
         return Err(bad("layers_to_transform: vramfit adapts every block".into()));
     }
-    let alpha = field("lora_alpha").as_f64().unwrap_or(8.0);
+    let alpha = match field("lora_alpha") {
+        // PEFT's default where it is not written.
+        serde_json::Value::Null => 8.0,
+        v => v
+            .as_f64()
+            .filter(|a| a.is_finite() && *a > 0.0)
+            .ok_or_else(|| bad(format!("{CONFIG_FILE}: lora_alpha is {v}, not a positive number")))?,
+    };
     let scale = if field("use_rslora").as_bool() == Some(true) {
         alpha / (r as f64).sqrt()
     } else {

@@ -102,6 +102,7 @@ fn a_peft_adapter_gives_the_references_logits_and_gradients<B: AutodiffBackend>(
             .to_vec()
             .unwrap();
         let expected = floats(&reference["logits"]);
+        assert_eq!(logits.len(), expected.len(), "{arch}: every logit");
         let worst = logits
             .iter()
             .zip(&expected)
@@ -247,8 +248,9 @@ fn adapters_that_do_not_fit_the_run_are_refused() {
 /// (not CI: it needs PyTorch, transformers and PEFT): a vramfit run's
 /// adapters, loaded by PEFT onto the same transformers checkpoint, gave
 /// the logits in `$VRAMFIT_ROUND_TRIP/peft.json`; vramfit's own logits for
-/// the same tokens must agree within 1e-4 (relative to 1 + |value|). The
-/// figures go to `$VRAMFIT_ROUND_TRIP/vramfit.json`.
+/// the same tokens must agree within 1e-4 (relative to 1 + |value|), and
+/// `vramfit export`'s merged checkpoint the logits of PEFT's own merge
+/// within 1e-4. The figures go to `$VRAMFIT_ROUND_TRIP/vramfit.json`.
 #[test]
 #[ignore = "run by scripts/peft-round-trip.sh"]
 fn peft_reproduces_vramfits_logits() {
@@ -277,6 +279,7 @@ fn peft_reproduces_vramfits_logits() {
         .unwrap();
     let theirs = floats(&peft_out["logits"]);
     let base = floats(&peft_out["base_logits"]);
+    assert_eq!((ours.len(), base.len()), (theirs.len(), theirs.len()), "every logit");
     let worst = ours
         .iter()
         .zip(&theirs)
@@ -292,6 +295,7 @@ fn peft_reproduces_vramfits_logits() {
         "logits": ours.len(),
         "largest_relative_difference": worst,
         "largest_change_by_the_adapters": moved,
+        "merged_export_against_merge_and_unload": peft_out["export_against_merge_and_unload"],
     });
     std::fs::write(dir.join("vramfit.json"), figures.to_string()).unwrap();
     eprintln!("{figures}");
@@ -300,4 +304,11 @@ fn peft_reproduces_vramfits_logits() {
         "the trained adapters change the logits ({moved}): else the check proves little"
     );
     assert!(worst <= 1e-4, "PEFT's logits differ from vramfit's by {worst:e}");
+    // `vramfit export`'s merged checkpoint against PEFT's merge_and_unload,
+    // both loaded by transformers (the script measured it).
+    let export_gap = peft_out["export_against_merge_and_unload"].as_f64().unwrap();
+    assert!(
+        export_gap <= 1e-4,
+        "the merged export's logits differ from PEFT's merge by {export_gap:e}"
+    );
 }

@@ -325,6 +325,9 @@ where
     recent: Vec<f64>,
     /// On data-parallel ranks, the bytes the last step handed to the collectives.
     handed: Option<crate::ranks::Handed>,
+    /// The last evaluation and its step: the summary's, where the run
+    /// ended on an evaluated step (not computed twice).
+    evaluation: Option<(u64, Vec<(String, f64)>)>,
     device: B::Device,
 }
 
@@ -461,6 +464,7 @@ where
             techniques,
             recent: Vec::new(),
             handed: None,
+            evaluation: None,
             device: device.clone(),
         })
     }
@@ -583,6 +587,9 @@ where
             ("skipped_steps".into(), skipped as f64),
         ];
         let evaluated_now = !evaluated.is_empty();
+        if evaluated_now {
+            self.evaluation = Some((step, evaluated.clone()));
+        }
         for (name, value) in evaluated {
             status.push_str(&format!(" · {name} {value:.4}"));
             metrics.insert(name.clone(), json!(value));
@@ -624,7 +631,9 @@ where
         let then = file.meta.get("data_fingerprint").and_then(|v| v.as_str());
         if then.is_some() && then != self.course.data_fingerprint().as_deref() {
             return Err(TrainerError::Checkpoint(format!(
-                "it was trained on data whose fingerprint was {}, and the data the run's settings name now gives {}:                  the file was changed or replaced, so the batches after the checkpoint would not be the ones the run                  would have read; give back the file the run started from (or start a new run)",
+                "it was trained on data whose fingerprint was {}, and the data the run's settings name now gives {}: \
+                 the file was changed or replaced, so the batches after the checkpoint would not be the ones the run \
+                 would have read; give back the file the run started from (or start a new run)",
                 then.unwrap_or_default(),
                 self.course.data_fingerprint().unwrap_or_else(|| "none".into())
             )));
@@ -665,10 +674,13 @@ where
                 .course
                 .summary(&self.model, &s.batching, stats.median_step_ms, &self.device),
         };
-        for (name, value) in self
-            .course
-            .evaluate(&self.model, &s.batching, &s.autocast, &self.device)
-        {
+        let evaluation = match self.evaluation.take() {
+            Some((step, figures)) if step == s.attempts => figures,
+            _ => self
+                .course
+                .evaluate(&self.model, &s.batching, &s.autocast, &self.device),
+        };
+        for (name, value) in evaluation {
             summary.extra.insert(name, json!(value));
         }
         if let Some(h) = self.handed {
