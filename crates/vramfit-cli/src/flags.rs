@@ -184,8 +184,10 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
                 M::NAME
             );
         }
-        // JSON's string escapes are TOML's basic string's.
-        let path = serde_json::to_string(&dir.display().to_string())?;
+        // Absolute, as --data's: a resume or an export reads it from
+        // wherever it is run. JSON's string escapes are TOML's basic string's.
+        let absolute = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
+        let path = serde_json::to_string(&absolute.display().to_string())?;
         sets.insert(0, format!("model.weights={path}"));
         // The checkpoint's own config.json gives the shape, before the
         // user's --set (a --set that then differs from it is refused).

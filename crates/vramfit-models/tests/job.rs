@@ -578,15 +578,25 @@ fn a_corpus_run_evaluates_writes_peft_adapters_and_resumes_exactly() {
 /// A LoRA run on a Hugging Face checkpoint (the golden Llama) exported
 /// (`llama::merge::export`): sharded with an index when asked, it loads as
 /// a checkpoint (`--weights`) whose logits are the run's adapted model's
-/// (the adapters merged: within f32 rounding); a run on a drawn base and a
-/// run not finished are refused, leaving no folder.
+/// (the adapters merged: within f32 rounding); in bf16 its config.json says
+/// so; a base whose config.json changed and a run not finished are
+/// refused, leaving no folder.
 #[test]
 fn a_lora_run_exports_a_merged_checkpoint_that_loads_as_the_runs_model() {
     use burn::prelude::*;
     use vramfit::precision::{Autocast, Precision};
     use vramfit_models::llama::{LlamaConfig, LlmConfig, hf_config, merge};
     use vramfit_models::safetensors::Dtype;
-    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/llama");
+    let tmp = tempfile::tempdir().unwrap();
+    // A copy of the golden Llama: its files are changed below.
+    let golden = tmp.path().join("base");
+    std::fs::create_dir(&golden).unwrap();
+    for name in ["config.json", "model.safetensors", "tokenizer.json"] {
+        let from = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden/llama")
+            .join(name);
+        std::fs::copy(from, golden.join(name)).unwrap();
+    }
     let mut config = LlmConfig {
         steps: 3,
         batch_size: 2,
@@ -597,7 +607,6 @@ fn a_lora_run_exports_a_merged_checkpoint_that_loads_as_the_runs_model() {
     config.model.weights = golden.display().to_string();
     config.model.train = "lora:4".into();
     config.task.tokens = 8;
-    let tmp = tempfile::tempdir().unwrap();
     let run_dir = tmp.path().join("run");
     let start = Start::New(config.clone(), RunPath::At(run_dir.clone()));
     let (run, workload) = vramfit_models::job::start::<B, LlamaConfig, 3>(start, &Default::default(), "cpu").unwrap();
@@ -635,12 +644,25 @@ fn a_lora_run_exports_a_merged_checkpoint_that_loads_as_the_runs_model() {
         .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
         .fold(0f32, f32::max);
     assert!(worst <= 1e-5, "the merged checkpoint's logits differ by {worst:e}");
-    // Refused: a folder already there, a run on a drawn base, a run that has not finished.
+    // In bf16: its config.json says so.
+    let bf16 = tmp.path().join("bf16");
+    merge::export(&run_dir, &bf16, Some(Dtype::Bf16), 1 << 30).unwrap();
+    let written: serde_json::Value = serde_json::from_slice(&std::fs::read(bf16.join("config.json")).unwrap()).unwrap();
+    assert_eq!(written["dtype"], "bfloat16");
+    let file = vramfit_models::safetensors::Checkpoint::open(&bf16).unwrap();
+    assert_eq!(file.dtype("lm_head.weight"), Some(Dtype::Bf16));
+    // Refused: a folder already there, a base whose config.json changed,
+    // a run that has not finished.
     assert!(
         merge::export(&run_dir, &out, None, 1 << 30)
             .unwrap_err()
             .contains("give a new folder")
     );
+    let original = std::fs::read_to_string(golden.join("config.json")).unwrap();
+    std::fs::write(golden.join("config.json"), original.replace("1e-06", "1e-05")).unwrap();
+    let e = merge::export(&run_dir, &tmp.path().join("c"), None, 1 << 30).unwrap_err();
+    assert!(e.contains("rms_norm_eps") && !tmp.path().join("c").exists(), "{e}");
+    std::fs::write(golden.join("config.json"), original).unwrap();
     std::fs::remove_file(run_dir.join("weights.bin")).unwrap();
     let e = merge::export(&run_dir, &tmp.path().join("b"), None, 1 << 30).unwrap_err();
     assert!(e.contains("has not finished") && !tmp.path().join("b").exists(), "{e}");

@@ -134,6 +134,17 @@ fn text_is_tokenized_as_the_reference_tokenizer_does() {
         assert_eq!(x, expected[..expected.len() - 1], "{}", path.display());
         assert_eq!(y, expected[1..]);
     }
+    // Windows line ends and a byte-order mark read as the same text.
+    let windows = tmp.path().join("windows.txt");
+    std::fs::write(&windows, format!("\u{feff}{}", text.replace('\n', "\r\n"))).unwrap();
+    let mut t = task(&windows, expected.len() - 1);
+    t.validation = 0.0;
+    let (x, _) = ids_of(
+        &Corpus::open(&t, 64, &source)
+            .unwrap()
+            .batch::<B>(1, 1, &Default::default()),
+    );
+    assert_eq!(x, expected[..expected.len() - 1], "CRLF and a BOM");
     // A tokenizer.json saved with truncation and padding (as many published
     // ones are) tokenizes the corpus whole and unpadded all the same.
     let mut saved: serde_json::Value =
@@ -175,6 +186,15 @@ fn bad_corpora_are_refused_naming_the_problem() {
     // Odd bytes for u16 ids.
     std::fs::write(at("odd.bin"), [1u8, 0, 2, 0, 3]).unwrap();
     assert!(refused(&at("odd.bin"), 2, 50).contains("not a whole number of u16 ids"));
+    // llm.c's magic with a truncated header, or a negative count.
+    std::fs::write(at("stub.bin"), [20240520u32.to_le_bytes(), 1u32.to_le_bytes()].concat()).unwrap();
+    assert!(refused(&at("stub.bin"), 2, 50).contains("fewer than llm.c's header"));
+    let mut header = vec![0u8; 1024];
+    header[0..4].copy_from_slice(&20240520u32.to_le_bytes());
+    header[4..8].copy_from_slice(&1u32.to_le_bytes());
+    header[8..12].copy_from_slice(&(-5i32).to_le_bytes());
+    std::fs::write(at("negative.bin"), header).unwrap();
+    assert!(refused(&at("negative.bin"), 2, 50).contains("gives -5 ids"));
     // An id beyond the vocabulary, at its position.
     u16_file(&at("big.bin"), &[1, 2, 3, 60, 4, 5, 6, 7, 8, 9]);
     let e = refused(&at("big.bin"), 2, 50);

@@ -115,12 +115,22 @@ impl TokenFile {
     fn layout(mut file: &File, path: &Path, length: u64, width: Width) -> Result<(u64, Width, u64), CorpusError> {
         let bad = |why: String| CorpusError::Layout { path: path.into(), why };
         let mut head = [0u8; 12];
-        let headed = length >= LLMC_HEADER
-            && file.read_exact(&mut head).is_ok()
+        let headed = length >= 4
+            && file.read_exact(&mut head[..length.min(12) as usize]).is_ok()
             && u32::from_le_bytes(head[0..4].try_into().unwrap()) == LLMC_MAGIC;
+        if headed && length < LLMC_HEADER {
+            return Err(bad(format!(
+                "it starts with llm.c's magic number and holds {length} bytes, fewer than llm.c's header \
+                 ({LLMC_HEADER}): a truncated file; write it again"
+            )));
+        }
         if headed {
             let version = u32::from_le_bytes(head[4..8].try_into().unwrap());
-            let count = u32::from_le_bytes(head[8..12].try_into().unwrap()) as u64;
+            // llm.c writes the header as int32s.
+            let count = i32::from_le_bytes(head[8..12].try_into().unwrap());
+            let Ok(count) = u64::try_from(count) else {
+                return Err(bad(format!("llm.c's header gives {count} ids: a damaged header")));
+            };
             let width = match version {
                 1 => Width::U16,
                 2 => Width::U32,

@@ -79,6 +79,12 @@ fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 /// new folder `out` in `dtype` (`None`: the base's own), with shards of at
 /// most `shard_bytes` each.
 pub fn export(run: &Path, out: &Path, dtype: Option<Dtype>, shard_bytes: u64) -> Result<Exported, String> {
+    if !run.join("config.toml").is_file() {
+        return Err(format!(
+            "{} is not a run folder (it has no config.toml): give the folder of a `vramfit train llm` run",
+            run.display()
+        ));
+    }
     let text = vramfit::files::read::read_text(&run.join("config.toml"), vramfit::files::read::Links::Refuse)
         .map_err(|e| format!("{}: {e} (give the folder of a `vramfit train llm` run)", run.display()))?;
     let config = super::LlmConfig::from_toml(&text, &run.join("config.toml"))
@@ -116,6 +122,15 @@ pub fn export(run: &Path, out: &Path, dtype: Option<Dtype>, shard_bytes: u64) ->
     if let Some(why) = vramfit::files::outputs::onto_input(out, &[("the run", run), ("the run's base", folder)]) {
         return Err(why);
     }
+    // The files copied beside the weights must still be the base's: its
+    // config.json of the run's shape, a tokenizer within its vocabulary.
+    if folder.join("config.json").is_file() {
+        super::hf_config::check(&config, folder).map_err(|e| format!("the run's base: {e}"))?;
+    }
+    if folder.join("tokenizer.json").is_file() {
+        crate::corpus::text::tokenizer(&folder.join("tokenizer.json"), config.vocab)
+            .map_err(|e| format!("the run's base: {e}"))?;
+    }
     let dtype = dtype
         .or_else(|| base.dtype("model.embed_tokens.weight"))
         .unwrap_or(Dtype::F32);
@@ -134,6 +149,9 @@ pub fn export(run: &Path, out: &Path, dtype: Option<Dtype>, shard_bytes: u64) ->
         filled += bytes;
         total += bytes;
         shards.last_mut().expect("one shard at least").push((name, shape));
+    }
+    if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
     }
     std::fs::create_dir(out).map_err(|e| format!("{}: {e} (give a new folder)", out.display()))?;
     // The folder is new: what a failure leaves in it goes with it.
@@ -231,12 +249,40 @@ fn write(
     for name in BESIDE {
         let from = folder.join(name);
         if from.is_file() {
-            let bytes = vramfit::files::read::read_at_most(&from, vramfit::files::read::Links::Follow, 64 << 20)
+            let mut bytes = vramfit::files::read::read_at_most(&from, vramfit::files::read::Links::Follow, 64 << 20)
                 .map_err(|e| format!("{}: {e}", from.display()))?;
+            if name == "config.json" {
+                bytes = with_dtype(&bytes, dtype).map_err(|e| format!("{}: {e}", from.display()))?;
+            }
             vramfit::run::atomic_write(&out.join(name), &bytes).map_err(|e| e.to_string())?;
         }
     }
     Ok(done)
+}
+
+/// `config.json` with the weights' type (transformers 5 writes `dtype`,
+/// 4.x `torch_dtype`: whichever it has, or `dtype`).
+fn with_dtype(bytes: &[u8], dtype: Dtype) -> Result<Vec<u8>, String> {
+    let mut json: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    let name = match dtype {
+        Dtype::F32 => "float32",
+        Dtype::F16 => "float16",
+        Dtype::Bf16 => "bfloat16",
+    };
+    let object = json.as_object_mut().ok_or("not a JSON object")?;
+    let mut written = false;
+    for key in ["dtype", "torch_dtype"] {
+        if let Some(v) = object.get_mut(key) {
+            *v = name.into();
+            written = true;
+        }
+    }
+    if !written {
+        object.insert("dtype".into(), name.into());
+    }
+    let mut out = serde_json::to_vec_pretty(&json).map_err(|e| e.to_string())?;
+    out.push(b'\n');
+    Ok(out)
 }
 
 /// Tensor `name` (`shape`, transformers' layout) as the run ends: the

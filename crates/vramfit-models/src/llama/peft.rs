@@ -157,9 +157,14 @@ pub fn apply<B: Backend>(
             field("peft_type")
         )));
     }
-    let r = field("r")
-        .as_u64()
-        .ok_or_else(|| bad(format!("{CONFIG_FILE}: no rank `r`")))? as usize;
+    let r = match field("r") {
+        serde_json::Value::Null => return Err(bad(format!("{CONFIG_FILE}: no rank `r`"))),
+        v => v
+            .as_u64()
+            .filter(|&r| r > 0)
+            .ok_or_else(|| bad(format!("{CONFIG_FILE}: r is {v}, not a rank (a whole number from 1)")))?
+            as usize,
+    };
     if r != rank {
         return Err(bad(format!(
             "the adapter has rank {r} and this run trains rank {rank}: give --train lora:{r}{}",
@@ -173,6 +178,30 @@ pub fn apply<B: Backend>(
         if field(key).as_bool() == Some(true) {
             return Err(bad(format!("{refused} adapters are not vramfit's LoRA")));
         }
+    }
+    if field("use_qalora").as_bool() == Some(true) {
+        return Err(bad("QA-LoRA adapters (use_qalora) are not vramfit's LoRA".into()));
+    }
+    // The modules it adapts, by their last name (PEFT matches on it).
+    let ours: std::collections::BTreeSet<&str> = slots::<B>(mlp)
+        .iter()
+        .map(|(m, _)| m.rsplit('.').next().unwrap_or(m))
+        .collect();
+    let theirs: Option<std::collections::BTreeSet<&str>> = match &settings["target_modules"] {
+        serde_json::Value::Array(a) => Some(a.iter().filter_map(|v| v.as_str()).collect()),
+        serde_json::Value::String(s) if ours.contains(s.as_str()) => Some([s.as_str()].into()),
+        // A regular expression or "all-linear": the tensors below say.
+        _ => None,
+    };
+    if let Some(theirs) = theirs.filter(|t| *t != ours) {
+        return Err(bad(format!(
+            "target_modules is {theirs:?} and this run adapts {ours:?}{}",
+            if !mlp && theirs.contains("gate_proj") {
+                " (the MLP's too: --train lora:R:mlp)"
+            } else {
+                ""
+            }
+        )));
     }
     for key in ["rank_pattern", "alpha_pattern"] {
         if field(key).as_object().is_some_and(|m| !m.is_empty()) {
@@ -242,10 +271,10 @@ pub fn apply<B: Backend>(
     if let Some(extra) = file.names().find(|n| !expected.contains(*n)) {
         return Err(bad(format!(
             "it holds `{extra}`, which this run does not adapt: an adapter of other target modules{}",
-            if mlp {
-                ""
+            if !mlp && extra.contains(".mlp.") {
+                " (the MLP's: give --train lora:R:mlp)"
             } else {
-                " (the MLP's? give --train lora:R:mlp)"
+                ""
             }
         )));
     }

@@ -195,8 +195,9 @@ fn adapters_written_in_peft_layout_read_back_to_the_same_model<B: AutodiffBacken
 }
 
 /// An adapter of another rank, other targets or another base shape, a
-/// folder without one, DoRA, and an adapter on a run that trains no
-/// adapter: each refused with the reason.
+/// folder without one, DoRA, target modules other than the run's, a rank
+/// or alpha that is no number of its kind, and an adapter on a run that
+/// trains no adapter: each refused with the reason.
 #[test]
 fn adapters_that_do_not_fit_the_run_are_refused() {
     let device = Default::default();
@@ -210,7 +211,7 @@ fn adapters_that_do_not_fit_the_run_are_refused() {
         train: "lora:4:mlp".into(),
         ..adapted("llama")
     });
-    assert!(e.contains("mlp.gate_proj"), "{e}");
+    assert!(e.contains("target_modules") && e.contains("gate_proj"), "{e}");
     // Mistral's k and v have 2 heads of 8, Llama's 4.
     let e = refused(LlamaConfig {
         adapter: golden("mistral").join("adapter").display().to_string(),
@@ -237,6 +238,26 @@ fn adapters_that_do_not_fit_the_run_are_refused() {
         ..adapted("llama")
     });
     assert!(e.contains("DoRA"), "{e}");
+    // Other target modules, and a rank that is not a whole number.
+    for (key, value, says) in [
+        (
+            "target_modules",
+            serde_json::json!(["q_proj", "v_proj"]),
+            "target_modules is",
+        ),
+        ("r", serde_json::json!(4.5), "not a rank"),
+        ("lora_alpha", serde_json::json!("eight"), "not a positive number"),
+    ] {
+        let mut settings = json(&golden("llama").join("adapter/adapter_config.json"));
+        settings["use_dora"] = false.into();
+        settings[key] = value;
+        std::fs::write(dora.join(peft::CONFIG_FILE), settings.to_string()).unwrap();
+        let e = refused(LlamaConfig {
+            adapter: dora.display().to_string(),
+            ..adapted("llama")
+        });
+        assert!(e.contains(says), "{key}: {e}");
+    }
     let e = refused(LlamaConfig {
         train: "all".into(),
         ..adapted("llama")
