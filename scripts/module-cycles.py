@@ -16,7 +16,9 @@ make none.
 Comments, string and character literals, a trailing `#[cfg(test)] mod
 tests` and unit-test files (`tests.rs`) are not read: tests may use
 anything. Prints each circle (a strongly connected group of two or
-more files) and exits 1 if there is one.
+more files), and each among the top-level modules (the files collapsed
+to their crate's first folder or file: the crate's layers), and exits 1
+if there is one.
 
 Usage: scripts/module-cycles.py [CRATE_DIR ...]   (default: crates/*)"""
 import glob
@@ -274,12 +276,26 @@ def main(dirs):
             for m in group:
                 inside = sorted("::".join(t) or "(root)" for t in graph[m] if t in group)
                 print(f"    {'::'.join(m) or '(root)'} -> {', '.join(inside)}")
+        # The same graph between top-level modules (a crate's first folder
+        # or file): its layers, which a circle between files of two folders
+        # would not show.
+        top = {}
+        for m, targets in graph.items():
+            if m:
+                top.setdefault(m[:1], set()).update(t[:1] for t in targets if t and t[:1] != m[:1])
+        for group in circles(top):
+            found += 1
+            names = ", ".join(m[0] for m in group)
+            print(f"{crate}: import circle among top-level modules: {names}")
+            for m in group:
+                inside = sorted(t[0] for t in top[m] if t in group)
+                print(f"    {m[0]} -> {', '.join(inside)}")
         edges = sum(len(v) for v in graph.values())
         print(f"{crate}: {len(graph)} files, {edges} edges between them")
     if found:
-        print(f"{found} import circle(s) between files")
+        print(f"{found} import circle(s) between files or top-level modules")
         return 1
-    print("no import circle between the files of any crate")
+    print("no import circle between the files or the top-level modules of any crate")
     return 0
 
 

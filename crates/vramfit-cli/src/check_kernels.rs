@@ -25,7 +25,7 @@ mod kernel_check {
     use anyhow::{Result, anyhow, bail};
     use burn::tensor::backend::AutodiffBackend;
     use cubecl::Runtime;
-    use vramfit::fused::check as attention;
+    use vramfit::attention_check as attention;
     use vramfit_scene::gpu::check as scene;
     use vramfit_splat::gpu::check as image;
 

@@ -344,7 +344,7 @@ fn report(dir: &Path) -> Result<()> {
 /// A run on data-parallel ranks: every rank's deciding peak (from its own
 /// memory report) and the largest, below rank 0's table.
 fn report_ranks(dir: &Path) {
-    let ranks = vramfit::ranks::rank_dirs(dir);
+    let ranks = vramfit::run::rank_dirs(dir);
     if ranks.len() < 2 {
         return;
     }

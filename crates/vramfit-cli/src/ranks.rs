@@ -11,7 +11,7 @@ use anyhow::{Result, bail};
 use burn::tensor::backend::AutodiffBackend;
 use vramfit::plan::{Calibration, Knobs, OnRanks, PROBE_STEPS, RanksJob, RanksLauncher, Runnable, Strategy};
 use vramfit::profile::{DeviceMemory, human_bytes};
-use vramfit::ranks::{rank_dir, rank_dirs};
+use vramfit::run::{rank_dir, rank_dirs};
 use vramfit::run::{RunPath, Start};
 use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::Family;

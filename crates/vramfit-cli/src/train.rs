@@ -156,7 +156,7 @@ fn run_family<F: Family<D>, const D: usize>(
                 .ok()
                 .and_then(|text| FamilyConfig::<F>::from_toml(&text, &path).ok());
             let ranks = args.settings.ranks().or(config.as_ref().map(|c| c.ranks)).unwrap_or(1);
-            let wrote = vramfit::ranks::rank_dirs(dir).len();
+            let wrote = vramfit::run::rank_dirs(dir).len();
             let launcher = vramfit::ranks::world().is_none();
             // Before anything in it changes: finished, in use or another
             // workload's is refused, every rank's folder held meanwhile.
@@ -175,7 +175,7 @@ fn run_family<F: Family<D>, const D: usize>(
                 check_ranks(&config, ranks, &format!("--ranks {ranks}"))?;
                 config.ranks = ranks;
                 config.shard_moments &= ranks > 1;
-                let step = vramfit::ranks::regather(dir, ranks, &config.to_toml())?;
+                let step = vramfit::run::regather(dir, ranks, &config.to_toml())?;
                 println!(
                     "resuming on {ranks} rank(s) what {wrote} ran: the state of step {step} gathered from every rank \
                      (Adam's moments from the rank that kept them)"
@@ -183,7 +183,7 @@ fn run_family<F: Family<D>, const D: usize>(
             }
             if ranks > 1
                 && launcher
-                && let Some(step) = vramfit::ranks::align_checkpoints(dir)?
+                && let Some(step) = vramfit::run::align_checkpoints(dir)?
             {
                 println!(
                     "the ranks' newest checkpoints differ (a rank stopped between them): every rank resumes from \

@@ -82,6 +82,7 @@
 //! ```
 
 pub mod allocator;
+pub mod attention_check;
 pub mod backends;
 pub mod batch;
 pub mod checkpoint;

@@ -102,7 +102,7 @@ fn fused_attention_gives_the_standard_gradients<B: AutodiffBackend>() {
         // products are in bf16, the fused one's in f32 (measured 4.2e-3);
         // f16 measured 5.6e-4 on Flex (widened for the CPU's fused
         // attention) and 5.3e-4 on lavapipe (read as f16 by the kernels).
-        let tf32 = vramfit::fused::check::may_use_tf32(&B::name(&device));
+        let tf32 = vramfit::attention_check::may_use_tf32(&B::name(&device));
         let tolerance = match precision {
             Precision::F32 if tf32 => 2e-3,
             Precision::F32 => 1e-5,
@@ -118,11 +118,11 @@ fn fused_attention_gives_the_standard_gradients<B: AutodiffBackend>() {
 
 /// The fused attention on this backend (CubeCL kernels on wgpu) against
 /// the CPU's fused attention and against the standard attention on this
-/// backend, output and the three gradients (`vramfit::fused::check`'s
+/// backend, output and the three gradients (`vramfit::attention_check`'s
 /// standard cases; `vramfit check-kernels` runs them and larger ones on a
 /// GPU).
 fn fused_attention_matches_the_cpu_and_the_standard_attention<B: AutodiffBackend>() {
-    use vramfit::fused::check;
+    use vramfit::attention_check as check;
     // The standard attention on TF32 (CUDA) is about 1e-3 away (measured
     // 7.8e-4 on an H200): held to the check's own bound there.
     let to_standard = if check::may_use_tf32(&B::name(&Default::default())) {

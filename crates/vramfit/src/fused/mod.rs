@@ -125,7 +125,6 @@ fn flex<E: burn::tensor::Element>(values: Vec<E>, shape: burn::tensor::Shape) ->
 
 mod attention;
 mod cast;
-pub mod check;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube;
 mod gelu;

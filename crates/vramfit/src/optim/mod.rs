@@ -15,3 +15,7 @@ pub use host_adam::{HostAdam, Moments};
 mod module_adam;
 
 pub use module_adam::{AdamSnapshot, ModuleAdam, shard_loads};
+
+/// The prefixes of Adam's first and second moments' keys in a checkpoint
+/// (`trainer::save_state`); a rank of a sharded run holds its share of them.
+pub const MOMENT_KEYS: [&str; 2] = ["adam_m/", "adam_v/"];

@@ -17,7 +17,7 @@ use super::pipeline::{Probed, verify_ranked};
 use super::{
     BudgetError, Calibration, FALLBACKS, Fallback, Knobs, Measured, PlanError, ProbeError, Strategy, Verified,
 };
-use crate::ranks::{align_checkpoints, rank_dirs};
+use crate::run::{align_checkpoints, rank_dirs};
 use crate::run::atomic_write;
 
 /// A plan verified on data-parallel ranks: [`Verified`] (its `measured`
@@ -69,7 +69,7 @@ pub fn verify_on_ranks(
 }
 
 /// A job for the ranks, each rank running in its own folder of the run
-/// directory ([`crate::ranks::rank_dir`]).
+/// directory ([`crate::run::rank_dir`]).
 #[derive(Debug, Clone, Copy)]
 pub enum RanksJob<'a> {
     /// A short probe of the settings in `config` (a `config.toml`) into the

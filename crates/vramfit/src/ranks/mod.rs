@@ -19,9 +19,7 @@
 //! `mpirun`; docs/design/ranks.md says why); [`Collective`] is what the step
 //! needs of it, so a single process needs no engine at all.
 
-mod folders;
 
-pub use folders::{RankFoldersError, align_checkpoints, rank_dir, rank_dirs, regather};
 
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;

@@ -30,9 +30,7 @@ use crate::run::{ArrayFile, Cadence, DeviceFailure, Finished, Resumable, RunStat
 use crate::step::{StepError, StepObserver, Stepper, Trainable};
 use crate::storage::{StoragePolicy, parameter_bytes};
 
-/// The prefixes of Adam's first and second moments' keys in a checkpoint
-/// ([`save_state`]); a rank of a sharded run holds its share of them.
-pub const MOMENT_KEYS: [&str; 2] = ["adam_m/", "adam_v/"];
+pub use crate::optim::MOMENT_KEYS;
 
 const CHECKPOINT_KIND: &str = "vramfit.trainer.checkpoint";
 /// What starts a run of a user's model, as its run directory records it.

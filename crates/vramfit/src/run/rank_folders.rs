@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::optim::MOMENT_KEYS;
 use crate::run::{ArrayFile, ArrayFileError, atomic_write, atomic_write_with, checkpoints_newest_first};
-use crate::trainer::MOMENT_KEYS;
 
 /// Why a run's rank folders cannot be readied for a resume; nothing was
 /// changed unless the error says what was.

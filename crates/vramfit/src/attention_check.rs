@@ -8,7 +8,7 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use serde::Serialize;
 
-use super::{Attention, attention, attention_reference};
+use crate::fused::{Attention, attention, attention_reference};
 use crate::precision::{Precision, cast_to};
 
 /// One attention call's shape.
