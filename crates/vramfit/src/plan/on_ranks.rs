@@ -17,8 +17,8 @@ use super::pipeline::{Probed, verify_ranked};
 use super::{
     BudgetError, Calibration, FALLBACKS, Fallback, Knobs, Measured, PlanError, ProbeError, Strategy, Verified,
 };
-use crate::run::{align_checkpoints, rank_dirs};
 use crate::run::atomic_write;
+use crate::run::{align_checkpoints, rank_dirs};
 
 /// A plan verified on data-parallel ranks: [`Verified`] (its `measured`
 /// the rank that peaked highest) and every rank's probe.

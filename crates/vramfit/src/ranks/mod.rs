@@ -19,8 +19,6 @@
 //! `mpirun`; docs/design/ranks.md says why); [`Collective`] is what the step
 //! needs of it, so a single process needs no engine at all.
 
-
-
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
