@@ -18,6 +18,10 @@
 //! backend and type the functions are Burn's own
 //! operations (the `*_reference` functions, also the tests' oracle), so GPU
 //! backends, whose fusion already merges elementwise ops, see no change.
+//! Two exceptions reach further: the fused attention (`attention.rs`) has
+//! CubeCL kernels for wgpu and CUDA too (`cube.rs`), and bf16 products,
+//! casts and rotary positions have CPU paths of their own (`gemm_bf16.rs`,
+//! `cast.rs`, `rotary.rs`; docs/design/cpu-bf16.md).
 //!
 //! The dispatch is by type at run time (`Any`): the models stay generic
 //! over `B: Backend`, with no extra trait bound to thread through every

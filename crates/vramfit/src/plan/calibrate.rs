@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use super::chain::{BlockCost, chain_peak};
-use super::model::{Delta, FusedCosts, Model, ProbeRecord, TIME_RESOLUTION, shaped};
+use super::cost_model::{Delta, FusedCosts, Model, ProbeRecord, TIME_RESOLUTION, shaped};
 use super::{Calibration, Knobs, Measured, PlanError, Plannable, Space};
 use crate::precision::Precision;
 

@@ -7,7 +7,7 @@ use super::{Calibration, Choice, Knobs, Plan, PlanError, Space};
 use crate::profile::human_bytes;
 
 /// Predicted times this close are treated as equal (the probes' resolution).
-const TIME_NOISE: f64 = super::model::TIME_RESOLUTION;
+const TIME_NOISE: f64 = super::cost_model::TIME_RESOLUTION;
 
 impl Space {
     /// Each combination of the knobs other than checkpointing that the

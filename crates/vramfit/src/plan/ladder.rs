@@ -97,7 +97,7 @@ pub struct LadderCalibration {
 }
 
 /// Step times this close to the fastest count as equal (the probes' resolution).
-const TIME_NOISE: f64 = super::model::TIME_RESOLUTION;
+const TIME_NOISE: f64 = super::cost_model::TIME_RESOLUTION;
 
 /// Measures every rung (after an uncounted warm-up) and the largest twice.
 pub fn calibrate_ladder(target: &mut dyn Ladder) -> Result<LadderCalibration, PlanError> {

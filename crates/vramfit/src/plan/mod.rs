@@ -49,8 +49,8 @@ mod calibrate;
 pub mod capacity;
 pub mod chain;
 mod choose;
+mod cost_model;
 pub mod ladder;
-mod model;
 mod on_ranks;
 mod pipeline;
 mod planned;
@@ -61,8 +61,8 @@ pub mod tokens;
 pub mod work;
 
 pub use capacity::{Capacity, CapacityCalibration, Counted, Line, Variant, calibrate_capacity};
+pub use cost_model::{Delta, FusedCosts, Model, ProbeRecord, TIME_RESOLUTION};
 pub use ladder::{Ladder, LadderCalibration, Rung, calibrate_ladder};
-pub use model::{Delta, FusedCosts, Model, ProbeRecord, TIME_RESOLUTION};
 pub use on_ranks::{
     OnRanks, RanksJob, RanksLauncher, RanksWithinBudget, VerifiedOnRanks, run_within_on_ranks, verify_on_ranks,
 };

@@ -17,7 +17,7 @@
 //!   two cannot be told apart from what the head holds at the forward's
 //!   end (a checkpointed step's peak is there when the head's logits
 //!   outweigh a block), so the slice's own split is replaced: the head's
-//!   bytes ([`super::model::Model::head_bytes`]) are what remains of the
+//!   bytes ([`super::cost_model::Model::head_bytes`]) are what remains of the
 //!   slice's plain-minus-checkpointed difference (measured: a 2-block
 //!   split put TinyLlama's checkpointed peak 20 % under; the fused
 //!   attention's block is solved again with that head);
@@ -43,7 +43,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::model::Model;
+use super::cost_model::Model;
 use super::{Calibration, Knobs, PlanError, Plannable, ProbeError, ProbeRecord, Space};
 
 /// A workload whose blocks repeat, to be planned from a slice of it.

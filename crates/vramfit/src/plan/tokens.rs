@@ -31,7 +31,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::chain::peak_with_head;
-use super::model::shaped;
+use super::cost_model::shaped;
 use super::{Calibration, Knobs, Measured, PlanError, Plannable, ProbeError, ProbeRecord};
 
 /// A workload whose samples are sequences, to be probed at fewer tokens.

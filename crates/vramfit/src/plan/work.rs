@@ -61,7 +61,7 @@ pub fn ratio(to: f64, from: f64) -> Option<f64> {
 
 /// How often predicted step times order two plans as their measured times
 /// do: of the pairs of `(predicted, measured)` whose measurements differ by
-/// more than the probes' resolution ([`super::model::TIME_RESOLUTION`]),
+/// more than the probes' resolution ([`super::cost_model::TIME_RESOLUTION`]),
 /// `(agreeing, counted)`. Two plans predicted at the same time do not
 /// agree (the prediction does not order them); until 2026-11-29 such a
 /// pair agreed or not by the order the plans were listed in.
@@ -70,7 +70,7 @@ pub fn order_agreement(times: &[(f64, f64)]) -> (usize, usize) {
     let mut counted = 0;
     for (i, a) in times.iter().enumerate() {
         for b in &times[i + 1..] {
-            if (a.1 - b.1).abs() <= super::model::TIME_RESOLUTION * a.1.max(b.1) {
+            if (a.1 - b.1).abs() <= super::cost_model::TIME_RESOLUTION * a.1.max(b.1) {
                 continue;
             }
             counted += 1;

@@ -392,7 +392,7 @@ impl CapacityCalibration {
         let aim = budget as f64 / (1.0 + SETTLE_MARGIN);
         let kind = self.line(&plan.setting.variant).map(|l| l.variant.quality.clone());
         for line in &self.lines {
-            let faster = line.step_ms(least) < measured.step_ms * (1.0 - super::model::TIME_RESOLUTION);
+            let faster = line.step_ms(least) < measured.step_ms * (1.0 - super::cost_model::TIME_RESOLUTION);
             if line.variant.name == best.setting.variant || Some(&line.variant.quality) != kind.as_ref() || !faster {
                 continue;
             }
@@ -489,7 +489,7 @@ impl CapacityCalibration {
                     .filter(|(f, _, q)| group(*f, q) == group(*e, p))
                     .map(|(_, _, q)| q.step_ms)
                     .fold(f64::INFINITY, f64::min);
-                if p.step_ms <= fastest * (1.0 + super::model::TIME_RESOLUTION) {
+                if p.step_ms <= fastest * (1.0 + super::cost_model::TIME_RESOLUTION) {
                     fastest
                 } else {
                     p.step_ms
