@@ -21,8 +21,15 @@ impl crate::family::ModelSettings for LlamaConfig {
 
     fn check(&self, task: &TaskConfig) -> Result<(), ConfigError> {
         self.validate()?;
-        if task.tokens < 1 || task.topics < 1 || !(0.0..=1.0).contains(&task.p_follow) {
-            return Err(invalid("task", "tokens and topics must be ≥ 1 and p_follow in [0, 1]"));
+        if task.tokens < 1 {
+            return Err(invalid("task.tokens", "a sample needs at least one token"));
+        }
+        // The synthetic task's own settings (unused with a corpus).
+        if task.data.is_empty() && (task.topics < 1 || !(0.0..=1.0).contains(&task.p_follow)) {
+            return Err(invalid(
+                "task",
+                "the synthetic task's topics must be ≥ 1 and its p_follow in [0, 1]",
+            ));
         }
         if task.frames > 0 {
             return Err(invalid(
