@@ -2185,6 +2185,15 @@ fn the_llm_trains_and_takes_a_named_shape() {
             .any(|l| l.starts_with("weights = \"/") && l.ends_with("/hf\"")),
         "{config}"
     );
+    // The finished LoRA run exported as a Hugging Face checkpoint (adapters
+    // merged; tested exactly in vramfit-models): not over itself, not twice.
+    let o = run(&["export", "hf-run", "--out", "merged"], d);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("adapter(s) merged"));
+    assert!(d.join("merged/model.safetensors").is_file());
+    refused_saying(&run(&["export", "hf-run", "--out", "merged"], d), "give a new folder");
+    refused_saying(&run(&["export", "hf-run", "--out", "hf-run/x"], d), "inside hf-run");
+    refused_saying(&run(&["export", "hf", "--out", "m2"], d), "not a run folder");
     let bytes = std::fs::read(&file).unwrap();
     std::fs::write(&file, &bytes[..bytes.len() - 4]).unwrap();
     let args = [&["train", "llm", "--weights", "hf", "--out", "cut"][..], &small].concat();

@@ -656,14 +656,19 @@ fn a_lora_run_exports_a_merged_checkpoint_that_loads_as_the_runs_model() {
     assert!(
         merge::export(&run_dir, &out, None, 1 << 30)
             .unwrap_err()
+            .to_string()
             .contains("give a new folder")
     );
     let original = std::fs::read_to_string(golden.join("config.json")).unwrap();
     std::fs::write(golden.join("config.json"), original.replace("1e-06", "1e-05")).unwrap();
-    let e = merge::export(&run_dir, &tmp.path().join("c"), None, 1 << 30).unwrap_err();
+    let e = merge::export(&run_dir, &tmp.path().join("c"), None, 1 << 30)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("rms_norm_eps") && !tmp.path().join("c").exists(), "{e}");
     std::fs::write(golden.join("config.json"), original).unwrap();
     std::fs::remove_file(run_dir.join("weights.bin")).unwrap();
     let e = merge::export(&run_dir, &tmp.path().join("b"), None, 1 << 30).unwrap_err();
+    assert!(matches!(e, merge::ExportError::NotFinished { .. }), "{e}");
+    let e = e.to_string();
     assert!(e.contains("has not finished") && !tmp.path().join("b").exists(), "{e}");
 }

@@ -32,6 +32,74 @@ pub struct Exported {
     pub merged: usize,
 }
 
+/// Why a run cannot be exported; nothing is left of the new folder.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// Not the folder of an llm run.
+    #[error("{}: {why}: give the folder of a `vramfit train llm` run", run.display())]
+    NotARun {
+        /// The folder given.
+        run: PathBuf,
+        /// What is missing or wrong.
+        why: String,
+    },
+    /// Its `weights.bin` is not there (yet) or cannot be read.
+    #[error(
+        "{}: {why}: the run has not finished (its weights.bin is written at the end; resume it first)",
+        run.display()
+    )]
+    NotFinished {
+        /// The run.
+        run: PathBuf,
+        /// The reader's error.
+        why: String,
+    },
+    /// The base was drawn from the seed: there is no checkpoint to write into.
+    #[error(
+        "the run's base was drawn from its seed, not read from a checkpoint: there is no Hugging Face model to \
+         write it into (export runs started with --weights DIR)"
+    )]
+    DrawnBase,
+    /// The base's file is not the one the run trained on.
+    #[error(
+        "the run was trained on a base whose fingerprint was {then}, and {} now gives {now}: the checkpoint was \
+         replaced; give back the one the run started from",
+        base.display()
+    )]
+    BaseReplaced {
+        /// The base's path.
+        base: PathBuf,
+        /// The fingerprint the run kept.
+        then: String,
+        /// The file's now.
+        now: String,
+    },
+    /// The base's files cannot be read, or disagree with the run's shape.
+    #[error("the run's base: {0}")]
+    Base(String),
+    /// An array of `weights.bin` of another shape than the run's.
+    #[error("weights.bin's `{name}` is {got:?} where the run's shape makes it {want:?}: a damaged or altered file")]
+    Damaged {
+        /// The array.
+        name: String,
+        /// Its shape.
+        got: Vec<usize>,
+        /// The run's.
+        want: Vec<usize>,
+    },
+    /// The output is an input, inside one, or already there.
+    #[error("{0}")]
+    Output(String),
+    /// A file could not be written.
+    #[error("{}: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The system's error.
+        source: std::io::Error,
+    },
+}
+
 /// The base's files copied beside the weights, where it has them.
 const BESIDE: [&str; 6] = [
     "config.json",
@@ -78,39 +146,33 @@ fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
 /// Exports the run in `run` (its `config.toml` and `weights.bin`) into the
 /// new folder `out` in `dtype` (`None`: the base's own), with shards of at
 /// most `shard_bytes` each.
-pub fn export(run: &Path, out: &Path, dtype: Option<Dtype>, shard_bytes: u64) -> Result<Exported, String> {
+pub fn export(run: &Path, out: &Path, dtype: Option<Dtype>, shard_bytes: u64) -> Result<Exported, ExportError> {
+    let not_a_run = |why: String| ExportError::NotARun { run: run.into(), why };
     if !run.join("config.toml").is_file() {
-        return Err(format!(
-            "{} is not a run folder (it has no config.toml): give the folder of a `vramfit train llm` run",
-            run.display()
-        ));
+        return Err(not_a_run("not a run folder (it has no config.toml)".into()));
     }
     let text = vramfit::files::read::read_text(&run.join("config.toml"), vramfit::files::read::Links::Refuse)
-        .map_err(|e| format!("{}: {e} (give the folder of a `vramfit train llm` run)", run.display()))?;
+        .map_err(|e| not_a_run(e.to_string()))?;
     let config = super::LlmConfig::from_toml(&text, &run.join("config.toml"))
-        .map_err(|e| format!("{e}: not a `vramfit train llm` run's settings"))?
+        .map_err(|e| not_a_run(format!("{e}: not an llm run's settings")))?
         .model;
-    let weights = run.join("weights.bin");
-    let trained = ArrayFile::read(&weights).map_err(|e| {
-        format!("{e}: the run has not finished (its weights.bin is written at the end; resume it first)")
+    let trained = ArrayFile::read(&run.join("weights.bin")).map_err(|e| ExportError::NotFinished {
+        run: run.into(),
+        why: e.to_string(),
     })?;
     if config.weights.is_empty() {
-        return Err(
-            "the run's base was drawn from its seed, not read from a checkpoint: there is no Hugging Face model to \
-             write it into (export runs started with --weights DIR)"
-                .into(),
-        );
+        return Err(ExportError::DrawnBase);
     }
-    let base = Checkpoint::open(Path::new(&config.weights)).map_err(|e| format!("the run's base: {e}"))?;
+    let base = Checkpoint::open(Path::new(&config.weights)).map_err(ExportError::Base)?;
     // The base the run trained on, not another under its path.
     if let Some(then) = trained.meta.get("rebuilt_fingerprint").and_then(|v| v.as_str()) {
-        let now = base.fingerprint().map_err(|e| format!("the run's base: {e}"))?;
+        let now = base.fingerprint().map_err(ExportError::Base)?;
         if now != then {
-            return Err(format!(
-                "the run was trained on a base whose fingerprint was {then}, and {} now gives {now}: the checkpoint \
-                 was replaced; give back the one the run started from",
-                config.weights
-            ));
+            return Err(ExportError::BaseReplaced {
+                base: config.weights.clone().into(),
+                then: then.into(),
+                now,
+            });
         }
     }
     let folder = Path::new(&config.weights);
@@ -120,16 +182,16 @@ pub fn export(run: &Path, out: &Path, dtype: Option<Dtype>, shard_bytes: u64) ->
         folder.parent().unwrap_or(folder)
     };
     if let Some(why) = vramfit::files::outputs::onto_input(out, &[("the run", run), ("the run's base", folder)]) {
-        return Err(why);
+        return Err(ExportError::Output(why));
     }
     // The files copied beside the weights must still be the base's: its
     // config.json of the run's shape, a tokenizer within its vocabulary.
     if folder.join("config.json").is_file() {
-        super::hf_config::check(&config, folder).map_err(|e| format!("the run's base: {e}"))?;
+        super::hf_config::check(&config, folder).map_err(ExportError::Base)?;
     }
     if folder.join("tokenizer.json").is_file() {
         crate::corpus::text::tokenizer(&folder.join("tokenizer.json"), config.vocab)
-            .map_err(|e| format!("the run's base: {e}"))?;
+            .map_err(|e| ExportError::Base(e.to_string()))?;
     }
     let dtype = dtype
         .or_else(|| base.dtype("model.embed_tokens.weight"))
@@ -151,9 +213,12 @@ pub fn export(run: &Path, out: &Path, dtype: Option<Dtype>, shard_bytes: u64) ->
         shards.last_mut().expect("one shard at least").push((name, shape));
     }
     if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        std::fs::create_dir_all(parent).map_err(|source| ExportError::Write {
+            path: parent.into(),
+            source,
+        })?;
     }
-    std::fs::create_dir(out).map_err(|e| format!("{}: {e} (give a new folder)", out.display()))?;
+    std::fs::create_dir(out).map_err(|e| ExportError::Output(format!("{}: {e} (give a new folder)", out.display())))?;
     // The folder is new: what a failure leaves in it goes with it.
     write(out, &config, &base, &trained, &shards, dtype, total).inspect_err(|_| {
         let _ = std::fs::remove_dir_all(out);
@@ -168,7 +233,11 @@ fn write(
     shards: &[Vec<(String, Vec<usize>)>],
     dtype: Dtype,
     total: u64,
-) -> Result<Exported, String> {
+) -> Result<Exported, ExportError> {
+    let write_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ExportError::Write { path, source }
+    };
     let n = shards.len();
     let file_name = |i: usize| {
         if n == 1 {
@@ -197,7 +266,7 @@ fn write(
             at += bytes;
             weight_map.insert(name.clone(), file_name(i).into());
         }
-        let mut head = serde_json::to_vec(&header).map_err(|e| e.to_string())?;
+        let mut head = serde_json::to_vec(&header).map_err(|e| write_err(&path)(std::io::Error::other(e)))?;
         while !head.len().is_multiple_of(8) {
             head.push(b' ');
         }
@@ -229,16 +298,14 @@ fn write(
             }
             Ok(())
         })
-        .map_err(|e| failure.take().unwrap_or_else(|| format!("{}: {e}", path.display())))?;
+        .map_err(|e| failure.take().unwrap_or_else(|| write_err(&path)(e)))?;
         done.shards.push(path);
     }
     if n > 1 {
         let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
-        vramfit::run::atomic_write(
-            &out.join("model.safetensors.index.json"),
-            &serde_json::to_vec_pretty(&index).map_err(|e| e.to_string())?,
-        )
-        .map_err(|e| e.to_string())?;
+        let at = out.join("model.safetensors.index.json");
+        let bytes = serde_json::to_vec_pretty(&index).map_err(|e| write_err(&at)(std::io::Error::other(e)))?;
+        vramfit::run::atomic_write(&at, &bytes).map_err(write_err(&at))?;
     }
     let folder = Path::new(&config.weights);
     let folder = if folder.is_dir() {
@@ -250,11 +317,11 @@ fn write(
         let from = folder.join(name);
         if from.is_file() {
             let mut bytes = vramfit::files::read::read_at_most(&from, vramfit::files::read::Links::Follow, 64 << 20)
-                .map_err(|e| format!("{}: {e}", from.display()))?;
+                .map_err(|e| ExportError::Base(format!("{}: {e}", from.display())))?;
             if name == "config.json" {
-                bytes = with_dtype(&bytes, dtype).map_err(|e| format!("{}: {e}", from.display()))?;
+                bytes = with_dtype(&bytes, dtype).map_err(|e| ExportError::Base(format!("{}: {e}", from.display())))?;
             }
-            vramfit::run::atomic_write(&out.join(name), &bytes).map_err(|e| e.to_string())?;
+            vramfit::run::atomic_write(&out.join(name), &bytes).map_err(write_err(&out.join(name)))?;
         }
     }
     Ok(done)
@@ -288,11 +355,19 @@ fn with_dtype(bytes: &[u8], dtype: Dtype) -> Result<Vec<u8>, String> {
 /// Tensor `name` (`shape`, transformers' layout) as the run ends: the
 /// trained value where the run wrote one, else the base's, plus the
 /// adapter's product where the projection has one. Whether one was merged.
-fn tensor(name: &str, shape: &[usize], base: &Checkpoint, trained: &ArrayFile) -> Result<(Vec<f32>, bool), String> {
-    let (path, transposed) = ours(name).ok_or_else(|| format!("`{name}`: no parameter of vramfit's Llama"))?;
+fn tensor(
+    name: &str,
+    shape: &[usize],
+    base: &Checkpoint,
+    trained: &ArrayFile,
+) -> Result<(Vec<f32>, bool), ExportError> {
+    let (path, transposed) =
+        ours(name).ok_or_else(|| ExportError::Base(format!("`{name}`: no parameter of vramfit's Llama")))?;
     let param = |p: &str| trained.arrays.get(&format!("param/{p}"));
-    let damaged = |p: &str, got: &[usize], want: &[usize]| {
-        format!("weights.bin's `{p}` is {got:?} where the run's shape makes it {want:?}: a damaged or altered file")
+    let damaged = |p: &str, got: &[usize], want: &[usize]| ExportError::Damaged {
+        name: p.into(),
+        got: got.to_vec(),
+        want: want.to_vec(),
     };
     let mut values = match param(&path) {
         Some((s, v)) if transposed => {
@@ -304,13 +379,13 @@ fn tensor(name: &str, shape: &[usize], base: &Checkpoint, trained: &ArrayFile) -
         }
         Some((s, v)) if s[..] == *shape => v.clone(),
         Some((s, _)) => return Err(damaged(&path, s, shape)),
-        None => base.read_f32(name).map_err(|e| format!("the run's base: {e}"))?,
+        None => base.read_f32(name).map_err(ExportError::Base)?,
     };
     if values.len() != shape.iter().product::<usize>() {
-        return Err(format!(
+        return Err(ExportError::Base(format!(
             "`{name}` holds {} values, its shape {shape:?} another count",
             values.len()
-        ));
+        )));
     }
     let Some(stem) = path.strip_suffix(".weight") else {
         return Ok((values, false));
@@ -335,7 +410,7 @@ fn tensor(name: &str, shape: &[usize], base: &Checkpoint, trained: &ArrayFile) -
         .matmul(a.transpose())
         .into_data()
         .to_vec()
-        .map_err(|e| format!("{e:?}"))?;
+        .map_err(|e| ExportError::Base(format!("`{name}`'s merged values: {e:?}")))?;
     for (w, d) in values.iter_mut().zip(product) {
         *w += d;
     }
