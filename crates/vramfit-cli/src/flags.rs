@@ -184,11 +184,7 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
                 M::NAME
             );
         }
-        // Absolute, as --data's: a resume or an export reads it from
-        // wherever it is run. JSON's string escapes are TOML's basic string's.
-        let absolute = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
-        let path = serde_json::to_string(&absolute.display().to_string())?;
-        sets.insert(0, format!("model.weights={path}"));
+        sets.insert(0, path_set("model.weights", dir)?);
         // The checkpoint's own config.json gives the shape, before the
         // user's --set (a --set that then differs from it is refused).
         if dir.is_dir() {
@@ -206,25 +202,13 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
                 M::NAME
             );
         }
-        // Absolute: a resume reads it from wherever it is run.
-        let data = std::path::absolute(data).unwrap_or_else(|_| data.clone());
-        sets.insert(
-            0,
-            format!("task.data={}", serde_json::to_string(&data.display().to_string())?),
-        );
+        sets.insert(0, path_set("task.data", data)?);
     }
     if let Some(adapter) = &a.adapter {
         if M::NAME != "llm" {
             anyhow::bail!("--adapter: `train {}` has no adapters; LoRA is the llm's", M::NAME);
         }
-        let adapter = std::path::absolute(adapter).unwrap_or_else(|_| adapter.clone());
-        sets.insert(
-            0,
-            format!(
-                "model.adapter={}",
-                serde_json::to_string(&adapter.display().to_string())?
-            ),
-        );
+        sets.insert(0, path_set("model.adapter", adapter)?);
     }
     if let Some(attention) = a.attention {
         if M::default().attention().is_none() {
@@ -237,6 +221,17 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
         sets.insert(0, format!("model.attention={attention}"));
     }
     Ok(vramfit::settings::apply_sets(&c.to_toml(), &sets)?.unwrap_or(c))
+}
+
+/// `KEY="PATH"` for `--set`, the path absolute: a resume or an export reads
+/// it from wherever it is run. JSON's string escapes are TOML's basic
+/// string's.
+fn path_set(key: &str, path: &Path) -> Result<String> {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    Ok(format!(
+        "{key}={}",
+        serde_json::to_string(&absolute.display().to_string())?
+    ))
 }
 
 /// A fit's settings as flags (shared by `fit` and `plan splat`).

@@ -9,6 +9,7 @@ use burn::backend::{Autodiff, Flex};
 use vramfit::run::{Event, RunPath, RunSummary, Start};
 use vramfit_models::gpt::TrainConfig;
 use vramfit_models::job::{TrainError, TrainSummary, launch};
+use vramfit_models::llama::{LlamaConfig, LlmConfig};
 
 type B = Autodiff<Flex>;
 
@@ -361,6 +362,60 @@ fn a_diverging_run_ends_with_a_warning() {
     assert!(written["warnings"][0].as_str().unwrap().contains("diverged"));
 }
 
+/// A 2-block Llama of width 32 that trains `train`, 6 steps of 2 samples
+/// of 8 tokens, a checkpoint every 2 and a metrics line every step.
+fn small_llm(train: &str) -> LlmConfig {
+    let mut c = LlmConfig {
+        steps: 6,
+        batch_size: 2,
+        checkpoint_every: 2,
+        log_every: 1,
+        ..Default::default()
+    };
+    c.model = LlamaConfig {
+        vocab: 32,
+        width: 32,
+        depth: 2,
+        heads: 4,
+        kv_heads: 2,
+        ffn: 64,
+        context: 16,
+        train: train.into(),
+        ..Default::default()
+    };
+    c.task.tokens = 8;
+    c
+}
+
+/// A new llm run (`config`) or a resume (`None`) of `out`, driven to its
+/// end or until `observe` stops it.
+fn drive_llm(
+    config: Option<LlmConfig>,
+    out: &Path,
+    mut observe: Box<dyn FnMut(Event) -> ControlFlow<()>>,
+) -> Result<Option<RunSummary<TrainSummary>>, TrainError> {
+    let start = match config {
+        Some(c) => Start::New(c, RunPath::At(out.into())),
+        None => Start::Resume(out.into()),
+    };
+    let (run, workload) = vramfit_models::job::start::<B, LlamaConfig, 3>(start, &Default::default(), "cpu")?;
+    Ok(run.drive(workload, &mut observe)?)
+}
+
+/// Stops a run right after its second checkpoint, as a kill would.
+fn after_second_checkpoint() -> Box<dyn FnMut(Event) -> ControlFlow<()>> {
+    let mut seen = 0;
+    Box::new(move |e| {
+        if let Event::Checkpoint(_) = e {
+            seen += 1;
+            if seen == 2 {
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
+    })
+}
+
 /// A QLoRA run (the base in NF4, drawn from the seed) stopped after its
 /// second checkpoint resumes to the straight run's byte-identical
 /// `weights.bin`; its checkpoints and weights hold the adapters and their
@@ -368,37 +423,9 @@ fn a_diverging_run_ends_with_a_warning() {
 /// the host for a file).
 #[test]
 fn a_qlora_run_writes_its_adapters_only_and_resumes_exactly() {
-    use vramfit_models::llama::{LlamaConfig, LlmConfig};
-    let config = || {
-        let mut c = LlmConfig {
-            steps: 6,
-            batch_size: 2,
-            checkpoint_every: 2,
-            log_every: 1,
-            ..Default::default()
-        };
-        c.model = LlamaConfig {
-            vocab: 32,
-            width: 32,
-            depth: 2,
-            heads: 4,
-            kv_heads: 2,
-            ffn: 64,
-            context: 16,
-            train: "qlora:4".into(),
-            ..Default::default()
-        };
-        c.task.tokens = 8;
-        c
-    };
-    let go = |config: Option<LlmConfig>, out: &Path, mut observe: Box<dyn FnMut(Event) -> ControlFlow<()>>| {
-        let start = match config {
-            Some(c) => Start::New(c, RunPath::At(out.into())),
-            None => Start::Resume(out.into()),
-        };
-        let (run, workload) =
-            vramfit_models::job::start::<B, LlamaConfig, 3>(start, &Default::default(), "cpu").unwrap();
-        run.drive(workload, &mut observe).unwrap()
+    let config = || small_llm("qlora:4");
+    let go = |config: Option<LlmConfig>, out: &Path, observe: Box<dyn FnMut(Event) -> ControlFlow<()>>| {
+        drive_llm(config, out, observe).unwrap()
     };
     let tmp = tempfile::tempdir().unwrap();
     let straight = tmp.path().join("straight");
@@ -423,20 +450,7 @@ fn a_qlora_run_writes_its_adapters_only_and_resumes_exactly() {
     );
 
     let broken = tmp.path().join("broken");
-    let mut seen = 0;
-    let stopped = go(
-        Some(config()),
-        &broken,
-        Box::new(move |e| {
-            if let Event::Checkpoint(_) = e {
-                seen += 1;
-                if seen == 2 {
-                    return ControlFlow::Break(());
-                }
-            }
-            ControlFlow::Continue(())
-        }),
-    );
+    let stopped = go(Some(config()), &broken, after_second_checkpoint());
     assert!(stopped.is_none(), "stopped before its end");
     go(None, &broken, Box::new(|_| ControlFlow::Continue(()))).unwrap();
     let (a, b) = (
@@ -454,7 +468,6 @@ fn a_qlora_run_writes_its_adapters_only_and_resumes_exactly() {
 /// not the run's history); a resume over a changed corpus is refused.
 #[test]
 fn a_corpus_run_evaluates_writes_peft_adapters_and_resumes_exactly() {
-    use vramfit_models::llama::{LlamaConfig, LlmConfig};
     let tmp = tempfile::tempdir().unwrap();
     let corpus = tmp.path().join("corpus.bin");
     let ids: Vec<u8> = (0..600u32)
@@ -462,38 +475,13 @@ fn a_corpus_run_evaluates_writes_peft_adapters_and_resumes_exactly() {
         .collect();
     std::fs::write(&corpus, &ids).unwrap();
     let config = || {
-        let mut c = LlmConfig {
-            steps: 6,
-            batch_size: 2,
-            checkpoint_every: 2,
-            log_every: 1,
-            ..Default::default()
-        };
-        c.model = LlamaConfig {
-            vocab: 32,
-            width: 32,
-            depth: 2,
-            heads: 4,
-            kv_heads: 2,
-            ffn: 64,
-            context: 16,
-            train: "lora:4".into(),
-            ..Default::default()
-        };
-        c.task.tokens = 8;
+        let mut c = small_llm("lora:4");
         c.task.data = corpus.display().to_string();
         c.task.eval_every = 2;
         c.task.eval_sequences = 4;
         c
     };
-    let go = |config: Option<LlmConfig>, out: &Path, mut observe: Box<dyn FnMut(Event) -> ControlFlow<()>>| {
-        let start = match config {
-            Some(c) => Start::New(c, RunPath::At(out.into())),
-            None => Start::Resume(out.into()),
-        };
-        let (run, workload) = vramfit_models::job::start::<B, LlamaConfig, 3>(start, &Default::default(), "cpu")?;
-        Ok::<_, TrainError>(run.drive(workload, &mut observe)?)
-    };
+    let go = drive_llm;
     let straight = tmp.path().join("straight");
     let summary = go(Some(config()), &straight, Box::new(|_| ControlFlow::Continue(())))
         .unwrap()
@@ -524,21 +512,7 @@ fn a_corpus_run_evaluates_writes_peft_adapters_and_resumes_exactly() {
     }
 
     let broken = tmp.path().join("broken");
-    let mut seen = 0;
-    let stopped = go(
-        Some(config()),
-        &broken,
-        Box::new(move |e| {
-            if let Event::Checkpoint(_) = e {
-                seen += 1;
-                if seen == 2 {
-                    return ControlFlow::Break(());
-                }
-            }
-            ControlFlow::Continue(())
-        }),
-    )
-    .unwrap();
+    let stopped = go(Some(config()), &broken, after_second_checkpoint()).unwrap();
     assert!(stopped.is_none(), "stopped before its end");
     // The corpus changed under the run: refused, the run left as it was.
     let mut changed = ids.clone();
@@ -585,7 +559,7 @@ fn a_corpus_run_evaluates_writes_peft_adapters_and_resumes_exactly() {
 fn a_lora_run_exports_a_merged_checkpoint_that_loads_as_the_runs_model() {
     use burn::prelude::*;
     use vramfit::precision::{Autocast, Precision};
-    use vramfit_models::llama::{LlamaConfig, LlmConfig, hf_config, merge};
+    use vramfit_models::llama::{hf_config, merge};
     use vramfit_models::safetensors::Dtype;
     let tmp = tempfile::tempdir().unwrap();
     // A copy of the golden Llama: its files are changed below.

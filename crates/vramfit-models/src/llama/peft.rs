@@ -46,6 +46,14 @@ fn slots<B: Backend>(mlp: bool) -> Vec<Slot<B>> {
     out
 }
 
+/// The adapted modules' last names, as PEFT's `target_modules` gives them.
+fn target_names<B: Backend>(mlp: bool) -> Vec<&'static str> {
+    slots::<B>(mlp)
+        .iter()
+        .map(|(m, _)| m.rsplit('.').next().unwrap_or(m))
+        .collect()
+}
+
 /// PEFT's name of block `i`'s module `module`'s factor (`lora_A` or `lora_B`).
 fn name(i: usize, module: &str, factor: &str) -> String {
     format!("base_model.model.model.layers.{i}.{module}.{factor}.weight")
@@ -92,10 +100,7 @@ pub fn export<B: Backend>(model: &Llama<B>, config: &LlamaConfig) -> Result<Vec<
         .map(|(n, s, v)| (n.as_str(), s.clone(), v.as_slice()))
         .collect();
     let weights = crate::safetensors::encode(&borrowed, crate::safetensors::Dtype::F32)?;
-    let modules: Vec<&str> = slots::<B>(mlp)
-        .iter()
-        .map(|(m, _)| m.rsplit('.').next().unwrap_or(m))
-        .collect();
+    let modules = target_names::<B>(mlp);
     // The folder (transformers' and PEFT's from_pretrained take folders).
     let base = std::path::absolute(&config.weights)
         .ok()
@@ -183,10 +188,7 @@ pub fn apply<B: Backend>(
         return Err(bad("QA-LoRA adapters (use_qalora) are not vramfit's LoRA".into()));
     }
     // The modules it adapts, by their last name (PEFT matches on it).
-    let ours: std::collections::BTreeSet<&str> = slots::<B>(mlp)
-        .iter()
-        .map(|(m, _)| m.rsplit('.').next().unwrap_or(m))
-        .collect();
+    let ours: std::collections::BTreeSet<&str> = target_names::<B>(mlp).into_iter().collect();
     let theirs: Option<std::collections::BTreeSet<&str>> = match &settings["target_modules"] {
         serde_json::Value::Array(a) => Some(a.iter().filter_map(|v| v.as_str()).collect()),
         serde_json::Value::String(s) if ours.contains(s.as_str()) => Some([s.as_str()].into()),
