@@ -78,6 +78,8 @@ impl Cleanup {
             B::memory_cleanup(device);
             // A heap trace of a CPU run standing for a device's marks it.
             crate::heap::cleanup_mark();
+            // The shape backend's router does not pass the cleanup on.
+            crate::shapes::cleanup_mark::<B>();
             let _ = B::sync(device);
             Ok(Some(start.elapsed()))
         });

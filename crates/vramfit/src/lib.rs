@@ -104,6 +104,7 @@ pub mod ranks;
 pub mod remedy;
 pub mod run;
 pub mod settings;
+pub mod shapes;
 pub mod step;
 pub mod storage;
 pub mod trainer;

@@ -17,6 +17,10 @@
 //! step run there with the CPU's own kernels off makes the tensors a
 //! device's step makes, each one heap block.
 //!
+//! Or on shapes alone ([`trace_shapes`]): the step run on a backend that
+//! computes no values ([`crate::shapes`]), each output placed as CubeCL
+//! places it, so any size is traced in seconds on any machine.
+//!
 //! A trace recorded at one size is grown to another by [`TraceLaw`] (each
 //! reservation's bytes affine in the count, fitted from two probes of the
 //! same structure), so that a probe on a small device predicts a card too
@@ -25,11 +29,13 @@
 mod cards;
 mod law;
 mod on_cpu;
+mod on_shapes;
 mod record;
 mod replay;
 
 pub use cards::{Allocator, Card, CardError, KNOWN_CARDS};
 pub use law::{LawError, TraceLaw};
 pub use on_cpu::{CpuTraceError, TENSOR_BLOCKS, TRACE_ROOM, trace_on_cpu};
+pub use on_shapes::{ShapeTraceError, ShapesTraced, trace_shapes};
 pub use record::Recorder;
 pub use replay::{Event, ReplayError, Replayed, Trace, replay};

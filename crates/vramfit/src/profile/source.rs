@@ -120,6 +120,10 @@ impl DeviceMemory for burn::backend::Flex {
     }
 }
 
+/// The shape backend holds no memory: its figures are the trace's, read
+/// after the run (`pools::trace_shapes`).
+impl DeviceMemory for crate::shapes::Shapes {}
+
 impl<B: DeviceMemory, C: burn::backend::autodiff::checkpoint::strategy::CheckpointStrategy> DeviceMemory
     for burn::backend::Autodiff<B, C>
 {
