@@ -11,6 +11,8 @@ use vramfit::shapes::{ShapeDevice, Shapes};
 use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::Family;
 use vramfit_models::gpt::{GptConfig, TrainConfig};
+use vramfit_models::llama::{LlamaConfig, LlmConfig};
+use vramfit_models::unet::{UnetConfig, UnetTrainConfig};
 
 #[global_allocator]
 static HEAP: vramfit::heap::Counting<std::alloc::System> = vramfit::heap::Counting(std::alloc::System);
@@ -72,21 +74,76 @@ fn a_trace_on_shapes_replays_as_the_cpu_trace() {
         ("list:0,1", "standard", "f32", "never"),
         ("none", "standard", "host", "never"),
         ("list:0,1", "standard", "f32", "step"),
+        ("none", "fused", "f32", "never"),
     ] {
         let (cpu, shapes) = both::<GptConfig, 3>(transformer(checkpoint, attention, moments, cleanup));
-        for card in ["t4", "h100-80"] {
-            let card = Card::named(card).unwrap();
-            let a = replay(&cpu, &card.allocator).unwrap().reserved_peak;
-            let b = replay(&shapes, &card.allocator).unwrap().reserved_peak;
-            eprintln!(
-                "{checkpoint} {attention} {moments} {cleanup} {}: cpu {a} shapes {b} ({:+.2} %); in use {} / {}; reserves {} / {}",
-                card.name,
-                100.0 * (b as f64 / a as f64 - 1.0),
-                cpu.in_use_peak(),
-                shapes.in_use_peak(),
-                cpu.reserves(),
-                shapes.reserves()
-            );
-        }
+        compare(&format!("{checkpoint} {attention} {moments} {cleanup}"), &cpu, &shapes);
     }
+}
+
+fn compare(name: &str, cpu: &Trace, shapes: &Trace) {
+    for card in ["t4", "h100-80"] {
+        let card = Card::named(card).unwrap();
+        let a = replay(cpu, &card.allocator).unwrap().reserved_peak;
+        let b = replay(shapes, &card.allocator).unwrap().reserved_peak;
+        eprintln!(
+            "{name} {}: cpu {a} shapes {b} ({:+.2} %); in use {} / {}; reserves {} / {}",
+            card.name,
+            100.0 * (b as f64 / a as f64 - 1.0),
+            cpu.in_use_peak(),
+            shapes.in_use_peak(),
+            cpu.reserves(),
+            shapes.reserves()
+        );
+    }
+}
+
+fn llm(train: &str, precision: &str, base: &str, attention: &str, checkpoint: &str) -> LlmConfig {
+    let mut c = LlmConfig {
+        steps: STEPS,
+        batch_size: 4,
+        micro_batch: 4,
+        checkpoint_every: 0,
+        precision: precision.into(),
+        checkpoint: checkpoint.into(),
+        ..Default::default()
+    };
+    c.model = LlamaConfig {
+        vocab: 512,
+        width: 256,
+        depth: 2,
+        heads: 4,
+        kv_heads: 2,
+        ffn: 512,
+        context: 128,
+        train: train.into(),
+        base: base.into(),
+        attention: attention.parse().unwrap(),
+        ..Default::default()
+    };
+    c.task.tokens = 128;
+    c
+}
+
+#[test]
+fn llm_and_unet_traces_on_shapes() {
+    for (train, precision, base, attention, checkpoint) in [
+        ("all", "f32", "", "standard", "none"),
+        ("lora:8", "f32", "", "fused", "none"),
+        ("lora:8", "bf16", "bf16", "fused", "list:0,1"),
+        ("qlora:8", "bf16", "", "fused", "none"),
+    ] {
+        let (cpu, shapes) = both::<LlamaConfig, 3>(llm(train, precision, base, attention, checkpoint));
+        compare(&format!("llm {train} {precision} {base} {attention} {checkpoint}"), &cpu, &shapes);
+    }
+    let mut u = UnetTrainConfig {
+        steps: STEPS,
+        batch_size: 8,
+        micro_batch: 8,
+        checkpoint_every: 0,
+        ..Default::default()
+    };
+    u.model.width = 16;
+    let (cpu, shapes) = both::<UnetConfig, 4>(u);
+    compare("unet", &cpu, &shapes);
 }

@@ -49,6 +49,10 @@ pub fn chunked_cross_entropy<B: Backend>(
         Ok(loss) => return loss,
         Err(args) => args,
     };
+    let args = match on::<B, crate::shapes::Shapes>(args, chunk, ac) {
+        Ok(loss) => return loss,
+        Err(args) => args,
+    };
     #[cfg(feature = "wgpu")]
     let args = match on::<B, burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u8>>(args, chunk, ac) {
         Ok(loss) => return loss,

@@ -21,7 +21,7 @@ use super::matrix::Matrix;
 use crate::fused::downcast;
 
 /// `x · W` (`x: [rows, in]` in the compute type, `W: [in, out]`), the
-/// product in `x`'s type. On Flex and CubeCL with autodiff, the operation
+/// product in `x`'s type. On Flex, CubeCL and the shape backend with autodiff, the operation
 /// that keeps only the stored `W`; on other backends (and without
 /// autodiff, where nothing is kept) Burn's product with `W` made in `x`'s
 /// type.
@@ -40,6 +40,10 @@ pub fn frozen_matmul<B: Backend>(x: Tensor<B, 2>, w: &Matrix<B>) -> Tensor<B, 2>
         Ok(y) => return y,
         Err(x) => x,
     };
+    let x = match on::<B, crate::shapes::Shapes>(x, w) {
+        Ok(y) => return y,
+        Err(x) => x,
+    };
     let dtype = float_dtype(&x);
     crate::fused::matmul(x, w.materialize(dtype))
 }
@@ -47,7 +51,7 @@ pub fn frozen_matmul<B: Backend>(x: Tensor<B, 2>, w: &Matrix<B>) -> Tensor<B, 2>
 /// Whether [`frozen_matmul`] keeps only the stored weight on backend `B`.
 pub fn keeps_stored_weight_on<B: Backend>() -> bool {
     #[allow(unused_mut)]
-    let mut yes = is_autodiff_of::<B, burn::backend::Flex>();
+    let mut yes = is_autodiff_of::<B, burn::backend::Flex>() || is_autodiff_of::<B, crate::shapes::Shapes>();
     #[cfg(feature = "wgpu")]
     {
         yes |= is_autodiff_of::<B, burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u8>>();

@@ -152,6 +152,9 @@ fn dequantize<B: Backend>(
     if let Some(m) = super::cube::dequantize::<B, cubecl::cuda::CudaRuntime>(codes, scales, dims, format, dtype) {
         return m;
     }
+    if let Some(m) = super::on_shapes::dequantize::<B>(codes, scales, dims, dtype) {
+        return m;
+    }
     crate::precision::cast_to(dequantize_f32(codes, scales, dims, format), dtype)
 }
 

@@ -17,6 +17,7 @@
 mod cube;
 mod matmul;
 mod matrix;
+mod on_shapes;
 pub mod quant;
 
 pub use matmul::{frozen_matmul, keeps_stored_weight_on};

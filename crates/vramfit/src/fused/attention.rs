@@ -72,6 +72,15 @@ pub fn attention<B: Backend>(
         Ok(out) => return out,
         Err(qkv) => qkv,
     };
+    // The shape backend: the CubeCL kernels' allocations, described.
+    let qkv = match on::<B, Autodiff<crate::shapes::Shapes>>(qkv, SHAPED, super::on_shapes::attention) {
+        Ok(out) => return out,
+        Err(qkv) => qkv,
+    };
+    let qkv = match on::<B, crate::shapes::Shapes>(qkv, SHAPED, super::on_shapes::forward_only) {
+        Ok(out) => return out,
+        Err(qkv) => qkv,
+    };
     let (q, k, v) = qkv;
     let low = q.dtype();
     if matches!(low, DType::F16 | DType::BF16) && k.dtype() == low && v.dtype() == low && Attention::is_fused_on::<B>()
@@ -86,6 +95,9 @@ pub fn attention<B: Backend>(
 
 /// The input types the CPU's fused attention reads.
 const WIDE: &[DType] = &[DType::F32];
+
+/// The input types the shape backend's twin of the CubeCL kernels takes.
+const SHAPED: &[DType] = &[DType::F32, DType::F16, DType::BF16];
 
 /// The input types the CubeCL kernels read (f32 accumulation inside).
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -186,7 +198,7 @@ impl Attention {
         {
             cube |= is::<B, super::cube::Cube<cubecl::cuda::CudaRuntime>>();
         }
-        crate::backends::is_cpu::<B>() || cube
+        crate::backends::is_cpu::<B>() || cube || crate::shapes::is_shapes::<B>()
     }
 }
 

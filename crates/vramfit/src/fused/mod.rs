@@ -137,6 +137,7 @@ mod heads;
 mod layer_norm;
 mod linear;
 mod matmul;
+mod on_shapes;
 mod products;
 mod rotary;
 mod softmax;

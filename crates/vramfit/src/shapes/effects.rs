@@ -13,7 +13,8 @@ use burn_ir::{
 };
 use burn_std::{ReshapeAction, Strides, reshape_action};
 
-use super::buffers::Buffers;
+use super::buffers::{Buffers, contiguous};
+use super::custom::CONTIGUOUS;
 
 /// Where an operation's output goes.
 enum Place<'a> {
@@ -34,6 +35,8 @@ enum Place<'a> {
     Slice(&'a TensorIr, &'a [burn_std::Slice]),
     /// A reshape: a view where the strides can say it, else a copy.
     Reshape(&'a TensorIr),
+    /// The input itself where it is row-major, else a copy.
+    Contiguous(&'a TensorIr),
 }
 
 /// Why an operation cannot be traced on shapes.
@@ -95,6 +98,14 @@ pub(super) fn apply(buffers: &mut Buffers, op: &OperationIr, alignment: u64) -> 
                 ReshapeAction::UpdateStrides { strides } => buffers.alias(out, input, strides.to_vec()),
                 ReshapeAction::NoChange => buffers.alias(out, input, view.strides.clone()),
                 ReshapeAction::Recompute => buffers.reserve(out),
+            }
+        }
+        (Place::Contiguous(input), [out]) => {
+            let view = buffers.view(input).clone();
+            if view.strides == contiguous(&view.shape) {
+                buffers.alias(out, input, view.strides);
+            } else {
+                buffers.reserve(out);
             }
         }
         (Place::Overwrite(first, other), [out]) => {
@@ -207,6 +218,7 @@ fn place(op: &OperationIr) -> Result<Place<'_>, Untraceable> {
             BoolOperationIr::And(b) | BoolOperationIr::Or(b) => Place::Overwrite(&b.lhs, Some(&b.rhs)),
             _ => Place::New,
         },
+        OperationIr::Custom(c) if c.id == CONTIGUOUS => Place::Contiguous(&c.inputs[0]),
         OperationIr::Module(_) | OperationIr::Custom(_) => Place::New,
         OperationIr::Drop(_) | OperationIr::Init(_) => Place::New,
         #[allow(unreachable_patterns)]

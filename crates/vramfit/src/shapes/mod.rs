@@ -22,12 +22,14 @@
 
 mod buffers;
 mod client;
+mod custom;
 mod effects;
 
 use std::sync::{Mutex, MutexGuard};
 
 pub use buffers::Allocation;
 pub use client::{NoBridge, ShapeChannel, ShapeClient, ShapeDevice};
+pub use custom::{ShapeTensor, contiguous, kernel};
 pub use effects::Untraceable;
 
 /// The backend: operations described, none computed.
