@@ -4,12 +4,14 @@
 //! and an H100's default f32 run (`scripts/transformer-variants.sh cuda`,
 //! 2026-11-25), each traced here on the CPU
 //! ([`vramfit::pools::trace_on_cpu`]) with the run's settings and replayed
-//! through the pools cubecl-cuda makes for that card. One test function,
-//! alone in its binary: the heap recording is process-wide.
+//! through the pools cubecl-cuda makes for that card; and each traced on
+//! shapes alone ([`vramfit::pools::trace_shapes`]), computing nothing. One
+//! test function, alone in its binary: the heap recording is process-wide.
 
 use burn::backend::{Autodiff, Flex};
-use vramfit::pools::{Card, replay, trace_on_cpu};
+use vramfit::pools::{Card, replay, trace_on_cpu, trace_shapes};
 use vramfit::run::{RunPath, Start};
+use vramfit::shapes::{ShapeDevice, Shapes};
 use vramfit_models::gpt::TrainConfig;
 
 #[global_allocator]
@@ -17,6 +19,25 @@ static HEAP: vramfit::heap::Counting<std::alloc::System> = vramfit::heap::Counti
 
 /// The bound docs/results/cards.md reports (measured: H200 −1.15 %, H100 +0.59 %).
 const BOUND: f64 = 0.05;
+
+/// The card's reserved peak for `config`'s first three steps, traced on shapes.
+fn predict_on_shapes(config: TrainConfig, card: &str) -> u64 {
+    let tmp = tempfile::tempdir().unwrap();
+    let card = Card::named(card).unwrap();
+    let traced = trace_shapes(
+        || {
+            vramfit_models::job::launch::<Autodiff<Shapes>>(
+                Start::New(config, RunPath::At(tmp.path().join("r"))),
+                &ShapeDevice,
+                "shapes",
+            )
+        },
+        3,
+        card.allocator.alignment,
+    )
+    .unwrap();
+    replay(&traced.trace, &card.allocator).unwrap().reserved_peak
+}
 
 /// The card's reserved peak for `config`'s first three steps, traced here.
 fn predict(config: TrainConfig, card: &str) -> u64 {
@@ -43,7 +64,7 @@ fn json(relative: &str) -> serde_json::Value {
 }
 
 #[test]
-fn recorded_transformer_peaks_are_predicted_from_the_cpu() {
+fn recorded_transformer_peaks_are_predicted_from_the_cpu_and_on_shapes() {
     let run = "bench-results/gpu-h200-3/budget/run";
     let summary = json(&format!("{run}/summary.json"));
     assert_eq!(summary["peak_memory_source"], "allocator reserved bytes");
@@ -61,16 +82,19 @@ fn recorded_transformer_peaks_are_predicted_from_the_cpu() {
         ..Default::default()
     };
     for (card, recorded, config) in [("h200", h200, config), ("h100-80", h100, h100_config)] {
-        let predicted = predict(config, card);
-        let error = predicted as f64 / recorded as f64 - 1.0;
-        eprintln!(
-            "{card}: recorded {recorded} B, predicted from the CPU {predicted} B ({:+.2} %)",
-            100.0 * error
-        );
-        assert!(
-            error.abs() <= BOUND,
-            "{card}: {:+.2} % off the recorded peak",
-            100.0 * error
-        );
+        let from_cpu = predict(config.clone(), card);
+        let on_shapes = predict_on_shapes(config, card);
+        for (how, predicted) in [("from the CPU", from_cpu), ("on shapes", on_shapes)] {
+            let error = predicted as f64 / recorded as f64 - 1.0;
+            eprintln!(
+                "{card}: recorded {recorded} B, predicted {how} {predicted} B ({:+.2} %)",
+                100.0 * error
+            );
+            assert!(
+                error.abs() <= BOUND,
+                "{card}: {:+.2} % off the recorded peak ({how})",
+                100.0 * error
+            );
+        }
     }
 }

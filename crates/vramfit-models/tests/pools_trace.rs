@@ -2,19 +2,25 @@
 //! and replayed through wgpu's own pools, against the reserved peak the
 //! wgpu allocator measures for the same run (lavapipe in CI): the
 //! transformer with and without checkpointing, with the moments on the
-//! host, with the allocator cleanup and with the fused attention (each
-//! measured equal to the byte), and the U-Net (measured 7.14 % over: the
-//! CPU's convolution makes an NHWC copy and im2col tiles that CubeCL's
-//! does not). Alone in
-//! its test binary: the heap recording is process-wide.
+//! host, with the allocator cleanup and with the fused attention (measured
+//! equal to the byte on 2026-11-28; on 2026-11-29 three of the five one
+//! 8 MiB page short, −2.78 … −3.45 %), and the U-Net (measured 7.14 % over:
+//! the CPU's convolution makes an NHWC copy and im2col tiles that CubeCL's
+//! does not). The same runs traced on shapes alone
+//! ([`vramfit::pools::trace_shapes`]: nothing computed), and a Llama LoRA
+//! run, are held to the same bounds (measured 2026-11-29: all seven equal
+//! to the byte). Alone in its test binary: the heap recording is
+//! process-wide.
 #![cfg(feature = "wgpu")]
 
 use burn::backend::wgpu::WgpuRuntime;
-use vramfit::pools::{Allocator, Trace, replay, trace_on_cpu};
+use vramfit::pools::{Allocator, Trace, replay, trace_on_cpu, trace_shapes};
 use vramfit::run::{RunPath, Start};
+use vramfit::shapes::{ShapeDevice, Shapes};
 use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::Family;
 use vramfit_models::gpt::{GptConfig, TrainConfig};
+use vramfit_models::llama::{LlamaConfig, LlmConfig};
 use vramfit_models::unet::{UnetConfig, UnetTrainConfig};
 
 #[global_allocator]
@@ -57,6 +63,32 @@ fn transformer(checkpoint: &str, attention: &str, moments: &str, cleanup: &str) 
     c
 }
 
+/// A 2-block Llama (grouped-query attention) that trains LoRA adapters
+/// over a frozen f32 base, with the fused attention.
+fn llm() -> LlmConfig {
+    let mut c = LlmConfig {
+        steps: STEPS,
+        batch_size: 4,
+        micro_batch: 4,
+        checkpoint_every: 0,
+        ..Default::default()
+    };
+    c.model = LlamaConfig {
+        vocab: 512,
+        width: 256,
+        depth: 2,
+        heads: 4,
+        kv_heads: 2,
+        ffn: 512,
+        context: 128,
+        train: "lora:8".into(),
+        attention: "fused".parse().unwrap(),
+        ..Default::default()
+    };
+    c.task.tokens = 128;
+    c
+}
+
 fn unet() -> UnetTrainConfig {
     let mut c = UnetTrainConfig {
         steps: STEPS,
@@ -69,9 +101,23 @@ fn unet() -> UnetTrainConfig {
     c
 }
 
-/// The wgpu run's reserved high-water and the CPU trace of the same run.
-fn both<F: Family<D>, const D: usize>(config: FamilyConfig<F>) -> (u64, Trace) {
+/// The wgpu run's reserved high-water, the CPU trace of the same run and
+/// its trace on shapes.
+fn both<F: Family<D>, const D: usize>(config: FamilyConfig<F>, alignment: u64) -> (u64, Trace, Trace) {
     let tmp = tempfile::tempdir().unwrap();
+    let shapes = trace_shapes(
+        || {
+            vramfit_models::job::start::<burn::backend::Autodiff<Shapes>, F, D>(
+                Start::New(config.clone(), RunPath::At(tmp.path().join("shapes"))),
+                &ShapeDevice,
+                "shapes",
+            )
+        },
+        STEPS,
+        alignment,
+    )
+    .unwrap()
+    .trace;
     let trace = trace_on_cpu(
         || {
             vramfit_models::job::start::<vramfit::backends::Flex, F, D>(
@@ -97,7 +143,7 @@ fn both<F: Family<D>, const D: usize>(config: FamilyConfig<F>) -> (u64, Trace) {
         .unwrap()
         .unwrap();
     assert_eq!(summary.peak_memory_source, "allocator reserved bytes");
-    (summary.peak_memory_bytes.unwrap(), trace)
+    (summary.peak_memory_bytes.unwrap(), trace, shapes)
 }
 
 fn error(measured: u64, trace: &Trace, allocator: &Allocator, name: &str) -> f64 {
@@ -121,18 +167,38 @@ fn a_cpu_trace_replayed_through_wgpus_pools_gives_its_reserved_peak() {
         ("list:0,1", "standard", "f32", "step"),
         ("none", "fused", "f32", "never"),
     ] {
-        let (measured, trace) = both::<GptConfig, 3>(transformer(checkpoint, attention, moments, cleanup));
-        let name = format!(
-            "transformer, checkpoint {checkpoint}, attention {attention}, moments {moments}, cleanup {cleanup}"
-        );
-        let e = error(measured, &trace, &lavapipe, &name);
-        assert!(e.abs() <= BOUND, "{name}: the replayed peak is {:+.1} % off", 100.0 * e);
+        let config = transformer(checkpoint, attention, moments, cleanup);
+        let (measured, cpu, shapes) = both::<GptConfig, 3>(config, lavapipe.alignment);
+        for (how, trace) in [("CPU", &cpu), ("shapes", &shapes)] {
+            let name = format!(
+                "transformer ({how}), checkpoint {checkpoint}, attention {attention}, moments {moments}, cleanup {cleanup}"
+            );
+            let e = error(measured, trace, &lavapipe, &name);
+            assert!(e.abs() <= BOUND, "{name}: the replayed peak is {:+.1} % off", 100.0 * e);
+        }
     }
-    let (measured, trace) = both::<UnetConfig, 4>(unet());
-    let e = error(measured, &trace, &lavapipe, "U-Net");
+    // The Llama family: the CPU trace's figure shown, the shapes' held.
+    let (measured, cpu, shapes) = both::<LlamaConfig, 3>(llm(), lavapipe.alignment);
+    error(measured, &cpu, &lavapipe, "llm LoRA (CPU)");
+    let e = error(measured, &shapes, &lavapipe, "llm LoRA (shapes)");
+    assert!(
+        e.abs() <= BOUND,
+        "the llm's replayed peak is {:+.1} % off (shapes)",
+        100.0 * e
+    );
+    let (measured, cpu, shapes) = both::<UnetConfig, 4>(unet(), lavapipe.alignment);
+    let e = error(measured, &cpu, &lavapipe, "U-Net (CPU)");
     assert!(
         (0.0..=CONV_OVER).contains(&e),
-        "the U-Net's replayed peak is {:+.1} % off",
+        "the U-Net's replayed peak is {:+.1} % off (CPU)",
+        100.0 * e
+    );
+    // On shapes the convolution makes no scratch: it may fall short by the
+    // scratch CubeCL's own kernels make, within the transformer's bound.
+    let e = error(measured, &shapes, &lavapipe, "U-Net (shapes)");
+    assert!(
+        (-BOUND..=CONV_OVER).contains(&e),
+        "the U-Net's replayed peak is {:+.1} % off (shapes)",
         100.0 * e
     );
 }

@@ -134,7 +134,11 @@ fn llm_and_unet_traces_on_shapes() {
         ("qlora:8", "bf16", "", "fused", "none"),
     ] {
         let (cpu, shapes) = both::<LlamaConfig, 3>(llm(train, precision, base, attention, checkpoint));
-        compare(&format!("llm {train} {precision} {base} {attention} {checkpoint}"), &cpu, &shapes);
+        compare(
+            &format!("llm {train} {precision} {base} {attention} {checkpoint}"),
+            &cpu,
+            &shapes,
+        );
     }
     let mut u = UnetTrainConfig {
         steps: STEPS,

@@ -20,6 +20,11 @@ pub(super) fn dequantize<B: Backend>(
     let codes = contiguous(codes.into_primitive());
     let scales = contiguous(scales.into_primitive().tensor());
     let dtype = burn::tensor::DType::from(dtype);
-    let m = kernel("vramfit.dequantize", &[&codes, &scales], &[([rows, cols].into(), dtype)]).remove(0);
+    let m = kernel(
+        "vramfit.dequantize",
+        &[&codes, &scales],
+        &[([rows, cols].into(), dtype)],
+    )
+    .remove(0);
     downcast(Tensor::<Shapes, 2>::from_primitive(TensorPrimitive::Float(m))).ok()
 }

@@ -17,10 +17,7 @@ use crate::shapes::{ShapeTensor, Shapes, contiguous, kernel};
 /// `[b, h, t, dv]` of the output and `[b, h, t]` of the log-sum-exps.
 fn forward(q: &ShapeTensor, k: &ShapeTensor, v: &ShapeTensor) -> (ShapeTensor, ShapeTensor) {
     use burn::tensor::TensorMetadata;
-    let ([b, h, t], dv) = (
-        [q.shape()[0], q.shape()[1], q.shape()[2]],
-        v.shape()[3],
-    );
+    let ([b, h, t], dv) = ([q.shape()[0], q.shape()[1], q.shape()[2]], v.shape()[3]);
     let mut out = kernel(
         "vramfit.attention",
         &[q, k, v],
