@@ -168,6 +168,9 @@ pub(crate) fn normal<B: Backend, const D: usize>(
     std: f64,
     device: &B::Device,
 ) -> Param<Tensor<B, D>> {
+    if vramfit::shapes::is_shapes::<B>() {
+        return undrawn(shape, device);
+    }
     let n: usize = shape.iter().product();
     // From the seeded stream: the same weights on every backend.
     let values: Vec<f32> = (0..n).map(|_| box_muller(rng, std)).collect();
@@ -196,6 +199,9 @@ pub(crate) fn normal_parallel<B: Backend, const D: usize>(
     device: &B::Device,
 ) -> Param<Tensor<B, D>> {
     use rayon::prelude::*;
+    if vramfit::shapes::is_shapes::<B>() {
+        return undrawn(shape, device);
+    }
     let n: usize = shape.iter().product();
     let seed = rng.random::<u64>();
     let mut values = vec![0f32; n];
@@ -207,6 +213,13 @@ pub(crate) fn normal_parallel<B: Backend, const D: usize>(
         }
     });
     Param::from_tensor(Tensor::from_data(TensorData::new(values, shape), device))
+}
+
+/// A parameter of `shape` on the shape backend, which holds no values:
+/// one buffer of its size, as the upload of drawn values makes, without
+/// drawing billions of them.
+fn undrawn<B: Backend, const D: usize>(shape: [usize; D], device: &B::Device) -> Param<Tensor<B, D>> {
+    Param::from_tensor(Tensor::empty(shape, device))
 }
 
 pub(crate) fn constant<B: Backend>(n: usize, value: f32, device: &B::Device) -> Param<Tensor<B, 1>> {

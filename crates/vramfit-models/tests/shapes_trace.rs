@@ -151,3 +151,50 @@ fn llm_and_unet_traces_on_shapes() {
     let (cpu, shapes) = both::<UnetConfig, 4>(u);
     compare("unet", &cpu, &shapes);
 }
+
+#[test]
+#[ignore]
+fn timing_mistral() {
+    let shape = vramfit_models::llama::shapes()
+        .into_iter()
+        .find(|s| s.name == "mistral-7b")
+        .unwrap();
+    let mut c = LlmConfig {
+        steps: 2,
+        batch_size: 2,
+        micro_batch: 2,
+        checkpoint_every: 0,
+        ..Default::default()
+    };
+    c.model = LlamaConfig {
+        train: "lora:16".into(),
+        ..shape.config
+    };
+    c.task.tokens = 2048;
+    let tmp = tempfile::tempdir().unwrap();
+    let t0 = std::time::Instant::now();
+    let traced = trace_shapes(
+        || {
+            vramfit_models::job::start::<Autodiff<Shapes>, LlamaConfig, 3>(
+                Start::New(c, RunPath::At(tmp.path().join("s"))),
+                &ShapeDevice,
+                "shapes",
+            )
+        },
+        2,
+        512,
+    )
+    .unwrap();
+    eprintln!(
+        "traced in {:?}: {} ops, {} reserves",
+        t0.elapsed(),
+        traced.operations,
+        traced.trace.reserves()
+    );
+    for card in ["t4", "rtx4090", "a100-80", "h100-80"] {
+        let card = Card::named(card).unwrap();
+        let t1 = std::time::Instant::now();
+        let r = replay(&traced.trace, &card.allocator);
+        eprintln!("{}: {:?} in {:?}", card.name, r, t1.elapsed());
+    }
+}

@@ -124,6 +124,13 @@ impl<B: Backend> Projection<B> {
         };
         let bias = bias.map(|b| frozen_float(b, bias_dtype));
         let (weight, quantized) = match (weight, storage.format()) {
+            (Some(w), Some(format)) if crate::shapes::is_shapes::<B>() => {
+                // No values to read back and quantize: the weight goes, as
+                // a device's does when it is read, then the stored buffers.
+                let (dims, device) = (w.val().dims(), w.val().device());
+                drop(w);
+                (None, Some(Quantized::unset(dims, format, &device)?))
+            }
             (Some(w), Some(format)) => {
                 let t = w.val();
                 let (dims, device) = (t.dims(), t.device());

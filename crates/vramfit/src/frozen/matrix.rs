@@ -46,6 +46,25 @@ impl<B: Backend> Quantized<B> {
         })
     }
 
+    /// A `[rows, cols]` matrix in `format` whose codes and scales are
+    /// buffers of their sizes with no values set: for the shape backend
+    /// ([`crate::shapes`]), where there are no values to quantize. Refused
+    /// as [`Quantized::new`] refuses a count that is not whole blocks.
+    pub fn unset([rows, cols]: [usize; 2], format: Format, device: &B::Device) -> Result<Self, QuantError> {
+        let count = rows * cols;
+        if !count.is_multiple_of(BLOCK) {
+            return Err(QuantError::Blocks { count });
+        }
+        let (words, blocks) = (count / format.per_word(), count / BLOCK);
+        Ok(Self {
+            codes: Param::initialized(ParamId::new(), Tensor::empty([words], device)),
+            scales: Param::from_tensor(Tensor::empty([blocks], device)).set_require_grad(false),
+            rows,
+            cols,
+            nf4: format == Format::Nf4,
+        })
+    }
+
     /// The format.
     pub fn format(&self) -> Format {
         if self.nf4 { Format::Nf4 } else { Format::Int8 }
