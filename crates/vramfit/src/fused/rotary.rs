@@ -23,8 +23,20 @@ pub fn rotary<B: Backend>(x: Tensor<B, 4>, theta: f64) -> Tensor<B, 4> {
     }
 }
 
-/// The cosine and sine tables, `[t, dh/2]` each, row major.
-fn tables(t: usize, dh: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
+/// The cosine and sine tables, `[t, dh/2]` each, row major: computed once
+/// a process for each length, width and base (a step asks for them twice
+/// a block: a 7B's 2,048 tokens are 262,144 sines and cosines each time).
+fn tables(t: usize, dh: usize, theta: f64) -> std::sync::Arc<(Vec<f32>, Vec<f32>)> {
+    type Tables = std::collections::HashMap<(usize, usize, u64), std::sync::Arc<(Vec<f32>, Vec<f32>)>>;
+    static MADE: std::sync::Mutex<Option<Tables>> = std::sync::Mutex::new(None);
+    let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
+    made.get_or_insert_with(Default::default)
+        .entry((t, dh, theta.to_bits()))
+        .or_insert_with(|| std::sync::Arc::new(compute_tables(t, dh, theta)))
+        .clone()
+}
+
+fn compute_tables(t: usize, dh: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
     let half = dh / 2;
     let (mut cos, mut sin) = (Vec::with_capacity(t * half), Vec::with_capacity(t * half));
     for p in 0..t {
@@ -41,10 +53,11 @@ fn tables(t: usize, dh: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
 pub fn rotary_reference<B: Backend>(x: Tensor<B, 4>, theta: f64) -> Tensor<B, 4> {
     let [_, _, t, dh] = x.dims();
     let half = dh / 2;
-    let (cos, sin) = tables(t, dh, theta);
+    let made = tables(t, dh, theta);
     let device = x.device();
-    let table = |v: Vec<f32>| Tensor::<B, 2>::from_data(TensorData::new(v, [t, half]), &device).unsqueeze::<4>();
-    let (cos, sin) = (table(cos), table(sin));
+    let table =
+        |v: &Vec<f32>| Tensor::<B, 2>::from_data(TensorData::new(v.clone(), [t, half]), &device).unsqueeze::<4>();
+    let (cos, sin) = (table(&made.0), table(&made.1));
     let (a, b) = (x.clone().narrow(3, 0, half), x.narrow(3, half, half));
     Tensor::cat(
         vec![a.clone() * cos.clone() - b.clone() * sin.clone(), b * cos + a * sin],
@@ -102,7 +115,8 @@ fn rotary_cpu(x: Tensor<Cpu, 4>, theta: f64) -> Tensor<Cpu, 4> {
 
     let [_, _, t, dh] = x.dims();
     assert!(dh % 2 == 0, "rotary positions turn pairs: a head width of {dh} is odd");
-    let (cos, sin) = tables(t, dh, theta);
+    let made = tables(t, dh, theta);
+    let (cos, sin) = (made.0.clone(), made.1.clone());
     let x = x.into_primitive().tensor();
     let shape = x.primitive.layout().shape().clone();
     let y = flex(turned(&values(&x.primitive), t, dh, &cos, &sin, false), shape);
