@@ -1,9 +1,9 @@
 //! `vramfit bench model-cards`: a card's reserved figure for transformer
-//! steps, predicted on this machine's CPU ([`vramfit::pools::trace_on_cpu`]:
-//! the step's tensors recorded as heap blocks with the CPU's own kernels
-//! off, replayed through CubeCL's pools as the card's client makes them),
-//! against what the card measured for the same steps: every probe and check
-//! of a `bench plan` record made on that card in f32 (the settings, the
+//! steps, predicted by tracing them on shapes alone
+//! ([`vramfit_models::traced::trace_settings`]: nothing computed) and
+//! replaying the trace through CubeCL's pools as the card's client makes
+//! them, against what the card measured for the same steps: every probe
+//! and check of a `bench plan` record made on that card (the settings, the
 //! model and the batch are the record's own).
 
 use std::collections::HashMap;
@@ -98,19 +98,15 @@ pub fn run(args: Args) -> Result<()> {
         String::from("| step | plan | batch | recorded | predicted | off |\n|---|---|---:|---:|---:|---:|\n");
     for s in &steps {
         let plan = s.knobs.describe(s.batch);
-        if let Some(why) = crate::family_cards::untraceable(&s.knobs) {
-            println!("{}: {plan}: not traced, {why}", s.name);
-            continue;
-        }
         let key = format!("{}|{}", serde_json::to_string(&s.knobs)?, s.batch);
         let predicted = match peaks.get(&key) {
             Some(p) => *p,
             None => {
                 let c = vramfit_models::plan::apply(&config, &s.knobs, s.batch, &space);
                 let started = std::time::Instant::now();
-                let trace = crate::family_cards::trace_config(c, PROBE_STEPS);
-                let trace = trace.with_context(|| format!("tracing {}", s.name))?;
-                let p = replay(&trace, &card.allocator)?.reserved_peak;
+                let traced = vramfit_models::traced::trace_settings(c, PROBE_STEPS);
+                let traced = traced.with_context(|| format!("tracing {}", s.name))?;
+                let p = replay(&traced.trace, &card.allocator)?.reserved_peak;
                 eprintln!(
                     "  traced {plan} at batch {} in {:.1} s",
                     s.batch,
@@ -146,13 +142,13 @@ pub fn run(args: Args) -> Result<()> {
         "card": card,
         "recorded_file": file,
         "measured": "recorded: the card's allocator reserved bytes over a probe's 4 steps (the record's own); \
-                     predicted: the same 4 steps run on this machine's CPU with their heap recorded \
-                     (vramfit::pools::trace_on_cpu) and replayed through cubecl-runtime's pools as the card's \
-                     client makes them",
+                     predicted: the same 4 steps traced on shapes alone, nothing computed \
+                     (vramfit_models::traced::trace_settings), and replayed through cubecl-runtime's pools as the \
+                     card's client makes them",
         "rows": rows,
     });
     let md = format!(
-        "The transformer's steps recorded on {} ({}), predicted from this machine's CPU:\n\n{table}",
+        "The transformer's steps recorded on {} ({}), predicted by traces on shapes:\n\n{table}",
         card.name,
         file.display()
     );

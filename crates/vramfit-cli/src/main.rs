@@ -83,7 +83,6 @@ mod budget;
 mod check_kernels;
 mod device;
 mod export;
-mod family_cards;
 mod fit;
 mod flags;
 mod plan;
@@ -95,6 +94,7 @@ mod runs;
 mod sample;
 mod scene;
 mod show_plan;
+mod traced_cards;
 mod train;
 
 // The fit allocates and frees image-sized buffers every step; glibc's

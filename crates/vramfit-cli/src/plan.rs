@@ -261,6 +261,13 @@ pub fn model<F: Family<D>, const D: usize>(
         Some(t) => Some(t),
         None => config.model.default_probe_tokens(&config.task),
     };
+    // Cards without a budget: every row from traces, nothing probed.
+    if let Action::Show(args) = &action
+        && args.budget.is_none()
+        && !args.gpus.is_empty()
+    {
+        return show_traced(config, args);
+    }
     on_device(
         device,
         OnModel::<F, D> {
@@ -270,6 +277,30 @@ pub fn model<F: Family<D>, const D: usize>(
             action,
         },
     )
+}
+
+/// `vramfit plan MODEL --gpus …` without a budget: each card's plan from
+/// traces of the whole model on shapes alone (no probe, whatever
+/// `--device`), printed and written as JSON.
+fn show_traced<F: Family<D>, const D: usize>(config: FamilyConfig<F>, args: &ShowArgs) -> Result<()> {
+    check_json_folder(args.json.as_deref())?;
+    let traced = vramfit_models::traced::traced_cards(config, &args.gpus)?;
+    crate::traced_cards::print(&traced);
+    if let Some(path) = &args.json {
+        let out = serde_json::json!({
+            "device": "none: traced on shapes (nothing computed, nothing probed)",
+            "cards": traced.rows,
+            "traced": {
+                "plans": traced.plans_traced,
+                "operations": traced.operations,
+                "seconds": traced.seconds,
+            },
+        });
+        vramfit::run::atomic_write(path, &serde_json::to_vec_pretty(&out)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 /// Runs `action` on a splat fit with settings `config` on `device`.
@@ -377,21 +408,23 @@ where
         crate::runs::print_train(F::NAME, summary);
         crate::runs::print_common(summary, dir);
     }
-    /// On a CubeCL device, each card's reserved peak from CPU traces of
-    /// the plans ([`crate::family_cards`]); on the CPU the heap is the
-    /// device and has no pools.
+    /// Each card's plan from traces of the whole model on shapes
+    /// ([`vramfit_models::traced`]), on every device.
     fn card_rows(
         &self,
-        cal: &vramfit::plan::Calibration,
+        _cal: &vramfit::plan::Calibration,
         cards: &[vramfit::pools::Card],
-        name: &str,
+        _name: &str,
     ) -> Option<Vec<serde_json::Value>> {
-        if vramfit::backends::is_cpu::<B>() {
-            return None;
-        }
-        let rows = crate::family_cards::rows(|k| self.settings(k), cal, cards);
-        crate::family_cards::print(&rows, name);
-        Some(rows)
+        let traced = match vramfit_models::traced::traced_cards(self.base().clone(), cards) {
+            Ok(t) => t,
+            Err(e) => {
+                println!("note: the cards could not be traced: {e}");
+                return None;
+            }
+        };
+        crate::traced_cards::print(&traced);
+        Some(traced.rows.iter().map(|r| serde_json::json!(r)).collect())
     }
 }
 

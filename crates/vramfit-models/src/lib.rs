@@ -37,4 +37,5 @@ pub mod llama;
 pub mod plan;
 pub mod safetensors;
 pub mod tokens;
+pub mod traced;
 pub mod unet;

@@ -54,6 +54,11 @@ where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,
 {
+    /// The settings the plans turn knobs of.
+    pub fn base(&self) -> &FamilyConfig<F> {
+        &self.base
+    }
+
     /// Validates `base` on `device` and reads the knob space.
     pub fn new(base: FamilyConfig<F>, device: &B::Device) -> Result<Self, TrainError> {
         base.resolve::<B>(device)?;
@@ -192,7 +197,10 @@ where
 
 /// The knob space of `base` on `device`: its model is built once to count
 /// its parameters and groups.
-fn space_of<B, F: Family<D>, const D: usize>(base: &FamilyConfig<F>, device: &B::Device) -> Result<Space, TrainError>
+pub(crate) fn space_of<B, F: Family<D>, const D: usize>(
+    base: &FamilyConfig<F>,
+    device: &B::Device,
+) -> Result<Space, TrainError>
 where
     B: AutodiffBackend,
     B::InnerBackend: DeviceMemory,

@@ -159,42 +159,42 @@ fn timing_mistral() {
         .into_iter()
         .find(|s| s.name == "mistral-7b")
         .unwrap();
-    let mut c = LlmConfig {
-        steps: 2,
-        batch_size: 2,
-        micro_batch: 2,
-        checkpoint_every: 0,
-        ..Default::default()
-    };
-    c.model = LlamaConfig {
-        train: "lora:16".into(),
-        ..shape.config
-    };
-    c.task.tokens = 2048;
-    let tmp = tempfile::tempdir().unwrap();
-    let t0 = std::time::Instant::now();
-    let traced = trace_shapes(
-        || {
-            vramfit_models::job::start::<Autodiff<Shapes>, LlamaConfig, 3>(
-                Start::New(c, RunPath::At(tmp.path().join("s"))),
-                &ShapeDevice,
-                "shapes",
-            )
-        },
-        2,
-        512,
-    )
-    .unwrap();
-    eprintln!(
-        "traced in {:?}: {} ops, {} reserves",
-        t0.elapsed(),
-        traced.operations,
-        traced.trace.reserves()
-    );
-    for card in ["t4", "rtx4090", "a100-80", "h100-80"] {
-        let card = Card::named(card).unwrap();
-        let t1 = std::time::Instant::now();
-        let r = replay(&traced.trace, &card.allocator);
-        eprintln!("{}: {:?} in {:?}", card.name, r, t1.elapsed());
+    for (precision, checkpoint, attention, base, moments, micro) in [
+        ("f32", "none", "standard", "f32", "f32", 2),
+        ("bf16", "none", "standard", "f32", "f32", 2),
+        ("f32", "all", "standard", "f32", "f32", 2),
+        ("f32", "none", "fused", "f32", "f32", 2),
+        ("f32", "none", "standard", "nf4", "f32", 2),
+        ("f32", "none", "standard", "bf16", "f32", 2),
+        ("f32", "none", "standard", "f32", "bf16", 2),
+        ("f32", "none", "standard", "f32", "f32", 1),
+    ] {
+        let mut c = LlmConfig {
+            steps: 3,
+            batch_size: 2,
+            micro_batch: micro,
+            accumulate: 2 / micro,
+            checkpoint_every: 0,
+            precision: precision.into(),
+            checkpoint: checkpoint.into(),
+            moments: moments.into(),
+            ..Default::default()
+        };
+        c.model = LlamaConfig {
+            train: "lora:16".into(),
+            base: base.into(),
+            attention: attention.parse().unwrap(),
+            ..shape.config.clone()
+        };
+        c.task.tokens = 2048;
+        let t0 = std::time::Instant::now();
+        let traced = vramfit_models::traced::trace_settings(c, 3).unwrap();
+        eprintln!(
+            "{precision} {checkpoint} {attention} {base} {moments} {micro}: traced in {:?}: {} ops, {} reads, {} reserves",
+            t0.elapsed(),
+            traced.operations,
+            traced.reads,
+            traced.trace.reserves()
+        );
     }
 }

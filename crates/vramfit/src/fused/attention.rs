@@ -73,14 +73,17 @@ pub fn attention<B: Backend>(
         Err(qkv) => qkv,
     };
     // The shape backend: the CubeCL kernels' allocations, described.
-    let qkv = match on::<B, Autodiff<crate::shapes::Shapes>>(qkv, SHAPED, super::on_shapes::attention) {
+    let qkv = match on::<B, Autodiff<crate::shapes::Shapes>>(qkv, SHAPED, |q, k, v| {
+        super::on_shapes::attention(q, k, v, causal)
+    }) {
         Ok(out) => return out,
         Err(qkv) => qkv,
     };
-    let qkv = match on::<B, crate::shapes::Shapes>(qkv, SHAPED, super::on_shapes::forward_only) {
-        Ok(out) => return out,
-        Err(qkv) => qkv,
-    };
+    let qkv =
+        match on::<B, crate::shapes::Shapes>(qkv, SHAPED, |q, k, v| super::on_shapes::forward_only(q, k, v, causal)) {
+            Ok(out) => return out,
+            Err(qkv) => qkv,
+        };
     let (q, k, v) = qkv;
     let low = q.dtype();
     if matches!(low, DType::F16 | DType::BF16) && k.dtype() == low && v.dtype() == low && Attention::is_fused_on::<B>()

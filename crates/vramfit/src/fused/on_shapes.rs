@@ -14,12 +14,21 @@ use burn::tensor::{DType, TensorPrimitive};
 
 use crate::shapes::{ShapeTensor, Shapes, contiguous, kernel};
 
+/// The kernels' names (a causal attention does half the products).
+fn names(causal: bool) -> (&'static str, &'static str) {
+    if causal {
+        ("vramfit.attention.causal", "vramfit.attention_backward.causal")
+    } else {
+        ("vramfit.attention", "vramfit.attention_backward")
+    }
+}
+
 /// `[b, h, t, dv]` of the output and `[b, h, t]` of the log-sum-exps.
-fn forward(q: &ShapeTensor, k: &ShapeTensor, v: &ShapeTensor) -> (ShapeTensor, ShapeTensor) {
+fn forward(q: &ShapeTensor, k: &ShapeTensor, v: &ShapeTensor, causal: bool) -> (ShapeTensor, ShapeTensor) {
     use burn::tensor::TensorMetadata;
     let ([b, h, t], dv) = ([q.shape()[0], q.shape()[1], q.shape()[2]], v.shape()[3]);
     let mut out = kernel(
-        "vramfit.attention",
+        names(causal).0,
         &[q, k, v],
         &[([b, h, t, dv].into(), q.dtype()), ([b, h, t].into(), DType::F32)],
     );
@@ -28,9 +37,14 @@ fn forward(q: &ShapeTensor, k: &ShapeTensor, v: &ShapeTensor) -> (ShapeTensor, S
 }
 
 /// The fused attention without autodiff (a checkpointed block's first forward).
-pub(super) fn forward_only(q: Tensor<Shapes, 4>, k: Tensor<Shapes, 4>, v: Tensor<Shapes, 4>) -> Tensor<Shapes, 4> {
+pub(super) fn forward_only(
+    q: Tensor<Shapes, 4>,
+    k: Tensor<Shapes, 4>,
+    v: Tensor<Shapes, 4>,
+    causal: bool,
+) -> Tensor<Shapes, 4> {
     let [q, k, v] = [q, k, v].map(|t| contiguous(t.into_primitive().tensor()));
-    Tensor::from_primitive(TensorPrimitive::Float(forward(&q, &k, &v).0))
+    Tensor::from_primitive(TensorPrimitive::Float(forward(&q, &k, &v, causal).0))
 }
 
 /// The fused attention as one autodiff operation on the shape backend.
@@ -38,9 +52,10 @@ pub(super) fn attention(
     q: Tensor<Autodiff<Shapes>, 4>,
     k: Tensor<Autodiff<Shapes>, 4>,
     v: Tensor<Autodiff<Shapes>, 4>,
+    causal: bool,
 ) -> Tensor<Autodiff<Shapes>, 4> {
     #[derive(Debug)]
-    struct Attention;
+    struct Attention(bool);
 
     impl Backward<Shapes, 3> for Attention {
         /// Q, K, V, the output and the log-sum-exps.
@@ -65,7 +80,7 @@ pub(super) fn attention(
             let (qs, ks, vs) = (q.shape(), k.shape(), v.shape());
             let (b, h, t) = (qs[0], qs[1], qs[2]);
             let mut made = kernel(
-                "vramfit.attention_backward",
+                names(self.0).1,
                 &[&q, &k, &v, &o, &lse, &d_o],
                 &[
                     (qs.clone(), q.dtype()),
@@ -86,12 +101,16 @@ pub(super) fn attention(
     let [q, k, v] = [q, k, v].map(|t| t.into_primitive().tensor());
     let nodes = [q.node.clone(), k.node.clone(), v.node.clone()];
     let [qp, kp, vp] = [q.primitive, k.primitive, v.primitive].map(contiguous);
-    let out = match Attention.prepare::<NoCheckpointing>(nodes).compute_bound().stateful() {
+    let out = match Attention(causal)
+        .prepare::<NoCheckpointing>(nodes)
+        .compute_bound()
+        .stateful()
+    {
         OpsKind::Tracked(prep) => {
-            let (o, lse) = forward(&qp, &kp, &vp);
+            let (o, lse) = forward(&qp, &kp, &vp, causal);
             prep.finish(([qp, kp, vp, o.clone()], lse), o)
         }
-        OpsKind::UnTracked(prep) => prep.finish(forward(&qp, &kp, &vp).0),
+        OpsKind::UnTracked(prep) => prep.finish(forward(&qp, &kp, &vp, causal).0),
     };
     Tensor::from_primitive(TensorPrimitive::Float(out))
 }

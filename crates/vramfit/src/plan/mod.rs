@@ -58,6 +58,7 @@ mod probe;
 pub mod slice;
 mod strategy;
 pub mod tokens;
+pub mod traced;
 pub mod work;
 
 pub use capacity::{Capacity, CapacityCalibration, Counted, Line, Variant, calibrate_capacity};

@@ -62,13 +62,21 @@ pub struct Card {
 /// figures were read on this project's lent machines
 /// (`bench-results/gpu-h*/machine.txt`); the others are published
 /// `nvidia-smi` readings of those cards.
+/// The consumer cards (`rtx4060`, `rtx4070`, `rtx4060ti-16`, `rtx3090`)
+/// and the A100 40 GB carry the `memory.total` their users commonly
+/// report, not one read here.
 pub const KNOWN_CARDS: &[(&str, &str, u64)] = &[
+    ("rtx4060", "GeForce RTX 4060 8 GB", 8_188),
+    ("rtx4070", "GeForce RTX 4070 12 GB", 12_282),
+    ("rtx4060ti-16", "GeForce RTX 4060 Ti 16 GB", 16_380),
     ("t4", "NVIDIA T4 16 GB", 15_360),
     ("a10", "NVIDIA A10 24 GB", 23_028),
     ("l4", "NVIDIA L4 24 GB", 23_034),
+    ("rtx3090", "GeForce RTX 3090 24 GB", 24_576),
     ("rtx4090", "GeForce RTX 4090 24 GB", 24_564),
     ("l40s", "NVIDIA L40S 48 GB", 46_068),
     ("a6000", "RTX A6000 48 GB", 49_140),
+    ("a100-40", "A100 40 GB", 40_960),
     ("a100-80", "A100 80 GB", 81_920),
     ("h100-80", "H100 80 GB HBM3", 81_559),
     ("h200", "H200 141 GB", 143_771),
@@ -106,6 +114,8 @@ impl Card {
     /// A known CUDA card by name (case and `_`/`-` ignored).
     pub fn named(name: &str) -> Result<Self, CardError> {
         let key = name.trim().to_ascii_lowercase().replace('_', "-");
+        // The H100 by its family name is the 80 GB SXM card.
+        let key = if key == "h100" { "h100-80".to_string() } else { key };
         KNOWN_CARDS
             .iter()
             .find(|(known, _, _)| *known == key)
@@ -125,6 +135,10 @@ mod tests {
         assert_eq!(h200.allocator.max_page_size, (143_771u64 << 20) / 4);
         assert_eq!(h200.allocator.alignment, 512);
         assert_eq!(Card::named("h100_80").unwrap().name, "h100-80");
+        assert_eq!(Card::named("H100").unwrap().name, "h100-80");
+        for (name, _, _) in KNOWN_CARDS {
+            assert!(super::super::Rates::of(name).is_some(), "{name} has no published rates");
+        }
         let e = Card::named("rtx9090").unwrap_err().to_string();
         assert!(
             e.contains("rtx9090") && e.contains("h100-80") && e.contains("size in GiB"),

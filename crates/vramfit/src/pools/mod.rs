@@ -32,6 +32,7 @@ mod on_cpu;
 mod on_shapes;
 mod record;
 mod replay;
+mod roofline;
 
 pub use cards::{Allocator, Card, CardError, KNOWN_CARDS};
 pub use law::{LawError, TraceLaw};
@@ -39,3 +40,4 @@ pub use on_cpu::{CpuTraceError, TENSOR_BLOCKS, TRACE_ROOM, trace_on_cpu};
 pub use on_shapes::{ShapeTraceError, ShapesTraced, trace_shapes};
 pub use record::Recorder;
 pub use replay::{Event, ReplayError, Replayed, Trace, replay};
+pub use roofline::{HOST_LINK_GBS, LAUNCH_SECONDS, Rates};

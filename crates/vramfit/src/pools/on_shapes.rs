@@ -34,6 +34,9 @@ pub struct ShapesTraced {
     pub operations: u64,
     /// Values read (each given zeros: the loss, an overflow check).
     pub reads: u64,
+    /// The last traced step's kernels (with two steps or more; else the
+    /// build's and the step's), for a roofline ([`super::Rates`]).
+    pub step_work: Vec<crate::shapes::OpWork>,
 }
 
 impl From<ShapeTrace> for ShapesTraced {
@@ -54,6 +57,7 @@ impl From<ShapeTrace> for ShapesTraced {
             trace: Trace { events },
             operations: t.operations,
             reads: t.reads,
+            step_work: t.work,
         }
     }
 }
@@ -76,6 +80,13 @@ pub fn trace_shapes<W: Workload, E: Into<Box<dyn std::error::Error + Send + Sync
         RunEvent::Step(r) if r.step >= steps => {
             traced = recording.take().map(|r| r.finish());
             ControlFlow::Break(())
+        }
+        RunEvent::Step(r) if r.step + 1 == steps => {
+            // The last step's work alone.
+            if let Some(recording) = &recording {
+                recording.mark();
+            }
+            ControlFlow::Continue(())
         }
         _ => ControlFlow::Continue(()),
     })?;

@@ -13,6 +13,7 @@ use burn_std::future::DynFut;
 
 use super::buffers::Buffers;
 use super::effects::{Untraceable, apply};
+use super::work::{self, OpWork};
 
 /// The one device of the shape backend.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -42,6 +43,8 @@ pub(super) struct State {
     pub(super) reads: u64,
     pub(super) refused: Option<Untraceable>,
     pub(super) alignment: u64,
+    /// Each kernel's work since the recording's last mark.
+    pub(super) work: Vec<OpWork>,
 }
 
 impl Default for State {
@@ -53,6 +56,7 @@ impl Default for State {
             reads: 0,
             refused: None,
             alignment: 512,
+            work: Vec::new(),
         }
     }
 }
@@ -87,8 +91,12 @@ impl RunnerClient for ShapeClient {
         let mut state = self.state();
         state.operations += 1;
         let alignment = state.alignment;
-        if let Err(e) = apply(&mut state.buffers, &op, alignment) {
-            state.refused.get_or_insert(e);
+        match apply(&mut state.buffers, &op, alignment) {
+            Ok(true) => state.work.push(work::of(&op)),
+            Ok(false) => {}
+            Err(e) => {
+                state.refused.get_or_insert(e);
+            }
         }
     }
 
@@ -106,6 +114,11 @@ impl RunnerClient for ShapeClient {
         if tensor.status == TensorStatus::ReadWrite {
             state.buffers.release(tensor.id);
         }
+        let moved = (tensor.shape.num_elements() * tensor.dtype.size()) as f64;
+        state.work.push(OpWork {
+            host_bytes: moved,
+            ..Default::default()
+        });
         let data = placeholder(&tensor);
         Box::pin(async move { Ok(data) })
     }
@@ -123,7 +136,13 @@ impl RunnerClient for ShapeClient {
     fn register_tensor_data(&self, data: TensorData) -> RouterTensor<Self> {
         let id = self.create_empty_handle();
         let ir = TensorIr::uninit(id, data.shape.clone(), data.dtype);
-        self.state().buffers.reserve(&ir);
+        let mut state = self.state();
+        state.buffers.reserve(&ir);
+        state.work.push(OpWork {
+            host_bytes: data.bytes.len() as f64,
+            ..Default::default()
+        });
+        drop(state);
         RouterTensor::new(id, data.shape, data.dtype, self.clone())
     }
 

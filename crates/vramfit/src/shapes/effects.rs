@@ -51,38 +51,44 @@ pub struct Untraceable {
 
 /// Records `op` in `buffers`: its outputs placed, then the inputs it held
 /// the last handle of released. `alignment`: the device allocator's (a
-/// slice is a view only where its ends fall on it).
-pub(super) fn apply(buffers: &mut Buffers, op: &OperationIr, alignment: u64) -> Result<(), Untraceable> {
+/// slice is a view only where its ends fall on it). Says whether a kernel
+/// ran (a view runs none).
+pub(super) fn apply(buffers: &mut Buffers, op: &OperationIr, alignment: u64) -> Result<bool, Untraceable> {
     match op {
         OperationIr::Drop(t) => {
             buffers.release(t.id);
-            return Ok(());
+            return Ok(false);
         }
         // The output's buffer was made with its data (`register_tensor_data`).
-        OperationIr::Init(_) => return Ok(()),
+        OperationIr::Init(_) => return Ok(false),
         _ => {}
     }
+    let mut ran = true;
     let place = place(op)?;
     let outputs: Vec<&TensorIr> = op.outputs().collect();
     match (place, outputs.as_slice()) {
         (Place::Same(input), [out]) => {
             let strides = buffers.view(input).strides.clone();
             buffers.alias(out, input, strides);
+            ran = false;
         }
         (Place::Permute(input, axes), [out]) => {
             let strides = permuted(&buffers.view(input).strides, &axes);
             buffers.alias(out, input, strides);
+            ran = false;
         }
         (Place::Expand(input), [out]) => {
             let view = buffers.view(input).clone();
             let strides = expanded(&view.shape, &view.strides, &out.shape);
             buffers.alias(out, input, strides);
+            ran = false;
         }
         (Place::Slice(input, ranges), [out]) => {
             let view = buffers.view(input).clone();
             let unit_steps = ranges.iter().all(|r| r.step == 1);
             if unit_steps && slice_aligned(&view.shape, &view.strides, input.dtype.size(), ranges, alignment) {
                 buffers.alias(out, input, view.strides);
+                ran = false;
             } else {
                 buffers.reserve(out);
             }
@@ -94,6 +100,7 @@ pub(super) fn apply(buffers: &mut Buffers, op: &OperationIr, alignment: u64) -> 
                 &Strides::new(&view.strides),
                 &out.shape,
             );
+            ran = matches!(action, ReshapeAction::Recompute);
             match action {
                 ReshapeAction::UpdateStrides { strides } => buffers.alias(out, input, strides.to_vec()),
                 ReshapeAction::NoChange => buffers.alias(out, input, view.strides.clone()),
@@ -104,6 +111,7 @@ pub(super) fn apply(buffers: &mut Buffers, op: &OperationIr, alignment: u64) -> 
             let view = buffers.view(input).clone();
             if view.strides == contiguous(&view.shape) {
                 buffers.alias(out, input, view.strides);
+                ran = false;
             } else {
                 buffers.reserve(out);
             }
@@ -139,7 +147,7 @@ pub(super) fn apply(buffers: &mut Buffers, op: &OperationIr, alignment: u64) -> 
     for id in gone {
         buffers.release(id);
     }
-    Ok(())
+    Ok(ran)
 }
 
 /// The strides of `input` seen through a permutation `axes`.

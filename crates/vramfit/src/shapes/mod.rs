@@ -24,6 +24,7 @@ mod buffers;
 mod client;
 mod custom;
 mod effects;
+mod work;
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -31,6 +32,7 @@ pub use buffers::Allocation;
 pub use client::{NoBridge, ShapeChannel, ShapeClient, ShapeDevice};
 pub use custom::{ShapeTensor, contiguous, kernel};
 pub use effects::Untraceable;
+pub use work::OpWork;
 
 /// The backend: operations described, none computed.
 pub type Shapes = burn_router::BackendRouter<ShapeChannel>;
@@ -74,6 +76,9 @@ pub struct ShapeTrace {
     pub operations: u64,
     /// Values read (each given zeros).
     pub reads: u64,
+    /// Each kernel's work (and each move between host and device) since
+    /// the last [`ShapeRecording::mark`], or the start.
+    pub work: Vec<OpWork>,
 }
 
 /// Starts a recording. `alignment`: the device allocator's (a slice whose
@@ -88,11 +93,18 @@ pub fn record(alignment: u64) -> ShapeRecording {
     state.reads = 0;
     state.refused = None;
     state.alignment = alignment;
+    state.work.clear();
     drop(state);
     ShapeRecording { _one_at_a_time: guard }
 }
 
 impl ShapeRecording {
+    /// Starts counting the kernels' work afresh (at a step's start: the
+    /// work of one step, not of the build before it).
+    pub fn mark(&self) {
+        client().state().work.clear();
+    }
+
     /// The events since [`record`]; refused if an operation could not be
     /// traced on shapes.
     pub fn finish(self) -> Result<ShapeTrace, Untraceable> {
@@ -105,6 +117,7 @@ impl ShapeRecording {
             events: state.buffers.take_events(),
             operations: state.operations,
             reads: state.reads,
+            work: std::mem::take(&mut state.work),
         })
     }
 }

@@ -1,0 +1,86 @@
+//! A model family's plan for each card from traces on shapes alone
+//! ([`vramfit::plan::traced`]): the model is built and its steps run on
+//! [`vramfit::shapes::Shapes`], which computes nothing, so a 7B at 2,048
+//! tokens is traced in a fraction of a second on any machine, whatever
+//! its memory.
+
+use std::time::Instant;
+
+use burn::backend::Autodiff;
+use vramfit::plan::Knobs;
+use vramfit::plan::traced::{TRACED_STEPS, TracedRow, candidates, rows};
+use vramfit::pools::{Card, ShapeTraceError, ShapesTraced, trace_shapes};
+use vramfit::run::{RunPath, Start};
+use vramfit::shapes::{ShapeDevice, Shapes};
+
+use crate::config::FamilyConfig;
+use crate::family::Family;
+use crate::job::TrainError;
+
+/// The rows and what it took.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TracedCards {
+    /// One per card.
+    pub rows: Vec<TracedRow>,
+    /// Plans traced.
+    pub plans_traced: usize,
+    /// Operations described in all the traces.
+    pub operations: u64,
+    /// Seconds it took, traces and replays.
+    pub seconds: f64,
+}
+
+/// Each card's plan for `config`: every plan of the traced search traced
+/// once on shapes and replayed for each card.
+pub fn traced_cards<F: Family<D>, const D: usize>(
+    config: FamilyConfig<F>,
+    cards: &[Card],
+) -> Result<TracedCards, TrainError> {
+    type S = Autodiff<Shapes>;
+    let start = Instant::now();
+    config.resolve::<S>(&ShapeDevice)?;
+    config.model.data(&config.task)?;
+    let space = crate::plan::space_of::<S, F, D>(&config, &ShapeDevice)?;
+    let plans = candidates(&space);
+    let mut operations = 0;
+    let trace = |knobs: &Knobs| -> Result<ShapesTraced, String> {
+        let settings = crate::plan::apply(&config, knobs, config.batch_size, &space);
+        let traced = trace_settings(settings, TRACED_STEPS).map_err(|e| e.to_string())?;
+        operations += traced.operations;
+        Ok(traced)
+    };
+    let rows = rows(&space, &plans, cards, |k| k.describe(space.batch), trace);
+    Ok(TracedCards {
+        rows,
+        plans_traced: plans.len(),
+        operations,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// The first `steps` steps of a run of `config` traced on shapes, in a
+/// throw-away run directory.
+pub fn trace_settings<F: Family<D>, const D: usize>(
+    mut config: FamilyConfig<F>,
+    steps: u64,
+) -> Result<ShapesTraced, ShapeTraceError> {
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    config.steps = steps;
+    config.checkpoint_every = 0;
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("vramfit-shapes-{}-{n}", std::process::id()));
+    let traced = trace_shapes(
+        || {
+            crate::job::start::<Autodiff<Shapes>, F, D>(
+                Start::New(config, RunPath::At(dir.clone())),
+                &ShapeDevice,
+                "shapes",
+            )
+        },
+        steps,
+        // CUDA's pools align to 512 bytes: a slice is a view where its ends fall on it.
+        512,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    traced
+}
