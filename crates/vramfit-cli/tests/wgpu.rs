@@ -342,23 +342,34 @@ fn a_scene_plan_predicts_each_cards_own_allocator() {
     assert_eq!(row("h100-80", "moments device")["card_bytes"], 81_559u64 << 20);
 }
 
-/// `plan transformer --gpus` on wgpu: each card's row is the plan's CPU
-/// trace replayed through that card's pools (`vramfit::pools::trace_on_cpu`),
-/// not this device's figure scaled; a card the replay fits nothing into is
-/// a row that does not fit, saying why.
+/// `plan transformer --budget … --gpus` on wgpu: the budget's plan probed
+/// and verified here, each card's row the whole model traced on shapes and
+/// replayed through that card's pools (`vramfit::plan::traced`), not this
+/// device's figure scaled; a card the replay fits nothing into is a row
+/// that does not fit, saying why.
 #[test]
 fn a_transformer_plan_replays_each_cards_own_allocator() {
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
     let json_path = d.join("cards.json");
-    let mut args = vec!["plan", "transformer", "--device", "wgpu", "--gpus", "1MiB,16,h200"];
+    let mut args = vec![
+        "plan",
+        "transformer",
+        "--device",
+        "wgpu",
+        "--budget",
+        "64MiB",
+        "--gpus",
+        "1MiB,16,h200",
+    ];
     for set in ["model.width=32", "model.depth=2", "model.context=16", "task.tokens=16"] {
         args.extend(["--set", set]);
     }
     args.extend(["--json", json_path.to_str().unwrap()]);
     let text = ok(&run(&args, d));
-    assert!(text.contains("each card's own allocator"), "{text}");
+    assert!(text.contains("each card's plan, traced at full size"), "{text}");
     let plan = json(&json_path);
+    assert!(plan["verified"]["peak_bytes"].as_u64().is_some(), "{plan}");
     let rows = plan["cards"].as_array().expect("card rows");
     let row = |card: &str| {
         rows.iter()
@@ -367,16 +378,18 @@ fn a_transformer_plan_replays_each_cards_own_allocator() {
     };
     for card in ["16 GiB", "h200"] {
         let r = row(card);
-        assert_eq!(r["basis"], "replayed for the card", "{r}");
+        assert_eq!(r["basis"], "traced", "{r}");
         assert_eq!(r["fits"], true, "{r}");
         let peak = r["peak_bytes"].as_u64().unwrap();
         assert!(peak > 0 && peak < r["card_bytes"].as_u64().unwrap(), "{r}");
     }
+    assert!(row("h200")["step_ms_estimate"].as_f64().unwrap() > 0.0);
+    assert!(row("16 GiB")["step_ms_estimate"].is_null());
     assert_eq!(row("h200")["card_bytes"], 143_771u64 << 20);
     let tiny = row("1MiB");
     assert_eq!(tiny["fits"], false, "{tiny}");
     assert!(
-        tiny["why_not"].as_str().unwrap().contains("fits the card's pools"),
+        tiny["why_not"].as_str().unwrap().contains("plans traced fits"),
         "{tiny}"
     );
 }
