@@ -258,3 +258,133 @@ pub fn rows(
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frozen::BaseStorage;
+    use crate::pools::{Event, Trace};
+    use crate::precision::Precision;
+    use crate::shapes::OpWork;
+
+    const MIB: u64 = 1 << 20;
+
+    fn space(bases: Vec<BaseStorage>) -> Space {
+        Space {
+            batch: 2,
+            blocks: 2,
+            block_input_bytes: 0,
+            precisions: vec![Precision::F32],
+            storage_groups: Vec::new(),
+            low_moments: false,
+            host_moments: false,
+            batch_statistics: None,
+            block_shapes: Vec::new(),
+            fused_attention: Vec::new(),
+            parameters: Vec::new(),
+            bases,
+            work: None,
+        }
+    }
+
+    /// A trace that holds `mib` MiB at once in buffers of 10 MiB, its step
+    /// `flops` of f32 products.
+    fn traced(mib: u64, flops: f64) -> ShapesTraced {
+        ShapesTraced {
+            trace: Trace {
+                events: (0..mib / 10)
+                    .map(|_| Event::Reserve {
+                        bytes: 10 * MIB,
+                        persistent: false,
+                    })
+                    .collect(),
+            },
+            operations: 1,
+            reads: 0,
+            step_work: vec![OpWork {
+                flops,
+                half: false,
+                bytes: 1.0,
+                host_bytes: 0.0,
+            }],
+        }
+    }
+
+    /// A plan's size and time by its knobs: checkpointing halves the bytes
+    /// and adds a third of the time; NF4 quarters the bytes.
+    fn by_knobs(k: &Knobs) -> ShapesTraced {
+        let mut mib = 3000.0;
+        let mut flops = 3e12;
+        if k.checkpointed.iter().all(|c| *c) {
+            mib /= 2.0;
+            flops *= 4.0 / 3.0;
+        }
+        if k.base == Some(BaseStorage::Nf4) {
+            mib /= 4.0;
+        }
+        if k.micro_batch == 1 {
+            mib *= 0.9;
+            flops *= 1.1;
+        }
+        traced(mib as u64, flops)
+    }
+
+    #[test]
+    fn each_card_gets_the_fastest_plan_that_fits_at_the_best_base_that_does() {
+        let space = space(vec![BaseStorage::F32, BaseStorage::Nf4]);
+        let plans = candidates(&space);
+        // 2 bases × 2 micro-batches × 3 checkpoint sets.
+        assert_eq!(plans.len(), 12);
+        let cards = [
+            Card::named("h100-80").unwrap(),
+            Card::cuda("2 GiB", 2 << 30),
+            Card::cuda("1 GiB", 1 << 30),
+            Card::cuda("1 MiB", MIB),
+        ];
+        let rows = rows(&space, &plans, &cards, |k| k.describe(2), |k| Ok(by_knobs(k)));
+        let setting = |r: &TracedRow| r.setting.clone().unwrap();
+        // Room for all: nothing checkpointed, the whole batch at once, f32.
+        let big = setting(&rows[0]);
+        assert!(big.checkpointed.iter().all(|c| !c) && big.micro_batch == 2 && big.base == Some(BaseStorage::F32));
+        assert!(rows[0].step_ms_estimate.unwrap() > 0.0);
+        // 2 GiB: 3000 MiB does not fit, 1500 does: checkpointed, the base kept in f32.
+        let two = setting(&rows[1]);
+        assert_eq!((two.checkpointed[0], two.base), (true, Some(BaseStorage::F32)));
+        assert!(rows[1].step_ms_estimate.is_none(), "a card by size has no time");
+        // 1 GiB: nothing fits in f32, so the base goes to NF4, at its fastest
+        // plan there (750 MiB + 5 % fits: nothing checkpointed).
+        let one = setting(&rows[2]);
+        assert_eq!(one.base, Some(BaseStorage::Nf4));
+        assert!(one.checkpointed.iter().all(|c| !c) && one.micro_batch == 2);
+        for r in &rows[..3] {
+            assert!(
+                r.peak_bytes.unwrap() as f64 * (1.0 + TRACE_MARGIN) <= r.card_bytes as f64,
+                "{r:?}"
+            );
+        }
+        // 1 MiB: nothing fits, and why.
+        assert_eq!(rows[3].fits, Some(false));
+        assert!(
+            rows[3].why_not.as_deref().unwrap().contains("none of the"),
+            "{:?}",
+            rows[3]
+        );
+        assert!(!rows[3].passed_over.is_empty());
+    }
+
+    #[test]
+    fn a_plan_that_cannot_be_traced_is_said() {
+        let space = space(Vec::new());
+        let plans = candidates(&space);
+        let cards = [Card::cuda("24", 24 << 30)];
+        let rows = rows(
+            &space,
+            &plans,
+            &cards,
+            |k| k.describe(2),
+            |_| Err("an op refused".into()),
+        );
+        assert_eq!(rows[0].fits, None);
+        assert!(rows[0].why_not.as_deref().unwrap().contains("an op refused"));
+    }
+}

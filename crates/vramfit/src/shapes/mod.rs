@@ -121,3 +121,6 @@ impl ShapeRecording {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;
