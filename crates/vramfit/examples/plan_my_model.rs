@@ -4,7 +4,9 @@
 //! (`prelude → blocks → head`); one call ([`run_within`]) probes it, picks
 //! the fastest plan that fits the budget, verifies it at the run's batch,
 //! and runs it held to the budget, falling back to the next plan from the
-//! last checkpoint on an out-of-memory (simulated here).
+//! last checkpoint on an out-of-memory (simulated here). Then a deeper one
+//! planned from a 2-block slice, and one whose blocks differ planned for
+//! cards it is not on, traced on shapes without computing.
 //! `cargo run --release -p vramfit --example plan_my_model`
 
 use std::ops::{ControlFlow, Range};
@@ -17,9 +19,11 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use vramfit::checkpoint::Block;
 use vramfit::plan::{BudgetError, Knobs, Options, PlanError, Plannable, run_within};
+use vramfit::pools::Card;
 use vramfit::precision::Autocast;
 use vramfit::profile::human_bytes;
 use vramfit::run::RunPath;
+use vramfit::shapes::{ShapeDevice, Shapes};
 use vramfit::step::Trainable;
 use vramfit::trainer::{Schedule, TrainerTarget};
 
@@ -200,6 +204,53 @@ fn main() {
         (predicted / measured as f64 - 1.0).abs() < 0.10,
         "the slice predicts the whole"
     );
+
+    // ---- blocks that do not repeat, for cards you do not have: traced ----
+    // Each block wider than the last, so no slice stands for the others;
+    // the same model built on the shape backend, which computes nothing,
+    // and every plan of the search traced whole and replayed through each
+    // card's own CubeCL pools.
+    type S = Autodiff<Shapes>;
+    let widths = [256, 512, 1024, 2048];
+    let make_widening = move |d: &ShapeDevice| Mlp::<S> {
+        embed: LinearConfig::new(64, 128).init(d),
+        blocks: widths
+            .iter()
+            .map(|&w| Residual {
+                up: LinearConfig::new(128, w).init(d),
+                down: LinearConfig::new(w, 128).init(d),
+            })
+            .collect(),
+        head: LinearConfig::new(128, 10).init(d),
+    };
+    let traced = TrainerTarget::new(make_widening, Arc::new(batch::<S>), schedule_traced(), &ShapeDevice);
+    let cards = [Card::named("t4").expect("a known card"), Card::cuda("8 MiB", 8 << 20)];
+    let rows = vramfit::plan::traced::rows_of(&traced, &traced.space(), &cards, 512);
+    for r in &rows {
+        println!(
+            "{}: {} ({})",
+            r.card,
+            r.plan.as_deref().unwrap_or("none fits"),
+            r.peak_bytes.map(human_bytes).unwrap_or_default()
+        );
+    }
+    let t4 = &rows[0];
+    assert_eq!(t4.fits, Some(true), "{t4:?}");
+    assert!(t4.peak_bytes.unwrap() as f64 * 1.05 <= t4.card_bytes as f64);
+    assert!(t4.step_ms_estimate.is_some(), "a named card has a time");
+    // 8 MiB holds less than this model's parameters and their moments.
+    assert_eq!(rows[1].fits, Some(false), "{:?}", rows[1]);
+}
+
+/// The traced model's schedule: as many steps as a trace runs, no checkpoint.
+fn schedule_traced() -> Schedule {
+    Schedule {
+        steps: vramfit::plan::traced::TRACED_STEPS,
+        batch_size: 256,
+        lr: 1e-3,
+        checkpoint_every: 0,
+        profile_every: 0,
+    }
 }
 
 #[cfg(test)]

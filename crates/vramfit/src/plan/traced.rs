@@ -13,9 +13,10 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Knobs, Space};
-use crate::pools::{Card, Rates, ReplayError, ShapesTraced, replay};
+use super::{Knobs, Runnable, Space, Strategy};
+use crate::pools::{Card, Rates, ReplayError, ShapesTraced, replay, trace_shapes};
 use crate::profile::human_bytes;
+use crate::run::{RunPath, Start};
 
 /// The margin a replayed peak must leave on the card: above the largest
 /// error measured against a card's recorded peak (an H100's run, +0.59 %;
@@ -257,6 +258,35 @@ pub fn rows(
             row
         })
         .collect()
+}
+
+/// Each card's plan for `target`, a workload whose runs are on the shape
+/// backend (a user's model: `TrainerTarget<Autodiff<Shapes>, …>` built on
+/// `ShapeDevice`), `space` its knobs: each candidate launched in a
+/// throw-away folder and its first [`TRACED_STEPS`] steps traced.
+/// `alignment`: the cards' allocator's (512 on CUDA). No block need repeat:
+/// the whole model is traced.
+pub fn rows_of<T>(target: &T, space: &Space, cards: &[Card], alignment: u64) -> Vec<TracedRow>
+where
+    T: Runnable,
+    T::Strategy: Strategy<Setting = Knobs>,
+    T::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let plans = candidates(space);
+    let trace = |knobs: &Knobs| -> Result<ShapesTraced, String> {
+        let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("vramfit-traced-{}-{n}", std::process::id()));
+        let settings = target.settings(knobs);
+        let traced = trace_shapes(
+            || target.launch(Start::New(settings, RunPath::At(dir.clone()))),
+            TRACED_STEPS,
+            alignment,
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        traced.map_err(|e| e.to_string())
+    };
+    rows(space, &plans, cards, |k| k.describe(space.batch), trace)
 }
 
 #[cfg(test)]

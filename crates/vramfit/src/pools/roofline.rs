@@ -98,12 +98,12 @@ mod tests {
         };
         let ms = h100.step_ms(&[products]);
         assert!((ms - (1e3 / 989.4 + 5e-3)).abs() < 1e-9, "{ms}");
-        // 3.35 GB moved, no products: one second of bandwidth.
+        // 3.35 GB moved, no products: a millisecond of bandwidth.
         let copy = OpWork {
             bytes: 3.35e9,
             ..Default::default()
         };
-        assert!((h100.step_ms(&[copy]) - (1e3 + 5e-3)).abs() < 1e-9);
+        assert!((h100.step_ms(&[copy]) - (1.0 + 5e-3)).abs() < 1e-9);
         // The same products in f32 take the f32 rate.
         let f32 = OpWork {
             half: false,
