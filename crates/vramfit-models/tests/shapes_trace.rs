@@ -1,8 +1,8 @@
 //! The whole step traced on shapes alone (`vramfit::pools::trace_shapes`)
 //! against the same step traced on the CPU with its heap recorded
 //! (`trace_on_cpu`, itself checked against lavapipe and an H200): both
-//! replayed through the same cards' pools. Alone in its test binary: the
-//! heap recording is process-wide.
+//! replayed through the same cards' pools. The heap recording is
+//! process-wide: the tests take turns ([`ONE_RECORDING`]).
 
 use burn::backend::Autodiff;
 use vramfit::pools::{Card, Trace, replay, trace_on_cpu, trace_shapes};
@@ -19,7 +19,15 @@ static HEAP: vramfit::heap::Counting<std::alloc::System> = vramfit::heap::Counti
 
 const STEPS: u64 = 3;
 
+/// The most the shapes' replayed peak may differ from the CPU trace's
+/// (the bound both are held to against lavapipe, `pools_trace.rs`).
+const BOUND: f64 = 0.05;
+
+/// One heap recording at a time in this binary.
+static ONE_RECORDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn both<F: Family<D>, const D: usize>(config: FamilyConfig<F>) -> (Trace, Trace) {
+    let _turn = ONE_RECORDING.lock().unwrap_or_else(|p| p.into_inner());
     let tmp = tempfile::tempdir().unwrap();
     let cpu = trace_on_cpu(
         || {
@@ -77,11 +85,21 @@ fn a_trace_on_shapes_replays_as_the_cpu_trace() {
         ("none", "fused", "f32", "never"),
     ] {
         let (cpu, shapes) = both::<GptConfig, 3>(transformer(checkpoint, attention, moments, cleanup));
-        compare(&format!("{checkpoint} {attention} {moments} {cleanup}"), &cpu, &shapes);
+        compare(
+            &format!("{checkpoint} {attention} {moments} {cleanup}"),
+            &cpu,
+            &shapes,
+            BOUND,
+            BOUND,
+        );
     }
 }
 
-fn compare(name: &str, cpu: &Trace, shapes: &Trace) {
+/// The shapes' replayed peak against the CPU trace's, for two cards: at
+/// most `under` short and `over` over (measured 2026-11-29: equal, but the
+/// U-Net on the H100, −4.55 %: the CPU convolution's scratch, which CubeCL
+/// does not make; on lavapipe the shapes are the ones equal to the byte).
+fn compare(name: &str, cpu: &Trace, shapes: &Trace, under: f64, over: f64) {
     for card in ["t4", "h100-80"] {
         let card = Card::named(card).unwrap();
         let a = replay(cpu, &card.allocator).unwrap().reserved_peak;
@@ -94,6 +112,13 @@ fn compare(name: &str, cpu: &Trace, shapes: &Trace) {
             shapes.in_use_peak(),
             cpu.reserves(),
             shapes.reserves()
+        );
+        let off = b as f64 / a as f64 - 1.0;
+        assert!(
+            (-under..=over).contains(&off),
+            "{name} on {}: {:+.2} % off the CPU trace",
+            card.name,
+            100.0 * off
         );
     }
 }
@@ -138,6 +163,8 @@ fn llm_and_unet_traces_on_shapes() {
             &format!("llm {train} {precision} {base} {attention} {checkpoint}"),
             &cpu,
             &shapes,
+            BOUND,
+            BOUND,
         );
     }
     let mut u = UnetTrainConfig {
@@ -149,5 +176,5 @@ fn llm_and_unet_traces_on_shapes() {
     };
     u.model.width = 16;
     let (cpu, shapes) = both::<UnetConfig, 4>(u);
-    compare("unet", &cpu, &shapes);
+    compare("unet", &cpu, &shapes, 0.10, BOUND);
 }
