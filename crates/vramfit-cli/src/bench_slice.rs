@@ -4,14 +4,17 @@
 //! list (chosen before any figure is seen, never tuned on them) is
 //! predicted at the whole depth and measured on the whole model. With
 //! `--probe-tokens T` the slice is probed at `T` and `2T` tokens and the
-//! predictions extrapolated to the run's length too.
+//! predictions extrapolated to the run's length too. Each plan is also
+//! traced whole on shapes (nothing computed, [`vramfit_models::traced`]):
+//! the most tensor bytes it holds at once, against the measured peak (on
+//! the CPU the heap holds the tensors and a little besides) and the slice's.
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 use burn::tensor::backend::AutodiffBackend;
 use serde_json::json;
-use vramfit::plan::{Knobs, Plannable, calibrate};
+use vramfit::plan::{Knobs, Plannable, Runnable, calibrate};
 use vramfit::profile::{DeviceMemory, human_bytes};
 use vramfit_models::config::FamilyConfig;
 use vramfit_models::llama::LlamaConfig;
@@ -136,9 +139,9 @@ impl OnBackend for Bench {
         let mut whole = FamilyTarget::<B, LlamaConfig, 3>::new(self.config.clone(), device)?;
         let batch = cal.space.batch;
         let mut table = String::from(
-            "| plan | peak predicted from the slice | peak measured, whole model | error | forward and backward: \
-             predicted | measured | error | step ms predicted | step ms measured |\n\
-             |---|---|---|---|---|---|---|---|---|\n",
+            "| plan | peak predicted from the slice | peak measured, whole model | error | traced on shapes (tensor \
+             bytes at once) | error | forward and backward: predicted | measured | error | step ms predicted | \
+             step ms measured |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
         );
         let mut rows = Vec::new();
         let mut times = Vec::new();
@@ -147,17 +150,24 @@ impl OnBackend for Bench {
             let (peak, ms) = cal.predict(&knobs);
             let (step, _) = cal.at_base(knobs.base).model.parts(&knobs, batch);
             let measured = whole.measure(&knobs, batch)?;
+            let started = std::time::Instant::now();
+            let traced = vramfit_models::traced::trace_settings(whole.settings(&knobs), vramfit::plan::PROBE_STEPS)?;
+            let traced_seconds = started.elapsed().as_secs_f64();
+            let traced_peak = traced.trace.in_use_peak();
+            let traced_error = traced_peak as f64 / measured.peak_bytes as f64 - 1.0;
             times.push((ms, measured.step_ms));
             let error = peak / measured.peak_bytes as f64 - 1.0;
             let step_error = step / measured.step_peak_bytes as f64 - 1.0;
             worst = worst.max(error.abs());
             worst_step = worst_step.max(step_error.abs());
             table.push_str(&format!(
-                "| {label} ({}) | {} | {} | {:+.2} % | {} | {} | {:+.2} % | {ms:.0} | {:.0} |\n",
+                "| {label} ({}) | {} | {} | {:+.2} % | {} | {:+.2} % | {} | {} | {:+.2} % | {ms:.0} | {:.0} |\n",
                 knobs.describe(batch),
                 human_bytes(peak as u64),
                 human_bytes(measured.peak_bytes),
                 error * 100.0,
+                human_bytes(traced_peak),
+                traced_error * 100.0,
                 human_bytes(step as u64),
                 human_bytes(measured.step_peak_bytes),
                 step_error * 100.0,
@@ -166,6 +176,7 @@ impl OnBackend for Bench {
             rows.push(json!({
                 "plan": label, "knobs": knobs, "predicted_peak_bytes": peak, "predicted_step_peak_bytes": step,
                 "measured": measured, "peak_error": error, "step_peak_error": step_error, "predicted_step_ms": ms,
+                "traced_in_use_bytes": traced_peak, "traced_error": traced_error, "traced_seconds": traced_seconds,
             }));
         }
         let slice = cal.slice.as_ref().expect("calibrated from a slice");

@@ -7,12 +7,10 @@ use burn_ir::{CustomOpIr, OperationIr, TensorIr};
 use burn_router::{RouterTensor, RunnerClient};
 
 use super::client::ShapeClient;
+use super::effects::CONTIGUOUS;
 
 /// A tensor of the shape backend.
 pub type ShapeTensor = RouterTensor<ShapeClient>;
-
-/// The name of the copy CubeCL makes of a strided input (`into_contiguous`).
-pub(super) const CONTIGUOUS: &str = "vramfit.contiguous";
 
 /// Describes kernel `name` reading `inputs` (still held by the caller)
 /// and making `outputs`, each a new buffer, in order.

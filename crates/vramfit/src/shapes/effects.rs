@@ -14,7 +14,10 @@ use burn_ir::{
 use burn_std::{ReshapeAction, Strides, reshape_action};
 
 use super::buffers::{Buffers, contiguous};
-use super::custom::CONTIGUOUS;
+
+/// The name of the copy CubeCL makes of a strided input before a kernel
+/// that reads rows (`into_contiguous`; `super::custom::contiguous`).
+pub(super) const CONTIGUOUS: &str = "vramfit.contiguous";
 
 /// Where an operation's output goes.
 enum Place<'a> {
