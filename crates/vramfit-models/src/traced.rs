@@ -41,7 +41,9 @@ pub fn traced_cards<F: Family<D>, const D: usize>(
     config.resolve::<S>(&ShapeDevice)?;
     config.model.data(&config.task)?;
     let space = crate::plan::space_of::<S, F, D>(&config, &ShapeDevice)?;
-    let plans = candidates(&space);
+    // f16 plans only where a card has no bf16 (the same bytes as bf16's).
+    let keep_f16 = cards.iter().any(|c| !vramfit::pools::Rates::has_bf16(&c.name));
+    let plans = candidates(&space, keep_f16);
     let mut operations = 0;
     let trace = |knobs: &Knobs| -> Result<ShapesTraced, String> {
         let settings = crate::plan::apply(&config, knobs, config.batch_size, &space);

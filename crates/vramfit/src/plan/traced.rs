@@ -33,9 +33,10 @@ pub const NOT_SEEN: &str = "the CUDA context and the driver's own memory (outsid
 /// bf16 (where offered), with no block, every other block or every block
 /// checkpointed. Left out (a whole-model trace each, for little more
 /// memory): f16 where bf16 is offered (the same bytes, and loss scaling
-/// besides), trainable groups in bf16, moments on the host, the allocator
-/// cleanup, ranks.
-pub fn candidates(space: &Space) -> Vec<Knobs> {
+/// besides) unless `keep_f16` (a card without bf16 is asked for),
+/// trainable groups in bf16, moments on the host, the allocator cleanup,
+/// ranks.
+pub fn candidates(space: &Space, keep_f16: bool) -> Vec<Knobs> {
     let bases: Vec<Option<crate::frozen::BaseStorage>> = if space.bases.is_empty() {
         vec![None]
     } else {
@@ -51,7 +52,8 @@ pub fn candidates(space: &Space) -> Vec<Knobs> {
     let mut out = Vec::new();
     for base in &bases {
         for knobs in space.combinations(1) {
-            let f16_twin = knobs.precision == crate::precision::Precision::F16
+            let f16_twin = !keep_f16
+                && knobs.precision == crate::precision::Precision::F16
                 && space.precisions.contains(&crate::precision::Precision::Bf16);
             if knobs.low_storage > 0 || knobs.host_moments || knobs.cleanup || f16_twin {
                 continue;
@@ -177,10 +179,16 @@ pub fn rows(
             let mut decided = 0;
             let mut failures = Vec::new();
             'bases: for base in &bases {
+                let bf16 = Rates::has_bf16(&card.name);
                 let mut order: Vec<(usize, f64)> = traced
                     .iter()
                     .enumerate()
                     .filter(|(_, (k, _))| k.base == *base)
+                    // A card without bf16 runs none of its plans.
+                    .filter(|(_, (k, _))| {
+                        bf16 || (k.precision != crate::precision::Precision::Bf16
+                            && k.base != Some(crate::frozen::BaseStorage::Bf16))
+                    })
                     .filter_map(|(i, (_, t))| match t {
                         Ok(t) => Some((i, rates.step_ms(&t.step_work))),
                         Err(e) => {
@@ -273,7 +281,7 @@ where
     T::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let plans = candidates(space);
+    let plans = candidates(space, cards.iter().any(|c| !Rates::has_bf16(&c.name)));
     let trace = |knobs: &Knobs| -> Result<ShapesTraced, String> {
         let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("vramfit-traced-{}-{n}", std::process::id()));
@@ -362,7 +370,7 @@ mod tests {
     #[test]
     fn each_card_gets_the_fastest_plan_that_fits_at_the_best_base_that_does() {
         let space = space(vec![BaseStorage::F32, BaseStorage::Nf4]);
-        let plans = candidates(&space);
+        let plans = candidates(&space, false);
         // 2 bases × 2 micro-batches × 3 checkpoint sets.
         assert_eq!(plans.len(), 12);
         let cards = [
@@ -403,9 +411,35 @@ mod tests {
     }
 
     #[test]
+    fn a_card_without_bf16_gets_no_bf16_plan() {
+        let mut space = space(vec![BaseStorage::Bf16, BaseStorage::Nf4]);
+        space.precisions = vec![Precision::F32, Precision::Bf16, Precision::F16];
+        assert!(!candidates(&space, false).iter().any(|k| k.precision == Precision::F16));
+        let plans = candidates(&space, true);
+        assert!(plans.iter().any(|k| k.precision == Precision::F16));
+        // 16-bit products are faster: a card with bf16 takes them.
+        let fast_half = |k: &Knobs| {
+            let mut t = by_knobs(k);
+            if k.precision != Precision::F32 {
+                t.step_work[0].half = true;
+            }
+            Ok(t)
+        };
+        let cards = [Card::named("t4").unwrap(), Card::named("l4").unwrap()];
+        let rows = rows(&space, &plans, &cards, |k| k.describe(2), fast_half);
+        let t4 = rows[0].setting.clone().unwrap();
+        assert!(
+            t4.precision != Precision::Bf16 && t4.base != Some(BaseStorage::Bf16),
+            "{t4:?}"
+        );
+        assert_eq!(t4.precision, Precision::F16);
+        assert_eq!(rows[1].setting.clone().unwrap().base, Some(BaseStorage::Bf16));
+    }
+
+    #[test]
     fn a_plan_that_cannot_be_traced_is_said() {
         let space = space(Vec::new());
-        let plans = candidates(&space);
+        let plans = candidates(&space, false);
         let cards = [Card::cuda("24", 24 << 30)];
         let rows = rows(
             &space,

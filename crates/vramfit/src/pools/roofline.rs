@@ -56,7 +56,16 @@ const fn rates(f32_tflops: f64, half_tflops: f64, bandwidth_gbs: f64) -> Rates {
     }
 }
 
+/// Known cards without bf16 (Turing): their 16-bit plans run in f16.
+const NO_BF16: &[&str] = &["t4"];
+
 impl Rates {
+    /// Whether the card computes in bf16 (a card given by its size is
+    /// taken to).
+    pub fn has_bf16(card: &str) -> bool {
+        !NO_BF16.contains(&card)
+    }
+
     /// A known card's rates (`None` for a card given by its size).
     pub fn of(card: &str) -> Option<Rates> {
         RATES.iter().find(|(name, _)| *name == card).map(|(_, r)| *r)
