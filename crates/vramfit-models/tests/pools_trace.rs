@@ -19,9 +19,12 @@ use vramfit::run::{RunPath, Start};
 use vramfit::shapes::{ShapeDevice, Shapes};
 use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::Family;
-use vramfit_models::gpt::{GptConfig, TrainConfig};
-use vramfit_models::llama::{LlamaConfig, LlmConfig};
-use vramfit_models::unet::{UnetConfig, UnetTrainConfig};
+use vramfit_models::gpt::GptConfig;
+use vramfit_models::llama::LlamaConfig;
+use vramfit_models::unet::UnetConfig;
+
+mod traced_runs;
+use traced_runs::{llm, transformer, unet};
 
 #[global_allocator]
 static HEAP: vramfit::heap::Counting<std::alloc::System> = vramfit::heap::Counting(std::alloc::System);
@@ -43,63 +46,6 @@ const BOUND: f64 = 0.05;
 /// not fall short (the CPU's convolution only adds scratch). Measured:
 /// one 8 MiB page, +7.14 %.
 const CONV_OVER: f64 = 0.10;
-
-fn transformer(checkpoint: &str, attention: &str, moments: &str, cleanup: &str) -> TrainConfig {
-    let mut c = TrainConfig {
-        steps: STEPS,
-        batch_size: 16,
-        micro_batch: 16,
-        checkpoint: checkpoint.into(),
-        moments: moments.into(),
-        allocator_cleanup: cleanup.into(),
-        checkpoint_every: 0,
-        ..Default::default()
-    };
-    c.model.width = 256;
-    c.model.heads = 4;
-    c.model.context = 128;
-    c.task.tokens = 128;
-    c.model.attention = attention.parse().unwrap();
-    c
-}
-
-/// A 2-block Llama (grouped-query attention) that trains LoRA adapters
-/// over a frozen f32 base, with the fused attention.
-fn llm() -> LlmConfig {
-    let mut c = LlmConfig {
-        steps: STEPS,
-        batch_size: 4,
-        micro_batch: 4,
-        checkpoint_every: 0,
-        ..Default::default()
-    };
-    c.model = LlamaConfig {
-        vocab: 512,
-        width: 256,
-        depth: 2,
-        heads: 4,
-        kv_heads: 2,
-        ffn: 512,
-        context: 128,
-        train: "lora:8".into(),
-        attention: "fused".parse().unwrap(),
-        ..Default::default()
-    };
-    c.task.tokens = 128;
-    c
-}
-
-fn unet() -> UnetTrainConfig {
-    let mut c = UnetTrainConfig {
-        steps: STEPS,
-        batch_size: 8,
-        micro_batch: 8,
-        checkpoint_every: 0,
-        ..Default::default()
-    };
-    c.model.width = 16;
-    c
-}
 
 /// The wgpu run's reserved high-water, the CPU trace of the same run and
 /// its trace on shapes.
@@ -167,7 +113,7 @@ fn a_cpu_trace_replayed_through_wgpus_pools_gives_its_reserved_peak() {
         ("list:0,1", "standard", "f32", "step"),
         ("none", "fused", "f32", "never"),
     ] {
-        let config = transformer(checkpoint, attention, moments, cleanup);
+        let config = transformer(STEPS, checkpoint, attention, moments, cleanup);
         let (measured, cpu, shapes) = both::<GptConfig, 3>(config, lavapipe.alignment);
         for (how, trace) in [("CPU", &cpu), ("shapes", &shapes)] {
             let name = format!(
@@ -178,7 +124,8 @@ fn a_cpu_trace_replayed_through_wgpus_pools_gives_its_reserved_peak() {
         }
     }
     // The Llama family: the CPU trace's figure shown, the shapes' held.
-    let (measured, cpu, shapes) = both::<LlamaConfig, 3>(llm(), lavapipe.alignment);
+    let (measured, cpu, shapes) =
+        both::<LlamaConfig, 3>(llm(STEPS, "lora:8", "f32", "", "fused", "none"), lavapipe.alignment);
     error(measured, &cpu, &lavapipe, "llm LoRA (CPU)");
     let e = error(measured, &shapes, &lavapipe, "llm LoRA (shapes)");
     assert!(
@@ -186,7 +133,7 @@ fn a_cpu_trace_replayed_through_wgpus_pools_gives_its_reserved_peak() {
         "the llm's replayed peak is {:+.1} % off (shapes)",
         100.0 * e
     );
-    let (measured, cpu, shapes) = both::<UnetConfig, 4>(unet(), lavapipe.alignment);
+    let (measured, cpu, shapes) = both::<UnetConfig, 4>(unet(STEPS), lavapipe.alignment);
     let e = error(measured, &cpu, &lavapipe, "U-Net (CPU)");
     assert!(
         (0.0..=CONV_OVER).contains(&e),

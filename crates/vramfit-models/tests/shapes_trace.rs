@@ -10,9 +10,12 @@ use vramfit::run::{RunPath, Start};
 use vramfit::shapes::{ShapeDevice, Shapes};
 use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::Family;
-use vramfit_models::gpt::{GptConfig, TrainConfig};
-use vramfit_models::llama::{LlamaConfig, LlmConfig};
-use vramfit_models::unet::{UnetConfig, UnetTrainConfig};
+use vramfit_models::gpt::GptConfig;
+use vramfit_models::llama::LlamaConfig;
+use vramfit_models::unet::UnetConfig;
+
+mod traced_runs;
+use traced_runs::{llm, transformer, unet};
 
 #[global_allocator]
 static HEAP: vramfit::heap::Counting<std::alloc::System> = vramfit::heap::Counting(std::alloc::System);
@@ -56,25 +59,6 @@ fn both<F: Family<D>, const D: usize>(config: FamilyConfig<F>) -> (Trace, Trace)
     (cpu, shapes.trace)
 }
 
-fn transformer(checkpoint: &str, attention: &str, moments: &str, cleanup: &str) -> TrainConfig {
-    let mut c = TrainConfig {
-        steps: STEPS,
-        batch_size: 16,
-        micro_batch: 16,
-        checkpoint: checkpoint.into(),
-        moments: moments.into(),
-        allocator_cleanup: cleanup.into(),
-        checkpoint_every: 0,
-        ..Default::default()
-    };
-    c.model.width = 256;
-    c.model.heads = 4;
-    c.model.context = 128;
-    c.task.tokens = 128;
-    c.model.attention = attention.parse().unwrap();
-    c
-}
-
 #[test]
 fn a_trace_on_shapes_replays_as_the_cpu_trace() {
     for (checkpoint, attention, moments, cleanup) in [
@@ -84,7 +68,7 @@ fn a_trace_on_shapes_replays_as_the_cpu_trace() {
         ("list:0,1", "standard", "f32", "step"),
         ("none", "fused", "f32", "never"),
     ] {
-        let (cpu, shapes) = both::<GptConfig, 3>(transformer(checkpoint, attention, moments, cleanup));
+        let (cpu, shapes) = both::<GptConfig, 3>(transformer(STEPS, checkpoint, attention, moments, cleanup));
         compare(
             &format!("{checkpoint} {attention} {moments} {cleanup}"),
             &cpu,
@@ -123,33 +107,6 @@ fn compare(name: &str, cpu: &Trace, shapes: &Trace, under: f64, over: f64) {
     }
 }
 
-fn llm(train: &str, precision: &str, base: &str, attention: &str, checkpoint: &str) -> LlmConfig {
-    let mut c = LlmConfig {
-        steps: STEPS,
-        batch_size: 4,
-        micro_batch: 4,
-        checkpoint_every: 0,
-        precision: precision.into(),
-        checkpoint: checkpoint.into(),
-        ..Default::default()
-    };
-    c.model = LlamaConfig {
-        vocab: 512,
-        width: 256,
-        depth: 2,
-        heads: 4,
-        kv_heads: 2,
-        ffn: 512,
-        context: 128,
-        train: train.into(),
-        base: base.into(),
-        attention: attention.parse().unwrap(),
-        ..Default::default()
-    };
-    c.task.tokens = 128;
-    c
-}
-
 #[test]
 fn llm_and_unet_traces_on_shapes() {
     for (train, precision, base, attention, checkpoint) in [
@@ -158,7 +115,7 @@ fn llm_and_unet_traces_on_shapes() {
         ("lora:8", "bf16", "bf16", "fused", "list:0,1"),
         ("qlora:8", "bf16", "", "fused", "none"),
     ] {
-        let (cpu, shapes) = both::<LlamaConfig, 3>(llm(train, precision, base, attention, checkpoint));
+        let (cpu, shapes) = both::<LlamaConfig, 3>(llm(STEPS, train, precision, base, attention, checkpoint));
         compare(
             &format!("llm {train} {precision} {base} {attention} {checkpoint}"),
             &cpu,
@@ -167,14 +124,6 @@ fn llm_and_unet_traces_on_shapes() {
             BOUND,
         );
     }
-    let mut u = UnetTrainConfig {
-        steps: STEPS,
-        batch_size: 8,
-        micro_batch: 8,
-        checkpoint_every: 0,
-        ..Default::default()
-    };
-    u.model.width = 16;
-    let (cpu, shapes) = both::<UnetConfig, 4>(u);
+    let (cpu, shapes) = both::<UnetConfig, 4>(unet(STEPS));
     compare("unet", &cpu, &shapes, 0.10, BOUND);
 }
