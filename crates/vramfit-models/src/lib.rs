@@ -36,6 +36,8 @@ pub mod job;
 pub mod llama;
 pub mod plan;
 pub mod safetensors;
+pub mod segmenter;
 pub mod tokens;
 pub mod traced;
 pub mod unet;
+pub mod vision;

@@ -215,7 +215,7 @@ impl LlamaConfig {
         storage.matrix_bytes(matrices) + vector_bytes * tables + norm_bytes * (norms + biases)
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if !self.adapter.is_empty() && !matches!(self.training()?, Training::Lora { .. }) {
             return Err(invalid(
                 "model.adapter",

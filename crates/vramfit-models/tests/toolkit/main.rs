@@ -9,5 +9,6 @@
 mod common;
 mod llama;
 mod peft;
+mod segmenter;
 mod transformer;
 mod unet;

@@ -164,7 +164,7 @@ pub fn forward_backward<B, M, N, const D: usize>(
     blocks: &[M],
     checkpointed: &[bool],
     autocast: &Autocast,
-    input: Tensor<B, D>,
+    input: Vec<Tensor<B, D>>,
     head: impl FnOnce(Tensor<B, D>) -> Tensor<B, 1>,
     forward_done: impl FnOnce(),
 ) -> (Tensor<B::InnerBackend, 1>, GradientsParams)
@@ -188,7 +188,7 @@ where
         },
     }
     let mut segments = Vec::new();
-    let mut x = vec![input.clone().inner()];
+    let mut x = inner(&input);
     let mut i = 0;
     while i < blocks.len() {
         if checkpointed[i] {
@@ -251,7 +251,7 @@ where
         d_x = pull(input, output, d_x);
     }
     // The prelude: its graph is still attached to `input`.
-    let _ = pull(vec![input.clone()], vec![input], d_x);
+    let _ = pull(input.clone(), input, d_x);
     (value, all)
 }
 

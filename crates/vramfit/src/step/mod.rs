@@ -44,6 +44,13 @@ pub trait Trainable<B: AutodiffBackend, const D: usize>: AutodiffModule<B> {
     /// Everything before the blocks (embeddings): the chain's input.
     fn prelude(&self, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, D>;
 
+    /// The chain's input where it is more than one tensor (a multimodal
+    /// model's image tokens above its prompt), its top last: by default
+    /// the prelude alone. The step runs the chain from this.
+    fn prelude_stack(&self, batch: &Self::Batch, autocast: &Autocast) -> Vec<Tensor<B, D>> {
+        vec![self.prelude(batch, autocast)]
+    }
+
     /// The chain of blocks.
     fn blocks(&self) -> &[Self::Block];
 
@@ -52,7 +59,7 @@ pub trait Trainable<B: AutodiffBackend, const D: usize>: AutodiffModule<B> {
 
     /// The whole forward to the mean loss as one graph.
     fn loss(&self, batch: &Self::Batch, autocast: &Autocast) -> Tensor<B, 1> {
-        let mut stack = vec![self.prelude(batch, autocast)];
+        let mut stack = self.prelude_stack(batch, autocast);
         for block in self.blocks() {
             stack = block.forward_stack(stack, autocast);
         }
@@ -274,7 +281,7 @@ impl<B: AutodiffBackend> Stepper<B> {
             // thread's backward must not sweep this graph while it is built.
             let graph = crate::grads::graph_lock();
             let (value, grads) = if checkpointing {
-                let input = model.prelude(&micro, &self.autocast);
+                let input = model.prelude_stack(&micro, &self.autocast);
                 forward_backward(
                     model,
                     model.blocks(),

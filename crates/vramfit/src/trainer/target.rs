@@ -103,8 +103,8 @@ where
 {
     // What a checkpointed block keeps per sample: the chain's input.
     let one = batches(1, 1, device);
-    let input = model.prelude(&one, &Autocast::new(Precision::F32));
-    let block_input_bytes = (input.shape().num_elements() * 4) as u64;
+    let input = model.prelude_stack(&one, &Autocast::new(Precision::F32));
+    let block_input_bytes = input.iter().map(|t| t.shape().num_elements() as u64 * 4).sum();
     let bf16 = B::supports_dtype(device, DType::BF16);
     Space {
         batch: schedule.batch_size,

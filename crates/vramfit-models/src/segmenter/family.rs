@@ -1,0 +1,201 @@
+//! The segmenter as a model family: its settings' checks, the planner's
+//! hooks (the LLM's frozen base and attention, rough sizes), its data, its
+//! held-out Dice and its summary.
+
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
+use vramfit::frozen::BaseStorage;
+use vramfit::fused::Attention;
+
+use super::{SegBatch, Segmenter, SegmenterConfig, SegmenterTask, Synthetic, shapes};
+use crate::config::{ConfigError, RoughFloats, invalid};
+use crate::family::ModelSettings;
+
+/// The held-out images' batches come from steps no run reaches.
+const HELD_OUT_STEP: u64 = u64::MAX / 2;
+
+impl ModelSettings for SegmenterConfig {
+    type Task = SegmenterTask;
+    const NAME: &'static str = "segmenter";
+    const CHECKPOINT_KIND: &'static str = "vramfit.segmenter.checkpoint";
+    const WEIGHTS_KIND: &'static str = "vramfit.segmenter.weights";
+
+    fn check(&self, task: &SegmenterTask) -> Result<(), ConfigError> {
+        self.check_task(task)
+    }
+
+    fn blocks(&self) -> usize {
+        self.chain_blocks()
+    }
+
+    fn named(name: &str) -> Result<Self, ConfigError> {
+        let all = shapes();
+        all.iter().find(|(n, ..)| *n == name).map(|(.., c)| c.clone()).ok_or_else(|| {
+            let known: Vec<String> = all.iter().map(|(n, s, _)| format!("{n} ({s})")).collect();
+            invalid(
+                "shape",
+                format!("`{name}` is not a known segmenter; the known ones: {}", known.join(", ")),
+            )
+        })
+    }
+
+    fn attention(&self) -> Option<Attention> {
+        Some(self.llm.attention)
+    }
+
+    fn with_attention(self, attention: Attention) -> Self {
+        Self {
+            llm: self.llm.with_attention(attention),
+            ..self
+        }
+    }
+
+    fn unsupported_storage(&self, supported: &dyn Fn(burn::tensor::FloatDType) -> bool) -> Option<String> {
+        self.llm.unsupported_storage(supported)
+    }
+
+    fn bases_to_search(&self) -> Vec<BaseStorage> {
+        self.llm.bases_to_search()
+    }
+
+    fn with_base(self, base: BaseStorage) -> Self {
+        Self {
+            llm: self.llm.with_base(base),
+            ..self
+        }
+    }
+
+    fn rebuilt_fingerprint(&self) -> Result<Option<String>, ConfigError> {
+        self.llm.rebuilt_fingerprint()
+    }
+
+    fn rough_floats(&self, task: &SegmenterTask) -> RoughFloats {
+        let llm = self.llm.rough_floats(&crate::data::TaskConfig {
+            tokens: self.llm_grid * self.llm_grid + task.prompt,
+            ..Default::default()
+        });
+        let pixels = (task.image * task.image) as f64;
+        let tokens0 = pixels / (self.encoder.patch * self.encoder.patch) as f64;
+        let encoder: f64 = self
+            .encoder
+            .widths
+            .iter()
+            .zip(&self.encoder.depths)
+            .map(|(&w, &d)| (d * w) as f64 * 14.0 * tokens0)
+            .sum();
+        let d = self.encoder.neck as f64;
+        let grid = self.grid(task.image) as f64;
+        // The upscaled features (16 g² × d/4 and d/8, a few copies) and the
+        // full-resolution logits, sigmoid and loss terms.
+        let decoder = 16.0 * grid * grid * d + 8.0 * pixels;
+        RoughFloats {
+            parameters: (self.parameters() - self.llm.parameters()) as f64 + llm.parameters,
+            frozen: llm.frozen,
+            frozen_bytes_each: llm.frozen_bytes_each,
+            activations_per_sample: encoder + llm.activations_per_sample + decoder,
+            largest_per_sample: crate::config::largest(&[
+                (tokens0 * self.encoder.widths[0] as f64 * self.encoder.mlp_ratio as f64, "the encoder's MLP"),
+                (4.0 * grid * grid * d, "the upscaled image embedding"),
+                (pixels, "the mask's logits"),
+            ]),
+            task: 0.0,
+        }
+    }
+}
+
+impl crate::family::Family<3> for SegmenterConfig {
+    type Net<B: AutodiffBackend> = Segmenter<B>;
+    type Data = Synthetic;
+
+    fn init<B: AutodiffBackend>(&self, seed: u64, device: &B::Device) -> Result<Segmenter<B>, ConfigError> {
+        self.load(seed, device)
+    }
+
+    fn data(&self, task: &SegmenterTask) -> Result<Synthetic, ConfigError> {
+        Ok(Synthetic {
+            image: task.image,
+            channels: self.encoder.channels,
+            prompt: task.prompt,
+            classes: task.classes,
+            objects: task.objects,
+            seed: task.seed,
+        })
+    }
+
+    fn batch<B: AutodiffBackend>(data: &Synthetic, step: u64, size: usize, device: &B::Device) -> SegBatch<B> {
+        data.batch::<B>(step, size, device)
+    }
+
+    fn evaluate_every(task: &SegmenterTask) -> u64 {
+        task.eval_every
+    }
+
+    /// The mean Dice of the thresholded masks on held-out images.
+    fn evaluate<B: AutodiffBackend>(
+        data: &Synthetic,
+        net: &Segmenter<B>,
+        micro_batch: usize,
+        autocast: &vramfit::precision::Autocast,
+        device: &B::Device,
+    ) -> Vec<(String, f64)> {
+        vec![("val_dice".into(), held_out_dice(data, net, 16, micro_batch, autocast, device))]
+    }
+
+    fn block_input_bytes(&self, task: &SegmenterTask) -> u64 {
+        let tokens0 = (task.image / self.encoder.patch).pow(2);
+        ((tokens0 * self.encoder.widths[0] + task.prompt * self.llm.width) * 4) as u64
+    }
+
+    fn summary<B: AutodiffBackend>(
+        &self,
+        data: &Synthetic,
+        net: &Segmenter<B>,
+        batch_size: usize,
+        micro_batch: usize,
+        median_step_ms: f64,
+        device: &B::Device,
+    ) -> serde_json::Map<String, serde_json::Value> {
+        let mut out = serde_json::Map::new();
+        out.insert("parameters".into(), self.parameters().into());
+        out.insert(
+            "images_per_second".into(),
+            (batch_size as f64 / (median_step_ms / 1e3)).into(),
+        );
+        let ac = vramfit::precision::Autocast::new(vramfit::precision::Precision::F32);
+        out.insert(
+            "val_dice".into(),
+            held_out_dice(data, net, 16, micro_batch, &ac, device).into(),
+        );
+        out.insert("base".into(), self.llm.base_storage().name().into());
+        out
+    }
+}
+
+/// The mean Dice over `images` held-out images, `micro_batch` at a time,
+/// without autodiff.
+pub fn held_out_dice<B: AutodiffBackend>(
+    data: &Synthetic,
+    net: &Segmenter<B>,
+    images: usize,
+    micro_batch: usize,
+    autocast: &vramfit::precision::Autocast,
+    device: &B::Device,
+) -> f64 {
+    if vramfit::shapes::is_shapes::<B>() {
+        return 0.0;
+    }
+    let net = net.valid();
+    let (mut sum, mut n) = (0.0, 0usize);
+    let size = micro_batch.clamp(1, images);
+    let mut step = HELD_OUT_STEP;
+    while n < images {
+        let batch = data.batch::<B::InnerBackend>(step, size.min(images - n), device);
+        let logits = net.predict(&batch, autocast);
+        for d in super::mask_decoder::dice(logits, batch.masks) {
+            sum += d;
+            n += 1;
+        }
+        step += 1;
+    }
+    sum / n as f64
+}
