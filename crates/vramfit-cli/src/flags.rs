@@ -156,42 +156,49 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
     if let Some(name) = &a.shape {
         // Before the user's own --set, which may still override any of it.
         c.model = M::named(name)?;
+        c.task = M::named_task(name, c.task);
     }
     let mut sets = a.set.clone();
+    // Where the family's LLM settings live (`model`, or the segmenter's `model.llm`).
+    let llm = M::LLM_KEY;
     if let Some(train) = &a.train {
-        if M::NAME != "llm" {
+        let Some(llm) = llm else {
             anyhow::bail!(
-                "--train {train}: `train {}` trains every parameter; LoRA and frozen groups are the llm's",
+                "--train {train}: `train {}` trains every parameter; LoRA and frozen groups are the llm's and the \
+                 segmenter's",
                 M::NAME
             );
-        }
+        };
         // Before the user's own --set, which may still override it.
-        sets.insert(0, format!("model.train=\"{train}\""));
+        sets.insert(0, format!("{llm}.train=\"{train}\""));
     }
     if let Some(base) = &a.base {
-        if M::NAME != "llm" {
+        let Some(llm) = llm else {
             anyhow::bail!(
-                "--base {base}: `train {}` has no frozen base; a frozen base stored small is the llm's",
+                "--base {base}: `train {}` has no frozen base; a frozen base stored small is the llm's and the \
+                 segmenter's",
                 M::NAME
             );
-        }
-        sets.insert(0, format!("model.base={}", serde_json::to_string(base)?));
+        };
+        sets.insert(0, format!("{llm}.base={}", serde_json::to_string(base)?));
     }
     if let Some(dir) = &a.weights {
-        if M::NAME != "llm" {
+        let Some(llm) = llm else {
             anyhow::bail!(
-                "--weights: `train {}` draws its weights; a Hugging Face checkpoint is the llm's",
+                "--weights: `train {}` draws its weights; a Hugging Face checkpoint is the llm's and the segmenter's",
                 M::NAME
             );
-        }
-        sets.insert(0, path_set("model.weights", dir)?);
+        };
+        sets.insert(0, path_set(&format!("{llm}.weights"), dir)?);
         // The checkpoint's own config.json gives the shape, before the
         // user's --set (a --set that then differs from it is refused).
         if dir.is_dir() {
             let given =
                 vramfit_models::llama::hf_config::settings(dir).map_err(|why| anyhow::anyhow!("--weights: {why}"))?;
             for s in given.into_iter().rev() {
-                sets.insert(0, s);
+                // `model.width=…` names the llm's own key.
+                let key = s.strip_prefix("model.").map_or(s.clone(), |rest| format!("{llm}.{rest}"));
+                sets.insert(0, key);
             }
         }
     }
@@ -205,10 +212,13 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
         sets.insert(0, path_set("task.data", data)?);
     }
     if let Some(adapter) = &a.adapter {
-        if M::NAME != "llm" {
-            anyhow::bail!("--adapter: `train {}` has no adapters; LoRA is the llm's", M::NAME);
-        }
-        sets.insert(0, path_set("model.adapter", adapter)?);
+        let Some(llm) = llm else {
+            anyhow::bail!(
+                "--adapter: `train {}` has no adapters; LoRA is the llm's and the segmenter's",
+                M::NAME
+            );
+        };
+        sets.insert(0, path_set(&format!("{llm}.adapter"), adapter)?);
     }
     if let Some(attention) = a.attention {
         if M::default().attention().is_none() {

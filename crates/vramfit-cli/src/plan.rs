@@ -19,6 +19,7 @@ use vramfit_models::family::{Family, ModelSettings};
 use vramfit_models::gpt::GptConfig;
 use vramfit_models::llama::LlamaConfig;
 use vramfit_models::plan::FamilyTarget;
+use vramfit_models::segmenter::SegmenterConfig;
 use vramfit_models::unet::UnetConfig;
 use vramfit_splat::config::FitConfig;
 use vramfit_splat::op::{FusedLoss, SplatBackend};
@@ -37,6 +38,8 @@ pub enum Which {
     Llm(PlanArgs<crate::flags::TrainSettings>),
     /// Plan the U-Net (same settings flags as `vramfit train unet`).
     Unet(PlanArgs<crate::flags::TrainSettings>),
+    /// Plan the segmenter (same settings flags as `vramfit train segmenter`).
+    Segmenter(PlanArgs<crate::flags::TrainSettings>),
     /// Plan a splat fit's band height (same settings flags as `vramfit fit`).
     Splat(PlanArgs<crate::flags::FitSettings>),
     /// Plan a 3D scene fit (--device wgpu|cuda): how many Gaussians fit, with
@@ -106,7 +109,7 @@ impl<S: clap::Args + crate::flags::Inputs> PlanArgs<S> {
 
 pub fn run(which: Which) -> Result<()> {
     match &which {
-        Which::Transformer(a) | Which::Llm(a) | Which::Unet(a) => a.check_output()?,
+        Which::Transformer(a) | Which::Llm(a) | Which::Unet(a) | Which::Segmenter(a) => a.check_output()?,
         Which::Splat(a) => a.check_output()?,
         Which::Scene(a) => a.check_output()?,
     }
@@ -122,6 +125,10 @@ pub fn run(which: Which) -> Result<()> {
         Which::Unet(args) => {
             let (config, action) = on_ranks(crate::flags::resolve_train(&args.settings)?, args.action()?)?;
             model::<UnetConfig, 4>(config, &args.device.name, args.probes(), action)
+        }
+        Which::Segmenter(args) => {
+            let (config, action) = on_ranks(crate::flags::resolve_train(&args.settings)?, args.action()?)?;
+            model::<SegmenterConfig, 3>(config, &args.device.name, args.probes(), action)
         }
         Which::Splat(args) => splat(
             crate::flags::resolve_fit(&args.settings)?,

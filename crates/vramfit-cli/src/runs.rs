@@ -16,6 +16,7 @@ use vramfit_models::gpt::{GptConfig, TrainConfig};
 use vramfit_models::job::TrainSummary;
 use vramfit_models::llama::{LlamaConfig, LlmConfig};
 use vramfit_models::plan::FamilyTarget;
+use vramfit_models::segmenter::{SegmenterConfig, SegmenterTrainConfig};
 use vramfit_models::unet::{UnetConfig, UnetTrainConfig};
 use vramfit_splat::config::{BUILTIN_SAMPLE, FitConfig};
 use vramfit_splat::op::{FusedLoss, SplatBackend};
@@ -32,6 +33,8 @@ pub enum Launch {
     Llm(Start<LlmConfig>),
     /// `vramfit train unet`.
     Unet(Start<UnetTrainConfig>),
+    /// `vramfit train segmenter`.
+    Segmenter(Start<SegmenterTrainConfig>),
 }
 
 impl Launch {
@@ -42,6 +45,7 @@ impl Launch {
                 | Launch::Transformer(Start::Resume(_))
                 | Launch::Llm(Start::Resume(_))
                 | Launch::Unet(Start::Resume(_))
+                | Launch::Segmenter(Start::Resume(_))
         )
     }
 }
@@ -154,6 +158,7 @@ pub fn run_with(
         Launch::Transformer(start) => on_device(device, DriveTrain::<GptConfig, 3, _> { start, held, observe }),
         Launch::Llm(start) => on_device(device, DriveTrain::<LlamaConfig, 3, _> { start, held, observe }),
         Launch::Unet(start) => on_device(device, DriveTrain::<UnetConfig, 4, _> { start, held, observe }),
+        Launch::Segmenter(start) => on_device(device, DriveTrain::<SegmenterConfig, 3, _> { start, held, observe }),
     }
 }
 
@@ -279,7 +284,16 @@ pub(crate) fn print_train(name: &str, s: &RunSummary<TrainSummary>) {
     let t = &s.workload;
     let field = |key: &str| t.extra.get(key).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
     println!("trained {name} on {}: {}", s.device, t.techniques);
-    let (loss, throughput) = if name == "unet" {
+    let (loss, throughput) = if name == "segmenter" {
+        (
+            format!(
+                "final loss {:.4} (cross-entropy + 1 − Dice), mean of the last 10 steps · held-out Dice {:.3}",
+                t.final_loss,
+                field("val_dice")
+            ),
+            format!("{:.1} images/s", field("images_per_second")),
+        )
+    } else if name == "unet" {
         (
             format!(
                 "final loss {:.5} MSE, mean of the last 10 steps (noise floor {:.5}, the noisy input's {:.5}) · eval {:.5} on held-out crops",

@@ -1,4 +1,4 @@
-//! `vramfit train transformer|unet`: flags → settings → the run driver;
+//! `vramfit train transformer|llm|unet|segmenter`: flags → settings → the run driver;
 //! with `--budget`, the library's planning pipeline first.
 
 use std::path::PathBuf;
@@ -8,6 +8,7 @@ use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::Family;
 use vramfit_models::gpt::GptConfig;
 use vramfit_models::llama::LlamaConfig;
+use vramfit_models::segmenter::SegmenterConfig;
 use vramfit_models::unet::UnetConfig;
 
 #[derive(clap::Subcommand)]
@@ -20,6 +21,10 @@ pub enum Which {
     /// A convolutional U-Net with BatchNorm denoising crops of the procedural
     /// sample (`--set task.resolution=256`, `--set model.norm=group`, …).
     Unet(TrainArgs),
+    /// A segmenter on an LLM (an image encoder, a Llama-family LLM reading its
+    /// tokens and a prompt, SAM's mask decoder) on synthetic images and masks;
+    /// `--shape prs-med` for TinySAM and Mistral-7B at 1024 px.
+    Segmenter(TrainArgs),
 }
 
 impl TrainArgs {
@@ -75,7 +80,7 @@ pub struct TrainArgs {
 }
 
 pub fn run(which: Which) -> Result<()> {
-    let (Which::Transformer(args) | Which::Llm(args) | Which::Unet(args)) = &which;
+    let (Which::Transformer(args) | Which::Llm(args) | Which::Unet(args) | Which::Segmenter(args)) = &which;
     if let Some(out) = &args.out {
         crate::flags::check_output(out, &crate::flags::Inputs::inputs(&args.settings))?;
     }
@@ -83,6 +88,7 @@ pub fn run(which: Which) -> Result<()> {
         Which::Transformer(args) => run_family::<GptConfig, 3>(args, crate::runs::Launch::Transformer),
         Which::Llm(args) => run_family::<LlamaConfig, 3>(args, crate::runs::Launch::Llm),
         Which::Unet(args) => run_family::<UnetConfig, 4>(args, crate::runs::Launch::Unet),
+        Which::Segmenter(args) => run_family::<SegmenterConfig, 3>(args, crate::runs::Launch::Segmenter),
     }
 }
 

@@ -29,6 +29,10 @@ pub trait ModelSettings:
     const CHECKPOINT_KIND: &'static str;
     /// Kind of the finished run's `weights.bin`.
     const WEIGHTS_KIND: &'static str;
+    /// Where the family's Llama-family LLM settings are (`model` for the
+    /// llm, `model.llm` for the segmenter): what `--train`, `--base`,
+    /// `--weights` and `--adapter` set. `None`: it has none.
+    const LLM_KEY: Option<&'static str> = None;
 
     /// Checks the model and task settings together; the error names the setting.
     fn check(&self, task: &Self::Task) -> Result<(), ConfigError>;
@@ -146,6 +150,12 @@ pub trait ModelSettings:
     /// one is returned as it is).
     fn with_base(self, _base: vramfit::frozen::BaseStorage) -> Self {
         self
+    }
+
+    /// `task` at the sizes a published shape is trained at (`--shape NAME`:
+    /// a segmenter's image side and prompt); by default as it is.
+    fn named_task(_name: &str, task: Self::Task) -> Self::Task {
+        task
     }
 
     /// The model of a published shape (`--shape NAME`); the error lists

@@ -12,10 +12,11 @@ use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::Family;
 use vramfit_models::gpt::GptConfig;
 use vramfit_models::llama::LlamaConfig;
+use vramfit_models::segmenter::SegmenterConfig;
 use vramfit_models::unet::UnetConfig;
 
 mod traced_runs;
-use traced_runs::{llm, transformer, unet};
+use traced_runs::{llm, segmenter, transformer, unet};
 
 #[global_allocator]
 static HEAP: vramfit::heap::Counting<std::alloc::System> = vramfit::heap::Counting(std::alloc::System);
@@ -126,4 +127,12 @@ fn llm_and_unet_traces_on_shapes() {
     }
     let (cpu, shapes) = both::<UnetConfig, 4>(unet(STEPS));
     compare("unet", &cpu, &shapes, 0.10, BOUND);
+}
+
+#[test]
+fn segmenter_traces_on_shapes() {
+    for (precision, base, checkpoint) in [("f32", "", "none"), ("bf16", "nf4", "all")] {
+        let (cpu, shapes) = both::<SegmenterConfig, 3>(segmenter(STEPS, precision, base, checkpoint));
+        compare(&format!("segmenter {precision} {base} {checkpoint}"), &cpu, &shapes, BOUND, BOUND);
+    }
 }

@@ -18,6 +18,7 @@ impl crate::family::ModelSettings for LlamaConfig {
     const NAME: &'static str = "llm";
     const CHECKPOINT_KIND: &'static str = "vramfit.llm.checkpoint";
     const WEIGHTS_KIND: &'static str = "vramfit.llm.weights";
+    const LLM_KEY: Option<&'static str> = Some("model");
 
     fn check(&self, task: &TaskConfig) -> Result<(), ConfigError> {
         self.validate()?;

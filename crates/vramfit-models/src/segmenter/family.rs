@@ -19,6 +19,7 @@ impl ModelSettings for SegmenterConfig {
     const NAME: &'static str = "segmenter";
     const CHECKPOINT_KIND: &'static str = "vramfit.segmenter.checkpoint";
     const WEIGHTS_KIND: &'static str = "vramfit.segmenter.weights";
+    const LLM_KEY: Option<&'static str> = Some("model.llm");
 
     fn check(&self, task: &SegmenterTask) -> Result<(), ConfigError> {
         self.check_task(task)
@@ -37,6 +38,19 @@ impl ModelSettings for SegmenterConfig {
                 format!("`{name}` is not a known segmenter; the known ones: {}", known.join(", ")),
             )
         })
+    }
+
+    /// PRS-Med's images are 1024 px; its prompts some 64 tokens (a
+    /// question about the image in LLaVA-Med's template).
+    fn named_task(name: &str, task: SegmenterTask) -> SegmenterTask {
+        match name {
+            "prs-med" => SegmenterTask {
+                image: 1024,
+                prompt: 64,
+                ..task
+            },
+            _ => task,
+        }
     }
 
     fn attention(&self) -> Option<Attention> {
@@ -89,7 +103,7 @@ impl ModelSettings for SegmenterConfig {
         // full-resolution logits, sigmoid and loss terms.
         let decoder = 16.0 * grid * grid * d + 8.0 * pixels;
         RoughFloats {
-            parameters: (self.parameters() - self.llm.parameters()) as f64 + llm.parameters,
+            parameters: self.own_parameters() as f64 + llm.parameters,
             frozen: llm.frozen,
             frozen_bytes_each: llm.frozen_bytes_each,
             activations_per_sample: encoder + llm.activations_per_sample + decoder,

@@ -25,11 +25,27 @@ use crate::gpt::{constant, normal};
 use crate::vision::{LayerNorm, Mlp, MultiHead};
 
 /// Fixed sine encodings of a `grid × grid` token grid, `[1, grid², width]`
-/// (f32): half the channels for the row, half for the column.
+/// (f32): half the channels for the row, half for the column. Computed
+/// once a process for each grid and width (every layer of every step
+/// uses them).
 pub(crate) fn positions<B: Backend>(grid: usize, width: usize, device: &B::Device) -> Tensor<B, 3> {
-    // The transformer's encoding of a position, once for the row (the
-    // first half of the channels) and once for the column: sines then
-    // cosines of the position over 10000^(j/quarter).
+    type Tables = std::collections::HashMap<(usize, usize), std::sync::Arc<Vec<f32>>>;
+    static TABLES: std::sync::Mutex<Option<Tables>> = std::sync::Mutex::new(None);
+    let table = {
+        let mut tables = TABLES.lock().unwrap_or_else(|p| p.into_inner());
+        tables
+            .get_or_insert_with(Default::default)
+            .entry((grid, width))
+            .or_insert_with(|| std::sync::Arc::new(sines(grid, width)))
+            .clone()
+    };
+    Tensor::from_data(TensorData::new(table.to_vec(), [1, grid * grid, width]), device)
+}
+
+/// The transformer's encoding of a position, once for the row (the first
+/// half of the channels) and once for the column: sines then cosines of
+/// the position over 10000^(j/quarter).
+fn sines(grid: usize, width: usize) -> Vec<f32> {
     let half = width / 2;
     let quarter = (half / 2).max(1);
     let mut v = vec![0f32; grid * grid * width];
@@ -43,7 +59,7 @@ pub(crate) fn positions<B: Backend>(grid: usize, width: usize, device: &B::Devic
             }
         }
     }
-    Tensor::from_data(TensorData::new(v, [1, grid * grid, width]), device)
+    v
 }
 
 /// One two-way layer: tokens `[b, 2, d]` and image `[b, g², d]` in, both out.

@@ -247,18 +247,28 @@ impl SegmenterConfig {
 
     /// Parameters of the whole model (the LLM's without its head).
     pub fn parameters(&self) -> u64 {
+        let wl = self.llm.width as u64;
+        let head = if self.llm.tie_head { 0 } else { wl * self.llm.vocab as u64 };
+        self.llm.parameters() - head + self.own_parameters()
+    }
+
+    /// Parameters outside the LLM: the encoder, the bridge, the prompt
+    /// block and the mask decoder.
+    pub fn own_parameters(&self) -> u64 {
         let d = self.encoder.neck as u64;
         let we = *self.encoder.widths.last().unwrap_or(&0) as u64;
         let wl = self.llm.width as u64;
-        let llm = self.llm.parameters() - if self.llm.tie_head { 0 } else { wl * self.llm.vocab as u64 };
         let bridge = we * d + d + 2 * d + d * wl + wl + wl * wl + wl;
         let inner = d / self.decoder.cross_downsample.max(1) as u64;
         let attn = |i: u64| 3 * (d * i + i) + i * d + d;
-        let mlp = 2 * d * self.decoder.mlp as u64 + self.decoder.mlp as u64 + d;
-        let layer = attn(d) + 2 * attn(inner) + mlp + 8 * d;
-        let head = attn(inner) + 2 * d + 9 * d * d / 4 + d / 4 + d / 2 + 9 * d / 4 * d / 8 + d / 8 + d * d + d + d * d / 8 + d / 8;
+        let m = self.decoder.mlp as u64;
+        let layer = attn(d) + 2 * attn(inner) + (2 * d * m + m + d) + 8 * d;
+        // The last attention and its norm, the two 3×3 convolutions with
+        // the norm between them, the mask token's MLP.
+        let upscale = (9 * d * d / 4 + d / 4) + d / 2 + (9 * (d / 4) * (d / 8) + d / 8);
+        let head = attn(inner) + 2 * d + upscale + (d * d + d) + (d * d / 8 + d / 8);
         let prompt = wl * d + d + d;
-        self.encoder.parameters() + llm + bridge + self.decoder.depth as u64 * layer + head + prompt
+        self.encoder.parameters() + bridge + self.decoder.depth as u64 * layer + head + prompt
     }
 
     /// The model (for square images of any side [`check_task`](Self::check_task)

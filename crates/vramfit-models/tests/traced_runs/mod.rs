@@ -67,3 +67,39 @@ pub fn unet(steps: u64) -> UnetTrainConfig {
     c.model.width = 16;
     c
 }
+
+/// A small segmenter (the tiny encoder at 64 px, a 2-block LLM 128 wide
+/// with LoRA, SAM's decoder 64 wide), batch 4.
+pub fn segmenter(
+    steps: u64,
+    precision: &str,
+    base: &str,
+    checkpoint: &str,
+) -> vramfit_models::segmenter::SegmenterTrainConfig {
+    let mut c = vramfit_models::segmenter::SegmenterTrainConfig {
+        steps,
+        batch_size: 4,
+        micro_batch: 4,
+        checkpoint_every: 0,
+        precision: precision.into(),
+        checkpoint: checkpoint.into(),
+        ..Default::default()
+    };
+    c.model.encoder.neck = 64;
+    c.model.llm = LlamaConfig {
+        vocab: 64,
+        width: 128,
+        depth: 2,
+        heads: 4,
+        kv_heads: 2,
+        ffn: 256,
+        context: 64,
+        train: "lora:8".into(),
+        base: base.into(),
+        attention: "fused".parse().unwrap(),
+        ..Default::default()
+    };
+    c.task.image = 64;
+    c.task.prompt = 8;
+    c
+}

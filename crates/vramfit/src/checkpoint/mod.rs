@@ -227,7 +227,9 @@ where
             .zip(d_out)
             .map(|(y, g)| {
                 let g = cast_to(g, y.dtype().into());
-                (y * Tensor::from_inner(g)).sum()
+                // In f32: a stack may hold tensors of different types (a
+                // prompt in f32 beside image tokens in bf16).
+                cast_to((y * Tensor::from_inner(g)).sum(), burn::tensor::FloatDType::F32)
             })
             .reduce(|a, b| a + b)
             .expect("a stack is never empty");
