@@ -26,6 +26,9 @@ pub struct TaskConfig {
     pub p_follow: f64,
     /// Frames per sample (0: none). The model uses at most its `max_frames`.
     pub frames: usize,
+    /// Side of a frame in pixels, where the model reads frames as images
+    /// (the llm's frame encoder).
+    pub frame_size: usize,
     /// Seed of the tables and of every batch (and of a corpus's order).
     pub seed: u64,
     /// A corpus to train on instead of the synthetic task (`--data`):
@@ -55,6 +58,7 @@ impl Default for TaskConfig {
             topics: 4,
             p_follow: 0.8,
             frames: 0,
+            frame_size: 32,
             seed: 7,
             data: String::new(),
             token_type: String::new(),
@@ -119,6 +123,12 @@ impl SyntheticTask {
         let mut tokens = Vec::with_capacity(size * t);
         let mut targets = Vec::with_capacity(size * t);
         let mut frames = Vec::with_capacity(size * self.config.frames * self.frame_dim);
+        // Frames as images (no frame features): each sample's frames in
+        // its topic's colour, with noise; none drawn on the shape backend.
+        let side = self.config.frame_size;
+        let video = self.frame_dim == 0 && self.config.frames > 0 && side > 0;
+        let draw_video = video && !vramfit::shapes::is_shapes::<B>();
+        let mut pixels = Vec::with_capacity(if draw_video { size * self.config.frames * 3 * side * side } else { 0 });
         for i in 0..size {
             let mut rng = ChaCha8Rng::seed_from_u64(self.config.seed ^ (step.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
             rng.set_stream(i as u64);
@@ -139,6 +149,14 @@ impl SyntheticTask {
             for _ in 0..self.config.frames {
                 frames.extend(self.codes[z].iter().map(|&c| c + 0.5 * rng.random_range(-1.0f32..1.0)));
             }
+            if draw_video {
+                for _ in 0..self.config.frames {
+                    for ch in 0..3 {
+                        let colour = ((z * (ch + 2) + ch) % (self.config.topics + 1)) as f32 / self.config.topics as f32;
+                        pixels.extend((0..side * side).map(|_| colour + 0.1 * rng.random_range(-1.0f32..1.0)));
+                    }
+                }
+            }
         }
         TokenBatch {
             tokens: Tensor::from_data(TensorData::new(tokens, [size, t]), device),
@@ -148,6 +166,14 @@ impl SyntheticTask {
                     TensorData::new(frames, [size, self.config.frames, self.frame_dim]),
                     device,
                 )
+            }),
+            video: video.then(|| {
+                let shape = [size, self.config.frames, 3, side, side];
+                if draw_video {
+                    Tensor::from_data(TensorData::new(pixels, shape), device)
+                } else {
+                    Tensor::empty(shape, device)
+                }
             }),
         }
     }
@@ -160,8 +186,11 @@ pub struct TokenBatch<B: Backend> {
     pub tokens: Tensor<B, 2, Int>,
     /// `[batch, tokens]`: the token after each input token.
     pub targets: Tensor<B, 2, Int>,
-    /// `[batch, frames, frame_dim]`, when the task has frames.
+    /// `[batch, frames, frame_dim]`, when the task has frames (the transformer's).
     pub frames: Option<Tensor<B, 3>>,
+    /// `[batch, frames, 3, side, side]` pixels, when the task has frames
+    /// and the model reads them as images (the llm's).
+    pub video: Option<Tensor<B, 5>>,
 }
 
 impl<B: Backend> TokenBatch<B> {
@@ -171,6 +200,7 @@ impl<B: Backend> TokenBatch<B> {
         of(self.tokens.shape(), self.tokens.dtype())
             + of(self.targets.shape(), self.targets.dtype())
             + self.frames.as_ref().map_or(0, |f| of(f.shape(), f.dtype()))
+            + self.video.as_ref().map_or(0, |f| of(f.shape(), f.dtype()))
     }
 
     /// Samples `range`.
@@ -178,7 +208,8 @@ impl<B: Backend> TokenBatch<B> {
         Self {
             tokens: self.tokens.clone().slice([range.clone()]),
             targets: self.targets.clone().slice([range.clone()]),
-            frames: self.frames.clone().map(|f| f.slice([range])),
+            frames: self.frames.clone().map(|f| f.slice([range.clone()])),
+            video: self.video.clone().map(|f| f.slice([range])),
         }
     }
 }

@@ -25,6 +25,7 @@ use crate::config::{ConfigError, invalid};
 mod block;
 mod decoder;
 mod family;
+pub mod frames;
 pub mod hf_config;
 pub mod merge;
 mod named_shapes;
@@ -38,6 +39,9 @@ pub use decoder::Llama;
 pub use named_shapes::{Shape, shapes};
 pub use training::Training;
 use weights::Weights;
+
+/// The video-language model's named shape (Qwen2-1.5B reading frames).
+pub const VIDEO_SHAPE: &str = "qwen2-1.5b-video";
 
 /// Tokens the planner probes a long run at by default.
 pub const PROBE_TOKENS: usize = 128;
@@ -106,6 +110,14 @@ pub struct LlamaConfig {
     /// them) to continue from instead of fresh adapters; of the run's rank
     /// and targets. The key `--adapter` sets.
     pub adapter: String,
+    /// Most frames a sample contributes, as tokens ahead of its text
+    /// ([`frames`]: a video-language model); 0: the model reads no frames.
+    pub max_frames: usize,
+    /// The encoder each frame goes through (where `max_frames` > 0).
+    pub frame_encoder: crate::vision::VisionConfig,
+    /// Side of a frame's grid of tokens in the LLM: the encoder's grid
+    /// averaged over squares to it.
+    pub frame_grid: usize,
 }
 
 impl Default for LlamaConfig {
@@ -128,6 +140,12 @@ impl Default for LlamaConfig {
             base: String::new(),
             weights: String::new(),
             adapter: String::new(),
+            max_frames: 0,
+            frame_encoder: crate::vision::VisionConfig {
+                train: "frozen".into(),
+                ..Default::default()
+            },
+            frame_grid: 2,
         }
     }
 }
@@ -213,6 +231,59 @@ impl LlamaConfig {
         // Norms and biases stay f32 beside a quantized base.
         let norm_bytes = if storage.format().is_some() { 4 } else { vector_bytes };
         storage.matrix_bytes(matrices) + vector_bytes * tables + norm_bytes * (norms + biases)
+    }
+
+    /// Parameters of the frame encoder and its projector (0: none).
+    pub fn frame_parameters(&self) -> u64 {
+        let Some(&w) = self.frame_encoder.widths.last().filter(|_| self.max_frames > 0) else {
+            return 0;
+        };
+        let [w, l] = [w as u64, self.width as u64];
+        self.frame_encoder.parameters() + 2 * w + (w * l + l) + (l * l + l)
+    }
+
+    /// Tokens the frames of a sample of `task` put ahead of its text.
+    pub fn frame_tokens(&self, task: &crate::data::TaskConfig) -> usize {
+        if self.max_frames == 0 {
+            return 0;
+        }
+        task.frames.min(self.max_frames) * self.frame_grid * self.frame_grid
+    }
+
+    /// The frames of `task` against the model's frame encoder.
+    pub(crate) fn check_frames(&self, task: &crate::data::TaskConfig) -> Result<(), ConfigError> {
+        if task.frames == 0 {
+            return Ok(());
+        }
+        if self.max_frames == 0 {
+            return Err(invalid(
+                "task.frames",
+                format!(
+                    "{} frames a sample, and this model reads none: give a shape with a frame encoder (--shape \
+                     {VIDEO_SHAPE}) or set model.max_frames",
+                    task.frames
+                ),
+            ));
+        }
+        if !task.data.is_empty() {
+            return Err(invalid(
+                "task.frames",
+                "frames are drawn for the synthetic task; a corpus of text has none (leave task.frames at 0)",
+            ));
+        }
+        self.frame_encoder.check(task.frame_size, "task.frame_size")?;
+        let grid = self.frame_encoder.grid(task.frame_size);
+        if self.frame_grid == 0 || !grid.is_multiple_of(self.frame_grid) {
+            return Err(invalid(
+                "model.frame_grid",
+                format!(
+                    "{}: a frame's tokens average squares of the encoder's {grid}×{grid} grid (at {} px): give a \
+                     divisor of {grid}",
+                    self.frame_grid, task.frame_size
+                ),
+            ));
+        }
+        Ok(())
     }
 
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
@@ -487,10 +558,33 @@ impl LlamaConfig {
     /// With `adapter` set, its adapters replace the drawn ones.
     pub fn load<B: Backend>(&self, seed: u64, device: &B::Device) -> Result<Llama<B>, ConfigError> {
         let model = self.load_base(seed, device)?;
-        if self.adapter.is_empty() {
-            return Ok(model);
+        let model = if self.adapter.is_empty() {
+            model
+        } else {
+            peft::apply(model, std::path::Path::new(&self.adapter), self, device)?
+        };
+        Ok(Llama {
+            frames: self.frame_encoder(seed, device),
+            ..model
+        })
+    }
+
+    /// The frame encoder and its projector, where the model reads frames
+    /// (the encoder's weights drawn from `seed`; the projector trains).
+    fn frame_encoder<B: Backend>(&self, seed: u64, device: &B::Device) -> Option<frames::FrameEncoder<B>> {
+        if self.max_frames == 0 {
+            return None;
         }
-        peft::apply(model, std::path::Path::new(&self.adapter), self, device)
+        let e = &self.frame_encoder;
+        let width = *e.widths.last()?;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6672_616d);
+        Some(frames::FrameEncoder::new(
+            e.build::<B>(seed ^ 0x7669_6465, device),
+            crate::vision::LayerNorm::new(width, device),
+            crate::vision::Mlp::new(&mut rng, width, self.width, self.width, device),
+            self.frame_grid,
+            self.max_frames,
+        ))
     }
 
     fn load_base<B: Backend>(&self, seed: u64, device: &B::Device) -> Result<Llama<B>, ConfigError> {
@@ -658,6 +752,7 @@ impl LlamaConfig {
                 eps: self.norm_eps,
             },
             head: (!self.tie_head).then(|| table(weights.matrix("lm_head.weight", [w, self.vocab], 0.02, device))),
+            frames: None,
         };
         (model, quantizing)
     }

@@ -242,6 +242,7 @@ impl Corpus {
             tokens: Tensor::from_data(TensorData::new(tokens, [size, t]), device),
             targets: Tensor::from_data(TensorData::new(targets, [size, t]), device),
             frames: None,
+            video: None,
         }
     }
 

@@ -25,12 +25,19 @@ pub struct Llama<B: Backend> {
     pub head: Option<Param<Tensor<B, 2>>>,
     /// Positions whose logits exist at once in the loss.
     pub(super) loss_chunk: usize,
+    /// The frame encoder, where the model reads frames as tokens.
+    pub frames: Option<super::frames::FrameEncoder<B>>,
 }
 
 impl<B: Backend> Llama<B> {
-    /// The embedded tokens, `[b, t, width]`.
+    /// The embedded tokens, `[b, t, width]`, after the frames' tokens
+    /// where the model reads the batch's frames.
     pub fn embed(&self, batch: &TokenBatch<B>, ac: &Autocast) -> Tensor<B, 3> {
-        self.embed_tokens(batch.tokens.clone(), ac)
+        let text = self.embed_tokens(batch.tokens.clone(), ac);
+        match (&self.frames, &batch.video) {
+            (Some(encoder), Some(video)) => Tensor::cat(vec![encoder.forward(video.clone(), ac), text], 1),
+            _ => text,
+        }
     }
 
     /// `tokens: [b, t]` embedded, `[b, t, width]`.
@@ -52,8 +59,10 @@ impl<B: Backend> Llama<B> {
     /// The mean next-token loss (nats) of the blocks' output `x`.
     pub fn head_loss(&self, x: Tensor<B, 3>, batch: &TokenBatch<B>, ac: &Autocast) -> Tensor<B, 1> {
         let [b, t] = batch.tokens.dims();
+        // The text's positions (the frames' tokens ahead of them have no targets).
+        let [_, all, w] = x.dims();
+        let x = if all > t { x.slice([0..b, all - t..all, 0..w]) } else { x };
         let x = self.final_norm.forward(x, ac);
-        let w = x.dims()[2];
         let head = self.head_matrix();
         // A chunk of positions' logits at a time (a frozen head used as stored).
         vramfit::chunked_loss::chunked_cross_entropy(

@@ -8,7 +8,7 @@ use burn::tensor::backend::AutodiffBackend;
 use vramfit::frozen::BaseStorage;
 use vramfit::fused::Attention;
 
-use super::{Llama, LlamaConfig, PROBE_TOKENS, SEARCH_BASE, Training, peft, shapes};
+use super::{Llama, LlamaConfig, PROBE_TOKENS, SEARCH_BASE, Training, VIDEO_SHAPE, peft, shapes};
 use crate::config::{ConfigError, RoughFloats, invalid};
 use crate::data::{TaskConfig, TokenBatch};
 use crate::tokens::Tokens;
@@ -32,12 +32,7 @@ impl crate::family::ModelSettings for LlamaConfig {
                 "the synthetic task's topics must be ≥ 1 and its p_follow in [0, 1]",
             ));
         }
-        if task.frames > 0 {
-            return Err(invalid(
-                "task.frames",
-                "the llm family reads tokens only (frames are the transformer's: `train transformer`)",
-            ));
-        }
+        self.check_frames(task)?;
         if !(0.0..1.0).contains(&task.validation) {
             return Err(invalid(
                 "task.validation",
@@ -68,16 +63,32 @@ impl crate::family::ModelSettings for LlamaConfig {
                 "a tokenizer reads a text corpus, and no task.data (--data FILE) is given",
             ));
         }
-        if task.tokens > self.context {
+        let frame_tokens = self.frame_tokens(task);
+        if task.tokens + frame_tokens > self.context {
             return Err(invalid(
                 "task.tokens",
                 format!(
-                    "{} tokens do not fit a context of {}: lower task.tokens or raise model.context",
-                    task.tokens, self.context
+                    "{} tokens{} do not fit a context of {}: lower task.tokens or raise model.context",
+                    task.tokens,
+                    if frame_tokens > 0 { format!(" after {frame_tokens} of frames") } else { String::new() },
+                    self.context
                 ),
             ));
         }
         Ok(())
+    }
+
+    /// The video model's frames at their cap, its frames' side and its text.
+    fn named_task(name: &str, task: TaskConfig) -> TaskConfig {
+        match name {
+            VIDEO_SHAPE => TaskConfig {
+                frames: 100,
+                frame_size: 224,
+                tokens: 256,
+                ..task
+            },
+            _ => task,
+        }
     }
 
     fn named(name: &str) -> Result<Self, ConfigError> {
@@ -183,8 +194,10 @@ impl crate::family::ModelSettings for LlamaConfig {
         (self.depth > 2 && self.with_blocks(2).is_some()).then_some(2)
     }
 
+    /// Not where frames come before the text (a sample's sequence is then
+    /// not its text's tokens).
     fn sequence_tokens(task: &TaskConfig) -> Option<usize> {
-        Some(task.tokens)
+        (task.frames == 0).then_some(task.tokens)
     }
 
     fn with_sequence_tokens(task: &TaskConfig, tokens: usize) -> Option<TaskConfig> {
@@ -195,7 +208,7 @@ impl crate::family::ModelSettings for LlamaConfig {
     /// fitted through 128 and 256 (its check measured in
     /// docs/results/llm.md).
     fn default_probe_tokens(&self, task: &TaskConfig) -> Option<usize> {
-        (task.tokens >= 512).then_some(PROBE_TOKENS)
+        (task.tokens >= 512 && task.frames == 0).then_some(PROBE_TOKENS)
     }
 
     /// Each block's projections (and adapters), its attention over all
@@ -214,13 +227,13 @@ impl crate::family::ModelSettings for LlamaConfig {
 
     fn rough_floats(&self, task: &TaskConfig) -> RoughFloats {
         let [w, d, v, f] = [self.width, self.depth, self.vocab, self.ffn].map(|x| x as f64);
-        let t = task.tokens as f64;
+        let t = (task.tokens + self.frame_tokens(task)) as f64;
         let scores = match self.attention {
             Attention::Standard => 2.0 * self.heads as f64 * t * t,
             _ => 0.0,
         };
         RoughFloats {
-            parameters: (self.parameters() + self.adapter_parameters()) as f64,
+            parameters: (self.parameters() + self.adapter_parameters() + self.frame_parameters()) as f64,
             frozen: self.frozen_parameters() as f64,
             frozen_bytes_each: self.frozen_bytes() as f64 / self.frozen_parameters().max(1) as f64,
             // A block keeps some ten widths and four hidden widths a
@@ -334,7 +347,7 @@ impl crate::family::Family<3> for LlamaConfig {
         // Counted from the settings: a quantized matrix is codes, not floats.
         out.insert(
             "parameters".into(),
-            (self.parameters() + self.adapter_parameters()).into(),
+            (self.parameters() + self.adapter_parameters() + self.frame_parameters()).into(),
         );
         out.insert("trainable_bytes".into(), bytes(true).into());
         // Quantized codes are integer parameters, outside `describe`'s floats.

@@ -160,7 +160,7 @@ impl SegmenterConfig {
 
     /// Checks the settings against the task.
     pub fn check_task(&self, task: &SegmenterTask) -> Result<(), ConfigError> {
-        self.encoder.check(task.image)?;
+        self.encoder.check(task.image, "task.image")?;
         self.llm.validate()?;
         let d = self.encoder.neck;
         if !d.is_multiple_of(8) || !d.is_multiple_of(self.decoder.heads.max(1)) {

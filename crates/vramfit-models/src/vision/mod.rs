@@ -197,8 +197,9 @@ impl VisionConfig {
         image / self.reduction()
     }
 
-    /// Checks the shape against an image of side `image`.
-    pub fn check(&self, image: usize) -> Result<(), ConfigError> {
+    /// Checks the shape against an image of side `image` (the setting
+    /// `image_key`).
+    pub fn check(&self, image: usize, image_key: &'static str) -> Result<(), ConfigError> {
         self.training()?;
         let stages = self.widths.len();
         if stages == 0 {
@@ -241,7 +242,7 @@ impl VisionConfig {
         let reduction = self.reduction();
         if image == 0 || !image.is_multiple_of(reduction) {
             return Err(invalid(
-                "task.image",
+                image_key,
                 format!(
                     "an image of {image} px is not a whole number of the encoder's tokens: its patch of {} px and \
                      the stages' merges make a token {reduction} px wide; give an image side that is a multiple of \

@@ -689,6 +689,7 @@ fn the_reference_implementations_logits<B: AutodiffBackend>() {
             tokens: int(tokens.clone()),
             targets: int(targets),
             frames: None,
+            video: None,
         };
         for (precision, tolerance, loss_tolerance) in [(Precision::F32, 1e-4f32, 1e-4), (Precision::Bf16, 0.1, 0.005)] {
             if !crate::common::supports::<B>(precision) {

@@ -54,6 +54,7 @@ fn reference_batch<B: Backend>(arch: &str, device: &B::Device) -> TokenBatch<B> 
         tokens: ints("tokens"),
         targets: ints("targets"),
         frames: None,
+        video: None,
     }
 }
 
