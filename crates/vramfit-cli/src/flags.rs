@@ -99,6 +99,11 @@ pub struct TrainSettings {
     /// parameters, rounding apart). The key `shard_moments`.
     #[arg(long)]
     shard_moments: bool,
+    /// Planning: never lower a setting that costs quality (a video model's
+    /// frames, a segmenter's image size, an llm's tokens) to fit; where
+    /// nothing fits, say what the asked quality needs. The key `keep_quality`.
+    #[arg(long)]
+    keep_quality: bool,
     /// Override one setting, KEY=VALUE (dotted keys reach tables: model.width=128) (repeatable).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
@@ -150,6 +155,7 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
     c.seed = a.seed.unwrap_or(c.seed);
     c.ranks = a.ranks.unwrap_or(c.ranks);
     c.shard_moments |= a.shard_moments;
+    c.keep_quality |= a.keep_quality;
     if !a.storage.is_empty() {
         c.storage = a.storage.clone();
     }

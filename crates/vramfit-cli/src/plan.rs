@@ -204,6 +204,7 @@ fn scene_on<R: cubecl::Runtime>(
 }
 
 /// What a planning command does once its target is built on the device.
+#[derive(Clone)]
 pub enum Action {
     /// `vramfit plan`: the probes, the winner verified, a preset table.
     Show(ShowArgs),
@@ -230,6 +231,7 @@ pub enum Action {
 }
 
 /// What `vramfit plan` was asked for.
+#[derive(Clone)]
 pub struct ShowArgs {
     budget: Option<Budget>,
     gpus: Vec<vramfit::pools::Card>,
@@ -331,15 +333,20 @@ impl<F: Family<D>, const D: usize> OnBackend for OnModel<F, D> {
         B::InnerBackend: DeviceMemory,
     {
         self.action.check()?;
-        let target = match self.probe_blocks {
-            Some(k) => FamilyTarget::<B, F, D>::sliced(self.config, device, k)?,
-            None => FamilyTarget::<B, F, D>::new(self.config, device)?,
+        let (probe_blocks, probe_tokens) = (self.probe_blocks, self.probe_tokens);
+        let build = |config: FamilyConfig<F>| -> Result<FamilyTarget<B, F, D>, vramfit_models::job::TrainError> {
+            let target = match probe_blocks {
+                Some(k) => FamilyTarget::<B, F, D>::sliced(config, device, k)?,
+                None => FamilyTarget::<B, F, D>::new(config, device)?,
+            };
+            let target = match probe_tokens {
+                Some(t) => target.with_probe_tokens(t)?,
+                None => target,
+            };
+            Ok(target.with_device_name(&name))
         };
-        let target = match self.probe_tokens {
-            Some(t) => target.with_probe_tokens(t)?,
-            None => target,
-        };
-        let mut target = target.with_device_name(&name);
+        let config = self.config.clone();
+        let mut target = build(self.config)?;
         if let Action::RunOnRanks {
             budget,
             ranks,
@@ -358,8 +365,40 @@ impl<F: Family<D>, const D: usize> OnBackend for OnModel<F, D> {
             };
             return crate::ranks::run_within_budget_on_ranks(&mut target, budget, probe_batch, &on);
         }
-        self.action.on(&mut target, &name)
+        let budget = self.action.budget();
+        let again = self.action.clone();
+        match (self.action.on(&mut target, &name), budget) {
+            // Nothing fits at the quality asked: the library lowers it as
+            // little as it must (unless the run keeps it) and the same
+            // action runs at the value found.
+            (Err(e), Some(budget)) if nothing_fits(&e) => {
+                match vramfit_models::quality::within_budget(&config, budget, build)? {
+                    Some((lowered, given)) => {
+                        println!(
+                            "\nnothing fits {} at the quality asked ({e}); giving up quality: {given} ({} = {}; \
+                             --keep-quality forbids it)",
+                            vramfit::profile::human_bytes(budget),
+                            given.key,
+                            given.planned
+                        );
+                        let mut target = build(lowered)?;
+                        again.on(&mut target, &name)
+                    }
+                    None => Err(e),
+                }
+            }
+            (result, _) => result,
+        }
     }
+}
+
+/// Whether `e` says no plan fits the budget (what a lower quality may cure).
+fn nothing_fits(e: &anyhow::Error) -> bool {
+    let infeasible = |p: &vramfit::plan::PlanError| matches!(p, vramfit::plan::PlanError::Infeasible { .. });
+    e.downcast_ref::<vramfit::plan::PlanError>().is_some_and(infeasible)
+        || e
+            .downcast_ref::<vramfit::plan::BudgetError<vramfit_models::job::TrainError>>()
+            .is_some_and(|b| matches!(b, vramfit::plan::BudgetError::Plan(p) if infeasible(p)))
 }
 
 struct OnSplat {
@@ -477,6 +516,15 @@ impl<R: cubecl::Runtime> PlanTarget for vramfit_scene::gpu::plan::SceneTarget<R>
 }
 
 impl Action {
+    /// The budget it plans into (bytes), if any.
+    fn budget(&self) -> Option<u64> {
+        match self {
+            Action::Show(show) => show.budget.map(|b| b.bytes),
+            Action::Run { budget, .. } => Some(budget.bytes),
+            Action::Bench(_) | Action::RunOnRanks { .. } => None,
+        }
+    }
+
     /// Refuses output paths before anything is probed.
     fn check(&self) -> Result<()> {
         match self {

@@ -43,6 +43,7 @@ pub struct Args<S: clap::Args> {
 }
 
 /// What the benchmark was asked for.
+#[derive(Clone)]
 pub struct Request {
     fractions: Vec<f64>,
     sweep: bool,

@@ -36,6 +36,12 @@ fn print_row(r: &TracedRow) {
         None => "not traced",
     };
     println!("  {card:<26} {peak:>12} {ms:>12}  {plan}");
+    if let Some(given) = &r.quality {
+        println!(
+            "      quality given up: {given} (nothing fits at {} {}; --keep-quality forbids it)",
+            given.asked, given.name
+        );
+    }
     if let Some(why) = &r.why_not {
         println!("      {why}");
     }

@@ -63,7 +63,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "RUN_DIR", conflicts_with_all = [
         "config", "precision", "checkpoint", "micro_batch", "accumulate", "batch_size", "steps",
         "storage", "moments", "allocator_cleanup", "attention", "seed", "out", "set", "budget",
-        "shard_moments", "shape", "train", "weights", "data", "adapter"])]
+        "shard_moments", "keep_quality", "shape", "train", "weights", "data", "adapter"])]
     resume: Option<PathBuf>,
     #[command(flatten)]
     device: crate::device::DeviceArg,

@@ -152,6 +152,24 @@ pub trait ModelSettings:
         self
     }
 
+    /// The setting of `task` that costs quality, which the planner lowers
+    /// only where no plan fits at the value asked for
+    /// ([`vramfit::plan::quality`]); `None`: the family has none.
+    fn quality_knob(&self, _task: &Self::Task) -> Option<vramfit::plan::quality::QualityKnob> {
+        None
+    }
+
+    /// Where `keep_quality` is set: refuses a task the model would read
+    /// less of than it asks (frames above the model's cap).
+    fn check_kept_quality(&self, _task: &Self::Task) -> Result<(), ConfigError> {
+        Ok(())
+    }
+
+    /// `task` with its quality knob at `value`.
+    fn with_quality(_task: &Self::Task, _value: usize) -> Option<Self::Task> {
+        None
+    }
+
     /// `task` at the sizes a published shape is trained at (`--shape NAME`:
     /// a segmenter's image side and prompt); by default as it is.
     fn named_task(_name: &str, task: Self::Task) -> Self::Task {
@@ -217,6 +235,10 @@ pub struct FamilyConfig<M: ModelSettings> {
     /// and accumulated gradients of about 1/N of the parameters, updates
     /// those and broadcasts them; the unsharded parameters, rounding apart.
     pub shard_moments: bool,
+    /// The planner may not lower a setting that costs quality (frames, an
+    /// image's size, tokens: [`vramfit::plan::quality`]): where nothing
+    /// fits at the asked quality it says what that needs instead.
+    pub keep_quality: bool,
     /// Seed of the weights.
     pub seed: u64,
     /// Steps between lines of `metrics.jsonl`.
@@ -308,6 +330,7 @@ impl<M: ModelSettings> Default for FamilyConfig<M> {
             allocator_cleanup: "never".into(),
             ranks: 1,
             shard_moments: false,
+            keep_quality: false,
             seed: 0,
             log_every: 10,
             checkpoint_every: 100,
@@ -436,6 +459,9 @@ impl<M: ModelSettings> FamilyConfig<M> {
             }
         }
         self.model.check(&self.task)?;
+        if self.keep_quality {
+            self.model.check_kept_quality(&self.task)?;
+        }
         if self.steps == 0 {
             return Err(invalid("steps", "must be at least 1"));
         }

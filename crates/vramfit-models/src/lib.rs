@@ -35,6 +35,7 @@ pub mod gpt;
 pub mod job;
 pub mod llama;
 pub mod plan;
+pub mod quality;
 pub mod safetensors;
 pub mod segmenter;
 pub mod tokens;

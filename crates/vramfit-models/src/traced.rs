@@ -31,12 +31,74 @@ pub struct TracedCards {
 }
 
 /// Each card's plan for `config`: every plan of the traced search traced
-/// once on shapes and replayed for each card.
+/// once on shapes and replayed for each card. Where none fits a card at
+/// the quality asked, and `keep_quality` is not set, the family's quality
+/// knob ([`crate::family::ModelSettings::quality_knob`]) is lowered as
+/// little as it must: the largest value at which the card's leanest plan
+/// fits is found by bisection (a trace of that plan each), and the search
+/// is run again there; the row says what was given up.
 pub fn traced_cards<F: Family<D>, const D: usize>(
     config: FamilyConfig<F>,
     cards: &[Card],
 ) -> Result<TracedCards, TrainError> {
+    let start = Instant::now();
+    let mut out = traced_at(&config, cards)?;
+    let knob = match config.model.quality_knob(&config.task) {
+        Some(k) if !config.keep_quality && !k.lower.is_empty() => k,
+        _ => return Ok(out),
+    };
+    // Each card none fits: the largest lower value its leanest plan fits at.
+    let mut lowered: Vec<(usize, vramfit::plan::quality::GivenUp)> = Vec::new();
+    for (c, row) in out.rows.iter().enumerate() {
+        let (Some(false), Some(leanest)) = (row.fits, &row.leanest) else {
+            continue;
+        };
+        let card = &cards[c];
+        let space = crate::plan::space_of::<Autodiff<Shapes>, F, D>(&config, &ShapeDevice)?;
+        let given = knob.largest(|value| -> Result<bool, TrainError> {
+            let Some(task) = F::with_quality(&config.task, value) else {
+                return Ok(false);
+            };
+            let at = FamilyConfig { task, ..config.clone() };
+            let settings = crate::plan::apply(&at, leanest, at.batch_size, &space);
+            let Ok(traced) = trace_settings(settings, TRACED_STEPS) else {
+                return Ok(false);
+            };
+            out.plans_traced += 1;
+            out.operations += traced.operations;
+            Ok(vramfit::pools::replay(&traced.trace, &card.allocator).is_ok_and(|r| {
+                r.reserved_peak as f64 * (1.0 + vramfit::plan::traced::TRACE_MARGIN) <= card.memory_bytes as f64
+            }))
+        })?;
+        if let Some(given) = given {
+            lowered.push((c, given));
+        }
+    }
+    // The search again at each value found, for the cards it was found for.
+    let mut values: Vec<usize> = lowered.iter().map(|(_, g)| g.planned).collect();
+    values.sort_unstable();
+    values.dedup();
+    for value in values {
+        let which: Vec<usize> = lowered.iter().filter(|(_, g)| g.planned == value).map(|(c, _)| *c).collect();
+        let task = F::with_quality(&config.task, value).expect("found above");
+        let at = FamilyConfig { task, ..config.clone() };
+        let subset: Vec<Card> = which.iter().map(|&c| cards[c].clone()).collect();
+        let again = traced_at(&at, &subset)?;
+        out.plans_traced += again.plans_traced;
+        out.operations += again.operations;
+        for (mut row, &c) in again.rows.into_iter().zip(&which) {
+            row.quality = lowered.iter().find(|(i, _)| *i == c).map(|(_, g)| g.clone());
+            out.rows[c] = row;
+        }
+    }
+    out.seconds = start.elapsed().as_secs_f64();
+    Ok(out)
+}
+
+/// [`traced_cards`] at the quality `config` asks for.
+fn traced_at<F: Family<D>, const D: usize>(config: &FamilyConfig<F>, cards: &[Card]) -> Result<TracedCards, TrainError> {
     type S = Autodiff<Shapes>;
+    let config = config.clone();
     let start = Instant::now();
     config.resolve::<S>(&ShapeDevice)?;
     config.model.data(&config.task)?;

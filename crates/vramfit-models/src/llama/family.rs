@@ -7,6 +7,7 @@ use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 use vramfit::frozen::BaseStorage;
 use vramfit::fused::Attention;
+use vramfit::plan::quality::QualityKnob;
 
 use super::{Llama, LlamaConfig, PROBE_TOKENS, SEARCH_BASE, Training, VIDEO_SHAPE, peft, shapes};
 use crate::config::{ConfigError, RoughFloats, invalid};
@@ -112,6 +113,55 @@ impl crate::family::ModelSettings for LlamaConfig {
 
     fn attention(&self) -> Option<Attention> {
         Some(self.attention)
+    }
+
+    /// The frames a sample reads, where it has frames; else its tokens
+    /// (in steps of 64 from 128 up).
+    fn quality_knob(&self, task: &TaskConfig) -> Option<QualityKnob> {
+        if task.frames > 0 && self.max_frames > 0 {
+            let asked = task.frames.min(self.max_frames);
+            return Some(QualityKnob {
+                name: "frames".into(),
+                key: "task.frames".into(),
+                asked,
+                lower: (1..asked).collect(),
+            });
+        }
+        let step = if task.tokens >= 128 { 64 } else { 1 };
+        Some(QualityKnob {
+            name: "tokens".into(),
+            key: "task.tokens".into(),
+            asked: task.tokens,
+            lower: QualityKnob::multiples_below(task.tokens, step),
+        })
+    }
+
+    fn check_kept_quality(&self, task: &TaskConfig) -> Result<(), ConfigError> {
+        if self.max_frames > 0 && task.frames > self.max_frames {
+            return Err(invalid(
+                "task.frames",
+                format!(
+                    "{} frames a sample, above the model's cap of {} (model.max_frames), and keep_quality forbids \
+                     reading fewer: lower task.frames to {} or raise model.max_frames",
+                    task.frames, self.max_frames, self.max_frames
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn with_quality(task: &TaskConfig, value: usize) -> Option<TaskConfig> {
+        Some(if task.frames > 0 {
+            TaskConfig {
+                frames: value,
+                ..task.clone()
+            }
+        } else {
+            TaskConfig {
+                tokens: value,
+                ..task.clone()
+            }
+        })
     }
 
     /// A 16-bit base in a type the device lacks (wgpu has no bf16). A

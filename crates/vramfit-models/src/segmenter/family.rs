@@ -6,6 +6,7 @@ use burn::module::AutodiffModule;
 use burn::tensor::backend::AutodiffBackend;
 use vramfit::frozen::BaseStorage;
 use vramfit::fused::Attention;
+use vramfit::plan::quality::QualityKnob;
 
 use super::{SegBatch, Segmenter, SegmenterConfig, SegmenterTask, Synthetic, shapes};
 use crate::config::{ConfigError, RoughFloats, invalid};
@@ -51,6 +52,25 @@ impl ModelSettings for SegmenterConfig {
             },
             _ => task,
         }
+    }
+
+    /// The image's side, in the steps the encoder's tokens and the LLM's
+    /// grid allow.
+    fn quality_knob(&self, task: &SegmenterTask) -> Option<QualityKnob> {
+        let step = self.encoder.reduction() * self.llm_grid;
+        Some(QualityKnob {
+            name: "image px".into(),
+            key: "task.image".into(),
+            asked: task.image,
+            lower: QualityKnob::multiples_below(task.image, step).into_iter().filter(|&v| v >= 8).collect(),
+        })
+    }
+
+    fn with_quality(task: &SegmenterTask, value: usize) -> Option<SegmenterTask> {
+        Some(SegmenterTask {
+            image: value,
+            ..task.clone()
+        })
     }
 
     fn attention(&self) -> Option<Attention> {

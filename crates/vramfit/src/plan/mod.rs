@@ -55,6 +55,7 @@ mod on_ranks;
 mod pipeline;
 mod planned;
 mod probe;
+pub mod quality;
 pub mod slice;
 mod strategy;
 pub mod tokens;

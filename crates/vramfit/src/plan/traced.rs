@@ -112,6 +112,14 @@ pub struct TracedRow {
     /// Why none fits.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub why_not: Option<String>,
+    /// The quality the plan gives up, where nothing fits at the asked
+    /// quality and the run allows it ([`super::quality`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quality: Option<super::quality::GivenUp>,
+    /// Where none fits: the plan whose replayed peak on this card is the
+    /// least (what a lower quality is tried with first).
+    #[serde(skip)]
+    pub leanest: Option<Knobs>,
 }
 
 /// Plans named in a row's `passed_over` at most.
@@ -175,6 +183,8 @@ pub fn rows(
                 not_seen: NOT_SEEN.into(),
                 passed_over: Vec::new(),
                 why_not: None,
+                quality: None,
+                leanest: None,
             };
             let mut decided = 0;
             let mut failures = Vec::new();
@@ -244,12 +254,13 @@ pub fn rows(
                     ));
                 } else {
                     // Every traced plan was replayed for this card on the way.
-                    let leanest = replays
+                    let lean = replays
                         .iter()
                         .filter(|((card, _), _)| *card == c)
-                        .filter_map(|(_, r)| r.as_ref().ok())
-                        .map(|r| r.reserved_peak)
+                        .filter_map(|((_, i), r)| r.as_ref().ok().map(|r| (r.reserved_peak, *i)))
                         .min();
+                    row.leanest = lean.map(|(_, i)| traced[i].0.clone());
+                    let leanest = lean.map(|(p, _)| p);
                     row.fits = Some(false);
                     row.why_not = Some(match leanest {
                         Some(p) => format!(
