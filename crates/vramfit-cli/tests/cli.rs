@@ -2540,3 +2540,59 @@ fn a_checkpoints_config_json_gives_the_shape() {
     refused_saying(&o, "`hidden_size` is 32, but this run's model.width is 64");
     assert!(!d.join("x").exists());
 }
+
+/// A budgeted run of a video llm that no plan fits at its 8 frames gives
+/// up frames (only then, as few as it must), says so and runs within the
+/// budget; `--keep-quality` refuses it with the budget 8 frames need, and
+/// frames above the model's cap with it are refused by name.
+#[test]
+fn a_budgeted_run_gives_up_frames_only_where_nothing_fits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let video = [
+        "--set",
+        "model.max_frames=8",
+        "--set",
+        "model.frame_grid=4",
+        "--set",
+        "model.width=128",
+        "--set",
+        "model.context=512",
+        "--set",
+        "task.frame_size=64",
+        "--batch-size",
+        "4",
+        "--steps",
+        "2",
+    ];
+    let train = |frames: &str, extra: &[&str]| {
+        let args = [&["train", "llm", "--set", frames][..], &video, extra].concat();
+        run(&args, d)
+    };
+    // 8 frames need a budget of 16 MiB, 2 frames 14 MiB (measured, `plan
+    // --budget 1MiB --keep-quality`); the runs with enough budget that
+    // give up nothing are the other budgeted tests'.
+    let o = train("task.frames=8", &["--budget", "15MiB", "--out", "r"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    let said = out
+        .lines()
+        .find(|l| l.contains("giving up quality: frames 8 → "))
+        .unwrap_or_else(|| panic!("{out}"));
+    let config = std::fs::read_to_string(d.join("r/config.toml")).unwrap();
+    let frames: usize = config
+        .lines()
+        .find_map(|l| l.strip_prefix("frames = "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{config}"));
+    assert!((1..8).contains(&frames) && said.contains(&format!("→ {frames} ")), "{said}");
+    let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("r/summary.json")).unwrap()).unwrap();
+    assert!(summary["peak_memory_bytes"].as_u64().unwrap() <= 15 << 20, "{summary}");
+    // Kept: refused, naming the budget that keeps 8 frames.
+    let o = train("task.frames=8", &["--budget", "15MiB", "--keep-quality", "--out", "k"]);
+    refused_saying(&o, "a budget that works is");
+    assert!(!d.join("k").exists());
+    let o = train("task.frames=12", &["--budget", "64MiB", "--keep-quality", "--out", "cap"]);
+    refused_saying(&o, "above the model's cap of 8 (model.max_frames), and keep_quality forbids");
+    assert!(!d.join("cap").exists());
+}

@@ -197,7 +197,7 @@ where
 
 /// The knob space of `base` on `device`: its model is built once to count
 /// its parameters and groups.
-pub(crate) fn space_of<B, F: Family<D>, const D: usize>(
+pub fn space_of<B, F: Family<D>, const D: usize>(
     base: &FamilyConfig<F>,
     device: &B::Device,
 ) -> Result<Space, TrainError>

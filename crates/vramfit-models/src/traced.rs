@@ -34,9 +34,11 @@ pub struct TracedCards {
 /// once on shapes and replayed for each card. Where none fits a card at
 /// the quality asked, and `keep_quality` is not set, the family's quality
 /// knob ([`crate::family::ModelSettings::quality_knob`]) is lowered as
-/// little as it must: the largest value at which the card's leanest plan
-/// fits is found by bisection (a trace of that plan each), and the search
-/// is run again there; the row says what was given up.
+/// little as it must: a bisection over its values, each tried with the
+/// card's [`vramfit::plan::traced::LEANEST_KEPT`] leanest plans at the asked value (a trace of
+/// each), then the whole search one value up and at the value found (one
+/// up fitting, the value rises again): a lowered row is the fastest plan
+/// at the most the card holds, and no plan fits one value more.
 pub fn traced_cards<F: Family<D>, const D: usize>(
     config: FamilyConfig<F>,
     cards: &[Card],
@@ -47,49 +49,69 @@ pub fn traced_cards<F: Family<D>, const D: usize>(
         Some(k) if !config.keep_quality && !k.lower.is_empty() => k,
         _ => return Ok(out),
     };
-    // Each card none fits: the largest lower value its leanest plan fits at.
-    let mut lowered: Vec<(usize, vramfit::plan::quality::GivenUp)> = Vec::new();
-    for (c, row) in out.rows.iter().enumerate() {
-        let (Some(false), Some(leanest)) = (row.fits, &row.leanest) else {
+    let space = crate::plan::space_of::<Autodiff<Shapes>, F, D>(&config, &ShapeDevice)?;
+    let at = |value: usize| {
+        F::with_quality(&config.task, value).map(|task| FamilyConfig {
+            task,
+            ..config.clone()
+        })
+    };
+    for (c, card) in cards.iter().enumerate() {
+        if out.rows[c].fits != Some(false) || out.rows[c].leanest.is_empty() {
+            continue;
+        }
+        let leanest = out.rows[c].leanest.clone();
+        let (mut traced, mut operations) = (0, 0);
+        let given = knob.largest(|value| -> Result<bool, TrainError> {
+            let Some(at) = at(value) else {
+                return Ok(false);
+            };
+            for knobs in &leanest {
+                let settings = crate::plan::apply(&at, knobs, at.batch_size, &space);
+                let Ok(t) = trace_settings(settings, TRACED_STEPS) else {
+                    continue;
+                };
+                traced += 1;
+                operations += t.operations;
+                let fits = vramfit::pools::replay(&t.trace, &card.allocator).is_ok_and(|r| {
+                    r.reserved_peak as f64 * (1.0 + vramfit::plan::traced::TRACE_MARGIN) <= card.memory_bytes as f64
+                });
+                if fits {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        })?;
+        out.plans_traced += traced;
+        out.operations += operations;
+        let Some(mut given) = given else {
             continue;
         };
-        let card = &cards[c];
-        let space = crate::plan::space_of::<Autodiff<Shapes>, F, D>(&config, &ShapeDevice)?;
-        let given = knob.largest(|value| -> Result<bool, TrainError> {
-            let Some(task) = F::with_quality(&config.task, value) else {
-                return Ok(false);
-            };
-            let at = FamilyConfig { task, ..config.clone() };
-            let settings = crate::plan::apply(&at, leanest, at.batch_size, &space);
-            let Ok(traced) = trace_settings(settings, TRACED_STEPS) else {
-                return Ok(false);
-            };
-            out.plans_traced += 1;
-            out.operations += traced.operations;
-            Ok(vramfit::pools::replay(&traced.trace, &card.allocator).is_ok_and(|r| {
-                r.reserved_peak as f64 * (1.0 + vramfit::plan::traced::TRACE_MARGIN) <= card.memory_bytes as f64
-            }))
-        })?;
-        if let Some(given) = given {
-            lowered.push((c, given));
+        // The whole search one value up: another plan may fit there.
+        let mut row = None;
+        let values: Vec<usize> = knob.lower.iter().copied().filter(|&v| v > given.planned).collect();
+        for &up in &values {
+            let searched = traced_at(&at(up).expect("a lower value"), std::slice::from_ref(card))?;
+            out.plans_traced += searched.plans_traced;
+            out.operations += searched.operations;
+            let found = searched.rows.into_iter().next().expect("one card");
+            if found.fits != Some(true) {
+                break;
+            }
+            given.planned = up;
+            row = Some(found);
         }
-    }
-    // The search again at each value found, for the cards it was found for.
-    let mut values: Vec<usize> = lowered.iter().map(|(_, g)| g.planned).collect();
-    values.sort_unstable();
-    values.dedup();
-    for value in values {
-        let which: Vec<usize> = lowered.iter().filter(|(_, g)| g.planned == value).map(|(c, _)| *c).collect();
-        let task = F::with_quality(&config.task, value).expect("found above");
-        let at = FamilyConfig { task, ..config.clone() };
-        let subset: Vec<Card> = which.iter().map(|&c| cards[c].clone()).collect();
-        let again = traced_at(&at, &subset)?;
-        out.plans_traced += again.plans_traced;
-        out.operations += again.operations;
-        for (mut row, &c) in again.rows.into_iter().zip(&which) {
-            row.quality = lowered.iter().find(|(i, _)| *i == c).map(|(_, g)| g.clone());
-            out.rows[c] = row;
-        }
+        let mut row = match row {
+            Some(r) => r,
+            None => {
+                let searched = traced_at(&at(given.planned).expect("found above"), std::slice::from_ref(card))?;
+                out.plans_traced += searched.plans_traced;
+                out.operations += searched.operations;
+                searched.rows.into_iter().next().expect("one card")
+            }
+        };
+        row.quality = Some(given);
+        out.rows[c] = row;
     }
     out.seconds = start.elapsed().as_secs_f64();
     Ok(out)

@@ -136,3 +136,69 @@ fn segmenter_traces_on_shapes() {
         compare(&format!("segmenter {precision} {base} {checkpoint}"), &cpu, &shapes, BOUND, BOUND);
     }
 }
+
+/// A video llm small enough to trace in seconds, whose frames hold most of
+/// its activations: 16 frames of 16 tokens ahead of 32 text tokens.
+fn video_llm() -> vramfit_models::llama::LlmConfig {
+    let mut c = llm(STEPS, "all", "f32", "", "standard", "none");
+    c.batch_size = 2;
+    c.micro_batch = 2;
+    c.model.max_frames = 16;
+    c.model.frame_grid = 4;
+    c.task.frames = 16;
+    c.task.frame_size = 32;
+    c.task.tokens = 32;
+    c.model.context = 512;
+    c
+}
+
+/// The per-card table lowers the frames only for a card no exact plan
+/// fits at the asked 16, to the most frames at which one does (one more
+/// fits none), never for a card one fits; `keep_quality` forbids it.
+#[test]
+fn quality_is_given_up_only_where_no_exact_plan_fits() {
+    use vramfit_models::traced::{trace_settings, traced_cards};
+    let config = video_llm();
+    let gib = |g: u64| g << 30;
+    // The leanest plan at 16 frames and at 1, replayed for an 8 GiB card:
+    // a card just above the second (none fits it at 16: checked last)
+    // needs fewer frames.
+    let probe = traced_cards(
+        vramfit_models::config::FamilyConfig { keep_quality: true, ..config.clone() },
+        &[Card::cuda("32 MiB", 32 << 20)],
+    )
+    .unwrap();
+    let leanest = probe.rows[0].leanest.first().cloned().expect("none fits 32 MiB");
+    let space = vramfit_models::plan::space_of::<Autodiff<Shapes>, LlamaConfig, 3>(&config, &ShapeDevice).unwrap();
+    let peak = |frames: usize| {
+        let mut at = config.clone();
+        at.task.frames = frames;
+        let settings = vramfit_models::plan::apply(&at, &leanest, at.batch_size, &space);
+        let t = trace_settings(settings, STEPS).unwrap();
+        replay(&t.trace, &Card::cuda("8", gib(8)).allocator).unwrap().reserved_peak
+    };
+    let (all, one) = (peak(16), peak(1));
+    assert!(all > one + (4 << 20), "the frames hold much of the step: {one} → {all}");
+    // Room for the leanest plan at one frame, with the margin and a tenth.
+    let middle = Card::cuda("middle", one * 105 / 100 * 11 / 10);
+    let big = Card::cuda("big", gib(8));
+    let rows = traced_cards(config.clone(), &[big.clone(), middle.clone()]).unwrap().rows;
+    eprintln!("{:?}", rows.iter().map(|r| (&r.plan, &r.quality, r.peak_bytes)).collect::<Vec<_>>());
+    assert_eq!(rows[0].fits, Some(true));
+    assert_eq!(rows[0].quality, None, "a card an exact plan fits gives up nothing");
+    let given = rows[1].quality.clone().expect("the middle card gives up frames");
+    assert!(given.asked == 16 && given.planned < 16 && given.key == "task.frames", "{given:?}");
+    assert_eq!(rows[1].fits, Some(true));
+    assert!(rows[1].peak_bytes.unwrap() as f64 * 1.05 <= middle.memory_bytes as f64);
+    // One frame more: no plan fits the middle card (the least given up).
+    let mut more = config.clone();
+    more.task.frames = given.planned + 1;
+    more.keep_quality = true;
+    let row = &traced_cards(more, std::slice::from_ref(&middle)).unwrap().rows[0];
+    assert_eq!(row.fits, Some(false), "{} frames fit as well: {:?}", given.planned + 1, row.plan);
+    // Kept: refused, with what the leanest plan needs.
+    let kept = vramfit_models::config::FamilyConfig { keep_quality: true, ..config };
+    let row = &traced_cards(kept, &[middle]).unwrap().rows[0];
+    assert_eq!((row.fits, &row.quality), (Some(false), &None));
+    assert!(row.why_not.as_deref().unwrap_or("").contains("the leanest reserves"), "{row:?}");
+}

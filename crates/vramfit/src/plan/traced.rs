@@ -116,11 +116,15 @@ pub struct TracedRow {
     /// quality and the run allows it ([`super::quality`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub quality: Option<super::quality::GivenUp>,
-    /// Where none fits: the plan whose replayed peak on this card is the
-    /// least (what a lower quality is tried with first).
+    /// Where none fits: the plans whose replayed peaks on this card are
+    /// the least ([`LEANEST_KEPT`] of them, the leanest first): what a
+    /// lower quality is tried with first.
     #[serde(skip)]
-    pub leanest: Option<Knobs>,
+    pub leanest: Vec<Knobs>,
 }
+
+/// Plans a row none fits keeps as its leanest.
+pub const LEANEST_KEPT: usize = 8;
 
 /// Plans named in a row's `passed_over` at most.
 const PASSED_OVER_SHOWN: usize = 8;
@@ -184,7 +188,7 @@ pub fn rows(
                 passed_over: Vec::new(),
                 why_not: None,
                 quality: None,
-                leanest: None,
+                leanest: Vec::new(),
             };
             let mut decided = 0;
             let mut failures = Vec::new();
@@ -254,13 +258,14 @@ pub fn rows(
                     ));
                 } else {
                     // Every traced plan was replayed for this card on the way.
-                    let lean = replays
+                    let mut lean: Vec<(u64, usize)> = replays
                         .iter()
                         .filter(|((card, _), _)| *card == c)
                         .filter_map(|((_, i), r)| r.as_ref().ok().map(|r| (r.reserved_peak, *i)))
-                        .min();
-                    row.leanest = lean.map(|(_, i)| traced[i].0.clone());
-                    let leanest = lean.map(|(p, _)| p);
+                        .collect();
+                    lean.sort_unstable();
+                    row.leanest = lean.iter().take(LEANEST_KEPT).map(|&(_, i)| traced[i].0.clone()).collect();
+                    let leanest = lean.first().map(|&(p, _)| p);
                     row.fits = Some(false);
                     row.why_not = Some(match leanest {
                         Some(p) => format!(
