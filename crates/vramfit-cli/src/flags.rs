@@ -78,7 +78,9 @@ pub struct TrainSettings {
     /// (.txt, documents separated by blank lines) or JSON lines (.jsonl, a
     /// `text` field each), text tokenized with the checkpoint's
     /// tokenizer.json; packed to task.tokens, task.validation of it held out
-    /// for validation loss and perplexity. The key `task.data`.
+    /// for validation loss and perplexity. The segmenter: a folder of
+    /// `images/` and `masks/` (PNG, same names; square, task.image px). The
+    /// key `task.data`.
     #[arg(long, value_name = "FILE")]
     data: Option<PathBuf>,
     /// The llm under LoRA: continue from this adapter in PEFT's layout (a
@@ -209,9 +211,10 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
         }
     }
     if let Some(data) = &a.data {
-        if M::NAME != "llm" {
+        if !matches!(M::NAME, "llm" | "segmenter") {
             anyhow::bail!(
-                "--data: `train {}` trains on its synthetic task; a corpus is the llm's",
+                "--data: `train {}` trains on its synthetic task; a corpus is the llm's, a folder of images and \
+                 masks the segmenter's",
                 M::NAME
             );
         }

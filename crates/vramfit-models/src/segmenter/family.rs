@@ -8,12 +8,9 @@ use vramfit::frozen::BaseStorage;
 use vramfit::fused::Attention;
 use vramfit::plan::quality::QualityKnob;
 
-use super::{SegBatch, Segmenter, SegmenterConfig, SegmenterTask, Synthetic, shapes};
+use super::{SegBatch, SegData, Segmenter, SegmenterConfig, SegmenterTask, Synthetic, shapes};
 use crate::config::{ConfigError, RoughFloats, invalid};
 use crate::family::ModelSettings;
-
-/// The held-out images' batches come from steps no run reaches.
-const HELD_OUT_STEP: u64 = u64::MAX / 2;
 
 impl ModelSettings for SegmenterConfig {
     type Task = SegmenterTask;
@@ -139,24 +136,36 @@ impl ModelSettings for SegmenterConfig {
 
 impl crate::family::Family<3> for SegmenterConfig {
     type Net<B: AutodiffBackend> = Segmenter<B>;
-    type Data = Synthetic;
+    type Data = SegData;
 
     fn init<B: AutodiffBackend>(&self, seed: u64, device: &B::Device) -> Result<Segmenter<B>, ConfigError> {
         self.load(seed, device)
     }
 
-    fn data(&self, task: &SegmenterTask) -> Result<Synthetic, ConfigError> {
-        Ok(Synthetic {
+    fn data(&self, task: &SegmenterTask) -> Result<SegData, ConfigError> {
+        if !task.data.is_empty() {
+            return super::folder::Pairs::open(std::path::Path::new(&task.data), task.image, task.prompt)
+                .map(SegData::Folder)
+                .map_err(|e| invalid("task.data", e.to_string()));
+        }
+        Ok(SegData::Synthetic(Synthetic {
             image: task.image,
             channels: self.encoder.channels,
             prompt: task.prompt,
             classes: task.classes,
             objects: task.objects,
             seed: task.seed,
-        })
+        }))
     }
 
-    fn batch<B: AutodiffBackend>(data: &Synthetic, step: u64, size: usize, device: &B::Device) -> SegBatch<B> {
+    fn data_fingerprint(data: &SegData) -> Option<String> {
+        match data {
+            SegData::Folder(f) => Some(f.fingerprint().to_string()),
+            SegData::Synthetic(_) => None,
+        }
+    }
+
+    fn batch<B: AutodiffBackend>(data: &SegData, step: u64, size: usize, device: &B::Device) -> SegBatch<B> {
         data.batch::<B>(step, size, device)
     }
 
@@ -166,7 +175,7 @@ impl crate::family::Family<3> for SegmenterConfig {
 
     /// The mean Dice of the thresholded masks on held-out images.
     fn evaluate<B: AutodiffBackend>(
-        data: &Synthetic,
+        data: &SegData,
         net: &Segmenter<B>,
         micro_batch: usize,
         autocast: &vramfit::precision::Autocast,
@@ -182,7 +191,7 @@ impl crate::family::Family<3> for SegmenterConfig {
 
     fn summary<B: AutodiffBackend>(
         &self,
-        data: &Synthetic,
+        data: &SegData,
         net: &Segmenter<B>,
         batch_size: usize,
         micro_batch: usize,
@@ -205,10 +214,10 @@ impl crate::family::Family<3> for SegmenterConfig {
     }
 }
 
-/// The mean Dice over `images` held-out images, `micro_batch` at a time,
-/// without autodiff.
+/// The mean Dice over `images` held-out images (a folder's held-out pairs
+/// at most), `micro_batch` at a time, without autodiff.
 pub fn held_out_dice<B: AutodiffBackend>(
-    data: &Synthetic,
+    data: &SegData,
     net: &Segmenter<B>,
     images: usize,
     micro_batch: usize,
@@ -219,11 +228,15 @@ pub fn held_out_dice<B: AutodiffBackend>(
         return 0.0;
     }
     let net = net.valid();
+    let images = match data {
+        SegData::Folder(f) => images.min(f.held_out()),
+        SegData::Synthetic(_) => images,
+    };
     let (mut sum, mut n) = (0.0, 0usize);
     let size = micro_batch.clamp(1, images);
-    let mut step = HELD_OUT_STEP;
+    let mut step = 0;
     while n < images {
-        let batch = data.batch::<B::InnerBackend>(step, size.min(images - n), device);
+        let batch = data.held_out::<B::InnerBackend>(step, size.min(images - n), device);
         let logits = net.predict(&batch, autocast);
         for d in super::mask_decoder::dice(logits, batch.masks) {
             sum += d;

@@ -21,10 +21,11 @@ use crate::vision::{LayerNorm, Mlp, VisionConfig};
 
 pub mod data;
 mod family;
+pub mod folder;
 pub mod mask_decoder;
 pub mod model;
 
-pub use data::{SegBatch, Synthetic};
+pub use data::{SegBatch, SegData, Synthetic};
 pub use family::held_out_dice;
 pub use model::{SegBlock, Segmenter};
 
@@ -117,6 +118,9 @@ pub struct SegmenterTask {
     pub eval_every: u64,
     /// Held-out images an evaluation reads.
     pub eval_images: usize,
+    /// A folder of images and masks to train on instead of the synthetic
+    /// task ([`folder`]: `images/` and `masks/`); empty: the synthetic task.
+    pub data: String,
 }
 
 impl Default for SegmenterTask {
@@ -129,6 +133,7 @@ impl Default for SegmenterTask {
             seed: 7,
             eval_every: 0,
             eval_images: 16,
+            data: String::new(),
         }
     }
 }
@@ -236,6 +241,15 @@ impl SegmenterConfig {
                 format!(
                     "{tokens} tokens ({}² image tokens and a prompt of {}) do not fit a context of {}",
                     self.llm_grid, task.prompt, self.llm.context
+                ),
+            ));
+        }
+        if !task.data.is_empty() && self.encoder.channels != 3 {
+            return Err(invalid(
+                "model.encoder.channels",
+                format!(
+                    "{}: a folder's images are read as RGB: 3 channels",
+                    self.encoder.channels
                 ),
             ));
         }

@@ -207,3 +207,53 @@ fn bad_settings_are_refused_by_name() {
     let e = refused(&c, &task);
     assert!(e.contains("model.encoder.train") && e.contains("lora:RANK"), "{e}");
 }
+
+/// A folder of images and masks is read exactly (pixels / 255, masks 0 or
+/// 1), its last tenth held out; a pair that cannot be used is refused
+/// naming the file and the fault: a mask of another size, a mask that is
+/// not binary, an image without a mask, an image of another size.
+#[test]
+fn a_folder_of_images_and_masks_is_read_and_bad_pairs_are_refused() {
+    use vramfit_models::segmenter::folder::Pairs;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::create_dir_all(dir.join("images")).unwrap();
+    std::fs::create_dir_all(dir.join("masks")).unwrap();
+    let side = 16u32;
+    let write = |path: &std::path::Path, w: u32, h: u32, f: &dyn Fn(u32, u32) -> [u8; 3]| {
+        image::RgbImage::from_fn(w, h, |x, y| image::Rgb(f(x, y))).save(path).unwrap();
+    };
+    for i in 0..10u32 {
+        write(&dir.join(format!("images/{i:02}.png")), side, side, &|x, y| [(x * 16) as u8, (y * 16) as u8, i as u8]);
+        write(&dir.join(format!("masks/{i:02}.png")), side, side, &|x, _| if x < 8 { [0; 3] } else { [255; 3] });
+    }
+    let pairs = Pairs::open(dir, side as usize, 4).unwrap();
+    assert_eq!((pairs.len(), pairs.held_out()), (10, 1));
+    let b: SegBatch<burn::backend::Flex> = pairs.batch(1, 2, false, &Default::default());
+    let images: Vec<f32> = b.images.into_data().to_vec().unwrap();
+    // Pair 00's pixel (3, 2): red 48, green 32, blue 0.
+    let at = |c: usize| images[c * 256 + 2 * 16 + 3];
+    assert_eq!([at(0), at(1), at(2)], [48.0 / 255.0, 32.0 / 255.0, 0.0]);
+    let masks: Vec<f32> = b.masks.into_data().to_vec().unwrap();
+    assert_eq!((masks[7], masks[8]), (0.0, 1.0));
+    // The held-out pair is the last.
+    let h: SegBatch<burn::backend::Flex> = pairs.batch(1, 1, true, &Default::default());
+    let blue: Vec<f32> = h.images.slice([0..1, 2..3, 0..1, 0..1]).into_data().to_vec().unwrap();
+    assert_eq!(blue, [9.0 / 255.0]);
+
+    let refused = |why: &str| {
+        let e = Pairs::open(dir, side as usize, 4).unwrap_err().to_string();
+        assert!(e.contains(why), "{e}");
+    };
+    write(&dir.join("masks/03.png"), side, 8, &|_, _| [0; 3]);
+    refused("03.png is 16×8 px and its image 16×16: a mask is its image's size");
+    write(&dir.join("masks/03.png"), side, side, &|x, _| if x == 5 { [128; 3] } else { [0; 3] });
+    refused("03.png is not a binary mask: pixel (5, 0) is (128, 128, 128)");
+    std::fs::remove_file(dir.join("masks/03.png")).unwrap();
+    refused("03.png: no mask for it");
+    write(&dir.join("masks/03.png"), side, side, &|_, _| [0; 3]);
+    write(&dir.join("images/04.png"), 20, side, &|_, _| [0; 3]);
+    refused("04.png is 20×16 px: the segmenter reads square images of task.image = 16 px");
+    let e = Pairs::open(&dir.join("images"), 16, 4).unwrap_err().to_string();
+    assert!(e.contains("expected a folder `images`"), "{e}");
+}
