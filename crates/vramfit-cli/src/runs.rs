@@ -291,7 +291,7 @@ pub(crate) fn print_train(name: &str, s: &RunSummary<TrainSummary>) {
                 t.final_loss,
                 field("val_dice")
             ),
-            format!("{:.1} images/s", field("images_per_second")),
+            format!("{:.3} images/s", field("images_per_second")),
         )
     } else if name == "unet" {
         (

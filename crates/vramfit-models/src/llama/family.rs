@@ -177,9 +177,10 @@ impl crate::family::ModelSettings for LlamaConfig {
     }
 
     /// Under LoRA the whole base is frozen and rebuilt from the seed or
-    /// `weights` (stored as `base` says): only the adapters are written.
+    /// `weights` (stored as `base` says): only the adapters (and a frame
+    /// encoder's projector and whatever of it trains) are written.
     fn rebuilt_from_settings(&self, path: &str) -> bool {
-        matches!(self.training(), Ok(Training::Lora { .. })) && !path.contains(".lora.")
+        matches!(self.training(), Ok(Training::Lora { .. })) && !path.contains(".lora.") && !path.starts_with("frames.")
     }
 
     fn rebuilt_fingerprint(&self) -> Result<Option<String>, ConfigError> {

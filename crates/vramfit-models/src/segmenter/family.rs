@@ -96,6 +96,23 @@ impl ModelSettings for SegmenterConfig {
         }
     }
 
+    /// The LLM's frozen base under LoRA (its blocks, embedding and final
+    /// norm) and a frozen or adapted encoder are rebuilt from the seed (or
+    /// the LLM's checkpoint): a run's files hold what trains.
+    fn rebuilt_from_settings(&self, path: &str) -> bool {
+        if path.contains(".lora.") {
+            return false;
+        }
+        let llm = (path.contains(".Llm.") || path == "embedding" || path.contains(".Prompt.final_norm."))
+            && self.llm.rebuilt_from_settings(path.rsplit(".Llm.").next().unwrap_or(path));
+        let encoder = (path.starts_with("patch.") || path.contains(".Vision."))
+            && matches!(
+                self.encoder.training(),
+                Ok(crate::vision::VisionTraining::Frozen | crate::vision::VisionTraining::Lora(_))
+            );
+        llm || encoder
+    }
+
     fn rebuilt_fingerprint(&self) -> Result<Option<String>, ConfigError> {
         self.llm.rebuilt_fingerprint()
     }

@@ -257,3 +257,48 @@ fn a_folder_of_images_and_masks_is_read_and_bad_pairs_are_refused() {
     let e = Pairs::open(&dir.join("images"), 16, 4).unwrap_err().to_string();
     assert!(e.contains("expected a folder `images`"), "{e}");
 }
+
+/// Frames as tokens: a sample of 6 frames read by a model capped at 3
+/// gives the loss of the same sample with frames 0, 2 and 4 given (evenly
+/// spaced); the frames' tokens go ahead of the text and change its loss.
+#[test]
+fn frames_above_the_cap_are_read_evenly_spaced() {
+    type B = burn::backend::Autodiff<burn::backend::Flex>;
+    use vramfit_models::data::{SyntheticTask, TaskConfig};
+    use vramfit_models::llama::LlamaConfig;
+    let device = Default::default();
+    let config = LlamaConfig {
+        vocab: 16,
+        width: 32,
+        depth: 2,
+        heads: 4,
+        kv_heads: 2,
+        ffn: 40,
+        context: 64,
+        max_frames: 3,
+        ..Default::default()
+    };
+    let task = TaskConfig {
+        tokens: 8,
+        frames: 6,
+        frame_size: 16,
+        ..Default::default()
+    };
+    config.check(&task).unwrap();
+    let model = config.load::<B>(4, &device).unwrap();
+    let batch = SyntheticTask::new(task, config.vocab, 0).batch::<B>(3, 2, &device);
+    let ac = Autocast::new(Precision::F32);
+    let loss = |b: &vramfit_models::data::TokenBatch<B>| model.loss(b, &ac).into_scalar().elem::<f32>();
+    let video = batch.video.clone().unwrap();
+    let keep = Tensor::<B, 1, Int>::from_ints([0, 2, 4], &device);
+    let spaced = vramfit_models::data::TokenBatch {
+        video: Some(video.clone().select(1, keep)),
+        ..batch.clone()
+    };
+    assert_eq!(loss(&batch), loss(&spaced));
+    let other = vramfit_models::data::TokenBatch {
+        video: Some(video.slice([0..2, 1..4])),
+        ..batch.clone()
+    };
+    assert_ne!(loss(&batch), loss(&other), "the frames read change the text's loss");
+}
