@@ -205,7 +205,9 @@ pub fn resolve_train<M: ModelSettings>(a: &TrainSettings) -> Result<FamilyConfig
                 vramfit_models::llama::hf_config::settings(dir).map_err(|why| anyhow::anyhow!("--weights: {why}"))?;
             for s in given.into_iter().rev() {
                 // `model.width=…` names the llm's own key.
-                let key = s.strip_prefix("model.").map_or(s.clone(), |rest| format!("{llm}.{rest}"));
+                let key = s
+                    .strip_prefix("model.")
+                    .map_or(s.clone(), |rest| format!("{llm}.{rest}"));
                 sets.insert(0, key);
             }
         }

@@ -396,8 +396,7 @@ impl<F: Family<D>, const D: usize> OnBackend for OnModel<F, D> {
 fn nothing_fits(e: &anyhow::Error) -> bool {
     let infeasible = |p: &vramfit::plan::PlanError| matches!(p, vramfit::plan::PlanError::Infeasible { .. });
     e.downcast_ref::<vramfit::plan::PlanError>().is_some_and(infeasible)
-        || e
-            .downcast_ref::<vramfit::plan::BudgetError<vramfit_models::job::TrainError>>()
+        || e.downcast_ref::<vramfit::plan::BudgetError<vramfit_models::job::TrainError>>()
             .is_some_and(|b| matches!(b, vramfit::plan::BudgetError::Plan(p) if infeasible(p)))
 }
 

@@ -2585,14 +2585,23 @@ fn a_budgeted_run_gives_up_frames_only_where_nothing_fits() {
         .find_map(|l| l.strip_prefix("frames = "))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or_else(|| panic!("{config}"));
-    assert!((1..8).contains(&frames) && said.contains(&format!("→ {frames} ")), "{said}");
+    assert!(
+        (1..8).contains(&frames) && said.contains(&format!("→ {frames} ")),
+        "{said}"
+    );
     let summary: serde_json::Value = serde_json::from_slice(&std::fs::read(d.join("r/summary.json")).unwrap()).unwrap();
     assert!(summary["peak_memory_bytes"].as_u64().unwrap() <= 15 << 20, "{summary}");
     // Kept: refused, naming the budget that keeps 8 frames.
     let o = train("task.frames=8", &["--budget", "15MiB", "--keep-quality", "--out", "k"]);
     refused_saying(&o, "a budget that works is");
     assert!(!d.join("k").exists());
-    let o = train("task.frames=12", &["--budget", "64MiB", "--keep-quality", "--out", "cap"]);
-    refused_saying(&o, "above the model's cap of 8 (model.max_frames), and keep_quality forbids");
+    let o = train(
+        "task.frames=12",
+        &["--budget", "64MiB", "--keep-quality", "--out", "cap"],
+    );
+    refused_saying(
+        &o,
+        "above the model's cap of 8 (model.max_frames), and keep_quality forbids",
+    );
     assert!(!d.join("cap").exists());
 }

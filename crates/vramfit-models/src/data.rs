@@ -128,7 +128,11 @@ impl SyntheticTask {
         let side = self.config.frame_size;
         let video = self.frame_dim == 0 && self.config.frames > 0 && side > 0;
         let draw_video = video && !vramfit::shapes::is_shapes::<B>();
-        let mut pixels = Vec::with_capacity(if draw_video { size * self.config.frames * 3 * side * side } else { 0 });
+        let mut pixels = Vec::with_capacity(if draw_video {
+            size * self.config.frames * 3 * side * side
+        } else {
+            0
+        });
         for i in 0..size {
             let mut rng = ChaCha8Rng::seed_from_u64(self.config.seed ^ (step.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
             rng.set_stream(i as u64);
@@ -152,7 +156,8 @@ impl SyntheticTask {
             if draw_video {
                 for _ in 0..self.config.frames {
                     for ch in 0..3 {
-                        let colour = ((z * (ch + 2) + ch) % (self.config.topics + 1)) as f32 / self.config.topics as f32;
+                        let colour =
+                            ((z * (ch + 2) + ch) % (self.config.topics + 1)) as f32 / self.config.topics as f32;
                         pixels.extend((0..side * side).map(|_| colour + 0.1 * rng.random_range(-1.0f32..1.0)));
                     }
                 }

@@ -36,12 +36,7 @@ where
         Some(k) if !config.keep_quality && !k.lower.is_empty() => k,
         _ => return Ok(None),
     };
-    let at = |value: usize| {
-        F::with_quality(&config.task, value).map(|task| FamilyConfig {
-            task,
-            ..config.clone()
-        })
-    };
+    let at = |value: usize| F::with_quality(&config.task, value).map(|task| FamilyConfig { task, ..config.clone() });
     let given = knob.largest(|value| -> Result<bool, TrainError> {
         let Some(settings) = at(value) else {
             return Ok(false);
@@ -49,8 +44,10 @@ where
         let mut t = target(settings)?;
         // A probe that fails (out of memory at the probes' own sizes) is
         // a value that does not fit.
-        Ok(<FamilyTarget<B, F, D> as Runnable>::Strategy::calibrate(t.target(), None)
-            .is_ok_and(|cal| cal.choose(budget).is_ok()))
+        Ok(
+            <FamilyTarget<B, F, D> as Runnable>::Strategy::calibrate(t.target(), None)
+                .is_ok_and(|cal| cal.choose(budget).is_ok()),
+        )
     })?;
     Ok(given.map(|g| (at(g.planned).expect("tried above"), g)))
 }

@@ -50,12 +50,7 @@ pub fn traced_cards<F: Family<D>, const D: usize>(
         _ => return Ok(out),
     };
     let space = crate::plan::space_of::<Autodiff<Shapes>, F, D>(&config, &ShapeDevice)?;
-    let at = |value: usize| {
-        F::with_quality(&config.task, value).map(|task| FamilyConfig {
-            task,
-            ..config.clone()
-        })
-    };
+    let at = |value: usize| F::with_quality(&config.task, value).map(|task| FamilyConfig { task, ..config.clone() });
     for (c, card) in cards.iter().enumerate() {
         if out.rows[c].fits != Some(false) || out.rows[c].leanest.is_empty() {
             continue;
@@ -118,7 +113,10 @@ pub fn traced_cards<F: Family<D>, const D: usize>(
 }
 
 /// [`traced_cards`] at the quality `config` asks for.
-fn traced_at<F: Family<D>, const D: usize>(config: &FamilyConfig<F>, cards: &[Card]) -> Result<TracedCards, TrainError> {
+fn traced_at<F: Family<D>, const D: usize>(
+    config: &FamilyConfig<F>,
+    cards: &[Card],
+) -> Result<TracedCards, TrainError> {
     type S = Autodiff<Shapes>;
     let config = config.clone();
     let start = Instant::now();

@@ -133,7 +133,13 @@ fn llm_and_unet_traces_on_shapes() {
 fn segmenter_traces_on_shapes() {
     for (precision, base, checkpoint) in [("f32", "", "none"), ("bf16", "nf4", "all")] {
         let (cpu, shapes) = both::<SegmenterConfig, 3>(segmenter(STEPS, precision, base, checkpoint));
-        compare(&format!("segmenter {precision} {base} {checkpoint}"), &cpu, &shapes, BOUND, BOUND);
+        compare(
+            &format!("segmenter {precision} {base} {checkpoint}"),
+            &cpu,
+            &shapes,
+            BOUND,
+            BOUND,
+        );
     }
 }
 
@@ -164,7 +170,10 @@ fn quality_is_given_up_only_where_no_exact_plan_fits() {
     // a card just above the second (none fits it at 16: checked last)
     // needs fewer frames.
     let probe = traced_cards(
-        vramfit_models::config::FamilyConfig { keep_quality: true, ..config.clone() },
+        vramfit_models::config::FamilyConfig {
+            keep_quality: true,
+            ..config.clone()
+        },
         &[Card::cuda("32 MiB", 32 << 20)],
     )
     .unwrap();
@@ -175,19 +184,31 @@ fn quality_is_given_up_only_where_no_exact_plan_fits() {
         at.task.frames = frames;
         let settings = vramfit_models::plan::apply(&at, &leanest, at.batch_size, &space);
         let t = trace_settings(settings, STEPS).unwrap();
-        replay(&t.trace, &Card::cuda("8", gib(8)).allocator).unwrap().reserved_peak
+        replay(&t.trace, &Card::cuda("8", gib(8)).allocator)
+            .unwrap()
+            .reserved_peak
     };
     let (all, one) = (peak(16), peak(1));
     assert!(all > one + (4 << 20), "the frames hold much of the step: {one} → {all}");
     // Room for the leanest plan at one frame, with the margin and a tenth.
     let middle = Card::cuda("middle", one * 105 / 100 * 11 / 10);
     let big = Card::cuda("big", gib(8));
-    let rows = traced_cards(config.clone(), &[big.clone(), middle.clone()]).unwrap().rows;
-    eprintln!("{:?}", rows.iter().map(|r| (&r.plan, &r.quality, r.peak_bytes)).collect::<Vec<_>>());
+    let rows = traced_cards(config.clone(), &[big.clone(), middle.clone()])
+        .unwrap()
+        .rows;
+    eprintln!(
+        "{:?}",
+        rows.iter()
+            .map(|r| (&r.plan, &r.quality, r.peak_bytes))
+            .collect::<Vec<_>>()
+    );
     assert_eq!(rows[0].fits, Some(true));
     assert_eq!(rows[0].quality, None, "a card an exact plan fits gives up nothing");
     let given = rows[1].quality.clone().expect("the middle card gives up frames");
-    assert!(given.asked == 16 && given.planned < 16 && given.key == "task.frames", "{given:?}");
+    assert!(
+        given.asked == 16 && given.planned < 16 && given.key == "task.frames",
+        "{given:?}"
+    );
     assert_eq!(rows[1].fits, Some(true));
     assert!(rows[1].peak_bytes.unwrap() as f64 * 1.05 <= middle.memory_bytes as f64);
     // One frame more: no plan fits the middle card (the least given up).
@@ -195,10 +216,22 @@ fn quality_is_given_up_only_where_no_exact_plan_fits() {
     more.task.frames = given.planned + 1;
     more.keep_quality = true;
     let row = &traced_cards(more, std::slice::from_ref(&middle)).unwrap().rows[0];
-    assert_eq!(row.fits, Some(false), "{} frames fit as well: {:?}", given.planned + 1, row.plan);
+    assert_eq!(
+        row.fits,
+        Some(false),
+        "{} frames fit as well: {:?}",
+        given.planned + 1,
+        row.plan
+    );
     // Kept: refused, with what the leanest plan needs.
-    let kept = vramfit_models::config::FamilyConfig { keep_quality: true, ..config };
+    let kept = vramfit_models::config::FamilyConfig {
+        keep_quality: true,
+        ..config
+    };
     let row = &traced_cards(kept, &[middle]).unwrap().rows[0];
     assert_eq!((row.fits, &row.quality), (Some(false), &None));
-    assert!(row.why_not.as_deref().unwrap_or("").contains("the leanest reserves"), "{row:?}");
+    assert!(
+        row.why_not.as_deref().unwrap_or("").contains("the leanest reserves"),
+        "{row:?}"
+    );
 }

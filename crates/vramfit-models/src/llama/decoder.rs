@@ -61,7 +61,11 @@ impl<B: Backend> Llama<B> {
         let [b, t] = batch.tokens.dims();
         // The text's positions (the frames' tokens ahead of them have no targets).
         let [_, all, w] = x.dims();
-        let x = if all > t { x.slice([0..b, all - t..all, 0..w]) } else { x };
+        let x = if all > t {
+            x.slice([0..b, all - t..all, 0..w])
+        } else {
+            x
+        };
         let x = self.final_norm.forward(x, ac);
         let head = self.head_matrix();
         // A chunk of positions' logits at a time (a frozen head used as stored).

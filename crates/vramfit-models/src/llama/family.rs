@@ -71,7 +71,11 @@ impl crate::family::ModelSettings for LlamaConfig {
                 format!(
                     "{} tokens{} do not fit a context of {}: lower task.tokens or raise model.context",
                     task.tokens,
-                    if frame_tokens > 0 { format!(" after {frame_tokens} of frames") } else { String::new() },
+                    if frame_tokens > 0 {
+                        format!(" after {frame_tokens} of frames")
+                    } else {
+                        String::new()
+                    },
                     self.context
                 ),
             ));

@@ -40,34 +40,6 @@ impl<B: Backend> SegBatch<B> {
     }
 }
 
-/// Where a run's images come from.
-#[derive(Debug, Clone)]
-pub enum SegData {
-    /// Drawn from the seed.
-    Synthetic(Synthetic),
-    /// A user's folder of images and masks.
-    Folder(super::folder::Pairs),
-}
-
-impl SegData {
-    /// Training batch `step` (1-based) of `size` samples.
-    pub fn batch<B: Backend>(&self, step: u64, size: usize, device: &B::Device) -> SegBatch<B> {
-        match self {
-            Self::Synthetic(s) => s.batch(step, size, device),
-            Self::Folder(f) => f.batch(step, size, false, device),
-        }
-    }
-
-    /// Held-out batch `index` (0-based) of `size` samples.
-    pub fn held_out<B: Backend>(&self, index: u64, size: usize, device: &B::Device) -> SegBatch<B> {
-        match self {
-            // Steps no run reaches.
-            Self::Synthetic(s) => s.batch(u64::MAX / 2 + index, size, device),
-            Self::Folder(f) => f.batch(index + 1, size, true, device),
-        }
-    }
-}
-
 /// The token that starts every prompt; a class `c` is token `2 + c`, and 0 pads.
 pub const START: usize = 1;
 
@@ -98,7 +70,8 @@ impl Synthetic {
 
     /// Sample `index` of batch `step`: image, mask and prompt, on the host.
     fn sample(&self, step: u64, index: usize) -> (Vec<f32>, Vec<f32>, Vec<i64>) {
-        let mut rng = ChaCha8Rng::seed_from_u64(self.seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (index as u64) << 40);
+        let mut rng =
+            ChaCha8Rng::seed_from_u64(self.seed ^ step.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (index as u64) << 40);
         let s = self.image;
         let mut owner = vec![usize::MAX; s * s];
         let mut classes: Vec<usize> = (0..self.classes).collect();
@@ -125,7 +98,11 @@ impl Synthetic {
         let mut image = vec![0f32; self.channels * s * s];
         for ch in 0..self.channels {
             for (p, &o) in owner.iter().enumerate() {
-                let base = if o == usize::MAX { 0.5 } else { self.colour(present[o], ch) };
+                let base = if o == usize::MAX {
+                    0.5
+                } else {
+                    self.colour(present[o], ch)
+                };
                 image[ch * s * s + p] = base + 0.05 * rng.random_range(-1.0f32..1.0);
             }
         }

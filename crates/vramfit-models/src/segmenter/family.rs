@@ -29,13 +29,19 @@ impl ModelSettings for SegmenterConfig {
 
     fn named(name: &str) -> Result<Self, ConfigError> {
         let all = shapes();
-        all.iter().find(|(n, ..)| *n == name).map(|(.., c)| c.clone()).ok_or_else(|| {
-            let known: Vec<String> = all.iter().map(|(n, s, _)| format!("{n} ({s})")).collect();
-            invalid(
-                "shape",
-                format!("`{name}` is not a known segmenter; the known ones: {}", known.join(", ")),
-            )
-        })
+        all.iter()
+            .find(|(n, ..)| *n == name)
+            .map(|(.., c)| c.clone())
+            .ok_or_else(|| {
+                let known: Vec<String> = all.iter().map(|(n, s, _)| format!("{n} ({s})")).collect();
+                invalid(
+                    "shape",
+                    format!(
+                        "`{name}` is not a known segmenter; the known ones: {}",
+                        known.join(", ")
+                    ),
+                )
+            })
     }
 
     /// PRS-Med's images are 1024 px; its prompts some 64 tokens (a
@@ -59,7 +65,10 @@ impl ModelSettings for SegmenterConfig {
             name: "image px".into(),
             key: "task.image".into(),
             asked: task.image,
-            lower: QualityKnob::multiples_below(task.image, step).into_iter().filter(|&v| v >= 8).collect(),
+            lower: QualityKnob::multiples_below(task.image, step)
+                .into_iter()
+                .filter(|&v| v >= 8)
+                .collect(),
         })
     }
 
@@ -104,7 +113,9 @@ impl ModelSettings for SegmenterConfig {
             return false;
         }
         let llm = (path.contains(".Llm.") || path == "embedding" || path.contains(".Prompt.final_norm."))
-            && self.llm.rebuilt_from_settings(path.rsplit(".Llm.").next().unwrap_or(path));
+            && self
+                .llm
+                .rebuilt_from_settings(path.rsplit(".Llm.").next().unwrap_or(path));
         let encoder = (path.starts_with("patch.") || path.contains(".Vision."))
             && matches!(
                 self.encoder.training(),
@@ -142,7 +153,10 @@ impl ModelSettings for SegmenterConfig {
             frozen_bytes_each: llm.frozen_bytes_each,
             activations_per_sample: encoder + llm.activations_per_sample + decoder,
             largest_per_sample: crate::config::largest(&[
-                (tokens0 * self.encoder.widths[0] as f64 * self.encoder.mlp_ratio as f64, "the encoder's MLP"),
+                (
+                    tokens0 * self.encoder.widths[0] as f64 * self.encoder.mlp_ratio as f64,
+                    "the encoder's MLP",
+                ),
                 (4.0 * grid * grid * d, "the upscaled image embedding"),
                 (pixels, "the mask's logits"),
             ]),
@@ -198,7 +212,10 @@ impl crate::family::Family<3> for SegmenterConfig {
         autocast: &vramfit::precision::Autocast,
         device: &B::Device,
     ) -> Vec<(String, f64)> {
-        vec![("val_dice".into(), held_out_dice(data, net, 16, micro_batch, autocast, device))]
+        vec![(
+            "val_dice".into(),
+            held_out_dice(data, net, 16, micro_batch, autocast, device),
+        )]
     }
 
     fn block_input_bytes(&self, task: &SegmenterTask) -> u64 {

@@ -13,13 +13,15 @@ use std::path::{Path, PathBuf};
 use burn::prelude::*;
 use burn::tensor::TensorData;
 
-use super::data::{SegBatch, START};
+use super::data::{START, SegBatch};
 
 /// Why a folder cannot be read.
 #[derive(Debug, thiserror::Error)]
 pub enum FolderError {
     /// No `images` folder, or nothing in it.
-    #[error("{0}: expected a folder `images` of PNG or JPEG files and a folder `masks` with a PNG of the same name for each")]
+    #[error(
+        "{0}: expected a folder `images` of PNG or JPEG files and a folder `masks` with a PNG of the same name for each"
+    )]
     Layout(PathBuf),
     /// An image without its mask.
     #[error("{image}: no mask for it ({expected} does not exist)")]
@@ -33,7 +35,9 @@ pub enum FolderError {
     #[error(transparent)]
     Picture(#[from] vramfit_gauss::picture::PictureError),
     /// An image of another size than the task's.
-    #[error("{path} is {width}×{height} px: the segmenter reads square images of task.image = {side} px; resize it, or set task.image")]
+    #[error(
+        "{path} is {width}×{height} px: the segmenter reads square images of task.image = {side} px; resize it, or set task.image"
+    )]
     ImageSize {
         /// The file.
         path: PathBuf,
@@ -57,7 +61,9 @@ pub enum FolderError {
         side: usize,
     },
     /// A mask with a value that is neither background nor object.
-    #[error("{path} is not a binary mask: pixel ({x}, {y}) is {value} (a mask holds 0 and 255, or 0 and 1, in every channel)")]
+    #[error(
+        "{path} is not a binary mask: pixel ({x}, {y}) is {value} (a mask holds 0 and 255, or 0 and 1, in every channel)"
+    )]
     NotBinary {
         /// The mask.
         path: PathBuf,
@@ -124,7 +130,10 @@ impl Pairs {
         };
         let mut fingerprint = Vec::new();
         for image in files {
-            let stem = image.file_stem().map(|s| s.to_string_lossy().to_string()).unwrap_or_default();
+            let stem = image
+                .file_stem()
+                .map(|s| s.to_string_lossy().to_string())
+                .unwrap_or_default();
             let mask = dir.join("masks").join(format!("{stem}.png"));
             if !mask.is_file() {
                 return Err(FolderError::NoMask { image, expected: mask });
@@ -153,7 +162,11 @@ impl Pairs {
                 });
             }
             // 0/255 or 0/1, the same in every channel.
-            let top = if m.pixels().any(|p| p.0.iter().any(|&v| v > 1)) { 255 } else { 1 };
+            let top = if m.pixels().any(|p| p.0.iter().any(|&v| v > 1)) {
+                255
+            } else {
+                1
+            };
             let mut values = Vec::with_capacity(side * side);
             for (x, y, p) in m.enumerate_pixels() {
                 let [r, g, b] = p.0;
@@ -229,6 +242,10 @@ impl Pairs {
 
     /// Held-out pairs (all of them for a folder of one).
     pub fn held_out(&self) -> usize {
-        if self.held_out == 0 { self.images.len() } else { self.held_out }
+        if self.held_out == 0 {
+            self.images.len()
+        } else {
+            self.held_out
+        }
     }
 }

@@ -24,6 +24,32 @@ use vramfit::precision::Autocast;
 use crate::gpt::{constant, normal};
 use crate::vision::{LayerNorm, Mlp, MultiHead};
 
+/// SAM's mask decoder's settings (its width is the encoder's neck).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MaskDecoderConfig {
+    /// Two-way layers.
+    pub depth: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// The tokens' MLP's hidden width.
+    pub mlp: usize,
+    /// The cross-attentions' inner width is the width over this.
+    pub cross_downsample: usize,
+}
+
+impl Default for MaskDecoderConfig {
+    /// SAM's.
+    fn default() -> Self {
+        Self {
+            depth: 2,
+            heads: 8,
+            mlp: 2048,
+            cross_downsample: 2,
+        }
+    }
+}
+
 /// Fixed sine encodings of a `grid × grid` token grid, `[1, grid², width]`
 /// (f32): half the channels for the row, half for the column. Computed
 /// once a process for each grid and width (every layer of every step
@@ -84,12 +110,7 @@ pub struct TwoWayLayer<B: Backend> {
 }
 
 impl<B: Backend> TwoWayLayer<B> {
-    pub(crate) fn new(
-        rng: &mut ChaCha8Rng,
-        config: &super::MaskDecoderConfig,
-        width: usize,
-        device: &B::Device,
-    ) -> Self {
+    pub(crate) fn new(rng: &mut ChaCha8Rng, config: &MaskDecoderConfig, width: usize, device: &B::Device) -> Self {
         let inner = width / config.cross_downsample;
         Self {
             self_attn: MultiHead::new(rng, width, width, config.heads, device),
@@ -185,12 +206,7 @@ pub struct MaskHead<B: Backend> {
 }
 
 impl<B: Backend> MaskHead<B> {
-    pub(crate) fn new(
-        rng: &mut ChaCha8Rng,
-        config: &super::MaskDecoderConfig,
-        width: usize,
-        device: &B::Device,
-    ) -> Self {
+    pub(crate) fn new(rng: &mut ChaCha8Rng, config: &MaskDecoderConfig, width: usize, device: &B::Device) -> Self {
         Self {
             final_attn: MultiHead::new(rng, width, width / config.cross_downsample, config.heads, device),
             final_norm: LayerNorm::new(width, device),
@@ -208,9 +224,10 @@ impl<B: Backend> MaskHead<B> {
         let g = crate::vision::side(n);
         let pe = positions::<B>(g, d, &image.device());
         let keys = image.clone() + pe;
-        let tokens = self
-            .final_norm
-            .forward(tokens.clone() + ac.full(self.final_attn.forward(tokens, keys, image.clone(), ac)), ac);
+        let tokens = self.final_norm.forward(
+            tokens.clone() + ac.full(self.final_attn.forward(tokens, keys, image.clone(), ac)),
+            ac,
+        );
         let mask_token = tokens.slice([0..b, 0..1, 0..d]);
         // [b, g², d] → [b, d, g, g].
         let x = image.swap_dims(1, 2).reshape([b, d, g, g]);
@@ -221,7 +238,9 @@ impl<B: Backend> MaskHead<B> {
         let x = gelu(x);
         let [_, c, h, w] = x.dims();
         let weights = ac.full(self.hyper.forward(mask_token, ac)); // [b, 1, d/8]
-        let logits = ac.full(ac.matmul(weights, x.reshape([b, c, h * w]))).reshape([b, 1, h, w]);
+        let logits = ac
+            .full(ac.matmul(weights, x.reshape([b, c, h * w])))
+            .reshape([b, 1, h, w]);
         if h == side {
             logits
         } else {
@@ -255,7 +274,11 @@ pub fn dice<B: Backend>(logits: Tensor<B, 4>, masks: Tensor<B, 4>) -> Vec<f64> {
     let [b, _, h, w] = logits.dims();
     let p = logits.greater_elem(0.0).float().reshape([b, h * w]);
     let y = masks.reshape([b, h * w]);
-    let overlap: Vec<f32> = (p.clone() * y.clone()).sum_dim(1).into_data().to_vec().unwrap_or_default();
+    let overlap: Vec<f32> = (p.clone() * y.clone())
+        .sum_dim(1)
+        .into_data()
+        .to_vec()
+        .unwrap_or_default();
     let total: Vec<f32> = (p.sum_dim(1) + y.sum_dim(1)).into_data().to_vec().unwrap_or_default();
     overlap
         .iter()

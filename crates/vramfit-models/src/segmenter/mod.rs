@@ -24,39 +24,16 @@ mod family;
 pub mod folder;
 pub mod mask_decoder;
 pub mod model;
+pub mod source;
 
-pub use data::{SegBatch, SegData, Synthetic};
+pub use data::{SegBatch, Synthetic};
 pub use family::held_out_dice;
+pub use mask_decoder::MaskDecoderConfig;
 pub use model::{SegBlock, Segmenter};
+pub use source::SegData;
 
 /// A training run of the segmenter.
 pub type SegmenterTrainConfig = crate::config::FamilyConfig<SegmenterConfig>;
-
-/// SAM's mask decoder's settings (its width is the encoder's neck).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct MaskDecoderConfig {
-    /// Two-way layers.
-    pub depth: usize,
-    /// Attention heads.
-    pub heads: usize,
-    /// The tokens' MLP's hidden width.
-    pub mlp: usize,
-    /// The cross-attentions' inner width is the width over this.
-    pub cross_downsample: usize,
-}
-
-impl Default for MaskDecoderConfig {
-    /// SAM's.
-    fn default() -> Self {
-        Self {
-            depth: 2,
-            heads: 8,
-            mlp: 2048,
-            cross_downsample: 2,
-        }
-    }
-}
 
 /// The `[model]` settings of `vramfit train segmenter`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -209,7 +186,10 @@ impl SegmenterConfig {
             ));
         }
         if task.prompt < 2 {
-            return Err(invalid("task.prompt", "a prompt holds a start token and a class: at least 2"));
+            return Err(invalid(
+                "task.prompt",
+                "a prompt holds a start token and a class: at least 2",
+            ));
         }
         if task.classes < 1 || task.objects < 1 || task.objects > task.classes {
             return Err(invalid(
@@ -262,7 +242,11 @@ impl SegmenterConfig {
     /// Parameters of the whole model (the LLM's without its head).
     pub fn parameters(&self) -> u64 {
         let wl = self.llm.width as u64;
-        let head = if self.llm.tie_head { 0 } else { wl * self.llm.vocab as u64 };
+        let head = if self.llm.tie_head {
+            0
+        } else {
+            wl * self.llm.vocab as u64
+        };
         self.llm.parameters() - head + self.own_parameters()
     }
 

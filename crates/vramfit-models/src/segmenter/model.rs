@@ -37,12 +37,7 @@ pub struct Bridge<B: Backend> {
 }
 
 impl<B: Backend> Bridge<B> {
-    pub(crate) fn new(
-        neck: Projection<B>,
-        neck_norm: LayerNorm<B>,
-        projector: Mlp<B>,
-        llm_grid: usize,
-    ) -> Self {
+    pub(crate) fn new(neck: Projection<B>, neck_norm: LayerNorm<B>, projector: Mlp<B>, llm_grid: usize) -> Self {
         Self {
             neck,
             neck_norm,
@@ -126,8 +121,11 @@ impl<B: Backend> Block<B, 3> for Join {
     }
 }
 
-/// A link of the chain.
+/// A link of the chain. Its variants differ in size (a few KB of handles
+/// each, once a link in one `Vec`): boxing them would need `Module` for
+/// `Box`, which Burn's derive does not give.
 #[derive(Module, Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum SegBlock<B: Backend> {
     /// The encoder's.
     Vision(VisionLayer<B>),
@@ -175,7 +173,11 @@ impl<B: Backend> Segmenter<B> {
         let [b, t] = batch.prompts.dims();
         let table = self.embedding.val();
         let w = table.dims()[1];
-        let prompt = ac.full(table.select(0, batch.prompts.clone().reshape([b * t])).reshape([b, t, w]));
+        let prompt = ac.full(
+            table
+                .select(0, batch.prompts.clone().reshape([b * t]))
+                .reshape([b, t, w]),
+        );
         vec![prompt, self.patch.forward(batch.images.clone(), ac)]
     }
 

@@ -130,7 +130,7 @@ impl<B: Backend> VisionBlock<B> {
 impl<B: Backend> Block<B, 3> for VisionBlock<B> {
     fn forward(&self, x: Tensor<B, 3>, ac: &Autocast) -> Tensor<B, 3> {
         let x = ac.full(x);
-        let grid = super::side(x.dims()[1]);
+        let grid = super::layers::side(x.dims()[1]);
         let normed = self.attn_norm.forward(x.clone(), ac);
         // A window as large as the grid is the whole grid: global attention.
         let mixed = if self.window == 0 || self.window >= grid {
@@ -160,13 +160,7 @@ pub struct PatchMerge<B: Backend> {
 }
 
 impl<B: Backend> PatchMerge<B> {
-    pub(crate) fn new(
-        rng: &mut ChaCha8Rng,
-        width: usize,
-        out: usize,
-        stride: usize,
-        device: &B::Device,
-    ) -> Self {
+    pub(crate) fn new(rng: &mut ChaCha8Rng, width: usize, out: usize, stride: usize, device: &B::Device) -> Self {
         let merged = stride * stride * width;
         Self {
             norm: LayerNorm::new(merged, device),
@@ -180,7 +174,7 @@ impl<B: Backend> Block<B, 3> for PatchMerge<B> {
     fn forward(&self, x: Tensor<B, 3>, ac: &Autocast) -> Tensor<B, 3> {
         let x = if self.stride == 2 {
             let [b, n, w] = x.dims();
-            let half = super::side(n) / 2;
+            let half = super::layers::side(n) / 2;
             x.reshape([b, half, 2, half, 2, w])
                 .permute([0, 1, 3, 2, 4, 5])
                 .reshape([b, half * half, 4 * w])

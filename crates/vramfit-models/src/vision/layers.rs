@@ -14,6 +14,13 @@ use crate::gpt::{constant, normal};
 
 const EPS: f64 = 1e-6;
 
+/// Side of the square grid `tokens` tokens make.
+pub(crate) fn side(tokens: usize) -> usize {
+    let g = (tokens as f64).sqrt().round() as usize;
+    assert_eq!(g * g, tokens, "{tokens} tokens are not a square grid");
+    g
+}
+
 /// A projection `[in, out]` with a bias, drawn with σ = 1/√in.
 pub(crate) fn projection<B: Backend>(
     rng: &mut ChaCha8Rng,
@@ -86,7 +93,13 @@ impl<B: Backend> MultiHead<B> {
 
     /// `queries: [b, t, width]` over `keys`, `values: [b, s, width]`; the
     /// result `[b, t, width]` in the low type.
-    pub fn forward(&self, queries: Tensor<B, 3>, keys: Tensor<B, 3>, values: Tensor<B, 3>, ac: &Autocast) -> Tensor<B, 3> {
+    pub fn forward(
+        &self,
+        queries: Tensor<B, 3>,
+        keys: Tensor<B, 3>,
+        values: Tensor<B, 3>,
+        ac: &Autocast,
+    ) -> Tensor<B, 3> {
         let split = |p: &Projection<B>, x| ac.low(vramfit::fused::split_heads(p.forward(x, ac), self.heads));
         let q = split(&self.q, queries);
         let k = split(&self.k, keys);

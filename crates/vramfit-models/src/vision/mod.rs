@@ -20,14 +20,8 @@ mod encoder;
 pub(crate) mod layers;
 
 pub use encoder::{PatchEmbed, PatchMerge, VisionBlock};
+pub(crate) use layers::side;
 pub use layers::{LayerNorm, Mlp, MultiHead};
-
-/// Side of the square grid `tokens` tokens make.
-pub(crate) fn side(tokens: usize) -> usize {
-    let g = (tokens as f64).sqrt().round() as usize;
-    assert_eq!(g * g, tokens, "{tokens} tokens are not a square grid");
-    g
-}
 
 /// An encoder's shape and what of it trains.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -86,8 +80,10 @@ pub enum VisionTraining {
     Lora(usize),
 }
 
-/// An encoder's layer in the chain: a transformer block or a merge.
+/// An encoder's layer in the chain: a transformer block or a merge (of
+/// different sizes: see [`crate::segmenter::SegBlock`]).
 #[derive(Module, Debug)]
+#[allow(clippy::large_enum_variant)]
 pub enum VisionLayer<B: Backend> {
     /// A transformer block.
     Attention(VisionBlock<B>),
@@ -108,13 +104,16 @@ impl VisionConfig {
     /// The named encoders: (name, source, settings).
     pub fn named(name: &str) -> Result<Self, ConfigError> {
         let all = Self::shapes();
-        all.iter().find(|(n, ..)| *n == name).map(|(.., c)| c.clone()).ok_or_else(|| {
-            let known: Vec<String> = all.iter().map(|(n, s, _)| format!("{n} ({s})")).collect();
-            invalid(
-                "encoder",
-                format!("`{name}` is not a known encoder; the known ones: {}", known.join(", ")),
-            )
-        })
+        all.iter()
+            .find(|(n, ..)| *n == name)
+            .map(|(.., c)| c.clone())
+            .ok_or_else(|| {
+                let known: Vec<String> = all.iter().map(|(n, s, _)| format!("{n} ({s})")).collect();
+                invalid(
+                    "encoder",
+                    format!("`{name}` is not a known encoder; the known ones: {}", known.join(", ")),
+                )
+            })
     }
 
     /// Every named encoder.
@@ -214,7 +213,10 @@ impl VisionConfig {
             if list.len() != stages {
                 return Err(invalid(
                     key,
-                    format!("{} entries for {stages} stages (model.encoder.widths): one a stage", list.len()),
+                    format!(
+                        "{} entries for {stages} stages (model.encoder.widths): one a stage",
+                        list.len()
+                    ),
                 ));
             }
         }
@@ -227,7 +229,10 @@ impl VisionConfig {
             }
         }
         if let Some(s) = self.strides.iter().find(|&&s| s != 1 && s != 2) {
-            return Err(invalid("model.encoder.strides", format!("{s}: a stage's stride is 1 or 2")));
+            return Err(invalid(
+                "model.encoder.strides",
+                format!("{s}: a stage's stride is 1 or 2"),
+            ));
         }
         for (key, v) in [
             ("model.encoder.channels", self.channels),
@@ -284,7 +289,9 @@ impl VisionConfig {
             // it (TinyViT's last stage widens at stride 1).
             if self.strides[i] == 2 || previous != w {
                 let stride = self.strides[i];
-                layers.push(VisionLayer::Merge(PatchMerge::new(&mut rng, previous, w, stride, device)));
+                layers.push(VisionLayer::Merge(PatchMerge::new(
+                    &mut rng, previous, w, stride, device,
+                )));
             }
             for _ in 0..self.depths[i] {
                 layers.push(VisionLayer::Attention(VisionBlock::new(
@@ -302,7 +309,10 @@ impl VisionConfig {
             VisionTraining::All => (patch, layers),
             VisionTraining::Frozen => (
                 vramfit::frozen::freeze(patch, |_| true),
-                layers.into_iter().map(|l| vramfit::frozen::freeze(l, |_| true)).collect(),
+                layers
+                    .into_iter()
+                    .map(|l| vramfit::frozen::freeze(l, |_| true))
+                    .collect(),
             ),
             VisionTraining::Lora(rank) => {
                 // The adapters' own stream: the encoder's weights are the

@@ -55,7 +55,13 @@ fn finite_difference_gap<B: AutodiffBackend>(part: &dyn Fn(&str) -> bool) -> (f6
         let on = part(path) && grads.contains_key(path);
         picked += on as usize;
         let d: Vec<f32> = (0..v.len())
-            .map(|i| if on { ((i * 7919 + path.len()) % 13) as f32 / 13.0 - 0.5 } else { 0.0 })
+            .map(|i| {
+                if on {
+                    ((i * 7919 + path.len()) % 13) as f32 / 13.0 - 0.5
+                } else {
+                    0.0
+                }
+            })
             .collect();
         if on {
             projected += grads[path].iter().zip(&d).map(|(g, d)| (*g * d) as f64).sum::<f64>();
@@ -78,9 +84,10 @@ fn finite_difference_gap<B: AutodiffBackend>(part: &dyn Fn(&str) -> bool) -> (f6
 }
 
 fn encoder_and_decoder_gradients_agree_with_finite_differences<B: AutodiffBackend>() {
-    let paths: Vec<String> = vramfit::params::snapshot(&SegmenterConfig::default().load::<B>(5, &Default::default()).unwrap())
-        .into_keys()
-        .collect();
+    let paths: Vec<String> =
+        vramfit::params::snapshot(&SegmenterConfig::default().load::<B>(5, &Default::default()).unwrap())
+            .into_keys()
+            .collect();
     // The encoder: the patch embedding and the layers before the bridge;
     // the decoder: the two-way layers and the head.
     let encoder = |p: &str| p.starts_with("patch.") || p.contains(".Vision.");
@@ -88,7 +95,10 @@ fn encoder_and_decoder_gradients_agree_with_finite_differences<B: AutodiffBacken
     for (name, part) in [("encoder", &encoder as &dyn Fn(&str) -> bool), ("decoder", &decoder)] {
         let (measured, projected, picked) = finite_difference_gap::<B>(part);
         assert!(picked >= 8, "{name}: {picked} parameters picked of {paths:?}");
-        assert!(projected.abs() > 1e-4, "{name}: the gradient's projection {projected} is not small");
+        assert!(
+            projected.abs() > 1e-4,
+            "{name}: the gradient's projection {projected} is not small"
+        );
         assert!(
             (measured - projected).abs() <= 2e-2 * projected.abs(),
             "{name}: finite differences {measured} vs gradient {projected}"
@@ -137,7 +147,9 @@ fn a_small_segmenter_learns_the_synthetic_masks() {
     );
     let mut losses = Vec::new();
     for step in 1..=200 {
-        let (m, out) = s.step(model, &data.batch(step, 8, &device), 1e-3, &device, &mut ()).unwrap();
+        let (m, out) = s
+            .step(model, &data.batch(step, 8, &device), 1e-3, &device, &mut ())
+            .unwrap();
         model = m;
         losses.push(out.loss);
     }
@@ -157,17 +169,10 @@ fn a_small_segmenter_learns_the_synthetic_masks() {
 fn the_named_shape_holds_the_parameters_its_settings_count() {
     type S = burn::backend::Autodiff<vramfit::shapes::Shapes>;
     let device = vramfit::shapes::ShapeDevice;
-    for config in [
-        SegmenterConfig::default(),
-        SegmenterConfig::named("prs-med").unwrap(),
-    ] {
+    for config in [SegmenterConfig::default(), SegmenterConfig::named("prs-med").unwrap()] {
         let model = config.load::<S>(1, &device).unwrap();
         let adapters = config.llm.adapter_parameters();
-        assert_eq!(
-            model.num_params() as u64,
-            config.parameters() + adapters,
-            "{config:?}"
-        );
+        assert_eq!(model.num_params() as u64, config.parameters() + adapters, "{config:?}");
     }
     let prs = SegmenterConfig::named("prs-med").unwrap();
     let task = SegmenterTask {
@@ -188,9 +193,21 @@ fn bad_settings_are_refused_by_name() {
     let (config, task) = tiny();
     let refused = |c: &SegmenterConfig, t: &SegmenterTask| c.check(t).unwrap_err().to_string();
     // The encoder's patch and merges make tokens 8 px wide: 36 px is not whole.
-    let e = refused(&config, &SegmenterTask { image: 36, ..task.clone() });
+    let e = refused(
+        &config,
+        &SegmenterTask {
+            image: 36,
+            ..task.clone()
+        },
+    );
     assert!(e.contains("task.image") && e.contains("multiple of 8"), "{e}");
-    let e = refused(&SegmenterConfig { llm_grid: 3, ..config.clone() }, &task);
+    let e = refused(
+        &SegmenterConfig {
+            llm_grid: 3,
+            ..config.clone()
+        },
+        &task,
+    );
     assert!(e.contains("model.llm_grid") && e.contains("divisor of 4"), "{e}");
     let mut c = config.clone();
     c.encoder.heads = vec![3, 2];
@@ -200,7 +217,13 @@ fn bad_settings_are_refused_by_name() {
     c.encoder.strides = vec![1];
     let e = refused(&c, &task);
     assert!(e.contains("model.encoder.strides") && e.contains("one a stage"), "{e}");
-    let e = refused(&config, &SegmenterTask { objects: 5, ..task.clone() });
+    let e = refused(
+        &config,
+        &SegmenterTask {
+            objects: 5,
+            ..task.clone()
+        },
+    );
     assert!(e.contains("task.objects"), "{e}");
     let mut c = config.clone();
     c.encoder.train = "lora:x".into();
@@ -221,11 +244,17 @@ fn a_folder_of_images_and_masks_is_read_and_bad_pairs_are_refused() {
     std::fs::create_dir_all(dir.join("masks")).unwrap();
     let side = 16u32;
     let write = |path: &std::path::Path, w: u32, h: u32, f: &dyn Fn(u32, u32) -> [u8; 3]| {
-        image::RgbImage::from_fn(w, h, |x, y| image::Rgb(f(x, y))).save(path).unwrap();
+        image::RgbImage::from_fn(w, h, |x, y| image::Rgb(f(x, y)))
+            .save(path)
+            .unwrap();
     };
     for i in 0..10u32 {
-        write(&dir.join(format!("images/{i:02}.png")), side, side, &|x, y| [(x * 16) as u8, (y * 16) as u8, i as u8]);
-        write(&dir.join(format!("masks/{i:02}.png")), side, side, &|x, _| if x < 8 { [0; 3] } else { [255; 3] });
+        write(&dir.join(format!("images/{i:02}.png")), side, side, &|x, y| {
+            [(x * 16) as u8, (y * 16) as u8, i as u8]
+        });
+        write(&dir.join(format!("masks/{i:02}.png")), side, side, &|x, _| {
+            if x < 8 { [0; 3] } else { [255; 3] }
+        });
     }
     let pairs = Pairs::open(dir, side as usize, 4).unwrap();
     assert_eq!((pairs.len(), pairs.held_out()), (10, 1));
@@ -247,7 +276,9 @@ fn a_folder_of_images_and_masks_is_read_and_bad_pairs_are_refused() {
     };
     write(&dir.join("masks/03.png"), side, 8, &|_, _| [0; 3]);
     refused("03.png is 16×8 px and its image 16×16: a mask is its image's size");
-    write(&dir.join("masks/03.png"), side, side, &|x, _| if x == 5 { [128; 3] } else { [0; 3] });
+    write(&dir.join("masks/03.png"), side, side, &|x, _| {
+        if x == 5 { [128; 3] } else { [0; 3] }
+    });
     refused("03.png is not a binary mask: pixel (5, 0) is (128, 128, 128)");
     std::fs::remove_file(dir.join("masks/03.png")).unwrap();
     refused("03.png: no mask for it");
