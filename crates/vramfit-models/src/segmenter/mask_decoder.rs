@@ -6,7 +6,7 @@
 //! embedding upscaled 4× (here nearest 2× upsampling and a 3×3
 //! convolution twice, where SAM has transposed convolutions), the mask
 //! token's MLP output dotted with every upscaled pixel, and the logits
-//! resized bilinearly to the image. Positions enter as fixed 2-D sine
+//! resized bilinearly to the image (as products: [`resize_bilinear`]). Positions enter as fixed 2-D sine
 //! encodings of the grid added to the image's keys and queries (SAM's are
 //! random Fourier features), so any image size runs on the same weights.
 //! The loss is SAM's: binary cross-entropy plus Dice, in f32.
@@ -15,8 +15,7 @@ use burn::module::{Module, Param};
 use burn::prelude::*;
 use burn::tensor::TensorData;
 use burn::tensor::activation::{gelu, sigmoid};
-use burn::tensor::module::interpolate;
-use burn::tensor::ops::{ConvOptions, InterpolateMode, InterpolateOptions};
+use burn::tensor::ops::ConvOptions;
 use rand_chacha::ChaCha8Rng;
 use vramfit::checkpoint::Block;
 use vramfit::precision::Autocast;
@@ -244,13 +243,40 @@ impl<B: Backend> MaskHead<B> {
         if h == side {
             logits
         } else {
-            interpolate(
-                logits,
-                [side, side],
-                InterpolateOptions::new(InterpolateMode::Bilinear).with_align_corners(false),
-            )
+            resize_bilinear(logits, side)
         }
     }
+}
+
+/// The bilinear weights taking `from` samples to `to` (half-pixel
+/// centres, edges clamped: PyTorch's `align_corners=False`), `[to, from]`.
+fn bilinear_weights(from: usize, to: usize) -> Vec<f32> {
+    let mut m = vec![0f32; to * from];
+    let scale = from as f64 / to as f64;
+    for (i, row) in m.chunks_exact_mut(from).enumerate() {
+        let x = ((i as f64 + 0.5) * scale - 0.5).clamp(0.0, (from - 1) as f64);
+        let left = x.floor() as usize;
+        let right = (left + 1).min(from - 1);
+        let t = (x - left as f64) as f32;
+        row[left] += 1.0 - t;
+        row[right] += t;
+    }
+    m
+}
+
+/// `x: [b, c, h, w]` resized bilinearly to `[b, c, side, side]`, as two
+/// products with the weights (rows, then columns): Burn's `interpolate`
+/// has no bilinear backward on CubeCL (wgpu, CUDA: it panics), products
+/// have one everywhere; equal to it on the CPU (tested).
+pub fn resize_bilinear<B: Backend>(x: Tensor<B, 4>, side: usize) -> Tensor<B, 4> {
+    let [b, c, h, w] = x.dims();
+    let device = x.device();
+    let rows = Tensor::<B, 2>::from_data(TensorData::new(bilinear_weights(h, side), [side, h]), &device);
+    let cols = Tensor::<B, 2>::from_data(TensorData::new(bilinear_weights(w, side), [side, w]), &device);
+    let x = x.reshape([b * c, h, w]);
+    let x = rows.unsqueeze::<3>().matmul(x); // [b·c, side, w]
+    let x = x.matmul(cols.transpose().unsqueeze::<3>()); // [b·c, side, side]
+    x.reshape([b, c, side, side])
 }
 
 /// SAM's loss: the mean binary cross-entropy of the logits against the
@@ -285,4 +311,28 @@ pub fn dice<B: Backend>(logits: Tensor<B, 4>, masks: Tensor<B, 4>) -> Vec<f64> {
         .zip(&total)
         .map(|(&o, &t)| if t == 0.0 { 1.0 } else { 2.0 * o as f64 / t as f64 })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::Flex;
+    use burn::tensor::module::interpolate;
+    use burn::tensor::ops::{InterpolateMode, InterpolateOptions};
+
+    #[test]
+    fn the_bilinear_resize_is_burns_interpolate() {
+        let device = Default::default();
+        for (h, side) in [(4, 8), (16, 64), (5, 12), (8, 8)] {
+            let x = Tensor::<Flex, 4>::random([2, 3, h, h], burn::tensor::Distribution::Default, &device);
+            let want = interpolate(
+                x.clone(),
+                [side, side],
+                InterpolateOptions::new(InterpolateMode::Bilinear).with_align_corners(false),
+            );
+            let got = resize_bilinear(x, side);
+            let gap: f32 = (got - want).abs().max().into_scalar();
+            assert!(gap < 1e-5, "{h} → {side}: {gap}");
+        }
+    }
 }
