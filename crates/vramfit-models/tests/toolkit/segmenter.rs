@@ -333,3 +333,23 @@ fn frames_above_the_cap_are_read_evenly_spaced() {
     };
     assert_ne!(loss(&batch), loss(&other), "the frames read change the text's loss");
 }
+
+/// The segmenter's quality knob is its image's side, lowered in the steps
+/// its encoder's tokens and the LLM's grid allow, every lower value a task
+/// the settings accept.
+#[test]
+fn the_segmenters_quality_knob_is_the_image_side() {
+    let (config, task) = tiny();
+    let task = SegmenterTask { image: 64, ..task };
+    let knob = config.quality_knob(&task).unwrap();
+    // Tokens 8 px wide, the LLM's grid 2: steps of 16.
+    assert_eq!(
+        (knob.key.as_str(), knob.asked, knob.lower.clone()),
+        ("task.image", 64, vec![16, 32, 48])
+    );
+    for &v in &knob.lower {
+        let lowered = SegmenterConfig::with_quality(&task, v).unwrap();
+        assert_eq!(lowered.image, v);
+        config.check(&lowered).unwrap();
+    }
+}
