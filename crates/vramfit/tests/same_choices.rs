@@ -69,3 +69,50 @@ fn the_ladder_chooses_what_an_earlier_build_chose_from_its_calibration() {
         assert_eq!(now, then, "at {budget} bytes");
     }
 }
+
+/// Quality given up last, on recorded calibrations: a video llm of 8
+/// frames (64 px, 4×4 tokens each, width 128, batch 4) calibrated on the
+/// CPU at every frame count from 1 to 8 (`bench-results/multimodal/
+/// quality-calibrations/`, `vramfit plan llm … --keep-quality --budget
+/// 1GiB --json`). At every budget from 8 to 24 MiB: where a plan fits at 8
+/// frames nothing is lowered (the planner asks for no lower value); where
+/// none does, the bisection gives the most frames at which the recorded
+/// calibration has a plan within the budget, the same as trying every
+/// count (the predictions fall with the frames, as it assumes), or none
+/// where not even one frame fits.
+#[test]
+fn quality_is_given_up_last_on_recorded_calibrations() {
+    use vramfit::plan::quality::QualityKnob;
+    let cals: Vec<Calibration> = (1..=8)
+        .map(|f| {
+            let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!(
+                "../../bench-results/multimodal/quality-calibrations/frames-{f}.json"
+            ));
+            let record: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            serde_json::from_value(record["calibration"].clone()).expect("a calibration")
+        })
+        .collect();
+    let fits = |frames: usize, budget: u64| cals[frames - 1].choose(budget).is_ok();
+    let knob = QualityKnob {
+        name: "frames".into(),
+        key: "task.frames".into(),
+        asked: 8,
+        lower: (1..8).collect(),
+    };
+    let (mut kept, mut lowered, mut none) = (0, 0, 0);
+    for budget in (8u64 << 20..=24 << 20).step_by(256 << 10) {
+        if fits(8, budget) {
+            kept += 1;
+            continue;
+        }
+        let given = knob.largest::<()>(|v| Ok(fits(v, budget))).unwrap().map(|g| g.planned);
+        let every = (1..8).rev().find(|&v| fits(v, budget));
+        assert_eq!(given, every, "at {budget} bytes");
+        match given {
+            Some(_) => lowered += 1,
+            None => none += 1,
+        }
+    }
+    eprintln!("budgets: {kept} kept 8 frames, {lowered} gave some up, {none} fit no frame count");
+    assert!(kept > 0 && lowered > 0, "the budgets span the lowering");
+}
