@@ -267,7 +267,7 @@ impl<B: Backend> Block<B, 4> for UnetStage<B> {
 }
 
 /// Nearest-neighbour 2× upsampling of `[n, c, h, w]`.
-fn upsample2<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
+pub(crate) fn upsample2<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
     let [n, c, h, w] = x.dims();
     x.reshape([n, c, h, 1, w, 1])
         .expand([n, c, h, 2, w, 2])

@@ -16,6 +16,20 @@ pub struct Shape {
 /// The named shapes, from each model's published `config.json`.
 pub fn shapes() -> Vec<Shape> {
     let base = LlamaConfig::default();
+    let qwen2 = LlamaConfig {
+        vocab: 151_936,
+        width: 1536,
+        depth: 28,
+        heads: 12,
+        kv_heads: 2,
+        ffn: 8960,
+        context: 32_768,
+        rope_theta: 1_000_000.0,
+        norm_eps: 1e-6,
+        qkv_bias: true,
+        tie_head: true,
+        ..base.clone()
+    };
     vec![
         Shape {
             name: "tinyllama-1.1b",
@@ -36,41 +50,17 @@ pub fn shapes() -> Vec<Shape> {
         Shape {
             name: "qwen2-1.5b",
             source: "Qwen2-1.5B (q, k, v biases; head tied to the embedding)",
-            config: LlamaConfig {
-                vocab: 151_936,
-                width: 1536,
-                depth: 28,
-                heads: 12,
-                kv_heads: 2,
-                ffn: 8960,
-                context: 32_768,
-                rope_theta: 1_000_000.0,
-                norm_eps: 1e-6,
-                qkv_bias: true,
-                tie_head: true,
-                ..base.clone()
-            },
+            config: qwen2.clone(),
         },
         Shape {
             name: super::VIDEO_SHAPE,
             source: "Qwen2-1.5B reading up to 100 frames a sample, each through ViT-Ti/16 (frozen) at 224 px and \
                      averaged to 7×7 tokens: a 2B video-language model's setting",
             config: LlamaConfig {
-                vocab: 151_936,
-                width: 1536,
-                depth: 28,
-                heads: 12,
-                kv_heads: 2,
-                ffn: 8960,
-                context: 32_768,
-                rope_theta: 1_000_000.0,
-                norm_eps: 1e-6,
-                qkv_bias: true,
-                tie_head: true,
                 max_frames: 100,
                 frame_encoder: crate::vision::VisionConfig::named("vit-tiny16").expect("a known encoder"),
                 frame_grid: 7,
-                ..base.clone()
+                ..qwen2
             },
         },
         Shape {

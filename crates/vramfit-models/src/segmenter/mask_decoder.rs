@@ -21,6 +21,7 @@ use vramfit::checkpoint::Block;
 use vramfit::precision::Autocast;
 
 use crate::gpt::{constant, normal};
+use crate::unet::upsample2;
 use crate::vision::{LayerNorm, Mlp, MultiHead};
 
 /// SAM's mask decoder's settings (its width is the encoder's neck).
@@ -176,14 +177,6 @@ impl<B: Backend> Conv3<B> {
             ConvOptions::new([1, 1], [1, 1], [1, 1], 1),
         )
     }
-}
-
-/// Nearest-neighbour 2× upsampling of `[n, c, h, w]`.
-fn upsample2<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
-    let [n, c, h, w] = x.dims();
-    x.reshape([n, c, h, 1, w, 1])
-        .expand([n, c, h, 2, w, 2])
-        .reshape([n, c, 2 * h, 2 * w])
 }
 
 /// After the two-way layers: the tokens' last look at the image, the
