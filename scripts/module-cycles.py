@@ -16,9 +16,9 @@ make none.
 Comments, string and character literals, a trailing `#[cfg(test)] mod
 tests` and unit-test files (`tests.rs`) are not read: tests may use
 anything. Prints each circle (a strongly connected group of two or
-more files), and each among the top-level modules (the files collapsed
-to their crate's first folder or file: the crate's layers), and exits 1
-if there is one.
+more files), and each among the modules of a folder, every file below a
+module collapsed to it (at the crate's root: its top-level modules, the
+crate's layers; then inside every folder), and exits 1 if there is one.
 
 Usage: scripts/module-cycles.py [CRATE_DIR ...]   (default: crates/*)"""
 import glob
@@ -225,6 +225,62 @@ def circles(graph):
     return out
 
 
+def folder_graph(graph, parent):
+    """The edges between the children of folder `parent` (a module path),
+    every file below a child collapsed to it; files outside `parent` and
+    `parent`'s own mod.rs are left out."""
+    depth = len(parent) + 1
+    out = {}
+    for m, targets in graph.items():
+        if len(m) < depth or m[: len(parent)] != parent:
+            continue
+        node = m[:depth]
+        out.setdefault(node, set()).update(
+            t[:depth] for t in targets if len(t) >= depth and t[: len(parent)] == parent and t[:depth] != node
+        )
+    return out
+
+
+def folder_circles(graph):
+    """(folder, circle) for every folder whose children import in a circle."""
+    parents = sorted({m[:k] for m in graph for k in range(len(m))})
+    return [(p, group) for p in parents for group in circles(folder_graph(graph, p))]
+
+
+def layer_tables(markdown):
+    """{crate dir: {top-level module: layer}} from the tables in `markdown`
+    whose header is `| layer | modules of `crates/NAME` |`."""
+    tables, crate = {}, None
+    for line in markdown.splitlines():
+        head = re.match(r"^\| layer \| modules of `(crates/[\w-]+)` \|$", line)
+        if head:
+            crate = head.group(1)
+            tables[crate] = {}
+            continue
+        row = re.match(r"^\| (\d+) \| (.*) \|$", line)
+        if crate and row:
+            for name in re.findall(r"`(\w+)`", row.group(2)):
+                tables[crate][name] = int(row.group(1))
+        elif crate and not line.startswith("|"):
+            crate = None
+    return tables
+
+
+def layer_breaches(graph, layers):
+    """Where the top-level modules break their table: a module the table
+    leaves out, or a use of a module on the same layer or above."""
+    out = []
+    top = folder_graph(graph, ())
+    for m in sorted(top):
+        if m[0] not in layers:
+            out.append(f"{m[0]} has no layer")
+            continue
+        for t in sorted(top[m]):
+            if t[0] in layers and layers[t[0]] >= layers[m[0]]:
+                out.append(f"{m[0]} (layer {layers[m[0]]}) uses {t[0]} (layer {layers[t[0]]})")
+    return out
+
+
 def self_test():
     """The check finds a circle hidden behind a folder's re-export and a
     `use` group, and none in a tree whose shared type has a file of its own."""
@@ -260,10 +316,39 @@ def self_test():
     hub["p/c.rs"] = "pub struct C;\nuse crate::q::Q;"
     hub["q.rs"] = "use crate::p::*;\npub struct Q(pub C);"
     assert tree(hub) == [[("p", "c"), ("q",)]], tree(hub)
+    # Two folders inside one, their files importing each other's through a
+    # third file: no circle among the files, one among the folder's children.
+    nested = {
+        "lib.rs": "mod p;",
+        "p/mod.rs": "mod a;\nmod b;",
+        "p/a/mod.rs": "mod x;\nmod y;",
+        "p/a/x.rs": "use crate::p::b::z::Z;\npub struct X(Z);",
+        "p/a/y.rs": "pub struct Y;",
+        "p/b/mod.rs": "mod z;\nmod w;",
+        "p/b/z.rs": "pub struct Z;",
+        "p/b/w.rs": "use crate::p::a::y::Y;\npub struct W(Y);",
+    }
+    root = tempfile.mkdtemp()
+    for name, text in nested.items():
+        os.makedirs(os.path.dirname(os.path.join(root, "src", name)), exist_ok=True)
+        open(os.path.join(root, "src", name), "w").write(text)
+    graph = Crate(os.path.join(root, "src")).edges()
+    assert circles(graph) == [], circles(graph)
+    assert folder_circles(graph) == [(("p",), [("p", "a"), ("p", "b")])], folder_circles(graph)
+    # A layer table: a use of the same layer or above, and a module left out.
+    layers = layer_tables("| layer | modules of `crates/x` |\n|---|---|\n| 1 | `p` |\n| 1 | `q` |\n")
+    assert layers == {"crates/x": {"p": 1, "q": 1}}, layers
+    flat = {("p",): {("q",)}, ("q",): set(), ("r",): set()}
+    assert layer_breaches(flat, layers["crates/x"]) == ["p (layer 1) uses q (layer 1)", "r has no layer"]
+
+
+LAYOUT = "docs/design/layout.md"
 
 
 def main(dirs):
     found = 0
+    layout = open(LAYOUT, encoding="utf-8").read() if os.path.exists(LAYOUT) else ""
+    layers = layer_tables(layout)
     for crate in dirs:
         src = os.path.join(crate, "src")
         if not os.path.isdir(src):
@@ -276,26 +361,35 @@ def main(dirs):
             for m in group:
                 inside = sorted("::".join(t) or "(root)" for t in graph[m] if t in group)
                 print(f"    {'::'.join(m) or '(root)'} -> {', '.join(inside)}")
-        # The same graph between top-level modules (a crate's first folder
-        # or file): its layers, which a circle between files of two folders
-        # would not show.
-        top = {}
-        for m, targets in graph.items():
-            if m:
-                top.setdefault(m[:1], set()).update(t[:1] for t in targets if t and t[:1] != m[:1])
-        for group in circles(top):
+        # The same graph between the modules of each folder (the crate's
+        # root too: its top-level modules, the crate's layers), every file
+        # below one collapsed to it: a circle between files of two folders
+        # does not show among the files when it passes through a third.
+        for parent, group in folder_circles(graph):
             found += 1
-            names = ", ".join(m[0] for m in group)
-            print(f"{crate}: import circle among top-level modules: {names}")
+            where = "top-level modules" if not parent else f"the modules of {'::'.join(parent)}"
+            names = ", ".join(m[-1] for m in group)
+            print(f"{crate}: import circle among {where}: {names}")
+            layer = folder_graph(graph, parent)
             for m in group:
-                inside = sorted(t[0] for t in top[m] if t in group)
-                print(f"    {m[0]} -> {', '.join(inside)}")
+                inside = sorted(t[-1] for t in layer[m] if t in group)
+                print(f"    {m[-1]} -> {', '.join(inside)}")
+        # The crate's layers as docs/design/layout.md states them.
+        if crate.rstrip("/") in layers:
+            for breach in layer_breaches(graph, layers[crate.rstrip("/")]):
+                found += 1
+                print(f"{crate}: against its layers in {LAYOUT}: {breach}")
+        # Every folder of the crate's sources is named in the layout.
+        for folder in sorted({m[:k] for m in graph for k in range(1, len(m))}):
+            if layout and f"{folder[-1]}/" not in layout:
+                found += 1
+                print(f"{crate}: the folder src/{'/'.join(folder)} is not named in {LAYOUT}")
         edges = sum(len(v) for v in graph.values())
         print(f"{crate}: {len(graph)} files, {edges} edges between them")
     if found:
-        print(f"{found} import circle(s) between files or top-level modules")
+        print(f"{found} import circle(s), layer breach(es) or unnamed folder(s)")
         return 1
-    print("no import circle between the files or the top-level modules of any crate")
+    print("no import circle between the files, or the modules of any folder, of any crate")
     return 0
 
 
