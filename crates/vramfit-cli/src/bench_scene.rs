@@ -162,6 +162,7 @@ mod device {
     use anyhow::{Result, bail};
     use serde_json::json;
     use vramfit::optim::Moments;
+    use vramfit_gauss::gpu::DeviceError;
     use vramfit_scene::gpu::fit::StateAllocation;
     use vramfit_scene::gpu::memory::{MemoryCase, MemoryRow, StepMemory};
     use vramfit_scene::sh_storage::ShStorage;
@@ -204,7 +205,7 @@ mod device {
                         "| {} | {} | does not fit: {why} | | | | | | | |\n",
                         case.gaussians, case.degree
                     ));
-                    skipped.push(json!({ "case": case, "why": why }));
+                    skipped.push(json!({ "case": case, "why": why.to_string() }));
                     continue;
                 }
             };
@@ -273,16 +274,22 @@ mod device {
             "rows": rows.iter().filter_map(|(_, r)| r.as_ref().ok()).collect::<Vec<_>>(),
             "steps": steps.iter().map(|(c, m, r)| match r {
                 Ok(s) => json!(s),
-                Err(why) => json!({ "case": c, "moments": m.0, "sh": m.1, "state": m.2, "why": why }),
+                Err(why) => json!({ "case": c, "moments": m.0, "sh": m.1, "state": m.2, "why": why.to_string() }),
             }).collect::<Vec<_>>(),
             "did_not_fit": skipped,
         });
         super::write_record(&args.out, &record, &command, &table)
     }
 
-    type Row = (MemoryCase, Result<MemoryRow, String>);
+    type Row = (MemoryCase, Result<MemoryRow, DeviceError>);
     type Place = (Moments, ShStorage, StateAllocation);
-    type StepRow = (MemoryCase, Place, Result<StepMemory, String>);
+    type StepRow = (MemoryCase, Place, Result<StepMemory, DeviceError>);
+
+    /// A buffer larger than the device's largest: the case is kept with the
+    /// reason; any other failure ends the benchmark.
+    fn too_large(e: &DeviceError) -> bool {
+        matches!(e, DeviceError::BufferTooLarge { .. })
+    }
 
     /// Whole training steps of every case with the moments at each place;
     /// a case the device cannot hold is kept with the reason.
@@ -316,7 +323,7 @@ mod device {
                     other => return Err(crate::device::unavailable(other)),
                 };
                 match r {
-                    Err(e) if !e.contains("device's largest") => bail!("device failure: {e}"),
+                    Err(e) if !too_large(&e) => bail!("device failure: {e}"),
                     r => out.push((*c, (m, sh, state), r)),
                 }
             }
@@ -327,13 +334,13 @@ mod device {
     /// Measures every case; a case whose buffers the device cannot allocate is
     /// kept with the reason, any other device failure ends the benchmark.
     fn measure(device: &str, cases: &[MemoryCase]) -> Result<Vec<Row>> {
-        let each = |f: &dyn Fn(&MemoryCase) -> Result<MemoryRow, String>| {
+        let each = |f: &dyn Fn(&MemoryCase) -> Result<MemoryRow, DeviceError>| {
             cases
                 .iter()
                 .map(|c| {
                     eprintln!("measuring {} Gaussians, SH degree {}…", c.gaussians, c.degree);
                     match f(c) {
-                        Err(e) if !e.contains("device's largest") => Err(anyhow::anyhow!("device failure: {e}")),
+                        Err(e) if !too_large(&e) => Err(anyhow::anyhow!("device failure: {e}")),
                         r => Ok((*c, r)),
                     }
                 })

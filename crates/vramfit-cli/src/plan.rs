@@ -27,8 +27,8 @@ use vramfit_splat::plan::SplatTarget;
 
 use crate::budget::{Budget, budget_and_cards, check_json_folder, check_new_out, check_within};
 use crate::device::{OnBackend, OnSplatBackend, on_device, on_splat_device};
-use crate::plan_bench::Benched;
 use crate::show_plan::{Show, fit_command, train_command};
+use vramfit::plan::benchmark::Benched;
 
 #[derive(clap::Subcommand)]
 pub enum Which {
@@ -422,7 +422,7 @@ impl OnSplatBackend for OnSplat {
 /// A workload the planning commands serve: the command that runs a plan's
 /// settings, and how a finished run is printed.
 pub trait PlanTarget:
-    Runnable<Strategy: Benched, Settings: serde::Serialize, Error: std::error::Error + Send + Sync + 'static>
+    Runnable<Strategy: Benched + Show, Settings: serde::Serialize, Error: std::error::Error + Send + Sync + 'static>
 {
     /// The `vramfit` command that runs `settings` on `device`.
     fn command(settings: &Self::Settings, device: &str) -> String;

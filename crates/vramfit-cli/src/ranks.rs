@@ -5,14 +5,12 @@
 //! Rank 0 writes the run directory; rank r writes `RUN/ranks/rank-r` (its
 //! own memory figures and checkpoints).
 
-use std::path::Path;
-
 use anyhow::{Result, bail};
 use burn::tensor::backend::AutodiffBackend;
 use vramfit::plan::{Calibration, Knobs, OnRanks, PROBE_STEPS, RanksJob, RanksLauncher, Runnable, Strategy};
 use vramfit::profile::{DeviceMemory, human_bytes};
+use vramfit::run::rank_dir;
 use vramfit::run::{RunPath, Start};
-use vramfit::run::{rank_dir, rank_dirs};
 use vramfit_models::config::FamilyConfig;
 use vramfit_models::family::Family;
 use vramfit_models::plan::FamilyTarget;
@@ -212,7 +210,7 @@ struct Mpirun<'a> {
 }
 
 impl RanksLauncher for Mpirun<'_> {
-    fn launch(&mut self, job: RanksJob<'_>) -> std::result::Result<(), String> {
+    fn launch(&mut self, job: RanksJob<'_>) -> std::result::Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let mut args: Vec<std::ffi::OsString> =
             ["train", self.workload, "--device", self.device].map(Into::into).into();
         let mut quiet = false;
@@ -242,7 +240,7 @@ impl RanksLauncher for Mpirun<'_> {
                 args.extend(["--held-to".into(), budget.to_string().into()]);
             }
         }
-        mpirun(self.ranks, args, quiet).map_err(|e| format!("{e:#}"))
+        mpirun(self.ranks, args, quiet).map_err(|e| format!("{e:#}").into())
     }
 }
 
@@ -255,33 +253,20 @@ fn each_rank(peaks: impl Iterator<Item = u64>) -> String {
         .join(", ")
 }
 
-/// Checks, before the launcher changes anything in the run at `root`,
-/// that it can be resumed as `workload` on `ranks` ranks (not finished,
-/// that workload's, `mpirun` there for more than one) and holds every
-/// rank's folder (their locks: a run still going, or another resume of
-/// it, is refused) until the returned folders are dropped.
-pub fn hold_for_resume(root: &Path, workload: &str, ranks: usize) -> Result<Vec<vramfit::run::RunDir>> {
-    if root.join("summary.json").exists() {
-        bail!(
-            "cannot resume {}: the run already finished (summary.json exists)",
-            root.display()
-        );
+/// Whether `ranks` ranks can be started here (an MPI build, `mpirun`
+/// installed), asked before a resume changes anything in the run.
+pub fn ready_to_launch(ranks: usize) -> Result<()> {
+    if ranks <= 1 {
+        return Ok(());
     }
-    if let Ok(started) = vramfit::files::read::read_text(&root.join("workload"), vramfit::files::read::Links::Refuse)
-        && started.trim() != workload
-    {
-        bail!("cannot resume {}: it is not a run of {workload}", root.display());
-    }
-    if ranks > 1 && std::process::Command::new("mpirun").arg("--version").output().is_err() {
+    check_mpi(ranks)?;
+    if std::process::Command::new("mpirun").arg("--version").output().is_err() {
         bail!(
             "--ranks {ranks} starts the ranks with `mpirun`, which is not installed: install Open MPI (Debian: \
              `apt install openmpi-bin`); nothing was changed"
         );
     }
-    rank_dirs(root)
-        .iter()
-        .map(|(_, d)| vramfit::run::RunDir::open(d).map_err(anyhow::Error::from))
-        .collect()
+    Ok(())
 }
 
 /// `start` for rank `rank` (rank 0's is the run's own).

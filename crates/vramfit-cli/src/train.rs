@@ -155,55 +155,42 @@ fn run_family<F: Family<D>, const D: usize>(
     };
     let (start, ranks) = match &args.resume {
         Some(dir) => {
-            // A run's ranks are its config's (none readable: not a run; the resume says why),
-            // or another count given with --ranks: the state is then regathered.
-            let path = dir.join("config.toml");
-            let config = vramfit::files::read::read_text(&path, vramfit::files::read::Links::Refuse)
-                .ok()
-                .and_then(|text| FamilyConfig::<F>::from_toml(&text, &path).ok());
-            let ranks = args.settings.ranks().or(config.as_ref().map(|c| c.ranks)).unwrap_or(1);
-            let wrote = vramfit::run::rank_dirs(dir).len();
             let launcher = vramfit::ranks::world().is_none();
-            // Before anything in it changes: finished, in use or another
-            // workload's is refused, every rank's folder held meanwhile.
-            let held = if launcher && (ranks != wrote || ranks > 1) {
-                crate::ranks::hold_for_resume(dir, &format!("vramfit train {}", F::NAME), ranks)?
-            } else {
-                Vec::new()
-            };
-            if ranks != wrote && launcher {
-                let Some(mut config) = config else {
-                    anyhow::bail!(
-                        "cannot resume {} on {ranks} ranks: its config.toml does not read",
-                        dir.display()
-                    );
-                };
-                check_ranks(&config, ranks, &format!("--ranks {ranks}"))?;
-                config.ranks = ranks;
-                config.shard_moments &= ranks > 1;
-                let step = vramfit::run::regather(dir, ranks, &config.to_toml())?;
+            let ready = vramfit_models::on_ranks::ready_resume::<F, D>(
+                dir,
+                &format!("vramfit train {}", F::NAME),
+                args.settings.ranks(),
+                launcher,
+                |ranks| crate::ranks::ready_to_launch(ranks).map_err(Into::into),
+            )?;
+            if let Some((wrote, step)) = ready.regathered {
                 println!(
-                    "resuming on {ranks} rank(s) what {wrote} ran: the state of step {step} gathered from every rank \
-                     (Adam's moments from the rank that kept them)"
+                    "resuming on {} rank(s) what {wrote} ran: the state of step {step} gathered from every rank \
+                     (Adam's moments from the rank that kept them)",
+                    ready.ranks
                 );
             }
-            if ranks > 1
-                && launcher
-                && let Some(step) = vramfit::run::align_checkpoints(dir)?
-            {
+            if let Some(step) = ready.aligned {
                 println!(
                     "the ranks' newest checkpoints differ (a rank stopped between them): every rank resumes from \
                      step {step}, the newest all of them wrote (the newer ones removed)"
                 );
             }
-            drop(held);
-            (vramfit::run::Start::Resume(dir.clone()), ranks)
+            (vramfit::run::Start::Resume(dir.clone()), ready.ranks)
         }
         None => {
             let mut config = crate::flags::resolve_train::<F>(&args.settings)?;
             let ranks = config.ranks;
-            split_over_ranks(&mut config);
-            check_ranks(&config, ranks, "setting `ranks`")?;
+            // Every rank splits alike; the launcher says so once.
+            if let Some(note) = vramfit_models::on_ranks::split_over_ranks(&mut config)
+                && vramfit::ranks::world().is_none()
+            {
+                println!("{note}");
+            }
+            vramfit_models::on_ranks::check_ranks(&config, ranks, "setting `ranks`")?;
+            if ranks > 1 {
+                crate::ranks::check_mpi(ranks)?;
+            }
             (
                 vramfit::run::Start::New(config, crate::runs::run_path(&args.out, F::NAME)),
                 ranks,
@@ -225,43 +212,4 @@ fn run_family<F: Family<D>, const D: usize>(
         _ => {}
     }
     crate::runs::run(&args.device.name, launch(start), held)
-}
-
-/// As data-parallel tools do, a batch given whole (no micro-batches) on
-/// N ranks is split over them: N micro-batches of batch/N, one a rank
-/// (the same batch, the same gradient up to the order of the sums).
-fn split_over_ranks<F: Family<D>, const D: usize>(config: &mut FamilyConfig<F>) {
-    let (ranks, batch) = (config.ranks, config.batch_size);
-    let whole = config.accumulate == 1 && (config.micro_batch == 0 || config.micro_batch == batch);
-    if ranks > 1 && whole && batch.is_multiple_of(ranks) {
-        config.micro_batch = batch / ranks;
-        config.accumulate = ranks;
-        // Every rank splits alike; the launcher says so once.
-        if vramfit::ranks::world().is_some() {
-            return;
-        }
-        println!(
-            "note: the batch of {batch} is split over the {ranks} ranks: {ranks} micro-batches of {}, one a rank \
-             (--micro-batch {} --accumulate {ranks})",
-            batch / ranks,
-            batch / ranks
-        );
-    }
-}
-
-/// Before any rank starts: at least one, an MPI build for more, sharing
-/// the micro-batches evenly.
-fn check_ranks<F: Family<D>, const D: usize>(config: &FamilyConfig<F>, ranks: usize, what: &str) -> Result<()> {
-    if ranks == 0 {
-        anyhow::bail!("{what}: must be at least 1");
-    }
-    if ranks > 1 {
-        crate::ranks::check_mpi(ranks)?;
-    }
-    let micro = if config.micro_batch == 0 {
-        config.batch_size
-    } else {
-        config.micro_batch
-    };
-    vramfit::ranks::check_split(micro, config.accumulate, ranks).map_err(|e| anyhow::anyhow!("{what}: {e}"))
 }

@@ -24,6 +24,48 @@ const SEQUENTIAL: [u8; 2] = [0xC0, 0xC1];
 /// Progressive, Huffman- or arithmetic-coded (and their differential kinds).
 const PROGRESSIVE: [u8; 4] = [0xC2, 0xC6, 0xCA, 0xCE];
 
+/// How an image file ends before all the image its header promises.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CutShort {
+    /// The data stops before the format's end marker.
+    #[error("the {format} data stops after {bytes} bytes, before its {end}: the file is cut short")]
+    BeforeEnd {
+        /// PNG or JPEG.
+        format: &'static str,
+        /// The bytes there are.
+        bytes: usize,
+        /// The marker missing, in words.
+        end: &'static str,
+    },
+    /// A progressive JPEG's scans stop before a coefficient arrived at
+    /// full precision.
+    #[error(
+        "its progressive scans end before the image is complete (component {component}, coefficient {coefficient} \
+         {}): a file cut short and closed again (or written by a scan script that stops short of full precision); \
+         the rest would be decoded coarse or flat, so re-export it",
+        match .sent_to { None => "never sent".to_string(), Some(al) => format!("sent to bit {al} only") }
+    )]
+    Scans {
+        /// The component's id.
+        component: u8,
+        /// The first coefficient short of full precision.
+        coefficient: usize,
+        /// The lowest bit it arrived at (none: never sent).
+        sent_to: Option<u8>,
+    },
+    /// A sequential JPEG's scan holds fewer blocks than its frame promises.
+    #[error(
+        "its image data ends after {blocks} of the {promised} blocks its header promises (a file cut short and \
+         closed again): the rest would be decoded as a flat colour"
+    )]
+    Blocks {
+        /// The blocks there are.
+        blocks: usize,
+        /// The blocks the frame promises.
+        promised: usize,
+    },
+}
+
 /// What a progressive JPEG's scans have sent: per component, per
 /// coefficient, the lowest bit position (`Al`) it arrived at.
 struct Coverage {
@@ -55,18 +97,14 @@ impl Coverage {
         }
     }
 
-    fn complete(&self) -> Result<(), String> {
+    fn complete(&self) -> Result<(), CutShort> {
         for (id, bits) in &self.components {
             if let Some(k) = bits.iter().position(|b| *b != Some(0)) {
-                return Err(format!(
-                    "its progressive scans end before the image is complete (component {id}, coefficient {k} {}): \
-                     a file cut short and closed again (or written by a scan script that stops short of full \
-                     precision); the rest would be decoded coarse or flat, so re-export it",
-                    match bits[k] {
-                        None => "never sent".to_string(),
-                        Some(al) => format!("sent to bit {al} only"),
-                    }
-                ));
+                return Err(CutShort::Scans {
+                    component: *id,
+                    coefficient: k,
+                    sent_to: bits[k],
+                });
             }
         }
         Ok(())
@@ -74,12 +112,11 @@ impl Coverage {
 }
 
 /// Checks `bytes` (a JPEG); the error says what is missing.
-pub(crate) fn check(bytes: &[u8]) -> Result<(), String> {
-    let cut = || {
-        format!(
-            "the JPEG data stops after {} bytes, before its end-of-image marker (FF D9): the file is cut short",
-            bytes.len()
-        )
+pub(crate) fn check(bytes: &[u8]) -> Result<(), CutShort> {
+    let cut = || CutShort::BeforeEnd {
+        format: "JPEG",
+        bytes: bytes.len(),
+        end: "end-of-image marker (FF D9)",
     };
     let standalone = |m: u8| matches!(m, 0x01 | 0xD0..=0xD8);
     let mut tables: [[Option<Huffman>; 4]; 2] = Default::default();
@@ -294,7 +331,7 @@ impl<'a> Scan<'a> {
 
     /// Walks the scan's data from `at`; an error when it ends before the
     /// last unit.
-    fn walk(&self, bytes: &[u8], at: usize, restart: usize) -> Result<(), String> {
+    fn walk(&self, bytes: &[u8], at: usize, restart: usize) -> Result<(), CutShort> {
         let mut bits = Bits {
             bytes,
             at,
@@ -316,12 +353,11 @@ impl<'a> Scan<'a> {
         Ok(())
     }
 
-    fn short(&self, unit: usize) -> Result<(), String> {
-        Err(format!(
-            "its image data ends after {unit} of the {} blocks its header promises (a file cut short and \
-             closed again): the rest would be decoded as a flat colour",
-            self.units
-        ))
+    fn short(&self, unit: usize) -> Result<(), CutShort> {
+        Err(CutShort::Blocks {
+            blocks: unit,
+            promised: self.units,
+        })
     }
 }
 
@@ -472,7 +508,7 @@ mod tests {
                         "{sampling:?} restart {restart}: cut at {cut} of {}",
                         whole.len()
                     ));
-                    assert!(e.contains("blocks its header promises"), "{e}");
+                    assert!(e.to_string().contains("blocks its header promises"), "{e}");
                 }
                 let mut two_thirds = whole[..whole.len() * 2 / 3].to_vec();
                 two_thirds.extend([0xFF, 0xD9]);
@@ -500,7 +536,11 @@ mod tests {
                 let mut bytes = whole[..at].to_vec();
                 bytes.extend([0xFF, 0xD9]);
                 let e = check(&bytes).expect_err(&format!("{sampling:?}: cut before the scan at {at}"));
-                assert!(e.contains("progressive scans end before the image is complete"), "{e}");
+                assert!(
+                    e.to_string()
+                        .contains("progressive scans end before the image is complete"),
+                    "{e}"
+                );
             }
         }
     }
@@ -511,7 +551,7 @@ mod tests {
     fn a_jpeg_without_its_end_is_cut_short_and_garbage_does_not_panic() {
         let whole = encode(64, 48, SamplingFactor::R_4_2_0, 0, false);
         let e = check(&whole[..whole.len() / 2]).unwrap_err();
-        assert!(e.contains("cut short"), "{e}");
+        assert!(e.to_string().contains("cut short"), "{e}");
         let mut x = 0x1234_5678u32;
         for len in 0..600 {
             let mut bytes = vec![0xFF, 0xD8];

@@ -15,6 +15,7 @@ mod device;
 #[cfg(feature = "gpu")]
 pub mod gpu;
 mod jpeg_scan;
+pub use jpeg_scan::CutShort;
 pub mod picture;
 mod real;
 pub mod ssim;

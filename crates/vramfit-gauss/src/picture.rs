@@ -36,6 +36,15 @@ pub enum PictureError {
         /// What the decoder said.
         detail: String,
     },
+    /// The file ends before all the image its header promises (decoders
+    /// would fill the rest with grey or a flat colour without a word).
+    #[error("image '{path}' is corrupt or truncated ({cut}); re-export or re-download it")]
+    CutShort {
+        /// The file.
+        path: PathBuf,
+        /// How it ends short.
+        cut: crate::jpeg_scan::CutShort,
+    },
     /// Too small to fit.
     #[error("image is {width}×{height}; fitting needs at least {min}×{min} pixels")]
     TooSmall {
@@ -205,7 +214,7 @@ pub fn encode_png(img: &RgbImage) -> Result<Vec<u8>, PictureError> {
 
 /// Checks that PNG bytes run to their `IEND` chunk: every chunk's declared
 /// length must be present.
-fn png_complete(bytes: &[u8]) -> Result<(), String> {
+fn png_complete(bytes: &[u8]) -> Result<(), crate::jpeg_scan::CutShort> {
     const SIGNATURE: usize = 8;
     let mut at = SIGNATURE;
     while at < bytes.len() {
@@ -220,10 +229,11 @@ fn png_complete(bytes: &[u8]) -> Result<(), String> {
         }
         at = end;
     }
-    Err(format!(
-        "the PNG data stops after {} bytes, before its end chunk (IEND): the file is cut short",
-        bytes.len()
-    ))
+    Err(crate::jpeg_scan::CutShort::BeforeEnd {
+        format: "PNG",
+        bytes: bytes.len(),
+        end: "end chunk (IEND)",
+    })
 }
 
 /// Peak signal-to-noise ratio in dB of `x` (clamped to `[0, 1]`) against `y`.
@@ -270,11 +280,8 @@ pub fn decode_rgb8(bytes: &[u8], path: &Path) -> Result<RgbImage, PictureError> 
     } else {
         crate::jpeg_scan::check(bytes)
     };
-    if let Err(detail) = complete {
-        return Err(PictureError::Corrupt {
-            path: path.into(),
-            detail,
-        });
+    if let Err(cut) = complete {
+        return Err(PictureError::CutShort { path: path.into(), cut });
     }
     let mut limits = image::Limits::default();
     limits.max_alloc = Some(MAX_DECODE_BYTES);

@@ -34,6 +34,7 @@ pub mod family;
 pub mod gpt;
 pub mod job;
 pub mod llama;
+pub mod on_ranks;
 pub mod plan;
 pub mod quality;
 pub mod safetensors;

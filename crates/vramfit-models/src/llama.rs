@@ -415,9 +415,9 @@ impl LlamaConfig {
     fn checkpoint(&self) -> Result<crate::safetensors::Checkpoint, ConfigError> {
         let bad = |why: String| invalid("model.weights", why);
         let path = std::path::Path::new(&self.weights);
-        let file = crate::safetensors::Checkpoint::open(path).map_err(bad)?;
+        let file = crate::safetensors::Checkpoint::open(path).map_err(|e| bad(e.to_string()))?;
         if path.is_dir() {
-            hf_config::check(self, path).map_err(bad)?;
+            hf_config::check(self, path).map_err(|e| bad(e.to_string()))?;
         }
         let expected = self.hf_tensors();
         for (name, shape) in &expected {

@@ -29,9 +29,97 @@ use std::path::{Path, PathBuf};
 
 use vramfit::files::confine;
 
+/// Why a checkpoint is refused, or a tensor cannot be read: the file (or
+/// folder) and the problem.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {problem}", path.display())]
+pub struct CheckpointError {
+    /// The file or folder at fault.
+    pub path: PathBuf,
+    /// What is wrong.
+    pub problem: CheckpointProblem,
+}
+
+/// What is wrong with a checkpoint: the kinds a caller may act on (a path
+/// to correct, a file to fetch again, a read to retry) apart; the format's
+/// own inconsistencies in words.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointProblem {
+    /// Nothing at the path.
+    #[error("no such directory or file: give the directory of a safetensors checkpoint (model.safetensors)")]
+    Missing,
+    /// A folder with no safetensors file.
+    #[error(
+        "no *.safetensors file here (a Hugging Face checkpoint has model.safetensors or model.safetensors.index.json)"
+    )]
+    NoFiles,
+    /// A name that leads out of the checkpoint's folder.
+    #[error("`{}` {}", .0.name, .0.why)]
+    Outside(confine::Outside),
+    /// A file the checkpoint needs is a folder, a pipe or a device.
+    #[error("is {0}: a checkpoint's files are regular files")]
+    NotRegular(&'static str),
+    /// A shard the index lists is missing or not a regular file.
+    #[error("lists {}, which is {what}: the checkpoint is incomplete or damaged", shard.display())]
+    ShardNotRegular {
+        /// The shard.
+        shard: PathBuf,
+        /// What it is instead.
+        what: &'static str,
+    },
+    /// The operating system refused a read.
+    #[error("{0}")]
+    Io(std::io::Error),
+    /// A tensor's bytes could not be read.
+    #[error("reading `{name}`: {cause}")]
+    Reading {
+        /// The tensor.
+        name: String,
+        /// The OS error.
+        cause: std::io::Error,
+    },
+    /// A tensor the caller asked for is not there.
+    #[error("the checkpoint has no tensor `{0}`")]
+    NoTensor(String),
+    /// A tensor holds NaN or infinities: the file's fault.
+    #[error(
+        "tensor `{name}` holds {count} value(s) that are not finite (NaN or infinite; the first at index {first}, \
+         {value}): the checkpoint file is damaged, not the training; export or download it again"
+    )]
+    NotFinite {
+        /// The tensor.
+        name: String,
+        /// How many values.
+        count: usize,
+        /// The first one's index.
+        first: usize,
+        /// Its value.
+        value: f32,
+    },
+    /// The header, the index or their agreement break the format (a
+    /// damaged, truncated or altered file), in words.
+    #[error("{0}")]
+    Format(String),
+}
+
+impl CheckpointError {
+    fn new(path: &Path, problem: CheckpointProblem) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            problem,
+        }
+    }
+
+    fn format(path: &Path, why: String) -> Self {
+        Self::new(path, CheckpointProblem::Format(why))
+    }
+}
+
 /// A safetensors checkpoint's tensors, by name.
 #[derive(Debug)]
 pub struct Checkpoint {
+    /// The folder or file it was opened from.
+    root: PathBuf,
     tensors: BTreeMap<String, Entry>,
 }
 
@@ -98,16 +186,18 @@ impl Checkpoint {
     /// or `model.safetensors.index.json` and its shards, or other
     /// `*.safetensors` files), or one `.safetensors` file: its headers read
     /// and checked (see the module's text).
-    pub fn open(path: &Path) -> Result<Self, String> {
+    pub fn open(path: &Path) -> Result<Self, CheckpointError> {
         let (files, index) = files_of(path)?;
         let mut tensors = BTreeMap::new();
         for file in &files {
             for (name, entry) in header(file)? {
                 if let Some(before) = tensors.insert(name.clone(), entry) {
-                    return Err(format!(
-                        "{}: tensor `{name}` is also in {}: one checkpoint, each tensor once",
-                        file.display(),
-                        before.file.display()
+                    return Err(CheckpointError::format(
+                        file,
+                        format!(
+                            "tensor `{name}` is also in {}: one checkpoint, each tensor once",
+                            before.file.display()
+                        ),
                     ));
                 }
             }
@@ -115,7 +205,10 @@ impl Checkpoint {
         if let Some((index, map)) = index {
             agree(&index, &map, &tensors)?;
         }
-        Ok(Self { tensors })
+        Ok(Self {
+            root: path.to_path_buf(),
+            tensors,
+        })
     }
 
     /// The names it holds.
@@ -135,11 +228,11 @@ impl Checkpoint {
 
     /// The values of `name` as f32 (bf16 and f16 exactly), row-major; a
     /// value that is not finite is refused as the file's fault.
-    pub fn read_f32(&self, name: &str) -> Result<Vec<f32>, String> {
+    pub fn read_f32(&self, name: &str) -> Result<Vec<f32>, CheckpointError> {
         let e = self
             .tensors
             .get(name)
-            .ok_or_else(|| format!("the checkpoint has no tensor `{name}`"))?;
+            .ok_or_else(|| CheckpointError::new(&self.root, CheckpointProblem::NoTensor(name.into())))?;
         let count: usize = e.shape.iter().product();
         let mut bytes = vec![0u8; count * e.dtype.size()];
         let mut read = || -> std::io::Result<()> {
@@ -150,7 +243,16 @@ impl Checkpoint {
             f.seek(SeekFrom::Start(e.start))?;
             f.read_exact(&mut bytes)
         };
-        read().map_err(|err| format!("{}: reading `{name}`: {err}", e.file.display()))?;
+        let reading = |cause| {
+            CheckpointError::new(
+                &e.file,
+                CheckpointProblem::Reading {
+                    name: name.into(),
+                    cause,
+                },
+            )
+        };
+        read().map_err(reading)?;
         let values: Vec<f32> = match e.dtype {
             Dtype::F32 => bytes
                 .chunks_exact(4)
@@ -166,12 +268,14 @@ impl Checkpoint {
                 .collect(),
         };
         if let Some(first) = values.iter().position(|x| !x.is_finite()) {
-            let bad = values.iter().filter(|x| !x.is_finite()).count();
-            return Err(format!(
-                "{}: tensor `{name}` holds {bad} value(s) that are not finite (NaN or infinite; the first at index \
-                 {first}, {}): the checkpoint file is damaged, not the training; export or download it again",
-                e.file.display(),
-                values[first]
+            return Err(CheckpointError::new(
+                &e.file,
+                CheckpointProblem::NotFinite {
+                    name: name.into(),
+                    count: values.iter().filter(|x| !x.is_finite()).count(),
+                    first,
+                    value: values[first],
+                },
             ));
         }
         Ok(values)
@@ -185,7 +289,7 @@ impl Checkpoint {
     /// checkpoint fine-tuned, merged or exported again differs in them: a
     /// resumed run that rebuilds its base from the file checks it is the
     /// one it was trained on. Not a hash of every byte.
-    pub fn fingerprint(&self) -> Result<String, String> {
+    pub fn fingerprint(&self) -> Result<String, CheckpointError> {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         let mut mix = |bytes: &[u8]| {
             for &b in bytes {
@@ -200,12 +304,21 @@ impl Checkpoint {
             }
             let length = e.shape.iter().product::<usize>() as u64 * e.dtype.size() as u64;
             let take = SAMPLED.min(length);
-            let mut f = File::open(&e.file).map_err(|err| format!("{}: {err}", e.file.display()))?;
+            let reading = |cause| {
+                CheckpointError::new(
+                    &e.file,
+                    CheckpointProblem::Reading {
+                        name: name.clone(),
+                        cause,
+                    },
+                )
+            };
+            let mut f = File::open(&e.file).map_err(reading)?;
             let mut buf = vec![0u8; take as usize];
             for at in [0, (length - take) / 2, length - take] {
                 f.seek(SeekFrom::Start(e.start + at))
                     .and_then(|_| f.read_exact(&mut buf))
-                    .map_err(|err| format!("{}: reading `{name}`: {err}", e.file.display()))?;
+                    .map_err(reading)?;
                 mix(&buf);
             }
         }
@@ -243,85 +356,76 @@ type Index = (PathBuf, WeightMap);
 
 /// The files of the checkpoint at `path`, and the index with its map
 /// where the checkpoint is sharded.
-fn files_of(path: &Path) -> Result<(Vec<PathBuf>, Option<Index>), String> {
+fn files_of(path: &Path) -> Result<(Vec<PathBuf>, Option<Index>), CheckpointError> {
+    let outside = |o| CheckpointError::new(path, CheckpointProblem::Outside(o));
     if !path.is_dir() {
         if !path.exists() {
-            return Err(format!(
-                "{}: no such directory or file: give the directory of a safetensors checkpoint (model.safetensors)",
-                path.display()
-            ));
+            return Err(CheckpointError::new(path, CheckpointProblem::Missing));
         }
         return Ok((vec![regular(path)?], None));
     }
     let single = path.join(SINGLE);
     if single.exists() || single.is_symlink() {
-        let file = confine::inside(&confined_to(path), path, SINGLE, "the checkpoint's folder")
-            .map_err(|o| format!("{}: `{}` {}", path.display(), o.name, o.why))?;
+        let file = confine::inside(&confined_to(path), path, SINGLE, "the checkpoint's folder").map_err(outside)?;
         return Ok((vec![regular(&file)?], None));
     }
     let index = path.join(INDEX);
     if index.exists() || index.is_symlink() {
-        let index = confine::inside(&confined_to(path), path, INDEX, "the checkpoint's folder")
-            .map_err(|o| format!("{}: `{}` {}", path.display(), o.name, o.why))?;
+        let index = confine::inside(&confined_to(path), path, INDEX, "the checkpoint's folder").map_err(outside)?;
         let map = weight_map(path, &regular(&index)?)?;
         let mut shards: Vec<PathBuf> = map.values().cloned().collect();
         shards.sort();
         shards.dedup();
         for shard in &shards {
             if let Some(what) = confine::not_regular(shard) {
-                return Err(format!(
-                    "{} lists {}, which is {what}: the checkpoint is incomplete or damaged",
-                    index.display(),
-                    shard.display()
+                return Err(CheckpointError::new(
+                    &index,
+                    CheckpointProblem::ShardNotRegular {
+                        shard: shard.clone(),
+                        what,
+                    },
                 ));
             }
         }
         return Ok((shards, Some((index, map))));
     }
     let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-        .map_err(|e| format!("{}: {e}", path.display()))?
+        .map_err(|e| CheckpointError::new(path, CheckpointProblem::Io(e)))?
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
         .filter(|n| n.ends_with(".safetensors"))
         .map(|n| {
-            let file = confine::inside(&confined_to(path), path, &n, "the checkpoint's folder")
-                .map_err(|o| format!("{}: `{}` {}", path.display(), o.name, o.why))?;
+            let file = confine::inside(&confined_to(path), path, &n, "the checkpoint's folder").map_err(outside)?;
             regular(&file)
         })
         .collect::<Result<_, _>>()?;
     files.sort();
     if files.is_empty() {
-        return Err(format!(
-            "{}: no *.safetensors file here (a Hugging Face checkpoint has model.safetensors or \
-             model.safetensors.index.json)",
-            path.display()
-        ));
+        return Err(CheckpointError::new(path, CheckpointProblem::NoFiles));
     }
     Ok((files, None))
 }
 
 /// `path` if it is a regular file (a FIFO would block the read, a device
 /// never end), else why not.
-fn regular(path: &Path) -> Result<PathBuf, String> {
+fn regular(path: &Path) -> Result<PathBuf, CheckpointError> {
     match confine::not_regular(path) {
         None => Ok(path.to_path_buf()),
-        Some(what) => Err(format!(
-            "{} is {what}: a checkpoint's files are regular files",
-            path.display()
-        )),
+        Some(what) => Err(CheckpointError::new(path, CheckpointProblem::NotRegular(what))),
     }
 }
 
 /// The index's `weight_map`: every name a string, every shard inside the
 /// checkpoint's folder `dir`.
-fn weight_map(dir: &Path, index: &Path) -> Result<WeightMap, String> {
-    let at = |why: String| format!("{}: {why}", index.display());
-    let length = std::fs::metadata(index).map_err(|e| at(e.to_string()))?.len();
+fn weight_map(dir: &Path, index: &Path) -> Result<WeightMap, CheckpointError> {
+    let at = |why: String| CheckpointError::format(index, why);
+    let io = |e| CheckpointError::new(index, CheckpointProblem::Io(e));
+    let length = std::fs::metadata(index).map_err(io)?.len();
     if length > MOST_HEADER {
         return Err(at(format!(
             "{length} bytes: more than an index takes ({MOST_HEADER} at most); not a checkpoint index"
         )));
     }
-    let text = std::fs::read(index).map_err(|e| at(e.to_string()))?;
+    let text = std::fs::read(index).map_err(io)?;
     let json: serde_json::Value = serde_json::from_slice(&text).map_err(|e| at(format!("not JSON: {e}")))?;
     let map = json
         .get("weight_map")
@@ -351,33 +455,39 @@ fn weight_map(dir: &Path, index: &Path) -> Result<WeightMap, String> {
 /// The index and the shards' headers agree tensor for tensor: each name
 /// the index lists is in the shard it names, and each tensor a shard holds
 /// is listed, with that shard.
-fn agree(index: &Path, map: &WeightMap, tensors: &BTreeMap<String, Entry>) -> Result<(), String> {
+fn agree(index: &Path, map: &WeightMap, tensors: &BTreeMap<String, Entry>) -> Result<(), CheckpointError> {
     for (name, shard) in map {
         match tensors.get(name) {
             None => {
-                return Err(format!(
-                    "{} lists tensor `{name}` in {}, which does not hold it: the index and its shards disagree \
-                     (an incomplete or mixed checkpoint)",
-                    index.display(),
-                    shard.display()
+                return Err(CheckpointError::format(
+                    index,
+                    format!(
+                        "lists tensor `{name}` in {}, which does not hold it: the index and its shards disagree (an \
+                         incomplete or mixed checkpoint)",
+                        shard.display()
+                    ),
                 ));
             }
             Some(e) if &e.file != shard => {
-                return Err(format!(
-                    "{} lists tensor `{name}` in {}, but {} holds it: the index and its shards disagree",
-                    index.display(),
-                    shard.display(),
-                    e.file.display()
+                return Err(CheckpointError::format(
+                    index,
+                    format!(
+                        "lists tensor `{name}` in {}, but {} holds it: the index and its shards disagree",
+                        shard.display(),
+                        e.file.display()
+                    ),
                 ));
             }
             Some(_) => {}
         }
     }
     if let Some((name, e)) = tensors.iter().find(|(n, _)| !map.contains_key(*n)) {
-        return Err(format!(
-            "{} holds tensor `{name}`, which {} does not list: the index and its shards disagree",
-            e.file.display(),
-            index.display()
+        return Err(CheckpointError::format(
+            &e.file,
+            format!(
+                "holds tensor `{name}`, which {} does not list: the index and its shards disagree",
+                index.display()
+            ),
         ));
     }
     Ok(())
@@ -408,10 +518,11 @@ impl<'de> serde::Deserialize<'de> for Entries {
 }
 
 /// The tensors `file`'s header lists, checked as the module's text says.
-fn header(file: &Path) -> Result<Vec<(String, Entry)>, String> {
-    let at = |why: String| format!("{}: {why}", file.display());
-    let mut f = File::open(file).map_err(|e| at(e.to_string()))?;
-    let length = f.metadata().map_err(|e| at(e.to_string()))?.len();
+fn header(file: &Path) -> Result<Vec<(String, Entry)>, CheckpointError> {
+    let at = |why: String| CheckpointError::format(file, why);
+    let io = |e| CheckpointError::new(file, CheckpointProblem::Io(e));
+    let mut f = File::open(file).map_err(io)?;
+    let length = f.metadata().map_err(io)?.len();
     let mut n = [0u8; 8];
     f.read_exact(&mut n)
         .map_err(|_| at(format!("{length} bytes: too short for a safetensors file (truncated?)")))?;
@@ -428,7 +539,7 @@ fn header(file: &Path) -> Result<Vec<(String, Entry)>, String> {
         )));
     }
     let mut text = vec![0u8; n as usize];
-    f.read_exact(&mut text).map_err(|e| at(e.to_string()))?;
+    f.read_exact(&mut text).map_err(io)?;
     let Entries(json) =
         serde_json::from_slice(&text).map_err(|e| at(format!("its header is not a safetensors header: {e}")))?;
     let data = length - 8 - n;
@@ -450,7 +561,7 @@ fn header(file: &Path) -> Result<Vec<(String, Entry)>, String> {
                 "dtype `{dtype}`: only F32, F16 and BF16 are read (a model's weights)"
             ))
         })?;
-        let numbers = |key: &str| -> Result<Vec<u64>, String> {
+        let numbers = |key: &str| -> Result<Vec<u64>, CheckpointError> {
             let given = v.get(key).ok_or_else(|| bad(&format!("no `{key}`")))?;
             given
                 .as_array()

@@ -127,9 +127,9 @@ fn traced_at<F: Family<D>, const D: usize>(
     let keep_f16 = cards.iter().any(|c| !vramfit::pools::Rates::has_bf16(&c.name));
     let plans = candidates(&space, keep_f16);
     let mut operations = 0;
-    let trace = |knobs: &Knobs| -> Result<ShapesTraced, String> {
+    let trace = |knobs: &Knobs| -> Result<ShapesTraced, ShapeTraceError> {
         let settings = crate::plan::apply(&config, knobs, config.batch_size, &space);
-        let traced = trace_settings(settings, TRACED_STEPS).map_err(|e| e.to_string())?;
+        let traced = trace_settings(settings, TRACED_STEPS)?;
         operations += traced.operations;
         Ok(traced)
     };

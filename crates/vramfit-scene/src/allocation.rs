@@ -17,12 +17,16 @@ pub enum StateAllocation {
 }
 
 impl std::str::FromStr for StateAllocation {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
+    type Err = vramfit::settings::UnknownValue;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
         match text {
             "exact" => Ok(Self::Exact),
             "pooled" => Ok(Self::Pooled),
-            other => Err(format!("state allocation `{other}`: say exact or pooled")),
+            other => Err(vramfit::settings::UnknownValue {
+                setting: "state allocation",
+                given: other.into(),
+                choices: "exact or pooled",
+            }),
         }
     }
 }

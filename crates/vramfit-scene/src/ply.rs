@@ -44,51 +44,113 @@ pub fn encode(p: &Params) -> Vec<u8> {
     out
 }
 
+/// Why a `.ply` file is not Gaussians in [`encode`]'s layout.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlyError {
+    /// No `end_header` line.
+    #[error("no end_header line: not a binary PLY file")]
+    NoEndHeader,
+    /// A header that is not UTF-8.
+    #[error("the header is not text")]
+    HeaderNotText,
+    /// Not a PLY file.
+    #[error("it does not start with 'ply'")]
+    NotPly,
+    /// Another format than little-endian binary.
+    #[error("format {0}: only binary_little_endian is read")]
+    Format(String),
+    /// A vertex count that is not a number.
+    #[error("vertex count '{0}'")]
+    VertexCount(String),
+    /// An element other than vertices.
+    #[error("element '{0}': only vertices are read")]
+    Element(String),
+    /// A property that is not a float.
+    #[error("property {name} is {kind}: only float properties are read")]
+    PropertyKind {
+        /// The property.
+        name: String,
+        /// Its type.
+        kind: String,
+    },
+    /// A header line of no known kind.
+    #[error("header line '{0}' is not understood")]
+    HeaderLine(String),
+    /// No vertex element.
+    #[error("no 'element vertex' line")]
+    NoVertices,
+    /// A count of SH rest values of no degree.
+    #[error("{0} f_rest values: not an SH degree from 0 to 3")]
+    Degree(usize),
+    /// A property the Gaussians need is missing.
+    #[error("no '{0}' property")]
+    NoProperty(String),
+    /// The body is not the vertices the header promises.
+    #[error("{bytes} bytes of vertices for {vertices} vertices of {floats} floats: the file is cut or padded")]
+    Length {
+        /// The body's bytes.
+        bytes: usize,
+        /// Vertices promised.
+        vertices: usize,
+        /// Floats a vertex.
+        floats: usize,
+    },
+    /// NaN or an infinity among the values.
+    #[error("a value is not a finite number")]
+    NotFinite,
+}
+
 /// The Gaussians of a file in [`encode`]'s layout (properties in any
 /// order, all `float`); an error says what does not fit.
-pub fn decode(bytes: &[u8]) -> Result<Params, String> {
+pub fn decode(bytes: &[u8]) -> Result<Params, PlyError> {
     let end = bytes
         .windows(11)
         .position(|w| w == b"end_header\n")
-        .ok_or("no end_header line: not a binary PLY file")?;
-    let header = std::str::from_utf8(&bytes[..end]).map_err(|_| "the header is not text")?;
+        .ok_or(PlyError::NoEndHeader)?;
+    let header = std::str::from_utf8(&bytes[..end]).map_err(|_| PlyError::HeaderNotText)?;
     let mut lines = header.lines();
     if lines.next() != Some("ply") {
-        return Err("it does not start with 'ply'".into());
+        return Err(PlyError::NotPly);
     }
     let (mut count, mut names) = (None, Vec::new());
     for line in lines {
         let words: Vec<&str> = line.split_whitespace().collect();
         match words.as_slice() {
             ["format", "binary_little_endian", _] | [] | ["comment", ..] => {}
-            ["format", other, ..] => return Err(format!("format {other}: only binary_little_endian is read")),
-            ["element", "vertex", n] => count = Some(n.parse::<usize>().map_err(|_| format!("vertex count '{n}'"))?),
-            ["element", other, ..] => return Err(format!("element '{other}': only vertices are read")),
+            ["format", other, ..] => return Err(PlyError::Format(other.to_string())),
+            ["element", "vertex", n] => {
+                count = Some(n.parse::<usize>().map_err(|_| PlyError::VertexCount(n.to_string()))?)
+            }
+            ["element", other, ..] => return Err(PlyError::Element(other.to_string())),
             ["property", "float", name] => names.push(name.to_string()),
             ["property", kind, name] => {
-                return Err(format!("property {name} is {kind}: only float properties are read"));
+                return Err(PlyError::PropertyKind {
+                    name: name.to_string(),
+                    kind: kind.to_string(),
+                });
             }
-            _ => return Err(format!("header line '{line}' is not understood")),
+            _ => return Err(PlyError::HeaderLine(line.into())),
         }
     }
-    let n = count.ok_or("no 'element vertex' line")?;
+    let n = count.ok_or(PlyError::NoVertices)?;
     let rest_values = names.iter().filter(|s| s.starts_with("f_rest_")).count();
     let degree = (0..=crate::cpu::sh::MAX_DEGREE)
         .find(|d| 3 * (coefficients(*d) - 1) == rest_values)
-        .ok_or(format!("{rest_values} f_rest values: not an SH degree from 0 to 3"))?;
+        .ok_or(PlyError::Degree(rest_values))?;
     let column = |name: &str| {
         names
             .iter()
             .position(|s| s == name)
-            .ok_or(format!("no '{name}' property"))
+            .ok_or_else(|| PlyError::NoProperty(name.into()))
     };
     let body = &bytes[end + 11..];
     let per = names.len();
     if body.len() != 4 * per * n {
-        return Err(format!(
-            "{} bytes of vertices for {n} vertices of {per} floats: the file is cut or padded",
-            body.len()
-        ));
+        return Err(PlyError::Length {
+            bytes: body.len(),
+            vertices: n,
+            floats: per,
+        });
     }
     let value = |i: usize, c: usize| {
         let at = 4 * (i * per + c);
@@ -114,7 +176,7 @@ pub fn decode(bytes: &[u8]) -> Result<Params, String> {
         degree,
     };
     if params.groups().iter().any(|g| g.iter().any(|v| !v.is_finite())) {
-        return Err("a value is not a finite number".into());
+        return Err(PlyError::NotFinite);
     }
     Ok(params)
 }

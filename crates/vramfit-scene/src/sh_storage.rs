@@ -129,16 +129,18 @@ pub fn group_bytes(widths: [usize; 6], sh: ShStorage) -> [usize; 6] {
 }
 
 impl std::str::FromStr for ShStorage {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
+    type Err = vramfit::settings::UnknownValue;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
         match text {
             "f32" => Ok(Self::F32),
             "f16" => Ok(Self::F16),
             "bf16" => Ok(Self::Bf16),
-            other => Err(format!(
-                "sh_storage `{other}`: say f32, f16 (half precision) or bf16 (bfloat16); 16-bit storage needs \
-                 moments = \"host\" (the f32 masters live there)"
-            )),
+            other => Err(vramfit::settings::UnknownValue {
+                setting: "sh_storage",
+                given: other.into(),
+                choices: "f32, f16 (half precision) or bf16 (bfloat16); 16-bit storage needs moments = \"host\" (the \
+                          f32 masters live there)",
+            }),
         }
     }
 }

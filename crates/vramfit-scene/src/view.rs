@@ -89,13 +89,15 @@ pub fn render_run_view(dir: &Path, view: usize) -> Result<RenderedView, SceneErr
     let ply = dir.join("gaussians.ply");
     if ply.is_file() {
         let read = vramfit::files::read::read(&ply, vramfit::files::read::Links::Refuse).map_err(|e| e.to_string());
-        let params = read.and_then(|bytes| crate::ply::decode(&bytes)).map_err(|e| {
-            SceneError::Drawing(format!(
-                "{}, the run's final Gaussians, does not read: {e}. Its checkpoints may still: move gaussians.ply \
+        let params = read
+            .and_then(|bytes| crate::ply::decode(&bytes).map_err(|e| e.to_string()))
+            .map_err(|e| {
+                SceneError::Drawing(format!(
+                    "{}, the run's final Gaussians, does not read: {e}. Its checkpoints may still: move gaussians.ply \
                  out of the run directory to draw the newest of them",
-                ply.display()
-            ))
-        })?;
+                    ply.display()
+                ))
+            })?;
         let steps = vramfit::files::read::read(&dir.join("summary.json"), vramfit::files::read::Links::Refuse)
             .ok()
             .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())

@@ -229,7 +229,7 @@ fn a_wgpu_scene_run_profiles_the_allocator_and_resumes() {
             Box::new(CubeAllocator::<WgpuRuntime>::new(
                 &WgpuDevice::default(),
                 "wgpu",
-                Err("no driver reading on wgpu".into()),
+                Err(vramfit::profile::NoDriverReading::NotOn("wgpu")),
             ))
         })
     };
@@ -333,6 +333,8 @@ fn a_scenes_device_memory_is_what_its_layout_says() {
     let limit = vramfit_scene::gpu::Renderer::<WgpuRuntime>::new(&WgpuDevice::default()).largest_buffer();
     let n = (limit / (45 * 4) + 1) as usize;
     let big = cases(&[n], &[3], 64, 48)[0];
-    let e = measure::<WgpuRuntime>(&WgpuDevice::default(), &big).unwrap_err();
+    let e = measure::<WgpuRuntime>(&WgpuDevice::default(), &big)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("device's largest") && e.contains("SH degree"), "{e}");
 }

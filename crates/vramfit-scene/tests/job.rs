@@ -83,7 +83,9 @@ fn a_scene_fit_runs_states_its_psnr_and_resumes_exactly() {
     std::fs::write(&config_path, gpu_text).unwrap();
     let again = vramfit_scene::view::render_run_view(&whole, 0).unwrap();
     assert_eq!(again.png, view.png);
-    let cut_ply = vramfit_scene::ply::decode(&ply[..ply.len() - 4]).unwrap_err();
+    let cut_ply = vramfit_scene::ply::decode(&ply[..ply.len() - 4])
+        .unwrap_err()
+        .to_string();
     assert!(cut_ply.contains("cut"), "{cut_ply}");
 
     // Stopped just after the checkpoint at step 20, then resumed.

@@ -35,6 +35,19 @@ pub fn from_toml<T: DeserializeOwned>(text: &str) -> Result<T, SettingsError> {
         })
 }
 
+/// A setting given a value it does not have (`attention = "fast"`): the
+/// setting, the value, and the values it takes with what each means.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{setting} `{given}`: say {choices}")]
+pub struct UnknownValue {
+    /// The setting, as its key or flag names it.
+    pub setting: &'static str,
+    /// The value given.
+    pub given: String,
+    /// The values it takes, in words.
+    pub choices: &'static str,
+}
+
 /// Settings that do not read: where, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}{why}", line.as_ref().map(|(n, text)| format!("line {n}: `{text}`: ")).unwrap_or_default())]

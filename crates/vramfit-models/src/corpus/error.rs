@@ -86,7 +86,7 @@ pub enum CorpusError {
         /// The line.
         line: u64,
         /// What is wrong.
-        why: String,
+        why: JsonLineError,
     },
     /// A text file with nothing but blank lines.
     #[error("{}: holds no text (empty, or blank lines only): give a corpus with text in it", path.display())]
@@ -124,4 +124,18 @@ pub enum CorpusError {
         /// The file.
         path: PathBuf,
     },
+}
+
+/// What a JSON line of a corpus lacks.
+#[derive(Debug, thiserror::Error)]
+pub enum JsonLineError {
+    /// An object with no `text`.
+    #[error("an object without a `text` field (each line is {{\"text\": \"...\"}})")]
+    NoText,
+    /// A `text` that is not a string.
+    #[error("its `text` is not a string: {0}")]
+    TextNotString(serde_json::Error),
+    /// Not a JSON object.
+    #[error("not a JSON object with a string `text`: {0}")]
+    NotObject(serde_json::Error),
 }

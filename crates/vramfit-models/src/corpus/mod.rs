@@ -15,7 +15,7 @@ pub mod order;
 pub mod text;
 pub mod token_file;
 
-pub use error::CorpusError;
+pub use error::{CorpusError, JsonLineError};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

@@ -18,7 +18,7 @@ use std::path::Path;
 use vramfit::files::fingerprint::Fnv1a;
 use vramfit::files::read::{Links, open, read_at_most};
 
-use super::error::CorpusError;
+use super::error::{CorpusError, JsonLineError};
 use super::token_file::TokenFile;
 
 /// The largest tokenizer.json read (the largest published ones are some
@@ -231,7 +231,7 @@ fn cut(mut document: String) -> Vec<String> {
 
 /// A JSON line's `text` field; its other fields are skipped without being
 /// kept (a line may be 64 MiB).
-fn text_field(line: &str) -> Result<String, String> {
+fn text_field(line: &str) -> Result<String, JsonLineError> {
     #[derive(serde::Deserialize)]
     struct Line<'a> {
         #[serde(borrow)]
@@ -239,9 +239,9 @@ fn text_field(line: &str) -> Result<String, String> {
     }
     match serde_json::from_str::<Line>(line) {
         Ok(Line { text: Some(t) }) => Ok(t.into_owned()),
-        Ok(Line { text: None }) => Err("an object without a `text` field (each line is {\"text\": \"...\"})".into()),
-        Err(e) if e.is_data() && line.contains("\"text\"") => Err(format!("its `text` is not a string: {e}")),
-        Err(e) => Err(format!("not a JSON object with a string `text`: {e}")),
+        Ok(Line { text: None }) => Err(JsonLineError::NoText),
+        Err(e) if e.is_data() && line.contains("\"text\"") => Err(JsonLineError::TextNotString(e)),
+        Err(e) => Err(JsonLineError::NotObject(e)),
     }
 }
 

@@ -192,10 +192,10 @@ impl crate::family::ModelSettings for LlamaConfig {
             return Ok(None);
         }
         let file = crate::safetensors::Checkpoint::open(std::path::Path::new(&self.weights))
-            .map_err(|why| invalid("model.weights", why))?;
+            .map_err(|why| invalid("model.weights", why.to_string()))?;
         file.fingerprint()
             .map(Some)
-            .map_err(|why| invalid("model.weights", why))
+            .map_err(|why| invalid("model.weights", why.to_string()))
     }
 
     fn with_attention(self, attention: Attention) -> Self {

@@ -9,35 +9,124 @@
 //! `rms_norm_eps`, `tie_word_embeddings`, `attention_bias`, `rope_scaling`.
 //! A key that is absent takes transformers' default for the architecture.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
 use super::LlamaConfig;
+
+/// Why a checkpoint's `config.json` is refused: the file and the problem.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {problem}", file.display())]
+pub struct HfConfigError {
+    /// `config.json`, or the checkpoint's folder where it has none.
+    pub file: PathBuf,
+    /// What is wrong.
+    pub problem: HfConfigProblem,
+}
+
+/// What is wrong with a checkpoint's `config.json`.
+#[derive(Debug, thiserror::Error)]
+pub enum HfConfigProblem {
+    /// The folder has none and the shape was asked of it.
+    #[error(
+        "no config.json: give the shape with --set model.width=… (or write the checkpoint with save_pretrained, \
+         which writes it)"
+    )]
+    Missing,
+    /// It names a file outside the checkpoint's folder.
+    #[error("`{}` {}", .0.name, .0.why)]
+    Outside(vramfit::files::confine::Outside),
+    /// It cannot be read (or is over 1 MiB).
+    #[error("{0}")]
+    Unreadable(std::io::Error),
+    /// Not JSON.
+    #[error("not JSON: {0}")]
+    NotJson(serde_json::Error),
+    /// JSON, not an object.
+    #[error("not a JSON object")]
+    NotObject,
+    /// Another architecture.
+    #[error("model_type `{0}`: vramfit builds {known} decoders", known = ARCHITECTURES.join(", "))]
+    Architecture(String),
+    /// Another activation.
+    #[error(
+        "hidden_act `{0}`: vramfit's MLP gates with SiLU (SwiGLU) only; this checkpoint would train as another model"
+    )]
+    Activation(String),
+    /// Scaled rotary positions.
+    #[error(
+        "rope_scaling (rope_parameters in transformers 5) {0}: vramfit's rotary positions are unscaled; this \
+         checkpoint's would differ"
+    )]
+    RopeScaling(Value),
+    /// A key of the wrong kind.
+    #[error("`{key}` is {value}: {wanted}")]
+    Kind {
+        /// The key.
+        key: String,
+        /// Its value.
+        value: Value,
+        /// What it must be, in words.
+        wanted: &'static str,
+    },
+    /// A value that differs from the run's shape.
+    #[error(
+        "`{key}` is {given}, but this run's {set} is {ours}: the model would not be the checkpoint's; give --set \
+         {set}={given} (a named --shape of this model sets them all)"
+    )]
+    Mismatch {
+        /// The file's key.
+        key: &'static str,
+        /// Its value.
+        given: String,
+        /// The run's setting.
+        set: &'static str,
+        /// The run's value.
+        ours: String,
+    },
+    /// Attention limited to a window shorter than the run's context.
+    #[error(
+        "`sliding_window` is {window}: its attention sees at most {window} tokens, and vramfit's attention is full; \
+         this run's model.context is {context}: give --set model.context={window} (or less)"
+    )]
+    SlidingWindow {
+        /// The file's window.
+        window: u64,
+        /// The run's context.
+        context: usize,
+    },
+    /// A value the shape's settings refuse.
+    #[error("{0}")]
+    Shape(toml::de::Error),
+}
 
 /// The architectures whose decoder this is.
 const ARCHITECTURES: [&str; 3] = ["llama", "mistral", "qwen2"];
 
 /// `dir/config.json` as JSON, where there is one: inside the folder, a
 /// regular file of at most 1 MiB, an object.
-fn read(dir: &Path) -> Result<Option<(std::path::PathBuf, Value)>, String> {
+fn read(dir: &Path) -> Result<Option<(PathBuf, Value)>, HfConfigError> {
     let file = dir.join("config.json");
     if !(file.exists() || file.is_symlink()) {
         return Ok(None);
     }
-    let at = |why: String| format!("{}: {why}", file.display());
+    let at = |problem| HfConfigError {
+        file: file.clone(),
+        problem,
+    };
     let file = vramfit::files::confine::inside(
         &crate::safetensors::confined_to(dir),
         dir,
         "config.json",
         "the checkpoint's folder",
     )
-    .map_err(|o| at(o.why))?;
+    .map_err(|o| at(HfConfigProblem::Outside(o)))?;
     let text = vramfit::files::read::read_at_most(&file, vramfit::files::read::Links::Follow, 1 << 20)
-        .map_err(|e| at(e.to_string()))?;
-    let json: Value = serde_json::from_slice(&text).map_err(|e| at(format!("not JSON: {e}")))?;
+        .map_err(|e| at(HfConfigProblem::Unreadable(e)))?;
+    let json: Value = serde_json::from_slice(&text).map_err(|e| at(HfConfigProblem::NotJson(e)))?;
     if !json.is_object() {
-        return Err(at("not a JSON object".into()));
+        return Err(at(HfConfigProblem::NotObject));
     }
     Ok(Some((file, rope_parameters_read(json))))
 }
@@ -72,7 +161,7 @@ fn rope_parameters_read(mut json: Value) -> Value {
 /// (`model.width=4096`, …): a run from a checkpoint takes them as its
 /// defaults, and the user's own `--set` comes after (a value that then
 /// differs from the file is refused by [`check`], naming both).
-pub fn settings(dir: &Path) -> Result<Vec<String>, String> {
+pub fn settings(dir: &Path) -> Result<Vec<String>, HfConfigError> {
     let Some((_, json)) = read(dir)? else {
         return Ok(Vec::new());
     };
@@ -123,26 +212,29 @@ pub fn settings(dir: &Path) -> Result<Vec<String>, String> {
 /// user. Refused, naming the key, where the file is missing, is not a
 /// Llama, Mistral or Qwen2 decoder, or holds a value vramfit would not
 /// honour.
-pub fn config(dir: &Path) -> Result<LlamaConfig, String> {
+pub fn config(dir: &Path) -> Result<LlamaConfig, HfConfigError> {
+    let at = |problem| HfConfigError {
+        file: dir.to_path_buf(),
+        problem,
+    };
     if read(dir)?.is_none() {
-        return Err(format!(
-            "{}: no config.json: give the shape with --set model.width=… (or write the checkpoint with \
-             save_pretrained, which writes it)",
-            dir.display()
-        ));
+        return Err(at(HfConfigProblem::Missing));
     }
-    let mut table = toml::Table::new();
-    for setting in settings(dir)? {
-        let (key, value) = setting.split_once('=').expect("settings are key=value");
-        let key = key.strip_prefix("model.").expect("settings are model.*");
-        let value: toml::Value = format!("v = {value}")
-            .parse::<toml::Table>()
-            .map(|mut t| t.remove("v").expect("the key just written"))
-            .map_err(|e| format!("{}: {key} = {value}: {e}", dir.display()))?;
-        table.insert(key.to_string(), value);
-    }
+    // The settings are the file's own values, written as TOML: each
+    // parses; a value the shape refuses is named by the shape's parse.
+    let text: String = settings(dir)?
+        .iter()
+        .map(|setting| {
+            let (key, value) = setting.split_once('=').expect("settings are key=value");
+            format!(
+                "{} = {value}\n",
+                key.strip_prefix("model.").expect("settings are model.*")
+            )
+        })
+        .collect();
+    let mut table: toml::Table = text.parse().map_err(|e| at(HfConfigProblem::Shape(e)))?;
     table.insert("weights".into(), toml::Value::String(dir.display().to_string()));
-    let config: LlamaConfig = table.try_into().map_err(|e| format!("{}: {e}", dir.display()))?;
+    let config: LlamaConfig = table.try_into().map_err(|e| at(HfConfigProblem::Shape(e)))?;
     check(&config, dir)?;
     Ok(config)
 }
@@ -155,39 +247,39 @@ fn sliding_window(json: &Value) -> Option<u64> {
 }
 
 /// Checks `dir/config.json` (where there is one) against `shape`.
-pub(super) fn check(shape: &LlamaConfig, dir: &Path) -> Result<(), String> {
+pub(super) fn check(shape: &LlamaConfig, dir: &Path) -> Result<(), HfConfigError> {
     let Some((file, json)) = read(dir)? else {
         return Ok(());
     };
-    let at = |why: String| format!("{}: {why}", file.display());
+    let at = |problem| HfConfigError {
+        file: file.clone(),
+        problem,
+    };
     let kind = json["model_type"].as_str().unwrap_or("llama");
     if !ARCHITECTURES.contains(&kind) {
-        return Err(at(format!(
-            "model_type `{kind}`: vramfit builds {} decoders",
-            ARCHITECTURES.join(", ")
-        )));
+        return Err(at(HfConfigProblem::Architecture(kind.into())));
     }
     let act = json["hidden_act"].as_str().unwrap_or("silu");
     if act != "silu" {
-        return Err(at(format!(
-            "hidden_act `{act}`: vramfit's MLP gates with SiLU (SwiGLU) only; this checkpoint would train as \
-             another model"
-        )));
+        return Err(at(HfConfigProblem::Activation(act.into())));
     }
     if !json["rope_scaling"].is_null() {
-        return Err(at(format!(
-            "rope_scaling (rope_parameters in transformers 5) {}: vramfit's rotary positions are unscaled; \
-             this checkpoint's would differ",
-            json["rope_scaling"]
-        )));
+        return Err(at(HfConfigProblem::RopeScaling(json["rope_scaling"].clone())));
     }
-    let whole = |key: &str, default: Option<u64>| -> Result<Option<u64>, String> {
+    let kind_of = |key: &str, value: &Value, wanted| {
+        at(HfConfigProblem::Kind {
+            key: key.into(),
+            value: value.clone(),
+            wanted,
+        })
+    };
+    let whole = |key: &str, default: Option<u64>| -> Result<Option<u64>, HfConfigError> {
         match &json[key] {
             Value::Null => Ok(default),
             v => v
                 .as_u64()
                 .map(Some)
-                .ok_or_else(|| at(format!("`{key}` is {v}: a whole number ≥ 0"))),
+                .ok_or_else(|| kind_of(key, v, "a whole number ≥ 0")),
         }
     };
     let heads = whole("num_attention_heads", None)?;
@@ -221,13 +313,13 @@ pub(super) fn check(shape: &LlamaConfig, dir: &Path) -> Result<(), String> {
             return Err(mismatch(&file, key, &given.to_string(), set, &ours.to_string()));
         }
     }
-    let float = |key: &str, default: f64| -> Result<f64, String> {
+    let float = |key: &str, default: f64| -> Result<f64, HfConfigError> {
         match &json[key] {
             Value::Null => Ok(default),
             v => v
                 .as_f64()
                 .filter(|x| x.is_finite())
-                .ok_or_else(|| at(format!("`{key}` is {v}: a finite number"))),
+                .ok_or_else(|| kind_of(key, v, "a finite number")),
         }
     };
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs());
@@ -254,16 +346,15 @@ pub(super) fn check(shape: &LlamaConfig, dir: &Path) -> Result<(), String> {
     if let Some(window) = sliding_window(&json)
         && (shape.context as u64) > window
     {
-        return Err(at(format!(
-            "`sliding_window` is {window}: its attention sees at most {window} tokens, and vramfit's attention \
-             is full; this run's model.context is {}: give --set model.context={window} (or less)",
-            shape.context
-        )));
+        return Err(at(HfConfigProblem::SlidingWindow {
+            window,
+            context: shape.context,
+        }));
     }
-    let boolean = |key: &str, default: bool| -> Result<bool, String> {
+    let boolean = |key: &str, default: bool| -> Result<bool, HfConfigError> {
         match &json[key] {
             Value::Null => Ok(default),
-            v => v.as_bool().ok_or_else(|| at(format!("`{key}` is {v}: true or false"))),
+            v => v.as_bool().ok_or_else(|| kind_of(key, v, "true or false")),
         }
     };
     let tied = boolean("tie_word_embeddings", false)?;
@@ -294,12 +385,16 @@ pub(super) fn check(shape: &LlamaConfig, dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn mismatch(file: &Path, key: &str, given: &str, set: &str, ours: &str) -> String {
-    format!(
-        "{}: `{key}` is {given}, but this run's {set} is {ours}: the model would not be the checkpoint's; give \
-         --set {set}={given} (a named --shape of this model sets them all)",
-        file.display()
-    )
+fn mismatch(file: &Path, key: &'static str, given: &str, set: &'static str, ours: &str) -> HfConfigError {
+    HfConfigError {
+        file: file.to_path_buf(),
+        problem: HfConfigProblem::Mismatch {
+            key,
+            given: given.into(),
+            set,
+            ours: ours.into(),
+        },
+    }
 }
 
 #[cfg(test)]
@@ -325,7 +420,7 @@ mod tests {
             let mut j = agreeing.clone();
             j[key] = value;
             std::fs::write(dir.join("config.json"), j.to_string()).unwrap();
-            check(&shape, &dir)
+            check(&shape, &dir).map_err(|e| e.to_string())
         };
         check(&shape, &dir).unwrap(); // no config.json: nothing to hold against
         with("model_type", "llama".into()).unwrap();
@@ -357,13 +452,18 @@ mod tests {
                 .unwrap()
                 .contains(&"model.rope_theta=1000000.0".to_string())
         );
-        assert!(check(&shape, &dir).unwrap_err().contains("`rope_theta` is 1000000"));
+        assert!(
+            check(&shape, &dir)
+                .unwrap_err()
+                .to_string()
+                .contains("`rope_theta` is 1000000")
+        );
         v5["rope_parameters"] = serde_json::json!({"rope_theta": 5e5, "rope_type": "llama3", "factor": 8.0});
         std::fs::write(dir.join("config.json"), v5.to_string()).unwrap();
-        assert!(check(&shape, &dir).unwrap_err().contains("rope_parameters"));
+        assert!(check(&shape, &dir).unwrap_err().to_string().contains("rope_parameters"));
         v5["rope_parameters"] = serde_json::json!({"full_attention": {"rope_theta": 1e6, "rope_type": "default"}});
         std::fs::write(dir.join("config.json"), v5.to_string()).unwrap();
-        assert!(check(&shape, &dir).unwrap_err().contains("full_attention"));
+        assert!(check(&shape, &dir).unwrap_err().to_string().contains("full_attention"));
         assert!(with("vocab_size", (-3).into()).unwrap_err().contains("whole number"));
         assert!(
             with("model_type", "qwen2".into())

@@ -17,6 +17,7 @@ use burn::prelude::*;
 use burn::tensor::TensorData;
 use vramfit::run::ArrayFile;
 
+use super::hf_config::{HfConfigError, HfConfigProblem};
 use crate::safetensors::{Checkpoint, Dtype};
 
 /// What an export wrote.
@@ -77,6 +78,12 @@ pub enum ExportError {
     /// The base's files cannot be read, or disagree with the run's shape.
     #[error("the run's base: {0}")]
     Base(String),
+    /// The base's safetensors cannot be read.
+    #[error("the run's base: {0}")]
+    BaseFile(#[from] crate::safetensors::CheckpointError),
+    /// The base's config.json disagrees with the run's shape.
+    #[error("the run's base: {0}")]
+    BaseConfig(#[from] HfConfigError),
     /// An array of `weights.bin` of another shape than the run's.
     #[error("weights.bin's `{name}` is {got:?} where the run's shape makes it {want:?}: a damaged or altered file")]
     Damaged {
@@ -163,10 +170,10 @@ pub fn export(run: &Path, out: &Path, dtype: Option<Dtype>, shard_bytes: u64) ->
     if config.weights.is_empty() {
         return Err(ExportError::DrawnBase);
     }
-    let base = Checkpoint::open(Path::new(&config.weights)).map_err(ExportError::Base)?;
+    let base = Checkpoint::open(Path::new(&config.weights))?;
     // The base the run trained on, not another under its path.
     if let Some(then) = trained.meta.get("rebuilt_fingerprint").and_then(|v| v.as_str()) {
-        let now = base.fingerprint().map_err(ExportError::Base)?;
+        let now = base.fingerprint()?;
         if now != then {
             return Err(ExportError::BaseReplaced {
                 base: config.weights.clone().into(),
@@ -187,7 +194,7 @@ pub fn export(run: &Path, out: &Path, dtype: Option<Dtype>, shard_bytes: u64) ->
     // The files copied beside the weights must still be the base's: its
     // config.json of the run's shape, a tokenizer within its vocabulary.
     if folder.join("config.json").is_file() {
-        super::hf_config::check(&config, folder).map_err(ExportError::Base)?;
+        super::hf_config::check(&config, folder)?;
     }
     if folder.join("tokenizer.json").is_file() {
         crate::corpus::text::tokenizer(&folder.join("tokenizer.json"), config.vocab)
@@ -319,7 +326,10 @@ fn write(
             let mut bytes = vramfit::files::read::read_at_most(&from, vramfit::files::read::Links::Follow, 64 << 20)
                 .map_err(|e| ExportError::Base(format!("{}: {e}", from.display())))?;
             if name == "config.json" {
-                bytes = with_dtype(&bytes, dtype).map_err(|e| ExportError::Base(format!("{}: {e}", from.display())))?;
+                bytes = with_dtype(&bytes, dtype).map_err(|problem| HfConfigError {
+                    file: from.clone(),
+                    problem,
+                })?;
             }
             vramfit::run::atomic_write(&out.join(name), &bytes).map_err(write_err(&out.join(name)))?;
         }
@@ -329,14 +339,14 @@ fn write(
 
 /// `config.json` with the weights' type (transformers 5 writes `dtype`,
 /// 4.x `torch_dtype`: whichever it has, or `dtype`).
-fn with_dtype(bytes: &[u8], dtype: Dtype) -> Result<Vec<u8>, String> {
-    let mut json: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+fn with_dtype(bytes: &[u8], dtype: Dtype) -> Result<Vec<u8>, HfConfigProblem> {
+    let mut json: serde_json::Value = serde_json::from_slice(bytes).map_err(HfConfigProblem::NotJson)?;
     let name = match dtype {
         Dtype::F32 => "float32",
         Dtype::F16 => "float16",
         Dtype::Bf16 => "bfloat16",
     };
-    let object = json.as_object_mut().ok_or("not a JSON object")?;
+    let object = json.as_object_mut().ok_or(HfConfigProblem::NotObject)?;
     let mut written = false;
     for key in ["dtype", "torch_dtype"] {
         if let Some(v) = object.get_mut(key) {
@@ -347,7 +357,7 @@ fn with_dtype(bytes: &[u8], dtype: Dtype) -> Result<Vec<u8>, String> {
     if !written {
         object.insert("dtype".into(), name.into());
     }
-    let mut out = serde_json::to_vec_pretty(&json).map_err(|e| e.to_string())?;
+    let mut out = serde_json::to_vec_pretty(&json).map_err(HfConfigProblem::NotJson)?;
     out.push(b'\n');
     Ok(out)
 }
@@ -379,7 +389,7 @@ fn tensor(
         }
         Some((s, v)) if s[..] == *shape => v.clone(),
         Some((s, _)) => return Err(damaged(&path, s, shape)),
-        None => base.read_f32(name).map_err(ExportError::Base)?,
+        None => base.read_f32(name)?,
     };
     if values.len() != shape.iter().product::<usize>() {
         return Err(ExportError::Base(format!(

@@ -235,7 +235,7 @@ pub fn apply<B: Backend>(
     } else {
         alpha / r as f64
     };
-    let file = crate::safetensors::Checkpoint::open(&dir.join(WEIGHTS_FILE)).map_err(bad)?;
+    let file = crate::safetensors::Checkpoint::open(&dir.join(WEIGHTS_FILE)).map_err(|e| bad(e.to_string()))?;
     let mut expected = std::collections::BTreeSet::new();
     let blocks = std::mem::take(&mut model.blocks);
     let mut adapted = Vec::with_capacity(blocks.len());
@@ -247,7 +247,7 @@ pub fn apply<B: Backend>(
                 let n = name(i, module, factor);
                 expected.insert(n.clone());
                 match file.shape(&n) {
-                    Some(s) if s == shape => file.read_f32(&n).map_err(&bad),
+                    Some(s) if s == shape => file.read_f32(&n).map_err(|e| bad(e.to_string())),
                     Some(s) => Err(bad(format!(
                         "`{n}` is {s:?} and this model's is {shape:?}: an adapter of another base shape"
                     ))),

@@ -31,7 +31,7 @@ impl Weights {
         if failed.is_none() {
             match file.read_f32(name) {
                 Ok(v) => return v,
-                Err(e) => *failed = Some(e),
+                Err(e) => *failed = Some(e.to_string()),
             }
         }
         vec![0.0; count]

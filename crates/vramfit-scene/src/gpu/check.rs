@@ -10,7 +10,7 @@ use cubecl::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
-use vramfit_gauss::gpu::max_relative_error;
+use vramfit_gauss::gpu::{DeviceError, max_relative_error};
 
 use super::engine::Renderer;
 use crate::cpu::camera::Camera;
@@ -170,7 +170,7 @@ pub fn scene<'a>(p: &'a [Vec<f32>; 6], degree: usize) -> Scene<'a, f32> {
 }
 
 /// Runs one case on `device` and compares with the CPU twin.
-pub fn run_case<R: Runtime>(device: &R::Device, case: &Case) -> Result<CaseReport, String> {
+pub fn run_case<R: Runtime>(device: &R::Device, case: &Case) -> Result<CaseReport, DeviceError> {
     let params = random_scene(case);
     let s = scene(&params, case.degree);
     // The CPU twin renders what the device stores.
@@ -233,7 +233,7 @@ pub fn loss_gaps<R: Runtime>(
     case: &Case,
     band_rows: Option<usize>,
     eight_bit: bool,
-) -> Result<LossReport, String> {
+) -> Result<LossReport, DeviceError> {
     let params = random_scene(case);
     let s = scene(&params, case.degree);
     let camera = case_camera(case);
@@ -293,7 +293,7 @@ impl LossReport {
 /// Bit patterns of 16-bit storage that the device widened differently from
 /// the host (`half`'s conversion), for f16 and for bf16: every one of the
 /// 65,536 patterns each (NaNs compared as NaN).
-pub fn widening_mismatches<R: Runtime>(device: &R::Device) -> Result<[usize; 2], String> {
+pub fn widening_mismatches<R: Runtime>(device: &R::Device) -> Result<[usize; 2], DeviceError> {
     let renderer = Renderer::<R>::new(device);
     let words: Vec<u32> = (0..1u32 << 15).map(|k| (2 * k) | ((2 * k + 1) << 16)).collect();
     let buffer = renderer.upload_words(&words);
@@ -359,7 +359,7 @@ fn ulps(a: f32, b: f32) -> u32 {
 /// Runs `steps` Adam steps of `values` random parameters on the device and
 /// on the host, a fresh random gradient each step (spanning 1e-8 to 10, and
 /// exact zeros), and compares parameters and moments.
-pub fn check_adam<R: Runtime>(device: &R::Device, values: usize, steps: usize) -> Result<AdamReport, String> {
+pub fn check_adam<R: Runtime>(device: &R::Device, values: usize, steps: usize) -> Result<AdamReport, DeviceError> {
     use super::kernels::train::adam;
     use crate::train::ADAM;
     use vramfit_gauss::gpu::{dim, grid};

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use vramfit::optim::Moments;
 use vramfit::pools::{Recorder, Trace};
+use vramfit_gauss::gpu::DeviceError;
 
 use super::check::{Case, case_camera, random_scene, scene};
 use super::engine::Renderer;
@@ -99,7 +100,7 @@ pub fn cases(counts: &[usize], degrees: &[usize], width: usize, height: usize) -
 
 /// Measures `case` on `device`: a random scene (the kernel check's) seen
 /// through the check's camera.
-pub fn measure<R: Runtime>(device: &R::Device, case: &MemoryCase) -> Result<MemoryRow, String> {
+pub fn measure<R: Runtime>(device: &R::Device, case: &MemoryCase) -> Result<MemoryRow, DeviceError> {
     let check = case.check_case();
     let params = random_scene(&check);
     let s = scene(&params, case.degree);
@@ -108,7 +109,12 @@ pub fn measure<R: Runtime>(device: &R::Device, case: &MemoryCase) -> Result<Memo
     renderer.check_scene(case.gaussians, s.widths(), ShStorage::F32, case.width * case.height)?;
     let client = R::client(device);
     client.memory_cleanup();
-    let in_use = || -> Result<u64, String> { client.memory_usage().map(|u| u.bytes_in_use).map_err(|e| e.to_string()) };
+    let in_use = || -> Result<u64, DeviceError> {
+        client
+            .memory_usage()
+            .map(|u| u.bytes_in_use)
+            .map_err(DeviceError::runtime)
+    };
     let n = case.gaussians as u64;
     let start = in_use()?;
 
@@ -161,7 +167,7 @@ pub fn measure<R: Runtime>(device: &R::Device, case: &MemoryCase) -> Result<Memo
         measured: after_backward - after_render,
         predicted: 4 * values + 8 * n + 12 * pixels,
     };
-    let usage = client.memory_usage().map_err(|e| e.to_string())?;
+    let usage = client.memory_usage().map_err(DeviceError::runtime)?;
     let row = MemoryRow {
         case: *case,
         intersections: drawn.intersections,
@@ -217,7 +223,7 @@ pub fn measure_step<R: Runtime>(
     sh: ShStorage,
     allocation: StateAllocation,
     steps: usize,
-) -> Result<StepMemory, String> {
+) -> Result<StepMemory, DeviceError> {
     measure_step_recorded::<R>(device, case, moments, sh, allocation, steps, None, None)
 }
 
@@ -233,7 +239,7 @@ pub fn trace_step<R: Runtime>(
     allocation: StateAllocation,
     steps: usize,
     chunk: Option<usize>,
-) -> Result<(StepMemory, Trace), String> {
+) -> Result<(StepMemory, Trace), DeviceError> {
     let recorder = Arc::new(Mutex::new(Recorder::new()));
     let m = measure_step_recorded::<R>(
         device,
@@ -245,7 +251,7 @@ pub fn trace_step<R: Runtime>(
         chunk,
         Some(recorder.clone()),
     )?;
-    let trace = recorder.lock().map_err(|e| e.to_string())?.trace();
+    let trace = recorder.lock().map_err(DeviceError::runtime)?.trace();
     Ok((m, trace))
 }
 
@@ -259,7 +265,7 @@ fn measure_step_recorded<R: Runtime>(
     steps: usize,
     chunk: Option<usize>,
     recorder: Option<Arc<Mutex<Recorder>>>,
-) -> Result<StepMemory, String> {
+) -> Result<StepMemory, DeviceError> {
     use rand::{Rng, SeedableRng};
 
     let check = case.check_case();
@@ -299,13 +305,13 @@ fn measure_step_recorded<R: Runtime>(
         fit.forward_backward(&camera, [0.0; 3], &target, true)?;
         let (c1, c2) = (1.0 - ADAM.beta1.powi(t), 1.0 - ADAM.beta2.powi(t));
         fit.optimize([1e-4, 5e-3, 1e-3, 5e-2, 2.5e-3, 1.25e-4], c1, c2, active)?;
-        cubecl::future::block_on(client.sync()).map_err(|e| e.to_string())?;
+        cubecl::future::block_on(client.sync()).map_err(DeviceError::runtime)?;
         times.push(started.elapsed().as_secs_f64() * 1e3);
         host_times.extend(fit.host_times().filter(|_| t > 1));
     }
     times.remove(0);
     times.sort_by(f64::total_cmp);
-    let usage = client.memory_usage().map_err(|e| e.to_string())?;
+    let usage = client.memory_usage().map_err(DeviceError::runtime)?;
     Ok(StepMemory {
         case: *case,
         moments,

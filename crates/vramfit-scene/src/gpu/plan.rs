@@ -235,13 +235,9 @@ impl<R: Runtime> ScenePlan<R> {
     /// With the moments on the host there is none: the backward's chunk
     /// count grows with the count, so a law through two probes would hold
     /// only up to the next chunk.
-    fn law(&self, variant: &str, moments: vramfit::optim::Moments) -> Result<TraceLaw, String> {
+    fn law(&self, variant: &str, moments: vramfit::optim::Moments) -> Result<TraceLaw, NoLaw> {
         if moments == vramfit::optim::Moments::Host {
-            return Err(
-                "with the moments on the host the backward's chunk count grows with the count, so the \
-                        probes' steps are not the card's"
-                    .into(),
-            );
+            return Err(NoLaw::HostMoments);
         }
         let mut probes: Vec<_> = self.traces.iter().filter(|(v, _, _)| v == variant).collect();
         probes.sort_by_key(|(_, c, _)| std::cmp::Reverse(*c));
@@ -252,8 +248,22 @@ impl<R: Runtime> ScenePlan<R> {
                 }
             }
         }
-        Err("no two probes recorded the same steps".into())
+        Err(NoLaw::NoTwoAlike)
     }
+}
+
+/// Why a variant's probes give no trace law.
+#[derive(Debug, thiserror::Error)]
+enum NoLaw {
+    /// The backward's chunk count grows with the count.
+    #[error(
+        "with the moments on the host the backward's chunk count grows with the count, so the probes' steps are not \
+         the card's"
+    )]
+    HostMoments,
+    /// No two probes recorded the same events.
+    #[error("no two probes recorded the same steps")]
+    NoTwoAlike,
 }
 
 impl<R: Runtime> Capacity for ScenePlan<R> {

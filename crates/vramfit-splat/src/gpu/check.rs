@@ -6,7 +6,7 @@ use cubecl::prelude::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
-use vramfit_gauss::gpu::max_relative_error;
+use vramfit_gauss::gpu::{DeviceError, max_relative_error};
 
 use super::engine::Lean;
 use crate::cpu::project::Frame;
@@ -129,7 +129,7 @@ pub fn random_problem(case: &Case) -> (HostParams, Vec<u8>) {
 }
 
 /// Runs one case on `client` and compares with the CPU twins.
-pub fn run_case<R: Runtime>(client: &ComputeClient<R>, case: &Case) -> Result<CaseReport, String> {
+pub fn run_case<R: Runtime>(client: &ComputeClient<R>, case: &Case) -> Result<CaseReport, DeviceError> {
     let (host_params, target) = random_problem(case);
     let (w, h) = (case.width, case.height);
     let lean = Lean::new(client.clone(), &target, w, h, CHANNELS, case.top_k, case.band_rows);

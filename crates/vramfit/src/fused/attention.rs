@@ -213,15 +213,16 @@ fn is<B: 'static, C: Backend>() -> bool {
 }
 
 impl std::str::FromStr for Attention {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
+    type Err = crate::settings::UnknownValue;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
         match text {
             "standard" => Ok(Self::Standard),
             "fused" => Ok(Self::Fused),
-            other => Err(format!(
-                "attention `{other}`: say standard (the scores kept as a tensor) or fused (recomputed in the backward, \
-                 never stored)"
-            )),
+            other => Err(crate::settings::UnknownValue {
+                setting: "attention",
+                given: other.into(),
+                choices: "standard (the scores kept as a tensor) or fused (recomputed in the backward, never stored)",
+            }),
         }
     }
 }

@@ -1,6 +1,7 @@
-//! Causal softmax, layer normalisation, GELU, the attention heads'
-//! layout changes and the (batched) matrix product as single autodiff
-//! operations on the CPU backend.
+//! Operations fused into one autodiff operation each where Burn's take
+//! several passes: causal softmax, layer normalisation, GELU, the attention
+//! heads' layout changes and the (batched) matrix product on the CPU
+//! backend, and the attention itself on every backend (below).
 //!
 //! Burn's autodiff builds softmax from elementwise operations (max,
 //! subtract, exp, sum and divide, after the scale and the mask: each a pass

@@ -21,14 +21,16 @@ pub enum Moments {
 }
 
 impl std::str::FromStr for Moments {
-    type Err = String;
-    fn from_str(text: &str) -> Result<Self, String> {
+    type Err = crate::settings::UnknownValue;
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
         match text {
             "device" => Ok(Self::Device),
             "host" => Ok(Self::Host),
-            other => Err(format!(
-                "moments `{other}`: say device (Adam's state in device memory) or host (in host memory, updated by the CPU)"
-            )),
+            other => Err(crate::settings::UnknownValue {
+                setting: "moments",
+                given: other.into(),
+                choices: "device (Adam's state in device memory) or host (in host memory, updated by the CPU)",
+            }),
         }
     }
 }

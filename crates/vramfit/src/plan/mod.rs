@@ -45,6 +45,7 @@
 //! bytes on CubeCL (wgpu, CUDA).
 
 mod bases;
+pub mod benchmark;
 mod calibrate;
 pub mod capacity;
 pub mod chain;

@@ -106,8 +106,9 @@ pub enum RanksJob<'a> {
 
 /// Starts the ranks on a job and waits until every rank has ended.
 pub trait RanksLauncher {
-    /// Runs `job` on the ranks; `Err`: the job failed, in words.
-    fn launch(&mut self, job: RanksJob<'_>) -> Result<(), String>;
+    /// Runs `job` on the ranks; `Err`: the job failed (the launcher's
+    /// error, or the failing rank's).
+    fn launch(&mut self, job: RanksJob<'_>) -> Result<(), Box<dyn std::error::Error + Send + Sync>>;
 }
 
 /// What a planned run on ranks is: the knobs' settings as `config.toml`.
@@ -261,7 +262,7 @@ fn plan_and_run(
                     "{e}; {oom}, and no plan is left to fall back to"
                 )));
             }
-            (Err(e), None) => return Err(BudgetError::Run(e)),
+            (Err(e), None) => return Err(BudgetError::Run(e.to_string())),
         }
     }
     Err(BudgetError::Plan(PlanError::Unverified {

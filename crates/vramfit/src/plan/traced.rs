@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::{Knobs, Runnable, Space, Strategy};
-use crate::pools::{Card, Rates, ReplayError, ShapesTraced, replay, trace_shapes};
+use crate::pools::{Card, Rates, ReplayError, ShapeTraceError, ShapesTraced, replay, trace_shapes};
 use crate::profile::human_bytes;
 use crate::run::{RunPath, Start};
 
@@ -140,9 +140,10 @@ pub fn rows(
     candidates: &[Knobs],
     cards: &[Card],
     describe: impl Fn(&Knobs) -> String,
-    mut trace: impl FnMut(&Knobs) -> Result<ShapesTraced, String>,
+    mut trace: impl FnMut(&Knobs) -> Result<ShapesTraced, ShapeTraceError>,
 ) -> Vec<TracedRow> {
-    let traced: Vec<(Knobs, Result<ShapesTraced, String>)> = candidates.iter().map(|k| (k.clone(), trace(k))).collect();
+    let traced: Vec<(Knobs, Result<ShapesTraced, ShapeTraceError>)> =
+        candidates.iter().map(|k| (k.clone(), trace(k))).collect();
     let bases: Vec<Option<crate::frozen::BaseStorage>> = if space.bases.is_empty() {
         vec![None]
     } else {
@@ -206,7 +207,7 @@ pub fn rows(
                     .filter_map(|(i, (_, t))| match t {
                         Ok(t) => Some((i, rates.step_ms(&t.step_work))),
                         Err(e) => {
-                            failures.push(e.clone());
+                            failures.push(e.to_string());
                             None
                         }
                     })
@@ -298,7 +299,7 @@ where
 {
     static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let plans = candidates(space, cards.iter().any(|c| !Rates::has_bf16(&c.name)));
-    let trace = |knobs: &Knobs| -> Result<ShapesTraced, String> {
+    let trace = |knobs: &Knobs| -> Result<ShapesTraced, ShapeTraceError> {
         let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("vramfit-traced-{}-{n}", std::process::id()));
         let settings = target.settings(knobs);
@@ -308,7 +309,7 @@ where
             alignment,
         );
         let _ = std::fs::remove_dir_all(&dir);
-        traced.map_err(|e| e.to_string())
+        traced
     };
     rows(space, &plans, cards, |k| k.describe(space.batch), trace)
 }
@@ -462,7 +463,7 @@ mod tests {
             &plans,
             &cards,
             |k| k.describe(2),
-            |_| Err("an op refused".into()),
+            |_| Err(ShapeTraceError::Build("an op refused".into())),
         );
         assert_eq!(rows[0].fits, None);
         assert!(rows[0].why_not.as_deref().unwrap().contains("an op refused"));

@@ -26,7 +26,7 @@ mod sampler;
 mod source;
 
 pub use html::{CATEGORY_COLOURS, PEAK_COLOUR};
-pub use nvml::{DriverReading, process_figure, visible_gpus};
+pub use nvml::{DriverReading, NoDriverReading, process_figure, visible_gpus};
 #[cfg(feature = "nvml")]
 pub use nvml::{Nvml, cuda_gpu_count};
 pub use oom::{OomReport, OutOfMemory, oom_report, out_of_memory, panics};

@@ -15,6 +15,28 @@ pub trait DriverReading: Send + Sync {
     fn read(&self) -> Option<u64>;
 }
 
+/// Why there is no driver reading beside the allocator's figures.
+#[derive(Debug, thiserror::Error)]
+pub enum NoDriverReading {
+    /// The backend's driver has no per-process figure vramfit reads (wgpu).
+    #[error("no driver reading on {0}")]
+    NotOn(&'static str),
+    /// This build leaves NVML out.
+    #[error("built without the nvml feature")]
+    NotBuilt,
+    /// NVML does not load or answer (no driver library, no permission).
+    #[error("NVML unavailable: {0}")]
+    Unavailable(String),
+    /// NVML has no such GPU.
+    #[error("NVML has no GPU {index}: {why}")]
+    NoGpu {
+        /// The GPU asked for.
+        index: u32,
+        /// NVML's words.
+        why: String,
+    },
+}
+
 /// Picks this process's figure from `(pid, bytes)` pairs. In a container
 /// the driver may list host PIDs; then nothing matches and `None` says so
 /// (a device-wide figure would count other processes, so it is not used).
@@ -37,10 +59,12 @@ pub struct Nvml {
 impl Nvml {
     /// Opens NVML for GPU `index`; the error says why it is unavailable
     /// (no driver library, no permission, no such device).
-    pub fn open(index: u32) -> Result<Self, String> {
-        let nvml = nvml_wrapper::Nvml::init().map_err(|e| format!("NVML unavailable: {e}"))?;
-        nvml.device_by_index(index)
-            .map_err(|e| format!("NVML has no GPU {index}: {e}"))?;
+    pub fn open(index: u32) -> Result<Self, NoDriverReading> {
+        let nvml = nvml_wrapper::Nvml::init().map_err(|e| NoDriverReading::Unavailable(e.to_string()))?;
+        nvml.device_by_index(index).map_err(|e| NoDriverReading::NoGpu {
+            index,
+            why: e.to_string(),
+        })?;
         Ok(Self {
             nvml,
             index,
@@ -126,6 +150,6 @@ mod tests {
             return; // a machine with the driver: the GPU run checks this path
         }
         let err = Nvml::open(0).err().expect("no NVIDIA driver here, so NVML cannot open");
-        assert!(err.starts_with("NVML unavailable"), "{err}");
+        assert!(matches!(err, NoDriverReading::Unavailable(_)), "{err}");
     }
 }

@@ -1,5 +1,5 @@
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
-use super::nvml::DriverReading;
+use super::nvml::{DriverReading, NoDriverReading};
 
 use super::reading::{MemoryReading, OomFigure, Peaks};
 
@@ -139,7 +139,7 @@ impl<B: DeviceMemory, C: burn::backend::autodiff::checkpoint::strategy::Checkpoi
 pub struct CubeAllocator<R: cubecl::Runtime> {
     client: cubecl::client::ComputeClient<R>,
     label: &'static str,
-    driver: Result<Box<dyn DriverReading>, String>,
+    driver: Result<Box<dyn DriverReading>, NoDriverReading>,
     context: Option<u64>,
 }
 
@@ -150,7 +150,11 @@ impl<R: cubecl::Runtime> CubeAllocator<R> {
     /// Opening the client creates the device context, so the driver's
     /// figure minus `reserved` right after it is the context's share; the
     /// first source of the device in the process reads it ([`context_once`]).
-    pub fn new(device: &R::Device, label: &'static str, driver: Result<Box<dyn DriverReading>, String>) -> Self {
+    pub fn new(
+        device: &R::Device,
+        label: &'static str,
+        driver: Result<Box<dyn DriverReading>, NoDriverReading>,
+    ) -> Self {
         let client = R::client(device);
         let reserved = client.memory_usage().ok().map(|u| u.bytes_reserved);
         let context = context_once(format!("{label} {device:?}"), || match (&driver, reserved) {
@@ -208,7 +212,7 @@ impl DeviceMemory for burn::backend::Cuda {
         #[cfg(feature = "nvml")]
         let driver = super::nvml::Nvml::open(device.index as u32).map(|n| Box::new(n) as Box<dyn DriverReading>);
         #[cfg(not(feature = "nvml"))]
-        let driver = Err("built without the nvml feature".to_string());
+        let driver = Err(NoDriverReading::NotBuilt);
         Box::new(CubeAllocator::<cubecl::cuda::CudaRuntime>::new(device, "CUDA", driver))
     }
 }
@@ -221,7 +225,7 @@ impl DeviceMemory for burn::backend::Cuda {
 #[cfg(feature = "fusion")]
 impl DeviceMemory for burn_fusion::Fusion<burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u8>> {
     fn memory_source(device: &Self::Device) -> Box<dyn MemorySource> {
-        let driver = Err("no driver reading on wgpu".to_string());
+        let driver = Err(NoDriverReading::NotOn("wgpu"));
         Box::new(Synced::<Self, _> {
             device: device.clone(),
             inner: CubeAllocator::<cubecl::wgpu::WgpuRuntime>::new(device, "wgpu, fused", driver),
@@ -261,7 +265,7 @@ impl<B: burn::tensor::backend::Backend, S: MemorySource> MemorySource for Synced
 #[cfg(feature = "wgpu")]
 impl DeviceMemory for burn_cubecl::CubeBackend<cubecl::wgpu::WgpuRuntime, f32, i32, u8> {
     fn memory_source(device: &Self::Device) -> Box<dyn MemorySource> {
-        let driver = Err("no driver reading on wgpu".to_string());
+        let driver = Err(NoDriverReading::NotOn("wgpu"));
         Box::new(CubeAllocator::<cubecl::wgpu::WgpuRuntime>::new(device, "wgpu", driver))
     }
 }
