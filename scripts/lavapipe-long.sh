@@ -5,7 +5,8 @@
 # figure, the 300-step precision curves (the transformer's and the
 # U-Net's), and every knob combination the planner may choose on wgpu
 # (104 probes, about 90 s), the frozen base's search and the depth slice
-# against 24 blocks on wgpu's pools (about 90 s). Over 35 minutes on 2 cores. Run it after a change to the
+# against 24 blocks on wgpu's pools (about 90 s), and two of the
+# transformer's traced runs against lavapipe's pools (about 50 s). Over 35 minutes on 2 cores. Run it after a change to the
 # planner, the advice, precision or the wgpu path, and record the date and
 # result in docs/tests.md.
 # Usage: scripts/lavapipe-long.sh [libtest arguments, e.g. --list]
@@ -22,7 +23,8 @@ export VK_ICD_FILENAMES="$icd"
 # the advice's and both precision curves on wgpu.
 time cargo test -p vramfit-splat -p vramfit-models -p vramfit-scene -p vramfit-cli \
   --features vramfit-splat/wgpu,vramfit-models/wgpu,vramfit-scene/wgpu,vramfit-cli/wgpu,vramfit-cli/mpi \
-  --test plan --test advice --test toolkit -- "$@" --exact calibration_wgpu \
+  --test plan --test advice --test toolkit --test pools_trace -- "$@" --include-ignored --exact calibration_wgpu \
   every_advised_setting_lowers_the_deciding_figure::wgpu \
   transformer::low_precision_training_follows_the_f32_curve::wgpu unet::low_precision_training_follows_the_f32_curve::wgpu \
-  every_knob_combination_runs_wgpu the_frozen_base_is_searched_wgpu slice_wgpu
+  every_knob_combination_runs_wgpu the_frozen_base_is_searched_wgpu slice_wgpu \
+  more_transformer_ways_replayed_through_wgpus_pools

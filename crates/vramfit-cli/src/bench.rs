@@ -133,7 +133,7 @@ fn host_adam(values: usize, link_gb_s: f64, out: PathBuf) -> Result<()> {
         bail!("--values and --link-gb-s must be positive");
     }
     crate::budget::check_bench_out(&out)?;
-    let adam = vramfit_scene::train::ADAM;
+    let adam = vramfit_scene::fit::ADAM;
     let mut p: Vec<f32> = (0..values).map(|i| (i as f32 * 1e-3).sin()).collect();
     let g: Vec<f32> = (0..values).map(|i| (i as f32 * 7e-4).cos() * 1e-3).collect();
     let (mut m, mut v) = (vec![0.0f32; values], vec![0.0f32; values]);

@@ -102,9 +102,7 @@ mod device {
     use serde_json::json;
     use vramfit::pools::{Allocator, Trace, TraceLaw, replay};
     use vramfit::profile::human_bytes;
-    use vramfit_scene::gpu::engine::CHUNK_ALIGN;
-    use vramfit_scene::gpu::fit::{CHUNK, backward_chunks};
-    use vramfit_scene::gpu::memory::{MemoryCase, StepMemory, trace_step};
+    use vramfit_scene::gpu::memory::{MemoryCase, StepMemory, probe_plan, trace_step};
 
     /// A recorded step's reserved bytes for one case and place, from a
     /// `bench scene-memory` JSON.
@@ -131,9 +129,6 @@ mod device {
 
     type Traced = (StepMemory, Trace, Allocator);
     type Place = (Moments, ShStorage, StateAllocation);
-    /// Counts to predict, and the probes whose law grows to them
-    /// (Gaussians, the backward's chunk where not the fit's own).
-    type ProbePlan = (Vec<usize>, Vec<(usize, Option<usize>)>);
 
     fn traced(device: &str, case: &MemoryCase, place: Place, chunk: Option<usize>) -> Result<Traced> {
         fn on<R: cubecl::Runtime>(case: &MemoryCase, place: Place, chunk: Option<usize>) -> Result<Traced> {
@@ -150,38 +145,6 @@ mod device {
             "cuda" => on::<cubecl::cuda::CudaRuntime>(case, place, chunk),
             other => Err(crate::device::unavailable(other)),
         }
-    }
-
-    /// Which probes grow to which counts: (the counts, the probes as
-    /// (Gaussians, chunk)). With the moments on the device one law through
-    /// `probe_gaussians` serves every count. With them on the host the
-    /// backward's chunk count grows with the count, so each count gets
-    /// probes of its own: scaled copies of its step, with its chunk count,
-    /// each chunk 1,024, 2,048 (the law) and 1,536 (the check) Gaussians
-    /// instead of [`CHUNK`] and the last chunk in proportion. Small probes
-    /// misgrow the tile lists: the random scene's Gaussians shrink as their
-    /// count grows, so its intersections are not proportional to the count
-    /// (at 3,906 and 7,813 Gaussians the grown list at 1 M was 3.5 times
-    /// too long and took a larger page).
-    fn probe_plan(moments: Moments, probe_gaussians: &[usize], targets: &[usize]) -> Vec<ProbePlan> {
-        if moments == Moments::Device {
-            return vec![(targets.to_vec(), probe_gaussians.iter().map(|&n| (n, None)).collect())];
-        }
-        targets
-            .iter()
-            .map(|&target| {
-                let chunks = backward_chunks(target, moments);
-                let last = target - (chunks - 1) * CHUNK;
-                let probes = [8, 16, 12]
-                    .map(|k| {
-                        let chunk = k * CHUNK_ALIGN;
-                        let scaled_last = ((chunk * last) as f64 / CHUNK as f64).round().max(1.0) as usize;
-                        ((chunks - 1) * chunk + scaled_last, Some(chunk))
-                    })
-                    .to_vec();
-                (vec![target], probes)
-            })
-            .collect()
     }
 
     fn pct(predicted: u64, measured: u64) -> f64 {

@@ -163,7 +163,7 @@ mod device {
     use serde_json::json;
     use vramfit::optim::Moments;
     use vramfit_gauss::gpu::DeviceError;
-    use vramfit_scene::gpu::fit::StateAllocation;
+    use vramfit_scene::gpu::device_fit::StateAllocation;
     use vramfit_scene::gpu::memory::{MemoryCase, MemoryRow, StepMemory};
     use vramfit_scene::sh_storage::ShStorage;
 

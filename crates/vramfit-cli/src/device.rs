@@ -121,7 +121,7 @@ pub fn scene_placement(device: &str) -> Result<vramfit_scene::job::Placement> {
         "cuda" => {
             let d = burn::backend::cuda::CudaDevice::default();
             let memory = d.clone();
-            Ok(vramfit_scene::gpu::fit::placement::<cubecl::cuda::CudaRuntime>(
+            Ok(vramfit_scene::gpu::device_fit::placement::<cubecl::cuda::CudaRuntime>(
                 &d,
                 "cuda:0",
                 move || <burn::backend::Cuda as DeviceMemory>::memory_source(&memory),
@@ -131,7 +131,7 @@ pub fn scene_placement(device: &str) -> Result<vramfit_scene::job::Placement> {
         "wgpu" => {
             let d = burn::backend::wgpu::WgpuDevice::default();
             let memory = d.clone();
-            Ok(vramfit_scene::gpu::fit::placement::<cubecl::wgpu::WgpuRuntime>(
+            Ok(vramfit_scene::gpu::device_fit::placement::<cubecl::wgpu::WgpuRuntime>(
                 &d,
                 "wgpu, default adapter",
                 move || <vramfit::backends::Wgpu as DeviceMemory>::memory_source(&memory),

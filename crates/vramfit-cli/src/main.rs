@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
 use vramfit_gauss::picture::{check_output_target, save_png, to_rgb8};
-use vramfit_splat::budget::check_size_here;
 use vramfit_splat::gaussians::Gaussians;
+use vramfit_splat::output_size::check_size_here;
 
 // Every command's printing goes through `stdout::write`: a closed or full
 // stdout (`vramfit … | head -1`, `> /dev/full`) must not stop the command

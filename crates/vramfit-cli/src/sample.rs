@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Result, bail};
 use vramfit_gauss::picture::{check_output_target, save_png};
 use vramfit_scene::synthetic::Builtin;
-use vramfit_splat::budget::check_size_here;
+use vramfit_splat::output_size::check_size_here;
 
 #[derive(clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]

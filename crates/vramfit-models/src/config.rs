@@ -11,9 +11,9 @@ use burn::tensor::backend::Backend;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::fmt::Debug;
+use vramfit::activation_checkpointing::CheckpointPolicy;
 use vramfit::allocator::CleanupPolicy;
 use vramfit::batch::MicroBatching;
-use vramfit::checkpoint::CheckpointPolicy;
 use vramfit::precision::Precision;
 use vramfit::storage::StoragePolicy;
 

@@ -12,7 +12,7 @@ use burn::tensor::TensorData;
 use burn::tensor::backend::AutodiffBackend;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use vramfit::checkpoint::Block;
+use vramfit::activation_checkpointing::Block;
 use vramfit::precision::Autocast;
 use vramfit::step::Trainable;
 

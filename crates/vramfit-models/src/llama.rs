@@ -412,10 +412,10 @@ impl LlamaConfig {
 
     /// The checkpoint `weights` names, checked against this shape: every
     /// tensor there with its shape, nothing of another model.
-    fn checkpoint(&self) -> Result<crate::safetensors::Checkpoint, ConfigError> {
+    fn checkpoint(&self) -> Result<crate::safetensors::HfWeights, ConfigError> {
         let bad = |why: String| invalid("model.weights", why);
         let path = std::path::Path::new(&self.weights);
-        let file = crate::safetensors::Checkpoint::open(path).map_err(|e| bad(e.to_string()))?;
+        let file = crate::safetensors::HfWeights::open(path).map_err(|e| bad(e.to_string()))?;
         if path.is_dir() {
             hf_config::check(self, path).map_err(|e| bad(e.to_string()))?;
         }

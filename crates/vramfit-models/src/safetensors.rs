@@ -33,18 +33,18 @@ use vramfit::files::confine;
 /// folder) and the problem.
 #[derive(Debug, thiserror::Error)]
 #[error("{}: {problem}", path.display())]
-pub struct CheckpointError {
+pub struct HfWeightsError {
     /// The file or folder at fault.
     pub path: PathBuf,
     /// What is wrong.
-    pub problem: CheckpointProblem,
+    pub problem: HfWeightsProblem,
 }
 
 /// What is wrong with a checkpoint: the kinds a caller may act on (a path
 /// to correct, a file to fetch again, a read to retry) apart; the format's
 /// own inconsistencies in words.
 #[derive(Debug, thiserror::Error)]
-pub enum CheckpointProblem {
+pub enum HfWeightsProblem {
     /// Nothing at the path.
     #[error("no such directory or file: give the directory of a safetensors checkpoint (model.safetensors)")]
     Missing,
@@ -102,8 +102,8 @@ pub enum CheckpointProblem {
     Format(String),
 }
 
-impl CheckpointError {
-    fn new(path: &Path, problem: CheckpointProblem) -> Self {
+impl HfWeightsError {
+    fn new(path: &Path, problem: HfWeightsProblem) -> Self {
         Self {
             path: path.to_path_buf(),
             problem,
@@ -111,13 +111,13 @@ impl CheckpointError {
     }
 
     fn format(path: &Path, why: String) -> Self {
-        Self::new(path, CheckpointProblem::Format(why))
+        Self::new(path, HfWeightsProblem::Format(why))
     }
 }
 
 /// A safetensors checkpoint's tensors, by name.
 #[derive(Debug)]
-pub struct Checkpoint {
+pub struct HfWeights {
     /// The folder or file it was opened from.
     root: PathBuf,
     tensors: BTreeMap<String, Entry>,
@@ -181,18 +181,18 @@ const SINGLE: &str = "model.safetensors";
 /// The index of a sharded checkpoint.
 const INDEX: &str = "model.safetensors.index.json";
 
-impl Checkpoint {
+impl HfWeights {
     /// The checkpoint in `dir` (a directory holding `model.safetensors`,
     /// or `model.safetensors.index.json` and its shards, or other
     /// `*.safetensors` files), or one `.safetensors` file: its headers read
     /// and checked (see the module's text).
-    pub fn open(path: &Path) -> Result<Self, CheckpointError> {
+    pub fn open(path: &Path) -> Result<Self, HfWeightsError> {
         let (files, index) = files_of(path)?;
         let mut tensors = BTreeMap::new();
         for file in &files {
             for (name, entry) in header(file)? {
                 if let Some(before) = tensors.insert(name.clone(), entry) {
-                    return Err(CheckpointError::format(
+                    return Err(HfWeightsError::format(
                         file,
                         format!(
                             "tensor `{name}` is also in {}: one checkpoint, each tensor once",
@@ -228,11 +228,11 @@ impl Checkpoint {
 
     /// The values of `name` as f32 (bf16 and f16 exactly), row-major; a
     /// value that is not finite is refused as the file's fault.
-    pub fn read_f32(&self, name: &str) -> Result<Vec<f32>, CheckpointError> {
+    pub fn read_f32(&self, name: &str) -> Result<Vec<f32>, HfWeightsError> {
         let e = self
             .tensors
             .get(name)
-            .ok_or_else(|| CheckpointError::new(&self.root, CheckpointProblem::NoTensor(name.into())))?;
+            .ok_or_else(|| HfWeightsError::new(&self.root, HfWeightsProblem::NoTensor(name.into())))?;
         let count: usize = e.shape.iter().product();
         let mut bytes = vec![0u8; count * e.dtype.size()];
         let mut read = || -> std::io::Result<()> {
@@ -244,9 +244,9 @@ impl Checkpoint {
             f.read_exact(&mut bytes)
         };
         let reading = |cause| {
-            CheckpointError::new(
+            HfWeightsError::new(
                 &e.file,
-                CheckpointProblem::Reading {
+                HfWeightsProblem::Reading {
                     name: name.into(),
                     cause,
                 },
@@ -268,9 +268,9 @@ impl Checkpoint {
                 .collect(),
         };
         if let Some(first) = values.iter().position(|x| !x.is_finite()) {
-            return Err(CheckpointError::new(
+            return Err(HfWeightsError::new(
                 &e.file,
-                CheckpointProblem::NotFinite {
+                HfWeightsProblem::NotFinite {
                     name: name.into(),
                     count: values.iter().filter(|x| !x.is_finite()).count(),
                     first,
@@ -282,14 +282,14 @@ impl Checkpoint {
     }
 }
 
-impl Checkpoint {
+impl HfWeights {
     /// A fingerprint of the checkpoint: every tensor's name, dtype and
     /// shape, and of its bytes [`SAMPLED`] at its start, middle and end
     /// (FNV-1a, as hex). Cheap for a 7B (some 900 small reads), and a
     /// checkpoint fine-tuned, merged or exported again differs in them: a
     /// resumed run that rebuilds its base from the file checks it is the
     /// one it was trained on. Not a hash of every byte.
-    pub fn fingerprint(&self) -> Result<String, CheckpointError> {
+    pub fn fingerprint(&self) -> Result<String, HfWeightsError> {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         let mut mix = |bytes: &[u8]| {
             for &b in bytes {
@@ -305,9 +305,9 @@ impl Checkpoint {
             let length = e.shape.iter().product::<usize>() as u64 * e.dtype.size() as u64;
             let take = SAMPLED.min(length);
             let reading = |cause| {
-                CheckpointError::new(
+                HfWeightsError::new(
                     &e.file,
-                    CheckpointProblem::Reading {
+                    HfWeightsProblem::Reading {
                         name: name.clone(),
                         cause,
                     },
@@ -326,7 +326,7 @@ impl Checkpoint {
     }
 }
 
-/// Bytes [`Checkpoint::fingerprint`] reads at each of three places in a tensor.
+/// Bytes [`HfWeights::fingerprint`] reads at each of three places in a tensor.
 pub const SAMPLED: u64 = 256;
 
 /// What a sharded checkpoint's index maps: tensor name to shard path.
@@ -356,11 +356,11 @@ type Index = (PathBuf, WeightMap);
 
 /// The files of the checkpoint at `path`, and the index with its map
 /// where the checkpoint is sharded.
-fn files_of(path: &Path) -> Result<(Vec<PathBuf>, Option<Index>), CheckpointError> {
-    let outside = |o| CheckpointError::new(path, CheckpointProblem::Outside(o));
+fn files_of(path: &Path) -> Result<(Vec<PathBuf>, Option<Index>), HfWeightsError> {
+    let outside = |o| HfWeightsError::new(path, HfWeightsProblem::Outside(o));
     if !path.is_dir() {
         if !path.exists() {
-            return Err(CheckpointError::new(path, CheckpointProblem::Missing));
+            return Err(HfWeightsError::new(path, HfWeightsProblem::Missing));
         }
         return Ok((vec![regular(path)?], None));
     }
@@ -378,9 +378,9 @@ fn files_of(path: &Path) -> Result<(Vec<PathBuf>, Option<Index>), CheckpointErro
         shards.dedup();
         for shard in &shards {
             if let Some(what) = confine::not_regular(shard) {
-                return Err(CheckpointError::new(
+                return Err(HfWeightsError::new(
                     &index,
-                    CheckpointProblem::ShardNotRegular {
+                    HfWeightsProblem::ShardNotRegular {
                         shard: shard.clone(),
                         what,
                     },
@@ -390,7 +390,7 @@ fn files_of(path: &Path) -> Result<(Vec<PathBuf>, Option<Index>), CheckpointErro
         return Ok((shards, Some((index, map))));
     }
     let mut files: Vec<PathBuf> = std::fs::read_dir(path)
-        .map_err(|e| CheckpointError::new(path, CheckpointProblem::Io(e)))?
+        .map_err(|e| HfWeightsError::new(path, HfWeightsProblem::Io(e)))?
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
         .filter(|n| n.ends_with(".safetensors"))
         .map(|n| {
@@ -400,25 +400,25 @@ fn files_of(path: &Path) -> Result<(Vec<PathBuf>, Option<Index>), CheckpointErro
         .collect::<Result<_, _>>()?;
     files.sort();
     if files.is_empty() {
-        return Err(CheckpointError::new(path, CheckpointProblem::NoFiles));
+        return Err(HfWeightsError::new(path, HfWeightsProblem::NoFiles));
     }
     Ok((files, None))
 }
 
 /// `path` if it is a regular file (a FIFO would block the read, a device
 /// never end), else why not.
-fn regular(path: &Path) -> Result<PathBuf, CheckpointError> {
+fn regular(path: &Path) -> Result<PathBuf, HfWeightsError> {
     match confine::not_regular(path) {
         None => Ok(path.to_path_buf()),
-        Some(what) => Err(CheckpointError::new(path, CheckpointProblem::NotRegular(what))),
+        Some(what) => Err(HfWeightsError::new(path, HfWeightsProblem::NotRegular(what))),
     }
 }
 
 /// The index's `weight_map`: every name a string, every shard inside the
 /// checkpoint's folder `dir`.
-fn weight_map(dir: &Path, index: &Path) -> Result<WeightMap, CheckpointError> {
-    let at = |why: String| CheckpointError::format(index, why);
-    let io = |e| CheckpointError::new(index, CheckpointProblem::Io(e));
+fn weight_map(dir: &Path, index: &Path) -> Result<WeightMap, HfWeightsError> {
+    let at = |why: String| HfWeightsError::format(index, why);
+    let io = |e| HfWeightsError::new(index, HfWeightsProblem::Io(e));
     let length = std::fs::metadata(index).map_err(io)?.len();
     if length > MOST_HEADER {
         return Err(at(format!(
@@ -455,11 +455,11 @@ fn weight_map(dir: &Path, index: &Path) -> Result<WeightMap, CheckpointError> {
 /// The index and the shards' headers agree tensor for tensor: each name
 /// the index lists is in the shard it names, and each tensor a shard holds
 /// is listed, with that shard.
-fn agree(index: &Path, map: &WeightMap, tensors: &BTreeMap<String, Entry>) -> Result<(), CheckpointError> {
+fn agree(index: &Path, map: &WeightMap, tensors: &BTreeMap<String, Entry>) -> Result<(), HfWeightsError> {
     for (name, shard) in map {
         match tensors.get(name) {
             None => {
-                return Err(CheckpointError::format(
+                return Err(HfWeightsError::format(
                     index,
                     format!(
                         "lists tensor `{name}` in {}, which does not hold it: the index and its shards disagree (an \
@@ -469,7 +469,7 @@ fn agree(index: &Path, map: &WeightMap, tensors: &BTreeMap<String, Entry>) -> Re
                 ));
             }
             Some(e) if &e.file != shard => {
-                return Err(CheckpointError::format(
+                return Err(HfWeightsError::format(
                     index,
                     format!(
                         "lists tensor `{name}` in {}, but {} holds it: the index and its shards disagree",
@@ -482,7 +482,7 @@ fn agree(index: &Path, map: &WeightMap, tensors: &BTreeMap<String, Entry>) -> Re
         }
     }
     if let Some((name, e)) = tensors.iter().find(|(n, _)| !map.contains_key(*n)) {
-        return Err(CheckpointError::format(
+        return Err(HfWeightsError::format(
             &e.file,
             format!(
                 "holds tensor `{name}`, which {} does not list: the index and its shards disagree",
@@ -518,9 +518,9 @@ impl<'de> serde::Deserialize<'de> for Entries {
 }
 
 /// The tensors `file`'s header lists, checked as the module's text says.
-fn header(file: &Path) -> Result<Vec<(String, Entry)>, CheckpointError> {
-    let at = |why: String| CheckpointError::format(file, why);
-    let io = |e| CheckpointError::new(file, CheckpointProblem::Io(e));
+fn header(file: &Path) -> Result<Vec<(String, Entry)>, HfWeightsError> {
+    let at = |why: String| HfWeightsError::format(file, why);
+    let io = |e| HfWeightsError::new(file, HfWeightsProblem::Io(e));
     let mut f = File::open(file).map_err(io)?;
     let length = f.metadata().map_err(io)?.len();
     let mut n = [0u8; 8];
@@ -561,7 +561,7 @@ fn header(file: &Path) -> Result<Vec<(String, Entry)>, CheckpointError> {
                 "dtype `{dtype}`: only F32, F16 and BF16 are read (a model's weights)"
             ))
         })?;
-        let numbers = |key: &str| -> Result<Vec<u64>, CheckpointError> {
+        let numbers = |key: &str| -> Result<Vec<u64>, HfWeightsError> {
             let given = v.get(key).ok_or_else(|| bad(&format!("no `{key}`")))?;
             given
                 .as_array()

@@ -33,7 +33,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::ops::ConvOptions;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use vramfit::checkpoint::Block;
+use vramfit::activation_checkpointing::Block;
 use vramfit::precision::{Autocast, Precision};
 use vramfit::step::Trainable;
 

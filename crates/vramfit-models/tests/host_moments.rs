@@ -8,8 +8,8 @@ mod common;
 
 use burn::tensor::backend::AutodiffBackend;
 use common::stepper;
+use vramfit::activation_checkpointing::CheckpointPolicy;
 use vramfit::batch::MicroBatching;
-use vramfit::checkpoint::CheckpointPolicy;
 use vramfit::precision::Precision;
 use vramfit_models::data::{SyntheticTask, TaskConfig};
 use vramfit_models::gpt::GptConfig;

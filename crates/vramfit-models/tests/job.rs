@@ -623,7 +623,7 @@ fn a_lora_run_exports_a_merged_checkpoint_that_loads_as_the_runs_model() {
     merge::export(&run_dir, &bf16, Some(Dtype::Bf16), 1 << 30).unwrap();
     let written: serde_json::Value = serde_json::from_slice(&std::fs::read(bf16.join("config.json")).unwrap()).unwrap();
     assert_eq!(written["dtype"], "bfloat16");
-    let file = vramfit_models::safetensors::Checkpoint::open(&bf16).unwrap();
+    let file = vramfit_models::safetensors::HfWeights::open(&bf16).unwrap();
     assert_eq!(file.dtype("lm_head.weight"), Some(Dtype::Bf16));
     // Refused: a folder already there, a base whose config.json changed,
     // a run that has not finished.

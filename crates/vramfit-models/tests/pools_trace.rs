@@ -103,16 +103,11 @@ fn error(measured: u64, trace: &Trace, allocator: &Allocator, name: &str) -> f64
     error
 }
 
-#[test]
-fn a_cpu_trace_replayed_through_wgpus_pools_gives_its_reserved_peak() {
+/// The transformer's runs `ways` (checkpoint, attention, moments,
+/// cleanup): both traces within [`BOUND`] of lavapipe's reserved peak.
+fn transformer_ways(ways: &[(&str, &str, &str, &str)]) {
     let lavapipe = Allocator::of::<WgpuRuntime>(&Default::default());
-    for (checkpoint, attention, moments, cleanup) in [
-        ("none", "standard", "f32", "never"),
-        ("list:0,1", "standard", "f32", "never"),
-        ("none", "standard", "host", "never"),
-        ("list:0,1", "standard", "f32", "step"),
-        ("none", "fused", "f32", "never"),
-    ] {
+    for &(checkpoint, attention, moments, cleanup) in ways {
         let config = transformer(STEPS, checkpoint, attention, moments, cleanup);
         let (measured, cpu, shapes) = both::<GptConfig, 3>(config, lavapipe.alignment);
         for (how, trace) in [("CPU", &cpu), ("shapes", &shapes)] {
@@ -123,6 +118,29 @@ fn a_cpu_trace_replayed_through_wgpus_pools_gives_its_reserved_peak() {
             assert!(e.abs() <= BOUND, "{name}: the replayed peak is {:+.1} % off", 100.0 * e);
         }
     }
+}
+
+/// Two more of the transformer's ways, each a case the others cover in
+/// part (checkpointing without the cleanup; the fused attention, which
+/// the llm's run has): about 50 s on lavapipe, so in
+/// scripts/lavapipe-long.sh, not CI (its 40-minute aim).
+#[test]
+#[ignore = "long: scripts/lavapipe-long.sh runs it"]
+fn more_transformer_ways_replayed_through_wgpus_pools() {
+    transformer_ways(&[
+        ("list:0,1", "standard", "f32", "never"),
+        ("none", "fused", "f32", "never"),
+    ]);
+}
+
+#[test]
+fn a_cpu_trace_replayed_through_wgpus_pools_gives_its_reserved_peak() {
+    let lavapipe = Allocator::of::<WgpuRuntime>(&Default::default());
+    transformer_ways(&[
+        ("none", "standard", "f32", "never"),
+        ("none", "standard", "host", "never"),
+        ("list:0,1", "standard", "f32", "step"),
+    ]);
     // The Llama family: the CPU trace's figure shown, the shapes' held.
     let (measured, cpu, shapes) =
         both::<LlamaConfig, 3>(llm(STEPS, "lora:8", "f32", "", "fused", "none"), lavapipe.alignment);

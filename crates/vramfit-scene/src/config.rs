@@ -10,9 +10,9 @@ use vramfit::optim::Moments;
 use crate::dataset::Dataset;
 use crate::densify::Densify;
 use crate::error::SceneError;
+use crate::fit::{LearningRates, Settings};
 use crate::sh_storage::ShStorage;
 use crate::synthetic::{Builtin, Spec};
-use crate::train::{LearningRates, Settings};
 
 /// The default built-in scene's name in place of a dataset folder (the
 /// other: [`Builtin::name`]).

@@ -21,7 +21,7 @@ pub enum SceneError {
     Checkpoint(String),
     /// The device running the fit failed (out of memory, lost device).
     #[error("device: {0}")]
-    Device(#[from] crate::train::FitError),
+    Device(#[from] crate::fit::FitError),
     /// A run's files cannot be drawn (`render-scene`).
     #[error("{0}")]
     Drawing(String),

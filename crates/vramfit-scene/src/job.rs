@@ -18,8 +18,8 @@ use vramfit::step::StepObserver;
 use crate::config::SceneConfig;
 use crate::densify::Stats;
 use crate::error::SceneError;
+use crate::fit::{Fit, GROUPS, SceneDevice, State};
 use crate::sh_storage::ShStorage;
-use crate::train::{Fit, GROUPS, SceneDevice, State};
 
 const CHECKPOINT_KIND: &str = "vramfit.scene.checkpoint";
 /// What starts a scene fit, as its run directory records it.
@@ -276,7 +276,7 @@ impl Workload for SceneJob {
     }
     fn step(&mut self, observer: &mut dyn StepObserver) -> Result<StepRecord, SceneError> {
         let failed = |step: u64, phase: &'static str| {
-            move |e: crate::train::FitError| SceneError::DeviceStep {
+            move |e: crate::fit::FitError| SceneError::DeviceStep {
                 step,
                 phase,
                 message: e.to_string(),

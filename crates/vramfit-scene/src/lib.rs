@@ -15,6 +15,7 @@ pub mod cpu;
 pub mod dataset;
 pub mod densify;
 pub mod error;
+pub mod fit;
 #[cfg(feature = "gpu")]
 pub mod gpu;
 pub mod job;
@@ -24,5 +25,4 @@ pub mod plan;
 pub mod ply;
 pub mod sh_storage;
 pub mod synthetic;
-pub mod train;
 pub mod view;

@@ -5,7 +5,7 @@
 //! the reader of that layout (the end of a run, for `render-scene`).
 
 use crate::cpu::sh::coefficients;
-use crate::train::Params;
+use crate::fit::Params;
 
 /// The file's bytes.
 pub fn encode(p: &Params) -> Vec<u8> {

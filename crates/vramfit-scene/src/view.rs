@@ -8,9 +8,9 @@ use vramfit::run::Workload;
 
 use crate::config::SceneConfig;
 use crate::error::SceneError;
+use crate::fit::State;
 use crate::job::{Placement, SceneJob};
 use crate::sh_storage::ShStorage;
-use crate::train::State;
 
 /// One view of a fitted scene, rendered by [`render_run_view`].
 pub struct RenderedView {
@@ -79,7 +79,7 @@ pub fn render_run_view(dir: &Path, view: usize) -> Result<RenderedView, SceneErr
             png: fit.render_view(view).map_err(SceneError::Device)?,
             step: fit.step,
             held_out: fit.data().split().1.contains(&view),
-            psnr_db: crate::train::psnr(&image, &fit.data().views[view].image),
+            psnr_db: crate::fit::psnr(&image, &fit.data().views[view].image),
             views,
             dataset: dataset.clone(),
         })

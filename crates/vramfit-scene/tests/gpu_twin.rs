@@ -145,9 +145,9 @@ fn sixteen_bit_sh_widens_as_on_the_host() {
 #[test]
 fn a_scene_fit_on_wgpu_follows_the_cpu_fit() {
     use vramfit_scene::densify::Densify;
-    use vramfit_scene::gpu::fit::DeviceFit;
+    use vramfit_scene::fit::{Fit, Settings};
+    use vramfit_scene::gpu::device_fit::DeviceFit;
     use vramfit_scene::synthetic::{SKY, Spec, dataset};
-    use vramfit_scene::train::{Fit, Settings};
 
     let data = dataset(&Spec {
         views: 17,
@@ -221,7 +221,7 @@ fn a_wgpu_scene_run_profiles_the_allocator_and_resumes() {
     use vramfit::profile::CubeAllocator;
     use vramfit::run::{Event, RunPath, Start};
     use vramfit_scene::config::SceneConfig;
-    use vramfit_scene::gpu::fit::placement;
+    use vramfit_scene::gpu::device_fit::placement;
     use vramfit_scene::job::{Placement, launch};
 
     let on_wgpu = || -> Placement {

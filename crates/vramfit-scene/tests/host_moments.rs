@@ -28,10 +28,10 @@ fn single_threaded_device() {
 #[test]
 fn moments_on_the_host_give_the_device_fit_in_less_device_memory() {
     use vramfit::optim::Moments;
-    use vramfit_scene::gpu::fit::DeviceFit;
+    use vramfit_scene::fit::{Fit, Settings};
+    use vramfit_scene::gpu::device_fit::DeviceFit;
     use vramfit_scene::sh_storage::ShStorage;
     use vramfit_scene::synthetic::{SKY, Spec, dataset};
-    use vramfit_scene::train::{Fit, Settings};
 
     let data = dataset(&Spec {
         views: 9,

@@ -1,15 +1,17 @@
 //! The card's allocator modelled (`vramfit::pools`) against the allocator
 //! itself: a scene fit's recorded allocations and releases, replayed
 //! through CubeCL's memory management configured as the probing device's
-//! client is, give the reserved bytes that client reports. One test in
-//! this binary, so that no other test's buffers share the device's pools.
+//! client is, give the reserved bytes that client reports. One test on
+//! the device in this binary, so that no other test's buffers share the
+//! device's pools (the probe plan's is arithmetic).
 #![cfg(feature = "wgpu")]
 
 use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
 use vramfit::optim::Moments;
 use vramfit::pools::{Allocator, TraceLaw, replay};
-use vramfit_scene::gpu::fit::StateAllocation;
-use vramfit_scene::gpu::memory::{MemoryCase, trace_step};
+use vramfit_scene::gpu::device_fit::StateAllocation;
+use vramfit_scene::gpu::device_fit::{CHUNK, backward_chunks};
+use vramfit_scene::gpu::memory::{MemoryCase, probe_plan, trace_step};
 use vramfit_scene::sh_storage::ShStorage;
 
 /// How far a trace grown from two counts may put the reserved peak from
@@ -75,5 +77,38 @@ fn a_replayed_scene_step_gives_the_reserved_bytes_of_the_device() {
             "{what}: grown to {n} Gaussians {grown} against {measured} measured ({:+.1} %)",
             100.0 * off
         );
+    }
+}
+
+/// The probes a card's counts grow from: with the moments on the device
+/// one law through the probe counts serves every count; on the host each
+/// count gets three scaled copies of its own step, each with the count's
+/// chunk count (the steps are then the same events), chunks a multiple
+/// of the device's alignment and smaller than the fit's own.
+#[test]
+fn each_count_with_host_moments_is_probed_by_copies_of_its_own_step() {
+    let probes = [100_000, 200_000, 300_000];
+    let targets = [1_000_000, 6_000_000, 70_000];
+    let plan = probe_plan(Moments::Device, &probes, &targets);
+    assert_eq!(
+        plan,
+        vec![(targets.to_vec(), probes.iter().map(|&n| (n, None)).collect())]
+    );
+    let plan = probe_plan(Moments::Host, &probes, &targets);
+    assert_eq!(plan.len(), targets.len());
+    for ((counts, copies), &target) in plan.iter().zip(&targets) {
+        assert_eq!(counts, &vec![target]);
+        assert_eq!(copies.len(), 3);
+        let chunks = backward_chunks(target, Moments::Host);
+        for &(n, chunk) in copies {
+            let chunk = chunk.expect("a chunk of its own");
+            assert!(chunk < CHUNK && chunk % 128 == 0, "{chunk}");
+            assert_eq!(
+                n.div_ceil(chunk),
+                chunks,
+                "{target}: {n} Gaussians in chunks of {chunk}"
+            );
+            assert!(n < target);
+        }
     }
 }

@@ -1,8 +1,8 @@
 //! Fitting the built-in scene on the CPU twin: the held-out PSNR rises
 //! through training, and a fit is deterministic.
 
+use vramfit_scene::fit::{Fit, Settings};
 use vramfit_scene::synthetic::{SKY, Spec, dataset};
-use vramfit_scene::train::{Fit, Settings};
 
 fn small() -> Spec {
     Spec {

@@ -20,7 +20,6 @@
 //! ```
 
 pub mod baseline;
-pub mod budget;
 pub mod config;
 pub mod cpu;
 mod error;
@@ -31,6 +30,7 @@ pub mod gpu;
 pub mod init;
 pub mod job;
 pub mod op;
+pub mod output_size;
 pub mod params;
 pub mod plan;
 /// The procedural test image (its own crate, which the U-Net uses too).

@@ -17,7 +17,7 @@ use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use vramfit::checkpoint::Block;
+use vramfit::activation_checkpointing::Block;
 use vramfit::plan::{BudgetError, Knobs, Options, PlanError, Plannable, run_within};
 use vramfit::pools::Card;
 use vramfit::precision::Autocast;

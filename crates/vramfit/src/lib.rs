@@ -6,7 +6,7 @@
 //! stream and TensorBoard events ([`run`]), the optimiser on plain tensors
 //! ([`optim`]) and host memory readings ([`memory`]), the training
 //! techniques: mixed precision and loss scaling ([`precision`]), block
-//! activation checkpointing ([`checkpoint`]), micro-batching with gradient
+//! activation checkpointing ([`activation_checkpointing`]), micro-batching with gradient
 //! accumulation ([`batch`]), reduced-precision storage ([`storage`]) and
 //! the allocator policy ([`allocator`]) and the allocator of a card modelled
 //! ([`pools`]), fused CPU softmax and layer norm
@@ -24,7 +24,7 @@
 //! # use std::{ops::{ControlFlow, Range}, sync::Arc};
 //! use burn::{backend::{Autodiff, Flex}, nn::{Linear, LinearConfig}, prelude::*};
 //! use burn::tensor::backend::AutodiffBackend;
-//! use vramfit::{checkpoint::Block, precision::Autocast, step::Trainable};
+//! use vramfit::{activation_checkpointing::Block, precision::Autocast, step::Trainable};
 //! use vramfit::plan::{Options, run_within};
 //! use vramfit::run::RunPath;
 //! use vramfit::trainer::{Schedule, TrainerTarget};
@@ -81,11 +81,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod activation_checkpointing;
 pub mod allocator;
 pub mod attention_check;
 pub mod backends;
 pub mod batch;
-pub mod checkpoint;
 pub mod chunked_loss;
 pub mod files;
 pub mod frozen;

@@ -5,7 +5,7 @@
 use burn::module::{Module, Param};
 use burn::prelude::*;
 use burn::tensor::activation::silu;
-use vramfit::checkpoint::Block;
+use vramfit::activation_checkpointing::Block;
 use vramfit::precision::Autocast;
 
 /// A projection `x · W (+ b)`, `W: [in, out]`, frozen and stored small or

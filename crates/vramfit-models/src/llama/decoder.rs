@@ -5,7 +5,7 @@
 use burn::module::{Module, Param};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use vramfit::checkpoint::Block;
+use vramfit::activation_checkpointing::Block;
 use vramfit::precision::Autocast;
 use vramfit::step::Trainable;
 

@@ -191,7 +191,7 @@ impl crate::family::ModelSettings for LlamaConfig {
         if self.weights.is_empty() || !matches!(self.training(), Ok(Training::Lora { .. })) {
             return Ok(None);
         }
-        let file = crate::safetensors::Checkpoint::open(std::path::Path::new(&self.weights))
+        let file = crate::safetensors::HfWeights::open(std::path::Path::new(&self.weights))
             .map_err(|why| invalid("model.weights", why.to_string()))?;
         file.fingerprint()
             .map(Some)

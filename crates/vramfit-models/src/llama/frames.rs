@@ -10,7 +10,7 @@
 use burn::module::Module;
 use burn::prelude::*;
 use burn::tensor::TensorData;
-use vramfit::checkpoint::Block;
+use vramfit::activation_checkpointing::Block;
 use vramfit::precision::Autocast;
 
 use crate::vision::{LayerNorm, Mlp, PatchEmbed, VisionLayer};

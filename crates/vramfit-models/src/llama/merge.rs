@@ -18,7 +18,7 @@ use burn::tensor::TensorData;
 use vramfit::run::ArrayFile;
 
 use super::hf_config::{HfConfigError, HfConfigProblem};
-use crate::safetensors::{Checkpoint, Dtype};
+use crate::safetensors::{Dtype, HfWeights};
 
 /// What an export wrote.
 #[derive(Debug, Clone, PartialEq)]
@@ -80,7 +80,7 @@ pub enum ExportError {
     Base(String),
     /// The base's safetensors cannot be read.
     #[error("the run's base: {0}")]
-    BaseFile(#[from] crate::safetensors::CheckpointError),
+    BaseFile(#[from] crate::safetensors::HfWeightsError),
     /// The base's config.json disagrees with the run's shape.
     #[error("the run's base: {0}")]
     BaseConfig(#[from] HfConfigError),
@@ -170,7 +170,7 @@ pub fn export(run: &Path, out: &Path, dtype: Option<Dtype>, shard_bytes: u64) ->
     if config.weights.is_empty() {
         return Err(ExportError::DrawnBase);
     }
-    let base = Checkpoint::open(Path::new(&config.weights))?;
+    let base = HfWeights::open(Path::new(&config.weights))?;
     // The base the run trained on, not another under its path.
     if let Some(then) = trained.meta.get("rebuilt_fingerprint").and_then(|v| v.as_str()) {
         let now = base.fingerprint()?;
@@ -235,7 +235,7 @@ pub fn export(run: &Path, out: &Path, dtype: Option<Dtype>, shard_bytes: u64) ->
 fn write(
     out: &Path,
     config: &super::LlamaConfig,
-    base: &Checkpoint,
+    base: &HfWeights,
     trained: &ArrayFile,
     shards: &[Vec<(String, Vec<usize>)>],
     dtype: Dtype,
@@ -365,12 +365,7 @@ fn with_dtype(bytes: &[u8], dtype: Dtype) -> Result<Vec<u8>, HfConfigProblem> {
 /// Tensor `name` (`shape`, transformers' layout) as the run ends: the
 /// trained value where the run wrote one, else the base's, plus the
 /// adapter's product where the projection has one. Whether one was merged.
-fn tensor(
-    name: &str,
-    shape: &[usize],
-    base: &Checkpoint,
-    trained: &ArrayFile,
-) -> Result<(Vec<f32>, bool), ExportError> {
+fn tensor(name: &str, shape: &[usize], base: &HfWeights, trained: &ArrayFile) -> Result<(Vec<f32>, bool), ExportError> {
     let (path, transposed) =
         ours(name).ok_or_else(|| ExportError::Base(format!("`{name}`: no parameter of vramfit's Llama")))?;
     let param = |p: &str| trained.arrays.get(&format!("param/{p}"));

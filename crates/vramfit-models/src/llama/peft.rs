@@ -235,7 +235,7 @@ pub fn apply<B: Backend>(
     } else {
         alpha / r as f64
     };
-    let file = crate::safetensors::Checkpoint::open(&dir.join(WEIGHTS_FILE)).map_err(|e| bad(e.to_string()))?;
+    let file = crate::safetensors::HfWeights::open(&dir.join(WEIGHTS_FILE)).map_err(|e| bad(e.to_string()))?;
     let mut expected = std::collections::BTreeSet::new();
     let blocks = std::mem::take(&mut model.blocks);
     let mut adapted = Vec::with_capacity(blocks.len());

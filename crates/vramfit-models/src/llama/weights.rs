@@ -15,19 +15,14 @@ use crate::gpt::{constant, normal_parallel};
 pub(super) enum Weights {
     Drawn(Box<ChaCha8Rng>),
     Read {
-        file: crate::safetensors::Checkpoint,
+        file: crate::safetensors::HfWeights,
         /// The first read that failed (the rest are then zeros, unused).
         failed: Option<String>,
     },
 }
 
 impl Weights {
-    fn values(
-        file: &crate::safetensors::Checkpoint,
-        failed: &mut Option<String>,
-        name: &str,
-        count: usize,
-    ) -> Vec<f32> {
+    fn values(file: &crate::safetensors::HfWeights, failed: &mut Option<String>, name: &str, count: usize) -> Vec<f32> {
         if failed.is_none() {
             match file.read_f32(name) {
                 Ok(v) => return v,

@@ -20,11 +20,11 @@ fn raw(header: &str, data: &[u8]) -> Vec<u8> {
     out
 }
 
-/// `Checkpoint::open` on `bytes` as `dir/model.safetensors`, the error text.
+/// `HfWeights::open` on `bytes` as `dir/model.safetensors`, the error text.
 fn refused(dir: &Path, bytes: &[u8]) -> String {
     let f = dir.join("model.safetensors");
     std::fs::write(&f, bytes).unwrap();
-    Checkpoint::open(&f).map(|_| ()).unwrap_err().to_string()
+    HfWeights::open(&f).map(|_| ()).unwrap_err().to_string()
 }
 
 /// Two tensors, `a` [2] and `b` [3], F32, laid out as the format says.
@@ -44,7 +44,7 @@ fn each_byte_belongs_to_one_tensor() {
     let data = [0u8; 20];
     let ok = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[3],"data_offsets":[8,20]}}"#;
     std::fs::write(d.join("model.safetensors"), raw(ok, &data)).unwrap();
-    Checkpoint::open(&d).unwrap();
+    HfWeights::open(&d).unwrap();
     // The embedding read from the head's bytes: overlapping ranges.
     let overlap = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#;
     let e = refused(&d, &raw(overlap, &data[..12]));
@@ -99,14 +99,14 @@ fn an_index_names_only_its_own_shards_and_agrees_with_them() {
         &d,
         serde_json::json!({"a": "shard-1.safetensors", "b": "shard-1.safetensors"}),
     );
-    assert_eq!(Checkpoint::open(&d).unwrap().names().count(), 2);
+    assert_eq!(HfWeights::open(&d).unwrap().names().count(), 2);
     for (shard, says) in [
         ("../outside.safetensors", "climbs out"),
         ("/etc/passwd", "absolute"),
         ("../../../../etc/passwd", "climbs out"),
     ] {
         index(&d, serde_json::json!({"a": shard, "b": shard}));
-        let e = Checkpoint::open(&d).unwrap_err().to_string();
+        let e = HfWeights::open(&d).unwrap_err().to_string();
         assert!(e.contains(says) && e.contains("inside its own folder"), "{shard}: {e}");
     }
     // A shard that is a link out of the folder.
@@ -115,33 +115,33 @@ fn an_index_names_only_its_own_shards_and_agrees_with_them() {
         &d,
         serde_json::json!({"a": "link.safetensors", "b": "link.safetensors"}),
     );
-    assert!(Checkpoint::open(&d).unwrap_err().to_string().contains("outside"));
+    assert!(HfWeights::open(&d).unwrap_err().to_string().contains("outside"));
     // A tensor the index lists that its shard does not hold, and the reverse.
     index(
         &d,
         serde_json::json!({"a": "shard-1.safetensors", "b": "shard-1.safetensors", "c": "shard-1.safetensors"}),
     );
-    let e = Checkpoint::open(&d).unwrap_err().to_string();
+    let e = HfWeights::open(&d).unwrap_err().to_string();
     assert!(e.contains("`c`") && e.contains("does not hold it"), "{e}");
     index(&d, serde_json::json!({"a": "shard-1.safetensors"}));
-    assert!(Checkpoint::open(&d).unwrap_err().to_string().contains("does not list"));
+    assert!(HfWeights::open(&d).unwrap_err().to_string().contains("does not list"));
     // A folder as a shard, a FIFO as a shard: named for what they are, nothing blocks.
     std::fs::create_dir_all(d.join("dir.safetensors")).unwrap();
     index(&d, serde_json::json!({"a": "dir.safetensors"}));
-    assert!(Checkpoint::open(&d).unwrap_err().to_string().contains("a folder"));
+    assert!(HfWeights::open(&d).unwrap_err().to_string().contains("a folder"));
     if std::process::Command::new("mkfifo")
         .arg(d.join("pipe.safetensors"))
         .status()
         .is_ok_and(|s| s.success())
     {
         index(&d, serde_json::json!({"a": "pipe.safetensors"}));
-        assert!(Checkpoint::open(&d).unwrap_err().to_string().contains("named pipe"));
+        assert!(HfWeights::open(&d).unwrap_err().to_string().contains("named pipe"));
     }
     // With a single file beside the index, the single file is read (as transformers does).
     index(&d, serde_json::json!({"a": "../outside.safetensors"}));
     let one = [("x", vec![1], &[9.0f32][..])];
     write(&d.join(SINGLE), &one, Dtype::F32).unwrap();
-    let c = Checkpoint::open(&d).unwrap();
+    let c = HfWeights::open(&d).unwrap();
     assert_eq!(c.names().collect::<Vec<_>>(), ["x"]);
     let _ = std::fs::remove_dir_all(&base);
 }
@@ -157,11 +157,11 @@ fn a_snapshot_in_the_hugging_face_cache_is_read() {
     std::fs::create_dir_all(repo.join("blobs")).unwrap();
     write_two(&repo.join("blobs/sha256-0"));
     std::os::unix::fs::symlink("../../blobs/sha256-0", snapshot.join(SINGLE)).unwrap();
-    assert_eq!(Checkpoint::open(&snapshot).unwrap().names().count(), 2);
+    assert_eq!(HfWeights::open(&snapshot).unwrap().names().count(), 2);
     write_two(&base.join("elsewhere.safetensors"));
     std::fs::remove_file(snapshot.join(SINGLE)).unwrap();
     std::os::unix::fs::symlink(base.join("elsewhere.safetensors"), snapshot.join(SINGLE)).unwrap();
-    assert!(Checkpoint::open(&snapshot).unwrap_err().to_string().contains("outside"));
+    assert!(HfWeights::open(&snapshot).unwrap_err().to_string().contains("outside"));
     let _ = std::fs::remove_dir_all(&base);
 }
 
@@ -170,7 +170,7 @@ fn a_value_that_is_not_finite_is_the_files_fault() {
     let d = scratch("nan");
     let f = d.join("model.safetensors");
     write(&f, &[("w", vec![3], &[1.0, f32::NAN, f32::INFINITY][..])], Dtype::Bf16).unwrap();
-    let e = Checkpoint::open(&f).unwrap().read_f32("w").unwrap_err().to_string();
+    let e = HfWeights::open(&f).unwrap().read_f32("w").unwrap_err().to_string();
     assert!(
         e.contains("2 value(s) that are not finite") && e.contains("index 1") && e.contains("damaged"),
         "{e}"
@@ -210,7 +210,7 @@ proptest! {
         let f = d.join("m.safetensors");
         let refs: Vec<(&str, Vec<usize>, &[f32])> = ts.iter().map(|(n, s, v)| (n.as_str(), s.clone(), v.as_slice())).collect();
         write(&f, &refs, dtype).unwrap();
-        let c = Checkpoint::open(&f).unwrap();
+        let c = HfWeights::open(&f).unwrap();
         for (name, shape, values) in &ts {
             prop_assert_eq!(c.shape(name).unwrap(), shape.as_slice());
             prop_assert_eq!(c.dtype(name), Some(dtype));
@@ -236,15 +236,15 @@ proptest! {
         let good = std::fs::read(&f).unwrap();
         let len = good.len();
         std::fs::write(&f, &good[..cut.index(len)]).unwrap();
-        prop_assert!(Checkpoint::open(&f).is_err());
+        prop_assert!(HfWeights::open(&f).is_err());
         let mut longer = good.clone();
         longer.extend(std::iter::repeat_n(0u8, grow));
         std::fs::write(&f, &longer).unwrap();
-        prop_assert!(Checkpoint::open(&f).is_err());
+        prop_assert!(HfWeights::open(&f).is_err());
         let mut flipped = good.clone();
         flipped[flip.index(len)] ^= 1 << bit;
         std::fs::write(&f, &flipped).unwrap();
-        if let Ok(c) = Checkpoint::open(&f) {
+        if let Ok(c) = HfWeights::open(&f) {
             let names: Vec<String> = c.names().map(String::from).collect();
             for name in names {
                 // Values may be anything the flip made; reading ends either way.

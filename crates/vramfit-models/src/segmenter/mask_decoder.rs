@@ -17,7 +17,7 @@ use burn::tensor::TensorData;
 use burn::tensor::activation::{gelu, sigmoid};
 use burn::tensor::ops::ConvOptions;
 use rand_chacha::ChaCha8Rng;
-use vramfit::checkpoint::Block;
+use vramfit::activation_checkpointing::Block;
 use vramfit::precision::Autocast;
 
 use crate::gpt::{constant, normal};

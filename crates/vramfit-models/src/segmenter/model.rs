@@ -13,7 +13,7 @@
 use burn::module::{Module, Param};
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use vramfit::checkpoint::Block;
+use vramfit::activation_checkpointing::Block;
 use vramfit::lora::Projection;
 use vramfit::precision::Autocast;
 use vramfit::step::Trainable;

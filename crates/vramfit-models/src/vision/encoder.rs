@@ -9,7 +9,7 @@ use burn::module::{Module, Param};
 use burn::prelude::*;
 use burn::tensor::ops::ConvOptions;
 use rand_chacha::ChaCha8Rng;
-use vramfit::checkpoint::Block;
+use vramfit::activation_checkpointing::Block;
 use vramfit::lora::Projection;
 use vramfit::precision::Autocast;
 

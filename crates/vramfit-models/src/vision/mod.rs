@@ -11,7 +11,7 @@ use burn::module::Module;
 use burn::prelude::*;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use vramfit::checkpoint::Block;
+use vramfit::activation_checkpointing::Block;
 use vramfit::precision::Autocast;
 
 use crate::config::{ConfigError, invalid};

@@ -224,7 +224,7 @@ pub fn run_case<R: Runtime>(device: &R::Device, case: &Case) -> Result<CaseRepor
 
 /// The loss on the device ([`Renderer::loss`], in bands of `band_rows`,
 /// or of its own choosing when `None`)
-/// against the host's ([`crate::train::loss_and_gradient`]) for `case`'s
+/// against the host's ([`crate::fit::loss_and_gradient`]) for `case`'s
 /// render: the loss's relative gap and the image gradient's largest gap
 /// over its largest value. The target is 8-bit (as an image file's) when
 /// `eight_bit`, else any f32 in `[0, 1]`.
@@ -253,7 +253,7 @@ pub fn loss_gaps<R: Runtime>(
         None => renderer.loss(&drawn, &target)?,
     };
     let d_image = renderer.download(&on_device.d_image, target.len())?;
-    let (loss, d_host) = crate::train::loss_and_gradient(&image, &target, case.width, case.height);
+    let (loss, d_host) = crate::fit::loss_and_gradient(&image, &target, case.width, case.height);
     Ok(LossReport {
         width: case.width,
         height: case.height,
@@ -321,7 +321,7 @@ pub fn widening_mismatches<R: Runtime>(device: &R::Device) -> Result<[usize; 2],
     Ok(out)
 }
 
-/// How the device's Adam kernel compared with the host's ([`crate::train::ADAM`],
+/// How the device's Adam kernel compared with the host's ([`crate::fit::ADAM`],
 /// what `--moments host` runs) over a few steps from the same values.
 #[derive(Debug, Clone, Serialize)]
 pub struct AdamReport {
@@ -361,7 +361,7 @@ fn ulps(a: f32, b: f32) -> u32 {
 /// exact zeros), and compares parameters and moments.
 pub fn check_adam<R: Runtime>(device: &R::Device, values: usize, steps: usize) -> Result<AdamReport, DeviceError> {
     use super::kernels::train::adam;
-    use crate::train::ADAM;
+    use crate::fit::ADAM;
     use vramfit_gauss::gpu::{dim, grid};
 
     let renderer = Renderer::<R>::new(device);

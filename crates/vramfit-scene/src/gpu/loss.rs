@@ -18,7 +18,7 @@ use vramfit_gauss::DeviceError;
 use vramfit_gauss::gpu::ssim::{self, Band, Buffer, Image, RADIUS, Rows, TAPS, Target, Weights};
 
 use super::engine::{Drawn, Renderer};
-use crate::train::LAMBDA_SSIM;
+use crate::fit::LAMBDA_SSIM;
 
 /// Bytes the SSIM planes of one band may take (five statistics planes
 /// over the band and its halo beside three coefficient planes, then the

@@ -16,10 +16,11 @@ use vramfit::pools::{Recorder, Trace};
 use vramfit_gauss::gpu::DeviceError;
 
 use super::check::{Case, case_camera, random_scene, scene};
+use super::device_fit::{CHUNK, DeviceFit, StateAllocation, backward_chunks};
+use super::engine::CHUNK_ALIGN;
 use super::engine::Renderer;
-use super::fit::{DeviceFit, StateAllocation};
+use crate::fit::{ADAM, GROUPS, Params, SceneDevice, State};
 use crate::sh_storage::ShStorage;
-use crate::train::{ADAM, GROUPS, Params, SceneDevice, State};
 
 /// One measurement.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -253,6 +254,42 @@ pub fn trace_step<R: Runtime>(
     )?;
     let trace = recorder.lock().map_err(DeviceError::runtime)?.trace();
     Ok((m, trace))
+}
+
+/// Counts a card is predicted at, and the probes whose traces grow to
+/// them: (Gaussians, the backward's chunk where not the fit's own).
+pub type ProbePlan = (Vec<usize>, Vec<(usize, Option<usize>)>);
+
+/// Which probes grow to which counts: (the counts, the probes as
+/// (Gaussians, chunk)). With the moments on the device one law through
+/// `probe_gaussians` serves every count. With them on the host the
+/// backward's chunk count grows with the count, so each count gets
+/// probes of its own: scaled copies of its step, with its chunk count,
+/// each chunk 1,024, 2,048 (the law) and 1,536 (the check) Gaussians
+/// instead of [`CHUNK`](super::device_fit::CHUNK) and the last chunk in proportion. Small probes
+/// misgrow the tile lists: the random scene's Gaussians shrink as their
+/// count grows, so its intersections are not proportional to the count
+/// (at 3,906 and 7,813 Gaussians the grown list at 1 M was 3.5 times
+/// too long and took a larger page).
+pub fn probe_plan(moments: Moments, probe_gaussians: &[usize], targets: &[usize]) -> Vec<ProbePlan> {
+    if moments == Moments::Device {
+        return vec![(targets.to_vec(), probe_gaussians.iter().map(|&n| (n, None)).collect())];
+    }
+    targets
+        .iter()
+        .map(|&target| {
+            let chunks = backward_chunks(target, moments);
+            let last = target - (chunks - 1) * CHUNK;
+            let probes = [8, 16, 12]
+                .map(|k| {
+                    let chunk = k * CHUNK_ALIGN;
+                    let scaled_last = ((chunk * last) as f64 / CHUNK as f64).round().max(1.0) as usize;
+                    ((chunks - 1) * chunk + scaled_last, Some(chunk))
+                })
+                .to_vec();
+            (vec![target], probes)
+        })
+        .collect()
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -7,8 +7,8 @@
 //! there; [`plan`] fits it into a budget.
 
 pub mod check;
+pub mod device_fit;
 pub mod engine;
-pub mod fit;
 pub mod kernels;
 pub mod loss;
 pub mod memory;

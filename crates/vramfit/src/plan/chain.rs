@@ -2,7 +2,7 @@
 //! recomputation whose activation peak fits a limit, found exactly by a
 //! dynamic programme over the chain (in the spirit of Chen et al.'s and
 //! Rotor's programmes, for the memory behaviour of vramfit's own segmented
-//! backward, [`crate::checkpoint`]).
+//! backward, [`crate::activation_checkpointing`]).
 //!
 //! That executor keeps, from forward to backward, every activation of a
 //! plain block and only the input of a checkpointed one. In backward, a

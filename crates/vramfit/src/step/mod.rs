@@ -18,9 +18,9 @@ use burn::optim::GradientsParams;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
 
+use crate::activation_checkpointing::{Block, forward_backward};
 use crate::allocator::Cleanup;
 use crate::batch::{Accumulator, MicroBatching};
-use crate::checkpoint::{Block, forward_backward};
 use crate::optim::ModuleAdam;
 use crate::precision::{Autocast, LossScaler};
 use crate::profile::{Accounted, Profiler};

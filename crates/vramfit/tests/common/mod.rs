@@ -3,7 +3,7 @@
 use burn::module::Param;
 use burn::prelude::*;
 use burn::tensor::backend::AutodiffBackend;
-use vramfit::checkpoint::Block;
+use vramfit::activation_checkpointing::Block;
 use vramfit::precision::Autocast;
 use vramfit::step::Trainable;
 

@@ -1,15 +1,15 @@
 //! What a training step needs beside the renderer: Adam on one parameter
 //! group, and the statistics densification reads. Twins of
-//! `crate::train`'s Adam and `crate::densify::Stats::add`.
+//! `crate::fit`'s Adam and `crate::densify::Stats::add`.
 
 use cubecl::prelude::*;
 
 use super::PROJECTED;
 
-/// Adam's constants: the CPU twin's ([`crate::train::ADAM`]), defined once.
-const BETA1: f32 = crate::train::ADAM.beta1;
-const BETA2: f32 = crate::train::ADAM.beta2;
-const EPS: f32 = crate::train::ADAM.eps;
+/// Adam's constants: the CPU twin's ([`crate::fit::ADAM`]), defined once.
+const BETA1: f32 = crate::fit::ADAM.beta1;
+const BETA2: f32 = crate::fit::ADAM.beta2;
+const EPS: f32 = crate::fit::ADAM.eps;
 
 /// One Adam step on `p[0..len)` with gradient `g` and moments `m`, `v`;
 /// `c1`, `c2` are the bias corrections `1 − βᵗ`. Where `per` > 0 the

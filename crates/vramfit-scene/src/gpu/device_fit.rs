@@ -1,4 +1,4 @@
-//! A scene fit's state on a CubeCL device ([`crate::train::SceneDevice`]):
+//! A scene fit's state on a CubeCL device ([`crate::fit::SceneDevice`]):
 //! the parameter groups, their gradients and Adam's moments live in device
 //! buffers; each step renders, differentiates and updates there. The loss
 //! (L1 + SSIM) runs there too ([`super::loss`]): a step sends its view's
@@ -32,8 +32,8 @@ use super::engine::{Renderer, SceneBuffers};
 use super::kernels::{PROJECTED, train};
 pub use crate::allocation::StateAllocation;
 use crate::cpu::camera::Camera;
+use crate::fit::{ADAM, SceneDevice, State, mask_inactive_bands};
 use crate::sh_storage::{SH_GROUPS, ShStorage};
-use crate::train::{ADAM, SceneDevice, State, mask_inactive_bands};
 use vramfit_gauss::DeviceError;
 
 /// Gaussians per chunk of the backward when the moments are on the host
@@ -87,7 +87,7 @@ pub struct DeviceFit<R: Runtime> {
 
 impl<R: Runtime> DeviceFit<R> {
     /// An empty state on `device`, named `label` in reports, with Adam's
-    /// moments on the device; a fit's [`crate::train::Fit::on_device`]
+    /// moments on the device; a fit's [`crate::fit::Fit::on_device`]
     /// loads it.
     pub fn new(device: &R::Device, label: &'static str) -> Self {
         Self::with_moments(device, label, Moments::Device)

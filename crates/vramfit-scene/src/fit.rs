@@ -139,7 +139,7 @@ pub enum FitError {
 }
 
 /// A device that holds a fit's state between steps and runs its steps (the
-/// CubeCL renderer: `crate::gpu::fit`). The host copy in [`Fit`] is then
+/// CubeCL renderer: `crate::gpu::device_fit`). The host copy in [`Fit`] is then
 /// brought up to date only when something reads it.
 pub trait SceneDevice {
     /// What the device is, for reports.
