@@ -501,14 +501,7 @@ impl<R: cubecl::Runtime> PlanTarget for vramfit_scene::gpu::plan::SceneTarget<R>
         cards: &[vramfit::pools::Card],
         name: &str,
     ) -> Option<Vec<serde_json::Value>> {
-        let margin = cal.margin();
-        let scaled = |variant: &str, bytes: u64| {
-            cal.lines
-                .iter()
-                .find(|l| l.variant.name == variant)
-                .map_or(0, |l| l.by_memory(bytes, margin).max(l.measured_within(bytes)))
-        };
-        let rows = self.plan().card_rows(cards, margin, scaled);
+        let rows = self.rows_for_cards(cal, cards);
         crate::show_plan::print_card_rows(&rows, name);
         Some(rows.iter().map(|r| serde_json::json!(r)).collect())
     }

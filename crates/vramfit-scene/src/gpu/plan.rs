@@ -351,6 +351,22 @@ impl<R: Runtime> SceneTarget<R> {
     pub fn plan(&self) -> &ScenePlan<R> {
         &self.plan
     }
+
+    /// Each card's row after the probes calibrated `cal`: the largest
+    /// count whose trace, grown and replayed through the card's pools,
+    /// fits with the calibration's margin ([`ScenePlan::card_rows`]); a
+    /// variant with no trace law gets this device's line scaled to the
+    /// card's memory (never below the count measured within it).
+    pub fn rows_for_cards(&self, cal: &CapacityCalibration, cards: &[Card]) -> Vec<CardRow> {
+        let margin = vramfit::plan::Strategy::margin(cal);
+        let scaled = |variant: &str, bytes: u64| {
+            cal.lines
+                .iter()
+                .find(|l| l.variant.name == variant)
+                .map_or(0, |l| l.by_memory(bytes, margin).max(l.measured_within(bytes)))
+        };
+        self.plan.card_rows(cards, margin, scaled)
+    }
 }
 
 impl<R: Runtime> Runnable for SceneTarget<R> {
