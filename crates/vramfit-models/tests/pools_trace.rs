@@ -9,8 +9,9 @@
 //! does not). The same runs traced on shapes alone
 //! ([`vramfit::pools::trace_shapes`]: nothing computed), and a Llama LoRA
 //! run, are held to the same bounds (measured 2026-11-29: all seven equal
-//! to the byte). Alone in its test binary: the heap recording is
-//! process-wide.
+//! to the byte). Three of the transformer's five runs are CI's; the other
+//! two are `scripts/lavapipe-long.sh`'s (CI's time). Alone in its test
+//! binary: the heap recording is process-wide.
 #![cfg(feature = "wgpu")]
 
 use burn::backend::wgpu::WgpuRuntime;
