@@ -5,8 +5,8 @@
 # figure, the 300-step precision curves (the transformer's and the
 # U-Net's), and every knob combination the planner may choose on wgpu
 # (104 probes, about 90 s), the frozen base's search and the depth slice
-# against 24 blocks on wgpu's pools (about 90 s), and two of the
-# transformer's traced runs against lavapipe's pools (about 50 s). Over 35 minutes on 2 cores. Run it after a change to the
+# against 24 blocks on wgpu's pools (about 90 s), and three of the
+# transformer's traced runs against lavapipe's pools (about 75 s). Over 35 minutes on 2 cores. Run it after a change to the
 # planner, the advice, precision or the wgpu path, and record the date and
 # result in docs/tests.md.
 # Usage: scripts/lavapipe-long.sh [libtest arguments, e.g. --list]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Import circles between the source files of each crate.
+"""Import circles between the source files of each crate, and its layers.
 
 Every `.rs` file under a crate's `src/` is a node (`src/a/b.rs` and
 `src/a/b/mod.rs` are both the module `a::b`; `lib.rs` and `main.rs` are the
@@ -18,7 +18,12 @@ tests` and unit-test files (`tests.rs`) are not read: tests may use
 anything. Prints each circle (a strongly connected group of two or
 more files), and each among the modules of a folder, every file below a
 module collapsed to it (at the crate's root: its top-level modules, the
-crate's layers; then inside every folder), and exits 1 if there is one.
+crate's layers; then inside every folder). Then against
+docs/design/layout.md: each library crate's table of layers
+(`| layer | modules of `crates/NAME` |`) must name every top-level module
+and only those, each using only modules of lower layers; every source
+folder must be named (`name/`) in its crate's part of the layout's tree.
+Exits 1 on any of these.
 
 Usage: scripts/module-cycles.py [CRATE_DIR ...]   (default: crates/*)"""
 import glob
@@ -271,6 +276,8 @@ def layer_breaches(graph, layers):
     leaves out, or a use of a module on the same layer or above."""
     out = []
     top = folder_graph(graph, ())
+    for name in sorted(set(layers) - {m[0] for m in top}):
+        out.append(f"{name} is in the table but is no module of the crate")
     for m in sorted(top):
         if m[0] not in layers:
             out.append(f"{m[0]} has no layer")
@@ -281,9 +288,34 @@ def layer_breaches(graph, layers):
     return out
 
 
+def layout_sections(markdown):
+    """{crate dir: its lines of the layout's tree} (from its `crates/NAME`
+    line to the next line that starts at the left margin)."""
+    out, crate = {}, None
+    for line in markdown.splitlines():
+        head = re.match(r"^(crates/[\w-]+)\s", line)
+        if head:
+            crate = head.group(1)
+            out[crate] = ""
+        elif line[:1] not in (" ", "") or line.startswith("```"):
+            crate = None
+        elif crate:
+            out[crate] += line + "\n"
+    return out
+
+
+def unnamed_folders(graph, section):
+    """The crate's source folders whose name (`name/`) its layout section
+    does not mention."""
+    folders = sorted({m[:k] for m in graph for k in range(1, len(m))})
+    return [f for f in folders if not re.search(r"(?<![\w/-])" + re.escape(f[-1]) + "/", section)]
+
+
 def self_test():
-    """The check finds a circle hidden behind a folder's re-export and a
-    `use` group, and none in a tree whose shared type has a file of its own."""
+    """The checks find a circle hidden behind a folder's re-export and a
+    `use` group, none in a tree whose shared type has a file of its own, a
+    circle among a folder's modules that no file circle shows, a layer
+    table's breaches, and a folder not named in its crate's section."""
     import tempfile
 
     def tree(files):
@@ -340,6 +372,13 @@ def self_test():
     assert layers == {"crates/x": {"p": 1, "q": 1}}, layers
     flat = {("p",): {("q",)}, ("q",): set(), ("r",): set()}
     assert layer_breaches(flat, layers["crates/x"]) == ["p (layer 1) uses q (layer 1)", "r has no layer"]
+    assert layer_breaches({("q",): set()}, layers["crates/x"]) == ["p is in the table but is no module of the crate"]
+    # A folder is named in its own crate's section of the tree, not another's.
+    layout = "```\ncrates/x    the x\n  cpu/    twins\ncrates/y    the y\n  gpu/   kernels\n```\n"
+    sections = layout_sections(layout)
+    assert sections == {"crates/x": "  cpu/    twins\n", "crates/y": "  gpu/   kernels\n"}, sections
+    two = {("cpu", "a"): set(), ("gpu", "b"): set()}
+    assert unnamed_folders(two, sections["crates/x"]) == [("gpu",)], unnamed_folders(two, sections["crates/x"])
 
 
 LAYOUT = "docs/design/layout.md"
@@ -349,6 +388,7 @@ def main(dirs):
     found = 0
     layout = open(LAYOUT, encoding="utf-8").read() if os.path.exists(LAYOUT) else ""
     layers = layer_tables(layout)
+    sections = layout_sections(layout)
     for crate in dirs:
         src = os.path.join(crate, "src")
         if not os.path.isdir(src):
@@ -374,22 +414,27 @@ def main(dirs):
             for m in group:
                 inside = sorted(t[-1] for t in layer[m] if t in group)
                 print(f"    {m[-1]} -> {', '.join(inside)}")
-        # The crate's layers as docs/design/layout.md states them.
-        if crate.rstrip("/") in layers:
-            for breach in layer_breaches(graph, layers[crate.rstrip("/")]):
-                found += 1
-                print(f"{crate}: against its layers in {LAYOUT}: {breach}")
-        # Every folder of the crate's sources is named in the layout.
-        for folder in sorted({m[:k] for m in graph for k in range(1, len(m))}):
-            if layout and f"{folder[-1]}/" not in layout:
-                found += 1
-                print(f"{crate}: the folder src/{'/'.join(folder)} is not named in {LAYOUT}")
+        # A library crate's layers as docs/design/layout.md states them
+        # (the binary is the top of everything: no table).
+        name = os.path.normpath(crate)
+        library = os.path.exists(os.path.join(src, "lib.rs")) and len({m[0] for m in graph if m}) > 1
+        if layout and library and name not in layers:
+            found += 1
+            print(f"{crate}: no table of its layers in {LAYOUT} (`| layer | modules of `{name}` |`)")
+        for breach in layer_breaches(graph, layers[name]) if name in layers else []:
+            found += 1
+            print(f"{crate}: against its layers in {LAYOUT}: {breach}")
+        # Every folder of the crate's sources is named in its section of
+        # the layout's tree.
+        for folder in unnamed_folders(graph, sections.get(name, "")) if layout else []:
+            found += 1
+            print(f"{crate}: the folder src/{'/'.join(folder)} is not named under {name} in {LAYOUT}")
         edges = sum(len(v) for v in graph.values())
         print(f"{crate}: {len(graph)} files, {edges} edges between them")
     if found:
         print(f"{found} import circle(s), layer breach(es) or unnamed folder(s)")
         return 1
-    print("no import circle between the files, or the modules of any folder, of any crate")
+    print("no import circle among files or a folder's modules, no layer breach, no unnamed folder, in any crate")
     return 0
 
 

@@ -182,7 +182,7 @@ pub(crate) fn check_writable(flag: &str, path: &std::path::Path) -> Result<()> {
         _ => {}
     }
     vramfit::files::outputs::read_only(path).map_err(|e| anyhow::anyhow!("{flag}: {e} (nothing was run)"))?;
-    match vramfit::run::output_folder_problem(path, "nothing was run") {
+    match vramfit::files::outputs::output_folder_problem(path, "nothing was run") {
         None => Ok(()),
         Some(why) => bail!("{flag}: {why}"),
     }

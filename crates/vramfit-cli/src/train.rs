@@ -182,12 +182,11 @@ fn run_family<F: Family<D>, const D: usize>(
             let mut config = crate::flags::resolve_train::<F>(&args.settings)?;
             let ranks = config.ranks;
             // Every rank splits alike; the launcher says so once.
-            if let Some(note) = vramfit_models::on_ranks::split_over_ranks(&mut config)
+            if let Some(note) = vramfit_models::on_ranks::ready_new(&mut config)?
                 && vramfit::ranks::world().is_none()
             {
                 println!("{note}");
             }
-            vramfit_models::on_ranks::check_ranks(&config, ranks, "setting `ranks`")?;
             if ranks > 1 {
                 crate::ranks::check_mpi(ranks)?;
             }

@@ -39,10 +39,3 @@ impl DeviceError {
         Self::Runtime(error.to_string())
     }
 }
-
-/// For callers that report errors in words.
-impl From<DeviceError> for String {
-    fn from(error: DeviceError) -> Self {
-        error.to_string()
-    }
-}

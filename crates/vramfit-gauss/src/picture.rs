@@ -187,7 +187,7 @@ pub fn check_output_path(path: &Path) -> Result<(), PictureError> {
 pub fn check_output_target(path: &Path) -> Result<(), PictureError> {
     check_output_path(path)?;
     let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    match vramfit::run::output_folder_problem(&target, "nothing was made") {
+    match vramfit::files::outputs::output_folder_problem(&target, "nothing was made") {
         None => Ok(()),
         Some(why) => Err(PictureError::Write { path: path.into(), why }),
     }

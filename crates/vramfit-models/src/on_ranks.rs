@@ -61,11 +61,20 @@ pub enum RanksError {
     Folders(#[from] RankFoldersError),
 }
 
+/// A new run's settings readied for its ranks (`config.ranks`): a batch
+/// given whole split over them ([`split_over_ranks`]), and the split
+/// checked. Returns the note that says it split, where it did.
+pub fn ready_new<F: Family<D>, const D: usize>(config: &mut FamilyConfig<F>) -> Result<Option<String>, RanksError> {
+    let note = split_over_ranks(config);
+    check_ranks(config, config.ranks, "setting `ranks`")?;
+    Ok(note)
+}
+
 /// As data-parallel tools do, a batch given whole (no micro-batches) on N
 /// ranks is split over them: N micro-batches of batch/N, one a rank (the
 /// same batch, the same gradient up to the order of the sums). Returns
 /// the note that says so, where it split.
-pub fn split_over_ranks<F: Family<D>, const D: usize>(config: &mut FamilyConfig<F>) -> Option<String> {
+fn split_over_ranks<F: Family<D>, const D: usize>(config: &mut FamilyConfig<F>) -> Option<String> {
     let (ranks, batch) = (config.ranks, config.batch_size);
     let whole = config.accumulate == 1 && (config.micro_batch == 0 || config.micro_batch == batch);
     if ranks <= 1 || !whole || !batch.is_multiple_of(ranks) {
@@ -83,7 +92,7 @@ pub fn split_over_ranks<F: Family<D>, const D: usize>(config: &mut FamilyConfig<
 
 /// At least one rank, and the micro-batches shared evenly among `ranks`;
 /// `what` says where the count came from.
-pub fn check_ranks<F: Family<D>, const D: usize>(
+fn check_ranks<F: Family<D>, const D: usize>(
     config: &FamilyConfig<F>,
     ranks: usize,
     what: &str,
@@ -229,6 +238,11 @@ mod tests {
         let e = check_ranks(&config(8, 2, 4, 3), 3, "--ranks 3").unwrap_err();
         assert!(matches!(e, RanksError::Uneven { .. }), "{e}");
         assert!(e.to_string().starts_with("--ranks 3: "), "{e}");
+        let mut whole = config(8, 0, 1, 4);
+        assert!(ready_new(&mut whole).unwrap().is_some());
+        assert_eq!(whole, c);
+        let e = ready_new(&mut config(8, 2, 4, 3)).unwrap_err();
+        assert!(e.to_string().starts_with("setting `ranks`: "), "{e}");
     }
 
     /// What the run's folder holds, names and sizes.

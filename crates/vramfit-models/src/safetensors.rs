@@ -57,10 +57,10 @@ pub enum HfWeightsProblem {
     #[error("`{}` {}", .0.name, .0.why)]
     Outside(confine::Outside),
     /// A file the checkpoint needs is a folder, a pipe or a device.
-    #[error("is {0}: a checkpoint's files are regular files")]
+    #[error("it is {0}: a checkpoint's files are regular files")]
     NotRegular(&'static str),
     /// A shard the index lists is missing or not a regular file.
-    #[error("lists {}, which is {what}: the checkpoint is incomplete or damaged", shard.display())]
+    #[error("the index lists {}, which is {what}: the checkpoint is incomplete or damaged", shard.display())]
     ShardNotRegular {
         /// The shard.
         shard: PathBuf,
@@ -462,7 +462,7 @@ fn agree(index: &Path, map: &WeightMap, tensors: &BTreeMap<String, Entry>) -> Re
                 return Err(HfWeightsError::format(
                     index,
                     format!(
-                        "lists tensor `{name}` in {}, which does not hold it: the index and its shards disagree (an \
+                        "the index lists tensor `{name}` in {}, which does not hold it: the index and its shards disagree (an \
                          incomplete or mixed checkpoint)",
                         shard.display()
                     ),
@@ -472,7 +472,7 @@ fn agree(index: &Path, map: &WeightMap, tensors: &BTreeMap<String, Entry>) -> Re
                 return Err(HfWeightsError::format(
                     index,
                     format!(
-                        "lists tensor `{name}` in {}, but {} holds it: the index and its shards disagree",
+                        "the index lists tensor `{name}` in {}, but {} holds it: the index and its shards disagree",
                         shard.display(),
                         e.file.display()
                     ),
@@ -485,7 +485,7 @@ fn agree(index: &Path, map: &WeightMap, tensors: &BTreeMap<String, Entry>) -> Re
         return Err(HfWeightsError::format(
             &e.file,
             format!(
-                "holds tensor `{name}`, which {} does not list: the index and its shards disagree",
+                "this shard holds tensor `{name}`, which {} does not list: the index and its shards disagree",
                 index.display()
             ),
         ));

@@ -6,7 +6,11 @@
 //!   would replace it regardless of its mode);
 //! - through a link inside a run directory: a run's files are written in
 //!   place, and a link there was planted, not made by vramfit.
+//!
+//! And whether an output's folder can be written at all, asked before the
+//! work that makes the output ([`output_folder_problem`]).
 
+use std::fs::{self, OpenOptions};
 use std::io;
 use std::path::{Path, PathBuf};
 
@@ -185,9 +189,53 @@ pub fn no_planted_link(root: &Path) -> io::Result<()> {
     }
 }
 
+/// Why an output file cannot be written in `path`'s folder, if it
+/// cannot: the folder missing, or a probe file not creatable there (the
+/// probe is removed); `untouched` says in brackets what was left undone
+/// ("nothing was run"). For commands to call before the work that makes
+/// the file.
+pub fn output_folder_problem(path: &Path, untouched: &str) -> Option<String> {
+    let folder = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if !folder.is_dir() {
+        return Some(format!("the folder {} does not exist ({untouched})", folder.display()));
+    }
+    let probe = folder.join(format!(".vramfit-write-probe-{}", std::process::id()));
+    // Made new (a link planted under the probe's name is removed, never
+    // followed: its target would be truncated).
+    if fs::symlink_metadata(&probe).is_ok() {
+        let _ = fs::remove_file(&probe);
+    }
+    match OpenOptions::new().write(true).create_new(true).open(&probe) {
+        Ok(_) => {
+            let _ = fs::remove_file(&probe);
+            None
+        }
+        Err(e) => Some(format!("cannot write in {} ({e}; {untouched})", folder.display())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The writability probe a command makes before its work is made new:
+    /// a link planted under its name is removed, its target not truncated.
+    #[test]
+    fn the_write_probe_does_not_follow_a_planted_link() {
+        let tmp = std::env::temp_dir().join(format!("vramfit-dir-probe-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).unwrap();
+        let victim = tmp.join("victim");
+        std::fs::write(&victim, b"keep me").unwrap();
+        let planted = tmp.join(format!(".vramfit-write-probe-{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        assert_eq!(output_folder_problem(&tmp.join("out.png"), "nothing was run"), None);
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
 
     fn scratch(name: &str) -> PathBuf {
         let p = std::env::temp_dir().join(format!("vramfit-outputs-{name}-{}", std::process::id()));

@@ -5,16 +5,19 @@
 //! ([`ModuleAdam`]).
 
 mod adam;
+mod adam_update;
 mod flex_pass;
 mod host_adam;
 mod read_ahead;
+mod shards;
 
 pub use adam::{Adam, AdamConfig, AdamMoments};
 pub use host_adam::{HostAdam, Moments};
 
 mod module_adam;
 
-pub use module_adam::{AdamSnapshot, ModuleAdam, shard_loads};
+pub use module_adam::{AdamSnapshot, ModuleAdam};
+pub use shards::shard_loads;
 
 /// The prefixes of Adam's first and second moments' keys in a checkpoint
 /// (`trainer::save_state`); a rank of a sharded run holds its share of them.

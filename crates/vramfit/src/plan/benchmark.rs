@@ -33,8 +33,13 @@ pub trait Benched: Strategy {
     /// The calibration and the sweep in words.
     fn summary(&self, swept: usize) -> String;
     /// A second calibration that extrapolates, to measure its error (the
-    /// knob model's at a quarter of the batch), or none.
-    fn extrapolating(&self, _target: &mut Self::Target) -> Result<Option<Self>, PlanError> {
+    /// knob model's at a quarter of the batch), or none; `progress` hears
+    /// that it starts.
+    fn extrapolating(
+        &self,
+        _target: &mut Self::Target,
+        _progress: &mut dyn FnMut(&str),
+    ) -> Result<Option<Self>, PlanError> {
         Ok(None)
     }
     /// The peak this calibration predicts for `setting`.
@@ -117,7 +122,11 @@ impl Benched for Calibration {
 
     /// A calibration at the largest divisor of the batch up to a quarter
     /// of it (at least 2), or none.
-    fn extrapolating(&self, target: &mut Self::Target) -> Result<Option<Self>, PlanError> {
+    fn extrapolating(
+        &self,
+        target: &mut Self::Target,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<Option<Self>, PlanError> {
         let batch = self.space.batch;
         let Some(quarter) = (1..=batch / 4)
             .rev()
@@ -126,6 +135,9 @@ impl Benched for Calibration {
         else {
             return Ok(None);
         };
+        progress(&format!(
+            "calibrating at batch {quarter} (for the extrapolation error)…"
+        ));
         Self::calibrate(target, Some(quarter)).map(Some)
     }
 
@@ -305,7 +317,8 @@ pub struct Swept<S> {
 /// What one budget got.
 #[derive(Debug)]
 pub enum Outcome<S> {
-    /// No plan fits by prediction (the error names the least budget).
+    /// The strategy chose no plan: none fits by prediction (the error
+    /// names the least budget), or another of `choose`'s errors.
     Infeasible(PlanError),
     /// A settling strategy's verification found no plan within the budget.
     NotVerified(PlanError),
@@ -355,7 +368,7 @@ pub struct Benchmark<B: Benched> {
     pub extrapolating: Option<B>,
     /// Every swept setting, measured (empty without the sweep).
     pub sweep: Vec<Swept<B::Setting>>,
-    /// One row a budget, ascending.
+    /// One row a budget, in the strategy's order (an infeasible one first).
     pub rows: Vec<BudgetRow<B::Setting>>,
 }
 
@@ -371,7 +384,7 @@ pub fn benchmark<B: Benched>(
 ) -> Result<Benchmark<B>, BenchError> {
     progress("calibrating…");
     let cal = B::calibrate(target, None)?;
-    let small = cal.extrapolating(target)?;
+    let small = cal.extrapolating(target, progress)?;
     let mut swept = Vec::new();
     for setting in cal.sweep().into_iter().filter(|_| sweep) {
         progress(&format!("sweep {}: {}", swept.len() + 1, cal.describe(&setting)));

@@ -164,54 +164,11 @@ fn fused_costs(
     Ok(costs)
 }
 
-pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) -> Result<Calibration, PlanError> {
-    let started = Instant::now();
-    let space = target.space();
-    // The bytes per sample are learned from two batch sizes: a run of one
-    // sample is probed at two and one (the law is then measured at its own
-    // batch, not extrapolated to it).
-    let most = space.batch.max(2);
-    let p = probe_batch.unwrap_or(most);
-    if p < 2 || p > most {
-        return Err(PlanError::Setting(format!(
-            "a probe batch of {p} is out of range: {}",
-            crate::remedy::Remedy::ProbeBatch { most }
-        )));
-    }
-    let q = small_micro_batch(p);
+/// The base law from the plain step at batch `p`, at the smaller batch
+/// `q`, and at `p` in micro-batches of `q`: bytes and time a sample,
+/// fixed, a micro-batch's; every other term zero until probed.
+fn base_model(space: &Space, (p, q): (usize, usize), [mb, mh, mm]: [&Measured; 3]) -> Model {
     let n = space.blocks;
-    let base = Knobs::base(n, p);
-    let mut probes: Vec<ProbeRecord> = Vec::new();
-    let mut run =
-        |name: &str, knobs: Knobs, batch: usize, probes: &mut Vec<ProbeRecord>| -> Result<Measured, PlanError> {
-            let measured = target.measure(&knobs, batch).map_err(|why| PlanError::Probe {
-                probe: format!("{name} ({})", knobs.describe(batch)),
-                why: why.to_string(),
-            })?;
-            probes.push(ProbeRecord {
-                name: name.into(),
-                knobs,
-                batch,
-                measured,
-                predicted_peak: 0.0,
-                predicted_ms: 0.0,
-            });
-            Ok(measured)
-        };
-    // A first run pays for what later runs reuse (thread pools, compiled
-    // kernels, the allocator's first pages): it is run and not counted.
-    run("warm-up", base.clone(), p, &mut Vec::new())?;
-    let mb = run("base", base.clone(), p, &mut probes)?;
-    let mh = run("smaller batch", Knobs::base(n, q), q, &mut probes)?;
-    let mm = run(
-        "micro-batches",
-        Knobs {
-            micro_batch: q,
-            ..base.clone()
-        },
-        p,
-        &mut probes,
-    )?;
     let (pb, ph, pm) = (
         mb.step_peak_bytes as f64,
         mh.step_peak_bytes as f64,
@@ -223,7 +180,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
     let micro_batch_ms = ((mm.step_ms - mb.step_ms) / (k - 1.0)).max(0.0);
     let sample_ms = ((mb.step_ms - mh.step_ms) / (p - q) as f64).max(0.0);
     let fixed_ms = (mb.step_ms - micro_batch_ms - p as f64 * sample_ms).max(0.0);
-    let mut model = Model {
+    Model {
         fixed_bytes,
         outside_bytes: per_sample,
         block: BlockCost {
@@ -253,51 +210,22 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
         sample_ms,
         fused_attention: None,
         parameters: space.parameters.clone(),
-    };
-    // Below the probed micro-batch the law is extrapolated: a micro-batch
-    // of one measures what does not shrink with it (per-channel buffers,
-    // kernel scratch), which plans below `q` are given in proportion.
-    let mut lone = Vec::new();
-    if q > 1 {
-        let m1 = run("batch of one", Knobs::base(n, 1), 1, &mut lone)?;
-        model.below_probed_bytes = (m1.step_peak_bytes as f64 - fixed_bytes - per_sample).max(0.0);
     }
-    if n >= 2 {
-        let ma = run(
-            "checkpoint all",
-            Knobs {
-                checkpointed: vec![true; n],
-                ..base.clone()
-            },
-            p,
-            &mut probes,
-        )?;
-        (model.block, model.outside_bytes) = blocks(&space, per_sample, fixed_bytes, &mb, &ma, p);
-    }
-    // The rest with the base's precision, storage and moments. On a pool
-    // allocator whose reserved bytes only grow, the phases after a step
-    // still hold the pages the step reserved, so each probe's rest reads
-    // at least its step's peak: the probe with the leanest exact step
-    // bounds the rest most tightly, and the least reading is taken.
-    run(
-        "leanest exact step",
-        Knobs {
-            micro_batch: q,
-            checkpointed: vec![n >= 2; n],
-            ..base.clone()
-        },
-        p,
-        &mut probes,
-    )?;
-    let leanest = probes
-        .iter()
-        .map(|r| r.measured)
-        .min_by_key(|m| m.rest_peak_bytes)
-        .expect("probes ran");
-    model.rest_bytes = leanest.rest_peak_bytes as f64;
-    (model.files_bytes, model.between_bytes) = (leanest.files_peak_bytes as f64, leanest.between_peak_bytes as f64);
-    // Its rest holds a batch of one's inputs: not a bound on the run's rest.
-    probes.append(&mut lone);
+}
+
+/// Each knob's change from the plain step, each probed alone at batch
+/// `p` with the base's other settings: the lower precisions (bytes and time
+/// scaled as the step's share), the 16-bit storage of the groups, the
+/// moments in bf16 and on the host, the allocator's cleanup.
+fn knob_deltas(
+    run: &mut impl FnMut(&str, Knobs, usize, &mut Vec<ProbeRecord>) -> Result<Measured, PlanError>,
+    space: &Space,
+    (base, mb, p): (&Knobs, &Measured, usize),
+    model: &mut Model,
+    probes: &mut Vec<ProbeRecord>,
+) -> Result<(), PlanError> {
+    let (fixed_bytes, fixed_ms) = (model.fixed_bytes, model.fixed_ms);
+    let pb = mb.step_peak_bytes as f64;
     let scaled_ms = (mb.step_ms - fixed_ms).max(1e-9);
     for &precision in space.precisions.iter().filter(|x| **x != Precision::F32) {
         let mx = run(
@@ -307,16 +235,16 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
                 ..base.clone()
             },
             p,
-            &mut probes,
+            probes,
         )?;
         let rho = (mx.step_peak_bytes as f64 - fixed_bytes) / (pb - fixed_bytes).max(1.0);
         let pi = (mx.step_ms - fixed_ms) / scaled_ms;
-        let rest = rest_delta(&mx, &mb, model.rest_bytes);
+        let rest = rest_delta(&mx, mb, model.rest_bytes);
         model.precisions.push((precision, rho, pi, rest));
     }
     let rest_bytes = model.rest_bytes;
     let delta = |m: Measured| {
-        let rest = rest_delta(&m, &mb, rest_bytes);
+        let rest = rest_delta(&m, mb, rest_bytes);
         Delta {
             step: m.step_peak_bytes as f64 - pb,
             rest,
@@ -337,7 +265,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
                 ..base.clone()
             },
             p,
-            &mut probes,
+            probes,
         )?;
         model.storage = delta(m);
         let total: u64 = space.storage_groups.iter().map(|(_, b)| b).sum();
@@ -357,7 +285,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
                 ..base.clone()
             },
             p,
-            &mut probes,
+            probes,
         )?;
         model.moments = delta(m);
     }
@@ -369,7 +297,7 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
                 ..base.clone()
             },
             p,
-            &mut probes,
+            probes,
         )?;
         model.host_moments = delta(m);
     }
@@ -380,15 +308,22 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
             ..base.clone()
         },
         p,
-        &mut probes,
+        probes,
     )?;
     model.cleanup = delta(m);
-    if space.fused_attention.contains(&Precision::F32) {
-        model.fused_attention = Some(fused_costs(&mut run, &space, (&model, &mb), (p, q), &mut probes)?);
-    }
+    Ok(())
+}
 
-    // Combinations the fit did not see: the exact knobs together, then
-    // every knob that changes the numerics together.
+/// Combinations the fit did not see, probed to measure its error: the
+/// exact knobs together (and with the fused attention), every knob that
+/// changes the numerics together, and each precision's lean corner.
+fn check_probes(
+    run: &mut impl FnMut(&str, Knobs, usize, &mut Vec<ProbeRecord>) -> Result<Measured, PlanError>,
+    space: &Space,
+    (base, p, q): (&Knobs, usize, usize),
+    model: &Model,
+) -> Result<Vec<ProbeRecord>, PlanError> {
+    let n = space.blocks;
     let mut checks = Vec::new();
     let alternate: Vec<bool> = (0..n).map(|i| n >= 2 && i % 2 == 0).collect();
     run(
@@ -452,6 +387,108 @@ pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) 
             &mut checks,
         )?;
     }
+    Ok(checks)
+}
+
+pub(super) fn calibrate(target: &mut dyn Plannable, probe_batch: Option<usize>) -> Result<Calibration, PlanError> {
+    let started = Instant::now();
+    let space = target.space();
+    // The bytes per sample are learned from two batch sizes: a run of one
+    // sample is probed at two and one (the law is then measured at its own
+    // batch, not extrapolated to it).
+    let most = space.batch.max(2);
+    let p = probe_batch.unwrap_or(most);
+    if p < 2 || p > most {
+        return Err(PlanError::Setting(format!(
+            "a probe batch of {p} is out of range: {}",
+            crate::remedy::Remedy::ProbeBatch { most }
+        )));
+    }
+    let q = small_micro_batch(p);
+    let n = space.blocks;
+    let base = Knobs::base(n, p);
+    let mut probes: Vec<ProbeRecord> = Vec::new();
+    let mut run =
+        |name: &str, knobs: Knobs, batch: usize, probes: &mut Vec<ProbeRecord>| -> Result<Measured, PlanError> {
+            let measured = target.measure(&knobs, batch).map_err(|why| PlanError::Probe {
+                probe: format!("{name} ({})", knobs.describe(batch)),
+                why: why.to_string(),
+            })?;
+            probes.push(ProbeRecord {
+                name: name.into(),
+                knobs,
+                batch,
+                measured,
+                predicted_peak: 0.0,
+                predicted_ms: 0.0,
+            });
+            Ok(measured)
+        };
+    // A first run pays for what later runs reuse (thread pools, compiled
+    // kernels, the allocator's first pages): it is run and not counted.
+    run("warm-up", base.clone(), p, &mut Vec::new())?;
+    let mb = run("base", base.clone(), p, &mut probes)?;
+    let mh = run("smaller batch", Knobs::base(n, q), q, &mut probes)?;
+    let mm = run(
+        "micro-batches",
+        Knobs {
+            micro_batch: q,
+            ..base.clone()
+        },
+        p,
+        &mut probes,
+    )?;
+    let mut model = base_model(&space, (p, q), [&mb, &mh, &mm]);
+    let (fixed_bytes, per_sample) = (model.fixed_bytes, model.outside_bytes);
+    // Below the probed micro-batch the law is extrapolated: a micro-batch
+    // of one measures what does not shrink with it (per-channel buffers,
+    // kernel scratch), which plans below `q` are given in proportion.
+    let mut lone = Vec::new();
+    if q > 1 {
+        let m1 = run("batch of one", Knobs::base(n, 1), 1, &mut lone)?;
+        model.below_probed_bytes = (m1.step_peak_bytes as f64 - fixed_bytes - per_sample).max(0.0);
+    }
+    if n >= 2 {
+        let ma = run(
+            "checkpoint all",
+            Knobs {
+                checkpointed: vec![true; n],
+                ..base.clone()
+            },
+            p,
+            &mut probes,
+        )?;
+        (model.block, model.outside_bytes) = blocks(&space, per_sample, fixed_bytes, &mb, &ma, p);
+    }
+    // The rest with the base's precision, storage and moments. On a pool
+    // allocator whose reserved bytes only grow, the phases after a step
+    // still hold the pages the step reserved, so each probe's rest reads
+    // at least its step's peak: the probe with the leanest exact step
+    // bounds the rest most tightly, and the least reading is taken.
+    run(
+        "leanest exact step",
+        Knobs {
+            micro_batch: q,
+            checkpointed: vec![n >= 2; n],
+            ..base.clone()
+        },
+        p,
+        &mut probes,
+    )?;
+    let leanest = probes
+        .iter()
+        .map(|r| r.measured)
+        .min_by_key(|m| m.rest_peak_bytes)
+        .expect("probes ran");
+    model.rest_bytes = leanest.rest_peak_bytes as f64;
+    (model.files_bytes, model.between_bytes) = (leanest.files_peak_bytes as f64, leanest.between_peak_bytes as f64);
+    // Its rest holds a batch of one's inputs: not a bound on the run's rest.
+    probes.append(&mut lone);
+    knob_deltas(&mut run, &space, (&base, &mb, p), &mut model, &mut probes)?;
+    if space.fused_attention.contains(&Precision::F32) {
+        model.fused_attention = Some(fused_costs(&mut run, &space, (&model, &mb), (p, q), &mut probes)?);
+    }
+    let mut checks = check_probes(&mut run, &space, (&base, p, q), &model)?;
     model.page_bytes = page_bytes(probes.iter().chain(&checks).map(|r| r.measured));
     model.floor_ms = 0.5 * probes.iter().map(|r| r.measured.step_ms).fold(f64::INFINITY, f64::min);
     for r in probes.iter_mut().chain(checks.iter_mut()) {

@@ -1,6 +1,7 @@
 //! The run directory: one per run, claimed atomically and locked while a
 //! run uses it, never overwritten silently; its files are written through
-//! [`super::atomic_write`], its metrics streamed as JSON lines.
+//! [`super::atomic_write`], its metrics streamed as JSON lines (read back
+//! by `metrics_log.rs`; its checkpoints named by `checkpoint_files.rs`).
 
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, BufWriter, Seek, Write};
@@ -74,34 +75,6 @@ pub enum RunDirError {
     },
 }
 
-/// Why an output file cannot be written in `path`'s folder, if it
-/// cannot: the folder missing, or a probe file not creatable there (the
-/// probe is removed); `untouched` says in brackets what was left undone
-/// ("nothing was run"). For commands to call before the work that makes
-/// the file.
-pub fn output_folder_problem(path: &Path, untouched: &str) -> Option<String> {
-    let folder = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    if !folder.is_dir() {
-        return Some(format!("the folder {} does not exist ({untouched})", folder.display()));
-    }
-    let probe = folder.join(format!(".vramfit-write-probe-{}", std::process::id()));
-    // Made new (a link planted under the probe's name is removed, never
-    // followed: its target would be truncated).
-    if fs::symlink_metadata(&probe).is_ok() {
-        let _ = fs::remove_file(&probe);
-    }
-    match OpenOptions::new().write(true).create_new(true).open(&probe) {
-        Ok(_) => {
-            let _ = fs::remove_file(&probe);
-            None
-        }
-        Err(e) => Some(format!("cannot write in {} ({e}; {untouched})", folder.display())),
-    }
-}
-
 /// What a full disk means for a run, after the OS's words: the run
 /// directory is the nearest folder above `path` holding a `config.toml`.
 fn full_disk_hint(cause: &io::Error, path: &Path) -> String {
@@ -142,58 +115,6 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> RunDirError + '_ {
         path: path.to_path_buf(),
         cause,
     }
-}
-
-/// The `step` of one `metrics.jsonl` line.
-pub(super) fn line_step(line: &str) -> Option<u64> {
-    serde_json::from_str::<serde_json::Value>(line)
-        .ok()
-        .and_then(|v| v.get("step").and_then(|s| s.as_u64()))
-}
-
-/// The steps `run_dir/metrics.jsonl` logged, in file order; an error names
-/// a line that is not a logged step.
-pub fn logged_steps(run_dir: &Path) -> Result<Vec<u64>, LogError> {
-    let path = run_dir.join("metrics.jsonl");
-    let text = crate::files::read::read(&path, crate::files::read::Links::Refuse)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .map_err(|cause| LogError::Read {
-            path: path.clone(),
-            cause,
-        })?;
-    text.lines()
-        .enumerate()
-        .map(|(i, l)| {
-            line_step(l).ok_or_else(|| LogError::NoStep {
-                path: path.clone(),
-                line: i + 1,
-                text: l.into(),
-            })
-        })
-        .collect()
-}
-
-/// A run's `metrics.jsonl` that does not read as logged steps.
-#[derive(Debug, thiserror::Error)]
-pub enum LogError {
-    /// The file does not read.
-    #[error("{path}: {cause}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The OS error.
-        cause: io::Error,
-    },
-    /// A line is not a logged step.
-    #[error("{path} line {line}: no step: {text}")]
-    NoStep {
-        /// The file.
-        path: PathBuf,
-        /// The line, from 1.
-        line: usize,
-        /// Its text.
-        text: String,
-    },
 }
 
 /// The first `base/prefix-NNN` that does not exist yet. Another process may
@@ -505,7 +426,7 @@ impl RunDir {
                 .map(|b| String::from_utf8_lossy(&b).into_owned())
                 .unwrap_or_default()
                 .lines()
-                .filter(|l| line_step(l).is_some_and(|s| s <= limit))
+                .filter(|l| super::metrics_log::line_step(l).is_some_and(|s| s <= limit))
                 .map(|l| format!("{l}\n"))
                 .collect();
             atomic_write(&p, kept.as_bytes()).map_err(io_err(&p))?;
@@ -544,46 +465,8 @@ impl JsonLines {
     }
 }
 
-/// The file name of the checkpoint taken after `step` (sorts by step).
-pub fn checkpoint_name(step: u64) -> String {
-    format!("step-{step:08}.ckpt")
-}
-
-/// Checkpoint files (`*.ckpt`) in `dir`, newest first; none if `dir` is unreadable.
-pub fn checkpoints_newest_first(dir: &Path) -> Vec<PathBuf> {
-    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "ckpt"))
-        .collect();
-    found.sort();
-    found.reverse();
-    found
-}
-
 #[cfg(test)]
 mod tests {
-    /// The writability probe a command makes before its work is made new:
-    /// a link planted under its name is removed, its target not truncated.
-    #[test]
-    fn the_write_probe_does_not_follow_a_planted_link() {
-        let tmp = std::env::temp_dir().join(format!("vramfit-dir-probe-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tmp);
-        std::fs::create_dir_all(&tmp).unwrap();
-        let victim = tmp.join("victim");
-        std::fs::write(&victim, b"keep me").unwrap();
-        let planted = tmp.join(format!(".vramfit-write-probe-{}", std::process::id()));
-        std::os::unix::fs::symlink(&victim, &planted).unwrap();
-        assert_eq!(
-            super::output_folder_problem(&tmp.join("out.png"), "nothing was run"),
-            None
-        );
-        assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-
     use super::*;
     use crate::run::atomic::tests::{names, with_disk_left};
 

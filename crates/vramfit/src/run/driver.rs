@@ -36,7 +36,7 @@ fn last_logged_step(path: &Path) -> u64 {
     crate::files::read::read(path, crate::files::read::Links::Refuse)
         .map(|b| String::from_utf8_lossy(&b).into_owned())
         .ok()
-        .and_then(|text| text.lines().rev().find_map(super::dir::line_step))
+        .and_then(|text| text.lines().rev().find_map(super::metrics_log::line_step))
         .unwrap_or(0)
 }
 

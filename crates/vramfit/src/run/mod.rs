@@ -6,10 +6,12 @@
 pub mod allocation_failure;
 mod arrays;
 mod atomic;
+mod checkpoint_files;
 mod dir;
 mod driver;
 mod errors;
 mod fail_at;
+mod metrics_log;
 mod rank_folders;
 mod resume;
 mod session;
@@ -18,10 +20,9 @@ mod workload;
 
 pub use arrays::{ArrayFile, ArrayFileError};
 pub use atomic::{atomic_write, atomic_write_with};
-pub use dir::{
-    LOCK_FILE, LogError, RunDir, RunDirError, checkpoint_name, checkpoints_newest_first, logged_steps,
-    next_free_run_dir, output_folder_problem,
-};
+pub use checkpoint_files::{checkpoint_name, checkpoints_newest_first};
+pub use dir::{LOCK_FILE, RunDir, RunDirError, next_free_run_dir};
+pub use metrics_log::{LogError, logged_steps};
 pub use tensorboard::{EventWriter, crc32c};
 
 // Built by a step (crate::step), reported by the driver.
