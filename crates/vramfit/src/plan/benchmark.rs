@@ -565,30 +565,7 @@ impl<B: Benched> Benchmark<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::ladder::{Ladder, doubling};
-
-    /// A deterministic ladder: 8 MiB pages of 10 MiB + 1 MiB a unit; time
-    /// 100 + 1600/v ms (a larger value is faster).
-    struct Paged;
-
-    impl Ladder for Paged {
-        fn knob(&self) -> String {
-            "band_rows".into()
-        }
-        fn rungs(&self) -> Vec<usize> {
-            doubling(16, 100, 16)
-        }
-        fn measure(&mut self, v: usize) -> Result<Measured, ProbeError> {
-            let mib = 1u64 << 20;
-            let peak = (10 * mib + v as u64 * mib).div_ceil(8 * mib) * 8 * mib;
-            Ok(Measured {
-                peak_bytes: peak,
-                step_peak_bytes: peak,
-                step_ms: 100.0 + 1600.0 / v as f64,
-                ..Default::default()
-            })
-        }
-    }
+    use crate::plan::ladder::tests::Paged;
 
     /// Every budget gets a row: the infeasible one says so; each chosen
     /// plan measures within its budget as planned (a deterministic law:
@@ -597,7 +574,7 @@ mod tests {
     /// record have a line a budget.
     #[test]
     fn each_budget_is_held_against_the_fastest_swept_setting_within_it() {
-        let mut target = Paged;
+        let mut target = Paged { calls: Vec::new() };
         let mut heard = Vec::new();
         let done =
             benchmark::<LadderCalibration>(&mut target, &[0.5, 1.0], true, &mut |l| heard.push(l.to_string())).unwrap();
@@ -639,7 +616,8 @@ mod tests {
     /// Without the sweep nothing is swept, and each chosen row says so.
     #[test]
     fn without_the_sweep_rows_say_not_swept() {
-        let done = benchmark::<LadderCalibration>(&mut Paged, &[1.0], false, &mut |_| {}).unwrap();
+        let done =
+            benchmark::<LadderCalibration>(&mut Paged { calls: Vec::new() }, &[1.0], false, &mut |_| {}).unwrap();
         assert!(done.sweep.is_empty());
         assert!(done.table().contains("| not swept |"), "{}", done.table());
     }

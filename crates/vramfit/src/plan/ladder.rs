@@ -297,13 +297,14 @@ impl Strategy for LadderCalibration {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A paged knob: 10 MiB fixed, 1 MiB per unit, pages of 8 MiB, and a
     /// big page of 64 MiB once the value passes 40; time 100 + 1600/v ms.
-    struct Paged {
-        calls: Vec<usize>,
+    /// (The benchmark's test uses it too.)
+    pub(crate) struct Paged {
+        pub(crate) calls: Vec<usize>,
     }
 
     fn law(v: usize) -> Measured {
